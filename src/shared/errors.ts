@@ -1,0 +1,85 @@
+/**
+ * Typed errors shared by every thread. Each carries a stable `code` (what a
+ * client or a test matches on) and a `type` (the error family an HTTP layer
+ * maps to a status). Modelled on undici's errors: one class per failure mode.
+ */
+
+export type ErrorType =
+  | 'validation' // bad input from the caller: 4xx
+  | 'too_long' // input longer than the model accepts without truncation: 413
+  | 'not_found' // unknown model: 404
+  | 'overloaded' // no free slot / queue full: 429
+  | 'timeout' // deadline passed before the answer: 504
+  | 'cancelled' // the caller went away
+  | 'backend' // the inference run failed: 500
+  | 'unavailable'; // engine closed or not ready: 503
+
+export class SlabserveError extends Error {
+  readonly code: string;
+  readonly type: ErrorType;
+  constructor(message: string, code: string, type: ErrorType, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+    this.code = code;
+    this.type = type;
+  }
+}
+
+export class ValidationError extends SlabserveError {
+  constructor(message: string) {
+    super(message, 'SLABSERVE_INVALID_INPUT', 'validation');
+  }
+}
+
+export class InputTooLongError extends SlabserveError {
+  readonly length: number;
+  readonly maxLength: number;
+  constructor(length: number, maxLength: number) {
+    super(
+      `input is ${length} tokens long, the model accepts at most ${maxLength}; send truncate: true to cut it`,
+      'SLABSERVE_INPUT_TOO_LONG',
+      'too_long',
+    );
+    this.length = length;
+    this.maxLength = maxLength;
+  }
+}
+
+export class ModelNotFoundError extends SlabserveError {
+  constructor(name: string, known: readonly string[]) {
+    super(`unknown model "${name}"; loaded: ${known.join(', ') || '(none)'}`, 'SLABSERVE_MODEL_NOT_FOUND', 'not_found');
+  }
+}
+
+export class OverloadedError extends SlabserveError {
+  /** Seconds a client should wait before retrying (Retry-After). */
+  readonly retryAfterSeconds: number;
+  constructor(message: string, retryAfterSeconds = 1) {
+    super(message, 'SLABSERVE_OVERLOADED', 'overloaded');
+    this.retryAfterSeconds = retryAfterSeconds;
+  }
+}
+
+export class DeadlineExceededError extends SlabserveError {
+  constructor(message = 'request deadline passed before it could be answered') {
+    super(message, 'SLABSERVE_DEADLINE_EXCEEDED', 'timeout');
+  }
+}
+
+export class CancelledError extends SlabserveError {
+  constructor(message = 'request was cancelled') {
+    super(message, 'SLABSERVE_CANCELLED', 'cancelled');
+  }
+}
+
+export class InferenceError extends SlabserveError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, 'SLABSERVE_INFERENCE_FAILED', 'backend', options);
+  }
+}
+
+export class EngineClosedError extends SlabserveError {
+  constructor(message = 'engine is closed') {
+    super(message, 'SLABSERVE_ENGINE_CLOSED', 'unavailable');
+  }
+}
