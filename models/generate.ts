@@ -1,0 +1,114 @@
+/**
+ * Generates the random-weight BERT model folders (see models/README.md).
+ *
+ *   node dist/models/generate.js [--missing] [--force] [--out DIR] [name ...]
+ *
+ *   name ...    presets to generate (default: tiny-embed tiny-intent);
+ *               `all` means every preset
+ *   --missing   skip folders that already hold model.onnx, config.json,
+ *               tokenizer.json and serve.json
+ *   --out DIR   where the folders go (default: this repository's models/)
+ *   --force     also overwrite a folder that holds a model we did not
+ *               generate (a real Hugging Face export: its config.json lacks
+ *               the "_slabserve" marker); without it such folders are refused
+ *   --list      print the presets and exit
+ *
+ * Exit status: 0 on success, 1 if a model could not be written, 2 on bad usage.
+ */
+import { existsSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import {
+  DEFAULT_PRESETS,
+  PRESETS,
+  isGeneratedFolder,
+  isModelFolderComplete,
+  presetNames,
+  writePreset,
+} from '../src/modelgen/presets.js';
+
+const USAGE = `usage: node dist/models/generate.js [--missing] [--force] [--out DIR] [--list] [name ... | all]
+presets: ${presetNames().join(', ')} (default: ${DEFAULT_PRESETS.join(', ')})`;
+
+/** The repository's models/ folder: walk up from this file to package.json (works from src and dist). */
+function defaultModelsDir(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    if (existsSync(join(dir, 'package.json'))) return join(dir, 'models');
+    const parent = dirname(dir);
+    if (parent === dir) return resolve('models');
+    dir = parent;
+  }
+}
+
+function main(argv: string[]): number {
+  let args;
+  try {
+    args = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        missing: { type: 'boolean', default: false },
+        force: { type: 'boolean', default: false },
+        out: { type: 'string' },
+        list: { type: 'boolean', default: false },
+        help: { type: 'boolean', short: 'h', default: false },
+      },
+    });
+  } catch (err) {
+    console.error(`generate: ${(err as Error).message}\n${USAGE}`);
+    return 2;
+  }
+  const { values, positionals } = args;
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (values.list) {
+    for (const p of Object.values(PRESETS)) console.log(`${p.name.padEnd(12)} ${p.description}`);
+    return 0;
+  }
+
+  const names = positionals.length === 0 ? [...DEFAULT_PRESETS] : positionals.includes('all') ? presetNames() : positionals;
+  const unknown = names.filter((n) => !Object.hasOwn(PRESETS, n));
+  if (unknown.length > 0) {
+    console.error(`generate: unknown model ${unknown.map((n) => `"${n}"`).join(', ')}\n${USAGE}`);
+    return 2;
+  }
+  const outDir = values.out ? resolve(values.out) : defaultModelsDir();
+  const shown = (dir: string) => {
+    const rel = relative(process.cwd(), dir);
+    return rel === '' ? '.' : rel.startsWith('..') ? dir : rel;
+  };
+
+  let failed = 0;
+  for (const name of [...new Set(names)]) {
+    const t0 = performance.now();
+    const dir = join(outDir, name);
+    const secs = () => ((performance.now() - t0) / 1000).toFixed(2);
+    if (values.missing && isModelFolderComplete(dir)) {
+      console.log(`${name}: skipped, ${shown(dir)} is complete (${secs()}s)`);
+      continue;
+    }
+    if (existsSync(join(dir, 'config.json')) && !isGeneratedFolder(dir) && !values.force) {
+      console.error(`${name}: refused, ${shown(dir)} holds a model slabserve did not generate (use --force to overwrite)`);
+      failed++;
+      continue;
+    }
+    try {
+      const { modelBytes } = writePreset(name, outDir);
+      const s = PRESETS[name]!.spec;
+      const mb = (modelBytes / 1e6).toFixed(1);
+      console.log(
+        `${name}: wrote ${shown(dir)} (${s.task}, ${s.layers} layers x ${s.hidden}, model.onnx ${mb} MB) in ${secs()}s`,
+      );
+    } catch (err) {
+      console.error(`${name}: failed after ${secs()}s: ${(err as Error).stack ?? String(err)}`);
+      failed++;
+    }
+  }
+  return failed > 0 ? 1 : 0;
+}
+
+process.exitCode = main(process.argv.slice(2));

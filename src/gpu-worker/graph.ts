@@ -1,0 +1,106 @@
+/**
+ * Appends the post-processing a serving model needs to the loaded ONNX graph,
+ * so that only [batch, width] floats leave the device (never the
+ * [batch, sequence, hidden] token states):
+ *
+ *   embed:    last_hidden_state -> masked mean (or CLS) pooling -> L2 norm
+ *             outputs `slabserve_embedding` [B, H] (normalised) and
+ *             `slabserve_norm` [B, 1]
+ *   classify: logits -> softmax
+ *             outputs `slabserve_probabilities` [B, L] and the model's logits
+ *
+ * It works on any Hugging Face BERT-style export (optimum or torch.onnx) whose
+ * outputs are `last_hidden_state` or `logits`, and on ours from `npm run models`.
+ */
+import type { ModelSpec } from '../shared/model-config.js';
+import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/onnx-graph.js';
+
+export interface PreparedModel {
+  /** Serialized model with the post-processing appended. */
+  bytes: Uint8Array;
+  /** Graph outputs to fetch, in slot-row order, with their widths. */
+  outputs: { name: string; width: number }[];
+  /** Element type of the model's integer inputs. */
+  inputType: 'int64' | 'int32';
+  /** Whether the graph takes token_type_ids (some exports drop it). */
+  hasTokenTypeIds: boolean;
+}
+
+const MIN_OPSET = 13; // ReduceSum/Unsqueeze with axes as inputs
+
+export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedModel {
+  const model = decodeModel(onnxBytes);
+  const graph = model.graph;
+  if (!graph) throw new Error(`model ${spec.name}: the ONNX file has no graph`);
+  const opset = Number((model.opsetImport ?? []).find((o) => !o.domain || o.domain === 'ai.onnx')?.version ?? 0);
+  if (opset < MIN_OPSET) throw new Error(`model ${spec.name}: opset ${opset} is too old; export with opset >= ${MIN_OPSET}`);
+
+  const inputNames = (graph.input ?? []).map((i) => i.name ?? '');
+  for (const need of ['input_ids', 'attention_mask']) {
+    if (!inputNames.includes(need)) throw new Error(`model ${spec.name}: graph has no input "${need}" (inputs: ${inputNames.join(', ')})`);
+  }
+  const idsInput = (graph.input ?? []).find((i) => i.name === 'input_ids')!;
+  const inputType = idsInput.type?.tensorType?.elemType === onnx.TensorProto.DataType.INT32 ? 'int32' : 'int64';
+
+  const b = GraphBuilder.wrap(graph);
+  const outputNames = b.outputNames();
+  let outputs: PreparedModel['outputs'];
+
+  if (spec.task === 'embed') {
+    const hidden = findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec);
+    const pooled = spec.pooling === 'cls' ? clsPool(b, hidden) : meanPool(b, hidden);
+    // L2 normalisation, with the norm kept so the caller can undo it.
+    const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [pooled, pooled]), axes(b, 1)], { keepdims: 1 })]);
+    const safeNorm = b.op('Max', [norm, scalar(b, 'slabserve_eps_norm', 1e-12)]);
+    b.node('Div', [pooled, safeNorm], undefined, ['slabserve_embedding']);
+    b.node('Identity', [norm], undefined, ['slabserve_norm']);
+    for (const name of outputNames) b.removeOutput(name);
+    b.addOutput('slabserve_embedding', 'float', ['batch_size', spec.hiddenSize]);
+    b.addOutput('slabserve_norm', 'float', ['batch_size', 1]);
+    outputs = [
+      { name: 'slabserve_embedding', width: spec.hiddenSize },
+      { name: 'slabserve_norm', width: 1 },
+    ];
+  } else {
+    const logits = findOutput(outputNames, ['logits'], spec);
+    b.node('Softmax', [logits], { axis: -1 }, ['slabserve_probabilities']);
+    for (const name of outputNames) if (name !== logits) b.removeOutput(name);
+    b.addOutput('slabserve_probabilities', 'float', ['batch_size', spec.labels.length]);
+    outputs = [
+      { name: 'slabserve_probabilities', width: spec.labels.length },
+      { name: logits, width: spec.labels.length },
+    ];
+  }
+  const width = outputs.reduce((s, o) => s + o.width, 0);
+  if (width !== spec.outputWidth) throw new Error(`model ${spec.name}: output width ${width} != expected ${spec.outputWidth}`);
+  return { bytes: encodeModel(model), outputs, inputType, hasTokenTypeIds: inputNames.includes('token_type_ids') };
+}
+
+function findOutput(names: string[], wanted: string[], spec: ModelSpec): string {
+  const hit = wanted.find((w) => names.includes(w));
+  if (!hit) throw new Error(`model ${spec.name} (${spec.task}): expected an output named ${wanted.join(' or ')}, found ${names.join(', ')}`);
+  return hit;
+}
+
+function axes(b: GraphBuilder, axis: number): string {
+  const name = `slabserve_axes_${axis}`;
+  return b.has(name) ? name : b.addInitializer(name, 'int64', [axis], [1]);
+}
+
+function scalar(b: GraphBuilder, name: string, value: number): string {
+  return b.has(name) ? name : b.addInitializer(name, 'float', [value], []);
+}
+
+/** Mean of the token states the attention mask keeps: padding never counts. */
+function meanPool(b: GraphBuilder, hidden: string): string {
+  const mask = b.op('Unsqueeze', [b.op('Cast', ['attention_mask'], { to: onnx.TensorProto.DataType.FLOAT }), axes(b, 2)]); // [B,T,1]
+  const summed = b.op('ReduceSum', [b.op('Mul', [hidden, mask]), axes(b, 1)], { keepdims: 0 }); // [B,H]
+  const count = b.op('ReduceSum', [mask, axes(b, 1)], { keepdims: 0 }); // [B,1]
+  return b.op('Div', [summed, b.op('Max', [count, scalar(b, 'slabserve_eps_count', 1e-9)])]);
+}
+
+/** The first token's state ([CLS]). */
+function clsPool(b: GraphBuilder, hidden: string): string {
+  const zero = b.addInitializer('slabserve_index_0', 'int64', [0], []);
+  return b.op('Gather', [hidden, zero], { axis: 1 });
+}

@@ -1,0 +1,180 @@
+/**
+ * One model on one device: its onnxruntime session, its preallocated padded
+ * input buffers (one set per bucket shape and per batch in flight), and the
+ * copy of results back into the slab.
+ *
+ * A batch is copied exactly once: from the slots' token ids into the padded
+ * [batch, bucket] input buffers. Padding positions get token id 0 and
+ * attention mask 0, so the graph ignores them.
+ */
+import { readFileSync } from 'node:fs';
+import * as ort from 'onnxruntime-node';
+import type { ModelSpec } from '../shared/model-config.js';
+import { H_LENGTH, type Slab } from '../shared/slab.js';
+import { prepareModel, type PreparedModel } from './graph.js';
+import type { DeviceInfo } from './device.js';
+import { batchCapacity, type BatchingOptions } from './scheduler.js';
+
+export interface SessionOptions {
+  /** onnxruntime intra-op threads; 0 lets onnxruntime choose. */
+  intraOpThreads: number;
+}
+
+/** Padded input tensors for one bucket shape, reused batch after batch. */
+class InputBuffers {
+  readonly ids: BigInt64Array | Int32Array;
+  readonly mask: BigInt64Array | Int32Array;
+  readonly types: BigInt64Array | Int32Array;
+  /** int32 views of the above; int64 values are written as (low word, 0). */
+  readonly ids32: Int32Array;
+  readonly mask32: Int32Array;
+  readonly types32: Int32Array;
+  readonly stride: 1 | 2;
+
+  constructor(elems: number, type: 'int64' | 'int32') {
+    const make = () => (type === 'int64' ? new BigInt64Array(elems) : new Int32Array(elems));
+    this.ids = make();
+    this.mask = make();
+    this.types = make();
+    this.stride = type === 'int64' ? 2 : 1;
+    const view = (a: BigInt64Array | Int32Array) => new Int32Array(a.buffer, a.byteOffset, elems * this.stride);
+    this.ids32 = view(this.ids);
+    this.mask32 = view(this.mask);
+    this.types32 = view(this.types);
+  }
+}
+
+export interface BatchStats {
+  rows: number;
+  realTokens: number;
+  paddedTokens: number;
+  runMs: number;
+}
+
+export class ModelRunner {
+  readonly spec: ModelSpec;
+  readonly slab: Slab;
+  readonly options: BatchingOptions;
+  private readonly session: ort.InferenceSession;
+  private readonly prepared: PreparedModel;
+  /** Free input-buffer sets per bucket index (one per batch that may be in flight). */
+  private readonly pools: InputBuffers[][];
+
+  private constructor(spec: ModelSpec, slab: Slab, options: BatchingOptions, session: ort.InferenceSession, prepared: PreparedModel, inflight: number) {
+    this.spec = spec;
+    this.slab = slab;
+    this.options = options;
+    this.session = session;
+    this.prepared = prepared;
+    this.pools = options.buckets.map((len) =>
+      Array.from({ length: inflight }, () => new InputBuffers(batchCapacity(options, len) * len, prepared.inputType)),
+    );
+  }
+
+  static async create(
+    spec: ModelSpec,
+    slab: Slab,
+    options: BatchingOptions,
+    device: DeviceInfo,
+    session: SessionOptions,
+    maxInflight: number,
+  ): Promise<ModelRunner> {
+    const prepared = prepareModel(readFileSync(spec.onnxPath), spec);
+    const providers: ort.InferenceSession.ExecutionProviderConfig[] =
+      device.kind === 'cuda' ? [{ name: 'cuda', deviceId: device.id }] : ['cpu'];
+    const sess = await ort.InferenceSession.create(prepared.bytes, {
+      executionProviders: providers,
+      graphOptimizationLevel: 'all',
+      intraOpNumThreads: session.intraOpThreads,
+      logSeverityLevel: 3,
+    });
+    return new ModelRunner(spec, slab, options, sess, prepared, maxInflight);
+  }
+
+  /**
+   * Runs the requests in `slots` (all in bucket `bucket`) as one padded batch
+   * and writes each result row into its slot. Throws if the run fails; the
+   * caller decides what the slots become.
+   */
+  async run(slots: readonly number[], bucket: number): Promise<BatchStats> {
+    const T = this.options.buckets[bucket]!;
+    const pool = this.pools[bucket]!;
+    const buf = pool.pop();
+    if (!buf) throw new Error('no free input buffer: more batches in flight than configured');
+    try {
+      const realTokens = this.fill(buf, slots, T);
+      const B = slots.length;
+      const type = this.prepared.inputType;
+      const feeds: Record<string, ort.Tensor> = {
+        input_ids: new ort.Tensor(type, buf.ids.subarray(0, B * T), [B, T]),
+        attention_mask: new ort.Tensor(type, buf.mask.subarray(0, B * T), [B, T]),
+      };
+      if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, buf.types.subarray(0, B * T), [B, T]);
+      const started = performance.now();
+      const out = await this.session.run(feeds, this.prepared.outputs.map((o) => o.name));
+      const runMs = performance.now() - started;
+      this.scatter(out, slots);
+      return { rows: B, realTokens, paddedTokens: B * T, runMs };
+    } finally {
+      pool.push(buf);
+    }
+  }
+
+  /** Copies each slot's tokens into row r of the padded buffers; returns the real token count. */
+  private fill(buf: InputBuffers, slots: readonly number[], T: number): number {
+    const s = buf.stride;
+    const { ids32, mask32, types32 } = buf;
+    let real = 0;
+    for (let r = 0; r < slots.length; r++) {
+      const slot = slots[r]!;
+      const len = this.slab.header(slot, H_LENGTH);
+      const ids = this.slab.slotIds(slot);
+      const types = this.slab.slotTypeIds(slot);
+      let at = r * T * s;
+      for (let t = 0; t < len; t++, at += s) {
+        ids32[at] = ids[t]!;
+        mask32[at] = 1;
+        types32[at] = types[t]!;
+      }
+      for (let t = len; t < T; t++, at += s) {
+        ids32[at] = 0;
+        mask32[at] = 0;
+        types32[at] = 0;
+      }
+      real += len;
+    }
+    return real;
+  }
+
+  /** Writes row r of every output into slot r's output region, outputs side by side. */
+  private scatter(out: ort.InferenceSession.ReturnType, slots: readonly number[]): void {
+    let offset = 0;
+    for (const { name, width } of this.prepared.outputs) {
+      const data = out[name]!.data as Float32Array;
+      for (let r = 0; r < slots.length; r++) {
+        this.slab.slotOutput(slots[r]!).set(data.subarray(r * width, r * width + width), offset);
+      }
+      offset += width;
+    }
+  }
+
+  /** Runs every bucket shape once at its largest batch, so no request pays for first-run allocation. */
+  async warmUp(): Promise<void> {
+    for (let b = 0; b < this.options.buckets.length; b++) {
+      const T = this.options.buckets[b]!;
+      const B = batchCapacity(this.options, T);
+      const type = this.prepared.inputType;
+      const make = (v: number) => (type === 'int64' ? new BigInt64Array(B * T).fill(BigInt(v)) : new Int32Array(B * T).fill(v));
+      const feeds: Record<string, ort.Tensor> = {
+        input_ids: new ort.Tensor(type, make(100), [B, T]),
+        attention_mask: new ort.Tensor(type, make(1), [B, T]),
+      };
+      if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, make(0), [B, T]);
+      await this.session.run(feeds);
+    }
+  }
+
+  async release(): Promise<void> {
+    await this.session.release();
+  }
+}

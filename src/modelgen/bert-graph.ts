@@ -1,0 +1,286 @@
+/**
+ * Builds a BERT encoder as an ONNX graph, shaped like a Hugging Face export
+ * (optimum / torch.onnx of BertModel or BertForSequenceClassification), with
+ * deterministic random weights.
+ *
+ * Graph (opset 17):
+ *   inputs  input_ids, attention_mask, token_type_ids: int64 [batch_size, sequence_length]
+ *   embeddings = LayerNorm(word[input_ids] + type[token_type_ids] + position[Range(0, T)])
+ *   mask bias  = (1 - Cast<float>(Unsqueeze(attention_mask, [1, 2]))) * float32_min   [B, 1, 1, T]
+ *   N x layer:
+ *     q, k, v  = x·W + b, split into heads              [B, heads, T, head_dim]
+ *     probs    = Softmax(q·kᵀ / sqrt(head_dim) + mask bias)
+ *     x        = LayerNorm(x + (probs·v merged)·Wo + bo)
+ *     x        = LayerNorm(x + GELU_erf(x·Wi + bi)·Wo2 + bo2)
+ *   task 'embed':    last_hidden_state float [batch_size, sequence_length, hidden]
+ *   task 'classify': logits float [batch_size, num_labels] from
+ *                    Tanh(x[:, 0]·Wp + bp)·Wc + bc  (pooler + classifier)
+ *
+ * The additive mask uses the most negative float32 like HF does: a padded key
+ * scores about -3.4e38, which after Softmax's max-subtraction underflows exp()
+ * to exactly 0, so padded positions get exactly zero attention weight and
+ * real positions' outputs do not depend on what the padding contains.
+ *
+ * Initializer names follow the HF parameter names (embeddings.word_embeddings.weight,
+ * encoder.layer.0.attention.self.query.weight, ...), but dense weights are
+ * stored [in, out] (ready for MatMul), as a torch.onnx export does.
+ */
+import { GraphBuilder, encodeModel, makeModel, onnx } from '../shared/onnx-graph.js';
+import { Rng } from './rng.js';
+
+export type BertTask = 'embed' | 'classify';
+
+export interface BertSpec {
+  layers: number;
+  hidden: number;
+  heads: number;
+  intermediate: number;
+  vocabSize: number;
+  maxPositions: number;
+  typeVocabSize: number;
+  task: BertTask;
+  /** Number of classes for task 'classify' (required there). */
+  numLabels?: number;
+  seed: number;
+  /** LayerNorm epsilon; default 1e-12 as in BertConfig. */
+  layerNormEps?: number;
+  /** Overrides of the init scales (see {@link DEFAULT_INIT}); for experiments. */
+  init?: Partial<InitScales>;
+}
+
+/**
+ * Standard deviations of the random weights.
+ *
+ * HF initialises BERT with N(0, 0.02) everywhere. That is fine for training
+ * but useless for an untrained test model: with hidden 128, query/key
+ * projections of std 0.02 give attention logits of std ~0.05, so attention
+ * is uniform, every sublayer's contribution is tiny next to the residual, and
+ * the output is roughly LayerNorm(embedding) — mean-pooled embeddings of
+ * different texts then share the token-type/position/bias components and are
+ * far too alike. So we use a fan-in ("LeCun") scale instead, which keeps every
+ * sublayer's output at about unit variance so each layer really mixes tokens:
+ *
+ * - dense weights: std = gain / sqrt(fan_in) (fan_in = hidden, or
+ *   intermediate for the FFN output);
+ * - value and FFN-intermediate: gain 1;
+ * - query and key: gain 1.5. A LayerNorm'd input has unit-variance features,
+ *   so q and k features have variance gain², and the scaled dot product
+ *   q·k/sqrt(head_dim) has std ≈ gain² ≈ 2.25: peaked, clearly non-uniform
+ *   attention (mean max weight ≈ 0.44 over 5–40 tokens), not one-hot;
+ * - the two residual-branch projections (attention output, FFN output):
+ *   gain 0.5. At gain 1 a 12-layer model suffers rank collapse: attention
+ *   keeps averaging tokens until all tokens of a text have cosine ≈ 0.995 and
+ *   the last layer's attention is uniform. At 0.5 the residual stream
+ *   dominates and per-token outputs stay distinct (token cosine ≈ 0.07 at 2
+ *   layers, ≈ 0.55 at 12; last-layer attention still peaked);
+ * - embeddings (before the embedding LayerNorm, so only ratios matter): word
+ *   1.0, position 0.5, token type 0.1. Position and type components are the
+ *   same for every text and survive mean pooling undiminished, so they are
+ *   kept smaller than the word component;
+ * - biases N(0, 0.02), LayerNorm gamma 1 + N(0, 0.05), beta N(0, 0.02): small,
+ *   since any constant vector is shared by all outputs and raises their
+ *   cosine similarity;
+ * - pooler gain 1 (tanh stays unsaturated), classifier gain 2 on the pooled
+ *   (|x| < 1) features so logits vary by a few units between inputs.
+ *
+ * Measured with random 5–40 token texts (mean-pooled, L2-normalised): mean
+ * pairwise cosine ≈ 0.54 (tiny, 2 layers), ≈ 0.59 (6 layers / 384),
+ * ≈ 0.63 (12 layers / 768), max ≈ 0.77; no NaN/Inf; |activations| < 6.
+ * test/modelgen.test.ts asserts loose bounds on these.
+ */
+export interface InitScales {
+  wordEmbedding: number;
+  positionEmbedding: number;
+  tokenTypeEmbedding: number;
+  /** Gain for query and key weights (std = gain / sqrt(hidden)). */
+  qkGain: number;
+  /** Gain for value and FFN-intermediate weights. */
+  denseGain: number;
+  /** Gain for the two residual-branch projections (attention output, FFN output). */
+  residualGain: number;
+  bias: number;
+  layerNormGammaNoise: number;
+  layerNormBeta: number;
+  poolerGain: number;
+  classifierGain: number;
+}
+
+export const DEFAULT_INIT: Readonly<InitScales> = {
+  wordEmbedding: 1.0,
+  positionEmbedding: 0.5,
+  tokenTypeEmbedding: 0.1,
+  qkGain: 1.5,
+  denseGain: 1.0,
+  residualGain: 0.5,
+  bias: 0.02,
+  layerNormGammaNoise: 0.05,
+  layerNormBeta: 0.02,
+  poolerGain: 1.0,
+  classifierGain: 2.0,
+};
+
+/** The model's input names, in the order an HF export declares them. */
+export const BERT_INPUT_NAMES = ['input_ids', 'attention_mask', 'token_type_ids'] as const;
+/** Symbolic dimension names of the inputs. */
+export const BATCH_DIM = 'batch_size';
+export const SEQUENCE_DIM = 'sequence_length';
+
+/**
+ * Name of layer `layer`'s attention-probabilities tensor ([B, heads, T, T],
+ * after Softmax). Not a graph output; tests expose it with
+ * `GraphBuilder.wrap(graph).addOutput(...)` to inspect attention.
+ */
+export function attentionProbsName(layer: number): string {
+  return `/encoder/layer.${layer}/attention/self/Softmax_output_0`;
+}
+
+export function validateBertSpec(spec: BertSpec): void {
+  const ints: (keyof BertSpec)[] = ['layers', 'hidden', 'heads', 'intermediate', 'vocabSize', 'maxPositions', 'typeVocabSize'];
+  for (const k of ints) {
+    const v = spec[k];
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new RangeError(`BertSpec.${k} must be a positive integer, got ${String(v)}`);
+  }
+  if (spec.hidden % spec.heads !== 0) throw new RangeError(`hidden (${spec.hidden}) must be a multiple of heads (${spec.heads})`);
+  if (spec.task === 'classify') {
+    if (!spec.numLabels || !Number.isSafeInteger(spec.numLabels) || spec.numLabels < 1) {
+      throw new RangeError('task "classify" needs numLabels >= 1');
+    }
+  } else if (spec.task !== 'embed') {
+    throw new RangeError(`unknown task "${String(spec.task)}"`);
+  }
+  if (!Number.isSafeInteger(spec.seed)) throw new RangeError('seed must be an integer');
+}
+
+/** Most negative finite float32 (torch.finfo(torch.float32).min). */
+const FLOAT32_MIN = -3.4028234663852886e38;
+
+/** Builds the graph (not yet wrapped in a model). */
+export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
+  validateBertSpec(spec);
+  const init: InitScales = { ...DEFAULT_INIT, ...spec.init };
+  const eps = spec.layerNormEps ?? 1e-12;
+  const { hidden: H, heads: NH, intermediate: I } = spec;
+  const headDim = H / NH;
+  const root = new Rng(spec.seed);
+  const b = new GraphBuilder(spec.task === 'classify' ? 'bert_for_sequence_classification' : 'bert_model');
+
+  // ---- parameter helpers --------------------------------------------------
+  const normal = (name: string, dims: number[], std: number, mean = 0): string => {
+    const n = dims.reduce((x, y) => x * y, 1);
+    return b.addInitializer(name, 'float', root.fork(name).normalArray(n, std, mean), dims);
+  };
+  const dense = (x: string, prefix: string, fanIn: number, fanOut: number, gain: number): string => {
+    const w = normal(`${prefix}.weight`, [fanIn, fanOut], gain / Math.sqrt(fanIn));
+    const bias = normal(`${prefix}.bias`, [fanOut], init.bias);
+    return b.op('Add', [b.op('MatMul', [x, w]), bias]);
+  };
+  const layerNorm = (x: string, prefix: string): string => {
+    const gamma = normal(`${prefix}.weight`, [H], init.layerNormGammaNoise, 1);
+    const beta = normal(`${prefix}.bias`, [H], init.layerNormBeta);
+    return b.op('LayerNormalization', [x, gamma, beta], { axis: -1, epsilon: { f: eps } });
+  };
+
+  // ---- shared constants ---------------------------------------------------
+  const cI64 = (name: string, v: number[] | number): string =>
+    b.addInitializer(name, 'int64', Array.isArray(v) ? v : [v], Array.isArray(v) ? [v.length] : []);
+  const cF32 = (name: string, v: number): string => b.addInitializer(name, 'float', [v], []);
+  const zero = cI64('/Constant_zero', 0);
+  const one64 = cI64('/Constant_one', 1);
+  const oneF = cF32('/Constant_one_float', 1);
+  const minF = cF32('/Constant_float32_min', FLOAT32_MIN);
+  const sqrtHeadDim = cF32('/Constant_sqrt_head_dim', Math.sqrt(headDim));
+  const sqrt2 = cF32('/Constant_sqrt2', Math.SQRT2);
+  const half = cF32('/Constant_half', 0.5);
+  const splitShape = cI64('/Constant_split_heads_shape', [0, 0, NH, headDim]);
+  const mergeShape = cI64('/Constant_merge_heads_shape', [0, 0, H]);
+  const maskAxes = cI64('/Constant_mask_axes', [1, 2]);
+
+  // ---- inputs -------------------------------------------------------------
+  const dims = [BATCH_DIM, SEQUENCE_DIM];
+  const inputIds = b.addInput('input_ids', 'int64', dims);
+  const attentionMask = b.addInput('attention_mask', 'int64', dims);
+  const tokenTypeIds = b.addInput('token_type_ids', 'int64', dims);
+
+  // ---- embeddings ---------------------------------------------------------
+  let x = b.scoped('embeddings', () => {
+    const wordEmb = normal('embeddings.word_embeddings.weight', [spec.vocabSize, H], init.wordEmbedding);
+    const posEmb = normal('embeddings.position_embeddings.weight', [spec.maxPositions, H], init.positionEmbedding);
+    const typeEmb = normal('embeddings.token_type_embeddings.weight', [spec.typeVocabSize, H], init.tokenTypeEmbedding);
+    // position_ids = arange(T): Shape -> Gather(index 1) -> Range(0, T, 1)
+    const seqLen = b.op('Gather', [b.op('Shape', [inputIds]), one64], { axis: 0 });
+    const positionIds = b.op('Range', [zero, seqLen, one64]);
+    const words = b.op('Gather', [wordEmb, inputIds], { axis: 0 }); // [B, T, H]
+    const types = b.op('Gather', [typeEmb, tokenTypeIds], { axis: 0 }); // [B, T, H]
+    const positions = b.op('Gather', [posEmb, positionIds], { axis: 0 }); // [T, H]
+    const sum = b.op('Add', [b.op('Add', [words, types]), positions]);
+    return layerNorm(sum, 'embeddings.LayerNorm');
+  });
+
+  // ---- extended attention mask: (1 - mask[:, None, None, :]) * float32_min --
+  const maskBias = b.scoped('extended_attention_mask', () => {
+    const m = b.op('Cast', [b.op('Unsqueeze', [attentionMask, maskAxes])], { to: onnx.TensorProto.DataType.FLOAT });
+    return b.op('Mul', [b.op('Sub', [oneF, m]), minF]); // [B, 1, 1, T]
+  });
+
+  // ---- encoder ------------------------------------------------------------
+  for (let l = 0; l < spec.layers; l++) {
+    const p = `encoder.layer.${l}`;
+    x = b.scoped(`encoder/layer.${l}`, () => {
+      const attnOut = b.scoped('attention', () => {
+        const ctx = b.scoped('self', () => {
+          const heads = (t: string, perm: number[]) =>
+            b.op('Transpose', [b.op('Reshape', [t, splitShape])], { perm });
+          const q = heads(dense(x, `${p}.attention.self.query`, H, H, init.qkGain), [0, 2, 1, 3]); // [B, NH, T, D]
+          const kT = heads(dense(x, `${p}.attention.self.key`, H, H, init.qkGain), [0, 2, 3, 1]); // [B, NH, D, T]
+          const v = heads(dense(x, `${p}.attention.self.value`, H, H, init.denseGain), [0, 2, 1, 3]); // [B, NH, T, D]
+          const scores = b.op('Add', [b.op('Div', [b.op('MatMul', [q, kT]), sqrtHeadDim]), maskBias]);
+          const probs = b.op('Softmax', [scores], { axis: -1 });
+          const merged = b.op('Transpose', [b.op('MatMul', [probs, v])], { perm: [0, 2, 1, 3] }); // [B, T, NH, D]
+          return b.op('Reshape', [merged, mergeShape]); // [B, T, H]
+        });
+        return b.scoped('output', () => {
+          const o = dense(ctx, `${p}.attention.output.dense`, H, H, init.residualGain);
+          return layerNorm(b.op('Add', [o, x]), `${p}.attention.output.LayerNorm`);
+        });
+      });
+      const inter = b.scoped('intermediate', () => {
+        const h = dense(attnOut, `${p}.intermediate.dense`, H, I, init.denseGain);
+        // exact GELU, as HF's "gelu": x * 0.5 * (1 + erf(x / sqrt(2)))
+        const erf = b.op('Erf', [b.op('Div', [h, sqrt2])]);
+        return b.op('Mul', [b.op('Mul', [h, b.op('Add', [erf, oneF])]), half]);
+      });
+      return b.scoped('output', () => {
+        const o = dense(inter, `${p}.output.dense`, I, H, init.residualGain);
+        return layerNorm(b.op('Add', [o, attnOut]), `${p}.output.LayerNorm`);
+      });
+    });
+  }
+
+  // ---- heads --------------------------------------------------------------
+  if (spec.task === 'embed') {
+    b.node('Identity', [x], undefined, ['last_hidden_state']);
+    b.addOutput('last_hidden_state', 'float', [BATCH_DIM, SEQUENCE_DIM, H]);
+  } else {
+    const pooled = b.scoped('pooler', () => {
+      const first = b.op('Gather', [x, zero], { axis: 1 }); // [B, H]: the [CLS] token
+      return b.op('Tanh', [dense(first, 'pooler.dense', H, H, init.poolerGain)]);
+    });
+    b.scoped('classifier', () => {
+      const logits = dense(pooled, 'classifier', H, spec.numLabels!, init.classifierGain);
+      b.node('Identity', [logits], undefined, ['logits']);
+    });
+    b.addOutput('logits', 'float', [BATCH_DIM, spec.numLabels!]);
+  }
+  return b.graph();
+}
+
+/** Builds the model and returns the serialised ONNX bytes. */
+export function buildBertModel(spec: BertSpec): Uint8Array {
+  const model = makeModel(buildBertGraph(spec), {
+    opset: 17,
+    irVersion: 8,
+    docString: 'BERT with random weights generated by slabserve (meaningless outputs; for tests and benchmarks)',
+    metadata: { slabserve_generated: 'true', seed: String(spec.seed), task: spec.task },
+  });
+  return encodeModel(model);
+}

@@ -1,0 +1,240 @@
+/**
+ * Model presets: BERT-architecture models with random weights, each written
+ * as a Hugging Face style folder the server loads like a real export:
+ *
+ *   <out>/<name>/model.onnx        from bert-graph.ts (seeded, deterministic)
+ *   <out>/<name>/config.json       a BertConfig, plus a "_slabserve" marker
+ *   <out>/<name>/tokenizer.json    bert-base-uncased WordPiece (tokenizer-json.ts)
+ *   <out>/<name>/tokenizer_config.json
+ *   <out>/<name>/serve.json        how to serve it: task, pooling, normalize
+ *
+ * The weights are random: outputs are meaningless but deterministic, and
+ * behave like a real encoder's (the attention mask is honoured, different
+ * inputs give clearly different outputs), which is what the server's tests
+ * and benchmarks need.
+ */
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { buildBertModel, type BertSpec } from './bert-graph.js';
+import { buildBertTokenizerJson } from './tokenizer-json.js';
+
+/** The 8 intents of the tiny-intent classifier, by class id. */
+export const INTENT_LABELS = [
+  'billing',
+  'cancel_subscription',
+  'change_password',
+  'delivery_status',
+  'greeting',
+  'refund_request',
+  'technical_support',
+  'talk_to_human',
+] as const;
+
+export interface ServeJson {
+  task: 'embed' | 'classify';
+  pooling?: 'mean' | 'cls';
+  normalize?: boolean;
+  maxLength?: number;
+}
+
+export interface Preset {
+  name: string;
+  description: string;
+  spec: BertSpec;
+  serve: ServeJson;
+  /** classify only: label names by class id. */
+  labels?: readonly string[];
+}
+
+const VOCAB = 30522;
+const MAX_POSITIONS = 512;
+const TYPE_VOCAB = 2;
+
+function encoder(layers: number, hidden: number, heads: number, intermediate: number) {
+  return { layers, hidden, heads, intermediate, vocabSize: VOCAB, maxPositions: MAX_POSITIONS, typeVocabSize: TYPE_VOCAB };
+}
+
+export const PRESETS: Readonly<Record<string, Preset>> = {
+  'tiny-embed': {
+    name: 'tiny-embed',
+    description: 'bert-tiny shape (2 layers, hidden 128), sentence embeddings',
+    spec: { ...encoder(2, 128, 2, 512), task: 'embed', seed: 20_001 },
+    serve: { task: 'embed', pooling: 'mean', normalize: true },
+  },
+  'tiny-intent': {
+    name: 'tiny-intent',
+    description: 'bert-tiny shape + classification head over 8 customer-service intents',
+    spec: { ...encoder(2, 128, 2, 512), task: 'classify', numLabels: INTENT_LABELS.length, seed: 20_002 },
+    serve: { task: 'classify' },
+    labels: INTENT_LABELS,
+  },
+  'minilm-l6': {
+    name: 'minilm-l6',
+    description: 'all-MiniLM-L6 shape (6 layers, hidden 384, 12 heads), sentence embeddings',
+    spec: { ...encoder(6, 384, 12, 1536), task: 'embed', seed: 20_003 },
+    serve: { task: 'embed', pooling: 'mean', normalize: true },
+  },
+  'bert-base': {
+    name: 'bert-base',
+    description: 'bert-base shape (12 layers, hidden 768, 12 heads), sentence embeddings',
+    spec: { ...encoder(12, 768, 12, 3072), task: 'embed', seed: 20_004 },
+    serve: { task: 'embed', pooling: 'mean', normalize: true },
+  },
+};
+
+/** What `generate` writes when given no names. */
+export const DEFAULT_PRESETS: readonly string[] = ['tiny-embed', 'tiny-intent'];
+
+/** Files whose presence makes a folder complete (`generate --missing` skips it). */
+export const REQUIRED_FILES = ['model.onnx', 'config.json', 'tokenizer.json', 'serve.json'] as const;
+
+export function presetNames(): string[] {
+  return Object.keys(PRESETS);
+}
+
+export function getPreset(name: string): Preset {
+  const p = Object.hasOwn(PRESETS, name) ? PRESETS[name] : undefined;
+  if (!p) throw new Error(`unknown model preset "${name}"; known: ${presetNames().join(', ')}`);
+  return p;
+}
+
+/** A Hugging Face BertConfig for the preset, with a `_slabserve` marker. */
+export function buildConfigJson(preset: Preset): Record<string, unknown> {
+  const s = preset.spec;
+  const classify = s.task === 'classify';
+  const config: Record<string, unknown> = {
+    _name_or_path: `slabserve/${preset.name}`,
+    architectures: [classify ? 'BertForSequenceClassification' : 'BertModel'],
+    attention_probs_dropout_prob: 0.1,
+    classifier_dropout: null,
+    gradient_checkpointing: false,
+    hidden_act: 'gelu',
+    hidden_dropout_prob: 0.1,
+    hidden_size: s.hidden,
+  };
+  if (classify) {
+    const labels = preset.labels ?? Array.from({ length: s.numLabels ?? 0 }, (_, i) => `LABEL_${i}`);
+    config.id2label = Object.fromEntries(labels.map((l, i) => [String(i), l]));
+    config.label2id = Object.fromEntries(labels.map((l, i) => [l, i]));
+  }
+  Object.assign(config, {
+    initializer_range: 0.02,
+    intermediate_size: s.intermediate,
+    layer_norm_eps: s.layerNormEps ?? 1e-12,
+    max_position_embeddings: s.maxPositions,
+    model_type: 'bert',
+    num_attention_heads: s.heads,
+    num_hidden_layers: s.layers,
+    pad_token_id: 0,
+    position_embedding_type: 'absolute',
+    ...(classify ? { problem_type: 'single_label_classification' } : {}),
+    torch_dtype: 'float32',
+    transformers_version: '4.44.2',
+    type_vocab_size: s.typeVocabSize,
+    use_cache: true,
+    vocab_size: s.vocabSize,
+    _slabserve: { generated: true, seed: s.seed, note: 'random weights' },
+  });
+  return config;
+}
+
+/** tokenizer_config.json as transformers saves it for bert-base-uncased. */
+export function buildTokenizerConfigJson(): Record<string, unknown> {
+  return {
+    clean_up_tokenization_spaces: true,
+    cls_token: '[CLS]',
+    do_basic_tokenize: true,
+    do_lower_case: true,
+    mask_token: '[MASK]',
+    model_max_length: MAX_POSITIONS,
+    never_split: null,
+    pad_token: '[PAD]',
+    sep_token: '[SEP]',
+    strip_accents: null,
+    tokenize_chinese_chars: true,
+    tokenizer_class: 'BertTokenizer',
+    unk_token: '[UNK]',
+  };
+}
+
+let tokenizerJsonCache: string | undefined;
+/** tokenizer.json text (built once per process; indent 2 like `tokenizers` saves it). */
+export function tokenizerJsonString(): string {
+  tokenizerJsonCache ??= JSON.stringify(buildBertTokenizerJson(), null, 2);
+  return tokenizerJsonCache;
+}
+
+export interface PresetFiles {
+  'model.onnx': Uint8Array;
+  'config.json': string;
+  'tokenizer.json': string;
+  'tokenizer_config.json': string;
+  'serve.json': string;
+}
+
+/** Everything in the preset's folder, in memory. */
+export function buildPresetFiles(name: string): PresetFiles {
+  const preset = getPreset(name);
+  return {
+    'model.onnx': buildBertModel(preset.spec),
+    'config.json': JSON.stringify(buildConfigJson(preset), null, 2) + '\n',
+    'tokenizer.json': tokenizerJsonString(),
+    'tokenizer_config.json': JSON.stringify(buildTokenizerConfigJson(), null, 2) + '\n',
+    'serve.json': JSON.stringify(preset.serve, null, 2) + '\n',
+  };
+}
+
+/** Whether `dir` holds every file of {@link REQUIRED_FILES}. */
+export function isModelFolderComplete(dir: string): boolean {
+  return REQUIRED_FILES.every((f) => existsSync(join(dir, f)));
+}
+
+/**
+ * Whether `dir` holds a config.json we generated (with the `_slabserve`
+ * marker); false for a missing folder, a real HF export or unreadable JSON.
+ */
+export function isGeneratedFolder(dir: string): boolean {
+  try {
+    const cfg = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as { _slabserve?: { generated?: boolean } };
+    return cfg._slabserve?.generated === true;
+  } catch {
+    return false;
+  }
+}
+
+/** Writes `data` to `path` atomically: a temp file in the same folder, then rename. */
+export function writeFileAtomic(path: string, data: Uint8Array | string): void {
+  const tmp = `${path}.tmp-${process.pid}-${Date.now().toString(36)}`;
+  try {
+    writeFileSync(tmp, data);
+    renameSync(tmp, path);
+  } catch (err) {
+    rmSync(tmp, { force: true });
+    throw err;
+  }
+}
+
+export interface WriteResult {
+  dir: string;
+  /** Bytes of model.onnx. */
+  modelBytes: number;
+}
+
+/**
+ * Generates the preset into `<outDir>/<name>/`. Each file is written
+ * atomically, and model.onnx is removed first and written last, so a run
+ * interrupted at any point leaves a folder that {@link isModelFolderComplete}
+ * rejects (and `--missing` regenerates), never a mix that looks complete.
+ */
+export function writePreset(name: string, outDir: string): WriteResult {
+  const dir = join(outDir, name);
+  mkdirSync(dir, { recursive: true });
+  const files = buildPresetFiles(name);
+  const modelPath = join(dir, 'model.onnx');
+  if (existsSync(modelPath)) unlinkSync(modelPath);
+  for (const [file, data] of Object.entries(files) as [keyof PresetFiles, Uint8Array | string][]) {
+    if (file !== 'model.onnx') writeFileAtomic(join(dir, file), data);
+  }
+  writeFileAtomic(modelPath, files['model.onnx']);
+  return { dir, modelBytes: files['model.onnx'].byteLength };
+}

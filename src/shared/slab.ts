@@ -1,0 +1,206 @@
+/**
+ * A slab: one SharedArrayBuffer per model holding fixed-size request slots,
+ * the queues that move slot indices between threads, and the counters the
+ * inference thread keeps for metrics. Every thread maps the same buffer, so a
+ * request travels as a slot index; its token ids are written once by the
+ * submitting thread and read once by the inference thread.
+ *
+ * Layout (each region 64-byte aligned):
+ *   submit ring   IndexQueue  slot indices queued for the inference thread
+ *   free list     IndexQueue  slot indices ready to be taken
+ *   completions   IndexQueue  x owners: finished slots, one queue per owner thread
+ *   headers       Int32  x HEADER_I32 per slot   (state, generation, ...)
+ *   times         Float64 x TIMES_F64 per slot   (enqueued at, deadline)
+ *   ids           Int32  x maxLength per slot    token ids
+ *   typeIds       Uint8  x maxLength per slot    token type ids (0 or 1 for BERT)
+ *   output        Float32 x outputWidth per slot the row the model returned
+ *   counters      Float64 x COUNTERS             written by the inference thread only
+ *
+ * Slot life cycle (every transition is an Atomics.compareExchange, so a cancel
+ * racing a completion has exactly one winner):
+ *
+ *   FREE -> FILLING -> QUEUED -> RUNNING -> DONE | FAILED  -> FREE   (owner frees)
+ *                        |          |
+ *                        +----------+-> CANCELLED -> FREE          (inference thread frees)
+ *
+ * Who frees a slot: the side that sees it last. The owner frees DONE and
+ * FAILED slots after reading them; a cancelled slot may still sit in the
+ * inference thread's queue, so that thread frees it when it meets it. A slot
+ * index is therefore never in two places at once, and the generation counter
+ * (bumped on every acquire) lets an owner check that a completion belongs to
+ * the request it is waiting for.
+ */
+import { IndexQueue } from './index-queue.js';
+
+export const SlotState = {
+  FREE: 0,
+  FILLING: 1,
+  QUEUED: 2,
+  RUNNING: 3,
+  DONE: 4,
+  FAILED: 5,
+  CANCELLED: 6,
+} as const;
+export type SlotStateValue = (typeof SlotState)[keyof typeof SlotState];
+
+/** Why a slot ended FAILED (header field H_ERROR). */
+export const SlotError = {
+  NONE: 0,
+  INFERENCE: 1, // the batch run threw
+  DEADLINE: 2, // dropped before running: its deadline had passed
+  SHUTDOWN: 3, // the inference thread stopped before running it
+} as const;
+
+// Header fields (int32 each).
+export const H_STATE = 0;
+export const H_GENERATION = 1;
+export const H_LENGTH = 2; // real tokens, [CLS] and [SEP] included
+export const H_PRIORITY = 3;
+export const H_OWNER = 4;
+export const H_ERROR = 5;
+export const HEADER_I32 = 8;
+
+// Time fields (float64 each, epoch ms from clock.nowMs()).
+export const T_ENQUEUED = 0;
+export const T_DEADLINE = 1;
+export const T_STARTED = 2; // when its batch started running
+export const T_FINISHED = 3; // when its batch finished
+export const TIMES_F64 = 4;
+
+/** Counters the inference thread bumps after each batch (float64, single writer). */
+export const Counter = {
+  BATCHES: 0,
+  ROWS: 1,
+  REAL_TOKENS: 2,
+  PADDED_TOKENS: 3,
+  FAILED_BATCHES: 4,
+  RUN_MS: 5, // summed wall time of batch runs
+  DROPPED_EXPIRED: 6,
+  CANCELLED_SKIPPED: 7,
+  QUEUED: 8, // requests waiting in the scheduler (a gauge)
+} as const;
+const COUNTERS = 16;
+
+export interface SlabLayout {
+  slotCount: number;
+  maxLength: number;
+  outputWidth: number;
+  owners: number;
+}
+
+const ALIGN = 64;
+const align = (n: number) => Math.ceil(n / ALIGN) * ALIGN;
+
+function offsets(l: SlabLayout) {
+  let at = 0;
+  const take = (bytes: number) => {
+    const start = at;
+    at = align(at + bytes);
+    return start;
+  };
+  const q = IndexQueue.byteLength(l.slotCount);
+  const submit = take(q);
+  const free = take(q);
+  const completions = Array.from({ length: l.owners }, () => take(q));
+  const headers = take(l.slotCount * HEADER_I32 * 4);
+  const times = take(l.slotCount * TIMES_F64 * 8);
+  const ids = take(l.slotCount * l.maxLength * 4);
+  const typeIds = take(l.slotCount * l.maxLength);
+  const output = take(l.slotCount * l.outputWidth * 4);
+  const counters = take(COUNTERS * 8);
+  return { submit, free, completions, headers, times, ids, typeIds, output, counters, total: at };
+}
+
+export class Slab {
+  readonly buffer: SharedArrayBuffer;
+  readonly layout: SlabLayout;
+  readonly submit: IndexQueue;
+  readonly free: IndexQueue;
+  readonly completions: IndexQueue[];
+  readonly headers: Int32Array;
+  readonly times: Float64Array;
+  readonly ids: Int32Array;
+  readonly typeIds: Uint8Array;
+  readonly output: Float32Array;
+  readonly counters: Float64Array;
+
+  /** Allocates and initialises a slab: every slot FREE and on the free list. */
+  static create(layout: SlabLayout): Slab {
+    validateLayout(layout);
+    const slab = new Slab(new SharedArrayBuffer(offsets(layout).total), layout);
+    slab.submit.init();
+    slab.free.init();
+    for (const q of slab.completions) q.init();
+    for (let s = 0; s < layout.slotCount; s++) slab.free.push(s);
+    return slab;
+  }
+
+  /** Maps a slab another thread created (no initialisation). */
+  constructor(buffer: SharedArrayBuffer, layout: SlabLayout) {
+    const o = offsets(layout);
+    if (buffer.byteLength < o.total) throw new RangeError('slab buffer is smaller than its layout');
+    this.buffer = buffer;
+    this.layout = layout;
+    this.submit = new IndexQueue(buffer, o.submit, layout.slotCount);
+    this.free = new IndexQueue(buffer, o.free, layout.slotCount);
+    this.completions = o.completions.map((at) => new IndexQueue(buffer, at, layout.slotCount));
+    this.headers = new Int32Array(buffer, o.headers, layout.slotCount * HEADER_I32);
+    this.times = new Float64Array(buffer, o.times, layout.slotCount * TIMES_F64);
+    this.ids = new Int32Array(buffer, o.ids, layout.slotCount * layout.maxLength);
+    this.typeIds = new Uint8Array(buffer, o.typeIds, layout.slotCount * layout.maxLength);
+    this.output = new Float32Array(buffer, o.output, layout.slotCount * layout.outputWidth);
+    this.counters = new Float64Array(buffer, o.counters, COUNTERS);
+  }
+
+  state(slot: number): number {
+    return Atomics.load(this.headers, slot * HEADER_I32 + H_STATE);
+  }
+
+  /** Atomically moves `slot` from `from` to `to`; returns the state it found (=== from on success). */
+  transition(slot: number, from: number, to: number): number {
+    return Atomics.compareExchange(this.headers, slot * HEADER_I32 + H_STATE, from, to);
+  }
+
+  header(slot: number, field: number): number {
+    return Atomics.load(this.headers, slot * HEADER_I32 + field);
+  }
+
+  setHeader(slot: number, field: number, value: number): void {
+    Atomics.store(this.headers, slot * HEADER_I32 + field, value);
+  }
+
+  time(slot: number, field: number): number {
+    return this.times[slot * TIMES_F64 + field]!;
+  }
+
+  setTime(slot: number, field: number, value: number): void {
+    this.times[slot * TIMES_F64 + field] = value;
+  }
+
+  /** Token ids of `slot` (a view, first `length` entries are real). */
+  slotIds(slot: number): Int32Array {
+    const n = this.layout.maxLength;
+    return this.ids.subarray(slot * n, slot * n + n);
+  }
+
+  slotTypeIds(slot: number): Uint8Array {
+    const n = this.layout.maxLength;
+    return this.typeIds.subarray(slot * n, slot * n + n);
+  }
+
+  slotOutput(slot: number): Float32Array {
+    const w = this.layout.outputWidth;
+    return this.output.subarray(slot * w, slot * w + w);
+  }
+
+  /** Slots not on the free list: being filled, queued, running, or waiting to be read. */
+  slotsInUse(): number {
+    return this.layout.slotCount - this.free.size();
+  }
+}
+
+function validateLayout(l: SlabLayout): void {
+  for (const [k, v] of Object.entries(l)) {
+    if (!Number.isInteger(v) || v < 1) throw new RangeError(`slab ${k} must be a positive integer, got ${v}`);
+  }
+}

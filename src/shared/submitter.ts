@@ -1,0 +1,243 @@
+/**
+ * The owner side of the slabs: how a thread that accepts requests (a gateway,
+ * or the in-process engine) hands token ids to the inference thread and gets
+ * each result back, with no message per request.
+ *
+ * submit():  take a free slot, write ids into it, mark it QUEUED, push its
+ *            index on the model's submit ring, ring the inference thread's bell.
+ * listen():  sleep on this owner's doorbell (Atomics.waitAsync); the
+ *            inference thread rings it once per finished batch; drain this
+ *            owner's completion queues and settle the waiting promises.
+ * cancel:    an AbortSignal moves the slot QUEUED|RUNNING -> CANCELLED; the
+ *            inference thread never runs it (or drops its result) and frees it.
+ */
+import { nowMs } from './clock.js';
+import type { ControlBlock } from './control.js';
+import type { Doorbell } from './doorbell.js';
+import {
+  CancelledError,
+  DeadlineExceededError,
+  EngineClosedError,
+  InferenceError,
+  OverloadedError,
+  SlabserveError,
+  ValidationError,
+} from './errors.js';
+import {
+  H_ERROR,
+  H_GENERATION,
+  H_LENGTH,
+  H_OWNER,
+  H_PRIORITY,
+  HEADER_I32,
+  Slab,
+  SlotError,
+  SlotState,
+  T_DEADLINE,
+  T_ENQUEUED,
+  T_FINISHED,
+  T_STARTED,
+} from './slab.js';
+
+export interface SubmitOptions {
+  /** Epoch ms after which the request must not run. */
+  deadline: number;
+  priority?: number;
+  signal?: AbortSignal;
+}
+
+export interface SlotResult {
+  /** A copy of the slot's output row. */
+  output: Float32Array;
+  /** Time queued before its batch started, ms. */
+  queueMs: number;
+  /** Time its batch ran, ms. */
+  inferenceMs: number;
+}
+
+interface Pending {
+  generation: number;
+  resolve: (r: SlotResult) => void;
+  reject: (e: Error) => void;
+  signal?: AbortSignal;
+  onAbort?: () => void;
+}
+
+export class SlabSubmitter {
+  private readonly slabs: Slab[];
+  private readonly owner: number;
+  private readonly control: ControlBlock;
+  private readonly bell: Doorbell;
+  /** pending[model][slot]: the request waiting on that slot, if any. */
+  private readonly pending: (Pending | undefined)[][];
+  private inFlight = 0;
+  private closed = false;
+  private listening = false;
+
+  constructor(slabs: Slab[], control: ControlBlock, owner: number) {
+    this.slabs = slabs;
+    this.control = control;
+    this.owner = owner;
+    this.bell = control.ownerBell(owner);
+    this.pending = slabs.map((s) => new Array<Pending | undefined>(s.layout.slotCount));
+  }
+
+  /** Requests submitted by this owner and not yet settled. */
+  get pendingCount(): number {
+    return this.inFlight;
+  }
+
+  /**
+   * Queues one input (token ids with [CLS]/[SEP], at most the slab's maxLength)
+   * for `model`. Rejects with OverloadedError at once when no slot is free.
+   */
+  submit(model: number, ids: ArrayLike<number>, typeIds: ArrayLike<number> | null, opts: SubmitOptions): Promise<SlotResult> {
+    if (this.closed) return Promise.reject(new EngineClosedError());
+    const slab = this.slabs[model];
+    if (!slab) return Promise.reject(new ValidationError(`no model with index ${model}`));
+    const len = ids.length;
+    if (len < 1 || len > slab.layout.maxLength) {
+      return Promise.reject(new ValidationError(`input of ${len} tokens does not fit a slot of ${slab.layout.maxLength}`));
+    }
+    if (opts.signal?.aborted) return Promise.reject(new CancelledError());
+
+    const slot = slab.free.pop();
+    if (slot === -1) {
+      return Promise.reject(new OverloadedError(`all ${slab.layout.slotCount} request slots are in use; retry shortly`));
+    }
+    if (slab.transition(slot, SlotState.FREE, SlotState.FILLING) !== SlotState.FREE) {
+      throw new Error(`slot ${slot} on the free list is not FREE (state ${slab.state(slot)})`);
+    }
+    const generation = Atomics.add(slab.headers, slot * HEADER_I32 + H_GENERATION, 1) + 1;
+    slab.slotIds(slot).set(ids);
+    const types = slab.slotTypeIds(slot);
+    if (typeIds) types.set(typeIds);
+    else types.fill(0, 0, len);
+    slab.setHeader(slot, H_LENGTH, len);
+    slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
+    slab.setHeader(slot, H_OWNER, this.owner);
+    slab.setHeader(slot, H_ERROR, SlotError.NONE);
+    slab.setTime(slot, T_ENQUEUED, nowMs());
+    slab.setTime(slot, T_DEADLINE, opts.deadline);
+
+    const promise = new Promise<SlotResult>((resolve, reject) => {
+      const p: Pending = { generation, resolve, reject };
+      if (opts.signal) {
+        p.signal = opts.signal;
+        p.onAbort = () => this.cancel(model, slot, p);
+        opts.signal.addEventListener('abort', p.onAbort, { once: true });
+      }
+      this.pending[model]![slot] = p;
+    });
+    this.inFlight++;
+    slab.transition(slot, SlotState.FILLING, SlotState.QUEUED);
+    // The ring holds slotCount entries and a slot index is in it at most once: it cannot be full.
+    if (!slab.submit.push(slot)) throw new Error('submit ring full: a slot index was queued twice');
+    this.control.workerBell.ring();
+    this.listen();
+    return promise;
+  }
+
+  /** Moves a waiting request to CANCELLED and rejects it. */
+  private cancel(model: number, slot: number, p: Pending): void {
+    if (this.pending[model]![slot] !== p) return; // already settled
+    const slab = this.slabs[model]!;
+    // Queued or running: the inference thread will see CANCELLED and free the slot.
+    // Done or failed already: its completion is on our queue; drain() frees it
+    // when it finds no pending request for it.
+    if (slab.transition(slot, SlotState.QUEUED, SlotState.CANCELLED) !== SlotState.QUEUED) {
+      slab.transition(slot, SlotState.RUNNING, SlotState.CANCELLED);
+    }
+    this.settle(model, slot, p);
+    p.reject(new CancelledError());
+  }
+
+  private settle(model: number, slot: number, p: Pending): void {
+    this.pending[model]![slot] = undefined;
+    this.inFlight--;
+    if (p.signal && p.onAbort) p.signal.removeEventListener('abort', p.onAbort);
+  }
+
+  /** Keeps one loop draining this owner's completions while requests are in flight. */
+  private listen(): void {
+    if (this.listening) return;
+    this.listening = true;
+    void (async () => {
+      while (this.inFlight > 0) {
+        const seen = this.bell.read();
+        this.drain();
+        if (this.inFlight === 0) break;
+        await this.bell.wait(seen);
+      }
+      this.listening = false;
+      // A completion may have arrived between the last drain and the flag reset.
+      this.drain();
+    })();
+  }
+
+  /** Settles every finished request on this owner's completion queues. */
+  drain(): void {
+    for (let m = 0; m < this.slabs.length; m++) {
+      const slab = this.slabs[m]!;
+      const queue = slab.completions[this.owner]!;
+      for (let slot = queue.pop(); slot !== -1; slot = queue.pop()) this.complete(m, slab, slot);
+    }
+  }
+
+  private complete(model: number, slab: Slab, slot: number): void {
+    const state = slab.state(slot);
+    const p = this.pending[model]![slot];
+    if (!p || p.generation !== slab.header(slot, H_GENERATION)) {
+      // Its caller cancelled after the result was written: nobody wants it.
+      this.release(slab, slot, state);
+      return;
+    }
+    this.settle(model, slot, p);
+    if (state === SlotState.DONE) {
+      const result: SlotResult = {
+        output: slab.slotOutput(slot).slice(),
+        queueMs: slab.time(slot, T_STARTED) - slab.time(slot, T_ENQUEUED),
+        inferenceMs: slab.time(slot, T_FINISHED) - slab.time(slot, T_STARTED),
+      };
+      this.release(slab, slot, state);
+      p.resolve(result);
+    } else {
+      const err = slotError(slab.header(slot, H_ERROR));
+      this.release(slab, slot, state);
+      p.reject(err);
+    }
+  }
+
+  private release(slab: Slab, slot: number, state: number): void {
+    if (slab.transition(slot, state, SlotState.FREE) !== state) {
+      throw new Error(`slot ${slot} changed state while its owner released it`);
+    }
+    slab.free.push(slot);
+  }
+
+  /** Rejects every request still waiting (after the inference thread has stopped). */
+  close(reason: SlabserveError = new EngineClosedError()): void {
+    this.closed = true;
+    this.drain();
+    for (let m = 0; m < this.slabs.length; m++) {
+      for (let slot = 0; slot < this.pending[m]!.length; slot++) {
+        const p = this.pending[m]![slot];
+        if (!p) continue;
+        this.settle(m, slot, p);
+        p.reject(reason);
+      }
+    }
+    this.bell.ring(); // wake the listen loop so it sees nothing is in flight
+  }
+}
+
+function slotError(code: number): SlabserveError {
+  switch (code) {
+    case SlotError.DEADLINE:
+      return new DeadlineExceededError('request deadline passed while it was queued; it was not run');
+    case SlotError.SHUTDOWN:
+      return new EngineClosedError('the inference thread stopped before running this request');
+    default:
+      return new InferenceError('the batch holding this request failed to run');
+  }
+}
