@@ -1,0 +1,219 @@
+/**
+ * The engine end to end: real inference thread, real slabs, real onnxruntime
+ * on CPU, generated models. The central check: a result computed in a padded
+ * batch equals the same input run alone and unpadded (mask and padding must
+ * not leak between rows), on fresh random inputs every run.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createEngine, type Engine } from '../dist/src/index.js';
+import { makeRandom, maxAbsDiff, randomTexts, randomTokenSequences, Reference, vocabularyWords } from './helpers.js';
+
+const TOLERANCE = 1e-5;
+
+let engine: Engine;
+let embedRef: Reference;
+let intentRef: Reference;
+
+beforeAll(async () => {
+  engine = await createEngine({ device: 'cpu', models: ['tiny-embed', 'tiny-intent'], log: () => {} });
+  embedRef = await Reference.open('tiny-embed');
+  intentRef = await Reference.open('tiny-intent');
+}, 120_000);
+
+afterAll(async () => {
+  await engine?.close();
+  await embedRef?.close();
+  await intentRef?.close();
+});
+
+function expectNoSlotsInUse() {
+  for (const [name, s] of Object.entries(engine.stats())) {
+    expect(s.slotsInUse, `slots in use for ${name}`).toBe(0);
+  }
+}
+
+describe('batched results equal one-at-a-time results', () => {
+  it('embeddings of random texts of mixed lengths, sent all at once', async () => {
+    const rand = makeRandom('embed mask test');
+    const words = vocabularyWords(embedRef.spec);
+    const texts = randomTexts(rand, words, 120, 90);
+    const before = engine.stats()['tiny-embed']!;
+
+    // All at once: the engine batches them (several per bucket, padded).
+    const batched = await Promise.all(texts.map((t) => engine.embed(t)));
+
+    const after = engine.stats()['tiny-embed']!;
+    const rows = after.rows - before.rows;
+    const batches = after.batches - before.batches;
+    expect(rows).toBe(texts.length);
+    expect(rows / batches).toBeGreaterThan(2); // really batched
+    expect(after.paddedTokens - before.paddedTokens).toBeGreaterThan(after.realTokens - before.realTokens); // really padded
+
+    const tokenizer = (await import('../dist/src/gateway/tokenizer.js')).loadTokenizer(embedRef.spec.tokenizerPath);
+    const tok = await tokenizer;
+    let worst = 0;
+    for (let i = 0; i < texts.length; i++) {
+      const enc = tok.encode(texts[i]!, { maxLength: 512, truncate: false });
+      const ref = await embedRef.row(enc.ids);
+      worst = Math.max(worst, maxAbsDiff(batched[i]![0]!, ref.subarray(0, 128)));
+    }
+    expect(worst).toBeLessThan(TOLERANCE);
+    expectNoSlotsInUse();
+  });
+
+  it('the comparison is sharp: attending to padding would change the result far beyond the tolerance', async () => {
+    const rand = makeRandom('mask sensitivity');
+    const [seq] = randomTokenSequences(rand, 1, 10, 10);
+    const padded = new Int32Array(16);
+    padded.set(seq!.ids);
+    const clean = await embedRef.row(seq!.ids);
+    const leaky = await embedRef.row(padded); // same tokens + 6 [PAD] with mask 1
+    expect(maxAbsDiff(clean.subarray(0, 128), leaky.subarray(0, 128))).toBeGreaterThan(1e-3);
+  });
+
+  it('class probabilities and logits, sent all at once', async () => {
+    const rand = makeRandom('classify mask test');
+    const texts = randomTexts(rand, vocabularyWords(intentRef.spec), 80, 60);
+    const batched = await engine.classify(texts);
+    const tok = await (await import('../dist/src/gateway/tokenizer.js')).loadTokenizer(intentRef.spec.tokenizerPath);
+    let worst = 0;
+    const labels = new Set<string>();
+    for (let i = 0; i < texts.length; i++) {
+      const ref = await intentRef.row(tok.encode(texts[i]!, { maxLength: 512, truncate: false }).ids);
+      const got = batched[i]!;
+      worst = Math.max(worst, maxAbsDiff(got.probabilities, ref.subarray(0, 8)), maxAbsDiff(got.logits, ref.subarray(8, 16)));
+      labels.add(got.label);
+      const sum = got.probabilities.reduce((a, b) => a + b, 0);
+      expect(sum).toBeCloseTo(1, 5);
+      expect(got.score).toBe(Math.max(...got.probabilities));
+    }
+    expect(worst).toBeLessThan(TOLERANCE);
+    expect(labels.size).toBeGreaterThan(1);
+  });
+});
+
+describe('many concurrent requests', () => {
+  it('pre-tokenized inputs across every bucket: each answered once, with its own row', async () => {
+    const rand = makeRandom('concurrency test');
+    const seqs = randomTokenSequences(rand, 400, 3, 300);
+    const results = await engine.runTokens('tiny-embed', seqs);
+    expect(results).toHaveLength(seqs.length);
+    let worst = 0;
+    for (let i = 0; i < seqs.length; i++) {
+      const ref = await embedRef.row(seqs[i]!.ids);
+      worst = Math.max(worst, maxAbsDiff(results[i]!.output, ref));
+    }
+    expect(worst).toBeLessThan(TOLERANCE);
+    expectNoSlotsInUse();
+  });
+
+  it('both models at once: each request answered by its own model', async () => {
+    const rand = makeRandom('two models');
+    const texts = randomTexts(rand, vocabularyWords(embedRef.spec), 60, 20);
+    const [emb, cls] = await Promise.all([engine.embed(texts), engine.classify(texts)]);
+    expect(emb).toHaveLength(60);
+    expect(cls).toHaveLength(60);
+    expect(emb[0]).toHaveLength(128);
+    expect(cls[0]!.probabilities).toHaveLength(8);
+    expectNoSlotsInUse();
+  });
+});
+
+describe('request options and errors', () => {
+  it('normalize: false returns the unnormalised mean-pooled vector', async () => {
+    const [unit] = await engine.embed('where is my parcel', { normalize: true });
+    const [raw] = await engine.embed('where is my parcel', { normalize: false });
+    const norm = Math.hypot(...raw!);
+    expect(Math.hypot(...unit!)).toBeCloseTo(1, 5);
+    expect(Math.abs(norm - 1)).toBeGreaterThan(1e-3);
+    expect(maxAbsDiff(raw!.map((x) => x / norm), unit!)).toBeLessThan(1e-5);
+  });
+
+  it('rejects bad input with typed errors and leaks no slot', async () => {
+    await expect(engine.embed([])).rejects.toMatchObject({ code: 'SLABSERVE_INVALID_INPUT' });
+    await expect(engine.embed('')).rejects.toMatchObject({ code: 'SLABSERVE_INVALID_INPUT' });
+    await expect(engine.embed([42 as unknown as string])).rejects.toMatchObject({ code: 'SLABSERVE_INVALID_INPUT' });
+    await expect(engine.embed('hi', { model: 'nope' })).rejects.toMatchObject({ code: 'SLABSERVE_MODEL_NOT_FOUND' });
+    await expect(engine.classify('hi', { model: 'tiny-embed' })).rejects.toMatchObject({ code: 'SLABSERVE_INVALID_INPUT' });
+    const long = 'parcel '.repeat(600);
+    await expect(engine.embed(long)).rejects.toMatchObject({ code: 'SLABSERVE_INPUT_TOO_LONG', type: 'too_long' });
+    const [cut] = await engine.embed(long, { truncate: true });
+    expect(cut).toHaveLength(128);
+    expectNoSlotsInUse();
+  });
+
+  it('a request whose deadline has passed never runs', async () => {
+    const before = engine.stats()['tiny-embed']!;
+    await expect(engine.embed('too late', { timeoutMs: 0 })).rejects.toMatchObject({ code: 'SLABSERVE_DEADLINE_EXCEEDED' });
+    const after = engine.stats()['tiny-embed']!;
+    expect(after.droppedExpired).toBe(before.droppedExpired + 1);
+    expect(after.rows).toBe(before.rows);
+    expectNoSlotsInUse();
+  });
+
+  it('an aborted request is cancelled and frees its slot', async () => {
+    const ac = new AbortController();
+    ac.abort();
+    await expect(engine.embed('never mind', { signal: ac.signal })).rejects.toMatchObject({ code: 'SLABSERVE_CANCELLED' });
+    // Abort while a burst is in flight: each either completes or is cancelled, none hangs.
+    const ac2 = new AbortController();
+    const burst = randomTexts(makeRandom('abort burst'), vocabularyWords(embedRef.spec), 50, 30).map((t) =>
+      engine.embed(t, { signal: ac2.signal }).then(
+        () => 'done',
+        (e: { code: string }) => e.code,
+      ),
+    );
+    setImmediate(() => ac2.abort());
+    const outcomes = await Promise.all(burst);
+    expect(outcomes.every((o) => o === 'done' || o === 'SLABSERVE_CANCELLED')).toBe(true);
+    expect(outcomes).toContain('SLABSERVE_CANCELLED');
+    await new Promise((r) => setTimeout(r, 50)); // let the inference thread free what it skipped
+    expectNoSlotsInUse();
+  });
+});
+
+describe('limits', () => {
+  it('answers overload at once when every slot is taken, and recovers', async () => {
+    const small = await createEngine({
+      device: 'cpu',
+      models: ['tiny-embed'],
+      slotsPerModel: 8,
+      batching: { buckets: [16, 32] },
+      log: () => {},
+    });
+    try {
+      const seqs = randomTokenSequences(makeRandom('overload'), 40, 5, 30);
+      const outcomes = await Promise.all(
+        seqs.map((s) =>
+          small.runTokens('tiny-embed', [s]).then(
+            () => 'ok',
+            (e: { code: string; retryAfterSeconds?: number }) => e.code,
+          ),
+        ),
+      );
+      expect(outcomes.filter((o) => o === 'ok').length).toBeGreaterThanOrEqual(8);
+      expect(outcomes).toContain('SLABSERVE_OVERLOADED');
+      expect(outcomes.every((o) => o === 'ok' || o === 'SLABSERVE_OVERLOADED')).toBe(true);
+      expect(small.stats()['tiny-embed']!.slotsInUse).toBe(0);
+      const again = await small.runTokens('tiny-embed', seqs.slice(0, 8));
+      expect(again).toHaveLength(8);
+      expect(small.info()[0]!.maxLength).toBe(32);
+    } finally {
+      await small.close();
+    }
+    await expect(small.embed('after close')).rejects.toMatchObject({ code: 'SLABSERVE_ENGINE_CLOSED' });
+  }, 60_000);
+
+  it('refuses batching options that cannot work, with a clear message', async () => {
+    await expect(createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { maxBatchSize: 0 }, log: () => {} })).rejects.toThrow(
+      /maxBatchSize must be a positive integer/,
+    );
+    await expect(
+      createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { maxBatchTokens: 100 }, log: () => {} }),
+    ).rejects.toThrow(/maxBatchTokens \(100\) must be at least the longest bucket \(512\)/);
+    await expect(createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { buckets: [32, 16] }, log: () => {} })).rejects.toThrow(
+      /ascending/,
+    );
+    await expect(createEngine({ device: 'tpu', models: ['tiny-embed'], log: () => {} })).rejects.toThrow(/invalid device "tpu"/);
+  });
+});

@@ -1,0 +1,104 @@
+/**
+ * Shared test helpers: fresh random inputs and an unbatched, unpadded
+ * onnxruntime reference to compare the engine's batched results against.
+ */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import * as ort from 'onnxruntime-node';
+import { prepareModel } from '../dist/src/gpu-worker/graph.js';
+import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
+
+export const modelsDir = fileURLToPath(new URL('../models', import.meta.url));
+
+/** A seeded generator; each run draws a fresh seed (printed, so a failure can be replayed with SLABSERVE_TEST_SEED). */
+export function makeRandom(label: string): () => number {
+  const seed = Number(process.env.SLABSERVE_TEST_SEED ?? Math.floor(Math.random() * 2 ** 31));
+  console.log(`${label}: seed ${seed}`);
+  let s = seed >>> 0;
+  return () => {
+    // mulberry32
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Whole words of the model's vocabulary (no ## pieces, no specials). */
+export function vocabularyWords(spec: ModelSpec): string[] {
+  const tok = JSON.parse(readFileSync(spec.tokenizerPath, 'utf8')) as { model: { vocab: Record<string, number> } };
+  return Object.keys(tok.model.vocab).filter((w) => /^[a-z]{2,}$/.test(w));
+}
+
+export function randomTexts(rand: () => number, words: string[], count: number, maxWords: number): string[] {
+  return Array.from({ length: count }, () => {
+    const n = 1 + Math.floor(rand() * maxWords);
+    return Array.from({ length: n }, () => words[Math.floor(rand() * words.length)]).join(' ');
+  });
+}
+
+/** Random token sequences with [CLS] ... [SEP], lengths in [minLen, maxLen]. */
+export function randomTokenSequences(rand: () => number, count: number, minLen: number, maxLen: number) {
+  return Array.from({ length: count }, () => {
+    const len = minLen + Math.floor(rand() * (maxLen - minLen + 1));
+    const ids = new Int32Array(len);
+    ids[0] = 101;
+    for (let i = 1; i < len - 1; i++) ids[i] = 1000 + Math.floor(rand() * 28000);
+    ids[len - 1] = 102;
+    return { ids, typeIds: new Int32Array(len) };
+  });
+}
+
+/**
+ * Runs one input alone, unpadded ([1, len], mask all ones), through the same
+ * post-processed graph the server runs: the ground truth for batching.
+ */
+export class Reference {
+  readonly spec: ModelSpec;
+  private constructor(
+    spec: ModelSpec,
+    private readonly session: ort.InferenceSession,
+    private readonly outputs: { name: string; width: number }[],
+  ) {
+    this.spec = spec;
+  }
+
+  static async open(name: string): Promise<Reference> {
+    const spec = loadModelSpec(join(modelsDir, name), name);
+    const prepared = prepareModel(readFileSync(spec.onnxPath), spec);
+    const session = await ort.InferenceSession.create(prepared.bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    return new Reference(spec, session, prepared.outputs);
+  }
+
+  /** The slot row the server would return for these ids (outputs side by side). */
+  async row(ids: ArrayLike<number>, typeIds?: ArrayLike<number>, mask?: ArrayLike<number>): Promise<Float32Array> {
+    const n = ids.length;
+    const i64 = (a: ArrayLike<number> | undefined, fill: number) =>
+      BigInt64Array.from({ length: n }, (_, i) => BigInt(a ? a[i]! : fill));
+    const out = await this.session.run({
+      input_ids: new ort.Tensor('int64', i64(ids, 0), [1, n]),
+      attention_mask: new ort.Tensor('int64', i64(mask, 1), [1, n]),
+      token_type_ids: new ort.Tensor('int64', i64(typeIds, 0), [1, n]),
+    });
+    const row = new Float32Array(this.outputs.reduce((s, o) => s + o.width, 0));
+    let at = 0;
+    for (const o of this.outputs) {
+      row.set((out[o.name]!.data as Float32Array).subarray(0, o.width), at);
+      at += o.width;
+    }
+    return row;
+  }
+
+  async close(): Promise<void> {
+    await this.session.release();
+  }
+}
+
+export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  if (a.length !== b.length) return Infinity;
+  let d = 0;
+  for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i]! - b[i]!));
+  return d;
+}
