@@ -14,7 +14,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { loadTokenizer, type Encoding, type TextTokenizer } from './gateway/tokenizer.js';
-import type { DeviceInfo } from './gpu-worker/device.js';
+import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
 import { DEFAULT_BATCHING, defaultBuckets, type BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
 import { nowMs } from './shared/clock.js';
@@ -341,7 +341,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
       }
     });
   });
-  log(`slabserve: device ${device.label} (${device.name})`);
+  log(`slabserve: device ${describeDevice(device)}`);
   for (const m of models) {
     log(`slabserve: model ${m.spec.name} task=${m.spec.task} device=${device.label} buckets=${m.batching.buckets.join(',')} maxBatchSize=${m.batching.maxBatchSize}`);
   }

@@ -5,6 +5,7 @@
  * not leak between rows), on fresh random inputs every run.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { createEngine, type Engine } from '../dist/src/index.js';
 import { makeRandom, maxAbsDiff, randomTexts, randomTokenSequences, Reference, vocabularyWords } from './helpers.js';
 
@@ -49,8 +50,7 @@ describe('batched results equal one-at-a-time results', () => {
     expect(rows / batches).toBeGreaterThan(2); // really batched
     expect(after.paddedTokens - before.paddedTokens).toBeGreaterThan(after.realTokens - before.realTokens); // really padded
 
-    const tokenizer = (await import('../dist/src/gateway/tokenizer.js')).loadTokenizer(embedRef.spec.tokenizerPath);
-    const tok = await tokenizer;
+    const tok = await loadTokenizer(embedRef.spec.tokenizerPath);
     let worst = 0;
     for (let i = 0; i < texts.length; i++) {
       const enc = tok.encode(texts[i]!, { maxLength: 512, truncate: false });
@@ -75,7 +75,7 @@ describe('batched results equal one-at-a-time results', () => {
     const rand = makeRandom('classify mask test');
     const texts = randomTexts(rand, vocabularyWords(intentRef.spec), 80, 60);
     const batched = await engine.classify(texts);
-    const tok = await (await import('../dist/src/gateway/tokenizer.js')).loadTokenizer(intentRef.spec.tokenizerPath);
+    const tok = await loadTokenizer(intentRef.spec.tokenizerPath);
     let worst = 0;
     const labels = new Set<string>();
     for (let i = 0; i < texts.length; i++) {

@@ -21,6 +21,8 @@ export interface DeviceInfo {
   id: number;
   /** e.g. "cuda:0" or "cpu". */
   label: string;
+  /** onnxruntime execution provider. */
+  provider: 'CPUExecutionProvider' | 'CUDAExecutionProvider';
   /** Human-readable model of the processor or card. */
   name: string;
   memoryTotalBytes?: number;
@@ -48,12 +50,24 @@ export function cudaProviderInstalled(): boolean {
 }
 
 export function describeCpu(): DeviceInfo {
-  return { kind: 'cpu', id: 0, label: 'cpu', name: `${cpus()[0]?.model ?? 'unknown CPU'} x${cpus().length}`, memoryTotalBytes: totalmem() };
+  return { kind: 'cpu', id: 0, label: 'cpu', provider: 'CPUExecutionProvider', name: `${cpus()[0]?.model ?? 'unknown CPU'} x${cpus().length}`, memoryTotalBytes: totalmem() };
+}
+
+/** One line for the start-up log: label, provider, name, memory. */
+export function describeDevice(d: DeviceInfo): string {
+  const gib = (b: number) => `${(b / 2 ** 30).toFixed(1)} GiB`;
+  const memory =
+    d.memoryTotalBytes === undefined
+      ? 'memory unknown'
+      : d.memoryUsedBytes === undefined
+        ? `${gib(d.memoryTotalBytes)} memory`
+        : `${gib(d.memoryUsedBytes)} of ${gib(d.memoryTotalBytes)} memory in use`;
+  return `${d.label} (${d.provider}; ${d.name}; ${memory})`;
 }
 
 /** Name and memory of GPU `id` from nvidia-smi, when it is on the PATH. */
 export function describeCuda(id: number): DeviceInfo {
-  const info: DeviceInfo = { kind: 'cuda', id, label: `cuda:${id}`, name: `CUDA device ${id}` };
+  const info: DeviceInfo = { kind: 'cuda', id, label: `cuda:${id}`, provider: 'CUDAExecutionProvider', name: `CUDA device ${id}` };
   try {
     const line = execFileSync(
       'nvidia-smi',
