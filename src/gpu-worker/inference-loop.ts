@@ -54,9 +54,9 @@ export class InferenceLoop {
     const bell = this.control.workerBell;
     while (!this.control.stopRequested()) {
       const seen = bell.read();
-      const now = nowMs();
-      this.control.heartbeat = now;
       this.intake();
+      const now = nowMs(); // after intake, so nothing taken in is judged by a stale clock
+      this.control.heartbeat = now;
       this.sweep(now);
       let timeout = IDLE_WAKE_MS;
       while (this.inflight < this.options.maxInflightBatches) {
@@ -110,8 +110,7 @@ export class InferenceLoop {
           if (state === SlotState.CANCELLED) {
             this.freeCancelled(m, q.slot);
           } else if (q.deadline <= now) {
-            slab.counters[Counter.DROPPED_EXPIRED]! += 1;
-            this.finish(m, q.slot, SlotState.FAILED, SlotError.DEADLINE, SlotState.QUEUED);
+            this.expire(m, q.slot);
           } else {
             fifo[kept++] = q;
           }
@@ -127,12 +126,20 @@ export class InferenceLoop {
     const slab = runner.slab;
     const taken = this.queues[model]!.buckets[bucket]!.splice(0, count);
     const slots: number[] = [];
+    const now = nowMs();
     for (const q of taken) {
+      if (q.deadline <= now) {
+        this.expire(model, q.slot); // its deadline passed since the sweep: it must not run
+        continue;
+      }
       const found = slab.transition(q.slot, SlotState.QUEUED, SlotState.RUNNING);
       if (found === SlotState.QUEUED) slots.push(q.slot);
       else if (found === SlotState.CANCELLED) this.freeCancelled(model, q.slot);
     }
-    if (slots.length === 0) return;
+    if (slots.length === 0) {
+      this.wakeOwners();
+      return;
+    }
     this.inflight++;
     this.control.inflightBatches = this.inflight;
     const started = nowMs();
@@ -172,22 +179,30 @@ export class InferenceLoop {
     this.wakeOwners();
   }
 
+  /** Fails a queued request whose deadline has passed; it never reaches the device. */
+  private expire(model: number, slot: number): void {
+    if (this.finish(model, slot, SlotState.FAILED, SlotError.DEADLINE, SlotState.QUEUED)) {
+      this.runners[model]!.slab.counters[Counter.DROPPED_EXPIRED]! += 1;
+    }
+  }
+
   /**
    * Ends a request: `from` -> `state` and onto its owner's completion queue.
-   * If its owner cancelled it meanwhile, the slot is freed instead.
+   * If its owner cancelled it meanwhile, the slot is freed instead (returns false).
    */
-  private finish(model: number, slot: number, state: number, error: number, from: number = SlotState.QUEUED): void {
+  private finish(model: number, slot: number, state: number, error: number, from: number = SlotState.QUEUED): boolean {
     const slab = this.runners[model]!.slab;
     slab.setHeader(slot, H_ERROR, error);
     const found = slab.transition(slot, from, state);
     if (found === SlotState.CANCELLED) {
       this.freeCancelled(model, slot);
-      return;
+      return false;
     }
     if (found !== from) throw new Error(`slot ${slot} was ${found}, expected ${from}`);
     const owner = slab.header(slot, H_OWNER);
     slab.completions[owner]!.push(slot);
     this.ownersToWake.add(owner);
+    return true;
   }
 
   private freeCancelled(model: number, slot: number): void {

@@ -71,6 +71,8 @@ export class SlabSubmitter {
   /** pending[model][slot]: the request waiting on that slot, if any. */
   private readonly pending: (Pending | undefined)[][];
   private inFlight = 0;
+  /** Cancelled requests whose result was already written: their completion is still to be drained and freed. */
+  private abandoned = 0;
   private closed = false;
   private listening = false;
 
@@ -145,8 +147,13 @@ export class SlabSubmitter {
     // Queued or running: the inference thread will see CANCELLED and free the slot.
     // Done or failed already: its completion is on our queue; drain() frees it
     // when it finds no pending request for it.
-    if (slab.transition(slot, SlotState.QUEUED, SlotState.CANCELLED) !== SlotState.QUEUED) {
-      slab.transition(slot, SlotState.RUNNING, SlotState.CANCELLED);
+    if (
+      slab.transition(slot, SlotState.QUEUED, SlotState.CANCELLED) !== SlotState.QUEUED &&
+      slab.transition(slot, SlotState.RUNNING, SlotState.CANCELLED) !== SlotState.RUNNING
+    ) {
+      // DONE or FAILED: the inference thread may not have pushed the completion
+      // yet, so keep listening until drain() has freed it.
+      this.abandoned++;
     }
     this.settle(model, slot, p);
     p.reject(new CancelledError());
@@ -163,10 +170,10 @@ export class SlabSubmitter {
     if (this.listening) return;
     this.listening = true;
     void (async () => {
-      while (this.inFlight > 0) {
+      while (this.inFlight + this.abandoned > 0) {
         const seen = this.bell.read();
         this.drain();
-        if (this.inFlight === 0) break;
+        if (this.inFlight + this.abandoned === 0) break;
         await this.bell.wait(seen);
       }
       this.listening = false;
@@ -189,6 +196,7 @@ export class SlabSubmitter {
     const p = this.pending[model]![slot];
     if (!p || p.generation !== slab.header(slot, H_GENERATION)) {
       // Its caller cancelled after the result was written: nobody wants it.
+      if (!p) this.abandoned--;
       this.release(slab, slot, state);
       return;
     }
