@@ -33,7 +33,14 @@ export interface EngineOptions {
   device?: string;
   /** Batching knobs; see src/gpu-worker/scheduler.ts. Buckets default to powers of two up to each model's max length. */
   batching?: Partial<BatchingOptions>;
-  /** Batches that may run at once on the device (the next fills while one runs). Default 2. */
+  /**
+   * Batches handed to the device before the first finishes. Default 1:
+   * onnxruntime-node runs a session synchronously on the inference thread, so
+   * a second batch cannot overlap the first; requests that arrive during a run
+   * wait in the ring and form the next batch the moment it ends. With 2 or
+   * more, the next batch may close (full, or after maxBatchDelayMs) before the
+   * running one ends: useful only with an asynchronous execution path.
+   */
   maxInflightBatches?: number;
   /** Request slots per model: how many requests may be queued or running at once. Default 1024. */
   slotsPerModel?: number;
@@ -47,7 +54,7 @@ export interface EngineOptions {
 
 export const ENGINE_DEFAULTS = {
   device: 'auto',
-  maxInflightBatches: 2,
+  maxInflightBatches: 1,
   slotsPerModel: 1024,
   requestTimeoutMs: 30_000,
   intraOpThreads: 0,
@@ -98,6 +105,8 @@ export interface ModelStats {
   failedBatches: number;
   droppedExpired: number;
   cancelledSkipped: number;
+  /** Summed wall time of session.run calls, ms. */
+  runMs: number;
 }
 
 interface LoadedModel {
@@ -194,6 +203,7 @@ export class Engine {
         failedBatches: c[Counter.FAILED_BATCHES]!,
         droppedExpired: c[Counter.DROPPED_EXPIRED]!,
         cancelledSkipped: c[Counter.CANCELLED_SKIPPED]!,
+        runMs: c[Counter.RUN_MS]!,
       };
     }
     return out;

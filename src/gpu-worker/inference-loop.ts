@@ -3,9 +3,10 @@
  * queue them by length bucket, ask the scheduler what to run, run it, write
  * each row back, and ring each owner's doorbell once per finished batch.
  *
- * Up to `maxInflightBatches` batches run at once: while one runs on the
- * device the next one is being filled (that is when maxBatchDelayMs matters;
- * with the device idle a batch goes at once).
+ * Up to `maxInflightBatches` batches are handed to the device before the
+ * first ends (default 1: onnxruntime-node runs synchronously on this thread,
+ * so requests that arrive during a run wait in the ring and form the next
+ * batch the moment it ends; see docs/architecture.md).
  */
 import { nowMs } from '../shared/clock.js';
 import type { ControlBlock } from '../shared/control.js';
