@@ -37,6 +37,7 @@ import { prepareModel, type PreparedModel } from '../src/gpu-worker/graph.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';
 import { loadModelSpec, type ModelSpec } from '../src/shared/model-config.js';
 import { bertUncasedVocab } from '../src/modelgen/tokenizer-json.js';
+import { mulberry32 as rng } from '../src/modelgen/rng.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // dist/bench/quick.js -> the repo root is two levels up
@@ -128,17 +129,6 @@ const MAX_LEN = 32;
 
 // ---------------------------------------------------------------- workload
 
-/** mulberry32: small, fixed-seed PRNG. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const randInt = (r: () => number, lo: number, hi: number) => lo + Math.floor(r() * (hi - lo + 1));
 

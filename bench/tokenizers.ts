@@ -29,6 +29,7 @@ import { createRequire } from 'node:module';
 import { Tokenizer as JsTokenizer } from '@huggingface/tokenizers';
 import { Tokenizer as RsTokenizer } from 'tokenizers';
 import { createTokenizer } from '../src/gateway/tokenizer.js';
+import { mulberry32 as rng } from '../src/modelgen/rng.js';
 import { bertUncasedVocab, buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
 
 const require = createRequire(import.meta.url);
@@ -39,17 +40,6 @@ const QUICK = process.argv.includes('--quick');
 
 // ---------------------------------------------------------------- texts
 
-/** mulberry32: small, fixed-seed PRNG. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const vocab = bertUncasedVocab();
 const WORDS = vocab.filter((t) => /^[a-z]{2,}$/.test(t));

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as ort from 'onnxruntime-node';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
+import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
 
 export const modelsDir = fileURLToPath(new URL('../models', import.meta.url));
@@ -15,15 +16,7 @@ export const modelsDir = fileURLToPath(new URL('../models', import.meta.url));
 export function makeRandom(label: string): () => number {
   const seed = Number(process.env.SLABSERVE_TEST_SEED ?? Math.floor(Math.random() * 2 ** 31));
   console.log(`${label}: seed ${seed}`);
-  let s = seed >>> 0;
-  return () => {
-    // mulberry32
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  return mulberry32(seed);
 }
 
 /** Whole words of the model's vocabulary (no ## pieces, no specials). */

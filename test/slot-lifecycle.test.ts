@@ -17,6 +17,7 @@ import {
 } from '../dist/src/shared/errors.js';
 import { Counter, Slab, SlotState, type SlabLayout } from '../dist/src/shared/slab.js';
 import { SlabSubmitter, type SlotResult } from '../dist/src/shared/submitter.js';
+import { mulberry32 } from '../dist/src/modelgen/rng.js';
 
 const fixture = new URL('./fixtures/fake-inference-worker.mjs', import.meta.url);
 
@@ -51,16 +52,6 @@ function expectedRow(ids: readonly number[], typeIds: readonly number[], model: 
   return row;
 }
 
-function mulberry32(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 const tick = () => new Promise<void>((r) => setImmediate(r));

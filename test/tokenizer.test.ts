@@ -5,18 +5,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTokenizer, loadTokenizer, type TextTokenizer } from '../src/gateway/tokenizer.js';
 import { bertUncasedVocab, buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
 import { InputTooLongError } from '../src/shared/errors.js';
+import { mulberry32 as rng } from '../src/modelgen/rng.js';
 
-/** Fixed-seed PRNG (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const vocab = bertUncasedVocab();
 const idOf = new Map(vocab.map((t, i) => [t, i]));
