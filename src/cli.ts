@@ -3,14 +3,51 @@
  * The slabserve command line. Every option is also an environment variable
  * (SLABSERVE_<NAME>), shown by --help.
  *
+ *   slabserve serve --port 8080 --max-batch-size 32
  *   slabserve embed "where is my parcel?" "cancel my plan"
  *   slabserve classify --model tiny-intent "I want my money back"
- *
- * `slabserve serve` arrives with the HTTP gateway.
  */
-import { Command, Option } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import { createEngine, type Engine, type EngineOptions } from './engine.js';
+import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './main.js';
 import { SlabserveError } from './shared/errors.js';
+import { VERSION } from './version.js';
+
+/** An integer option parser with a clear message on bad values. */
+function int(min: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`expected an integer >= ${min}, got "${value}"`);
+    return n;
+  };
+}
+
+function nonNegative(value: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0) throw new InvalidArgumentError(`expected a number >= 0, got "${value}"`);
+  return n;
+}
+
+function intList(value: string): number[] {
+  const parts = value.split(',').map((p) => p.trim()).filter(Boolean);
+  const ints = parts.map(Number);
+  if (ints.length === 0 || ints.some((n) => !Number.isInteger(n) || n < 1)) {
+    throw new InvalidArgumentError(`expected a comma-separated list of positive integers, got "${value}"`);
+  }
+  return ints;
+}
+
+function collect(value: string, previous: string[] = []): string[] {
+  return [...previous, ...value.split(',').map((v) => v.trim()).filter(Boolean)];
+}
+
+/** A flag with its SLABSERVE_* environment variable. */
+function flag(flags: string, description: string, env: string, parse?: (v: string, prev?: never) => unknown, defaultValue?: unknown): Option {
+  const o = new Option(flags, description).env(`SLABSERVE_${env}`);
+  if (parse) o.argParser(parse as (v: string, prev: unknown) => unknown);
+  if (defaultValue !== undefined) o.default(defaultValue);
+  return o;
+}
 
 interface CommonFlags {
   modelsDir?: string;
@@ -40,7 +77,101 @@ async function withEngine(flags: CommonFlags, fn: (e: Engine) => Promise<unknown
   }
 }
 
-const program = new Command('slabserve').description('Dynamic-batching inference for BERT-class models').showHelpAfterError();
+const program = new Command('slabserve').description('Dynamic-batching inference for BERT-class models').version(VERSION).showHelpAfterError();
+
+interface ServeFlags {
+  host: string;
+  port: number;
+  modelsDir?: string;
+  model?: string[];
+  device: string;
+  gatewayThreads: number;
+  maxBatchSize?: number;
+  maxBatchDelayMs?: number;
+  maxBatchTokens?: number;
+  buckets?: number[];
+  maxInflightBatches: number;
+  slotsPerModel: number;
+  requestTimeoutMs: number;
+  intraOpThreads: number;
+  maxClientBatchSize: number;
+  maxBodyBytes: number;
+  heartbeatTimeoutMs: number;
+  drainTimeoutMs: number;
+  tokenizerThreads: number;
+  inlineTokenizeChars: number;
+}
+
+const D = SERVER_DEFAULTS;
+program
+  .command('serve')
+  .description('serve the model repository over HTTP')
+  .addOption(flag('--host <host>', 'address to listen on', 'HOST', undefined, D.host))
+  .addOption(flag('--port <port>', 'port to listen on (0: any free port)', 'PORT', int(0), D.port))
+  .addOption(flag('--models-dir <dir>', 'model repository folder (default: the package models/)', 'MODELS_DIR'))
+  .addOption(flag('--model <name>', 'serve only this model (repeatable, or comma-separated; default: all)', 'MODEL', collect))
+  .addOption(flag('--device <device>', 'auto, cpu, cuda or cuda:N', 'DEVICE', undefined, D.device))
+  .addOption(flag('--gateway-threads <n>', 'HTTP gateway threads (default: 1 on 2 cores or fewer, else half the cores)', 'GATEWAY_THREADS', int(1), defaultGatewayThreads()))
+  .addOption(flag('--max-batch-size <n>', 'most requests in one batch (default 32)', 'MAX_BATCH_SIZE', int(1)))
+  .addOption(flag('--max-batch-delay-ms <ms>', 'longest a request waits for a batch to fill while the device is busy (default 5)', 'MAX_BATCH_DELAY_MS', nonNegative))
+  .addOption(flag('--max-batch-tokens <n>', 'most padded tokens in one batch (default 16384)', 'MAX_BATCH_TOKENS', int(1)))
+  .addOption(flag('--buckets <list>', 'padded lengths, e.g. 16,32,64,128 (default: powers of two from 8 to the max length)', 'BUCKETS', intList))
+  .addOption(flag('--max-inflight-batches <n>', 'batches handed to the device before the first ends', 'MAX_INFLIGHT_BATCHES', int(1), D.maxInflightBatches))
+  .addOption(flag('--slots-per-model <n>', 'requests queued or running per model; beyond it, 429 at once', 'SLOTS_PER_MODEL', int(1), D.slotsPerModel))
+  .addOption(flag('--request-timeout-ms <ms>', 'a request not run by then is answered 504 and never runs', 'REQUEST_TIMEOUT_MS', int(1), D.requestTimeoutMs))
+  .addOption(flag('--intra-op-threads <n>', 'onnxruntime intra-op threads (0: onnxruntime decides)', 'INTRA_OP_THREADS', int(0), D.intraOpThreads))
+  .addOption(flag('--max-client-batch-size <n>', 'most inputs in one request', 'MAX_CLIENT_BATCH_SIZE', int(1), D.maxClientBatchSize))
+  .addOption(flag('--max-body-bytes <n>', 'largest request body accepted', 'MAX_BODY_BYTES', int(1), D.maxBodyBytes))
+  .addOption(flag('--heartbeat-timeout-ms <ms>', 'readiness fails when the inference thread has not gone round its loop for this long', 'HEARTBEAT_TIMEOUT_MS', int(1), D.heartbeatTimeoutMs))
+  .addOption(flag('--drain-timeout-ms <ms>', 'on SIGTERM, how long in-flight requests may take to finish', 'DRAIN_TIMEOUT_MS', int(0), D.drainTimeoutMs))
+  .addOption(flag('--tokenizer-threads <n>', 'tokenizer pool threads per gateway, for large client batches', 'TOKENIZER_THREADS', int(1), D.tokenizerThreads))
+  .addOption(flag('--inline-tokenize-chars <n>', 'client batches up to this many characters are tokenized on the gateway thread itself', 'INLINE_TOKENIZE_CHARS', int(0), D.inlineTokenizeChars))
+  .action(async (f: ServeFlags) => {
+    const batching: ServerConfig['batching'] = {};
+    if (f.maxBatchSize !== undefined) batching.maxBatchSize = f.maxBatchSize;
+    if (f.maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = f.maxBatchDelayMs;
+    if (f.maxBatchTokens !== undefined) batching.maxBatchTokens = f.maxBatchTokens;
+    if (f.buckets !== undefined) batching.buckets = f.buckets;
+    const log = (line: string) => process.stderr.write(line + '\n');
+    const server = await startServer({
+      host: f.host,
+      port: f.port,
+      ...(f.modelsDir ? { modelsDir: f.modelsDir } : {}),
+      ...(f.model ? { models: f.model } : {}),
+      device: f.device,
+      gatewayThreads: f.gatewayThreads,
+      batching,
+      maxInflightBatches: f.maxInflightBatches,
+      slotsPerModel: f.slotsPerModel,
+      requestTimeoutMs: f.requestTimeoutMs,
+      intraOpThreads: f.intraOpThreads,
+      maxClientBatchSize: f.maxClientBatchSize,
+      maxBodyBytes: f.maxBodyBytes,
+      heartbeatTimeoutMs: f.heartbeatTimeoutMs,
+      drainTimeoutMs: f.drainTimeoutMs,
+      tokenizerThreads: f.tokenizerThreads,
+      inlineTokenizeChars: f.inlineTokenizeChars,
+      log,
+    });
+    let signals = 0;
+    const onSignal = (sig: string) => {
+      signals++;
+      if (signals > 1) {
+        log(`slabserve: ${sig} again, exiting now`);
+        process.exit(1);
+      }
+      log(`slabserve: ${sig}: draining (up to ${f.drainTimeoutMs} ms), send again to exit at once`);
+      void server.close().then(() => process.exit(0));
+    };
+    process.on('SIGTERM', () => onSignal('SIGTERM'));
+    process.on('SIGINT', () => onSignal('SIGINT'));
+    try {
+      await server.ready;
+    } catch (err) {
+      await server.close();
+      throw err;
+    }
+  });
 
 commonOptions(program.command('embed').description('print the embedding of each text as JSON').argument('<text...>')).action(
   (texts: string[], flags: CommonFlags) =>

@@ -22,13 +22,15 @@ import {
   T_FINISHED,
   T_STARTED,
 } from '../shared/slab.js';
-import type { ModelRunner } from './runner.js';
+import type { BatchStats, ModelRunner } from './runner.js';
 import { bucketFor, decide, type ModelQueue, type QueuedRequest } from './scheduler.js';
 
 export interface LoopOptions {
   maxInflightBatches: number;
   /** Called when a batch fails (the loop goes on). */
   onBatchError?: (model: string, error: unknown) => void;
+  /** Called after every successful batch (metrics). */
+  onBatch?: (model: number, bucket: number, stats: BatchStats) => void;
 }
 
 /** Wake at least this often to refresh the heartbeat and sweep expired requests. */
@@ -154,6 +156,7 @@ export class InferenceLoop {
           c[Counter.REAL_TOKENS]! += stats.realTokens;
           c[Counter.PADDED_TOKENS]! += stats.paddedTokens;
           c[Counter.RUN_MS]! += stats.runMs;
+          this.options.onBatch?.(model, bucket, stats);
           this.completeBatch(model, slots, started, SlotState.DONE, SlotError.NONE);
         },
         (err: unknown) => {

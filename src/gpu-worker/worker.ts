@@ -11,13 +11,16 @@
  *   { type: 'stopped' }
  */
 import { parentPort, workerData } from 'node:worker_threads';
+import { Registry } from 'prom-client';
 import { ControlBlock, WorkerState } from '../shared/control.js';
+import { inferenceMetrics } from '../shared/metrics.js';
+import { RpcPeer } from '../shared/rpc.js';
 import type { ModelSpec } from '../shared/model-config.js';
 import { Slab, type SlabLayout } from '../shared/slab.js';
 import { cudaProviderInstalled, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
 import { InferenceLoop } from './inference-loop.js';
 import { ModelRunner } from './runner.js';
-import type { BatchingOptions } from './scheduler.js';
+import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
 export interface InferenceWorkerData {
   control: SharedArrayBuffer;
@@ -63,9 +66,13 @@ async function openRunners(): Promise<{ runners: ModelRunner[]; device: DeviceIn
   }
 }
 
+const registry = new Registry();
+const metrics = inferenceMetrics(registry);
+
 async function main(): Promise<void> {
-  // Keeps this thread alive while the loop sleeps in Atomics.waitAsync.
-  parentPort!.on('message', () => {});
+  // Answers metrics scrapes; its port listener also keeps this thread alive
+  // while the loop sleeps in Atomics.waitAsync.
+  new RpcPeer(parentPort!, { metrics: () => registry.getMetricsAsJSON() });
   let runners: ModelRunner[];
   try {
     const opened = await openRunners();
@@ -81,7 +88,18 @@ async function main(): Promise<void> {
   }
   const loop = new InferenceLoop(runners, control, {
     maxInflightBatches: data.maxInflightBatches,
-    onBatchError: (model, error) => post({ type: 'batch-error', model, message: (error as Error)?.message ?? String(error) }),
+    onBatchError: (model, error) => {
+      metrics.batchFailures.inc({ model });
+      post({ type: 'batch-error', model, message: (error as Error)?.message ?? String(error) });
+    },
+    onBatch: (m, bucket, stats) => {
+      const { spec, batching } = data.models[m]!;
+      const labels = { model: spec.name };
+      metrics.batchSize.observe(labels, stats.rows);
+      metrics.batchDuration.observe(labels, stats.runMs / 1000);
+      metrics.fillRatio.observe(labels, stats.rows / batchCapacity(batching, batching.buckets[bucket]!));
+      metrics.paddingEfficiency.observe(labels, stats.realTokens / stats.paddedTokens);
+    },
   });
   await loop.run();
   await Promise.all(runners.map((r) => r.release()));

@@ -10,6 +10,7 @@ const I_WORKER_BELL = 0;
 const I_STOP = 1;
 const I_STATE = 2;
 const I_INFLIGHT = 3;
+const I_DRAINING = 4;
 const I_OWNER_BELLS = 16; // owner bells start on their own cache line
 const F_HEARTBEAT = 0;
 
@@ -61,6 +62,15 @@ export class ControlBlock {
 
   set workerState(v: number) {
     Atomics.store(this.i32, I_STATE, v);
+  }
+
+  /** Set on SIGTERM: readiness turns false and new requests are refused while in-flight ones finish. */
+  get draining(): boolean {
+    return Atomics.load(this.i32, I_DRAINING) === 1;
+  }
+
+  set draining(v: boolean) {
+    Atomics.store(this.i32, I_DRAINING, v ? 1 : 0);
   }
 
   get inflightBatches(): number {

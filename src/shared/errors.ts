@@ -12,7 +12,10 @@ export type ErrorType =
   | 'timeout' // deadline passed before the answer: 504
   | 'cancelled' // the caller went away
   | 'backend' // the inference run failed: 500
-  | 'unavailable'; // engine closed or not ready: 503
+  | 'unavailable' // engine closed or not ready: 503
+  | 'payload_too_large' // HTTP body over the limit: 413
+  | 'unsupported_media_type' // HTTP body neither JSON nor msgpack: 415
+  | 'method_not_allowed'; // HTTP method not served on that path: 405
 
 export class SlabserveError extends Error {
   readonly code: string;
@@ -48,6 +51,12 @@ export class InputTooLongError extends SlabserveError {
 export class ModelNotFoundError extends SlabserveError {
   constructor(name: string, known: readonly string[]) {
     super(`unknown model "${name}"; loaded: ${known.join(', ') || '(none)'}`, 'SLABSERVE_MODEL_NOT_FOUND', 'not_found');
+  }
+}
+
+export class NotReadyError extends SlabserveError {
+  constructor(message = 'the server is not ready (warming up or draining)') {
+    super(message, 'SLABSERVE_NOT_READY', 'unavailable');
   }
 }
 

@@ -1,0 +1,109 @@
+/**
+ * Entry point of a gateway thread: one uWebSockets.js app listening on the
+ * shared port (the kernel spreads connections across gateway threads with
+ * SO_REUSEPORT), tokenizing requests and submitting them through the slabs
+ * as owner `owner`.
+ *
+ * Control (RPC with the main thread, never per request):
+ *   main -> gateway  metrics()  this thread's metrics as JSON
+ *                    close()    stop listening (in-flight requests still finish)
+ *                    setInfo()  the /info document, once the device is known
+ *   gateway -> main  scrape()   the whole process's Prometheus text
+ */
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { parentPort, workerData } from 'node:worker_threads';
+import { Registry } from 'prom-client';
+import type { ModelPlan } from '../inference-host.js';
+import { nowMs } from '../shared/clock.js';
+import { ControlBlock, WorkerState } from '../shared/control.js';
+import { gatewayMetrics } from '../shared/metrics.js';
+import { RpcPeer } from '../shared/rpc.js';
+import { Slab } from '../shared/slab.js';
+import { SlabSubmitter } from '../shared/submitter.js';
+import { InferenceClient, type ClientModel } from './inference-client.js';
+import { registerRoutes, type GatewayLimits } from './routes.js';
+import { createTokenizePool } from './tokenize-pool.js';
+import { loadTokenizer } from './tokenizer.js';
+import { loadUws, type us_listen_socket } from './uws.js';
+
+export interface GatewayWorkerData {
+  gatewayId: number;
+  /** Owner index in the slabs (0 is the main thread's). */
+  owner: number;
+  control: SharedArrayBuffer;
+  owners: number;
+  models: ModelPlan[];
+  host: string;
+  /** 0 picks a free port (the first gateway does, the others join it). */
+  port: number;
+  limits: GatewayLimits;
+  requestTimeoutMs: number;
+  heartbeatTimeoutMs: number;
+  tokenizerThreads: number;
+  inlineTokenizeChars: number;
+}
+
+export type GatewayMessage = { type: 'listening'; port: number } | { type: 'fatal'; message: string };
+
+const data = workerData as GatewayWorkerData;
+const post = (m: GatewayMessage) => parentPort!.postMessage(m);
+
+async function main(): Promise<void> {
+  const uws = loadUws();
+  const control = new ControlBlock(data.control, data.owners);
+  const slabs = data.models.map((m) => new Slab(m.slab, m.layout));
+  const submitter = new SlabSubmitter(slabs, control, data.owner);
+  const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadTokenizer(plan.spec.tokenizerPath) })));
+  const pool = createTokenizePool(data.tokenizerThreads);
+  await pool.warmUp([...new Set(data.models.map((m) => m.spec.tokenizerPath))]);
+  const client = new InferenceClient(models, submitter, {
+    requestTimeoutMs: data.requestTimeoutMs,
+    batchTokenizer: pool.tokenize,
+    inlineTokenizeChars: data.inlineTokenizeChars,
+  });
+
+  const registry = new Registry();
+  const metrics = gatewayMetrics(registry);
+  const lag = monitorEventLoopDelay({ resolution: 10 });
+  lag.enable();
+  let info: unknown = { status: 'starting' };
+  let listenSocket: us_listen_socket | null = null;
+
+  const rpc = new RpcPeer(parentPort!, {
+    metrics: () => {
+      metrics.eventLoopLag.set({ gateway: String(data.gatewayId) }, lag.percentile(99) / 1e9);
+      lag.reset();
+      return registry.getMetricsAsJSON();
+    },
+    setInfo: (doc) => {
+      info = doc;
+    },
+    close: () => {
+      if (listenSocket) uws.us_listen_socket_close(listenSocket);
+      listenSocket = null;
+      return { pending: submitter.pendingCount };
+    },
+    pending: () => submitter.pendingCount,
+  });
+
+  const app = uws.App();
+  registerRoutes(app, {
+    client,
+    limits: data.limits,
+    metrics,
+    ready: () =>
+      control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs,
+    info: () => info,
+    scrape: () => rpc.call<string>('scrape'),
+  });
+  app.listen(data.host, data.port, (socket) => {
+    if (!socket) {
+      post({ type: 'fatal', message: `cannot listen on ${data.host}:${data.port} (in use, or not permitted)` });
+      return;
+    }
+    listenSocket = socket;
+    post({ type: 'listening', port: uws.us_socket_local_port(socket) });
+  });
+}
+
+main().catch((err: unknown) => post({ type: 'fatal', message: (err as Error).message }));

@@ -1,0 +1,182 @@
+/**
+ * HTTP plumbing over uWebSockets.js: a request context that outlives the
+ * synchronous handler, body reading with a byte limit, content negotiation
+ * (JSON or msgpack), and error responses of one shape:
+ * `{"error": message, "type": kind}` with the status for the error's type.
+ *
+ * uWS rules this module hides: the HttpRequest is only valid during the
+ * handler's synchronous part (so headers are copied at once); once the client
+ * goes away (onAborted) the response must not be touched; writes from a later
+ * tick must be corked.
+ */
+import { pack, unpack } from 'msgpackr';
+import { SlabserveError, type ErrorType } from '../shared/errors.js';
+import type { HttpRequest, HttpResponse } from './uws.js';
+
+export const MSGPACK = 'application/msgpack';
+const MSGPACK_TYPES = new Set([MSGPACK, 'application/x-msgpack', 'application/vnd.msgpack']);
+
+/** HTTP status of each error family. */
+const STATUS: Record<ErrorType, number> = {
+  validation: 422,
+  too_long: 413,
+  payload_too_large: 413,
+  not_found: 404,
+  method_not_allowed: 405,
+  unsupported_media_type: 415,
+  overloaded: 429,
+  timeout: 504,
+  cancelled: 499,
+  backend: 500,
+  unavailable: 503,
+};
+
+const REASON: Record<number, string> = {
+  200: 'OK',
+  400: 'Bad Request',
+  404: 'Not Found',
+  405: 'Method Not Allowed',
+  413: 'Payload Too Large',
+  415: 'Unsupported Media Type',
+  422: 'Unprocessable Entity',
+  429: 'Too Many Requests',
+  499: 'Client Closed Request',
+  500: 'Internal Server Error',
+  503: 'Service Unavailable',
+  504: 'Gateway Timeout',
+};
+
+/** An error raised by the HTTP layer itself (bad body, wrong method, ...). */
+export class HttpError extends SlabserveError {
+  readonly status: number;
+  readonly headers: Record<string, string>;
+  constructor(status: number, kind: ErrorType, code: string, message: string, headers: Record<string, string> = {}) {
+    super(message, code, kind);
+    this.status = status;
+    this.headers = headers;
+  }
+}
+
+export function statusOf(err: unknown): number {
+  if (err instanceof HttpError) return err.status;
+  if (err instanceof SlabserveError) return STATUS[err.type] ?? 500;
+  return 500;
+}
+
+/** Everything a handler needs after its synchronous part: headers copied, abort tracked. */
+export class RequestContext {
+  readonly res: HttpResponse;
+  readonly method: string;
+  readonly url: string;
+  readonly contentType: string;
+  readonly accept: string;
+  readonly contentLength: number | undefined;
+  readonly startedAt = performance.now();
+  /** Aborted when the client disconnects: cancels the request's slots. */
+  readonly abort = new AbortController();
+  private done = false;
+
+  constructor(res: HttpResponse, req: HttpRequest) {
+    this.res = res;
+    this.method = req.getCaseSensitiveMethod?.() ?? req.getMethod().toUpperCase();
+    this.url = req.getUrl();
+    this.contentType = req.getHeader('content-type').split(';')[0]!.trim().toLowerCase();
+    this.accept = req.getHeader('accept').toLowerCase();
+    const cl = req.getHeader('content-length');
+    this.contentLength = cl === '' ? undefined : Number(cl);
+    res.onAborted(() => {
+      this.done = true;
+      this.abort.abort();
+    });
+  }
+
+  get finished(): boolean {
+    return this.done;
+  }
+
+  /** Whether the client asked for msgpack back. */
+  get wantsMsgpack(): boolean {
+    return this.accept.includes(MSGPACK) || this.accept.includes('application/x-msgpack');
+  }
+
+  /**
+   * Reads the whole body, at most `limit` bytes. A declared Content-Length
+   * over the limit is refused before a byte is read; a body that grows past
+   * it is refused as soon as it does.
+   */
+  readBody(limit: number): Promise<Buffer> {
+    if (this.contentLength !== undefined && this.contentLength > limit) {
+      return Promise.reject(payloadTooLarge(this.contentLength, limit));
+    }
+    return new Promise((resolve, reject) => {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      let refused = false;
+      this.res.onData((chunk, isLast) => {
+        if (refused) return;
+        size += chunk.byteLength;
+        if (size > limit) {
+          refused = true;
+          reject(payloadTooLarge(size, limit));
+          return;
+        }
+        chunks.push(Buffer.from(chunk.slice(0))); // uWS reuses the chunk's memory after this call
+        if (isLast) resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
+      });
+    });
+  }
+
+  /** Parses the body as JSON or msgpack, by Content-Type. */
+  async readPayload(limit: number): Promise<unknown> {
+    const type = this.contentType;
+    const isMsgpack = MSGPACK_TYPES.has(type);
+    if (!isMsgpack && type !== '' && type !== 'application/json') {
+      throw new HttpError(415, 'unsupported_media_type', 'SLABSERVE_UNSUPPORTED_MEDIA_TYPE', `unsupported Content-Type "${type}": send application/json or ${MSGPACK}`);
+    }
+    const body = await this.readBody(limit);
+    if (body.length === 0) throw new HttpError(400, 'validation', 'SLABSERVE_MALFORMED_BODY', 'the request body is empty');
+    try {
+      return isMsgpack ? unpack(body) : JSON.parse(body.toString('utf8'));
+    } catch (err) {
+      throw new HttpError(400, 'validation', 'SLABSERVE_MALFORMED_BODY', `the body is not valid ${isMsgpack ? 'msgpack' : 'JSON'}: ${(err as Error).message}`);
+    }
+  }
+
+  /** Sends `payload` as JSON or msgpack (per Accept), with extra headers. No-op if the client is gone. */
+  send(status: number, payload: unknown, headers: Record<string, string> = {}): void {
+    const msgpack = this.wantsMsgpack;
+    const body = msgpack ? pack(payload) : JSON.stringify(payload);
+    this.write(status, msgpack ? MSGPACK : 'application/json', body, headers);
+  }
+
+  /** Sends a body as is. */
+  write(status: number, contentType: string, body: string | Uint8Array, headers: Record<string, string> = {}, closeConnection = false): void {
+    if (this.done) return;
+    this.done = true;
+    this.res.cork(() => {
+      this.res.writeStatus(`${status} ${REASON[status] ?? ''}`.trimEnd());
+      this.res.writeHeader('content-type', contentType);
+      for (const [k, v] of Object.entries(headers)) this.res.writeHeader(k, v);
+      this.res.end(body, closeConnection);
+    });
+  }
+
+  /** Answers with the error's status and `{error, type}`. */
+  fail(err: unknown): void {
+    const status = statusOf(err);
+    const e = err instanceof SlabserveError ? err : null;
+    const headers: Record<string, string> = err instanceof HttpError ? { ...err.headers } : {};
+    if (e && 'retryAfterSeconds' in e) headers['retry-after'] = String(Math.max(1, Math.ceil((e as { retryAfterSeconds: number }).retryAfterSeconds)));
+    const message = e ? e.message : 'internal error';
+    // Close the connection after a refused body: the client may still be sending it.
+    const close = status === 413;
+    if (this.done) return;
+    const msgpack = this.wantsMsgpack;
+    const payload = { error: message, type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL' };
+    this.write(status, msgpack ? MSGPACK : 'application/json', msgpack ? pack(payload) : JSON.stringify(payload), headers, close);
+  }
+}
+
+function payloadTooLarge(size: number, limit: number): HttpError {
+  return new HttpError(413, 'payload_too_large', 'SLABSERVE_PAYLOAD_TOO_LARGE', `request body of ${size} bytes exceeds the limit of ${limit} (--max-body-bytes)`);
+}

@@ -1,0 +1,236 @@
+/**
+ * The slabserve process: loads the model repository, starts the inference
+ * thread and the gateway threads, serves /metrics for all of them, and drains
+ * on SIGTERM. `slabserve serve` (src/cli.ts) calls startServer().
+ *
+ *   main thread      config, slabs, supervision, metrics aggregation, drain
+ *   gateway threads  uWebSockets.js on one shared port (src/gateway/gateway-worker.ts)
+ *   inference thread one per device (src/gpu-worker/worker.ts)
+ */
+import { cpus } from 'node:os';
+import { Worker } from 'node:worker_threads';
+import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
+import { describeModel, slabStats, ENGINE_DEFAULTS } from './engine.js';
+import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
+import { describeCuda, type DeviceInfo } from './gpu-worker/device.js';
+import type { BatchingOptions } from './gpu-worker/scheduler.js';
+import { loadModels, startInferenceThread, type ModelPlan } from './inference-host.js';
+import { nowMs } from './shared/clock.js';
+import { ControlBlock, WorkerState } from './shared/control.js';
+import { processMetrics } from './shared/metrics.js';
+import { RpcPeer } from './shared/rpc.js';
+import { Slab } from './shared/slab.js';
+import { VERSION } from './version.js';
+
+export interface ServerConfig {
+  host: string;
+  /** 0 picks a free port. */
+  port: number;
+  modelsDir?: string;
+  models?: string[];
+  device: string;
+  gatewayThreads: number;
+  batching: Partial<BatchingOptions>;
+  maxInflightBatches: number;
+  slotsPerModel: number;
+  requestTimeoutMs: number;
+  intraOpThreads: number;
+  maxClientBatchSize: number;
+  maxBodyBytes: number;
+  heartbeatTimeoutMs: number;
+  drainTimeoutMs: number;
+  tokenizerThreads: number;
+  inlineTokenizeChars: number;
+  log: (line: string) => void;
+}
+
+/** One gateway thread on 2 cores or fewer, else half the cores. */
+export function defaultGatewayThreads(): number {
+  const n = cpus().length;
+  return n <= 2 ? 1 : Math.floor(n / 2);
+}
+
+export const SERVER_DEFAULTS = {
+  host: '0.0.0.0',
+  port: 8080,
+  device: ENGINE_DEFAULTS.device,
+  maxInflightBatches: ENGINE_DEFAULTS.maxInflightBatches,
+  slotsPerModel: ENGINE_DEFAULTS.slotsPerModel,
+  requestTimeoutMs: ENGINE_DEFAULTS.requestTimeoutMs,
+  intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
+  maxClientBatchSize: 64,
+  maxBodyBytes: 2 * 1024 * 1024,
+  heartbeatTimeoutMs: 30_000,
+  drainTimeoutMs: 30_000,
+  tokenizerThreads: 1,
+  inlineTokenizeChars: 4096,
+} as const;
+
+export interface Server {
+  readonly port: number;
+  readonly url: string;
+  /** Resolves once every model is warmed up (then /readyz answers 200). */
+  readonly ready: Promise<DeviceInfo>;
+  /** Drains: readiness off, new requests refused, in-flight ones finish (up to drainTimeoutMs), sockets closed, threads stopped. */
+  close(): Promise<void>;
+}
+
+interface GatewayHandle {
+  worker: Worker;
+  rpc: RpcPeer;
+  exited: Promise<void>;
+}
+
+export async function startServer(config: ServerConfig): Promise<Server> {
+  const log = config.log;
+  const owners = 1 + config.gatewayThreads; // owner 0 is this thread
+  const plans = loadModels({
+    ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
+    ...(config.models && config.models.length ? { models: config.models } : {}),
+    batching: config.batching,
+    slotsPerModel: config.slotsPerModel,
+    owners,
+  });
+  const control = ControlBlock.create(owners);
+  const slabs = plans.map((p) => new Slab(p.slab, p.layout));
+  const inference = startInferenceThread(plans, control, {
+    device: config.device,
+    intraOpThreads: config.intraOpThreads,
+    maxInflightBatches: config.maxInflightBatches,
+    log,
+  });
+  const inferenceRpc = new RpcPeer(inference.worker);
+  const inferenceExited = new Promise<void>((res) => inference.worker.once('exit', () => res()));
+  let device: DeviceInfo | null = null;
+
+  // Metrics: this thread's share, computed from shared memory at scrape time.
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  processMetrics(registry, {
+    models: () =>
+      plans.map((p, i) => {
+        const s = slabStats(slabs[i]!);
+        return {
+          name: p.spec.name,
+          queued: s.queued,
+          slotsInUse: s.slotsInUse,
+          slots: p.layout.slotCount,
+          realTokens: s.realTokens,
+          paddedTokens: s.paddedTokens,
+          expired: s.droppedExpired,
+          cancelled: s.cancelledSkipped,
+        };
+      }),
+    ready: () => control.workerState === WorkerState.READY && !control.draining,
+    heartbeatAgeSeconds: () => (control.heartbeat ? (nowMs() - control.heartbeat) / 1000 : 0),
+    deviceMemory: () => {
+      if (!device || device.kind !== 'cuda') return null;
+      const d = describeCuda(device.id);
+      return { device: d.label, totalBytes: d.memoryTotalBytes, usedBytes: d.memoryUsedBytes };
+    },
+  });
+
+  const gateways: GatewayHandle[] = [];
+  const scrape = async (): Promise<string> => {
+    type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
+    const parts: MetricsJson[] = [await registry.getMetricsAsJSON()];
+    const others = await Promise.allSettled([
+      ...gateways.map((g) => g.rpc.call<MetricsJson>('metrics')),
+      control.workerState === WorkerState.READY ? inferenceRpc.call<MetricsJson>('metrics') : Promise.resolve([]),
+    ]);
+    for (const o of others) if (o.status === 'fulfilled') parts.push(o.value);
+    return AggregatorRegistry.aggregate(parts).metrics();
+  };
+
+  const startGateway = (gatewayId: number, port: number): Promise<{ handle: GatewayHandle; port: number }> => {
+    const data: GatewayWorkerData = {
+      gatewayId,
+      owner: 1 + gatewayId,
+      control: control.buffer,
+      owners,
+      models: plans,
+      host: config.host,
+      port,
+      limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize },
+      requestTimeoutMs: config.requestTimeoutMs,
+      heartbeatTimeoutMs: config.heartbeatTimeoutMs,
+      tokenizerThreads: config.tokenizerThreads,
+      inlineTokenizeChars: config.inlineTokenizeChars,
+    };
+    const worker = new Worker(new URL('./gateway/gateway-worker.js', import.meta.url), { workerData: data, name: `slabserve-gateway-${gatewayId}` });
+    const handle: GatewayHandle = {
+      worker,
+      rpc: new RpcPeer(worker, { scrape }),
+      exited: new Promise<void>((res) => worker.once('exit', () => res())),
+    };
+    return new Promise((res, rej) => {
+      worker.once('error', rej);
+      worker.once('exit', (code) => rej(new Error(`gateway ${gatewayId} exited during start-up (code ${code})`)));
+      worker.on('message', (m: GatewayMessage) => {
+        if (m.type === 'listening') res({ handle, port: m.port });
+        else if (m.type === 'fatal') rej(new Error(`gateway ${gatewayId}: ${m.message}`));
+      });
+    });
+  };
+
+  let port: number;
+  try {
+    // The first gateway binds (and picks the port if 0); the others join it.
+    const first = await startGateway(0, config.port);
+    gateways.push(first.handle);
+    port = first.port;
+    for (let g = 1; g < config.gatewayThreads; g++) gateways.push((await startGateway(g, port)).handle);
+  } catch (err) {
+    control.requestStop();
+    await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));
+    await Promise.all(gateways.map((g) => g.worker.terminate()));
+    await inference.worker.terminate();
+    throw err;
+  }
+  const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
+  const url = `http://${shownHost}:${port}`;
+  log(`slabserve: listening on http://${config.host}:${port} (${config.gatewayThreads} gateway thread${config.gatewayThreads > 1 ? 's' : ''}); ready after warm-up`);
+
+  const info = (d: DeviceInfo) => ({
+    version: VERSION,
+    device: { label: d.label, name: d.name, provider: d.provider },
+    models: plans.map(describeModel),
+    limits: {
+      maxClientBatchSize: config.maxClientBatchSize,
+      maxBodyBytes: config.maxBodyBytes,
+      requestTimeoutMs: config.requestTimeoutMs,
+      slotsPerModel: config.slotsPerModel,
+    },
+    gatewayThreads: config.gatewayThreads,
+  });
+
+  const ready = inference.ready.then(async (d) => {
+    device = d;
+    await Promise.all(gateways.map((g) => g.rpc.call('setInfo', info(d))));
+    log(`slabserve: ready at ${url}`);
+    return d;
+  });
+  ready.catch(() => {}); // start-up failures surface through `ready`; close() still works
+
+  let closing: Promise<void> | null = null;
+  const close = () =>
+    (closing ??= (async () => {
+      control.draining = true; // /readyz 503 and new requests 503 from now on
+      const deadline = Date.now() + config.drainTimeoutMs;
+      while (Date.now() < deadline) {
+        const pending = await Promise.all(gateways.map((g) => g.rpc.call<number>('pending').catch(() => 0)));
+        if (pending.every((n) => n === 0)) break;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      // Listen sockets must be closed before the threads go: uWS aborts the process otherwise.
+      await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));
+      control.requestStop();
+      await inferenceExited;
+      await Promise.all(gateways.map((g) => g.worker.terminate()));
+      log('slabserve: stopped');
+    })());
+
+  return { port, url, ready, close };
+}
+
+export type { ModelPlan };

@@ -1,0 +1,168 @@
+/**
+ * Every Prometheus metric slabserve exports, defined in one place. Each
+ * thread registers its own share in its own prom-client Registry; the main
+ * thread merges them on scrape (AggregatorRegistry.aggregate), so /metrics is
+ * one view of the whole process. Names follow Prometheus conventions: base
+ * units, `_seconds`, `_total`. docs/metrics.md lists them.
+ */
+import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+
+const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
+const RATIO_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1];
+
+/** Recorded by each gateway thread, per HTTP request. */
+export function gatewayMetrics(registry: Registry) {
+  const registers = [registry];
+  return {
+    requestDuration: new Histogram({
+      name: 'slabserve_request_duration_seconds',
+      help: 'End-to-end request latency in the gateway: body read to response written.',
+      labelNames: ['model', 'route', 'status'] as const,
+      buckets: LATENCY_BUCKETS,
+      registers,
+    }),
+    queueDuration: new Histogram({
+      name: 'slabserve_request_queue_duration_seconds',
+      help: 'Time a request waited in the queue before its batch started (longest of its inputs).',
+      labelNames: ['model'] as const,
+      buckets: LATENCY_BUCKETS,
+      registers,
+    }),
+    inputs: new Counter({
+      name: 'slabserve_request_inputs_total',
+      help: 'Inputs (texts or token sequences) received, one slot each.',
+      labelNames: ['model', 'route'] as const,
+      registers,
+    }),
+    failures: new Counter({
+      name: 'slabserve_request_failures_total',
+      help: 'Requests answered with an error, by reason (the error type).',
+      labelNames: ['reason'] as const,
+      registers,
+    }),
+    eventLoopLag: new Gauge({
+      name: 'slabserve_gateway_event_loop_lag_seconds',
+      help: 'P99 event-loop delay of each gateway thread since the last scrape.',
+      labelNames: ['gateway'] as const,
+      registers,
+    }),
+  };
+}
+export type GatewayMetrics = ReturnType<typeof gatewayMetrics>;
+
+/** Recorded by the inference thread, per batch. */
+export function inferenceMetrics(registry: Registry) {
+  const registers = [registry];
+  return {
+    batchSize: new Histogram({
+      name: 'slabserve_batch_size',
+      help: 'Requests per batch run on the device.',
+      labelNames: ['model'] as const,
+      buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256],
+      registers,
+    }),
+    batchDuration: new Histogram({
+      name: 'slabserve_batch_duration_seconds',
+      help: 'Wall time of one batch run (session.run).',
+      labelNames: ['model'] as const,
+      buckets: LATENCY_BUCKETS,
+      registers,
+    }),
+    fillRatio: new Histogram({
+      name: 'slabserve_batch_fill_ratio',
+      help: 'Batch size / the most its bucket allows (maxBatchSize or the token budget).',
+      labelNames: ['model'] as const,
+      buckets: RATIO_BUCKETS,
+      registers,
+    }),
+    paddingEfficiency: new Histogram({
+      name: 'slabserve_batch_padding_efficiency',
+      help: 'Real tokens / padded tokens computed in one batch.',
+      labelNames: ['model'] as const,
+      buckets: RATIO_BUCKETS,
+      registers,
+    }),
+    batchFailures: new Counter({
+      name: 'slabserve_batch_failures_total',
+      help: 'Batches whose run threw (their requests failed).',
+      labelNames: ['model'] as const,
+      registers,
+    }),
+  };
+}
+export type InferenceMetrics = ReturnType<typeof inferenceMetrics>;
+
+/** What the main thread reads from shared memory at scrape time. */
+export interface ProcessState {
+  models(): {
+    name: string;
+    queued: number;
+    slotsInUse: number;
+    slots: number;
+    realTokens: number;
+    paddedTokens: number;
+    expired: number;
+    cancelled: number;
+  }[];
+  ready(): boolean;
+  heartbeatAgeSeconds(): number;
+  /** Device memory, where the provider exposes it (nvidia-smi for CUDA); null on CPU. */
+  deviceMemory(): { device: string; totalBytes?: number; usedBytes?: number } | null;
+}
+
+/** Gauges and counters the main thread computes from shared memory on each scrape. */
+export function processMetrics(registry: Registry, state: ProcessState): void {
+  const registers = [registry];
+  const perModel = <K extends keyof ReturnType<ProcessState['models']>[number]>(key: K) =>
+    function (this: Gauge<'model'>) {
+      this.reset();
+      for (const m of state.models()) this.set({ model: m.name }, m[key] as number);
+    };
+  new Gauge({ name: 'slabserve_queue_depth', help: 'Requests queued for the device, not yet in a batch.', labelNames: ['model'], registers, collect: perModel('queued') });
+  new Gauge({ name: 'slabserve_slots_in_use', help: 'Request slots taken (filling, queued, running or being answered).', labelNames: ['model'], registers, collect: perModel('slotsInUse') });
+  new Gauge({ name: 'slabserve_slots', help: 'Request slots per model (--slots-per-model): the admission limit.', labelNames: ['model'], registers, collect: perModel('slots') });
+  new Gauge({
+    name: 'slabserve_tokens_total',
+    help: 'Tokens computed on the device: real ones and padded ones (real + padding). Padding efficiency = real / padded.',
+    labelNames: ['model', 'kind'],
+    registers,
+    collect() {
+      this.reset();
+      for (const m of state.models()) {
+        this.set({ model: m.name, kind: 'real' }, m.realTokens);
+        this.set({ model: m.name, kind: 'padded' }, m.paddedTokens);
+      }
+    },
+  });
+  new Gauge({ name: 'slabserve_requests_expired_total', help: 'Requests dropped before running: their deadline had passed.', labelNames: ['model'], registers, collect: perModel('expired') });
+  new Gauge({ name: 'slabserve_requests_cancelled_total', help: 'Requests cancelled (client gone) that the device never ran or whose result was dropped.', labelNames: ['model'], registers, collect: perModel('cancelled') });
+  new Gauge({
+    name: 'slabserve_ready',
+    help: '1 when the server is ready (warmed up, inference thread alive, not draining).',
+    registers,
+    collect() {
+      this.set(state.ready() ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'slabserve_inference_heartbeat_age_seconds',
+    help: 'Seconds since the inference thread last went round its loop.',
+    registers,
+    collect() {
+      this.set(state.heartbeatAgeSeconds());
+    },
+  });
+  new Gauge({
+    name: 'slabserve_device_memory_bytes',
+    help: 'Device memory (total and used) where the execution provider exposes it (CUDA, via nvidia-smi).',
+    labelNames: ['device', 'kind'],
+    registers,
+    collect() {
+      this.reset();
+      const d = state.deviceMemory();
+      if (!d) return;
+      if (d.totalBytes !== undefined) this.set({ device: d.device, kind: 'total' }, d.totalBytes);
+      if (d.usedBytes !== undefined) this.set({ device: d.device, kind: 'used' }, d.usedBytes);
+    },
+  });
+}
