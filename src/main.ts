@@ -63,7 +63,7 @@ export const SERVER_DEFAULTS = {
   heartbeatTimeoutMs: 30_000,
   drainTimeoutMs: 30_000,
   tokenizerThreads: 1,
-  inlineTokenizeChars: 4096,
+  inlineTokenizeChars: 1024,
 } as const;
 
 export interface Server {

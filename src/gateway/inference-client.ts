@@ -59,7 +59,7 @@ export class InferenceClient {
     this.submitter = submitter;
     this.requestTimeoutMs = opts.requestTimeoutMs;
     this.batchTokenizer = opts.batchTokenizer;
-    this.inlineTokenizeChars = opts.inlineTokenizeChars ?? 4096;
+    this.inlineTokenizeChars = opts.inlineTokenizeChars ?? 1024;
   }
 
   list(): ClientModel[] {

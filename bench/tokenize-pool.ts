@@ -1,0 +1,77 @@
+/**
+ * Where should a gateway tokenize? Inline on its event loop, or on the
+ * piscina pool (src/gateway/tokenize-pool.ts)? Measures, side by side, for a
+ * single short text and for a client batch of 64 long texts:
+ *   - wall time per request (what the caller waits),
+ *   - event-loop time per request (what every other request on that gateway waits).
+ *
+ *   npx tsc -p tsconfig.json && node dist/bench/tokenize-pool.js
+ */
+import { performance } from 'node:perf_hooks';
+import { join } from 'node:path';
+import { createTokenizePool } from '../src/gateway/tokenize-pool.js';
+import { loadTokenizer } from '../src/gateway/tokenizer.js';
+import type { ClientModel } from '../src/gateway/inference-client.js';
+import { packageRoot } from '../src/inference-host.js';
+import { loadModelSpec } from '../src/shared/model-config.js';
+import { mulberry32 } from '../src/modelgen/rng.js';
+import { bertUncasedVocab } from '../src/modelgen/tokenizer-json.js';
+
+const ROUNDS = 5;
+const ROUND_MS = 1000;
+
+const spec = loadModelSpec(join(packageRoot, 'models', 'tiny-embed'));
+const tokenizer = await loadTokenizer(spec.tokenizerPath);
+const model = { plan: { spec, maxLength: 512 }, tokenizer } as unknown as ClientModel;
+const opts = { maxLength: 512, truncate: true };
+const pool = createTokenizePool(1);
+await pool.warmUp([spec.tokenizerPath]);
+
+const rand = mulberry32(7);
+const words = bertUncasedVocab().filter((w) => /^[a-z]{2,}$/.test(w));
+const text = (n: number) => Array.from({ length: n }, () => words[Math.floor(rand() * words.length)]).join(' ');
+const short = Array.from({ length: 256 }, () => text(8 + Math.floor(rand() * 24)));
+const long = Array.from({ length: 64 * 8 }, () => text(380 + Math.floor(rand() * 40)));
+
+type Case = { name: string; run: (i: number) => Promise<unknown> | unknown };
+const cases: Case[] = [
+  { name: '1 short text, inline', run: (i) => tokenizer.encode(short[i % short.length]!, opts) },
+  { name: '1 short text, pool', run: (i) => pool.tokenize(model, [short[i % short.length]!], opts) },
+  { name: '1 long text, inline', run: (i) => tokenizer.encode(long[i % long.length]!, opts) },
+  { name: '1 long text, pool', run: (i) => pool.tokenize(model, [long[i % long.length]!], opts) },
+  { name: '8 short texts, inline', run: (i) => tokenizer.encodeBatch(short.slice((i % 32) * 8, (i % 32) * 8 + 8), opts) },
+  { name: '8 short texts, pool', run: (i) => pool.tokenize(model, short.slice((i % 32) * 8, (i % 32) * 8 + 8), opts) },
+  { name: '64 long texts, inline', run: (i) => tokenizer.encodeBatch(long.slice((i % 8) * 64, (i % 8) * 64 + 64), opts) },
+  { name: '64 long texts, pool', run: (i) => pool.tokenize(model, long.slice((i % 8) * 64, (i % 8) * 64 + 64), opts) },
+];
+
+async function measure(c: Case): Promise<{ wallUs: number; loopUs: number }> {
+  let n = 0;
+  const elu0 = performance.eventLoopUtilization();
+  const t0 = performance.now();
+  while (performance.now() - t0 < ROUND_MS) await c.run(n++);
+  const wall = performance.now() - t0;
+  const elu = performance.eventLoopUtilization(elu0);
+  return { wallUs: (wall * 1000) / n, loopUs: (elu.active * 1000) / n };
+}
+
+const results = new Map<string, { wallUs: number; loopUs: number }[]>();
+for (const c of cases) await measure(c); // warm-up
+for (let r = 0; r < ROUNDS; r++) {
+  const order = r % 2 === 0 ? cases : [...cases].reverse();
+  for (const c of order) {
+    const list = results.get(c.name) ?? [];
+    list.push(await measure(c));
+    results.set(c.name, list);
+  }
+}
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const chars = (xs: string[]) => Math.round(xs.reduce((a, t) => a + t.length, 0) / xs.length);
+console.log(`texts: short ${chars(short)} chars on average, long ${chars(long)} chars`);
+console.log('| case | wall µs/request | event-loop µs/request |');
+console.log('|---|--:|--:|');
+for (const c of cases) {
+  const rs = results.get(c.name)!;
+  console.log(`| ${c.name} | ${median(rs.map((x) => x.wallUs)).toFixed(0)} | ${median(rs.map((x) => x.loopUs)).toFixed(0)} |`);
+}
+await pool.close();
