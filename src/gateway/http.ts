@@ -10,7 +10,7 @@
  * tick must be corked.
  */
 import { pack, unpack } from 'msgpackr';
-import { SlabserveError, type ErrorType } from '../shared/errors.js';
+import { CancelledError, SlabserveError, type ErrorType } from '../shared/errors.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
 
 export const MSGPACK = 'application/msgpack';
@@ -75,6 +75,8 @@ export class RequestContext {
   /** Aborted when the client disconnects: cancels the request's slots. */
   readonly abort = new AbortController();
   private done = false;
+  /** Rejects a body read in progress when the client goes away. */
+  private onBodyAbort: (() => void) | undefined;
 
   constructor(res: HttpResponse, req: HttpRequest) {
     this.res = res;
@@ -88,6 +90,7 @@ export class RequestContext {
       this.done = true;
       this.abort.abort();
     });
+    this.abort.signal.addEventListener('abort', () => this.onBodyAbort?.(), { once: true });
   }
 
   get finished(): boolean {
@@ -102,13 +105,16 @@ export class RequestContext {
   /**
    * Reads the whole body, at most `limit` bytes. A declared Content-Length
    * over the limit is refused before a byte is read; a body that grows past
-   * it is refused as soon as it does.
+   * it is refused as soon as it does. Must be called during the route
+   * handler's synchronous part: uWS drops body chunks that arrive before
+   * onData is attached.
    */
   readBody(limit: number): Promise<Buffer> {
     if (this.contentLength !== undefined && this.contentLength > limit) {
       return Promise.reject(payloadTooLarge(this.contentLength, limit));
     }
     return new Promise((resolve, reject) => {
+      this.onBodyAbort = () => reject(new CancelledError('the client went away while sending its body'));
       const chunks: Buffer[] = [];
       let size = 0;
       let refused = false;
