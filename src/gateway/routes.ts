@@ -45,54 +45,57 @@ export interface RouteDeps {
 
 const PROMETHEUS_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
 
-export function registerRoutes(app: TemplatedApp, deps: RouteDeps): void {
-  const inference = (task: Task, route: string) => (res: HttpResponse, req: HttpRequest, pathModel?: string) => {
-    const ctx = new RequestContext(res, req);
-    void handleInference(ctx, deps, task, route, pathModel);
-  };
-  const embed = inference('embed', '/embed');
-  const predict = inference('classify', '/predict');
-  app.post('/embed', (res, req) => embed(res, req));
-  app.post('/predict', (res, req) => predict(res, req));
-  app.post('/models/:name/embed', (res, req) => embed(res, req, req.getParameter(0)));
-  app.post('/models/:name/predict', (res, req) => predict(res, req, req.getParameter(0)));
+/** One route: a method, a uWS path pattern, and its handler (`params` are the pattern's :parts in order). */
+export interface Route {
+  method: 'get' | 'post';
+  path: string;
+  handle(ctx: RequestContext, deps: RouteDeps, params: string[]): void | Promise<void>;
+}
 
-  const get = (path: string, handler: (ctx: RequestContext) => void | Promise<void>) => {
-    app.get(path, (res, req) => {
+/** The core API: TEI-style /embed and /predict, health, info, metrics. */
+export const coreRoutes: Route[] = [
+  { method: 'post', path: '/embed', handle: (ctx, deps) => handleInference(ctx, deps, 'embed', '/embed', undefined) },
+  { method: 'post', path: '/predict', handle: (ctx, deps) => handleInference(ctx, deps, 'classify', '/predict', undefined) },
+  { method: 'post', path: '/models/:name/embed', handle: (ctx, deps, [name]) => handleInference(ctx, deps, 'embed', '/embed', name) },
+  { method: 'post', path: '/models/:name/predict', handle: (ctx, deps, [name]) => handleInference(ctx, deps, 'classify', '/predict', name) },
+  { method: 'get', path: '/info', handle: (ctx, deps) => ctx.send(200, deps.info()) },
+  { method: 'get', path: '/livez', handle: (ctx) => ctx.send(200, { status: 'alive' }) },
+  { method: 'get', path: '/readyz', handle: (ctx, deps) => readiness(ctx, deps) },
+  { method: 'get', path: '/health', handle: (ctx, deps) => readiness(ctx, deps) },
+  { method: 'get', path: '/metrics', handle: async (ctx, deps) => ctx.write(200, PROMETHEUS_TYPE, await deps.scrape()) },
+];
+
+function readiness(ctx: RequestContext, deps: RouteDeps): void {
+  if (deps.ready()) ctx.send(200, { status: 'ready' });
+  else ctx.send(503, { status: 'not ready', error: 'warming up, inference thread not answering, or draining', type: 'unavailable' });
+}
+
+/**
+ * Registers `routes`, then a 405 (with Allow) for every known path asked with
+ * another method, then a 404 for everything else.
+ */
+export function registerRoutes(app: TemplatedApp, deps: RouteDeps, routes: Route[] = coreRoutes): void {
+  const allow = new Map<string, string[]>();
+  for (const route of routes) {
+    const paramCount = (route.path.match(/\/:/g) ?? []).length;
+    app[route.method](route.path, (res: HttpResponse, req: HttpRequest) => {
+      const params = Array.from({ length: paramCount }, (_, i) => req.getParameter(i) ?? '');
       const ctx = new RequestContext(res, req);
       void (async () => {
         try {
-          await handler(ctx);
+          await route.handle(ctx, deps, params);
         } catch (err) {
           ctx.fail(err);
         }
       })();
     });
-  };
-  get('/info', (ctx) => ctx.send(200, deps.info()));
-  get('/livez', (ctx) => ctx.send(200, { status: 'alive' }));
-  const readiness = (ctx: RequestContext) =>
-    deps.ready() ? ctx.send(200, { status: 'ready' }) : ctx.send(503, { status: 'not ready', error: 'warming up, inference thread not answering, or draining', type: 'unavailable' });
-  get('/readyz', readiness);
-  get('/health', readiness);
-  get('/metrics', async (ctx) => ctx.write(200, PROMETHEUS_TYPE, await deps.scrape()));
-
-  // Known paths with the wrong method: 405 with Allow; anything else: 404.
-  const allow: Record<string, string> = {
-    '/embed': 'POST',
-    '/predict': 'POST',
-    '/models/:name/embed': 'POST',
-    '/models/:name/predict': 'POST',
-    '/info': 'GET',
-    '/livez': 'GET',
-    '/readyz': 'GET',
-    '/health': 'GET',
-    '/metrics': 'GET',
-  };
-  for (const [path, methods] of Object.entries(allow)) {
+    allow.set(route.path, [...(allow.get(route.path) ?? []), route.method.toUpperCase()]);
+  }
+  for (const [path, methods] of allow) {
     app.any(path, (res, req) => {
       const ctx = new RequestContext(res, req);
-      ctx.fail(new HttpError(405, 'method_not_allowed', 'SLABSERVE_METHOD_NOT_ALLOWED', `${ctx.method} is not allowed on ${ctx.url}; use ${methods}`, { allow: methods }));
+      const list = methods.join(', ');
+      ctx.fail(new HttpError(405, 'method_not_allowed', 'SLABSERVE_METHOD_NOT_ALLOWED', `${ctx.method} is not allowed on ${ctx.url}; use ${list}`, { allow: list }));
     });
   }
   app.any('/*', (res, req) => {
