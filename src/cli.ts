@@ -100,6 +100,10 @@ interface ServeFlags {
   drainTimeoutMs: number;
   tokenizerThreads: number;
   inlineTokenizeChars: number;
+  wsMaxInflight: number;
+  wsMaxBufferedBytes: number;
+  wsMaxFrameBytes: number;
+  wsIdleTimeoutS: number;
 }
 
 const D = SERVER_DEFAULTS;
@@ -126,6 +130,10 @@ program
   .addOption(flag('--drain-timeout-ms <ms>', 'on SIGTERM, how long in-flight requests may take to finish', 'DRAIN_TIMEOUT_MS', int(0), D.drainTimeoutMs))
   .addOption(flag('--tokenizer-threads <n>', 'tokenizer pool threads per gateway, for large client batches', 'TOKENIZER_THREADS', int(1), D.tokenizerThreads))
   .addOption(flag('--inline-tokenize-chars <n>', 'client batches up to this many characters are tokenized on the gateway thread itself', 'INLINE_TOKENIZE_CHARS', int(0), D.inlineTokenizeChars))
+  .addOption(flag('--ws-max-inflight <n>', 'WebSocket: most requests in flight per socket (the highest credit)', 'WS_MAX_INFLIGHT', int(1), D.wsMaxInflight))
+  .addOption(flag('--ws-max-buffered-bytes <n>', "WebSocket: unsent bytes above which a socket's requests are held back", 'WS_MAX_BUFFERED_BYTES', int(1), D.wsMaxBufferedBytes))
+  .addOption(flag('--ws-max-frame-bytes <n>', 'WebSocket: largest frame; a larger one closes the socket', 'WS_MAX_FRAME_BYTES', int(1), D.wsMaxFrameBytes))
+  .addOption(flag('--ws-idle-timeout-s <s>', 'WebSocket: idle seconds before a socket is closed (pings are sent meanwhile)', 'WS_IDLE_TIMEOUT_S', int(8), D.wsIdleTimeoutSeconds))
   .action(async (f: ServeFlags) => {
     const batching: ServerConfig['batching'] = {};
     if (f.maxBatchSize !== undefined) batching.maxBatchSize = f.maxBatchSize;
@@ -151,6 +159,10 @@ program
       drainTimeoutMs: f.drainTimeoutMs,
       tokenizerThreads: f.tokenizerThreads,
       inlineTokenizeChars: f.inlineTokenizeChars,
+      wsMaxInflight: f.wsMaxInflight,
+      wsMaxBufferedBytes: f.wsMaxBufferedBytes,
+      wsMaxFrameBytes: f.wsMaxFrameBytes,
+      wsIdleTimeoutSeconds: f.wsIdleTimeoutS,
       log,
     });
     let signals = 0;

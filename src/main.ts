@@ -41,6 +41,14 @@ export interface ServerConfig {
   drainTimeoutMs: number;
   tokenizerThreads: number;
   inlineTokenizeChars: number;
+  /** WebSocket: most requests in flight per socket (--ws-max-inflight). */
+  wsMaxInflight: number;
+  /** WebSocket: unsent bytes above which a socket's requests are held back (--ws-max-buffered-bytes). */
+  wsMaxBufferedBytes: number;
+  /** WebSocket: largest frame (--ws-max-frame-bytes). */
+  wsMaxFrameBytes: number;
+  /** WebSocket: idle seconds before a socket is closed; pings are sent meanwhile (--ws-idle-timeout-s). */
+  wsIdleTimeoutSeconds: number;
   log: (line: string) => void;
 }
 
@@ -64,6 +72,10 @@ export const SERVER_DEFAULTS = {
   drainTimeoutMs: 30_000,
   tokenizerThreads: 1,
   inlineTokenizeChars: 1024,
+  wsMaxInflight: 256,
+  wsMaxBufferedBytes: 1024 * 1024,
+  wsMaxFrameBytes: 2 * 1024 * 1024,
+  wsIdleTimeoutSeconds: 120,
 } as const;
 
 export interface Server {
@@ -156,6 +168,13 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       heartbeatTimeoutMs: config.heartbeatTimeoutMs,
       tokenizerThreads: config.tokenizerThreads,
       inlineTokenizeChars: config.inlineTokenizeChars,
+      ws: {
+        maxInflight: config.wsMaxInflight,
+        maxBufferedBytes: config.wsMaxBufferedBytes,
+        maxFrameBytes: config.wsMaxFrameBytes,
+        idleTimeoutSeconds: config.wsIdleTimeoutSeconds,
+      },
+      version: VERSION,
     };
     const worker = new Worker(new URL('./gateway/gateway-worker.js', import.meta.url), { workerData: data, name: `slabserve-gateway-${gatewayId}` });
     const handle: GatewayHandle = {

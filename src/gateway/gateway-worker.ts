@@ -25,6 +25,7 @@ import { registerRoutes, type GatewayLimits } from './routes.js';
 import { createTokenizePool } from './tokenize-pool.js';
 import { loadTokenizer } from './tokenizer.js';
 import { loadUws, type us_listen_socket } from './uws.js';
+import { registerWebSocket, type WsOptions } from './ws.js';
 
 export interface GatewayWorkerData {
   gatewayId: number;
@@ -41,6 +42,8 @@ export interface GatewayWorkerData {
   heartbeatTimeoutMs: number;
   tokenizerThreads: number;
   inlineTokenizeChars: number;
+  ws: WsOptions;
+  version: string;
 }
 
 export type GatewayMessage = { type: 'listening'; port: number } | { type: 'fatal'; message: string };
@@ -69,6 +72,11 @@ async function main(): Promise<void> {
   let info: unknown = { status: 'starting' };
   let listenSocket: us_listen_socket | null = null;
 
+  const ready = () =>
+    control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
+  const app = uws.App();
+  const closeWebSockets = registerWebSocket(app, { client, limits: data.limits, metrics, ready, version: data.version }, data.ws);
+
   const rpc = new RpcPeer(parentPort!, {
     metrics: () => {
       metrics.eventLoopLag.set({ gateway: String(data.gatewayId) }, lag.percentile(99) / 1e9);
@@ -78,21 +86,24 @@ async function main(): Promise<void> {
     setInfo: (doc) => {
       info = doc;
     },
-    close: () => {
+    // Called once requests in flight have finished (or the drain timed out): stop listening and
+    // close every connection, so this thread holds no socket when it is stopped (uWS aborts otherwise).
+    close: async () => {
       if (listenSocket) uws.us_listen_socket_close(listenSocket);
       listenSocket = null;
+      closeWebSockets();
+      (app as typeof app & { close(): void }).close();
+      await pool.close();
       return { pending: submitter.pendingCount };
     },
     pending: () => submitter.pendingCount,
   });
 
-  const app = uws.App();
   registerRoutes(app, {
     client,
     limits: data.limits,
     metrics,
-    ready: () =>
-      control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs,
+    ready,
     info: () => info,
     scrape: () => rpc.call<string>('scrape'),
   });

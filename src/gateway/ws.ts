@@ -1,0 +1,199 @@
+/**
+ * The WebSocket API (`/ws`, docs/websocket.md): many requests in flight on
+ * one socket, each answered as soon as its batch completes, matched by id.
+ *
+ * Per socket the server keeps the requests in flight (an AbortController
+ * each, so cancel and close free their slots) and a bounded list of frames
+ * held back while the socket's send buffer is over the limit. Nothing grows
+ * without bound whatever a client sends: past the credit a request is
+ * refused at once; past the credit in held frames the socket is closed.
+ */
+import { pack, unpack } from 'msgpackr';
+import { CancelledError, NotReadyError, OverloadedError, SlabserveError, ValidationError } from '../shared/errors.js';
+import type { GatewayMetrics } from '../shared/metrics.js';
+import type { InferenceClient } from './inference-client.js';
+import { embedOperation, predictOperation, type Operation } from './operations.js';
+import type { GatewayLimits } from './routes.js';
+import type { TemplatedApp, WebSocket } from './uws.js';
+
+export interface WsOptions {
+  /** Most requests in flight per socket (and the highest credit a client may ask for). */
+  maxInflight: number;
+  /** Unsent bytes above which the socket's requests are held back until it drains. */
+  maxBufferedBytes: number;
+  /** Largest frame accepted; a larger one closes the socket (1009). */
+  maxFrameBytes: number;
+  /** Seconds without traffic before the socket is closed (uWS sends pings meanwhile). */
+  idleTimeoutSeconds: number;
+}
+
+export interface WsDeps {
+  client: InferenceClient;
+  limits: GatewayLimits;
+  metrics: GatewayMetrics;
+  ready(): boolean;
+  version: string;
+  /** Extra operations (rerank, tokenize, ...) by op name. */
+  operations?: Record<string, Operation>;
+}
+
+type RequestId = string | number;
+
+interface SocketState {
+  credit: number;
+  inflight: Map<RequestId, AbortController>;
+  /** Frames received while held back (copies: uWS reuses the message memory). */
+  held: ArrayBuffer[];
+  closed: boolean;
+}
+
+const CODE_TRY_AGAIN_LATER = 1013;
+
+/** Registers /ws; returns a function that closes every open socket (code 1001) for shutdown. */
+export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptions): () => void {
+  const open = new Set<WebSocket<SocketState>>();
+  const operations: Record<string, Operation> = { embed: embedOperation, predict: predictOperation, ...deps.operations };
+
+  const send = (ws: WebSocket<SocketState>, message: unknown) => {
+    const state = ws.getUserData();
+    if (state.closed) return;
+    ws.cork(() => ws.send(pack(message), true));
+  };
+  const sendError = (ws: WebSocket<SocketState>, id: RequestId | null, err: unknown) => {
+    const e = err instanceof SlabserveError ? err : null;
+    deps.metrics.failures.inc({ reason: e ? e.type : 'backend' });
+    send(ws, { id, error: { type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL', message: e ? e.message : 'internal error' } });
+  };
+  const heldBack = (ws: WebSocket<SocketState>) => ws.getBufferedAmount() > opts.maxBufferedBytes;
+
+  const handle = (ws: WebSocket<SocketState>, frame: ArrayBuffer) => {
+    const state = ws.getUserData();
+    let msg: Record<string, unknown>;
+    try {
+      const decoded: unknown = unpack(new Uint8Array(frame));
+      if (typeof decoded !== 'object' || decoded === null || Array.isArray(decoded)) throw new Error('not an object');
+      msg = decoded as Record<string, unknown>;
+    } catch (err) {
+      sendError(ws, null, new ValidationError(`frame is not a msgpack object: ${(err as Error).message}`));
+      return;
+    }
+    const id = msg.id;
+    if (msg.op === 'hello') {
+      const asked = msg.credit;
+      if (asked !== undefined && (!Number.isInteger(asked) || (asked as number) < 1)) {
+        sendError(ws, null, new ValidationError('hello.credit must be a positive integer'));
+        return;
+      }
+      state.credit = Math.min(opts.maxInflight, (asked as number | undefined) ?? opts.maxInflight);
+      send(ws, { op: 'hello', credit: state.credit, max_frame_bytes: opts.maxFrameBytes, max_client_batch_size: deps.limits.maxClientBatchSize, version: deps.version });
+      return;
+    }
+    if (typeof id !== 'string' && typeof id !== 'number') {
+      sendError(ws, null, new ValidationError('every request needs an id (a string or a number)'));
+      return;
+    }
+    if (msg.op === 'cancel') {
+      state.inflight.get(id)?.abort(); // its operation rejects with CancelledError and answers
+      return;
+    }
+    const operation = typeof msg.op === 'string' ? operations[msg.op] : undefined;
+    if (!operation) {
+      sendError(ws, id, new ValidationError(`unknown op ${JSON.stringify(msg.op)}; expected one of hello, cancel, ${Object.keys(operations).join(', ')}`));
+      return;
+    }
+    if (state.inflight.has(id)) {
+      sendError(ws, id, new ValidationError(`request id ${JSON.stringify(id)} is already in flight on this socket`));
+      return;
+    }
+    if (state.inflight.size >= state.credit) {
+      const e = new OverloadedError(`${state.inflight.size} requests in flight: the socket's credit is ${state.credit}`);
+      (e as { code: string }).code = 'SLABSERVE_CREDIT_EXCEEDED';
+      sendError(ws, id, e);
+      return;
+    }
+    if (!deps.ready()) {
+      sendError(ws, id, new NotReadyError());
+      return;
+    }
+    const deadline = msg.deadline_ms;
+    if (deadline !== undefined && (typeof deadline !== 'number' || !(deadline >= 0))) {
+      sendError(ws, id, new ValidationError('deadline_ms must be a number of milliseconds >= 0'));
+      return;
+    }
+    const abort = new AbortController();
+    state.inflight.set(id, abort);
+    const started = performance.now();
+    const route = `ws:${String(msg.op)}`;
+    operation(deps.client, deps.limits, msg, {
+      signal: abort.signal,
+      ...(deadline !== undefined ? { timeoutMs: deadline as number } : {}),
+      f32: msg.encoding === 'f32',
+    }).then(
+      (r) => {
+        state.inflight.delete(id);
+        const model = r.model.plan.spec.name;
+        deps.metrics.inputs.inc({ model, route }, r.inputs);
+        deps.metrics.queueDuration.observe({ model }, r.timing.queueMs / 1000);
+        deps.metrics.requestDuration.observe({ model, route, status: '200' }, (performance.now() - started) / 1000);
+        send(ws, { id, result: r.payload });
+      },
+      (err: unknown) => {
+        state.inflight.delete(id);
+        deps.metrics.requestDuration.observe({ model: 'unknown', route, status: 'error' }, (performance.now() - started) / 1000);
+        sendError(ws, id, abort.signal.aborted && !(err instanceof SlabserveError) ? new CancelledError() : err);
+      },
+    );
+  };
+
+  app.ws<SocketState>('/ws', {
+    maxPayloadLength: opts.maxFrameBytes,
+    idleTimeout: opts.idleTimeoutSeconds,
+    sendPingsAutomatically: true,
+    // We hold requests back at maxBufferedBytes ourselves; uWS must never drop a result.
+    maxBackpressure: Math.max(64 * 1024 * 1024, opts.maxBufferedBytes * 16),
+    closeOnBackpressureLimit: 0,
+    upgrade: (res, req, context) => {
+      const state: SocketState = { credit: opts.maxInflight, inflight: new Map(), held: [], closed: false };
+      res.upgrade(state, req.getHeader('sec-websocket-key'), req.getHeader('sec-websocket-protocol'), req.getHeader('sec-websocket-extensions'), context);
+    },
+    open: (ws) => {
+      open.add(ws);
+    },
+    message: (ws, message, isBinary) => {
+      const state = ws.getUserData();
+      if (!isBinary) {
+        sendError(ws, null, new ValidationError('send binary msgpack frames; text frames are not read'));
+        return;
+      }
+      if (state.held.length > 0 || heldBack(ws)) {
+        // Back-pressure: keep the frame unparsed until the socket drains.
+        if (state.held.length >= state.credit) {
+          state.closed = true;
+          ws.end(CODE_TRY_AGAIN_LATER, 'too many frames while the socket is backed up; read your answers');
+          return;
+        }
+        state.held.push(message.slice(0));
+        return;
+      }
+      handle(ws, message);
+    },
+    drain: (ws) => {
+      const state = ws.getUserData();
+      while (state.held.length > 0 && !heldBack(ws) && !state.closed) handle(ws, state.held.shift()!);
+    },
+    close: (ws) => {
+      open.delete(ws);
+      const state = ws.getUserData();
+      state.closed = true;
+      state.held.length = 0;
+      for (const abort of state.inflight.values()) abort.abort(); // frees every slot of a client that is gone
+      state.inflight.clear();
+    },
+  });
+  return () => {
+    for (const ws of [...open]) {
+      ws.getUserData().closed = true;
+      ws.end(1001, 'server shutting down');
+    }
+  };
+}
