@@ -2,3 +2,4 @@ export { createEngine, Engine, ENGINE_DEFAULTS, resolveBatching } from './engine
 export type { Classification, EmbedOptions, EngineOptions, ModelInfo, ModelStats, RequestOptions } from './engine.js';
 export * from './shared/errors.js';
 export type { BatchingOptions } from './gpu-worker/scheduler.js';
+export { SlabClient, SlabHttpClient, SlabClientError, SlabConnectionError, SlabAbortError } from './client/index.js';

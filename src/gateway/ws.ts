@@ -49,6 +49,14 @@ interface SocketState {
 
 const CODE_TRY_AGAIN_LATER = 1013;
 
+function isCancel(frame: ArrayBuffer): boolean {
+  try {
+    return (unpack(new Uint8Array(frame)) as { op?: unknown } | null)?.op === 'cancel';
+  } catch {
+    return false;
+  }
+}
+
 /** Registers /ws; returns a function that closes every open socket (code 1001) for shutdown. */
 export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptions): () => void {
   const open = new Set<WebSocket<SocketState>>();
@@ -166,6 +174,11 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
         return;
       }
       if (state.held.length > 0 || heldBack(ws)) {
+        // A cancel only frees work: take it at once, even while held back.
+        if (message.byteLength <= 64 && isCancel(message)) {
+          handle(ws, message);
+          return;
+        }
         // Back-pressure: keep the frame unparsed until the socket drains.
         if (state.held.length >= state.credit) {
           state.closed = true;

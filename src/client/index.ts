@@ -1,0 +1,44 @@
+/**
+ * The slabserve client, for Node.js (>= 20) and browsers: SlabClient over
+ * one WebSocket (/ws, pipelined, credit-aware, reconnecting), SlabHttpClient
+ * over fetch; same methods, same result types, same typed errors.
+ */
+export {
+  SlabClient,
+  backoffDelay,
+  toWebSocketUrl,
+  type ReconnectOptions,
+  type ServerHello,
+  type SlabClientEvent,
+  type SlabClientOptions,
+  type SlabClientState,
+  type WebSocketConstructor,
+  type WebSocketLike,
+} from './ws-client.js';
+export { SlabHttpClient, type FetchLike, type FetchResponseLike, type SlabHttpClientOptions } from './http-client.js';
+export {
+  SlabAbortError,
+  SlabClientError,
+  SlabConnectionError,
+  fromHttpError,
+  fromServerError,
+  parseRetryAfter,
+  typeOfStatus,
+  type ClientErrorType,
+  type SlabClientErrorInit,
+} from './errors.js';
+export { decodeF32, decodeRows } from './types.js';
+export type {
+  CallOptions,
+  EmbedOptions,
+  Prediction,
+  PredictOptions,
+  RerankHit,
+  RerankOptions,
+  SlabApi,
+  TextInputs,
+  TokenInputs,
+  TokenInfo,
+  TokenizeOptions,
+  TokenizeResult,
+} from './types.js';

@@ -1,0 +1,165 @@
+/**
+ * What both clients (WebSocket and HTTP) take and return, and the mapping of
+ * their options to the wire (camelCase here, snake_case on the wire).
+ */
+import { protocolError } from './errors.js';
+
+/** One text, or a list of texts. (embed and predict also take token ids: one list of integers, or a list of such lists, special tokens included.) */
+export type TextInputs = string | readonly string[];
+export type TokenInputs = readonly number[] | readonly (readonly number[])[];
+
+export interface CallOptions {
+  /** Model name; default: the server's first model of the right task. */
+  model?: string;
+  /** Aborts the call: over WebSocket a cancel frame is sent and the promise rejects at once with SlabAbortError. */
+  signal?: AbortSignal;
+  /**
+   * Milliseconds for the whole call. Over WebSocket it is sent as `deadline_ms` (what is left of it
+   * when the request leaves the client's queue), and the client gives up on its own a grace period
+   * later; over HTTP the request is aborted after it. Default: the client's `timeoutMs` option.
+   */
+  timeoutMs?: number;
+}
+
+export interface EmbedOptions extends CallOptions {
+  /** L2-normalise (default: the model's setting). */
+  normalize?: boolean;
+  /** Cut inputs longer than the model's max length instead of failing with too_long. */
+  truncate?: boolean;
+  /** WebSocket: 'f32' (default) asks for raw little-endian float32 rows; 'json' for arrays of numbers. */
+  encoding?: 'f32' | 'json';
+}
+
+export interface PredictOptions extends CallOptions {
+  /** Logits instead of probabilities. */
+  rawScores?: boolean;
+  truncate?: boolean;
+}
+
+export interface RerankOptions extends CallOptions {
+  rawScores?: boolean;
+  /** Send each text back in its hit. */
+  returnText?: boolean;
+  truncate?: boolean;
+}
+
+export interface TokenizeOptions extends CallOptions {
+  /** Add [CLS]/[SEP] and the like (server default when absent). */
+  addSpecialTokens?: boolean;
+}
+
+/** One label and its score; predict answers them sorted by score, highest first. */
+export interface Prediction {
+  label: string;
+  score: number;
+}
+
+/** One reranked text: its index in `texts`, its score, and the text itself with returnText. Sorted by score. */
+export interface RerankHit {
+  index: number;
+  score: number;
+  text?: string;
+}
+
+/** One token of a /tokenize answer (TEI's shape); offsets in code points, null for special tokens. */
+export interface TokenInfo {
+  id: number;
+  text: string;
+  special: boolean;
+  start: number | null;
+  stop: number | null;
+}
+
+/** Per input, its tokens: always a list of lists, even for one text. */
+export type TokenizeResult = TokenInfo[][];
+
+/** The API both clients offer, with the same result types. */
+export interface SlabApi {
+  /** One Float32Array per input, in input order. */
+  embed(inputs: TextInputs | TokenInputs, opts?: EmbedOptions): Promise<Float32Array[]>;
+  /** One text (or one token-id list): its predictions. */
+  predict(inputs: string | readonly number[], opts?: PredictOptions): Promise<Prediction[]>;
+  /** A list: one list of predictions per input. */
+  predict(inputs: readonly string[] | readonly (readonly number[])[], opts?: PredictOptions): Promise<Prediction[][]>;
+  predict(inputs: TextInputs | TokenInputs, opts?: PredictOptions): Promise<Prediction[] | Prediction[][]>;
+  rerank(query: string, texts: readonly string[], opts?: RerankOptions): Promise<RerankHit[]>;
+  /** Per input, its tokens (no inference). */
+  tokenize(inputs: TextInputs, opts?: TokenizeOptions): Promise<TokenizeResult>;
+  close(): Promise<void>;
+}
+
+export type Op = 'embed' | 'predict' | 'rerank' | 'tokenize';
+
+/** A request's fields, as sent (without id, op, deadline_ms). */
+export type WireBody = Record<string, unknown>;
+
+function put(body: WireBody, key: string, value: unknown): void {
+  if (value !== undefined) body[key] = value;
+}
+
+export function embedBody(inputs: TextInputs | TokenInputs, opts: EmbedOptions, f32: boolean): WireBody {
+  const body: WireBody = { inputs };
+  put(body, 'model', opts.model);
+  put(body, 'normalize', opts.normalize);
+  put(body, 'truncate', opts.truncate);
+  if (f32) body.encoding = 'f32';
+  return body;
+}
+
+export function predictBody(inputs: TextInputs | TokenInputs, opts: PredictOptions): WireBody {
+  const body: WireBody = { inputs };
+  put(body, 'model', opts.model);
+  put(body, 'raw_scores', opts.rawScores);
+  put(body, 'truncate', opts.truncate);
+  return body;
+}
+
+export function rerankBody(query: string, texts: readonly string[], opts: RerankOptions): WireBody {
+  const body: WireBody = { query, texts };
+  put(body, 'model', opts.model);
+  put(body, 'raw_scores', opts.rawScores);
+  put(body, 'return_text', opts.returnText);
+  put(body, 'truncate', opts.truncate);
+  return body;
+}
+
+export function tokenizeBody(inputs: TextInputs, opts: TokenizeOptions): WireBody {
+  const body: WireBody = { inputs };
+  put(body, 'model', opts.model);
+  put(body, 'add_special_tokens', opts.addSpecialTokens);
+  return body;
+}
+
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+/** Little-endian float32 bytes to a fresh Float32Array (never a view on the frame's memory). */
+export function decodeF32(bytes: Uint8Array): Float32Array {
+  if (bytes.byteLength % 4 !== 0) throw protocolError(`an f32 row has ${bytes.byteLength} bytes, not a multiple of 4`);
+  const out = new Float32Array(bytes.byteLength / 4);
+  if (LITTLE_ENDIAN) {
+    new Uint8Array(out.buffer).set(bytes);
+  } else {
+    const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    for (let i = 0; i < out.length; i++) out[i] = view.getFloat32(i * 4, true);
+  }
+  return out;
+}
+
+/** An embed answer, f32 rows (`bin`) or number[][], to Float32Array rows. */
+export function decodeRows(result: unknown): Float32Array[] {
+  if (!Array.isArray(result)) throw protocolError('an embed answer must be a list of rows');
+  return result.map((row: unknown) => {
+    if (row instanceof Uint8Array) return decodeF32(row);
+    if (row instanceof ArrayBuffer) return decodeF32(new Uint8Array(row));
+    if (ArrayBuffer.isView(row)) return decodeF32(new Uint8Array(row.buffer, row.byteOffset, row.byteLength));
+    if (Array.isArray(row)) return Float32Array.from(row as number[]);
+    throw protocolError('an embed row must be bytes (f32) or a list of numbers');
+  });
+}
+
+export function decodeList<T>(what: string): (result: unknown) => T {
+  return (result) => {
+    if (!Array.isArray(result)) throw protocolError(`a ${what} answer must be a list`);
+    return result as T;
+  };
+}
