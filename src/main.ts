@@ -7,6 +7,7 @@
  *   gateway threads  uWebSockets.js on one shared port (src/gateway/gateway-worker.ts)
  *   inference thread one per device (src/gpu-worker/worker.ts)
  */
+import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { cpus } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
@@ -17,6 +18,7 @@ import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { loadModels, startInferenceThread, type ModelPlan } from './inference-host.js';
 import { nowMs } from './shared/clock.js';
 import { ControlBlock, WorkerState } from './shared/control.js';
+import { ValidationError } from './shared/errors.js';
 import { processMetrics } from './shared/metrics.js';
 import { RpcPeer } from './shared/rpc.js';
 import { Slab } from './shared/slab.js';
@@ -93,8 +95,25 @@ interface GatewayHandle {
   exited: Promise<void>;
 }
 
+/** A port free right now on `host` (the kernel picks it). */
+function pickFreePort(host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createNetServer();
+    srv.once('error', reject);
+    srv.listen(0, host, () => {
+      const { port } = srv.address() as AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
 export async function startServer(config: ServerConfig): Promise<Server> {
   const log = config.log;
+  if (config.maxClientBatchSize > config.slotsPerModel) {
+    throw new ValidationError(
+      `--max-client-batch-size (${config.maxClientBatchSize}) exceeds --slots-per-model (${config.slotsPerModel}): such a request could never be admitted`,
+    );
+  }
   const owners = 1 + config.gatewayThreads; // owner 0 is this thread
   const plans = loadModels({
     ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
@@ -182,6 +201,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       rpc: new RpcPeer(worker, { scrape }),
       exited: new Promise<void>((res) => worker.once('exit', () => res())),
     };
+    gateways.push(handle); // even if it fails to start: close() and the clean-up above must reach it
     return new Promise((res, rej) => {
       worker.once('error', rej);
       worker.once('exit', (code) => rej(new Error(`gateway ${gatewayId} exited during start-up (code ${code})`)));
@@ -194,16 +214,20 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   let port: number;
   try {
-    // The first gateway binds (and picks the port if 0); the others join it.
-    const first = await startGateway(0, config.port);
-    gateways.push(first.handle);
+    // uSockets sets SO_REUSEPORT only for a fixed port, so with several gateways and
+    // --port 0, pick a free port first. The first gateway binds it, the others join.
+    const wanted = config.port === 0 && config.gatewayThreads > 1 ? await pickFreePort(config.host) : config.port;
+    const first = await startGateway(0, wanted);
     port = first.port;
-    for (let g = 1; g < config.gatewayThreads; g++) gateways.push((await startGateway(g, port)).handle);
+    for (let g = 1; g < config.gatewayThreads; g++) await startGateway(g, port);
   } catch (err) {
+    // Stop cleanly: terminating the inference thread while onnxruntime opens its
+    // sessions aborts the process, so ask it to stop and wait for it to exit.
     control.requestStop();
     await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));
     await Promise.all(gateways.map((g) => g.worker.terminate()));
-    await inference.worker.terminate();
+    await inference.ready.catch(() => {});
+    await inferenceExited;
     throw err;
   }
   const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
