@@ -3,7 +3,7 @@
  *
  *   node dist/models/generate.js [--missing] [--force] [--out DIR] [name ...]
  *
- *   name ...    presets to generate (default: tiny-embed tiny-intent);
+ *   name ...    presets to generate (default: tiny-embed tiny-intent tiny-rerank);
  *               `all` means every preset
  *   --missing   skip folders that already hold model.onnx, config.json,
  *               tokenizer.json and serve.json

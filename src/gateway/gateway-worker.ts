@@ -21,6 +21,7 @@ import { RpcPeer } from '../shared/rpc.js';
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
 import { InferenceClient, type ClientModel } from './inference-client.js';
+import { teiOperations } from './operations.js';
 import { registerRoutes, type GatewayLimits } from './routes.js';
 import { createTokenizePool } from './tokenize-pool.js';
 import { loadTokenizer } from './tokenizer.js';
@@ -75,7 +76,7 @@ async function main(): Promise<void> {
   const ready = () =>
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
   const app = uws.App();
-  const closeWebSockets = registerWebSocket(app, { client, limits: data.limits, metrics, ready, version: data.version }, data.ws);
+  const closeWebSockets = registerWebSocket(app, { client, limits: data.limits, metrics, ready, version: data.version, operations: teiOperations }, data.ws);
 
   const rpc = new RpcPeer(parentPort!, {
     metrics: () => {
@@ -106,6 +107,7 @@ async function main(): Promise<void> {
     ready,
     info: () => info,
     scrape: () => rpc.call<string>('scrape'),
+    version: data.version,
   });
   app.listen(data.host, data.port, (socket) => {
     if (!socket) {

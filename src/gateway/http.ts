@@ -10,7 +10,7 @@
  * tick must be corked.
  */
 import { pack, unpack } from 'msgpackr';
-import { CancelledError, SlabserveError, type ErrorType } from '../shared/errors.js';
+import { CancelledError, OverloadedError, SlabserveError, type ErrorType } from '../shared/errors.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
 
 export const MSGPACK = 'application/msgpack';
@@ -167,21 +167,41 @@ export class RequestContext {
     });
   }
 
-  /** Answers with the error's status and `{error, type}`. */
-  fail(err: unknown): void {
-    const status = statusOf(err);
-    const e = err instanceof SlabserveError ? err : null;
-    const headers: Record<string, string> = err instanceof HttpError ? { ...err.headers } : {};
-    if (e && 'retryAfterSeconds' in e) headers['retry-after'] = String(Math.max(1, Math.ceil((e as { retryAfterSeconds: number }).retryAfterSeconds)));
-    const message = e ? e.message : 'internal error';
-    // Close the connection after a refused body: the client may still be sending it.
-    const close = status === 413;
+  /**
+   * Answers an error: its status (or `status(info)`), Retry-After on overload,
+   * an HttpError's own headers (Allow), and the connection closed after a
+   * refused body (the client may still be sending it). The body is ours,
+   * `{error, type, code}`, unless `shape` gives another protocol's (OpenAI's, KServe's).
+   */
+  fail(err: unknown, shape: (info: ErrorInfo) => unknown = ourErrorShape, status?: (info: ErrorInfo) => number): void {
     if (this.done) return;
+    const info = errorInfo(err);
+    const headers: Record<string, string> = err instanceof HttpError ? { ...err.headers } : {};
+    if (err instanceof OverloadedError) headers['retry-after'] = String(Math.max(1, Math.ceil(err.retryAfterSeconds)));
+    const body = shape(info);
     const msgpack = this.wantsMsgpack;
-    const payload = { error: message, type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL' };
-    this.write(status, msgpack ? MSGPACK : 'application/json', msgpack ? pack(payload) : JSON.stringify(payload), headers, close);
+    this.write(status ? status(info) : info.status, msgpack ? MSGPACK : 'application/json', msgpack ? pack(body) : JSON.stringify(body), headers, info.status === 413);
   }
 }
+
+/** What an error response needs, whatever its body's shape. */
+export interface ErrorInfo {
+  status: number;
+  message: string;
+  /** Our error family (validation, not_found, overloaded, ...). */
+  type: string;
+  /** Our stable code (SLABSERVE_...). */
+  code: string;
+  err: unknown;
+}
+
+/** Our status, message, family and code for any error (an unexpected one is a 500 'internal error'). */
+export function errorInfo(err: unknown): ErrorInfo {
+  const e = err instanceof SlabserveError ? err : null;
+  return { status: statusOf(err), message: e ? e.message : 'internal error', type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL', err };
+}
+
+const ourErrorShape = (info: ErrorInfo) => ({ error: info.message, type: info.type, code: info.code });
 
 function payloadTooLarge(size: number, limit: number): HttpError {
   return new HttpError(413, 'payload_too_large', 'SLABSERVE_PAYLOAD_TOO_LARGE', `request body of ${size} bytes exceeds the limit of ${limit} (--max-body-bytes)`);

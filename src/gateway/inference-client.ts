@@ -4,9 +4,10 @@
  * slot per input through the slabs, and turn result rows into embeddings or
  * class scores. Transport-free: the HTTP layer and the engine both call it.
  */
+import { setMaxListeners } from 'node:events';
 import type { ModelPlan } from '../inference-host.js';
 import { nowMs } from '../shared/clock.js';
-import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
+import { InputTooLongError, ModelNotFoundError, ValidationError } from '../shared/errors.js';
 import type { Task } from '../shared/model-config.js';
 import type { SlabSubmitter, SlotResult } from '../shared/submitter.js';
 import type { EncodeOptions, Encoding, TextTokenizer } from './tokenizer.js';
@@ -41,6 +42,42 @@ export interface Classification {
   /** Raw logits, by class id. */
   logits: Float32Array;
 }
+
+/** One input: a text, or token ids with the special tokens included (TEI's and OpenAI's pre-tokenized form). */
+export type Input = string | number[];
+/** One input, or a list of them. A flat list of numbers is ONE pre-tokenized input; a list of lists, several. */
+export type Inputs = string | number[] | Input[];
+
+/** Whether `inputs` is one input (a text or one list of token ids) rather than a list of inputs. */
+export function isSingleInput(inputs: Inputs): inputs is string | number[] {
+  return typeof inputs === 'string' || (Array.isArray(inputs) && inputs.length > 0 && typeof inputs[0] === 'number');
+}
+
+/** `inputs` as a list of inputs. */
+export function inputList(inputs: Inputs): Input[] {
+  return isSingleInput(inputs) ? [inputs] : (inputs as Input[]);
+}
+
+/** How many inputs (slots) a request holds. */
+export function inputCount(inputs: Inputs): number {
+  return isSingleInput(inputs) ? 1 : Array.isArray(inputs) ? inputs.length : 0;
+}
+
+export interface RerankOptions extends CallOptions {
+  /** Cut pairs longer than the model's max length (longest_first) instead of refusing them. */
+  truncate?: boolean;
+  /** Scores are the raw logits instead of their sigmoid. */
+  rawScores?: boolean;
+}
+
+export interface RerankScore {
+  /** Position of the text in the request. */
+  index: number;
+  score: number;
+}
+
+/** Pairs tokenized inline yield the event loop after this many ms of work. */
+const YIELD_EVERY_MS = 4;
 
 export class InferenceClient {
   private readonly models: ClientModel[];
@@ -78,6 +115,14 @@ export class InferenceClient {
     return m;
   }
 
+  /** The named model, or the first loaded one (any task): for routes that only tokenize. */
+  anyModel(name?: string): ClientModel {
+    if (name !== undefined) return this.byName(name);
+    const m = this.models[0];
+    if (!m) throw new ModelNotFoundError('(any model)', []);
+    return m;
+  }
+
   byName(name: string): ClientModel {
     const m = this.models.find((x) => x.plan.spec.name === name);
     if (!m) throw new ModelNotFoundError(name, this.names());
@@ -104,15 +149,112 @@ export class InferenceClient {
     return model.tokenizer.encodeBatch(texts, opts);
   }
 
-  /** Checks pre-tokenized inputs (ids with the special tokens) against the model's limits. */
-  checkTokens(model: ClientModel, encodings: Pick<Encoding, 'ids'>[]): void {
+  /**
+   * {@link encode}, also taking pre-tokenized inputs (token ids with the
+   * special tokens, checked by {@link encodeIds}, not tokenized): what the
+   * HTTP APIs accept as `inputs` / `input`.
+   */
+  async encodeInputs(model: ClientModel, inputs: Inputs, truncate: boolean): Promise<Encoding[]> {
+    const list = inputList(inputs);
+    if (!Array.isArray(list) || list.length === 0) throw new ValidationError('inputs must be a string, a list of token ids, or a non-empty list of those');
+    if (list.every((x) => typeof x === 'string')) return this.encode(model, list as string[], truncate);
+    const out: Encoding[] = new Array(list.length);
+    const texts: string[] = [];
+    const at: number[] = [];
+    list.forEach((x, i) => {
+      if (typeof x === 'string') {
+        texts.push(x);
+        at.push(i);
+      } else if (Array.isArray(x)) {
+        out[i] = this.encodeIds(model, x, truncate);
+      } else {
+        throw new ValidationError('every input must be a string or a list of token ids');
+      }
+    });
+    if (texts.length > 0) (await this.encode(model, texts, truncate)).forEach((e, k) => (out[at[k]!] = e));
+    return out;
+  }
+
+  /**
+   * One pre-tokenized input: token ids as the model takes them, special tokens
+   * ([CLS] ... [SEP]) included, as TEI takes them. Every id must be an integer
+   * in [0, vocabulary size). Longer than the model's max length: refused, or
+   * with `truncate` cut to it (the last ids go, a final [SEP] with them).
+   * Type ids are all 0.
+   */
+  encodeIds(model: ClientModel, ids: ArrayLike<number>, truncate: boolean): Encoding {
+    if (!Array.isArray(ids) && !ArrayBuffer.isView(ids)) throw new ValidationError('token ids must be a list of integers');
+    const n = ids.length;
+    if (n === 0) throw new ValidationError('a token sequence must not be empty');
+    const max = model.plan.maxLength;
+    if (n > max && !truncate) throw new InputTooLongError(n, max);
+    const keep = Math.min(n, max);
+    const vocab = model.tokenizer.vocabSize;
+    const out = new Int32Array(keep);
+    for (let i = 0; i < keep; i++) {
+      const id = ids[i];
+      if (typeof id !== 'number' || !Number.isInteger(id) || id < 0 || id >= vocab) {
+        throw new ValidationError(`token id ${JSON.stringify(id)} at position ${i} is not an integer in [0, ${vocab})`);
+      }
+      out[i] = id;
+    }
+    return { ids: out, typeIds: new Int32Array(keep), truncated: keep < n };
+  }
+
+  /**
+   * Checks token sequences built outside the tokenizer (pre-tokenized
+   * inputs, KServe tensors) against the model's limits: length, ids within
+   * the vocabulary, type ids within the model's token types. Nothing out of
+   * range may reach the device: an out-of-range id would fail the whole
+   * batch, other requests' inputs with it.
+   */
+  checkTokens(model: ClientModel, encodings: (Pick<Encoding, 'ids'> & { typeIds?: Int32Array })[]): void {
     if (encodings.length === 0) throw new ValidationError('inputs must not be empty');
+    const vocab = model.tokenizer.vocabSize;
+    const types = model.plan.spec.typeVocabSize ?? 2;
     for (const e of encodings) {
       if (e.ids.length === 0) throw new ValidationError('a token sequence must not be empty');
       if (e.ids.length > model.plan.maxLength) {
-        throw new ValidationError(`input of ${e.ids.length} tokens exceeds the model's ${model.plan.maxLength}`);
+        throw new InputTooLongError(e.ids.length, model.plan.maxLength);
+      }
+      for (let i = 0; i < e.ids.length; i++) {
+        const id = e.ids[i]!;
+        if (id < 0 || id >= vocab) throw new ValidationError(`token id ${id} at position ${i} is not in [0, ${vocab})`);
+      }
+      if (e.typeIds) {
+        if (e.typeIds.length !== e.ids.length) throw new ValidationError('token type ids must be as many as the token ids');
+        for (let i = 0; i < e.typeIds.length; i++) {
+          const t = e.typeIds[i]!;
+          if (t < 0 || t >= types) throw new ValidationError(`token type id ${t} at position ${i} is not in [0, ${types})`);
+        }
       }
     }
+  }
+
+  /**
+   * Tokenizes (query, text) pairs for a cross-encoder: [CLS] query [SEP] text
+   * [SEP], type ids 0 then 1; too long and `truncate`: longest_first.
+   * Inline, yielding the event loop every few ms on long lists.
+   */
+  async encodePairs(model: ClientModel, query: string, texts: string[], truncate: boolean): Promise<Encoding[]> {
+    if (typeof query !== 'string' || query.length === 0) throw new ValidationError('query must be a non-empty string');
+    if (!Array.isArray(texts) || texts.length === 0) throw new ValidationError('texts must be a non-empty list of strings');
+    for (const t of texts) {
+      if (typeof t !== 'string' || t.length === 0) throw new ValidationError('every text must be a non-empty string');
+    }
+    const tok = model.tokenizer;
+    if (!tok.encodePair) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot encode pairs`);
+    const opts = { maxLength: model.plan.maxLength, truncate };
+    const out: Encoding[] = new Array(texts.length);
+    let slice = performance.now();
+    for (let i = 0; i < texts.length; i++) {
+      out[i] = tok.encodePair(query, texts[i]!, opts);
+      if (performance.now() - slice > YIELD_EVERY_MS && i + 1 < texts.length) {
+        await new Promise<void>((resolve) => setImmediate(resolve));
+        slice = performance.now();
+      }
+    }
+    return out;
   }
 
   /**
@@ -123,6 +265,7 @@ export class InferenceClient {
   async run(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: CallOptions = {}): Promise<{ rows: SlotResult[]; timing: Timing }> {
     const deadline = nowMs() + (opts.timeoutMs ?? this.requestTimeoutMs);
     const group = new AbortController();
+    setMaxListeners(encodings.length + 10, group.signal); // one listener per slot: not a leak
     const onAbort = () => group.abort();
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     if (opts.signal?.aborted) group.abort();
@@ -145,7 +288,7 @@ export class InferenceClient {
     }
   }
 
-  async embed(model: ClientModel, encodings: Encoding[], opts: CallOptions & { normalize?: boolean }): Promise<{ vectors: Float32Array[]; timing: Timing }> {
+  async embed(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: CallOptions & { normalize?: boolean } = {}): Promise<{ vectors: Float32Array[]; timing: Timing }> {
     const { rows, timing } = await this.run(model, encodings, opts);
     const dim = model.plan.spec.hiddenSize;
     const normalize = opts.normalize ?? model.plan.spec.normalize;
@@ -160,7 +303,7 @@ export class InferenceClient {
     return { vectors, timing };
   }
 
-  async classify(model: ClientModel, encodings: Encoding[], opts: CallOptions = {}): Promise<{ classes: Classification[]; timing: Timing }> {
+  async classify(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: CallOptions = {}): Promise<{ classes: Classification[]; timing: Timing }> {
     const { rows, timing } = await this.run(model, encodings, opts);
     const labels = model.plan.spec.labels;
     const n = labels.length;
@@ -171,5 +314,25 @@ export class InferenceClient {
       return { label: labels[best]!, score: probabilities[best]!, probabilities, logits: r.output.subarray(n, 2 * n) };
     });
     return { classes, timing };
+  }
+
+  /**
+   * Scores each (query, text) pair with a cross-encoder (a `rerank` model):
+   * the sigmoid of its logit, or the logit with `rawScores`. Scores come in
+   * input order; sorting is the caller's business.
+   */
+  async rerank(model: ClientModel, query: string, texts: string[], opts: RerankOptions = {}): Promise<{ scores: RerankScore[]; timing: Timing; tokens: number }> {
+    if (model.plan.spec.task !== 'rerank') throw new ValidationError(`model "${model.plan.spec.name}" is a ${model.plan.spec.task} model, not rerank`);
+    const encodings = await this.encodePairs(model, query, texts, opts.truncate ?? false);
+    return this.rerankEncoded(model, encodings, opts);
+  }
+
+  /** {@link rerank} on pairs already tokenized (encodePairs, or token tensors). */
+  async rerankEncoded(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: RerankOptions = {}): Promise<{ scores: RerankScore[]; timing: Timing; tokens: number }> {
+    const { rows, timing } = await this.run(model, encodings, opts);
+    const column = opts.rawScores ? 1 : 0; // the row is [sigmoid(logit), logit]
+    let tokens = 0;
+    for (const e of encodings) tokens += e.ids.length;
+    return { scores: rows.map((r, index) => ({ index, score: r.output[column]! })), timing, tokens };
   }
 }

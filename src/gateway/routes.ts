@@ -12,16 +12,20 @@
  *   GET  /readyz                   200 when warmed up, the inference thread's heartbeat is fresh, not draining
  *   GET  /metrics                  Prometheus text, every thread aggregated
  *
+ * Beside them (defaultRoutes): TEI's /rerank, /tokenize, /decode (routes-tei.ts), OpenAI's
+ * /v1/embeddings and /v1/models (routes-openai.ts), KServe v2 / Triton's /v2/... (routes-kserve.ts).
+ *
  * Responses carry x-queue-time, x-inference-time, x-tokenization-time and
  * x-total-time (ms), as text-embeddings-inference sends them.
  */
-import { nowMs } from '../shared/clock.js';
-import { NotReadyError, ValidationError } from '../shared/errors.js';
 import type { GatewayMetrics } from '../shared/metrics.js';
-import type { Task } from '../shared/model-config.js';
-import type { ClientModel, InferenceClient, Timing } from './inference-client.js';
-import { HttpError, RequestContext, statusOf } from './http.js';
-import { EmbedRequest, parseBody, PredictRequest } from './schemas.js';
+import type { InferenceClient } from './inference-client.js';
+import { HttpError, RequestContext } from './http.js';
+import { embedOperation, predictOperation } from './operations.js';
+import { serveOperation } from './route-util.js';
+import { kserveRoutes } from './routes-kserve.js';
+import { openaiRoutes } from './routes-openai.js';
+import { teiRoutes } from './routes-tei.js';
 import type { HttpRequest, HttpResponse, TemplatedApp } from './uws.js';
 
 export interface GatewayLimits {
@@ -41,6 +45,8 @@ export interface RouteDeps {
   info(): unknown;
   /** Prometheus text for the whole process. */
   scrape(): Promise<string>;
+  /** slabserve's version (KServe's server metadata); else the /info document's. */
+  version?: string;
 }
 
 const PROMETHEUS_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
@@ -54,10 +60,18 @@ export interface Route {
 
 /** The core API: TEI-style /embed and /predict, health, info, metrics. */
 export const coreRoutes: Route[] = [
-  { method: 'post', path: '/embed', handle: (ctx, deps) => handleInference(ctx, deps, 'embed', '/embed', undefined) },
-  { method: 'post', path: '/predict', handle: (ctx, deps) => handleInference(ctx, deps, 'classify', '/predict', undefined) },
-  { method: 'post', path: '/models/:name/embed', handle: (ctx, deps, [name]) => handleInference(ctx, deps, 'embed', '/embed', name) },
-  { method: 'post', path: '/models/:name/predict', handle: (ctx, deps, [name]) => handleInference(ctx, deps, 'classify', '/predict', name) },
+  { method: 'post', path: '/embed', handle: (ctx, deps) => serveOperation(ctx, deps, embedOperation, { route: '/embed', inference: true }) },
+  { method: 'post', path: '/predict', handle: (ctx, deps) => serveOperation(ctx, deps, predictOperation, { route: '/predict', inference: true }) },
+  {
+    method: 'post',
+    path: '/models/:name/embed',
+    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, embedOperation, { route: '/embed', inference: true, pathModel: name! }),
+  },
+  {
+    method: 'post',
+    path: '/models/:name/predict',
+    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, predictOperation, { route: '/predict', inference: true, pathModel: name! }),
+  },
   { method: 'get', path: '/info', handle: (ctx, deps) => ctx.send(200, deps.info()) },
   { method: 'get', path: '/livez', handle: (ctx) => ctx.send(200, { status: 'alive' }) },
   { method: 'get', path: '/readyz', handle: (ctx, deps) => readiness(ctx, deps) },
@@ -71,10 +85,21 @@ function readiness(ctx: RequestContext, deps: RouteDeps): void {
 }
 
 /**
+ * Every route a gateway serves: the core API, then the rest of TEI's
+ * (routes-tei.ts), OpenAI's embeddings (routes-openai.ts) and KServe v2 /
+ * Triton's inference protocol (routes-kserve.ts). A function, not a
+ * constant: those modules import this one's types, and a default parameter
+ * is only evaluated when called.
+ */
+export function defaultRoutes(): Route[] {
+  return [...coreRoutes, ...teiRoutes, ...openaiRoutes, ...kserveRoutes];
+}
+
+/**
  * Registers `routes`, then a 405 (with Allow) for every known path asked with
  * another method, then a 404 for everything else.
  */
-export function registerRoutes(app: TemplatedApp, deps: RouteDeps, routes: Route[] = coreRoutes): void {
+export function registerRoutes(app: TemplatedApp, deps: RouteDeps, routes: Route[] = defaultRoutes()): void {
   const allow = new Map<string, string[]>();
   for (const route of routes) {
     const paramCount = (route.path.match(/\/:/g) ?? []).length;
@@ -103,61 +128,3 @@ export function registerRoutes(app: TemplatedApp, deps: RouteDeps, routes: Route
     ctx.fail(new HttpError(404, 'not_found', 'SLABSERVE_ROUTE_NOT_FOUND', `no route ${ctx.method} ${ctx.url}`));
   });
 }
-
-async function handleInference(ctx: RequestContext, deps: RouteDeps, task: Task, route: string, pathModel: string | undefined): Promise<void> {
-  let modelName = pathModel ?? 'unknown';
-  try {
-    if (!deps.ready()) throw new NotReadyError();
-    const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
-    const body = task === 'embed' ? parseBody(EmbedRequest, raw) : parseBody(PredictRequest, raw);
-    if (pathModel !== undefined && body.model !== undefined && body.model !== pathModel) {
-      throw new ValidationError(`the path names model "${pathModel}" but the body names "${body.model}"`);
-    }
-    const count = typeof body.inputs === 'string' ? 1 : body.inputs.length;
-    if (count > deps.limits.maxClientBatchSize) {
-      throw new ValidationError(`${count} inputs exceed the limit of ${deps.limits.maxClientBatchSize} per request (--max-client-batch-size)`);
-    }
-    const model = deps.client.resolve(task, pathModel ?? body.model);
-    modelName = model.plan.spec.name;
-    deps.metrics.inputs.inc({ model: modelName, route }, count);
-
-    const tokenizeStart = nowMs();
-    const encodings = await deps.client.encode(model, body.inputs, body.truncate ?? false);
-    const tokenizeMs = nowMs() - tokenizeStart;
-    const call = { signal: ctx.abort.signal };
-    let payload: unknown;
-    let timing: Timing;
-    if (task === 'embed') {
-      const r = await deps.client.embed(model, encodings, { ...call, ...((body as EmbedRequest).normalize !== undefined ? { normalize: (body as EmbedRequest).normalize! } : {}) });
-      payload = r.vectors.map((v) => Array.from(v));
-      timing = r.timing;
-    } else {
-      const r = await deps.client.classify(model, encodings, call);
-      const lists = r.classes.map((c) => scores(model, c, (body as PredictRequest).raw_scores ?? false));
-      payload = typeof body.inputs === 'string' ? lists[0] : lists;
-      timing = r.timing;
-    }
-    const totalMs = performance.now() - ctx.startedAt;
-    deps.metrics.queueDuration.observe({ model: modelName }, timing.queueMs / 1000);
-    ctx.send(200, payload, {
-      'x-tokenization-time': ms(tokenizeMs),
-      'x-queue-time': ms(timing.queueMs),
-      'x-inference-time': ms(timing.inferenceMs),
-      'x-total-time': ms(totalMs),
-    });
-    deps.metrics.requestDuration.observe({ model: modelName, route, status: '200' }, totalMs / 1000);
-  } catch (err) {
-    const status = statusOf(err);
-    deps.metrics.failures.inc({ reason: (err as { type?: string }).type ?? 'backend' });
-    deps.metrics.requestDuration.observe({ model: modelName, route, status: String(status) }, (performance.now() - ctx.startedAt) / 1000);
-    ctx.fail(err);
-  }
-}
-
-/** [{label, score}] sorted by score, highest first: probabilities, or logits with raw_scores. */
-function scores(model: ClientModel, c: { probabilities: Float32Array; logits: Float32Array }, raw: boolean): { label: string; score: number }[] {
-  const values = raw ? c.logits : c.probabilities;
-  return model.plan.spec.labels.map((label, i) => ({ label, score: values[i]! })).sort((a, b) => b.score - a.score);
-}
-
-const ms = (v: number) => String(Math.round(v * 1000) / 1000);

@@ -5,9 +5,17 @@
 import { z } from 'zod';
 import { ValidationError } from '../shared/errors.js';
 
-const inputs = z.union([z.string(), z.array(z.string()).min(1, 'must not be an empty list')], {
-  error: 'must be a string or a list of strings',
+/** Token ids with the special tokens ([CLS] ... [SEP]): pre-tokenized input, as TEI and OpenAI take it. */
+const tokenIds = z.array(z.number().int().nonnegative()).min(1);
+
+/**
+ * A text, one list of token ids, or a list of texts and/or token id lists.
+ * Ids are checked against the model's vocabulary later (InferenceClient.encodeIds).
+ */
+export const Inputs = z.union([z.string(), tokenIds, z.array(z.union([z.string(), tokenIds])).min(1, 'must not be an empty list')], {
+  error: 'must be a string, a list of token ids, or a non-empty list of strings or token id lists',
 });
+const inputs = Inputs;
 
 export const EmbedRequest = z.object({
   inputs,
@@ -25,6 +33,63 @@ export const PredictRequest = z.object({
 });
 export type PredictRequest = z.infer<typeof PredictRequest>;
 
+/** TEI's POST /rerank: score each text against the query with a cross-encoder. */
+export const RerankRequest = z.object({
+  query: z.string().min(1, 'must not be empty'),
+  texts: z.array(z.string().min(1, 'must not be empty'), { error: 'must be a list of strings' }).min(1, 'must not be an empty list'),
+  raw_scores: z.boolean().optional(),
+  return_text: z.boolean().optional(),
+  truncate: z.boolean().optional(),
+  model: z.string().optional(),
+});
+export type RerankRequest = z.infer<typeof RerankRequest>;
+
+/** TEI's POST /tokenize. */
+export const TokenizeRequest = z.object({
+  inputs: z.union([z.string(), z.array(z.string()).min(1, 'must not be an empty list')], { error: 'must be a string or a list of strings' }),
+  add_special_tokens: z.boolean().optional(),
+  model: z.string().optional(),
+});
+export type TokenizeRequest = z.infer<typeof TokenizeRequest>;
+
+const ids = z.array(z.number().int().nonnegative());
+/** TEI's POST /decode: one list of ids (answered with a string) or a list of them (a list of strings). */
+export const DecodeRequest = z.object({
+  ids: z.union([ids, z.array(ids).min(1, 'must not be an empty list')], { error: 'must be a list of token ids or a list of such lists' }),
+  skip_special_tokens: z.boolean().optional(),
+  model: z.string().optional(),
+});
+export type DecodeRequest = z.infer<typeof DecodeRequest>;
+
+/** OpenAI's POST /v1/embeddings. */
+export const OpenAIEmbeddingRequest = z.object({
+  input: Inputs,
+  model: z.string({ error: 'you must name a model' }).min(1, 'must not be empty'),
+  encoding_format: z.enum(['float', 'base64'], { error: 'must be "float" or "base64"' }).optional(),
+  dimensions: z.number().int().positive().optional(),
+  user: z.string().optional(),
+});
+export type OpenAIEmbeddingRequest = z.infer<typeof OpenAIEmbeddingRequest>;
+
+/** A KServe v2 tensor: data flat in row-major order (nested lists are flattened). */
+const KServeTensor = z.object({
+  name: z.string().min(1),
+  shape: z.array(z.number().int().nonnegative()),
+  datatype: z.string(),
+  data: z.array(z.unknown()),
+  parameters: z.record(z.string(), z.unknown()).optional(),
+});
+export type KServeTensor = z.infer<typeof KServeTensor>;
+
+/** KServe v2 / Triton POST /v2/models/{name}/infer (the JSON form; not the binary tensor extension). */
+export const KServeInferRequest = z.object({
+  id: z.string().optional(),
+  parameters: z.record(z.string(), z.unknown()).optional(),
+  inputs: z.array(KServeTensor).min(1, 'must not be an empty list'),
+  outputs: z.array(z.object({ name: z.string(), parameters: z.record(z.string(), z.unknown()).optional() })).optional(),
+});
+export type KServeInferRequest = z.infer<typeof KServeInferRequest>;
+
 /** Parses `body` with `schema` or throws a ValidationError listing every problem. */
 export function parseBody<T>(schema: z.ZodType<T>, body: unknown): T {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) {
@@ -33,5 +98,15 @@ export function parseBody<T>(schema: z.ZodType<T>, body: unknown): T {
   const r = schema.safeParse(body);
   if (r.success) return r.data;
   const problems = r.error.issues.map((i) => `${i.path.length ? i.path.join('.') : 'body'}: ${i.message}`);
-  throw new ValidationError(`invalid request: ${problems.join('; ')}`);
+  const first = r.error.issues[0]?.path[0];
+  throw new FieldValidationError(`invalid request: ${problems.join('; ')}`, first === undefined ? null : String(first));
+}
+
+/** A ValidationError that names the (first) offending top-level field: OpenAI's `param`. */
+export class FieldValidationError extends ValidationError {
+  readonly param: string | null;
+  constructor(message: string, param: string | null) {
+    super(message);
+    this.param = param;
+  }
 }

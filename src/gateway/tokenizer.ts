@@ -19,12 +19,27 @@ import { readFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { InputTooLongError } from '../shared/errors.js';
+import { TokenAligner } from './token-offsets.js';
 
 /** One encoded input. Includes the special tokens ([CLS]/[SEP]); `ids.length` is the token count. */
 export interface Encoding {
   ids: Int32Array;
   typeIds: Int32Array;
   truncated: boolean;
+}
+
+/**
+ * One token of a text as TEI's /tokenize reports it: `start`/`stop` are
+ * offsets in code points into the text (src/gateway/token-offsets.ts), null
+ * for special tokens the template added (and where no offsets are known).
+ */
+export interface TokenSpan {
+  id: number;
+  /** The text the token covers (the token itself for special tokens). */
+  text: string;
+  special: boolean;
+  start: number | null;
+  stop: number | null;
 }
 
 /** `maxLength` counts special tokens. Too long and `!truncate` -> InputTooLongError. */
@@ -42,6 +57,8 @@ export interface TextTokenizer {
   encodePair?(a: string, b: string, opts: EncodeOptions): Encoding;
   /** Token ids back to text. `skipSpecial` (default false, as in HF) drops special tokens ([CLS], [SEP], [PAD], [UNK], ...). */
   decode(ids: ArrayLike<number>, skipSpecial?: boolean): string;
+  /** Every token of one text with its offsets, the single-sequence template's special tokens around them if `addSpecialTokens`. No truncation. */
+  tokenize?(text: string, addSpecialTokens: boolean): TokenSpan[];
   readonly vocabSize: number;
 }
 
@@ -214,6 +231,7 @@ class HfJsTokenizer implements TextTokenizer {
   readonly #singleSpecials: number;
   readonly #pairSpecials: number;
   readonly #cleanUpSpaces: boolean;
+  readonly #aligner: TokenAligner | null;
 
   constructor(json: Json, cleanUpSpaces: boolean) {
     // config {}: encoding then depends only on tokenizer.json (as with the Rust library)
@@ -223,6 +241,28 @@ class HfJsTokenizer implements TextTokenizer {
     this.#pairSpecials = specialCount(this.#template.pair);
     this.#cleanUpSpaces = cleanUpSpaces;
     this.vocabSize = this.#tok.get_vocab(true).size;
+    this.#aligner = TokenAligner.forTokenizerJson(json);
+  }
+
+  tokenize(text: string, addSpecialTokens: boolean): TokenSpan[] {
+    if (typeof text !== 'string') throw new TypeError('text must be a string');
+    const enc = this.#tok.encode(text, { add_special_tokens: false }) as { ids: number[]; tokens: string[] };
+    const { ids, tokens } = enc;
+    const spans = this.#aligner?.align(text, tokens) ?? tokens.map(() => null);
+    const chars = Array.from(text);
+    const body: TokenSpan[] = ids.map((id, i) => {
+      const span = spans[i] ?? null;
+      return span
+        ? { id, text: chars.slice(span[0], span[1]).join(''), special: false, start: span[0], stop: span[1] }
+        : { id, text: tokens[i]!, special: false, start: null, stop: null };
+    });
+    if (!addSpecialTokens) return body;
+    const out: TokenSpan[] = [];
+    for (const p of this.#template.single) {
+      if (p.kind === 'seq') for (const t of body) out.push(t); // not push(...body): a long text overflows the stack
+      else for (const id of p.ids) out.push({ id, text: this.#tok.id_to_token(id) ?? '', special: true, start: null, stop: null });
+    }
+    return out;
   }
 
   /** Ids of one sequence, no special tokens. */

@@ -8,6 +8,8 @@
  *             `slabserve_norm` [B, 1]
  *   classify: logits -> softmax
  *             outputs `slabserve_probabilities` [B, L] and the model's logits
+ *   rerank:   the single logit -> sigmoid (a cross-encoder's relevance score)
+ *             outputs `slabserve_score` [B, 1] and the model's logits [B, 1]
  *
  * It works on any Hugging Face BERT-style export (optimum or torch.onnx) whose
  * outputs are `last_hidden_state` or `logits`, and on ours from `npm run models`.
@@ -61,6 +63,16 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
       { name: 'slabserve_embedding', width: spec.hiddenSize },
       { name: 'slabserve_norm', width: 1 },
     ];
+  } else if (spec.task === 'rerank') {
+    const logits = findOutput(outputNames, ['logits'], spec);
+    checkLogitsWidth(graph, logits, 1, spec);
+    b.node('Sigmoid', [logits], undefined, ['slabserve_score']);
+    for (const name of outputNames) if (name !== logits) b.removeOutput(name);
+    b.addOutput('slabserve_score', 'float', ['batch_size', 1]);
+    outputs = [
+      { name: 'slabserve_score', width: 1 },
+      { name: logits, width: 1 },
+    ];
   } else {
     const logits = findOutput(outputNames, ['logits'], spec);
     b.node('Softmax', [logits], { axis: -1 }, ['slabserve_probabilities']);
@@ -80,6 +92,20 @@ function findOutput(names: string[], wanted: string[], spec: ModelSpec): string 
   const hit = wanted.find((w) => names.includes(w));
   if (!hit) throw new Error(`model ${spec.name} (${spec.task}): expected an output named ${wanted.join(' or ')}, found ${names.join(', ')}`);
   return hit;
+}
+
+/** A logits output whose declared width is fixed must have `width` columns (a reranker: exactly one). */
+function checkLogitsWidth(graph: onnx.IGraphProto, name: string, width: number, spec: ModelSpec): void {
+  const out = (graph.output ?? []).find((o) => o.name === name);
+  const dims = out?.type?.tensorType?.shape?.dim ?? [];
+  const last = dims[dims.length - 1];
+  const raw: unknown = last?.dimValue;
+  // protobufjs gives int64 as a number, or as a Long ({low, high}) when long.js is around
+  const long = raw as { low?: number; high?: number } | null | undefined;
+  const value = typeof raw === 'number' ? raw : typeof long?.low === 'number' ? (long.low >>> 0) + (long.high ?? 0) * 2 ** 32 : 0;
+  if (value > 0 && value !== width) {
+    throw new Error(`model ${spec.name} (${spec.task}): output ${name} has ${value} columns, expected ${width}`);
+  }
 }
 
 function axes(b: GraphBuilder, axis: number): string {

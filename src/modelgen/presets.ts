@@ -31,7 +31,7 @@ export const INTENT_LABELS = [
 ] as const;
 
 export interface ServeJson {
-  task: 'embed' | 'classify';
+  task: 'embed' | 'classify' | 'rerank';
   pooling?: 'mean' | 'cls';
   normalize?: boolean;
   maxLength?: number;
@@ -42,7 +42,7 @@ export interface Preset {
   description: string;
   spec: BertSpec;
   serve: ServeJson;
-  /** classify only: label names by class id. */
+  /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
 }
 
@@ -68,6 +68,12 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     serve: { task: 'classify' },
     labels: INTENT_LABELS,
   },
+  'tiny-rerank': {
+    name: 'tiny-rerank',
+    description: 'bert-tiny shape + one-logit head: a cross-encoder reranker of (query, text) pairs',
+    spec: { ...encoder(2, 128, 2, 512), task: 'classify', numLabels: 1, seed: 20_005 },
+    serve: { task: 'rerank' },
+  },
   'minilm-l6': {
     name: 'minilm-l6',
     description: 'all-MiniLM-L6 shape (6 layers, hidden 384, 12 heads), sentence embeddings',
@@ -83,7 +89,7 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
 };
 
 /** What `generate` writes when given no names. */
-export const DEFAULT_PRESETS: readonly string[] = ['tiny-embed', 'tiny-intent'];
+export const DEFAULT_PRESETS: readonly string[] = ['tiny-embed', 'tiny-intent', 'tiny-rerank'];
 
 /** Files whose presence makes a folder complete (`generate --missing` skips it). */
 export const REQUIRED_FILES = ['model.onnx', 'config.json', 'tokenizer.json', 'serve.json'] as const;
@@ -127,7 +133,8 @@ export function buildConfigJson(preset: Preset): Record<string, unknown> {
     num_hidden_layers: s.layers,
     pad_token_id: 0,
     position_embedding_type: 'absolute',
-    ...(classify ? { problem_type: 'single_label_classification' } : {}),
+    // one label is a regression head (a cross-encoder's relevance logit), as transformers sets it
+    ...(classify ? { problem_type: s.numLabels === 1 ? 'regression' : 'single_label_classification' } : {}),
     torch_dtype: 'float32',
     transformers_version: '4.44.2',
     type_vocab_size: s.typeVocabSize,

@@ -7,13 +7,21 @@
  *   <dir>/model.onnx        or <dir>/onnx/model.onnx (optimum's layout)
  *   <dir>/serve.json        optional: { task, pooling, normalize, maxLength }
  *
+ * Tasks: `embed` (a BertModel: pooled, normalised vectors), `classify` (a
+ * ForSequenceClassification head: softmax over its labels), `rerank` (a
+ * cross-encoder: a ForSequenceClassification head with ONE logit, scored
+ * with a sigmoid, fed (query, text) pairs). Without serve.json the task is
+ * inferred: a ForSequenceClassification config with one label is a
+ * reranker, with more a classifier, anything else an embedding model.
+ *
  * This module turns a folder into a ModelSpec: everything the threads need to
  * agree on (task, lengths, the width of a result row), read once at start.
  */
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 
-export type Task = 'embed' | 'classify';
+export type Task = 'embed' | 'classify' | 'rerank';
+export const TASKS: readonly Task[] = ['embed', 'classify', 'rerank'];
 export type Pooling = 'mean' | 'cls';
 
 export interface ModelSpec {
@@ -29,12 +37,14 @@ export interface ModelSpec {
   /** Longest input in tokens, [CLS] and [SEP] included. */
   maxLength: number;
   hiddenSize: number;
-  /** classify only: label names by class id. */
+  /** classify: label names by class id; rerank: the one label of its logit; embed: empty. */
   labels: string[];
+  /** Token type ids the model knows (config.json type_vocab_size; 2 for BERT). */
+  typeVocabSize?: number;
   /**
    * Floats per result row in the slab. embed: the normalised vector then its
    * norm (so an unnormalised vector is one multiply away); classify:
-   * probabilities then logits.
+   * probabilities then logits; rerank: sigmoid(logit) then the logit.
    */
   outputWidth: number;
 }
@@ -59,6 +69,8 @@ interface HfConfig {
   hidden_size?: number;
   max_position_embeddings?: number;
   id2label?: Record<string, string>;
+  num_labels?: number;
+  type_vocab_size?: number;
 }
 
 interface ServeJson {
@@ -87,8 +99,9 @@ export function loadModelSpec(dir: string, name = basename(dir)): ModelSpec {
   if (!existsSync(tokenizerPath)) throw new Error(`model ${name}: no tokenizer.json in ${dir}`);
 
   const isClassifier = (config.architectures ?? []).some((a) => a.endsWith('ForSequenceClassification'));
-  const task: Task = serve.task ?? (isClassifier ? 'classify' : 'embed');
-  if (task !== 'embed' && task !== 'classify') throw new Error(`model ${name}: unknown task "${String(task)}"`);
+  const labelCount = config.id2label ? Object.keys(config.id2label).length : (config.num_labels ?? 0);
+  const task: Task = serve.task ?? (isClassifier ? (labelCount === 1 ? 'rerank' : 'classify') : 'embed');
+  if (!TASKS.includes(task)) throw new Error(`model ${name}: unknown task "${String(task)}"`);
 
   const hiddenSize = config.hidden_size;
   if (!Number.isInteger(hiddenSize) || hiddenSize! < 1) throw new Error(`model ${name}: config.json lacks hidden_size`);
@@ -101,6 +114,9 @@ export function loadModelSpec(dir: string, name = basename(dir)): ModelSpec {
     const n = Object.keys(id2label).length;
     if (n === 0) throw new Error(`model ${name}: a classifier needs id2label in config.json`);
     for (let i = 0; i < n; i++) labels.push(id2label[String(i)] ?? `LABEL_${i}`);
+  } else if (task === 'rerank') {
+    if (labelCount > 1) throw new Error(`model ${name}: a reranker has one logit, but config.json names ${labelCount} labels`);
+    labels.push(config.id2label?.['0'] ?? 'LABEL_0');
   }
 
   return {
@@ -114,6 +130,7 @@ export function loadModelSpec(dir: string, name = basename(dir)): ModelSpec {
     maxLength,
     hiddenSize: hiddenSize!,
     labels,
+    typeVocabSize: config.type_vocab_size ?? 2,
     outputWidth: task === 'embed' ? hiddenSize! + 1 : 2 * labels.length,
   };
 }

@@ -1,0 +1,57 @@
+/**
+ * What the route tables share: serving a transport-free operation
+ * (operations.ts) over HTTP, timing headers, and request metrics.
+ */
+import { NotReadyError } from '../shared/errors.js';
+import type { Timing } from './inference-client.js';
+import { statusOf, type RequestContext } from './http.js';
+import type { Operation } from './operations.js';
+import type { RouteDeps } from './routes.js';
+
+export const ms = (v: number): string => String(Math.round(v * 1000) / 1000);
+
+/** x-tokenization-time, x-queue-time, x-inference-time, x-total-time (ms), as TEI sends them. */
+export function timingHeaders(ctx: RequestContext, tokenizeMs: number, timing: Timing): Record<string, string> {
+  return {
+    'x-tokenization-time': ms(tokenizeMs),
+    'x-queue-time': ms(timing.queueMs),
+    'x-inference-time': ms(timing.inferenceMs),
+    'x-total-time': ms(performance.now() - ctx.startedAt),
+  };
+}
+
+/** Records a finished request: its duration by model, route and status; a failure by reason. */
+export function observe(deps: RouteDeps, ctx: RequestContext, route: string, model: string, status: number, err?: unknown): void {
+  if (err !== undefined) deps.metrics.failures.inc({ reason: (err as { type?: string }).type ?? 'backend' });
+  deps.metrics.requestDuration.observe({ model, route, status: String(status) }, (performance.now() - ctx.startedAt) / 1000);
+}
+
+export interface ServeOptions {
+  /** Metrics label. */
+  route: string;
+  /** Needs the inference thread: refused with 503 while not ready or draining. */
+  inference: boolean;
+  pathModel?: string;
+}
+
+/** Serves one operation (src/gateway/operations.ts) over HTTP, errors in our `{error, type, code}` shape. */
+export async function serveOperation(ctx: RequestContext, deps: RouteDeps, op: Operation, opts: ServeOptions): Promise<void> {
+  let model = 'unknown'; // a model name becomes a label only once it is known to exist
+  try {
+    if (opts.inference && !deps.ready()) throw new NotReadyError();
+    const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
+    const r = await op(deps.client, deps.limits, raw, { signal: ctx.abort.signal, ...(opts.pathModel !== undefined ? { pathModel: opts.pathModel } : {}) });
+    model = r.model.plan.spec.name;
+    if (opts.inference) {
+      deps.metrics.inputs.inc({ model, route: opts.route }, r.inputs);
+      deps.metrics.queueDuration.observe({ model }, r.timing.queueMs / 1000);
+    }
+    ctx.send(200, r.payload, opts.inference ? timingHeaders(ctx, r.tokenizeMs, r.timing) : {});
+    observe(deps, ctx, opts.route, model, 200);
+  } catch (err) {
+    observe(deps, ctx, opts.route, model, statusOf(err), err);
+    ctx.fail(err);
+  }
+}
+
+export { errorInfo, type ErrorInfo } from './http.js';

@@ -1,0 +1,308 @@
+/**
+ * The KServe v2 / Triton HTTP inference protocol (the JSON form), so Triton
+ * and KServe clients and gateways can call slabserve:
+ *
+ *   GET  /v2/health/live               200 {live: true} while this gateway thread runs
+ *   GET  /v2/health/ready              200 {ready: true}; 503 {ready: false} while warming up or draining
+ *   GET  /v2                           server metadata {name, version, extensions}
+ *   GET  /v2/models/{name}             model metadata {name, versions, platform, inputs, outputs}
+ *   GET  /v2/models/{name}/ready       200 {name, ready: true}; 503 when not
+ *   POST /v2/models/{name}/infer       {id?, parameters?, inputs: [tensor], outputs?: [{name}]}
+ *                                      -> {model_name, model_version, id?, outputs: [tensor]}
+ *   (each /v2/models/{name}/... also as /v2/models/{name}/versions/1/...)
+ *
+ * Inputs are either token tensors, `input_ids` with optional `attention_mask`
+ * and `token_type_ids` (INT64 or INT32, shape [B, T], data flat in row-major
+ * order; nested lists are flattened): a row's real tokens are where its mask
+ * is 1, padding on the right; no mask means no padding. Or texts: one BYTES
+ * tensor (named `text`, shape [B] or [B, 1]); a reranker takes BYTES `query`
+ * (one, or one per text) and `text`. Request parameters: `normalize`
+ * (embedding models), `truncate` (texts).
+ *
+ * Outputs, FP32: `embedding` [B, dim] (embedding models); `probabilities` and
+ * `logits` [B, labels] (classifiers); `score` (sigmoid of the logit) and
+ * `logits` [B, 1] (rerankers). The request's `outputs` picks some, in its order.
+ *
+ * Errors are `{error: message}` as KServe answers them, with our statuses (an
+ * invalid request is 422, an unknown model 404, overload 429, ...). Not
+ * supported: Triton's binary tensor extension (application/octet-stream
+ * bodies are refused with 415), model repository and statistics extensions.
+ */
+import { NotReadyError, ValidationError } from '../shared/errors.js';
+import type { ClientModel } from './inference-client.js';
+import { HttpError, type RequestContext } from './http.js';
+import { errorInfo, observe, timingHeaders } from './route-util.js';
+import type { Route, RouteDeps } from './routes.js';
+import { KServeInferRequest, parseBody, type KServeTensor } from './schemas.js';
+
+const MODEL_VERSION = '1';
+const ROUTE = '/v2/infer';
+const PLATFORM = 'onnxruntime_onnx';
+
+/** Fails with KServe's `{error: message}` and our status. */
+function failKServe(ctx: RequestContext, err: unknown): void {
+  ctx.fail(err, (info) => ({ error: info.message }));
+}
+
+/** Runs a handler, answering any error in KServe's shape. */
+function kserve(handle: (ctx: RequestContext, deps: RouteDeps, params: string[]) => void | Promise<void>): Route['handle'] {
+  return async (ctx, deps, params) => {
+    try {
+      await handle(ctx, deps, params);
+    } catch (err) {
+      failKServe(ctx, err);
+    }
+  };
+}
+
+function checkVersion(version: string | undefined): void {
+  if (version !== undefined && version !== MODEL_VERSION) {
+    throw new HttpError(404, 'not_found', 'SLABSERVE_MODEL_VERSION_NOT_FOUND', `unknown model version "${version}"; the only version is "${MODEL_VERSION}"`);
+  }
+}
+
+const metadataHandler = kserve((ctx, deps, [name, version]) => {
+  const model = deps.client.byName(name!);
+  checkVersion(version);
+  ctx.send(200, modelMetadata(model));
+});
+
+const modelReadyHandler = kserve((ctx, deps, [name, version]) => {
+  const model = deps.client.byName(name!);
+  checkVersion(version);
+  const ready = deps.ready();
+  ctx.send(ready ? 200 : 503, { name: model.plan.spec.name, ready });
+});
+
+const inferHandler: Route['handle'] = (ctx, deps, [name, version]) => infer(ctx, deps, name!, version);
+
+export const kserveRoutes: Route[] = [
+  { method: 'get', path: '/v2/health/live', handle: (ctx) => ctx.send(200, { live: true }) },
+  { method: 'get', path: '/v2/health/ready', handle: (ctx, deps) => ctx.send(deps.ready() ? 200 : 503, { ready: deps.ready() }) },
+  { method: 'get', path: '/v2', handle: (ctx, deps) => ctx.send(200, { name: 'slabserve', version: serverVersion(deps), extensions: [] }) },
+  { method: 'get', path: '/v2/models/:name', handle: metadataHandler },
+  { method: 'get', path: '/v2/models/:name/versions/:version', handle: metadataHandler },
+  { method: 'get', path: '/v2/models/:name/ready', handle: modelReadyHandler },
+  { method: 'get', path: '/v2/models/:name/versions/:version/ready', handle: modelReadyHandler },
+  { method: 'post', path: '/v2/models/:name/infer', handle: inferHandler },
+  { method: 'post', path: '/v2/models/:name/versions/:version/infer', handle: inferHandler },
+];
+
+function serverVersion(deps: RouteDeps): string {
+  const v = deps.version ?? (deps.info() as { version?: unknown } | null)?.version;
+  return typeof v === 'string' ? v : 'unknown';
+}
+
+interface TensorMeta {
+  name: string;
+  datatype: string;
+  shape: number[];
+}
+
+/** Output tensors of a model, by task. */
+function outputsOf(model: ClientModel): TensorMeta[] {
+  const spec = model.plan.spec;
+  switch (spec.task) {
+    case 'embed':
+      return [{ name: 'embedding', datatype: 'FP32', shape: [-1, spec.hiddenSize] }];
+    case 'classify':
+      return [
+        { name: 'probabilities', datatype: 'FP32', shape: [-1, spec.labels.length] },
+        { name: 'logits', datatype: 'FP32', shape: [-1, spec.labels.length] },
+      ];
+    case 'rerank':
+      return [
+        { name: 'score', datatype: 'FP32', shape: [-1, 1] },
+        { name: 'logits', datatype: 'FP32', shape: [-1, 1] },
+      ];
+  }
+}
+
+const TOKEN_INPUTS = ['input_ids', 'attention_mask', 'token_type_ids'];
+
+function modelMetadata(model: ClientModel) {
+  const spec = model.plan.spec;
+  const inputs: TensorMeta[] = TOKEN_INPUTS.map((name) => ({ name, datatype: 'INT64', shape: [-1, -1] }));
+  if (spec.task === 'rerank') inputs.push({ name: 'query', datatype: 'BYTES', shape: [-1] }, { name: 'text', datatype: 'BYTES', shape: [-1] });
+  else inputs.push({ name: 'text', datatype: 'BYTES', shape: [-1] });
+  return { name: spec.name, versions: [MODEL_VERSION], platform: PLATFORM, inputs, outputs: outputsOf(model) };
+}
+
+// ------------------------------------------------------------ infer
+
+const invalid = (message: string) => new ValidationError(message);
+
+/** The tensor's elements, flat, checked against its shape. */
+function flatData(t: KServeTensor): unknown[] {
+  let data: unknown[] = t.data;
+  for (let depth = 1; depth < t.shape.length && data.some(Array.isArray); depth++) data = data.flat();
+  if (data.some(Array.isArray)) throw invalid(`input ${t.name}: data is nested deeper than its shape [${t.shape.join(', ')}]`);
+  const n = t.shape.reduce((a, b) => a * b, 1);
+  if (data.length !== n) throw invalid(`input ${t.name}: ${data.length} elements, but shape [${t.shape.join(', ')}] holds ${n}`);
+  return data;
+}
+
+/** An INT64/INT32 [B, T] tensor as Int32 values. */
+function intMatrix(t: KServeTensor, like?: readonly number[]): Int32Array {
+  if (t.datatype !== 'INT64' && t.datatype !== 'INT32') throw invalid(`input ${t.name} must be INT64 or INT32, not ${t.datatype}`);
+  if (t.shape.length !== 2) throw invalid(`input ${t.name} must have shape [batch, sequence], got [${t.shape.join(', ')}]`);
+  if (like && (t.shape[0] !== like[0] || t.shape[1] !== like[1])) {
+    throw invalid(`input ${t.name} has shape [${t.shape.join(', ')}], input_ids [${like.join(', ')}]: they must match`);
+  }
+  const data = flatData(t);
+  const out = new Int32Array(data.length);
+  for (let i = 0; i < data.length; i++) {
+    const v = data[i];
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < -(2 ** 31) || v >= 2 ** 31) throw invalid(`input ${t.name}: element ${i} (${JSON.stringify(v)}) is not an integer token value`);
+    out[i] = v;
+  }
+  return out;
+}
+
+/** A BYTES [B] (or [B, 1]) tensor of texts. */
+function texts(t: KServeTensor): string[] {
+  if (t.datatype !== 'BYTES') throw invalid(`input ${t.name} must be BYTES, not ${t.datatype}`);
+  if (t.shape.length === 0 || t.shape.length > 2 || (t.shape.length === 2 && t.shape[1] !== 1)) {
+    throw invalid(`input ${t.name} must have shape [batch] or [batch, 1], got [${t.shape.join(', ')}]`);
+  }
+  const data = flatData(t);
+  if (data.length === 0) throw invalid(`input ${t.name} must hold at least one text`);
+  return data.map((v, i) => {
+    if (typeof v !== 'string') throw invalid(`input ${t.name}: element ${i} is not a string`);
+    return v;
+  });
+}
+
+function booleanParam(params: Record<string, unknown> | undefined, name: string): boolean | undefined {
+  const v = params?.[name];
+  if (v === undefined) return undefined;
+  if (typeof v !== 'boolean') throw invalid(`parameter ${name} must be a boolean`);
+  return v;
+}
+
+type Encoded = { ids: Int32Array; typeIds: Int32Array }[];
+
+/** Token tensors -> one encoding per row (its real tokens: where the mask is 1, right padding). */
+function fromTokens(tensors: Map<string, KServeTensor>): Encoded {
+  const idsT = tensors.get('input_ids')!;
+  const ids = intMatrix(idsT);
+  const [B, T] = idsT.shape as [number, number];
+  if (B < 1 || T < 1) throw invalid(`input input_ids must have at least one row and one column, got [${B}, ${T}]`);
+  const maskT = tensors.get('attention_mask');
+  const typesT = tensors.get('token_type_ids');
+  const mask = maskT ? intMatrix(maskT, idsT.shape) : null;
+  const types = typesT ? intMatrix(typesT, idsT.shape) : null;
+  const out: Encoded = [];
+  for (let b = 0; b < B; b++) {
+    const row = b * T;
+    let len = T;
+    if (mask) {
+      len = 0;
+      while (len < T && mask[row + len] === 1) len++;
+      for (let j = len; j < T; j++) {
+        const m = mask[row + j];
+        if (m === 1) throw invalid(`attention_mask row ${b} is not right-padded: a 1 at position ${j} follows a 0 (left padding is not supported)`);
+        if (m !== 0) throw invalid(`attention_mask row ${b}: ${m} at position ${j}; a mask holds 0 and 1`);
+      }
+      if (len === 0) throw invalid(`attention_mask row ${b} has no real token`);
+    }
+    out.push({ ids: ids.slice(row, row + len), typeIds: types ? types.slice(row, row + len) : new Int32Array(len) });
+  }
+  return out;
+}
+
+async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version: string | undefined): Promise<void> {
+  let modelName = 'unknown'; // not the path's name: a metrics label must not take any value a client sends
+  try {
+    if (!deps.ready()) throw new NotReadyError();
+    const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
+    const model = deps.client.byName(name);
+    checkVersion(version);
+    const spec = model.plan.spec;
+    modelName = spec.name;
+    const body = parseBody(KServeInferRequest, raw);
+
+    const tensors = new Map<string, KServeTensor>();
+    for (const t of body.inputs) {
+      if (tensors.has(t.name)) throw invalid(`input ${t.name} is given twice`);
+      tensors.set(t.name, t);
+    }
+    const available = outputsOf(model);
+    const wanted = body.outputs?.map((o) => o.name) ?? available.map((o) => o.name);
+    for (const w of wanted) {
+      if (!available.some((o) => o.name === w)) throw invalid(`unknown output ${w}; model ${spec.name} gives ${available.map((o) => o.name).join(', ')}`);
+    }
+    const truncate = booleanParam(body.parameters, 'truncate') ?? false;
+    const normalize = booleanParam(body.parameters, 'normalize');
+
+    const t0 = performance.now();
+    let encodings: Encoded;
+    if (tensors.has('input_ids')) {
+      const extra = [...tensors.keys()].filter((k) => !TOKEN_INPUTS.includes(k));
+      if (extra.length) throw invalid(`unexpected input ${extra.join(', ')} beside input_ids; token inputs are ${TOKEN_INPUTS.join(', ')}`);
+      encodings = fromTokens(tensors);
+      if (encodings.length > deps.limits.maxClientBatchSize) throw tooMany(encodings.length, deps);
+      deps.client.checkTokens(model, encodings);
+    } else if (spec.task === 'rerank') {
+      const q = tensors.get('query');
+      const t = tensors.get('text');
+      if (!q || !t || tensors.size !== 2) throw invalid(`model ${spec.name} takes BYTES inputs query and text (or input_ids); got ${[...tensors.keys()].join(', ')}`);
+      const queries = texts(q);
+      const docs = texts(t);
+      if (queries.length !== 1 && queries.length !== docs.length) throw invalid(`query holds ${queries.length} texts: give one, or one per text (${docs.length})`);
+      if (docs.length > deps.limits.maxClientBatchSize) throw tooMany(docs.length, deps);
+      encodings =
+        queries.length === 1
+          ? await deps.client.encodePairs(model, queries[0]!, docs, truncate)
+          : (await Promise.all(docs.map((d, i) => deps.client.encodePairs(model, queries[i]!, [d], truncate)))).flat();
+    } else {
+      const only = [...tensors.values()];
+      if (only.length !== 1) throw invalid(`model ${spec.name} takes one BYTES input (text) or input_ids; got ${[...tensors.keys()].join(', ')}`);
+      const list = texts(only[0]!);
+      if (list.length > deps.limits.maxClientBatchSize) throw tooMany(list.length, deps);
+      encodings = await deps.client.encode(model, list, truncate);
+    }
+    const tokenizeMs = performance.now() - t0;
+    deps.metrics.inputs.inc({ model: modelName, route: ROUTE }, encodings.length);
+
+    const call = { signal: ctx.abort.signal };
+    const B = encodings.length;
+    const produced = new Map<string, { shape: number[]; data: Float32Array[] }>();
+    let timing;
+    if (spec.task === 'embed') {
+      const r = await deps.client.embed(model, encodings, { ...call, ...(normalize !== undefined ? { normalize } : {}) });
+      produced.set('embedding', { shape: [B, spec.hiddenSize], data: r.vectors });
+      timing = r.timing;
+    } else if (spec.task === 'classify') {
+      const r = await deps.client.classify(model, encodings, call);
+      produced.set('probabilities', { shape: [B, spec.labels.length], data: r.classes.map((c) => c.probabilities) });
+      produced.set('logits', { shape: [B, spec.labels.length], data: r.classes.map((c) => c.logits) });
+      timing = r.timing;
+    } else {
+      const r = await deps.client.run(model, encodings, call);
+      produced.set('score', { shape: [B, 1], data: r.rows.map((row) => row.output.subarray(0, 1)) });
+      produced.set('logits', { shape: [B, 1], data: r.rows.map((row) => row.output.subarray(1, 2)) });
+      timing = r.timing;
+    }
+    const outputs = wanted.map((w) => {
+      const p = produced.get(w)!;
+      const data: number[] = [];
+      for (const row of p.data) for (let i = 0; i < row.length; i++) data.push(row[i]!);
+      return { name: w, datatype: 'FP32', shape: p.shape, data };
+    });
+    deps.metrics.queueDuration.observe({ model: modelName }, timing.queueMs / 1000);
+    ctx.send(
+      200,
+      { model_name: spec.name, model_version: MODEL_VERSION, ...(body.id !== undefined ? { id: body.id } : {}), outputs },
+      timingHeaders(ctx, tokenizeMs, timing),
+    );
+    observe(deps, ctx, ROUTE, modelName, 200);
+  } catch (err) {
+    observe(deps, ctx, ROUTE, modelName, errorInfo(err).status, err);
+    failKServe(ctx, err);
+  }
+}
+
+function tooMany(count: number, deps: RouteDeps): ValidationError {
+  return invalid(`${count} inputs exceed the limit of ${deps.limits.maxClientBatchSize} per request (--max-client-batch-size)`);
+}

@@ -1,0 +1,638 @@
+/**
+ * The compatible HTTP dialects on a real server (port 0, real sockets, real
+ * onnxruntime on CPU): OpenAI's embeddings through the official `openai`
+ * client, KServe v2 / Triton's infer protocol, and the rest of
+ * text-embeddings-inference's API (rerank, tokenize, decode, pre-tokenized
+ * inputs). Each dialect must give what the core /embed gives for the same
+ * input; rerank scores are checked against an unbatched onnxruntime run of
+ * each pair, token offsets against the Rust `tokenizers` library.
+ */
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import OpenAI, { BadRequestError, NotFoundError } from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { prepareModel } from '../dist/src/gpu-worker/graph.js';
+import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/main.js';
+import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';
+import { loadModelSpec } from '../dist/src/shared/model-config.js';
+import { makeRandom, maxAbsDiff, modelsDir, randomTexts, Reference, vocabularyWords } from './helpers.js';
+
+const TOLERANCE = 1e-5;
+const MODELS = ['tiny-embed', 'tiny-intent', 'tiny-rerank'];
+
+let server: Server;
+let openai: OpenAI;
+let rerankRef: Reference;
+let tok: TextTokenizer;
+let words: string[];
+
+beforeAll(async () => {
+  server = await startServer({
+    ...SERVER_DEFAULTS,
+    host: '127.0.0.1',
+    port: 0,
+    device: 'cpu',
+    models: MODELS,
+    gatewayThreads: 1,
+    // short buckets: a quicker warm-up; nothing here needs long inputs
+    batching: { buckets: [8, 16, 32, 64, 128], maxBatchSize: 32 },
+    log: () => {},
+  });
+  await server.ready;
+  openai = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'unused', maxRetries: 0 });
+  rerankRef = await Reference.open('tiny-rerank');
+  tok = await loadTokenizer(rerankRef.spec.tokenizerPath);
+  words = vocabularyWords(rerankRef.spec);
+}, 120_000);
+
+afterAll(async () => {
+  await rerankRef?.close();
+  await server?.close();
+});
+
+// ------------------------------------------------------------ helpers
+
+interface Reply {
+  status: number;
+  body: any; // eslint-disable-line @typescript-eslint/no-explicit-any
+  headers: Headers;
+}
+
+async function call(method: string, path: string, body?: unknown, raw?: string): Promise<Reply> {
+  const res = await fetch(server.url + path, {
+    method,
+    headers: body !== undefined || raw !== undefined ? { 'content-type': 'application/json' } : {},
+    ...(body !== undefined ? { body: JSON.stringify(body) } : raw !== undefined ? { body: raw } : {}),
+  });
+  const text = await res.text();
+  let parsed: unknown = text;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    // not JSON: keep the text
+  }
+  return { status: res.status, body: parsed, headers: res.headers };
+}
+const post = (path: string, body: unknown) => call('POST', path, body);
+const get = (path: string) => call('GET', path);
+
+async function embed(inputs: string | string[], model = 'tiny-embed'): Promise<number[][]> {
+  const r = await post('/embed', { inputs, model });
+  expect(r.status).toBe(200);
+  return r.body as number[][];
+}
+
+/** Slots in use per model, from /metrics (the owner frees a slot after reading it, so poll briefly). */
+async function expectNoSlotsInUse(): Promise<void> {
+  let last = '';
+  for (let attempt = 0; attempt < 100; attempt++) {
+    const text = (await get('/metrics')).body as string;
+    const lines = text.split('\n').filter((l) => l.startsWith('slabserve_slots_in_use{'));
+    last = lines.join('\n');
+    if (lines.length === MODELS.length && lines.every((l) => Number(l.split(' ').pop()) === 0)) return;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  expect.fail(`slots still in use:\n${last}`);
+}
+
+const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
+
+/** The BERT normaliser of the generated models: lowercase, accents stripped. */
+const normalise = (s: string) => s.toLowerCase().normalize('NFD').replace(/\p{Mn}/gu, '');
+
+/** Random texts with capitals, accents and punctuation, whose decode is their normalised form. */
+function messyTexts(rand: () => number, count: number): string[] {
+  const accent: Record<string, string> = { a: 'à', e: 'é', i: 'î', o: 'ö', u: 'ü', c: 'ç', n: 'ñ' };
+  return randomTexts(rand, words, count, 12).map((t) =>
+    t
+      .split(' ')
+      .map((w) => {
+        let x = w;
+        if (rand() < 0.3) x = x[0]!.toUpperCase() + x.slice(1);
+        if (rand() < 0.2) x = x.toUpperCase();
+        if (rand() < 0.3) x = x.replace(/[aeiocn]/, (c) => accent[c]!);
+        if (rand() < 0.2) x += ['.', ',', '!', '?'][Math.floor(rand() * 4)]!;
+        return x;
+      })
+      .join(' '),
+  );
+}
+
+// ------------------------------------------------------------ OpenAI
+
+describe('OpenAI /v1 through the official client', () => {
+  it('a string, a list, and token arrays embed as /embed does', async () => {
+    const rand = makeRandom('openai embeddings');
+    const texts = randomTexts(rand, words, 6, 20);
+    const expected = await embed(texts);
+
+    const one = await openai.embeddings.create({ model: 'tiny-embed', input: texts[0]! });
+    expect(one.object).toBe('list');
+    expect(one.model).toBe('tiny-embed');
+    expect(one.data).toHaveLength(1);
+    expect(one.data[0]!.object).toBe('embedding');
+    expect(one.data[0]!.index).toBe(0);
+    expect(maxAbsDiff(one.data[0]!.embedding, expected[0]!)).toBeLessThan(TOLERANCE);
+    const ids0 = Array.from(tok.encode(texts[0]!, { maxLength: 128, truncate: false }).ids);
+    expect(one.usage).toEqual({ prompt_tokens: ids0.length, total_tokens: ids0.length });
+
+    const list = await openai.embeddings.create({ model: 'tiny-embed', input: texts });
+    expect(list.data.map((d) => d.index)).toEqual(texts.map((_, i) => i));
+    list.data.forEach((d, i) => expect(maxAbsDiff(d.embedding, expected[i]!)).toBeLessThan(TOLERANCE));
+
+    // token ids with the special tokens, as TEI takes them: one list, and a list of lists
+    const ids = texts.map((t) => Array.from(tok.encode(t, { maxLength: 128, truncate: false }).ids));
+    const single = await openai.embeddings.create({ model: 'tiny-embed', input: ids[0]! });
+    expect(single.data).toHaveLength(1);
+    expect(maxAbsDiff(single.data[0]!.embedding, expected[0]!)).toBeLessThan(TOLERANCE);
+    const many = await openai.embeddings.create({ model: 'tiny-embed', input: ids });
+    many.data.forEach((d, i) => expect(maxAbsDiff(d.embedding, expected[i]!)).toBeLessThan(TOLERANCE));
+    expect(many.usage.prompt_tokens).toBe(ids.reduce((s, x) => s + x.length, 0));
+
+    // explicit float: plain number arrays
+    const floats = await openai.embeddings.create({ model: 'tiny-embed', input: texts[1]!, encoding_format: 'float' });
+    expect(Array.isArray(floats.data[0]!.embedding)).toBe(true);
+    expect(maxAbsDiff(floats.data[0]!.embedding, expected[1]!)).toBeLessThan(TOLERANCE);
+  });
+
+  it('base64 is the little-endian float32 bytes of the same vector', async () => {
+    const text = 'where is my parcel';
+    const [expected] = await embed(text);
+    // the client asks for base64 by default and decodes it; asked explicitly, it hands the string over
+    const viaClient = await openai.embeddings.create({ model: 'tiny-embed', input: text, encoding_format: 'base64' });
+    const fromClient = viaClient.data[0]!.embedding as unknown as string;
+    expect(typeof fromClient).toBe('string');
+
+    const decode = (b64: string) => {
+      const bytes = Buffer.from(b64, 'base64');
+      expect(bytes.length).toBe(128 * 4);
+      return Array.from({ length: 128 }, (_, i) => bytes.readFloatLE(i * 4));
+    };
+    expect(maxAbsDiff(decode(fromClient), expected!)).toBeLessThan(TOLERANCE);
+
+    const raw = await post('/v1/embeddings', { model: 'tiny-embed', input: [text, text], encoding_format: 'base64' });
+    expect(raw.status).toBe(200);
+    for (const d of raw.body.data) {
+      expect(typeof d.embedding).toBe('string');
+      expect(maxAbsDiff(decode(d.embedding as string), expected!)).toBeLessThan(TOLERANCE);
+    }
+    // by default the client asks for base64 itself and decodes it to numbers
+    const decoded = await openai.embeddings.create({ model: 'tiny-embed', input: text });
+    expect(maxAbsDiff(decoded.data[0]!.embedding, expected!)).toBeLessThan(TOLERANCE);
+  });
+
+  it('dimensions keeps the first N components, normalised again; more than the model has is refused', async () => {
+    const text = 'cancel my subscription please';
+    const [full] = await embed(text);
+    const r = await openai.embeddings.create({ model: 'tiny-embed', input: text, dimensions: 16 });
+    const v = r.data[0]!.embedding;
+    expect(v).toHaveLength(16);
+    const head = full!.slice(0, 16);
+    const norm = Math.hypot(...head);
+    expect(maxAbsDiff(v, head.map((x) => x / norm))).toBeLessThan(TOLERANCE);
+    expect(Math.hypot(...v)).toBeCloseTo(1, 5);
+
+    const err = await openai.embeddings.create({ model: 'tiny-embed', input: text, dimensions: 129 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(BadRequestError);
+    expect((err as BadRequestError).status).toBe(400);
+    expect((err as BadRequestError).param).toBe('dimensions');
+  });
+
+  it('lists the models; an unknown model is a NotFoundError; a classifier is a bad request', async () => {
+    const ids: string[] = [];
+    for await (const m of openai.models.list()) {
+      expect(m.object).toBe('model');
+      expect(m.owned_by).toBe('slabserve');
+      expect(Number.isInteger(m.created)).toBe(true);
+      ids.push(m.id);
+    }
+    expect(ids.sort()).toEqual([...MODELS].sort());
+    expect((await openai.models.retrieve('tiny-embed')).id).toBe('tiny-embed');
+
+    const missing = await openai.embeddings.create({ model: 'no-such-model', input: 'hi' }).catch((e: unknown) => e);
+    expect(missing).toBeInstanceOf(NotFoundError);
+    expect((missing as NotFoundError).code).toBe('model_not_found');
+    expect((missing as NotFoundError).param).toBe('model');
+    expect(await openai.models.retrieve('no-such-model').catch((e: unknown) => e)).toBeInstanceOf(NotFoundError);
+
+    const wrongTask = await openai.embeddings.create({ model: 'tiny-intent', input: 'hi' }).catch((e: unknown) => e);
+    expect(wrongTask).toBeInstanceOf(BadRequestError);
+  });
+
+  it('errors come in OpenAI shape with OpenAI statuses, and leave no slot behind', async () => {
+    const cases: [unknown, number, string | null][] = [
+      [{ input: 'hi' }, 400, 'model'],
+      [{ model: 'tiny-embed' }, 400, 'input'],
+      [{ model: 'tiny-embed', input: '' }, 400, 'input'],
+      [{ model: 'tiny-embed', input: [] }, 400, 'input'],
+      [{ model: 'tiny-embed', input: [101, 99_999, 102] }, 400, 'input'],
+      [{ model: 'tiny-embed', input: [[101, 102], [-1]] }, 400, 'input'],
+      [{ model: 'tiny-embed', input: 'hi', encoding_format: 'hex' }, 400, 'encoding_format'],
+      [{ model: 'tiny-embed', input: 'hi', dimensions: 0 }, 400, 'dimensions'],
+      [{ model: 'tiny-embed', input: 'parcel '.repeat(200) }, 400, 'input'],
+      [{ model: 'nope', input: 'hi' }, 404, 'model'],
+    ];
+    for (const [body, status, param] of cases) {
+      const r = await post('/v1/embeddings', body);
+      expect(r.status, JSON.stringify(body).slice(0, 80)).toBe(status);
+      expect(r.body.error).toMatchObject({ type: 'invalid_request_error', param });
+      expect(typeof r.body.error.message).toBe('string');
+      expect(typeof r.body.error.code).toBe('string');
+    }
+    const tooLong = await post('/v1/embeddings', { model: 'tiny-embed', input: 'parcel '.repeat(200) });
+    expect(tooLong.body.error.code).toBe('context_length_exceeded');
+    const malformed = await call('POST', '/v1/embeddings', undefined, '{"model": ');
+    expect(malformed.status).toBe(400);
+    expect(malformed.body.error.type).toBe('invalid_request_error');
+    await expectNoSlotsInUse();
+  });
+});
+
+// ------------------------------------------------------------ KServe v2
+
+/** A right-padded [B, T] batch of token tensors for `texts`. */
+function tokenTensors(texts: string[], datatype: 'INT64' | 'INT32' = 'INT64') {
+  const encs = texts.map((t) => tok.encode(t, { maxLength: 10_000, truncate: false }));
+  const T = Math.max(...encs.map((e) => e.ids.length)) + 3; // some padding on every row
+  const ids: number[] = [];
+  const mask: number[] = [];
+  const types: number[] = [];
+  for (const e of encs) {
+    for (let j = 0; j < T; j++) {
+      const real = j < e.ids.length;
+      ids.push(real ? e.ids[j]! : 0);
+      mask.push(real ? 1 : 0);
+      types.push(0);
+    }
+  }
+  const shape = [texts.length, T];
+  return [
+    { name: 'input_ids', shape, datatype, data: ids },
+    { name: 'attention_mask', shape, datatype, data: mask },
+    { name: 'token_type_ids', shape, datatype, data: types },
+  ];
+}
+
+describe('KServe v2 / Triton', () => {
+  it('health, server and model metadata', async () => {
+    expect(await get('/v2/health/live')).toMatchObject({ status: 200, body: { live: true } });
+    expect(await get('/v2/health/ready')).toMatchObject({ status: 200, body: { ready: true } });
+    const meta = await get('/v2');
+    expect(meta.status).toBe(200);
+    expect(meta.body).toMatchObject({ name: 'slabserve', extensions: [] });
+    expect(typeof meta.body.version).toBe('string');
+
+    const m = await get('/v2/models/tiny-embed');
+    expect(m.status).toBe(200);
+    expect(m.body).toMatchObject({ name: 'tiny-embed', versions: ['1'], platform: 'onnxruntime_onnx' });
+    expect(m.body.inputs).toContainEqual({ name: 'input_ids', datatype: 'INT64', shape: [-1, -1] });
+    expect(m.body.inputs).toContainEqual({ name: 'attention_mask', datatype: 'INT64', shape: [-1, -1] });
+    expect(m.body.inputs).toContainEqual({ name: 'text', datatype: 'BYTES', shape: [-1] });
+    expect(m.body.outputs).toEqual([{ name: 'embedding', datatype: 'FP32', shape: [-1, 128] }]);
+    expect((await get('/v2/models/tiny-intent')).body.outputs.map((o: { name: string }) => o.name)).toEqual(['probabilities', 'logits']);
+    expect((await get('/v2/models/tiny-rerank')).body.outputs).toEqual([
+      { name: 'score', datatype: 'FP32', shape: [-1, 1] },
+      { name: 'logits', datatype: 'FP32', shape: [-1, 1] },
+    ]);
+    expect((await get('/v2/models/tiny-embed/versions/1')).status).toBe(200);
+    expect(await get('/v2/models/tiny-embed/ready')).toMatchObject({ status: 200, body: { name: 'tiny-embed', ready: true } });
+
+    const unknown = await get('/v2/models/nope');
+    expect(unknown.status).toBe(404);
+    expect(typeof unknown.body.error).toBe('string');
+    expect((await get('/v2/models/nope/ready')).status).toBe(404);
+    expect((await get('/v2/models/tiny-embed/versions/7')).status).toBe(404);
+  });
+
+  it('INT64 and INT32 token tensors (right-padded) embed as /embed does the texts', async () => {
+    const rand = makeRandom('kserve tokens');
+    const texts = randomTexts(rand, words, 5, 25);
+    const expected = await embed(texts);
+    for (const datatype of ['INT64', 'INT32'] as const) {
+      const r = await post('/v2/models/tiny-embed/infer', { id: 'req-1', inputs: tokenTensors(texts, datatype) });
+      expect(r.status).toBe(200);
+      expect(r.body).toMatchObject({ model_name: 'tiny-embed', model_version: '1', id: 'req-1' });
+      expect(r.body.outputs).toHaveLength(1);
+      const out = r.body.outputs[0];
+      expect(out).toMatchObject({ name: 'embedding', datatype: 'FP32', shape: [5, 128] });
+      texts.forEach((_, i) => expect(maxAbsDiff(out.data.slice(i * 128, i * 128 + 128), expected[i]!)).toBeLessThan(TOLERANCE));
+    }
+    // no mask and no type ids: every position is a real token
+    const enc = tok.encode(texts[0]!, { maxLength: 128, truncate: false });
+    const bare = await post('/v2/models/tiny-embed/infer', { inputs: [{ name: 'input_ids', shape: [1, enc.ids.length], datatype: 'INT64', data: Array.from(enc.ids) }] });
+    expect(maxAbsDiff(bare.body.outputs[0].data, expected[0]!)).toBeLessThan(TOLERANCE);
+    // nested data is flattened
+    const nested = tokenTensors(texts.slice(0, 2)).map((t) => ({ ...t, data: [t.data.slice(0, t.shape[1]), t.data.slice(t.shape[1])] }));
+    const n = await post('/v2/models/tiny-embed/infer', { inputs: nested });
+    expect(maxAbsDiff(n.body.outputs[0].data.slice(0, 128), expected[0]!)).toBeLessThan(TOLERANCE);
+  });
+
+  it('BYTES text input, classifier outputs picked by `outputs`, rerank scores', async () => {
+    const texts = ['where is my parcel', 'I want my money back', 'hello there'];
+    const expected = await embed(texts);
+    const r = await post('/v2/models/tiny-embed/infer', { inputs: [{ name: 'text', shape: [3], datatype: 'BYTES', data: texts }] });
+    expect(r.status).toBe(200);
+    texts.forEach((_, i) => expect(maxAbsDiff(r.body.outputs[0].data.slice(i * 128, i * 128 + 128), expected[i]!)).toBeLessThan(TOLERANCE));
+
+    const byText = await post('/v2/models/tiny-intent/infer', { inputs: [{ name: 'text', shape: [3, 1], datatype: 'BYTES', data: texts }] });
+    expect(byText.body.outputs.map((o: { name: string }) => o.name)).toEqual(['probabilities', 'logits']);
+    expect(byText.body.outputs[0].shape).toEqual([3, 8]);
+    const byTokens = await post('/v2/models/tiny-intent/infer', { inputs: tokenTensors(texts), outputs: [{ name: 'logits' }] });
+    expect(byTokens.body.outputs.map((o: { name: string }) => o.name)).toEqual(['logits']);
+    expect(maxAbsDiff(byTokens.body.outputs[0].data, byText.body.outputs[1].data)).toBeLessThan(TOLERANCE);
+    const predicted = await post('/predict', { inputs: texts[0], model: 'tiny-intent' });
+    const probs = byText.body.outputs[0].data.slice(0, 8) as number[];
+    expect(Math.max(...probs)).toBeCloseTo(predicted.body[0].score, 5);
+
+    const docs = ['parcel delivery status', 'refund please', 'talk to a human'];
+    const ranked = await post('/v2/models/tiny-rerank/infer', {
+      inputs: [
+        { name: 'query', shape: [1], datatype: 'BYTES', data: ['where is my parcel'] },
+        { name: 'text', shape: [3], datatype: 'BYTES', data: docs },
+      ],
+    });
+    expect(ranked.status).toBe(200);
+    const viaTei = await post('/rerank', { query: 'where is my parcel', texts: docs, model: 'tiny-rerank' });
+    for (const { index, score } of viaTei.body as { index: number; score: number }[]) {
+      expect(ranked.body.outputs[0].data[index]).toBeCloseTo(score, 5);
+      expect(sigmoid(ranked.body.outputs[1].data[index])).toBeCloseTo(score, 5);
+    }
+    // the same pairs as token tensors, type ids 0 then 1, unpadded one by one
+    for (const { index, score } of viaTei.body as { index: number; score: number }[]) {
+      const pair = tok.encodePair!('where is my parcel', docs[index]!, { maxLength: 128, truncate: false });
+      const shape = [1, pair.ids.length];
+      const r = await post('/v2/models/tiny-rerank/infer', {
+        inputs: [
+          { name: 'input_ids', shape, datatype: 'INT64', data: Array.from(pair.ids) },
+          { name: 'token_type_ids', shape, datatype: 'INT64', data: Array.from(pair.typeIds) },
+        ],
+        outputs: [{ name: 'score' }],
+      });
+      expect(r.body.outputs[0].shape).toEqual([1, 1]);
+      expect(r.body.outputs[0].data[0]).toBeCloseTo(score, 5);
+    }
+  });
+
+  it('bad requests get 4xx in KServe shape and leave no slot behind', async () => {
+    const good = tokenTensors(['hello world', 'a longer text with several words']);
+    const [ids, mask] = good;
+    const cases: [string, unknown, number][] = [
+      ['/v2/models/tiny-embed/infer', { inputs: [] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: [{ ...ids, datatype: 'FP32' }] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: [{ ...ids, shape: [2, 3] }] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: [{ ...ids, data: ids!.data.map((x, i) => (i === 1 ? 99_999 : x)) }] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: [ids, { ...mask, data: [...mask!.data].reverse() }] }, 422], // left padding
+      ['/v2/models/tiny-embed/infer', { inputs: [ids, { ...mask, data: mask!.data.map(() => 0) }] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: [ids, { ...mask, shape: [1, mask!.data.length] }] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: [ids, { ...ids, name: 'pixels' }] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: good, outputs: [{ name: 'logits' }] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: [{ name: 'text', shape: [1], datatype: 'BYTES', data: [42] }] }, 422],
+      ['/v2/models/tiny-embed/infer', { inputs: [{ name: 'text', shape: [1], datatype: 'BYTES', data: ['parcel '.repeat(200)] }] }, 413],
+      ['/v2/models/tiny-rerank/infer', { inputs: [{ name: 'text', shape: [1], datatype: 'BYTES', data: ['no query'] }] }, 422],
+      ['/v2/models/nope/infer', { inputs: good }, 404],
+      ['/v2/models/tiny-embed/versions/2/infer', { inputs: good }, 404],
+    ];
+    for (const [path, body, status] of cases) {
+      const r = await post(path, body);
+      expect(r.status, `${path} ${JSON.stringify(body).slice(0, 120)}`).toBe(status);
+      expect(Object.keys(r.body)).toEqual(['error']);
+      expect(typeof r.body.error).toBe('string');
+    }
+    const tooLong = tokenTensors(['parcel '.repeat(200)]);
+    expect((await post('/v2/models/tiny-embed/infer', { inputs: tooLong })).status).toBe(413);
+    await expectNoSlotsInUse();
+  });
+});
+
+// ------------------------------------------------------------ TEI: rerank, tokenize, decode, pre-tokenized
+
+describe('TEI /rerank', () => {
+  it('orders texts by score, each the sigmoid of its pair\'s logit run alone', async () => {
+    const rand = makeRandom('rerank');
+    const query = randomTexts(rand, words, 1, 8)[0]!;
+    const texts = randomTexts(rand, words, 12, 30);
+    const r = await post('/rerank', { query, texts, return_text: true });
+    expect(r.status).toBe(200);
+    const ranked = r.body as { index: number; score: number; text: string }[];
+    expect(ranked.map((x) => x.index).sort((a, b) => a - b)).toEqual(texts.map((_, i) => i));
+    for (let i = 1; i < ranked.length; i++) expect(ranked[i - 1]!.score).toBeGreaterThanOrEqual(ranked[i]!.score);
+
+    const raw = (await post('/rerank', { query, texts, raw_scores: true })).body as { index: number; score: number; text?: string }[];
+    const logitOf = new Map(raw.map((x) => [x.index, x.score]));
+    for (const { index, score, text } of ranked) {
+      expect(text).toBe(texts[index]);
+      const pair = tok.encodePair!(query, texts[index]!, { maxLength: 128, truncate: false });
+      expect(Array.from(pair.typeIds)).toContain(1);
+      const row = await rerankRef.row(pair.ids, pair.typeIds);
+      expect(Math.abs(score - sigmoid(row[1]!))).toBeLessThan(TOLERANCE);
+      expect(Math.abs(score - row[0]!)).toBeLessThan(TOLERANCE);
+      expect(Math.abs(logitOf.get(index)! - row[1]!)).toBeLessThan(TOLERANCE);
+    }
+    expect(raw.every((x) => x.text === undefined)).toBe(true);
+  });
+
+  it('truncate cuts a long pair (longest_first), as encodePair does; without it, 413', async () => {
+    const query = 'where is my parcel';
+    const long = 'parcel delivery '.repeat(100);
+    expect((await post('/rerank', { query, texts: [long] })).status).toBe(413);
+    const r = await post('/rerank', { query, texts: [long, 'short'], truncate: true, raw_scores: true });
+    expect(r.status).toBe(200);
+    const pair = tok.encodePair!(query, long, { maxLength: 128, truncate: true });
+    const row = await rerankRef.row(pair.ids, pair.typeIds);
+    const got = (r.body as { index: number; score: number }[]).find((x) => x.index === 0)!;
+    expect(Math.abs(got.score - row[1]!)).toBeLessThan(TOLERANCE);
+  });
+
+  it('bad requests get 4xx and leave no slot behind', async () => {
+    const cases: [unknown, number][] = [
+      [{ query: 'q' }, 422],
+      [{ query: '', texts: ['a'] }, 422],
+      [{ query: 'q', texts: [] }, 422],
+      [{ query: 'q', texts: ['a', ''] }, 422],
+      [{ query: 'q', texts: 'a' }, 422],
+      [{ query: 'q', texts: ['a'], model: 'tiny-embed' }, 422],
+      [{ query: 'q', texts: ['a'], model: 'nope' }, 404],
+      [{ query: 'q', texts: Array.from({ length: 65 }, () => 'a') }, 422],
+    ];
+    for (const [body, status] of cases) {
+      const r = await post('/rerank', body);
+      expect(r.status, JSON.stringify(body).slice(0, 80)).toBe(status);
+      expect(typeof r.body.error).toBe('string');
+    }
+    expect((await post('/models/tiny-rerank/rerank', { query: 'q', texts: ['a'] })).status).toBe(200);
+    await expectNoSlotsInUse();
+  });
+});
+
+describe('TEI /tokenize and /decode', () => {
+  it('tokenize gives the tokenizer\'s ids, offsets that point at the right substrings, and decode round-trips', async () => {
+    const rand = makeRandom('tokenize');
+    const texts = messyTexts(rand, 20);
+    const r = await post('/tokenize', { inputs: texts });
+    expect(r.status).toBe(200);
+    const lists = r.body as { id: number; text: string; special: boolean; start: number | null; stop: number | null }[][];
+    expect(lists).toHaveLength(texts.length);
+    for (let i = 0; i < texts.length; i++) {
+      const text = texts[i]!;
+      const chars = Array.from(text);
+      const tokens = lists[i]!;
+      expect(tokens.map((t) => t.id)).toEqual(Array.from(tok.encode(text, { maxLength: 10_000, truncate: false }).ids));
+      expect(tokens[0]).toEqual({ id: 101, text: '[CLS]', special: true, start: null, stop: null });
+      expect(tokens[tokens.length - 1]).toEqual({ id: 102, text: '[SEP]', special: true, start: null, stop: null });
+      let previousStop = 0;
+      for (const t of tokens.slice(1, -1)) {
+        expect(t.special).toBe(false);
+        expect(t.start).not.toBeNull();
+        const piece = chars.slice(t.start!, t.stop!).join('');
+        expect(t.text).toBe(piece);
+        // the substring, normalised, is the token (less its ## prefix)
+        const decoded = (await post('/decode', { ids: [t.id] })).body as string;
+        expect(normalise(piece)).toBe(decoded.replace(/^##/, ''));
+        expect(t.start!).toBeGreaterThanOrEqual(previousStop);
+        previousStop = t.stop!;
+      }
+      const back = await post('/decode', { ids: tokens.map((t) => t.id) });
+      expect(back.body).toBe(normalise(text));
+    }
+    const bare = (await post('/tokenize', { inputs: texts[0], add_special_tokens: false })).body;
+    expect(bare).toHaveLength(1);
+    expect(bare[0]).toEqual(lists[0]!.slice(1, -1));
+  }, 60_000);
+
+  it('offsets equal the Rust tokenizers library\'s on accents, CJK, emoji, control characters and long words', async () => {
+    const require = createRequire(import.meta.url);
+    const { Tokenizer } = require('tokenizers') as { Tokenizer: { fromFile(p: string): { encode(t: string): Promise<{ getIds(): number[]; getOffsets(): number[][]; getSpecialTokensMask(): number[] }> } } };
+    const rust = Tokenizer.fromFile(rerankRef.spec.tokenizerPath);
+    const rand = makeRandom('tokenize offsets');
+    const texts = [
+      'Héllo, WORLD! naïve [MASK] 你好 😀x unaffordableness',
+      'cafe\u0301 au lait, déjà-vu',
+      'a\u0000b\u200bc  d\te\nf',
+      '  leading and trailing  ',
+      '[UNK] 你 [mask]',
+      'x'.repeat(120) + ' ok',
+      "don't stop-believing... 3.14",
+      ...messyTexts(rand, 10),
+    ];
+    const lists = (await post('/tokenize', { inputs: texts })).body as { id: number; start: number | null; stop: number | null }[][];
+    for (let i = 0; i < texts.length; i++) {
+      const e = await rust.encode(texts[i]!);
+      const offsets = e.getOffsets();
+      const special = e.getSpecialTokensMask();
+      expect(lists[i]!.map((t) => t.id), JSON.stringify(texts[i])).toEqual(e.getIds());
+      const got = lists[i]!.map((t) => (t.start === null ? null : [t.start, t.stop]));
+      const want = offsets.map((o, k) => (special[k] ? null : o));
+      expect(got, JSON.stringify(texts[i])).toEqual(want);
+    }
+  });
+
+  it('decode: one list gives a string, a list of lists a list; special tokens kept on request', async () => {
+    const ids = Array.from(tok.encode('Where is my parcel?', { maxLength: 128, truncate: false }).ids);
+    expect((await post('/decode', { ids })).body).toBe('where is my parcel?');
+    expect((await post('/decode', { ids: [ids, ids.slice(1, 3)] })).body).toEqual(['where is my parcel?', 'where is']);
+    expect((await post('/decode', { ids, skip_special_tokens: false })).body).toBe('[CLS] where is my parcel? [SEP]');
+    expect((await post('/models/tiny-intent/decode', { ids })).body).toBe('where is my parcel?');
+    expect((await post('/models/tiny-intent/tokenize', { inputs: 'hi' })).body[0].map((t: { id: number }) => t.id)).toEqual([101, 7632, 102]);
+  });
+
+  it('bad requests get 4xx', async () => {
+    const cases: [string, unknown, number][] = [
+      ['/tokenize', { inputs: 42 }, 422],
+      ['/tokenize', { inputs: [] }, 422],
+      ['/tokenize', { inputs: 'hi', model: 'nope' }, 404],
+      ['/tokenize', { inputs: Array.from({ length: 65 }, () => 'a') }, 422],
+      ['/tokenize', { inputs: 'parcel '.repeat(10_000) }, 422], // over MAX_TOKENIZE_CHARS
+      ['/decode', { ids: 'hello' }, 422],
+      ['/decode', { ids: [1.5] }, 422],
+      ['/decode', { ids: [-1] }, 422],
+      ['/decode', { ids: [30_522] }, 422],
+      ['/decode', { ids: [] }, 200],
+    ];
+    for (const [path, body, status] of cases) {
+      const r = await post(path, body);
+      expect(r.status, `${path} ${JSON.stringify(body)}`).toBe(status);
+      if (status !== 200) expect(typeof r.body.error).toBe('string');
+    }
+    expect((await call('POST', '/tokenize', undefined, 'not json')).status).toBe(400);
+    expect((await get('/tokenize')).status).toBe(405);
+  });
+});
+
+describe('pre-tokenized inputs on /embed and /predict', () => {
+  it('token ids give what the text gives; one list of ids is one input', async () => {
+    const rand = makeRandom('pre-tokenized');
+    const texts = randomTexts(rand, words, 4, 30);
+    const ids = texts.map((t) => Array.from(tok.encode(t, { maxLength: 128, truncate: false }).ids));
+    const expected = await embed(texts);
+    const single = await post('/embed', { inputs: ids[0] });
+    expect(single.status).toBe(200);
+    expect(single.body).toHaveLength(1);
+    expect(maxAbsDiff(single.body[0], expected[0]!)).toBeLessThan(TOLERANCE);
+    const batch = await post('/embed', { inputs: ids });
+    ids.forEach((_, i) => expect(maxAbsDiff(batch.body[i], expected[i]!)).toBeLessThan(TOLERANCE));
+    const mixed = await post('/embed', { inputs: [texts[0], ids[1], texts[2]] });
+    [0, 1, 2].forEach((i) => expect(maxAbsDiff(mixed.body[i], expected[i]!)).toBeLessThan(TOLERANCE));
+
+    const byText = await post('/predict', { inputs: texts[0] });
+    const byIds = await post('/predict', { inputs: ids[0] });
+    expect(byIds.status).toBe(200);
+    expect(byIds.body[0].label).toBe(byText.body[0].label); // one input: one list, not a list of lists
+    expect(byIds.body[0].score).toBeCloseTo(byText.body[0].score, 5);
+    expect((await post('/predict', { inputs: ids.slice(0, 2) })).body).toHaveLength(2);
+  });
+
+  it('bad token ids get 4xx and leave no slot behind', async () => {
+    const long = [101, ...Array.from({ length: 200 }, () => 2000), 102];
+    const cases: [unknown, number][] = [
+      [{ inputs: [101, 30_522, 102] }, 422],
+      [{ inputs: [101, -5, 102] }, 422],
+      [{ inputs: [101, 2.5, 102] }, 422],
+      [{ inputs: [[101, 102], []] }, 422],
+      [{ inputs: [101, 'x'] }, 422],
+      [{ inputs: long }, 413],
+    ];
+    for (const [body, status] of cases) {
+      const r = await post('/embed', body);
+      expect(r.status, JSON.stringify(body).slice(0, 80)).toBe(status);
+      expect(r.body.type).toBeDefined();
+    }
+    const cut = await post('/embed', { inputs: long, truncate: true });
+    expect(cut.status).toBe(200);
+    await expectNoSlotsInUse();
+  });
+});
+
+describe('the rerank task', () => {
+  it('tiny-rerank is generated by default, served as rerank: [sigmoid(logit), logit] per row', () => {
+    expect(DEFAULT_PRESETS).toContain('tiny-rerank');
+    const spec = loadModelSpec(join(modelsDir, 'tiny-rerank'), 'tiny-rerank');
+    expect(spec).toMatchObject({ task: 'rerank', labels: ['LABEL_0'], outputWidth: 2 });
+    const prepared = prepareModel(readFileSync(spec.onnxPath), spec);
+    expect(prepared.outputs).toEqual([
+      { name: 'slabserve_score', width: 1 },
+      { name: 'logits', width: 1 },
+    ]);
+  });
+
+  it('is inferred from a one-label ForSequenceClassification config; a reranker with more labels is refused', () => {
+    const src = join(modelsDir, 'tiny-rerank');
+    const dir = mkdtempSync(join(tmpdir(), 'slabserve-rerank-'));
+    try {
+      for (const f of ['config.json', 'tokenizer.json', 'model.onnx']) copyFileSync(join(src, f), join(dir, f));
+      expect(loadModelSpec(dir, 'x').task).toBe('rerank'); // no serve.json
+      const config = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')) as Record<string, unknown>;
+      writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...config, id2label: { 0: 'a', 1: 'b' } }));
+      expect(loadModelSpec(dir, 'x').task).toBe('classify');
+      writeFileSync(join(dir, 'serve.json'), JSON.stringify({ task: 'rerank' }));
+      expect(() => loadModelSpec(dir, 'x')).toThrow(/one logit/);
+      // the intent classifier's 8 logits cannot be served as a reranker
+      const intent = loadModelSpec(join(modelsDir, 'tiny-intent'), 'tiny-intent');
+      expect(() => prepareModel(readFileSync(intent.onnxPath), { ...intent, task: 'rerank', labels: ['x'], outputWidth: 2 })).toThrow(/8 columns, expected 1/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
