@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
 import { DEFAULT_BATCHING, defaultBuckets, type BatchingOptions } from './gpu-worker/scheduler.js';
+import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inference-loop.js';
 import type { InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
 import type { ControlBlock } from './shared/control.js';
 import { ModelNotFoundError, SlabserveError, ValidationError } from './shared/errors.js';
@@ -88,6 +89,8 @@ export interface InferenceThreadOptions {
   device: string;
   intraOpThreads: number;
   maxInflightBatches: number;
+  /** Priority classes, their ageing, and the latency target. Default: DEFAULT_SCHEDULING. */
+  scheduling?: SchedulingOptions;
   log: (line: string) => void;
 }
 
@@ -108,6 +111,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     device: opts.device,
     intraOpThreads: opts.intraOpThreads,
     maxInflightBatches: opts.maxInflightBatches,
+    scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
     models: models.map((m) => ({ spec: m.spec, slab: m.slab, layout: m.layout, batching: m.batching })),
   };
   const worker = new Worker(new URL('./gpu-worker/worker.js', import.meta.url), { workerData, name: 'slabserve-inference' });

@@ -7,8 +7,10 @@
 import { setMaxListeners } from 'node:events';
 import type { ModelPlan } from '../inference-host.js';
 import { nowMs } from '../shared/clock.js';
-import { InputTooLongError, ModelNotFoundError, ValidationError } from '../shared/errors.js';
+import { admission } from '../shared/admission.js';
+import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
 import type { Task } from '../shared/model-config.js';
+import { INTERLEAVE_CHUNK } from '../shared/slab.js';
 import type { SlabSubmitter, SlotResult } from '../shared/submitter.js';
 import type { EncodeOptions, Encoding, TextTokenizer } from './tokenizer.js';
 
@@ -24,6 +26,8 @@ export interface CallOptions {
   signal?: AbortSignal;
   /** Ms from now after which a request still queued fails instead of running. */
   timeoutMs?: number;
+  /** Priority class index (0 = interactive, the default). */
+  priority?: number;
 }
 
 export interface Timing {
@@ -83,6 +87,8 @@ export class InferenceClient {
   private readonly models: ClientModel[];
   private readonly submitter: SlabSubmitter;
   private readonly requestTimeoutMs: number;
+  /** Latency target (--slo-p99-ms): admission refuses work that cannot meet it. */
+  private readonly sloP99Ms: number | undefined;
   private readonly batchTokenizer: BatchTokenizer | undefined;
   /** Client batches at most this long (or this many characters) are tokenized inline. */
   private readonly inlineTokenizeChars: number;
@@ -90,11 +96,12 @@ export class InferenceClient {
   constructor(
     models: ClientModel[],
     submitter: SlabSubmitter,
-    opts: { requestTimeoutMs: number; batchTokenizer?: BatchTokenizer; inlineTokenizeChars?: number },
+    opts: { requestTimeoutMs: number; sloP99Ms?: number; batchTokenizer?: BatchTokenizer; inlineTokenizeChars?: number },
   ) {
     this.models = models;
     this.submitter = submitter;
     this.requestTimeoutMs = opts.requestTimeoutMs;
+    this.sloP99Ms = opts.sloP99Ms;
     this.batchTokenizer = opts.batchTokenizer;
     this.inlineTokenizeChars = opts.inlineTokenizeChars ?? 1024;
   }
@@ -263,16 +270,23 @@ export class InferenceClient {
    * not at all, and never leaves work behind.
    */
   async run(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: CallOptions = {}): Promise<{ rows: SlotResult[]; timing: Timing }> {
-    const deadline = nowMs() + (opts.timeoutMs ?? this.requestTimeoutMs);
+    const timeoutMs = opts.timeoutMs ?? this.requestTimeoutMs;
+    const deadline = nowMs() + timeoutMs;
+    this.admit(model, encodings, timeoutMs);
     const group = new AbortController();
     setMaxListeners(encodings.length + 10, group.signal); // one listener per slot: not a leak
     const onAbort = () => group.abort();
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     if (opts.signal?.aborted) group.abort();
     try {
+      const priority = opts.priority ?? 0;
       const rows = await Promise.all(
-        encodings.map((e) => this.submitter.submit(model.plan.index, e.ids, e.typeIds, { deadline, signal: group.signal })),
+        encodings.map((e, i) =>
+          this.submitter.submit(model.plan.index, e.ids, e.typeIds, { deadline, priority, chunk: Math.floor(i / INTERLEAVE_CHUNK), signal: group.signal }),
+        ),
       );
+      // Checked again before the answer is serialised: a late answer is a timeout, not a success.
+      if (nowMs() > deadline) throw new DeadlineExceededError('the request ran but finished after its deadline');
       let queueMs = 0;
       let inferenceMs = 0;
       for (const r of rows) {
@@ -285,6 +299,26 @@ export class InferenceClient {
       throw err;
     } finally {
       opts.signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /** Refuses at once (429) a request the queue ahead of it would make miss its deadline or the latency target. */
+  private admit(model: ClientModel, encodings: Pick<Encoding, 'ids'>[], timeoutMs: number): void {
+    const m = model.plan.index;
+    let requestTokens = 0;
+    for (const e of encodings) requestTokens += this.submitter.paddedTokens(m, e.ids.length);
+    const d = admission({
+      queuedTokens: this.submitter.queuedTokens(m),
+      requestTokens,
+      tokensPerMs: this.submitter.drainRate(m),
+      remainingMs: timeoutMs,
+      ...(this.sloP99Ms !== undefined ? { targetMs: this.sloP99Ms } : {}),
+    });
+    if (!d.admit) {
+      throw new OverloadedError(
+        `predicted wait ${Math.round(d.predictedWaitMs)} ms exceeds the ${this.sloP99Ms !== undefined ? 'latency target' : "request's deadline"}; retry later`,
+        d.retryAfterSeconds,
+      );
     }
   }
 

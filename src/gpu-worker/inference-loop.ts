@@ -1,7 +1,10 @@
 /**
  * The inference thread's loop: take slot indices off the models' submit rings,
- * queue them by length bucket, ask the scheduler what to run, run it, write
- * each row back, and ring each owner's doorbell once per finished batch.
+ * queue them by priority class and length bucket, ask the scheduler what to
+ * run, run it, write each row back, and ring each owner's doorbell once per
+ * finished batch. It also keeps what the scheduler and admission control
+ * learn: the cost model and arrival rates (published into the slab), the fair
+ * share of each class, and the padded tokens still queued.
  *
  * Up to `maxInflightBatches` batches are handed to the device before the
  * first ends (default 1: onnxruntime-node runs synchronously on this thread,
@@ -11,22 +14,53 @@
 import { nowMs } from '../shared/clock.js';
 import type { ControlBlock } from '../shared/control.js';
 import {
+  Account,
   Counter,
+  H_CHUNK,
   H_ERROR,
   H_LENGTH,
   H_OWNER,
+  H_PRIORITY,
+  INTERLEAVE_CHUNK,
   SlotError,
   SlotState,
   T_DEADLINE,
   T_ENQUEUED,
   T_FINISHED,
   T_STARTED,
+  type Slab,
 } from '../shared/slab.js';
+import { ArrivalRate, CostModel } from './cost-model.js';
 import type { BatchStats, ModelRunner } from './runner.js';
-import { bucketFor, decide, type ModelQueue, type QueuedRequest } from './scheduler.js';
+import {
+  batchCapacity,
+  bucketFor,
+  decide,
+  enqueue,
+  FairShare,
+  orderKey,
+  type ModelQueue,
+  type QueuedRequest,
+  type SloModel,
+} from './scheduler.js';
+
+/** What the loop needs of a model: its runner (tests pass fakes with these fields). */
+export type LoopRunner = Pick<ModelRunner, 'spec' | 'slab' | 'options' | 'run'>;
+
+export interface SchedulingOptions {
+  /** Weight of each priority class (index 0 = interactive, 1 = bulk). Default [4, 1]. */
+  priorityWeights: number[];
+  /** A class whose oldest request has waited this long goes first. Default 2000. */
+  priorityAgeingMs: number;
+  /** Latency target for the adaptive window; undefined keeps the fixed maxBatchDelayMs behaviour. */
+  sloP99Ms?: number;
+}
+
+export const DEFAULT_SCHEDULING: SchedulingOptions = { priorityWeights: [4, 1], priorityAgeingMs: 2000 };
 
 export interface LoopOptions {
   maxInflightBatches: number;
+  scheduling?: SchedulingOptions;
   /** Called when a batch fails (the loop goes on). */
   onBatchError?: (model: string, error: unknown) => void;
   /** Called after every successful batch (metrics). */
@@ -37,19 +71,47 @@ export interface LoopOptions {
 const IDLE_WAKE_MS = 250;
 
 export class InferenceLoop {
-  private readonly runners: ModelRunner[];
+  private readonly runners: LoopRunner[];
   private readonly control: ControlBlock;
   private readonly options: LoopOptions;
+  private readonly scheduling: SchedulingOptions;
   private readonly queues: ModelQueue[];
+  readonly costs: CostModel[];
+  private readonly rates: ArrivalRate[][];
+  private readonly fair: FairShare;
+  private readonly slo: SloModel | undefined;
   private inflight = 0;
   /** Owners to wake after the current completion pass (bit per owner index). */
   private readonly ownersToWake = new Set<number>();
 
-  constructor(runners: ModelRunner[], control: ControlBlock, options: LoopOptions) {
+  constructor(runners: LoopRunner[], control: ControlBlock, options: LoopOptions) {
     this.runners = runners;
     this.control = control;
     this.options = options;
-    this.queues = runners.map((r) => ({ options: r.options, buckets: r.options.buckets.map(() => [] as QueuedRequest[]) }));
+    this.scheduling = options.scheduling ?? DEFAULT_SCHEDULING;
+    const classes = this.scheduling.priorityWeights.length;
+    this.queues = runners.map((r) => ({
+      options: r.options,
+      byClass: Array.from({ length: classes }, () => r.options.buckets.map(() => [] as QueuedRequest[])),
+    }));
+    this.costs = runners.map((r) => new CostModel(r.options.buckets, r.options.buckets.map((len) => batchCapacity(r.options, len))));
+    this.rates = runners.map((r) => r.options.buckets.map(() => new ArrivalRate()));
+    this.fair = new FairShare(this.scheduling.priorityWeights);
+    const target = this.scheduling.sloP99Ms;
+    this.slo =
+      target === undefined
+        ? undefined
+        : {
+            targetMs: target,
+            costMs: (m, b, rows) => this.costs[m]!.predict(b, rows),
+            arrivalsPerMs: (m, b, now) => this.rates[m]![b]!.perMs(now),
+          };
+  }
+
+  /** Seeds the cost model (warm-up timings) and publishes it. */
+  seedCost(model: number, bucket: number, rows: number, ms: number): void {
+    this.costs[model]!.observe(bucket, rows, ms);
+    this.publishCosts(model);
   }
 
   /** Runs until the control block's stop flag is set, then fails what is still queued. */
@@ -63,9 +125,15 @@ export class InferenceLoop {
       this.sweep(now);
       let timeout = IDLE_WAKE_MS;
       while (this.inflight < this.options.maxInflightBatches) {
-        const d = decide(this.queues, nowMs(), this.inflight === 0);
+        const d = decide(this.queues, {
+          nowMs: nowMs(),
+          deviceIdle: this.inflight === 0,
+          fair: this.fair,
+          ageingMs: this.scheduling.priorityAgeingMs,
+          ...(this.slo ? { slo: this.slo } : {}),
+        });
         if (d.kind === 'run') {
-          this.launch(d.model, d.bucket, d.count);
+          this.launch(d.model, d.priority, d.bucket, d.count);
           continue;
         }
         if (d.kind === 'wait') timeout = Math.min(timeout, Math.max(0, d.untilMs - nowMs()));
@@ -78,8 +146,9 @@ export class InferenceLoop {
     await this.shutdown();
   }
 
-  /** Moves newly submitted slots from the rings into their bucket FIFOs. */
+  /** Moves newly submitted slots from the rings into their class and bucket queues. */
   private intake(): void {
+    const classes = this.fair.weights.length;
     for (let m = 0; m < this.runners.length; m++) {
       const slab = this.runners[m]!.slab;
       const buckets = this.runners[m]!.options.buckets;
@@ -91,48 +160,77 @@ export class InferenceLoop {
           this.finish(m, slot, SlotState.FAILED, SlotError.INFERENCE);
           continue;
         }
-        this.queues[m]!.buckets[b]!.push({
+        const priority = Math.min(Math.max(slab.header(slot, H_PRIORITY), 0), classes - 1);
+        const enqueuedAt = slab.time(slot, T_ENQUEUED);
+        const deadline = slab.time(slot, T_DEADLINE);
+        // A chunk's quantum: about one full batch of its size, so other requests fit between chunks.
+        const quantum = Math.max(0.5, this.costs[m]!.predict(b, INTERLEAVE_CHUNK));
+        if (!this.hasQueued(priority)) this.fair.activate(priority, this.activeClasses());
+        enqueue(this.queues[m]!.byClass[priority]![b]!, {
           slot,
           length,
-          enqueuedAt: slab.time(slot, T_ENQUEUED),
-          deadline: slab.time(slot, T_DEADLINE),
+          enqueuedAt,
+          deadline,
+          priority,
+          key: orderKey(deadline, slab.header(slot, H_CHUNK), quantum),
         });
+        this.rates[m]![b]!.arrive(enqueuedAt);
       }
     }
     this.wakeOwners();
+  }
+
+  private hasQueued(cls: number): boolean {
+    return this.queues.some((q) => q.byClass[cls]!.some((fifo) => fifo.length > 0));
+  }
+
+  private activeClasses(): number[] {
+    return this.fair.weights.map((_, c) => c).filter((c) => this.hasQueued(c));
+  }
+
+  /** A request leaves the queue (into a batch, expired or cancelled): its padded tokens are no longer queued work. */
+  private dequeued(model: number, length: number): void {
+    const r = this.runners[model]!;
+    const b = bucketFor(r.options.buckets, length);
+    Atomics.sub(r.slab.accounts, Account.QUEUED_TOKENS, r.options.buckets[b]!);
   }
 
   /** Drops cancelled requests (freeing their slots) and fails expired ones before they reach the device. */
   private sweep(now: number): void {
     for (let m = 0; m < this.queues.length; m++) {
       const slab = this.runners[m]!.slab;
-      for (const fifo of this.queues[m]!.buckets) {
-        let kept = 0;
-        for (const q of fifo) {
-          const state = slab.state(q.slot);
-          if (state === SlotState.CANCELLED) {
-            this.freeCancelled(m, q.slot);
-          } else if (q.deadline <= now) {
-            this.expire(m, q.slot);
-          } else {
-            fifo[kept++] = q;
+      for (const byBucket of this.queues[m]!.byClass) {
+        for (const fifo of byBucket) {
+          let kept = 0;
+          for (const q of fifo) {
+            const state = slab.state(q.slot);
+            if (state === SlotState.CANCELLED) {
+              this.dequeued(m, q.length);
+              this.freeCancelled(m, q.slot);
+            } else if (q.deadline <= now) {
+              this.dequeued(m, q.length);
+              this.expire(m, q.slot, q.length);
+            } else {
+              fifo[kept++] = q;
+            }
           }
+          fifo.length = kept;
         }
-        fifo.length = kept;
       }
     }
     this.wakeOwners();
   }
 
-  private launch(model: number, bucket: number, count: number): void {
+  private launch(model: number, priority: number, bucket: number, count: number): void {
     const runner = this.runners[model]!;
     const slab = runner.slab;
-    const taken = this.queues[model]!.buckets[bucket]!.splice(0, count);
+    const taken = this.queues[model]!.byClass[priority]![bucket]!.splice(0, count);
     const slots: number[] = [];
     const now = nowMs();
     for (const q of taken) {
+      this.dequeued(model, q.length);
       if (q.deadline <= now) {
-        this.expire(model, q.slot); // its deadline passed since the sweep: it must not run
+        this.expire(model, q.slot, q.length); // its deadline passed since the sweep: it must not run
         continue;
       }
       const found = slab.transition(q.slot, SlotState.QUEUED, SlotState.RUNNING);
@@ -143,6 +241,7 @@ export class InferenceLoop {
       this.wakeOwners();
       return;
     }
+    this.fair.charge(priority, slots.length * runner.options.buckets[bucket]!);
     this.inflight++;
     this.control.inflightBatches = this.inflight;
     const started = nowMs();
@@ -156,6 +255,8 @@ export class InferenceLoop {
           c[Counter.REAL_TOKENS]! += stats.realTokens;
           c[Counter.PADDED_TOKENS]! += stats.paddedTokens;
           c[Counter.RUN_MS]! += stats.runMs;
+          this.costs[model]!.observe(bucket, stats.rows, stats.runMs);
+          this.publishCosts(model);
           this.options.onBatch?.(model, bucket, stats);
           this.completeBatch(model, slots, started, SlotState.DONE, SlotError.NONE);
         },
@@ -184,10 +285,20 @@ export class InferenceLoop {
   }
 
   /** Fails a queued request whose deadline has passed; it never reaches the device. */
-  private expire(model: number, slot: number): void {
+  private expire(model: number, slot: number, length: number): void {
     if (this.finish(model, slot, SlotState.FAILED, SlotError.DEADLINE, SlotState.QUEUED)) {
-      this.runners[model]!.slab.counters[Counter.DROPPED_EXPIRED]! += 1;
+      const c = this.runners[model]!.slab.counters;
+      c[Counter.DROPPED_EXPIRED]! += 1;
+      c[Counter.EXPIRED_TOKENS]! += length;
     }
+  }
+
+  /** Writes the cost model into the slab, where gateways read it (admission, /info). */
+  private publishCosts(model: number): void {
+    const slab: Slab = this.runners[model]!.slab;
+    const cost = this.costs[model]!;
+    cost.coefficients().forEach((k, b) => slab.setCost(b, k.fixedMs, k.perRowMs, k.samples));
+    slab.counters[Counter.TOKENS_PER_MS] = cost.bestTokensPerMs();
   }
 
   /**
@@ -226,7 +337,7 @@ export class InferenceLoop {
   private publishQueueDepth(): void {
     for (let m = 0; m < this.queues.length; m++) {
       let n = 0;
-      for (const fifo of this.queues[m]!.buckets) n += fifo.length;
+      for (const byBucket of this.queues[m]!.byClass) for (const fifo of byBucket) n += fifo.length;
       this.runners[m]!.slab.counters[Counter.QUEUED] = n;
     }
   }
@@ -239,9 +350,14 @@ export class InferenceLoop {
     }
     this.intake();
     for (let m = 0; m < this.queues.length; m++) {
-      for (const fifo of this.queues[m]!.buckets) {
-        for (const q of fifo) this.finish(m, q.slot, SlotState.FAILED, SlotError.SHUTDOWN);
-        fifo.length = 0;
+      for (const byBucket of this.queues[m]!.byClass) {
+        for (const fifo of byBucket) {
+          for (const q of fifo) {
+            this.dequeued(m, q.length);
+            this.finish(m, q.slot, SlotState.FAILED, SlotError.SHUTDOWN);
+          }
+          fifo.length = 0;
+        }
       }
     }
     this.publishQueueDepth();

@@ -158,20 +158,29 @@ export class ModelRunner {
     }
   }
 
-  /** Runs every bucket shape once at its largest batch, so no request pays for first-run allocation. */
-  async warmUp(): Promise<void> {
+  /**
+   * Runs every bucket shape at its largest batch, so no request pays for
+   * first-run allocation, then once at one row; returns both timings, which
+   * seed the cost model (a line through the two).
+   */
+  async warmUp(): Promise<{ bucket: number; rows: number; ms: number }[]> {
+    const timings: { bucket: number; rows: number; ms: number }[] = [];
     for (let b = 0; b < this.options.buckets.length; b++) {
       const T = this.options.buckets[b]!;
-      const B = batchCapacity(this.options, T);
-      const type = this.prepared.inputType;
-      const make = (v: number) => (type === 'int64' ? new BigInt64Array(B * T).fill(BigInt(v)) : new Int32Array(B * T).fill(v));
-      const feeds: Record<string, ort.Tensor> = {
-        input_ids: new ort.Tensor(type, make(100), [B, T]),
-        attention_mask: new ort.Tensor(type, make(1), [B, T]),
-      };
-      if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, make(0), [B, T]);
-      await this.session.run(feeds);
+      for (const B of [batchCapacity(this.options, T), 1]) {
+        const type = this.prepared.inputType;
+        const make = (v: number) => (type === 'int64' ? new BigInt64Array(B * T).fill(BigInt(v)) : new Int32Array(B * T).fill(v));
+        const feeds: Record<string, ort.Tensor> = {
+          input_ids: new ort.Tensor(type, make(100), [B, T]),
+          attention_mask: new ort.Tensor(type, make(1), [B, T]),
+        };
+        if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, make(0), [B, T]);
+        const started = performance.now();
+        await this.session.run(feeds);
+        timings.push({ bucket: b, rows: B, ms: performance.now() - started });
+      }
     }
+    return timings;
   }
 
   async release(): Promise<void> {

@@ -18,7 +18,7 @@ import { RpcPeer } from '../shared/rpc.js';
 import type { ModelSpec } from '../shared/model-config.js';
 import { Slab, type SlabLayout } from '../shared/slab.js';
 import { cudaProviderInstalled, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
-import { InferenceLoop } from './inference-loop.js';
+import { InferenceLoop, type SchedulingOptions } from './inference-loop.js';
 import { ModelRunner } from './runner.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
@@ -28,6 +28,7 @@ export interface InferenceWorkerData {
   device: string;
   intraOpThreads: number;
   maxInflightBatches: number;
+  scheduling: SchedulingOptions;
   models: { spec: ModelSpec; slab: SharedArrayBuffer; layout: SlabLayout; batching: BatchingOptions }[];
 }
 
@@ -74,10 +75,14 @@ async function main(): Promise<void> {
   // while the loop sleeps in Atomics.waitAsync.
   new RpcPeer(parentPort!, { metrics: () => registry.getMetricsAsJSON() });
   let runners: ModelRunner[];
+  let loop: InferenceLoop;
   try {
     const opened = await openRunners();
     runners = opened.runners;
-    for (const r of runners) await r.warmUp();
+    loop = createLoop(runners);
+    for (const [m, r] of runners.entries()) {
+      for (const t of await r.warmUp()) loop.seedCost(m, t.bucket, t.rows, t.ms);
+    }
     control.workerState = WorkerState.READY;
     control.heartbeat = Date.now();
     post({ type: 'ready', device: opened.device, ...(opened.note ? { note: opened.note } : {}) });
@@ -86,8 +91,18 @@ async function main(): Promise<void> {
     post({ type: 'fatal', message: (err as Error).message });
     process.exit(1);
   }
-  const loop = new InferenceLoop(runners, control, {
+  await loop.run();
+  await Promise.all(runners.map((r) => r.release()));
+  control.workerState = WorkerState.STOPPED;
+  post({ type: 'stopped' });
+  parentPort!.removeAllListeners('message');
+  parentPort!.close();
+}
+
+function createLoop(runners: ModelRunner[]): InferenceLoop {
+  return new InferenceLoop(runners, control, {
     maxInflightBatches: data.maxInflightBatches,
+    scheduling: data.scheduling,
     onBatchError: (model, error) => {
       metrics.batchFailures.inc({ model });
       post({ type: 'batch-error', model, message: (error as Error)?.message ?? String(error) });
@@ -101,12 +116,6 @@ async function main(): Promise<void> {
       metrics.paddingEfficiency.observe(labels, stats.realTokens / stats.paddedTokens);
     },
   });
-  await loop.run();
-  await Promise.all(runners.map((r) => r.release()));
-  control.workerState = WorkerState.STOPPED;
-  post({ type: 'stopped' });
-  parentPort!.removeAllListeners('message');
-  parentPort!.close();
 }
 
 void main();

@@ -15,6 +15,8 @@
  *   typeIds       Uint8  x maxLength per slot    token type ids (0 or 1 for BERT)
  *   output        Float32 x outputWidth per slot the row the model returned
  *   counters      Float64 x COUNTERS             written by the inference thread only
+ *   costs         Float64 x MAX_BUCKETS x 3      the fitted cost model (fixed ms, ms per row, samples)
+ *   accounts      Int32 x ACCOUNTS               shared tallies (queued padded tokens), Atomics only
  *
  * Slot life cycle (every transition is an Atomics.compareExchange, so a cancel
  * racing a completion has exactly one winner):
@@ -58,6 +60,10 @@ export const H_LENGTH = 2; // real tokens, [CLS] and [SEP] included
 export const H_PRIORITY = 3;
 export const H_OWNER = 4;
 export const H_ERROR = 5;
+/** Which chunk of its client request this input is (INTERLEAVE_CHUNK inputs a chunk). */
+export const H_CHUNK = 6;
+/** Inputs of one client request per chunk: a large request is interleaved with others chunk by chunk. */
+export const INTERLEAVE_CHUNK = 8;
 export const HEADER_I32 = 8;
 
 // Time fields (float64 each, epoch ms from clock.nowMs()).
@@ -78,8 +84,23 @@ export const Counter = {
   DROPPED_EXPIRED: 6,
   CANCELLED_SKIPPED: 7,
   QUEUED: 8, // requests waiting in the scheduler (a gauge)
+  TOKENS_PER_MS: 9, // best padded tokens per ms the device drains (cost model, full batches)
+  EXPIRED_TOKENS: 10, // real tokens of requests dropped because their deadline passed (work saved)
 } as const;
 const COUNTERS = 16;
+
+/** Cost model, per bucket: [fixed ms, ms per row, samples]. */
+export const MAX_BUCKETS = 32;
+export const COST_FIXED = 0;
+export const COST_PER_ROW = 1;
+export const COST_SAMPLES = 2;
+const COST_F64 = 3;
+
+/** Shared tallies updated with Atomics by owners and the inference thread. */
+export const Account = {
+  QUEUED_TOKENS: 0, // padded tokens submitted and not yet taken into a batch (or dropped)
+} as const;
+const ACCOUNTS = 8;
 
 export interface SlabLayout {
   slotCount: number;
@@ -108,7 +129,9 @@ function offsets(l: SlabLayout) {
   const typeIds = take(l.slotCount * l.maxLength);
   const output = take(l.slotCount * l.outputWidth * 4);
   const counters = take(COUNTERS * 8);
-  return { submit, free, completions, headers, times, ids, typeIds, output, counters, total: at };
+  const costs = take(MAX_BUCKETS * COST_F64 * 8);
+  const accounts = take(ACCOUNTS * 4);
+  return { submit, free, completions, headers, times, ids, typeIds, output, counters, costs, accounts, total: at };
 }
 
 export class Slab {
@@ -123,6 +146,8 @@ export class Slab {
   readonly typeIds: Uint8Array;
   readonly output: Float32Array;
   readonly counters: Float64Array;
+  readonly costs: Float64Array;
+  readonly accounts: Int32Array;
 
   /** Allocates and initialises a slab: every slot FREE and on the free list. */
   static create(layout: SlabLayout): Slab {
@@ -150,6 +175,21 @@ export class Slab {
     this.typeIds = new Uint8Array(buffer, o.typeIds, layout.slotCount * layout.maxLength);
     this.output = new Float32Array(buffer, o.output, layout.slotCount * layout.outputWidth);
     this.counters = new Float64Array(buffer, o.counters, COUNTERS);
+    this.costs = new Float64Array(buffer, o.costs, MAX_BUCKETS * COST_F64);
+    this.accounts = new Int32Array(buffer, o.accounts, ACCOUNTS);
+  }
+
+  /** The cost model's coefficients for bucket index `b` (written by the inference thread). */
+  cost(b: number): { fixedMs: number; perRowMs: number; samples: number } {
+    const at = b * COST_F64;
+    return { fixedMs: this.costs[at + COST_FIXED]!, perRowMs: this.costs[at + COST_PER_ROW]!, samples: this.costs[at + COST_SAMPLES]! };
+  }
+
+  setCost(b: number, fixedMs: number, perRowMs: number, samples: number): void {
+    const at = b * COST_F64;
+    this.costs[at + COST_FIXED] = fixedMs;
+    this.costs[at + COST_PER_ROW] = perRowMs;
+    this.costs[at + COST_SAMPLES] = samples;
   }
 
   state(slot: number): number {

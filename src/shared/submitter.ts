@@ -24,6 +24,9 @@ import {
   ValidationError,
 } from './errors.js';
 import {
+  Account,
+  Counter,
+  H_CHUNK,
   H_ERROR,
   H_GENERATION,
   H_LENGTH,
@@ -42,8 +45,19 @@ import {
 export interface SubmitOptions {
   /** Epoch ms after which the request must not run. */
   deadline: number;
+  /** Priority class index (0 = interactive). */
   priority?: number;
+  /** Which chunk of its client request this input is (for interleaving large requests). */
+  chunk?: number;
   signal?: AbortSignal;
+}
+
+/** Why a request was cancelled and what it cost: `ran` when the device had already run it (work wasted). */
+export interface CancelReport {
+  model: number;
+  reason: string;
+  ran: boolean;
+  tokens: number;
 }
 
 export interface SlotResult {
@@ -76,12 +90,35 @@ export class SlabSubmitter {
   private closed = false;
   private listening = false;
 
-  constructor(slabs: Slab[], control: ControlBlock, owner: number) {
+  /** Padded length of each input length, per model (the queued-work tally counts padded tokens). */
+  private readonly paddedLength: ((length: number) => number)[];
+  private readonly onCancel: ((r: CancelReport) => void) | undefined;
+
+  constructor(slabs: Slab[], control: ControlBlock, owner: number, opts: { buckets?: number[][]; onCancel?: (r: CancelReport) => void } = {}) {
     this.slabs = slabs;
     this.control = control;
     this.owner = owner;
     this.bell = control.ownerBell(owner);
     this.pending = slabs.map((s) => new Array<Pending | undefined>(s.layout.slotCount));
+    this.paddedLength = slabs.map((_, m) => {
+      const buckets = opts.buckets?.[m];
+      return (length: number) => buckets?.find((b) => b >= length) ?? length;
+    });
+    this.onCancel = opts.onCancel;
+  }
+
+  /** Padded tokens queued for `model` and not yet taken into a batch. */
+  queuedTokens(model: number): number {
+    return Atomics.load(this.slabs[model]!.accounts, Account.QUEUED_TOKENS);
+  }
+
+  /** Best rate the device drains `model`'s queue, padded tokens per ms (0 until measured). */
+  drainRate(model: number): number {
+    return this.slabs[model]!.counters[Counter.TOKENS_PER_MS]!;
+  }
+
+  paddedTokens(model: number, length: number): number {
+    return this.paddedLength[model]!(length);
   }
 
   /** Requests submitted by this owner and not yet settled. */
@@ -117,6 +154,7 @@ export class SlabSubmitter {
     else types.fill(0, 0, len);
     slab.setHeader(slot, H_LENGTH, len);
     slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
+    slab.setHeader(slot, H_CHUNK, opts.chunk ?? 0);
     slab.setHeader(slot, H_OWNER, this.owner);
     slab.setHeader(slot, H_ERROR, SlotError.NONE);
     slab.setTime(slot, T_ENQUEUED, nowMs());
@@ -133,6 +171,7 @@ export class SlabSubmitter {
     });
     this.inFlight++;
     slab.transition(slot, SlotState.FILLING, SlotState.QUEUED);
+    Atomics.add(slab.accounts, Account.QUEUED_TOKENS, this.paddedLength[model]!(len));
     // The ring holds slotCount entries and a slot index is in it at most once: it cannot be full.
     if (!slab.submit.push(slot)) throw new Error('submit ring full: a slot index was queued twice');
     this.control.workerBell.ring();
@@ -144,18 +183,21 @@ export class SlabSubmitter {
   private cancel(model: number, slot: number, p: Pending): void {
     if (this.pending[model]![slot] !== p) return; // already settled
     const slab = this.slabs[model]!;
+    const tokens = slab.header(slot, H_LENGTH); // before the slot can be freed and reused
     // Queued or running: the inference thread will see CANCELLED and free the slot.
     // Done or failed already: its completion is on our queue; drain() frees it
     // when it finds no pending request for it.
-    if (
-      slab.transition(slot, SlotState.QUEUED, SlotState.CANCELLED) !== SlotState.QUEUED &&
-      slab.transition(slot, SlotState.RUNNING, SlotState.CANCELLED) !== SlotState.RUNNING
-    ) {
+    let ran = true;
+    if (slab.transition(slot, SlotState.QUEUED, SlotState.CANCELLED) === SlotState.QUEUED) {
+      ran = false; // never reaches the device: its work is saved
+    } else if (slab.transition(slot, SlotState.RUNNING, SlotState.CANCELLED) !== SlotState.RUNNING) {
       // DONE or FAILED: the inference thread may not have pushed the completion
       // yet, so keep listening until drain() has freed it.
       this.abandoned++;
     }
     this.settle(model, slot, p);
+    const reason = p.signal?.reason;
+    this.onCancel?.({ model, reason: typeof reason === 'string' ? reason : 'aborted', ran, tokens });
     p.reject(new CancelledError());
   }
 

@@ -1,0 +1,108 @@
+/**
+ * What the scheduler and admission control know about the device, learnt
+ * online from the batches just run:
+ *
+ *  - CostModel: per model and bucket, the batch run time as a line in the
+ *    batch size, t = fixed + perRow x rows (ms), fitted by exponentially
+ *    weighted least squares so it follows the device as it warms, throttles or
+ *    is shared. Seeded at warm-up with a run at one row and one at capacity.
+ *  - ArrivalRate: per model and bucket, requests per ms, an exponentially
+ *    weighted mean of the gaps between arrivals that decays while none come.
+ */
+
+/** Forgetting factor per observation: the last ~50 batches of a bucket dominate its fit. */
+const DECAY = 0.98;
+
+interface Fit {
+  s0: number;
+  sx: number;
+  sy: number;
+  sxx: number;
+  sxy: number;
+  fixedMs: number;
+  perRowMs: number;
+}
+
+export interface CostCoefficients {
+  bucket: number;
+  fixedMs: number;
+  perRowMs: number;
+  /** Weight of the evidence (decayed count of batches). */
+  samples: number;
+}
+
+export class CostModel {
+  private readonly fits: Fit[];
+  readonly buckets: readonly number[];
+  readonly capacities: readonly number[];
+
+  constructor(buckets: readonly number[], capacities: readonly number[]) {
+    this.buckets = buckets;
+    this.capacities = capacities;
+    this.fits = buckets.map(() => ({ s0: 0, sx: 0, sy: 0, sxx: 0, sxy: 0, fixedMs: 0, perRowMs: 0 }));
+  }
+
+  observe(bucket: number, rows: number, ms: number): void {
+    const f = this.fits[bucket]!;
+    f.s0 = f.s0 * DECAY + 1;
+    f.sx = f.sx * DECAY + rows;
+    f.sy = f.sy * DECAY + ms;
+    f.sxx = f.sxx * DECAY + rows * rows;
+    f.sxy = f.sxy * DECAY + rows * ms;
+    const det = f.s0 * f.sxx - f.sx * f.sx;
+    let perRow = det > 1e-9 * f.s0 * f.sxx ? (f.s0 * f.sxy - f.sx * f.sy) / det : f.sy / Math.max(f.sx, 1e-9);
+    perRow = Math.max(0, perRow);
+    const fixed = Math.max(0, (f.sy - perRow * f.sx) / f.s0);
+    f.perRowMs = perRow;
+    f.fixedMs = fixed;
+  }
+
+  /** Predicted ms for a batch of `rows` in `bucket`; buckets without data borrow from the nearest fitted one, scaled by length. */
+  predict(bucket: number, rows: number): number {
+    const f = this.fits[bucket]!;
+    if (f.s0 > 0) return f.fixedMs + f.perRowMs * rows;
+    let nearest = -1;
+    for (let b = 0; b < this.fits.length; b++) {
+      if (this.fits[b]!.s0 > 0 && (nearest < 0 || Math.abs(b - bucket) < Math.abs(nearest - bucket))) nearest = b;
+    }
+    if (nearest < 0) return 0;
+    const g = this.fits[nearest]!;
+    return g.fixedMs + g.perRowMs * rows * (this.buckets[bucket]! / this.buckets[nearest]!);
+  }
+
+  coefficients(): CostCoefficients[] {
+    return this.fits.map((f, i) => ({ bucket: this.buckets[i]!, fixedMs: f.fixedMs, perRowMs: f.perRowMs, samples: f.s0 }));
+  }
+
+  /** Padded tokens per ms at full batches in the most efficient bucket: the best the device can drain a queue. */
+  bestTokensPerMs(): number {
+    let best = 0;
+    for (let b = 0; b < this.fits.length; b++) {
+      const ms = this.predict(b, this.capacities[b]!);
+      if (ms > 0) best = Math.max(best, (this.capacities[b]! * this.buckets[b]!) / ms);
+    }
+    return best;
+  }
+}
+
+/** Mean gap weight of the newest arrival. */
+const RATE_ALPHA = 0.1;
+
+export class ArrivalRate {
+  private last = -Infinity;
+  private meanGapMs = Infinity;
+
+  arrive(atMs: number): void {
+    if (this.last !== -Infinity) {
+      const gap = Math.max(atMs - this.last, 0.001);
+      this.meanGapMs = this.meanGapMs === Infinity ? gap : this.meanGapMs * (1 - RATE_ALPHA) + gap * RATE_ALPHA;
+    }
+    this.last = Math.max(this.last, atMs);
+  }
+
+  /** Arrivals per ms now: the mean rate, lowered while the current gap is already longer than the mean. */
+  perMs(nowMs: number): number {
+    if (this.meanGapMs === Infinity) return 0;
+    return 1 / Math.max(this.meanGapMs, nowMs - this.last);
+  }
+}
