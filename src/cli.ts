@@ -37,6 +37,26 @@ function intList(value: string): number[] {
   return ints;
 }
 
+/** "interactive=4,bulk=1" -> ordered classes with weights (the first is the default class). */
+function priorityList(value: string): { name: string; weight: number }[] {
+  const out = value.split(',').map((part) => {
+    const [name, weight] = part.split('=').map((x) => x?.trim() ?? '');
+    const w = Number(weight);
+    if (!name || !/^[a-z][a-z0-9_-]*$/.test(name) || !(w > 0)) {
+      throw new InvalidArgumentError(`expected name=weight pairs like interactive=4,bulk=1, got "${value}"`);
+    }
+    return { name, weight: w };
+  });
+  if (new Set(out.map((p) => p.name)).size !== out.length) throw new InvalidArgumentError(`priority class names must be distinct: "${value}"`);
+  return out;
+}
+
+function positive(value: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`expected a number > 0, got "${value}"`);
+  return n;
+}
+
 function collect(value: string, previous: string[] = []): string[] {
   return [...previous, ...value.split(',').map((v) => v.trim()).filter(Boolean)];
 }
@@ -104,6 +124,9 @@ interface ServeFlags {
   wsMaxBufferedBytes: number;
   wsMaxFrameBytes: number;
   wsIdleTimeoutS: number;
+  priorityWeights: { name: string; weight: number }[];
+  priorityAgeingMs: number;
+  sloP99Ms?: number;
 }
 
 const D = SERVER_DEFAULTS;
@@ -134,6 +157,11 @@ program
   .addOption(flag('--ws-max-buffered-bytes <n>', "WebSocket: unsent bytes above which a socket's requests are held back", 'WS_MAX_BUFFERED_BYTES', int(1), D.wsMaxBufferedBytes))
   .addOption(flag('--ws-max-frame-bytes <n>', 'WebSocket: largest frame; a larger one closes the socket', 'WS_MAX_FRAME_BYTES', int(1), D.wsMaxFrameBytes))
   .addOption(flag('--ws-idle-timeout-s <s>', 'WebSocket: idle seconds before a socket is closed (pings are sent meanwhile)', 'WS_IDLE_TIMEOUT_S', int(8), D.wsIdleTimeoutSeconds))
+  .addOption(
+    flag('--priority-weights <list>', 'priority classes and their fair shares, the first is the default (x-priority / "priority" picks one)', 'PRIORITY_WEIGHTS', priorityList, D.priorities.map((p) => ({ ...p }))),
+  )
+  .addOption(flag('--priority-ageing-ms <ms>', 'a request waiting this long puts its class first, so no class starves', 'PRIORITY_AGEING_MS', int(1), D.priorityAgeingMs))
+  .addOption(flag('--slo-p99-ms <ms>', 'latency target: the batch window adapts to keep P99 under it, and admission sheds what cannot meet it (default: fixed --max-batch-delay-ms)', 'SLO_P99_MS', positive))
   .action(async (f: ServeFlags) => {
     const batching: ServerConfig['batching'] = {};
     if (f.maxBatchSize !== undefined) batching.maxBatchSize = f.maxBatchSize;
@@ -163,6 +191,9 @@ program
       wsMaxBufferedBytes: f.wsMaxBufferedBytes,
       wsMaxFrameBytes: f.wsMaxFrameBytes,
       wsIdleTimeoutSeconds: f.wsIdleTimeoutS,
+      priorities: f.priorityWeights,
+      priorityAgeingMs: f.priorityAgeingMs,
+      ...(f.sloP99Ms !== undefined ? { sloP99Ms: f.sloP99Ms } : {}),
       log,
     });
     let signals = 0;

@@ -14,6 +14,7 @@ import { InferenceClient, type Classification, type ClientModel } from './gatewa
 import { loadTokenizer, type Encoding } from './gateway/tokenizer.js';
 import type { DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
+import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { loadModels, startInferenceThread } from './inference-host.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
@@ -48,6 +49,12 @@ export interface EngineOptions {
   requestTimeoutMs?: number;
   /** onnxruntime intra-op threads; 0 (default) lets onnxruntime choose. */
   intraOpThreads?: number;
+  /** Priority classes in order (the first is the default) with their fair-share weights. Default interactive 4, bulk 1. */
+  priorities?: { name: string; weight: number }[];
+  /** A class whose oldest request has waited this long goes first. Default 2000. */
+  priorityAgeingMs?: number;
+  /** Latency target: adaptive batch window, and admission against it. Default: none (fixed maxBatchDelayMs). */
+  sloP99Ms?: number;
   /** Where start-up lines go. Default: stderr. */
   log?: (line: string) => void;
 }
@@ -63,6 +70,8 @@ export const ENGINE_DEFAULTS = {
 export interface RequestOptions {
   /** Model name; default: the first loaded model of the right task. */
   model?: string;
+  /** Priority class name (default: the first class, "interactive"). */
+  priority?: string;
   /** Cut inputs longer than the model's max length instead of rejecting them. Default false. */
   truncate?: boolean;
   /** Cancels the request: its slots are freed and, if they have not run, they never run. */
@@ -130,6 +139,11 @@ export function slabStats(slab: Slab): ModelStats {
 
 const OWNER = 0; // the engine's own thread
 
+export const DEFAULT_PRIORITIES = [
+  { name: 'interactive', weight: 4 },
+  { name: 'bulk', weight: 1 },
+];
+
 export class Engine {
   readonly device: DeviceInfo;
   private readonly client: InferenceClient;
@@ -158,7 +172,7 @@ export class Engine {
     this.assertOpen();
     const model = this.client.resolve('embed', opts.model);
     const encodings = await this.client.encode(model, inputs, opts.truncate ?? false);
-    return (await this.client.embed(model, encodings, opts)).vectors;
+    return (await this.client.embed(model, encodings, this.call(opts))).vectors;
   }
 
   /** Classifies each text; one Classification per input, in order. */
@@ -166,7 +180,7 @@ export class Engine {
     this.assertOpen();
     const model = this.client.resolve('classify', opts.model);
     const encodings = await this.client.encode(model, inputs, opts.truncate ?? false);
-    return (await this.client.classify(model, encodings, opts)).classes;
+    return (await this.client.classify(model, encodings, this.call(opts))).classes;
   }
 
   /**
@@ -177,7 +191,7 @@ export class Engine {
     this.assertOpen();
     const model = this.client.byName(modelName);
     this.client.checkTokens(model, encodings);
-    return (await this.client.run(model, encodings, opts)).rows;
+    return (await this.client.run(model, encodings, this.call(opts))).rows;
   }
 
   stats(): Record<string, ModelStats> {
@@ -197,6 +211,12 @@ export class Engine {
     return this.closing;
   }
 
+  /** Request options as the client takes them (the priority by index). */
+  private call<T extends RequestOptions>(opts: T): Omit<T, 'priority'> & { priority?: number } {
+    const { priority, ...rest } = opts;
+    return priority === undefined ? rest : { ...rest, priority: this.client.priorityIndex(priority) };
+  }
+
   private assertOpen(): void {
     if (this.closing) throw new EngineClosedError();
   }
@@ -214,15 +234,25 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   });
   const control = ControlBlock.create(owners);
   const models: ClientModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadTokenizer(plan.spec.tokenizerPath) })));
+  const priorities = options.priorities ?? DEFAULT_PRIORITIES;
   const inference = startInferenceThread(plans, control, {
     device: options.device ?? ENGINE_DEFAULTS.device,
     intraOpThreads: options.intraOpThreads ?? ENGINE_DEFAULTS.intraOpThreads,
     maxInflightBatches: options.maxInflightBatches ?? ENGINE_DEFAULTS.maxInflightBatches,
+    scheduling: {
+      priorityWeights: priorities.map((p) => p.weight),
+      priorityAgeingMs: options.priorityAgeingMs ?? DEFAULT_SCHEDULING.priorityAgeingMs,
+      ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
+    },
     log,
   });
   const device = await inference.ready;
   const slabs = plans.map((p) => new Slab(p.slab, p.layout));
-  const submitter = new SlabSubmitter(slabs, control, OWNER);
-  const client = new InferenceClient(models, submitter, { requestTimeoutMs: options.requestTimeoutMs ?? ENGINE_DEFAULTS.requestTimeoutMs });
+  const submitter = new SlabSubmitter(slabs, control, OWNER, { buckets: plans.map((p) => p.batching.buckets) });
+  const client = new InferenceClient(models, submitter, {
+    requestTimeoutMs: options.requestTimeoutMs ?? ENGINE_DEFAULTS.requestTimeoutMs,
+    priorityNames: priorities.map((p) => p.name),
+    ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
+  });
   return new Engine({ device, client, slabs, worker: inference.worker, control, submitter });
 }

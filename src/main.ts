@@ -11,7 +11,8 @@ import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { cpus } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
-import { describeModel, slabStats, ENGINE_DEFAULTS } from './engine.js';
+import { DEFAULT_PRIORITIES, describeModel, slabStats, ENGINE_DEFAULTS } from './engine.js';
+import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
 import { describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
@@ -21,7 +22,7 @@ import { ControlBlock, WorkerState } from './shared/control.js';
 import { ValidationError } from './shared/errors.js';
 import { processMetrics } from './shared/metrics.js';
 import { RpcPeer } from './shared/rpc.js';
-import { Slab } from './shared/slab.js';
+import { Counter, Slab } from './shared/slab.js';
 import { VERSION } from './version.js';
 
 export interface ServerConfig {
@@ -51,6 +52,12 @@ export interface ServerConfig {
   wsMaxFrameBytes: number;
   /** WebSocket: idle seconds before a socket is closed; pings are sent meanwhile (--ws-idle-timeout-s). */
   wsIdleTimeoutSeconds: number;
+  /** Priority classes in order (the first is the default) and their weights (--priority-weights). */
+  priorities: { name: string; weight: number }[];
+  /** A class whose oldest request has waited this long goes first (--priority-ageing-ms). */
+  priorityAgeingMs: number;
+  /** Latency target: adaptive batch window and admission against it (--slo-p99-ms). */
+  sloP99Ms?: number;
   log: (line: string) => void;
 }
 
@@ -78,6 +85,8 @@ export const SERVER_DEFAULTS = {
   wsMaxBufferedBytes: 1024 * 1024,
   wsMaxFrameBytes: 2 * 1024 * 1024,
   wsIdleTimeoutSeconds: 120,
+  priorities: DEFAULT_PRIORITIES,
+  priorityAgeingMs: DEFAULT_SCHEDULING.priorityAgeingMs,
 } as const;
 
 export interface Server {
@@ -128,6 +137,11 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     device: config.device,
     intraOpThreads: config.intraOpThreads,
     maxInflightBatches: config.maxInflightBatches,
+    scheduling: {
+      priorityWeights: config.priorities.map((p) => p.weight),
+      priorityAgeingMs: config.priorityAgeingMs,
+      ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
+    },
     log,
   });
   const inferenceRpc = new RpcPeer(inference.worker);
@@ -149,7 +163,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
           realTokens: s.realTokens,
           paddedTokens: s.paddedTokens,
           expired: s.droppedExpired,
+          expiredTokens: slabs[i]!.counters[Counter.EXPIRED_TOKENS]!,
           cancelled: s.cancelledSkipped,
+          costs: p.batching.buckets.map((bucket, b) => ({ bucket, ...slabs[i]!.cost(b) })),
         };
       }),
     ready: () => control.workerState === WorkerState.READY && !control.draining,
@@ -194,6 +210,8 @@ export async function startServer(config: ServerConfig): Promise<Server> {
         idleTimeoutSeconds: config.wsIdleTimeoutSeconds,
       },
       version: VERSION,
+      priorityNames: config.priorities.map((p) => p.name),
+      ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
     };
     const worker = new Worker(new URL('./gateway/gateway-worker.js', import.meta.url), { workerData: data, name: `slabserve-gateway-${gatewayId}` });
     const handle: GatewayHandle = {
@@ -237,7 +255,12 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const info = (d: DeviceInfo) => ({
     version: VERSION,
     device: { label: d.label, name: d.name, provider: d.provider },
-    models: plans.map(describeModel),
+    models: plans.map(describeModel), // gateways add each model's live cost model
+    scheduling: {
+      priorities: config.priorities,
+      priorityAgeingMs: config.priorityAgeingMs,
+      sloP99Ms: config.sloP99Ms ?? null,
+    },
     limits: {
       maxClientBatchSize: config.maxClientBatchSize,
       maxBodyBytes: config.maxBodyBytes,

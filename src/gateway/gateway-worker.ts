@@ -45,6 +45,8 @@ export interface GatewayWorkerData {
   inlineTokenizeChars: number;
   ws: WsOptions;
   version: string;
+  priorityNames: string[];
+  sloP99Ms?: number;
 }
 
 export type GatewayMessage = { type: 'listening'; port: number } | { type: 'fatal'; message: string };
@@ -56,18 +58,30 @@ async function main(): Promise<void> {
   const uws = loadUws();
   const control = new ControlBlock(data.control, data.owners);
   const slabs = data.models.map((m) => new Slab(m.slab, m.layout));
-  const submitter = new SlabSubmitter(slabs, control, data.owner);
+  const registry = new Registry();
+  const metrics = gatewayMetrics(registry);
+  const submitter = new SlabSubmitter(slabs, control, data.owner, {
+    buckets: data.models.map((m) => m.batching.buckets),
+    onCancel: (r) => {
+      metrics.cancellations.inc({ reason: r.reason });
+      metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
+    },
+  });
   const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadTokenizer(plan.spec.tokenizerPath) })));
   const pool = createTokenizePool(data.tokenizerThreads);
   await pool.warmUp([...new Set(data.models.map((m) => m.spec.tokenizerPath))]);
   const client = new InferenceClient(models, submitter, {
     requestTimeoutMs: data.requestTimeoutMs,
+    priorityNames: data.priorityNames,
+    ...(data.sloP99Ms !== undefined ? { sloP99Ms: data.sloP99Ms } : {}),
+    onLate: (_model, tokens) => {
+      metrics.cancellations.inc({ reason: 'deadline' });
+      metrics.cancelledTokens.inc({ reason: 'deadline', outcome: 'wasted' }, tokens);
+    },
     batchTokenizer: pool.tokenize,
     inlineTokenizeChars: data.inlineTokenizeChars,
   });
 
-  const registry = new Registry();
-  const metrics = gatewayMetrics(registry);
   const lag = monitorEventLoopDelay({ resolution: 10 });
   lag.enable();
   let info: unknown = { status: 'starting' };
@@ -105,7 +119,7 @@ async function main(): Promise<void> {
     limits: data.limits,
     metrics,
     ready,
-    info: () => info,
+    info: () => withCosts(info, data.models, slabs),
     scrape: () => rpc.call<string>('scrape'),
     version: data.version,
   });
@@ -117,6 +131,23 @@ async function main(): Promise<void> {
     listenSocket = socket;
     post({ type: 'listening', port: uws.us_socket_local_port(socket) });
   });
+}
+
+/** The /info document with each model's cost model as the inference thread last fitted it (ms = fixedMs + perRowMs x rows). */
+function withCosts(info: unknown, plans: ModelPlan[], slabs: Slab[]): unknown {
+  const doc = info as { models?: { name: string }[] };
+  if (!Array.isArray(doc.models)) return info;
+  const round = (v: number) => Math.round(v * 1000) / 1000;
+  return {
+    ...doc,
+    models: doc.models.map((m, i) => ({
+      ...m,
+      costModel: plans[i]!.batching.buckets.map((bucket, b) => {
+        const c = slabs[i]!.cost(b);
+        return { bucket, fixedMs: round(c.fixedMs), perRowMs: round(c.perRowMs) };
+      }),
+    })),
+  };
 }
 
 main().catch((err: unknown) => post({ type: 'fatal', message: (err as Error).message }));

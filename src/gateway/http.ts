@@ -10,7 +10,7 @@
  * tick must be corked.
  */
 import { pack, unpack } from 'msgpackr';
-import { CancelledError, OverloadedError, SlabserveError, type ErrorType } from '../shared/errors.js';
+import { CancelledError, OverloadedError, SlabserveError, ValidationError, type ErrorType } from '../shared/errors.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
 
 export const MSGPACK = 'application/msgpack';
@@ -71,6 +71,9 @@ export class RequestContext {
   readonly contentType: string;
   readonly accept: string;
   readonly contentLength: number | undefined;
+  /** Raw x-deadline-ms and x-priority headers ('' when absent). */
+  private readonly deadlineHeader: string;
+  private readonly priorityHeader: string;
   readonly startedAt = performance.now();
   /** Aborted when the client disconnects: cancels the request's slots. */
   readonly abort = new AbortController();
@@ -86,15 +89,29 @@ export class RequestContext {
     this.accept = req.getHeader('accept').toLowerCase();
     const cl = req.getHeader('content-length');
     this.contentLength = cl === '' ? undefined : Number(cl);
+    this.deadlineHeader = req.getHeader('x-deadline-ms');
+    this.priorityHeader = req.getHeader('x-priority');
     res.onAborted(() => {
       this.done = true;
-      this.abort.abort();
+      this.abort.abort('client_disconnect');
     });
     this.abort.signal.addEventListener('abort', () => this.onBodyAbort?.(), { once: true });
   }
 
   get finished(): boolean {
     return this.done;
+  }
+
+  /** The request's deadline (x-deadline-ms: ms from now) and priority class (x-priority), when sent. */
+  scheduling(): { timeoutMs?: number; priority?: string } {
+    const out: { timeoutMs?: number; priority?: string } = {};
+    if (this.deadlineHeader !== '') {
+      const ms = Number(this.deadlineHeader);
+      if (!Number.isFinite(ms) || ms <= 0) throw new ValidationError(`x-deadline-ms must be a positive number of milliseconds, got "${this.deadlineHeader}"`);
+      out.timeoutMs = ms;
+    }
+    if (this.priorityHeader !== '') out.priority = this.priorityHeader.trim().toLowerCase();
+    return out;
   }
 
   /** Whether the client asked for msgpack back. */

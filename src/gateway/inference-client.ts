@@ -14,6 +14,9 @@ import { INTERLEAVE_CHUNK } from '../shared/slab.js';
 import type { SlabSubmitter, SlotResult } from '../shared/submitter.js';
 import type { EncodeOptions, Encoding, TextTokenizer } from './tokenizer.js';
 
+/** Priority classes when none are configured: index 0 is the default. */
+export const DEFAULT_PRIORITY_NAMES: readonly string[] = ['interactive', 'bulk'];
+
 export interface ClientModel {
   plan: ModelPlan;
   tokenizer: TextTokenizer;
@@ -89,6 +92,10 @@ export class InferenceClient {
   private readonly requestTimeoutMs: number;
   /** Latency target (--slo-p99-ms): admission refuses work that cannot meet it. */
   private readonly sloP99Ms: number | undefined;
+  /** Priority class names, by index (default interactive, bulk). */
+  private readonly priorityNames: readonly string[];
+  /** Told of every request that ran but finished past its deadline (work wasted). */
+  private readonly onLate: ((model: number, tokens: number) => void) | undefined;
   private readonly batchTokenizer: BatchTokenizer | undefined;
   /** Client batches at most this long (or this many characters) are tokenized inline. */
   private readonly inlineTokenizeChars: number;
@@ -96,12 +103,21 @@ export class InferenceClient {
   constructor(
     models: ClientModel[],
     submitter: SlabSubmitter,
-    opts: { requestTimeoutMs: number; sloP99Ms?: number; batchTokenizer?: BatchTokenizer; inlineTokenizeChars?: number },
+    opts: {
+      requestTimeoutMs: number;
+      sloP99Ms?: number;
+      priorityNames?: readonly string[];
+      onLate?: (model: number, tokens: number) => void;
+      batchTokenizer?: BatchTokenizer;
+      inlineTokenizeChars?: number;
+    },
   ) {
     this.models = models;
     this.submitter = submitter;
     this.requestTimeoutMs = opts.requestTimeoutMs;
     this.sloP99Ms = opts.sloP99Ms;
+    this.priorityNames = opts.priorityNames ?? DEFAULT_PRIORITY_NAMES;
+    this.onLate = opts.onLate;
     this.batchTokenizer = opts.batchTokenizer;
     this.inlineTokenizeChars = opts.inlineTokenizeChars ?? 1024;
   }
@@ -275,9 +291,9 @@ export class InferenceClient {
     this.admit(model, encodings, timeoutMs);
     const group = new AbortController();
     setMaxListeners(encodings.length + 10, group.signal); // one listener per slot: not a leak
-    const onAbort = () => group.abort();
+    const onAbort = () => group.abort(opts.signal?.reason); // keeps the reason (client gone, cancel, ...) for the metrics
     opts.signal?.addEventListener('abort', onAbort, { once: true });
-    if (opts.signal?.aborted) group.abort();
+    if (opts.signal?.aborted) onAbort();
     try {
       const priority = opts.priority ?? 0;
       const rows = await Promise.all(
@@ -286,7 +302,12 @@ export class InferenceClient {
         ),
       );
       // Checked again before the answer is serialised: a late answer is a timeout, not a success.
-      if (nowMs() > deadline) throw new DeadlineExceededError('the request ran but finished after its deadline');
+      if (nowMs() > deadline) {
+        let tokens = 0;
+        for (const e of encodings) tokens += e.ids.length;
+        this.onLate?.(model.plan.index, tokens);
+        throw new DeadlineExceededError('the request ran but finished after its deadline');
+      }
       let queueMs = 0;
       let inferenceMs = 0;
       for (const r of rows) {
@@ -295,15 +316,23 @@ export class InferenceClient {
       }
       return { rows, timing: { queueMs, inferenceMs } };
     } catch (err) {
-      group.abort(); // cancel whatever of this request is still queued or running
+      group.abort('request_failed'); // cancel whatever of this request is still queued or running
       throw err;
     } finally {
       opts.signal?.removeEventListener('abort', onAbort);
     }
   }
 
+  /** The index of a priority class by name ("interactive", "bulk", ...). */
+  priorityIndex(name: string): number {
+    const i = this.priorityNames.indexOf(name);
+    if (i < 0) throw new ValidationError(`unknown priority "${name}"; classes: ${this.priorityNames.join(', ')}`);
+    return i;
+  }
+
   /** Refuses at once (429) a request the queue ahead of it would make miss its deadline or the latency target. */
   private admit(model: ClientModel, encodings: Pick<Encoding, 'ids'>[], timeoutMs: number): void {
+    if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
     const m = model.plan.index;
     let requestTokens = 0;
     for (const e of encodings) requestTokens += this.submitter.paddedTokens(m, e.ids.length);

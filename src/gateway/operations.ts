@@ -13,8 +13,10 @@ import { DecodeRequest, EmbedRequest, parseBody, PredictRequest, RerankRequest, 
 
 export interface OperationOptions {
   signal?: AbortSignal;
-  /** Ms from now after which the request must not run. */
+  /** Ms from now after which the request must not run (x-deadline-ms, deadline_ms). */
   timeoutMs?: number;
+  /** Priority class name (x-priority). */
+  priority?: string;
   /** A model named outside the body (the URL path); must agree with the body's. */
   pathModel?: string;
   /** embed only: rows as little-endian float32 bytes instead of number arrays. */
@@ -45,10 +47,16 @@ function prepare(client: InferenceClient, limits: GatewayLimits, task: Task | nu
   return { model: task === null ? client.anyModel(name) : client.resolve(task, name), count };
 }
 
-const callOptions = (opts: OperationOptions) => ({
-  ...(opts.signal ? { signal: opts.signal } : {}),
-  ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
-});
+/** The call's cancellation, deadline and priority: the body's `timeout` / `priority` win over the transport's. */
+function callOptions(client: InferenceClient, opts: OperationOptions, body: { timeout?: number | undefined; priority?: string | undefined } = {}) {
+  const timeoutMs = body.timeout ?? opts.timeoutMs;
+  const priority = body.priority ?? opts.priority;
+  return {
+    ...(opts.signal ? { signal: opts.signal } : {}),
+    ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+    ...(priority !== undefined ? { priority: client.priorityIndex(priority) } : {}),
+  };
+}
 
 export const embedOperation: Operation = async (client, limits, raw, opts) => {
   const body = parseBody(EmbedRequest, raw);
@@ -56,7 +64,7 @@ export const embedOperation: Operation = async (client, limits, raw, opts) => {
   const t0 = nowMs();
   const encodings = await client.encodeInputs(model, body.inputs, body.truncate ?? false);
   const tokenizeMs = nowMs() - t0;
-  const r = await client.embed(model, encodings, { ...callOptions(opts), ...(body.normalize !== undefined ? { normalize: body.normalize } : {}) });
+  const r = await client.embed(model, encodings, { ...callOptions(client, opts, body), ...(body.normalize !== undefined ? { normalize: body.normalize } : {}) });
   const payload = opts.f32 ? r.vectors.map((v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : r.vectors.map((v) => Array.from(v));
   return { payload, model, inputs: count, tokenizeMs, timing: r.timing };
 };
@@ -67,7 +75,7 @@ export const predictOperation: Operation = async (client, limits, raw, opts) => 
   const t0 = nowMs();
   const encodings = await client.encodeInputs(model, body.inputs, body.truncate ?? false);
   const tokenizeMs = nowMs() - t0;
-  const r = await client.classify(model, encodings, callOptions(opts));
+  const r = await client.classify(model, encodings, callOptions(client, opts, body));
   const lists = r.classes.map((c) => labelScores(model, c, body.raw_scores ?? false));
   return { payload: isSingleInput(body.inputs) ? lists[0] : lists, model, inputs: count, tokenizeMs, timing: r.timing };
 };
@@ -91,7 +99,7 @@ export const rerankOperation: Operation = async (client, limits, raw, opts) => {
   const t0 = nowMs();
   const encodings = await client.encodePairs(model, body.query, body.texts, body.truncate ?? false);
   const tokenizeMs = nowMs() - t0;
-  const r = await client.rerankEncoded(model, encodings, { ...callOptions(opts), rawScores: body.raw_scores ?? false });
+  const r = await client.rerankEncoded(model, encodings, { ...callOptions(client, opts, body), rawScores: body.raw_scores ?? false });
   const ranked = r.scores
     .map((s) => (body.return_text ? { index: s.index, score: s.score, text: body.texts[s.index]! } : { index: s.index, score: s.score }))
     .sort((a, b) => b.score - a.score || a.index - b.index);

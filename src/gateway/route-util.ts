@@ -3,7 +3,7 @@
  * (operations.ts) over HTTP, timing headers, and request metrics.
  */
 import { NotReadyError } from '../shared/errors.js';
-import type { Timing } from './inference-client.js';
+import type { InferenceClient, Timing } from './inference-client.js';
 import { statusOf, type RequestContext } from './http.js';
 import type { Operation } from './operations.js';
 import type { RouteDeps } from './routes.js';
@@ -26,6 +26,16 @@ export function observe(deps: RouteDeps, ctx: RequestContext, route: string, mod
   deps.metrics.requestDuration.observe({ model, route, status: String(status) }, (performance.now() - ctx.startedAt) / 1000);
 }
 
+/** Cancellation, deadline and priority of a call from the request's headers (for routes that call the client directly). */
+export function headerCall(ctx: RequestContext, client: InferenceClient): { signal: AbortSignal; timeoutMs?: number; priority?: number } {
+  const h = ctx.scheduling();
+  return {
+    signal: ctx.abort.signal,
+    ...(h.timeoutMs !== undefined ? { timeoutMs: h.timeoutMs } : {}),
+    ...(h.priority !== undefined ? { priority: client.priorityIndex(h.priority) } : {}),
+  };
+}
+
 export interface ServeOptions {
   /** Metrics label. */
   route: string;
@@ -40,7 +50,11 @@ export async function serveOperation(ctx: RequestContext, deps: RouteDeps, op: O
   try {
     if (opts.inference && !deps.ready()) throw new NotReadyError();
     const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
-    const r = await op(deps.client, deps.limits, raw, { signal: ctx.abort.signal, ...(opts.pathModel !== undefined ? { pathModel: opts.pathModel } : {}) });
+    const r = await op(deps.client, deps.limits, raw, {
+      signal: ctx.abort.signal,
+      ...ctx.scheduling(),
+      ...(opts.pathModel !== undefined ? { pathModel: opts.pathModel } : {}),
+    });
     model = r.model.plan.spec.name;
     if (opts.inference) {
       deps.metrics.inputs.inc({ model, route: opts.route }, r.inputs);

@@ -31,7 +31,7 @@
 import { NotReadyError, ValidationError } from '../shared/errors.js';
 import type { ClientModel } from './inference-client.js';
 import { HttpError, type RequestContext } from './http.js';
-import { errorInfo, observe, timingHeaders } from './route-util.js';
+import { errorInfo, headerCall, observe, timingHeaders } from './route-util.js';
 import type { Route, RouteDeps } from './routes.js';
 import { KServeInferRequest, parseBody, type KServeTensor } from './schemas.js';
 
@@ -265,7 +265,7 @@ async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version
     const tokenizeMs = performance.now() - t0;
     deps.metrics.inputs.inc({ model: modelName, route: ROUTE }, encodings.length);
 
-    const call = { signal: ctx.abort.signal };
+    const call = headerCall(ctx, deps.client);
     const B = encodings.length;
     const produced = new Map<string, { shape: number[]; data: Float32Array[] }>();
     let timing;

@@ -24,7 +24,7 @@ import { statSync } from 'node:fs';
 import { ModelNotFoundError, NotReadyError, ValidationError } from '../shared/errors.js';
 import { inputCount, type ClientModel } from './inference-client.js';
 import type { RequestContext } from './http.js';
-import { errorInfo, observe, timingHeaders, type ErrorInfo } from './route-util.js';
+import { errorInfo, headerCall, observe, timingHeaders, type ErrorInfo } from './route-util.js';
 import type { Route, RouteDeps } from './routes.js';
 import { FieldValidationError, OpenAIEmbeddingRequest, parseBody } from './schemas.js';
 
@@ -86,7 +86,7 @@ async function embeddings(ctx: RequestContext, deps: RouteDeps): Promise<void> {
     const t0 = performance.now();
     const encodings = await deps.client.encodeInputs(model, body.input, false);
     const tokenizeMs = performance.now() - t0;
-    const r = await deps.client.embed(model, encodings, { signal: ctx.abort.signal });
+    const r = await deps.client.embed(model, encodings, headerCall(ctx, deps.client));
     let tokens = 0;
     for (const e of encodings) tokens += e.ids.length;
     const base64 = body.encoding_format === 'base64';

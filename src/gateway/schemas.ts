@@ -17,7 +17,16 @@ export const Inputs = z.union([z.string(), tokenIds, z.array(z.union([z.string()
 });
 const inputs = Inputs;
 
+/** Per-request scheduling fields, on every inference request (headers x-deadline-ms / x-priority do the same). */
+const scheduling = {
+  /** Ms from now after which the request must not run (it is answered 504, or 429 at once if it cannot make it). */
+  timeout: z.number().positive().max(3_600_000).optional(),
+  /** Priority class: "interactive" (default) or "bulk" (or the classes of --priority-weights). */
+  priority: z.string().max(64).optional(),
+};
+
 export const EmbedRequest = z.object({
+  ...scheduling,
   inputs,
   normalize: z.boolean().optional(),
   truncate: z.boolean().optional(),
@@ -26,6 +35,7 @@ export const EmbedRequest = z.object({
 export type EmbedRequest = z.infer<typeof EmbedRequest>;
 
 export const PredictRequest = z.object({
+  ...scheduling,
   inputs,
   raw_scores: z.boolean().optional(),
   truncate: z.boolean().optional(),
@@ -35,6 +45,7 @@ export type PredictRequest = z.infer<typeof PredictRequest>;
 
 /** TEI's POST /rerank: score each text against the query with a cross-encoder. */
 export const RerankRequest = z.object({
+  ...scheduling,
   query: z.string().min(1, 'must not be empty'),
   texts: z.array(z.string().min(1, 'must not be empty'), { error: 'must be a list of strings' }).min(1, 'must not be an empty list'),
   raw_scores: z.boolean().optional(),

@@ -101,7 +101,7 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
       return;
     }
     if (msg.op === 'cancel') {
-      state.inflight.get(id)?.abort(); // its operation rejects with CancelledError and answers
+      state.inflight.get(id)?.abort('ws_cancel'); // its operation rejects with CancelledError and answers
       return;
     }
     const operation = typeof msg.op === 'string' ? operations[msg.op] : undefined;
@@ -135,6 +135,7 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     operation(deps.client, deps.limits, msg, {
       signal: abort.signal,
       ...(deadline !== undefined ? { timeoutMs: deadline as number } : {}),
+      ...(typeof msg.priority === 'string' ? { priority: msg.priority } : {}),
       f32: msg.encoding === 'f32',
     }).then(
       (r) => {
@@ -199,7 +200,7 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
       const state = ws.getUserData();
       state.closed = true;
       state.held.length = 0;
-      for (const abort of state.inflight.values()) abort.abort(); // frees every slot of a client that is gone
+      for (const abort of state.inflight.values()) abort.abort('ws_close'); // frees every slot of a client that is gone
       state.inflight.clear();
     },
   });

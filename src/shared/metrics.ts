@@ -40,6 +40,18 @@ export function gatewayMetrics(registry: Registry) {
       labelNames: ['reason'] as const,
       registers,
     }),
+    cancellations: new Counter({
+      name: 'slabserve_cancellations_total',
+      help: 'Requests given up before their answer, by reason: client_disconnect, ws_cancel, ws_close, deadline (ran but finished late), request_failed (a sibling input failed).',
+      labelNames: ['reason'] as const,
+      registers,
+    }),
+    cancelledTokens: new Counter({
+      name: 'slabserve_cancelled_tokens_total',
+      help: 'Real tokens of cancelled requests: saved (never ran) or wasted (the device had run them).',
+      labelNames: ['reason', 'outcome'] as const,
+      registers,
+    }),
     eventLoopLag: new Gauge({
       name: 'slabserve_gateway_event_loop_lag_seconds',
       help: 'P99 event-loop delay of each gateway thread since the last scrape.',
@@ -102,7 +114,10 @@ export interface ProcessState {
     realTokens: number;
     paddedTokens: number;
     expired: number;
+    expiredTokens: number;
     cancelled: number;
+    /** Fitted batch cost per bucket. */
+    costs: { bucket: number; fixedMs: number; perRowMs: number }[];
   }[];
   ready(): boolean;
   heartbeatAgeSeconds(): number;
@@ -135,6 +150,28 @@ export function processMetrics(registry: Registry, state: ProcessState): void {
     },
   });
   new Gauge({ name: 'slabserve_requests_expired_total', help: 'Requests dropped before running: their deadline had passed.', labelNames: ['model'], registers, collect: perModel('expired') });
+  new Gauge({
+    name: 'slabserve_expired_tokens_total',
+    help: 'Real tokens of requests dropped before running because their deadline passed (work saved).',
+    labelNames: ['model'],
+    registers,
+    collect: perModel('expiredTokens'),
+  });
+  new Gauge({
+    name: 'slabserve_batch_cost_seconds',
+    help: 'The online cost model of a batch run, per bucket: seconds = fixed + per_row x rows.',
+    labelNames: ['model', 'bucket', 'term'],
+    registers,
+    collect() {
+      this.reset();
+      for (const m of state.models()) {
+        for (const c of m.costs) {
+          this.set({ model: m.name, bucket: String(c.bucket), term: 'fixed' }, c.fixedMs / 1000);
+          this.set({ model: m.name, bucket: String(c.bucket), term: 'per_row' }, c.perRowMs / 1000);
+        }
+      }
+    },
+  });
   new Gauge({ name: 'slabserve_requests_cancelled_total', help: 'Requests cancelled (client gone) that the device never ran or whose result was dropped.', labelNames: ['model'], registers, collect: perModel('cancelled') });
   new Gauge({
     name: 'slabserve_ready',
