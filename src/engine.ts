@@ -15,7 +15,7 @@ import { loadTokenizer, type Encoding } from './gateway/tokenizer.js';
 import type { DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
-import { loadModels, startInferenceThread } from './inference-host.js';
+import { bucketPlans, loadModels, startInferenceThread } from './inference-host.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
 import type { Task } from './shared/model-config.js';
@@ -248,7 +248,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   });
   const device = await inference.ready;
   const slabs = plans.map((p) => new Slab(p.slab, p.layout));
-  const submitter = new SlabSubmitter(slabs, control, OWNER, { buckets: plans.map((p) => p.batching.buckets) });
+  const submitter = new SlabSubmitter(slabs, control, OWNER, { buckets: bucketPlans(plans) });
   const client = new InferenceClient(models, submitter, {
     requestTimeoutMs: options.requestTimeoutMs ?? ENGINE_DEFAULTS.requestTimeoutMs,
     priorityNames: priorities.map((p) => p.name),

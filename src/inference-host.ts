@@ -8,7 +8,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
-import { DEFAULT_BATCHING, defaultBuckets, type BatchingOptions } from './gpu-worker/scheduler.js';
+import { batchCapacity, DEFAULT_BATCHING, defaultBuckets, type BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inference-loop.js';
 import type { InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
 import type { ControlBlock } from './shared/control.js';
@@ -26,6 +26,8 @@ export interface ModelPlan {
   batching: BatchingOptions;
   /** Longest accepted input: the model's max length or the last bucket, whichever is shorter. */
   maxLength: number;
+  /** Most rows in one batch of each bucket. */
+  capacities: number[];
   slab: SharedArrayBuffer;
   layout: SlabLayout;
 }
@@ -50,8 +52,14 @@ export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
     const batching = resolveBatching(spec, opts.batching);
     const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
     const slab = Slab.create({ slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners });
-    return { index, spec, batching, maxLength, slab: slab.buffer, layout: slab.layout };
+    const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
+    return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
   });
+}
+
+/** Each model's bucket lengths and batch capacities, as owners need them for admission. */
+export function bucketPlans(plans: ModelPlan[]): { lengths: number[]; capacities: number[] }[] {
+  return plans.map((p) => ({ lengths: p.batching.buckets, capacities: p.capacities }));
 }
 
 /** Validates and completes the batching options for one model. */

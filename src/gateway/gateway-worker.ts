@@ -61,7 +61,7 @@ async function main(): Promise<void> {
   const registry = new Registry();
   const metrics = gatewayMetrics(registry);
   const submitter = new SlabSubmitter(slabs, control, data.owner, {
-    buckets: data.models.map((m) => m.batching.buckets),
+    buckets: data.models.map((m) => ({ lengths: m.batching.buckets, capacities: m.capacities })),
     onCancel: (r) => {
       metrics.cancellations.inc({ reason: r.reason });
       metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);

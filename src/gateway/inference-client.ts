@@ -333,13 +333,11 @@ export class InferenceClient {
   /** Refuses at once (429) a request the queue ahead of it would make miss its deadline or the latency target. */
   private admit(model: ClientModel, encodings: Pick<Encoding, 'ids'>[], timeoutMs: number): void {
     if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
-    const m = model.plan.index;
-    let requestTokens = 0;
-    for (const e of encodings) requestTokens += this.submitter.paddedTokens(m, e.ids.length);
     const d = admission({
-      queuedTokens: this.submitter.queuedTokens(m),
-      requestTokens,
-      tokensPerMs: this.submitter.drainRate(m),
+      predictedWaitMs: this.submitter.predictedWaitMs(
+        model.plan.index,
+        encodings.map((e) => e.ids.length),
+      ),
       remainingMs: timeoutMs,
       ...(this.sloP99Ms !== undefined ? { targetMs: this.sloP99Ms } : {}),
     });

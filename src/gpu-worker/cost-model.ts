@@ -73,16 +73,6 @@ export class CostModel {
   coefficients(): CostCoefficients[] {
     return this.fits.map((f, i) => ({ bucket: this.buckets[i]!, fixedMs: f.fixedMs, perRowMs: f.perRowMs, samples: f.s0 }));
   }
-
-  /** Padded tokens per ms at full batches in the most efficient bucket: the best the device can drain a queue. */
-  bestTokensPerMs(): number {
-    let best = 0;
-    for (let b = 0; b < this.fits.length; b++) {
-      const ms = this.predict(b, this.capacities[b]!);
-      if (ms > 0) best = Math.max(best, (this.capacities[b]! * this.buckets[b]!) / ms);
-    }
-    return best;
-  }
 }
 
 /** Mean gap weight of the newest arrival. */

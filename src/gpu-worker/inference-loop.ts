@@ -193,6 +193,7 @@ export class InferenceLoop {
     const r = this.runners[model]!;
     const b = bucketFor(r.options.buckets, length);
     Atomics.sub(r.slab.accounts, Account.QUEUED_TOKENS, r.options.buckets[b]!);
+    Atomics.sub(r.slab.accounts, Account.QUEUED_BY_BUCKET + b, 1);
   }
 
   /** Drops cancelled requests (freeing their slots) and fails expired ones before they reach the device. */
@@ -227,10 +228,12 @@ export class InferenceLoop {
     const taken = this.queues[model]!.byClass[priority]![bucket]!.splice(0, count);
     const slots: number[] = [];
     const now = nowMs();
+    // A request that would only finish after its deadline does not run: its answer would be a timeout anyway.
+    const finishesAt = now + this.costs[model]!.predict(bucket, taken.length);
     for (const q of taken) {
       this.dequeued(model, q.length);
-      if (q.deadline <= now) {
-        this.expire(model, q.slot, q.length); // its deadline passed since the sweep: it must not run
+      if (q.deadline <= finishesAt) {
+        this.expire(model, q.slot, q.length);
         continue;
       }
       const found = slab.transition(q.slot, SlotState.QUEUED, SlotState.RUNNING);
@@ -242,6 +245,7 @@ export class InferenceLoop {
       return;
     }
     this.fair.charge(priority, slots.length * runner.options.buckets[bucket]!);
+    slab.counters[Counter.BUSY_UNTIL] = now + this.costs[model]!.predict(bucket, slots.length);
     this.inflight++;
     this.control.inflightBatches = this.inflight;
     const started = nowMs();
@@ -298,7 +302,6 @@ export class InferenceLoop {
     const slab: Slab = this.runners[model]!.slab;
     const cost = this.costs[model]!;
     cost.coefficients().forEach((k, b) => slab.setCost(b, k.fixedMs, k.perRowMs, k.samples));
-    slab.counters[Counter.TOKENS_PER_MS] = cost.bestTokensPerMs();
   }
 
   /**

@@ -84,8 +84,8 @@ export const Counter = {
   DROPPED_EXPIRED: 6,
   CANCELLED_SKIPPED: 7,
   QUEUED: 8, // requests waiting in the scheduler (a gauge)
-  TOKENS_PER_MS: 9, // best padded tokens per ms the device drains (cost model, full batches)
-  EXPIRED_TOKENS: 10, // real tokens of requests dropped because their deadline passed (work saved)
+  EXPIRED_TOKENS: 9,
+  BUSY_UNTIL: 10, // epoch ms when the batch running now is predicted to end (admission adds what is left of it) // real tokens of requests dropped because their deadline passed (work saved)
 } as const;
 const COUNTERS = 16;
 
@@ -99,8 +99,9 @@ const COST_F64 = 3;
 /** Shared tallies updated with Atomics by owners and the inference thread. */
 export const Account = {
   QUEUED_TOKENS: 0, // padded tokens submitted and not yet taken into a batch (or dropped)
+  QUEUED_BY_BUCKET: 8, // + bucket index: requests submitted into that bucket and not yet taken
 } as const;
-const ACCOUNTS = 8;
+const ACCOUNTS = 8 + MAX_BUCKETS;
 
 export interface SlabLayout {
   slotCount: number;

@@ -11,6 +11,7 @@
  * cancel:    an AbortSignal moves the slot QUEUED|RUNNING -> CANCELLED; the
  *            inference thread never runs it (or drops its result) and frees it.
  */
+import { predictedWaitMs } from './admission.js';
 import { nowMs } from './clock.js';
 import type { ControlBlock } from './control.js';
 import type { Doorbell } from './doorbell.js';
@@ -90,35 +91,46 @@ export class SlabSubmitter {
   private closed = false;
   private listening = false;
 
-  /** Padded length of each input length, per model (the queued-work tally counts padded tokens). */
-  private readonly paddedLength: ((length: number) => number)[];
+  /** Per model: bucket lengths and the batch capacity of each (for the queued-work tallies and admission). */
+  private readonly buckets: { lengths: number[]; capacities: number[] }[];
   private readonly onCancel: ((r: CancelReport) => void) | undefined;
 
-  constructor(slabs: Slab[], control: ControlBlock, owner: number, opts: { buckets?: number[][]; onCancel?: (r: CancelReport) => void } = {}) {
+  constructor(
+    slabs: Slab[],
+    control: ControlBlock,
+    owner: number,
+    opts: { buckets?: { lengths: number[]; capacities: number[] }[]; onCancel?: (r: CancelReport) => void } = {},
+  ) {
     this.slabs = slabs;
     this.control = control;
     this.owner = owner;
     this.bell = control.ownerBell(owner);
     this.pending = slabs.map((s) => new Array<Pending | undefined>(s.layout.slotCount));
-    this.paddedLength = slabs.map((_, m) => {
-      const buckets = opts.buckets?.[m];
-      return (length: number) => buckets?.find((b) => b >= length) ?? length;
-    });
+    this.buckets = slabs.map((s, m) => opts.buckets?.[m] ?? { lengths: [s.layout.maxLength], capacities: [1] });
     this.onCancel = opts.onCancel;
   }
 
-  /** Padded tokens queued for `model` and not yet taken into a batch. */
-  queuedTokens(model: number): number {
-    return Atomics.load(this.slabs[model]!.accounts, Account.QUEUED_TOKENS);
+  private bucketOf(model: number, length: number): number {
+    const lengths = this.buckets[model]!.lengths;
+    const b = lengths.findIndex((l) => l >= length);
+    return b < 0 ? lengths.length - 1 : b;
   }
 
-  /** Best rate the device drains `model`'s queue, padded tokens per ms (0 until measured). */
-  drainRate(model: number): number {
-    return this.slabs[model]!.counters[Counter.TOKENS_PER_MS]!;
-  }
-
-  paddedTokens(model: number, length: number): number {
-    return this.paddedLength[model]!(length);
+  /**
+   * Predicted ms for the device to drain `model`'s queue with inputs of
+   * `lengths` added, in full batches, from the cost model the inference
+   * thread publishes; 0 before it has measured anything.
+   */
+  predictedWaitMs(model: number, lengths: readonly number[]): number {
+    const slab = this.slabs[model]!;
+    const { lengths: bucketLengths, capacities } = this.buckets[model]!;
+    const request = new Array<number>(bucketLengths.length).fill(0);
+    for (const len of lengths) request[this.bucketOf(model, len)]! += 1;
+    const queued = bucketLengths.map((_, b) => Atomics.load(slab.accounts, Account.QUEUED_BY_BUCKET + b));
+    const costs = bucketLengths.map((_, b) => ({ capacity: capacities[b]!, ...slab.cost(b) }));
+    if (costs.every((c) => c.samples === 0)) return 0;
+    // Plus what is left of the batch running now.
+    return predictedWaitMs(queued, request, costs) + Math.max(0, slab.counters[Counter.BUSY_UNTIL]! - nowMs());
   }
 
   /** Requests submitted by this owner and not yet settled. */
@@ -171,7 +183,9 @@ export class SlabSubmitter {
     });
     this.inFlight++;
     slab.transition(slot, SlotState.FILLING, SlotState.QUEUED);
-    Atomics.add(slab.accounts, Account.QUEUED_TOKENS, this.paddedLength[model]!(len));
+    const bucket = this.bucketOf(model, len);
+    Atomics.add(slab.accounts, Account.QUEUED_TOKENS, this.buckets[model]!.lengths[bucket]!);
+    Atomics.add(slab.accounts, Account.QUEUED_BY_BUCKET + bucket, 1);
     // The ring holds slotCount entries and a slot index is in it at most once: it cannot be full.
     if (!slab.submit.push(slot)) throw new Error('submit ring full: a slot index was queued twice');
     this.control.workerBell.ring();

@@ -1,0 +1,114 @@
+/**
+ * The scheduling policy under load, on a virtual clock: Poisson arrivals
+ * (fixed seeds) into the real scheduler, cost model and admission rule, with
+ * a fake device whose run time follows a known cost model
+ * (test/fixtures/scheduler-sim.ts). No real clock is involved.
+ */
+import { describe, expect, it } from 'vitest';
+import { percentile, poissonLoad, simulate, type SimOptions } from './fixtures/scheduler-sim.js';
+
+// A device with a real batching gain: 1 ms per batch plus 5 us per padded token.
+const deviceMs = (rows: number, len: number) => 1 + 0.005 * rows * len;
+const batching = { maxBatchSize: 32, maxBatchDelayMs: 5, maxBatchTokens: 4096, buckets: [16, 32, 64, 128, 256] };
+const base: SimOptions = { batching, deviceMs };
+// Capacity: the mixed workload averages ~46 padded tokens; full batches drain ~167 tokens/ms: ~3.6 requests/ms.
+
+const meanBatch = (r: ReturnType<typeof simulate>) => r.batches.reduce((s, b) => s + b.rows, 0) / r.batches.length;
+
+describe('latency target (--slo-p99-ms)', () => {
+  it('at low load dispatches at once: batches of about one, latency about one run', () => {
+    const load = poissonLoad(1, 0.05, 20_000, { timeoutMs: 30_000 });
+    const r = simulate(load, { ...base, sloP99Ms: 50 });
+    expect(r.latency.size).toBe(load.length);
+    expect(meanBatch(r)).toBeLessThan(1.3);
+    expect(percentile([...r.latency.values()], 50)).toBeLessThan(3);
+  });
+
+  it('as load rises it packs fuller batches than dispatch-when-idle, and P99 stays under the target', () => {
+    const load = poissonLoad(2, 1.5, 10_000, { timeoutMs: 30_000 }); // ~40% of capacity
+    const fixed = simulate(load, base);
+    const slo = simulate(load, { ...base, sloP99Ms: 50 });
+    expect(slo.latency.size).toBe(load.length);
+    expect(percentile([...slo.latency.values()], 99)).toBeLessThan(50);
+    expect(meanBatch(slo)).toBeGreaterThan(meanBatch(fixed) * 1.5);
+    // fuller batches: less device time for the same work
+    const deviceTime = (r: ReturnType<typeof simulate>) => r.batches.reduce((s, b) => s + deviceMs(b.rows, batching.buckets[b.bucket]!), 0);
+    expect(deviceTime(slo)).toBeLessThan(deviceTime(fixed));
+  });
+
+  it('for each feasible target the P99 stays under it', () => {
+    const load = poissonLoad(3, 2.5, 8_000, { timeoutMs: 30_000 }); // ~70% of capacity
+    // (20 ms would not be feasible: a full batch of the longest bucket alone runs 21.5 ms.)
+    for (const target of [40, 80, 160]) {
+      const r = simulate(load, { ...base, sloP99Ms: target });
+      const lat = [...r.latency.values()];
+      expect(r.latency.size + r.rejected.size).toBe(load.length);
+      expect(r.rejected.size).toBeLessThan(load.length * 0.01);
+      expect(percentile(lat, 99)).toBeLessThan(target);
+    }
+  });
+
+  it('when the target cannot be met it sheds load instead of letting every request be late', () => {
+    const load = poissonLoad(4, 10, 3_000, { timeoutMs: 30_000 }); // ~3x capacity
+    const r = simulate(load, { ...base, sloP99Ms: 50 });
+    expect(r.rejected.size).toBeGreaterThan(load.length * 0.4);
+    const served = [...r.latency.values()];
+    expect(served.length).toBeGreaterThan(load.length * 0.2);
+    expect(percentile(served, 99)).toBeLessThan(50 * 2); // admitted work stays near the target
+  });
+
+  it('a rare long input is not starved by a steady stream of efficient short batches', () => {
+    const load = poissonLoad(5, 3, 5_000, { timeoutMs: 30_000, lengths: (r) => (r() < 0.01 ? 200 : 10) });
+    const r = simulate(load, { ...base, sloP99Ms: 40 });
+    const rare = load.filter((q) => q.length === 200);
+    expect(rare.length).toBeGreaterThan(5);
+    for (const q of rare) expect(r.latency.get(q.id), `request ${q.id}`).toBeLessThan(40 + 10);
+  });
+});
+
+describe('deadlines and admission', () => {
+  it('admission refuses early instead of timing out late under overload', () => {
+    const load = poissonLoad(6, 10, 3_000, { timeoutMs: 200 }); // ~3x capacity
+    const without = simulate(load, { ...base, admission: false });
+    const withAdmission = simulate(load, base);
+    const failedLate = (r: ReturnType<typeof simulate>) => r.expired.size + r.late.size;
+    // Without admission most requests are accepted and then time out.
+    expect(failedLate(without)).toBeGreaterThan(load.length * 0.4);
+    // With it the excess is refused at once and what is admitted mostly makes its deadline.
+    expect(withAdmission.rejected.size).toBeGreaterThan(load.length * 0.3);
+    const admitted = load.length - withAdmission.rejected.size;
+    expect(failedLate(withAdmission)).toBeLessThan(admitted * 0.05);
+    expect(withAdmission.latency.size).toBeGreaterThan(without.latency.size);
+  });
+
+  it('a request never runs when it would finish past its deadline', () => {
+    const load = poissonLoad(7, 8, 2_000, { timeoutMs: 30 });
+    const r = simulate(load, { ...base, admission: false });
+    expect(r.expired.size).toBeGreaterThan(0);
+    expect(r.late.size).toBe(0);
+    for (const b of r.batches) for (const d of b.deadlines) expect(b.start).toBeLessThan(d);
+  });
+});
+
+describe('priority classes', () => {
+  it('under overload interactive and bulk share the device 4:1 in tokens, and bulk still progresses', () => {
+    // Each class alone offers more than the device can do, so both stay backlogged.
+    const load = poissonLoad(8, 30, 1_000, { timeoutMs: 600_000, bulkShare: 0.5, lengths: () => 12 });
+    const r = simulate(load, { ...base, admission: false, ageingMs: 1e9 });
+    // Measure while both classes are backlogged: the first half of the run.
+    const firstHalf = r.batches.filter((b) => b.start < 500);
+    const served = [0, 0];
+    for (const b of firstHalf) served[b.priority]! += b.rows;
+    expect(served[1]).toBeGreaterThan(0);
+    expect(served[0]! / served[1]!).toBeGreaterThan(3);
+    expect(served[0]! / served[1]!).toBeLessThan(5);
+  });
+
+  it('with ageing, a bulk request waits at most about the ageing time even under an interactive flood', () => {
+    const load = poissonLoad(9, 8, 3_000, { timeoutMs: 600_000, bulkShare: 0.02, lengths: () => 12 });
+    const r = simulate(load, { ...base, admission: false, weights: [1000, 1], ageingMs: 100 });
+    const bulk = load.filter((q) => q.priority === 1);
+    expect(bulk.length).toBeGreaterThan(10);
+    for (const q of bulk) expect(r.latency.get(q.id)).toBeLessThan(100 + 20);
+  });
+});
