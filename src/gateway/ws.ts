@@ -44,10 +44,27 @@ interface SocketState {
   inflight: Map<RequestId, AbortController>;
   /** Frames received while held back (copies: uWS reuses the message memory). */
   held: ArrayBuffer[];
+  /** A drain has scheduled taking up the held frames. */
+  resuming: boolean;
   closed: boolean;
 }
 
 const CODE_TRY_AGAIN_LATER = 1013;
+const CODE_MESSAGE_TOO_BIG = 1009;
+
+/** Removes the held (not yet parsed) frame of request `id`, if there is one. */
+function dropHeld(state: SocketState, id: RequestId): boolean {
+  const i = state.held.findIndex((frame) => {
+    try {
+      return (unpack(new Uint8Array(frame)) as { id?: unknown } | null)?.id === id;
+    } catch {
+      return false;
+    }
+  });
+  if (i < 0) return false;
+  state.held.splice(i, 1);
+  return true;
+}
 
 function isCancel(frame: ArrayBuffer): boolean {
   try {
@@ -101,10 +118,13 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
       return;
     }
     if (msg.op === 'cancel') {
-      state.inflight.get(id)?.abort('ws_cancel'); // its operation rejects with CancelledError and answers
+      const running = state.inflight.get(id);
+      if (running) running.abort('ws_cancel'); // its operation rejects with CancelledError and answers
+      else if (dropHeld(state, id)) sendError(ws, id, new CancelledError()); // still an unparsed held frame: it never runs
       return;
     }
-    const operation = typeof msg.op === 'string' ? operations[msg.op] : undefined;
+    // Own properties only: an op named "toString" or "__proto__" must not reach Object.prototype.
+    const operation = typeof msg.op === 'string' && Object.hasOwn(operations, msg.op) ? operations[msg.op] : undefined;
     if (!operation) {
       sendError(ws, id, new ValidationError(`unknown op ${JSON.stringify(msg.op)}; expected one of hello, cancel, ${Object.keys(operations).join(', ')}`));
       return;
@@ -155,14 +175,16 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
   };
 
   app.ws<SocketState>('/ws', {
-    maxPayloadLength: opts.maxFrameBytes,
+    // uWS drops a connection over its own limit without a close frame: keep that limit above ours,
+    // so a frame over --ws-max-frame-bytes gets a proper 1009 close (frames over twice it are dropped).
+    maxPayloadLength: opts.maxFrameBytes * 2,
     idleTimeout: opts.idleTimeoutSeconds,
     sendPingsAutomatically: true,
     // We hold requests back at maxBufferedBytes ourselves; uWS must never drop a result.
     maxBackpressure: Math.max(64 * 1024 * 1024, opts.maxBufferedBytes * 16),
     closeOnBackpressureLimit: 0,
     upgrade: (res, req, context) => {
-      const state: SocketState = { credit: opts.maxInflight, inflight: new Map(), held: [], closed: false };
+      const state: SocketState = { credit: opts.maxInflight, inflight: new Map(), held: [], resuming: false, closed: false };
       res.upgrade(state, req.getHeader('sec-websocket-key'), req.getHeader('sec-websocket-protocol'), req.getHeader('sec-websocket-extensions'), context);
     },
     open: (ws) => {
@@ -170,6 +192,11 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     },
     message: (ws, message, isBinary) => {
       const state = ws.getUserData();
+      if (message.byteLength > opts.maxFrameBytes) {
+        state.closed = true;
+        ws.end(CODE_MESSAGE_TOO_BIG, `frame of ${message.byteLength} bytes exceeds --ws-max-frame-bytes (${opts.maxFrameBytes})`);
+        return;
+      }
       if (!isBinary) {
         sendError(ws, null, new ValidationError('send binary msgpack frames; text frames are not read'));
         return;
@@ -192,8 +219,18 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
       handle(ws, message);
     },
     drain: (ws) => {
+      // Not from inside uWS's drain callback: a send made there can stay in uWS's buffer with no
+      // further drain to flush it, and the socket would hang. Take held frames up on the next turn.
       const state = ws.getUserData();
-      while (state.held.length > 0 && !heldBack(ws) && !state.closed) handle(ws, state.held.shift()!);
+      if (state.held.length === 0 || state.resuming) return;
+      state.resuming = true;
+      setImmediate(() => {
+        state.resuming = false;
+        if (state.closed) return;
+        ws.cork(() => {
+          while (state.held.length > 0 && !heldBack(ws) && !state.closed) handle(ws, state.held.shift()!);
+        });
+      });
     },
     close: (ws) => {
       open.delete(ws);
