@@ -1,8 +1,10 @@
 /**
- * Quick benchmark: what dynamic batching buys, and how close the engine gets
- * to onnxruntime called directly, on one model (tiny-embed by default).
+ * Quick benchmark: what dynamic batching buys, and how close the engine and the
+ * HTTP server get to onnxruntime called directly, on one model (tiny-embed by default).
  *
- *   npm run bench:quick                        # build, generate models, run (~1 min 50 s on 2 cores; --skip-extra ~45 s)
+ *   npm run bench:quick                        # build, generate models, run (~2 min 35 s on 2 cores)
+ *   npm run bench:quick -- --skip-extra        # without the maxInflightBatches x intraOpThreads table
+ *   npm run bench:quick -- --http-only         # raw + HTTP rows only
  *   node dist/bench/quick.js --help
  *
  * Phases (each: warm-up, then a fixed measured duration):
@@ -12,15 +14,20 @@
  *                 and is padded to it, with attention mask, as the engine would do
  *   engine ...    createEngine(), `--concurrency` closed-loop callers, each sending its
  *                 next request (one sequence) when the previous one is answered
+ *   http ...      `slabserve serve` in a child process on 127.0.0.1 (batching on, and
+ *                 --max-batch-size 1), driven by closed-loop clients in this process over
+ *                 keep-alive connections (one per client): POST /embed {"inputs": text},
+ *                 so the server tokenizes (bench/http-load.ts)
  *
  * Every configuration runs `--rounds` times, rounds in alternating order
  * (A B C ... C B A A B C ...) so slow drift of a noisy machine hits all
  * configurations alike; each row reports the median round by sequences/s
  * (--report best: the fastest) and the spread between rounds.
  *
- * Engine and raw see identical inputs: token ids from a fixed seed (or, with
- * --texts, generated texts tokenized by the model's tokenizer; the engine
- * then goes through engine.embed, tokenization included).
+ * Every row sees the same inputs: short texts generated from a fixed seed and
+ * tokenized by the model's tokenizer. Raw and the engine run those token ids
+ * (with --texts the engine gets the text, through engine.embed); the HTTP rows
+ * send the text. --ids: random token ids instead (the old workload; no HTTP rows).
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -32,6 +39,7 @@ import { parseArgs } from 'node:util';
 import hdr from 'hdr-histogram-js';
 import * as ort from 'onnxruntime-node';
 import { createEngine, ENGINE_DEFAULTS, resolveBatching, type Engine } from '../src/engine.js';
+import { closedLoop, createLoadClient, startServerProcess, type ClientKind, type ServerProcess } from './http-load.js';
 import { loadTokenizer } from '../src/gateway/tokenizer.js';
 import { prepareModel, type PreparedModel } from '../src/gpu-worker/graph.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';
@@ -58,9 +66,14 @@ const HELP = `usage: node dist/bench/quick.js [options]
   --device D               engine device (default cpu)
   --requests N             workload size: sequences generated from the seed (default 4096)
   --seed N                 workload seed (default 1234)
-  --texts                  engine phases call engine.embed(text) (tokenization included) instead of runTokens
+  --texts                  engine phases call engine.embed(text) (tokenization included) instead of runTokens on its ids
+  --ids                    workload of random token ids instead of texts (the old default; implies --skip-http)
   --extra-intra LIST       intra-op thread counts the extra table compares with --intra-op-threads (default 1,2)
-  --skip-extra             skip the maxInflightBatches x intraOpThreads table (main table only, ~1 min)
+  --skip-extra             skip the maxInflightBatches x intraOpThreads table
+  --skip-http              skip the HTTP table
+  --http-only              raw rows and the HTTP table only (no engine phases)
+  --http-clients LIST      concurrent HTTP clients, one keep-alive connection each (default 1,64)
+  --http-client KIND       http (node:http keep-alive Agent, default) or undici (undici Pool, if installed)
   --json PATH              also write every round's raw results as JSON`;
 
 const { values: args } = parseArgs({
@@ -77,6 +90,11 @@ const { values: args } = parseArgs({
     requests: { type: 'string', default: '4096' },
     seed: { type: 'string', default: '1234' },
     texts: { type: 'boolean', default: false },
+    ids: { type: 'boolean', default: false },
+    'skip-http': { type: 'boolean', default: false },
+    'http-only': { type: 'boolean', default: false },
+    'http-clients': { type: 'string', default: '1,64' },
+    'http-client': { type: 'string', default: 'http' },
     'extra-intra': { type: 'string', default: '1,2' },
     'skip-extra': { type: 'boolean', default: false },
     json: { type: 'string' },
@@ -122,7 +140,29 @@ if (REPORT !== 'median' && REPORT !== 'best') {
   console.error(`--report: expected median or best, got "${REPORT}"`);
   process.exit(2);
 }
-const EXTRA = !args['skip-extra'];
+const IDS = args.ids!;
+if (IDS && TEXTS) {
+  console.error('--ids and --texts exclude each other');
+  process.exit(2);
+}
+if (args['http-only'] && (args['skip-http'] || IDS)) {
+  console.error('--http-only needs the HTTP rows: not with --skip-http or --ids');
+  process.exit(2);
+}
+const HTTP_ONLY = args['http-only']!;
+const HTTP = !args['skip-http'] && !IDS;
+const ENGINES = !HTTP_ONLY;
+const EXTRA = !args['skip-extra'] && !HTTP_ONLY;
+const HTTP_CLIENTS = args['http-clients']!
+  .split(',')
+  .filter((x) => x.trim() !== '')
+  .map((x) => num('http-clients', x.trim(), 1, true))
+  .filter((v, i, a) => a.indexOf(v) === i);
+const HTTP_CLIENT = args['http-client']! as ClientKind;
+if (HTTP_CLIENT !== 'http' && HTTP_CLIENT !== 'undici') {
+  console.error(`--http-client: expected http or undici, got "${HTTP_CLIENT}"`);
+  process.exit(2);
+}
 const RAW_BATCHES = [1, 8, 32];
 const MIN_LEN = 8; // tokens, [CLS] and [SEP] included
 const MAX_LEN = 32;
@@ -184,7 +224,9 @@ async function textWorkload(r: () => number, n: number, spec: ModelSpec): Promis
 interface PhaseResult {
   config: string;
   round: number;
-  kind: 'raw' | 'engine';
+  kind: 'raw' | 'engine' | 'http';
+  /** Closed-loop callers (engine) or HTTP clients; null for raw. */
+  concurrency: number | null;
   seqPerSec: number;
   /** ms; per batch for raw, per request for the engine. */
   p50Ms: number;
@@ -195,9 +237,11 @@ interface PhaseResult {
   msPerBatch: number;
   /** session.run ms per batch (engine: its RUN_MS counter; raw: the same as msPerBatch). */
   ortMsPerBatch: number | null;
-  /** Process CPU time (all threads) over wall time: how many cores were busy. */
+  /** Process CPU time (all threads) over wall time: how many cores were busy. For http: the server process. */
   cores: number;
   cpuUsPerSeq: number;
+  /** http only: the load generator (this process) and its connections. */
+  client?: { cores: number; elu: number; cpuUsPerReq: number; connections: number | null };
   sequences: number;
   batches: number;
   errors: number;
@@ -294,6 +338,7 @@ async function runRaw(config: string, round: number, session: ort.InferenceSessi
     config,
     round,
     kind: 'raw',
+    concurrency: null,
     seqPerSec: (rows / windowMs) * 1000,
     p50Ms: h.getValueAtPercentile(50) / 1000,
     p99Ms: h.getValueAtPercentile(99) / 1000,
@@ -321,7 +366,7 @@ function runMsCounter(engine: Engine, model: string): number {
   return engine.stats()[model]!.runMs;
 }
 
-async function runEngine(config: string, round: number, engine: Engine, seqs: Seq[]): Promise<PhaseResult> {
+async function runEngine(config: string, round: number, engine: Engine, seqs: Seq[], concurrency: number): Promise<PhaseResult> {
   let cursor = 0;
   let stop = false;
   let windowStart = Infinity;
@@ -351,7 +396,7 @@ async function runEngine(config: string, round: number, engine: Engine, seqs: Se
       }
     }
   };
-  const callers = Array.from({ length: CONCURRENCY }, caller);
+  const callers = Array.from({ length: concurrency }, caller);
   await sleep(WARMUP_MS);
   const s0 = engine.stats()[MODEL]!;
   const r0 = runMsCounter(engine, MODEL);
@@ -372,6 +417,7 @@ async function runEngine(config: string, round: number, engine: Engine, seqs: Se
     config,
     round,
     kind: 'engine',
+    concurrency,
     seqPerSec: (done / windowMs) * 1000,
     p50Ms: h.getValueAtPercentile(50) / 1000,
     p99Ms: h.getValueAtPercentile(99) / 1000,
@@ -388,6 +434,76 @@ async function runEngine(config: string, round: number, engine: Engine, seqs: Se
   };
   h.destroy();
   return result;
+}
+
+// ---------------------------------------------------------------- http
+
+async function runHttp(config: string, round: number, server: ServerProcess, bodies: Buffer[], clients: number): Promise<PhaseResult> {
+  // A fresh client (and connections) per phase: uWS closes connections idle for 10 s, and the
+  // other phases in between take longer than that. Connecting happens during the warm-up.
+  const client = await createLoadClient(HTTP_CLIENT, server.origin, clients);
+  const h = histogram();
+  try {
+    const r = await closedLoop({ server, client, model: MODEL, path: '/embed', bodies, concurrency: clients, warmupMs: WARMUP_MS, durationMs: DURATION_MS, histogram: h });
+    if (r.errors > 0) console.error(`  ${config}: ${r.errors} requests failed, first: ${r.firstError}`);
+    const batches = r.after.batches - r.before.batches;
+    const rows = r.after.rows - r.before.rows;
+    const serverCpu = r.serverCpuMs ?? NaN;
+    return {
+      config,
+      round,
+      kind: 'http',
+      concurrency: clients,
+      seqPerSec: (r.done / r.windowMs) * 1000,
+      p50Ms: h.getValueAtPercentile(50) / 1000,
+      p99Ms: h.getValueAtPercentile(99) / 1000,
+      meanBatch: rows / batches,
+      paddingEfficiency: (r.after.realTokens - r.before.realTokens) / (r.after.paddedTokens - r.before.paddedTokens),
+      msPerBatch: r.countersMs / batches,
+      ortMsPerBatch: ((r.after.runSeconds - r.before.runSeconds) * 1000) / batches,
+      cores: serverCpu / r.windowMs,
+      cpuUsPerSeq: (serverCpu * 1000) / r.done,
+      client: { cores: r.clientCpuMs / r.windowMs, elu: r.clientElu, cpuUsPerReq: (r.clientCpuMs * 1000) / r.done, connections: r.connections },
+      sequences: r.done,
+      batches,
+      errors: r.errors,
+      windowMs: r.windowMs,
+    };
+  } finally {
+    h.destroy();
+    await client.close();
+  }
+}
+
+/**
+ * Before timing: the server must compute what raw computes. Sends `n` texts one by one and
+ * checks the server counted exactly the tokens of the bench's own tokenization, and (with an
+ * engine at hand) that the vectors match engine.embed of the same texts.
+ */
+async function checkServer(name: string, server: ServerProcess, seqs: Seq[], engine: Engine | undefined, n = 16): Promise<string> {
+  const client = await createLoadClient(HTTP_CLIENT, server.origin, 1);
+  try {
+    const before = await server.counters(MODEL);
+    let maxDiff = 0;
+    for (const s of seqs.slice(0, n)) {
+      const r = await client.post('/embed', Buffer.from(JSON.stringify({ inputs: s.text })));
+      if (r.status !== 200) throw new Error(`${name}: POST /embed answered ${r.status}: ${r.body.toString('utf8').slice(0, 300)}`);
+      const got = JSON.parse(r.body.toString('utf8')) as number[][];
+      if (engine) {
+        const want = (await engine.embed(s.text!, { model: MODEL }))[0]!;
+        if (got[0]!.length !== want.length) throw new Error(`${name}: ${got[0]!.length} dimensions, engine ${want.length}`);
+        want.forEach((v, i) => (maxDiff = Math.max(maxDiff, Math.abs(v - got[0]![i]!))));
+      }
+    }
+    const after = await server.counters(MODEL);
+    const want = seqs.slice(0, n).reduce((a, s) => a + s.ids.length, 0);
+    const real = after.realTokens - before.realTokens;
+    if (real !== want) throw new Error(`${name}: the server computed ${real} real tokens for ${n} texts, the bench's tokenization has ${want}`);
+    if (maxDiff > 1e-4) throw new Error(`${name}: vectors differ from engine.embed by up to ${maxDiff}`);
+    return `${n} texts, ${real} tokens as tokenized here${engine ? `, vectors = engine.embed (max diff ${maxDiff.toExponential(1)})` : ''}`;
+  } finally {
+    await client.close();
+  }
 }
 
 // ---------------------------------------------------------------- table
@@ -432,7 +548,7 @@ async function main(): Promise<void> {
   const batching = resolveBatching(spec, {});
   const buckets = batching.buckets;
   const r = rng(SEED);
-  const seqs = TEXTS ? await textWorkload(r, N_SEQS, spec) : tokenWorkload(r, N_SEQS);
+  const seqs = IDS ? tokenWorkload(r, N_SEQS) : await textWorkload(r, N_SEQS, spec);
   const lens = seqs.map((s) => s.ids.length);
   const bucketMix = buckets.map((T, b) => ({ T, n: seqs.filter((s) => bucketFor(buckets, s.ids.length) === b).length })).filter((x) => x.n > 0);
 
@@ -440,17 +556,23 @@ async function main(): Promise<void> {
   console.log(
     `machine: ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, node ${machine.node}, onnxruntime-node ${machine.onnxruntime}, ${machine.platform}, loadavg ${machine.loadavg.join(' ')}`,
   );
+  const how = IDS
+    ? 'random token sequences (raw: padded batches of them; engine: engine.runTokens)'
+    : `generated texts, tokenized here by the model's tokenizer (raw: padded batches of their ids; engine: ${TEXTS ? 'engine.embed(text), tokenization included' : 'engine.runTokens(ids)'}` +
+      `${HTTP ? '; http: POST /embed {"inputs": text}, the server tokenizes' : ''})`;
   console.log(
-    `workload: ${seqs.length} ${TEXTS ? 'generated texts (engine: engine.embed, tokenization included)' : 'token sequences (engine: engine.runTokens)'}, seed ${SEED}, ` +
+    `workload: ${seqs.length} ${how}, seed ${SEED}, ` +
       `${Math.min(...lens)}..${Math.max(...lens)} tokens (mean ${(lens.reduce((a, b) => a + b, 0) / lens.length).toFixed(1)}), ` +
       `buckets ${bucketMix.map((x) => `${x.T}:${((100 * x.n) / seqs.length).toFixed(0)}%`).join(' ')}`,
   );
   console.log(
     `phases: ${WARMUP_MS / 1000}s warm-up + ${DURATION_MS / 1000}s measured, ${ROUNDS} rounds in alternating order, ${REPORT} round reported; ` +
-      `engine: device ${DEVICE}, ${CONCURRENCY} closed-loop callers; intra-op threads ${INTRA}${INTRA === 0 ? ' (onnxruntime default)' : ''}`,
+      `${ENGINES ? `engine: device ${DEVICE}, ${CONCURRENCY} closed-loop callers; ` : ''}` +
+      `${HTTP ? `http: ${HTTP_CLIENTS.join(' and ')} clients, one keep-alive connection each (${HTTP_CLIENT === 'http' ? 'node:http Agent' : 'undici Pool'}), server in a child process; ` : ''}` +
+      `intra-op threads ${INTRA}${INTRA === 0 ? ' (onnxruntime default)' : ''}`,
   );
 
-  // --- sessions and engines, opened once and kept for every round
+  // --- sessions, engines and servers, opened once and kept for every round
   const t = performance.now();
   const prepared = prepareModel(readFileSync(spec.onnxPath), spec);
   const fetches = prepared.outputs.map((o) => o.name);
@@ -468,10 +590,13 @@ async function main(): Promise<void> {
   const rawSets = new Map(RAW_BATCHES.map((b) => [b, rawBatches(seqs, buckets, b, prepared, rng(SEED + b))]));
   const rawMs = performance.now() - t;
 
-  const engineConfigs: EngineConfig[] = [
-    { name: 'engine batched', maxInflightBatches: DEFAULT_INFLIGHT, intraOpThreads: INTRA },
-    { name: 'engine maxBatchSize=1', maxBatchSize: 1, maxInflightBatches: DEFAULT_INFLIGHT, intraOpThreads: INTRA },
-  ];
+  const engineConfigs: EngineConfig[] = [];
+  if (ENGINES) {
+    engineConfigs.push(
+      { name: 'engine batched', maxInflightBatches: DEFAULT_INFLIGHT, intraOpThreads: INTRA },
+      { name: 'engine maxBatchSize=1', maxBatchSize: 1, maxInflightBatches: DEFAULT_INFLIGHT, intraOpThreads: INTRA },
+    );
+  }
   if (EXTRA) {
     for (const intra of INTRAS) {
       for (const inflight of [1, 2]) {
@@ -480,6 +605,20 @@ async function main(): Promise<void> {
       }
     }
   }
+  // Two servers, `slabserve serve` as a user runs it, on loopback: batching on (the defaults) and --max-batch-size 1.
+  // Started now, so their warm-up overlaps the engines' (each start-up keeps one core busy).
+  const HTTP_BATCHED = 'http batched';
+  const HTTP_MBS1 = 'http maxBatchSize=1';
+  const serverArgs = ['--host', '127.0.0.1', '--port', '0', '--models-dir', MODELS_DIR, '--model', MODEL, '--device', DEVICE, '--intra-op-threads', String(INTRA), '--max-inflight-batches', String(DEFAULT_INFLIGHT)];
+  const cliPath = resolve(here, '..', 'src', 'cli.js');
+  const t3 = performance.now();
+  const starting = HTTP
+    ? [
+        [HTTP_BATCHED, startServerProcess({ cliPath, args: serverArgs })],
+        [HTTP_MBS1, startServerProcess({ cliPath, args: [...serverArgs, '--max-batch-size', '1'] })],
+      ] as const
+    : [];
+  for (const [, p] of starting) p.catch(() => {}); // awaited below
   const t2 = performance.now();
   // Every engine stays open for all rounds (an idle engine's inference thread only wakes every 250 ms),
   // so no phase pays for start-up. Opened one after the other: start-up is mostly warm-up runs, CPU-bound.
@@ -496,14 +635,41 @@ async function main(): Promise<void> {
     });
     engines.set(c.name, engine);
   }
-  const engineStartMs = (performance.now() - t2) / engineConfigs.length;
-  const first = engines.values().next().value!;
+  const engineStartMs = engineConfigs.length ? (performance.now() - t2) / engineConfigs.length : 0;
+  const first = engines.values().next().value;
   console.log(
-    `set-up: raw sessions + batches ${(rawMs / 1000).toFixed(1)}s; createEngine ${(engineStartMs / 1000).toFixed(1)}s each x ${engineConfigs.length} (engine device: ${first.device.label}, ${first.device.name}); ` +
-      `engine batching: maxBatchSize ${first.info()[0]!.batching.maxBatchSize}, maxBatchDelayMs ${first.info()[0]!.batching.maxBatchDelayMs}, maxBatchTokens ${first.info()[0]!.batching.maxBatchTokens}, buckets ${buckets.join(',')}`,
+    `set-up: raw sessions + batches ${(rawMs / 1000).toFixed(1)}s` +
+      (first
+        ? `; createEngine ${(engineStartMs / 1000).toFixed(1)}s each x ${engineConfigs.length} (engine device: ${first.device.label}, ${first.device.name}); ` +
+          `engine batching: maxBatchSize ${first.info()[0]!.batching.maxBatchSize}, maxBatchDelayMs ${first.info()[0]!.batching.maxBatchDelayMs}, maxBatchTokens ${first.info()[0]!.batching.maxBatchTokens}, buckets ${buckets.join(',')}`
+        : ''),
   );
 
+  const servers = new Map<string, ServerProcess>();
+  const serverChecks: Record<string, string> = {};
+  let serverReadyMs = 0;
+  const bodies = seqs.map((s) => Buffer.from(JSON.stringify({ inputs: s.text })));
+  if (HTTP) {
+    try {
+      for (const [name, p] of starting) servers.set(name, await p);
+      serverReadyMs = performance.now() - t3;
+      for (const [name, server] of servers) serverChecks[name] = await checkServer(name, server, seqs, engines.get('engine batched'));
+    } catch (err) {
+      for (const [, p] of starting) await p.then((server) => server.stop(1000)).catch(() => {});
+      for (const e of engines.values()) await e.close();
+      throw err;
+    }
+    const line = (name: string) => servers.get(name)!.startLines.find((l) => l.includes('maxBatchSize=')) ?? '';
+    console.log(
+      `set-up: ${servers.size} x slabserve serve ${serverArgs.join(' ')} [--max-batch-size 1], ready ${(serverReadyMs / 1000).toFixed(1)}s after start${ENGINES ? ' (alongside the engines)' : ''}; ` +
+        `${line(HTTP_BATCHED).replace(/^slabserve: /, '')} | ${line(HTTP_MBS1).replace(/^slabserve: model \S+ /, '')}`,
+    );
+    console.log(`check: ${Object.entries(serverChecks).map(([n, c]) => `${n}: ${c}`).join('; ')}`);
+  }
+
   // --- phases, in alternating order
+  const engineAt = (c: number) => (c === CONCURRENCY ? 'engine batched' : `engine batched c=${c}`);
+  const httpAt = (name: string, c: number) => `${name} c=${c}`;
   type Phase = { name: string; run: (round: number) => Promise<PhaseResult> };
   const phases: Phase[] = [
     ...RAW_BATCHES.map((b) => ({ name: `raw b=${b}`, run: (round: number) => runRaw(`raw b=${b}`, round, rawSession, rawSets.get(b)!, fetches) })),
@@ -511,22 +677,42 @@ async function main(): Promise<void> {
       name: `raw b=32 intra=${intra}`,
       run: (round: number) => runRaw(`raw b=32 intra=${intra}`, round, session, rawSets.get(32)!, fetches),
     })),
-    ...engineConfigs.map((c) => ({ name: c.name, run: (round: number) => runEngine(c.name, round, engines.get(c.name)!, seqs) })),
+    ...engineConfigs.map((c) => ({ name: c.name, run: (round: number) => runEngine(c.name, round, engines.get(c.name)!, seqs, CONCURRENCY) })),
+    // the in-process reference for each HTTP client count the engine rows above do not cover
+    ...(HTTP && ENGINES
+      ? HTTP_CLIENTS.filter((c) => c !== CONCURRENCY).map((c) => ({
+          name: engineAt(c),
+          run: (round: number) => runEngine(engineAt(c), round, engines.get('engine batched')!, seqs, c),
+        }))
+      : []),
+    ...HTTP_CLIENTS.flatMap((c) =>
+      [...servers].map(([name, server]) => ({ name: httpAt(name, c), run: (round: number) => runHttp(httpAt(name, c), round, server, bodies, c) })),
+    ),
   ];
   const all: PhaseResult[] = [];
-  for (let round = 0; round < ROUNDS; round++) {
-    const order = round % 2 === 0 ? phases : [...phases].reverse();
-    const line: string[] = [];
-    for (const p of order) {
-      const res = await p.run(round);
-      all.push(res);
-      line.push(`${p.name} ${res.seqPerSec.toFixed(0)}`);
+  const serverExits: Record<string, { code: number | null; signal: string | null }> = {};
+  try {
+    for (let round = 0; round < ROUNDS; round++) {
+      const order = round % 2 === 0 ? phases : [...phases].reverse();
+      const line: string[] = [];
+      for (const p of order) {
+        const res = await p.run(round);
+        all.push(res);
+        line.push(`${p.name} ${res.seqPerSec.toFixed(0)}`);
+      }
+      console.error(`round ${round + 1}/${ROUNDS} (seq/s): ${line.join(', ')}`);
     }
-    console.error(`round ${round + 1}/${ROUNDS} (seq/s): ${line.join(', ')}`);
+  } finally {
+    // Every load client is closed by now (runHttp closes its own), so the servers can drain.
+    for (const [name, server] of servers) {
+      const exit = await server.stop();
+      serverExits[name] = exit;
+      if (exit.code !== 0) console.error(`warning: the ${name} server exited with code ${exit.code}, signal ${exit.signal} after SIGTERM`);
+    }
+    for (const e of engines.values()) await e.close();
+    await rawSession.release();
+    for (const session of rawAlt.values()) await session.release();
   }
-  for (const e of engines.values()) await e.close();
-  await rawSession.release();
-  for (const session of rawAlt.values()) await session.release();
 
   // --- the reported round per configuration (median or best by seq/s), and the spread between rounds
   const best = new Map<string, PhaseResult & { spreadPct: number; roundsSeqPerSec: number[] }>();
@@ -539,7 +725,8 @@ async function main(): Promise<void> {
     best.set(p.name, { ...pick, spreadPct: (100 * (hi - lo)) / hi, roundsSeqPerSec: all.filter((x) => x.config === p.name).map((x) => x.seqPerSec) });
   }
   const get = (name: string) => best.get(name)!;
-  const mbs1 = get('engine maxBatchSize=1').seqPerSec;
+  const has = (name: string) => best.has(name);
+  const mbs1 = ENGINES ? get('engine maxBatchSize=1').seqPerSec : NaN;
   const rawBest = Math.max(...RAW_BATCHES.map((b) => get(`raw b=${b}`).seqPerSec));
   const rawBestName = RAW_BATCHES.map((b) => `raw b=${b}`).find((n) => get(n).seqPerSec === rawBest)!;
 
@@ -563,15 +750,15 @@ async function main(): Promise<void> {
       `${fmt(x.seqPerSec / rawBest, 2)}x`,
     ];
   };
-  const mainNames = [...RAW_BATCHES.map((b) => `raw b=${b}`), 'engine batched', 'engine maxBatchSize=1'];
+  const mainNames = [...RAW_BATCHES.map((b) => `raw b=${b}`), ...(ENGINES ? ['engine batched', 'engine maxBatchSize=1'] : [])];
   console.log('');
-  console.log(`## ${MODEL}: raw onnxruntime vs engine (intra-op threads ${INTRA}, engine maxInflightBatches ${DEFAULT_INFLIGHT})`);
+  console.log(`## ${MODEL}: raw onnxruntime${ENGINES ? ' vs engine' : ''} (intra-op threads ${INTRA}, engine maxInflightBatches ${DEFAULT_INFLIGHT})`);
   console.log('');
   console.log(table(headers, mainNames.map(row)));
   console.log('');
-  const gain = get('engine batched').seqPerSec / mbs1;
-  const vsRaw = get('engine batched').seqPerSec / rawBest;
-  console.log(`batching gain (engine batched / engine maxBatchSize=1): ${gain.toFixed(2)}x; engine/raw (engine batched / ${rawBestName}): ${vsRaw.toFixed(2)}x`);
+  const gain = ENGINES ? get('engine batched').seqPerSec / mbs1 : NaN;
+  const vsRaw = ENGINES ? get('engine batched').seqPerSec / rawBest : NaN;
+  if (ENGINES) console.log(`batching gain (engine batched / engine maxBatchSize=1): ${gain.toFixed(2)}x; engine/raw (engine batched / ${rawBestName}): ${vsRaw.toFixed(2)}x`);
 
   if (EXTRA) {
     const extraNames = [
@@ -604,32 +791,128 @@ async function main(): Promise<void> {
     console.log(table(xHeaders, xRows));
   }
 
+  // --- HTTP table: the server over loopback, beside raw and the in-process engine
+  const httpDerived: Record<string, unknown> = {};
+  if (HTTP) {
+    const names: string[] = [rawBestName];
+    for (const c of HTTP_CLIENTS) {
+      if (ENGINES) {
+        names.push(engineAt(c));
+        if (c === CONCURRENCY) names.push('engine maxBatchSize=1');
+      }
+      names.push(httpAt(HTTP_BATCHED, c), httpAt(HTTP_MBS1, c));
+    }
+    /** The row batching gain divides by, and the in-process row the HTTP row compares with. */
+    const unbatchedOf = (n: string, x: PhaseResult): string | null =>
+      x.kind === 'http' ? httpAt(HTTP_MBS1, x.concurrency!) : n === 'engine batched' || n === 'engine maxBatchSize=1' ? 'engine maxBatchSize=1' : null;
+    const engineOf = (n: string, x: PhaseResult): string | null =>
+      x.kind !== 'http' ? null : n.startsWith(HTTP_MBS1) ? (x.concurrency === CONCURRENCY ? 'engine maxBatchSize=1' : null) : engineAt(x.concurrency!);
+    const ratio = (a: number, name: string | null) => (name && has(name) ? `${fmt(a / get(name).seqPerSec, 2)}x` : '');
+    const hHeaders = ['config', 'clients', 'req/s', 'spread', 'P50 ms', 'P99 ms', 'latency of', 'mean batch', 'ORT us/seq', 'cores', 'CPU us/req', 'client cores', 'client ELU', 'conns', 'batching gain', 'vs engine', 'vs raw best'];
+    const hRows = names.map((n) => {
+      const x = get(n);
+      return [
+        n.replace(/ c=\d+$/, ''),
+        x.concurrency === null ? '' : String(x.concurrency),
+        fmt(x.seqPerSec, 0),
+        `${fmt(x.spreadPct, 0)}%`,
+        fmt(x.p50Ms, 2),
+        fmt(x.p99Ms, 2),
+        x.kind === 'raw' ? 'batch' : 'request',
+        fmt(x.meanBatch, 1),
+        fmt(x.ortMsPerBatch === null ? null : (1000 * x.ortMsPerBatch) / x.meanBatch, 0),
+        fmt(x.cores, 2),
+        fmt(x.cpuUsPerSeq, 0),
+        x.client ? fmt(x.client.cores, 2) : '',
+        x.client ? `${fmt(100 * x.client.elu, 0)}%` : '',
+        x.client ? fmt(x.client.connections, 0) : '',
+        ratio(x.seqPerSec, unbatchedOf(n, x)),
+        ratio(x.seqPerSec, engineOf(n, x)),
+        `${fmt(x.seqPerSec / rawBest, 2)}x`,
+      ];
+    });
+    console.log('');
+    console.log(`## ${MODEL} over HTTP: slabserve serve (child process, 127.0.0.1, POST /embed with one text, JSON) beside ${rawBestName} and the in-process engine`);
+    console.log('');
+    console.log(table(hHeaders, hRows, 1));
+    console.log('');
+    for (const c of HTTP_CLIENTS) {
+      const b = get(httpAt(HTTP_BATCHED, c));
+      const u = get(httpAt(HTTP_MBS1, c));
+      const e = ENGINES ? get(engineAt(c)) : null;
+      // The two rows run back to back in every round: their ratio round by round shows how much of the gain is noise.
+      const paired = Array.from({ length: ROUNDS }, (_, round) => {
+        const find = (name: string) => all.find((x) => x.config === name && x.round === round)!.seqPerSec;
+        return find(httpAt(HTTP_BATCHED, c)) / find(httpAt(HTTP_MBS1, c));
+      });
+      httpDerived[`c${c}`] = {
+        batchingGain: b.seqPerSec / u.seqPerSec,
+        batchingGainByRound: paired,
+        serverVsRaw: b.seqPerSec / rawBest,
+        p50BatchedMs: b.p50Ms,
+        p50UnbatchedMs: u.p50Ms,
+        ...(e ? { vsEngine: b.seqPerSec / e.seqPerSec, p50EngineMs: e.p50Ms } : {}),
+      };
+      console.log(
+        `${c} client${c > 1 ? 's' : ''}: batching gain ${fmt(b.seqPerSec / u.seqPerSec, 2)}x (round by round ${paired.map((x) => fmt(x, 2)).join(' ')}; ` +
+          `P50 ${fmt(b.p50Ms, 2)} ms batched, ${fmt(u.p50Ms, 2)} ms maxBatchSize=1); ` +
+          `server/raw ${fmt(b.seqPerSec / rawBest, 2)}x` +
+          (e ? `; HTTP/engine ${fmt(b.seqPerSec / e.seqPerSec, 2)}x, P50 ${fmt(b.p50Ms - e.p50Ms, 2)} ms over the engine's` : '') +
+          `; server ${fmt(b.cpuUsPerSeq, 0)} us CPU per request (${rawBestName}: ${fmt(get(rawBestName).cpuUsPerSeq, 0)} us per sequence), load generator ${fmt(b.client!.cpuUsPerReq, 0)} us`,
+      );
+      for (const x of [b, u]) {
+        if (x.client?.connections !== null && x.client?.connections !== c) console.log(`  note: ${x.config} opened ${x.client?.connections} connections for ${c} clients`);
+      }
+    }
+  }
+
   console.log('');
   console.log(`columns:
-  seq/s         sequences answered per second in the measured window (${REPORT} of ${ROUNDS} rounds; other columns from that round)
+  seq/s, req/s  sequences (= requests: one sequence each) answered per second in the measured window (${REPORT} of ${ROUNDS} rounds; other columns from that round)
   spread        (fastest - slowest) / fastest seq/s across the rounds: how noisy the box was for this row
-  P50/P99 ms    latency percentiles (HDR histogram): raw = one session.run of a batch; engine = one request, submit to answer
+  P50/P99 ms    latency percentiles (HDR histogram): raw = one session.run of a batch; engine = one request, submit to answer;
+                http = one request, first byte sent to last byte of the answer read, at the client
   latency of    what P50/P99 measure (batch or request)
-  mean batch    sequences per session.run (engine: stats() rows / batches)
+  mean batch    sequences per session.run (engine: stats() rows / batches; http: the server's slabserve_batch_size sum / count)
+  ORT us/seq    (HTTP table) time inside session.run per sequence (ORT ms/batch / mean batch; http: slabserve_batch_duration_seconds):
+                above raw's at a like batch size, the inference thread was not getting a whole core
   pad eff       real tokens / padded tokens computed (engine: stats() realTokens / paddedTokens)
   ms/batch      measured wall time / batches run: for the engine, how often the inference thread completes a batch
   ORT ms/batch  time inside session.run per batch (engine: stats().runMs; with 2 batches in flight it also
                 counts the wait behind the other batch, since onnxruntime-node runs a session synchronously)
-  cores         process CPU time (all threads) / wall time
-  CPU us/seq    process CPU time per sequence
+  cores         process CPU time (all threads) / wall time; http rows: the server process only
+  CPU us/seq    process CPU time per sequence (http rows: server process CPU per request)
+  client cores  http rows: the load generator's CPU (this process) / wall time; client ELU: its event loop's utilization
+  conns         http rows: TCP connections the client opened in the phase (one per client: keep-alive held)
   vs mbs=1      this row / engine maxBatchSize=1: the batching gain on the 'engine batched' row
-  vs raw best   this row / the best raw row (${rawBestName}): how close the engine gets to calling onnxruntime directly
+  batching gain (HTTP table) batched / maxBatchSize=1 at the same number of clients
+  vs engine     (HTTP table) this row / the in-process engine with the same batching and the same number of callers
+  vs raw best   this row / the best raw row (${rawBestName}): how close the engine (or the server) gets to calling onnxruntime directly
   vs default    this row / the default engine (maxInflightBatches ${DEFAULT_INFLIGHT}, intraOpThreads ${INTRA})`);
   console.log(`total time ${((performance.now() - started) / 1000).toFixed(0)}s`);
 
   if (args.json) {
     const out = {
       machine,
-      options: { report: REPORT, model: MODEL, durationS: DURATION_MS / 1000, warmupS: WARMUP_MS / 1000, rounds: ROUNDS, concurrency: CONCURRENCY, intraOpThreads: INTRA, device: DEVICE, texts: TEXTS, seed: SEED, requests: N_SEQS },
+      options: {
+        report: REPORT,
+        model: MODEL,
+        durationS: DURATION_MS / 1000,
+        warmupS: WARMUP_MS / 1000,
+        rounds: ROUNDS,
+        concurrency: CONCURRENCY,
+        intraOpThreads: INTRA,
+        device: DEVICE,
+        texts: TEXTS,
+        ids: IDS,
+        seed: SEED,
+        requests: N_SEQS,
+        http: HTTP ? { clients: HTTP_CLIENTS, client: HTTP_CLIENT } : null,
+      },
       workload: { sequences: seqs.length, minTokens: Math.min(...lens), maxTokens: Math.max(...lens), bucketMix },
-      setup: { rawMs, engineStartMs },
+      setup: { rawMs, engineStartMs, serverReadyMs, serverChecks, serverExits },
       reported: Object.fromEntries(best),
-      derived: { batchingGain: gain, engineVsRaw: vsRaw, rawBest: rawBestName },
+      derived: { batchingGain: gain, engineVsRaw: vsRaw, rawBest: rawBestName, http: httpDerived },
       rounds: all,
     };
     writeFileSync(args.json, JSON.stringify(out, null, 2) + '\n');

@@ -1,0 +1,358 @@
+/**
+ * HTTP side of the quick bench (bench/quick.ts): a slabserve server in a child
+ * process (`node dist/src/cli.js serve`), and a closed-loop keep-alive load
+ * generator in the bench's own process.
+ *
+ * Why a child process for the server: client and server CPU are then measured
+ * apart (process.cpuUsage() here, /proc/<pid>/stat there), the server runs
+ * exactly as `slabserve serve` does with the CLI's defaults, and the client's
+ * event loop and GC share nothing with the server's main thread.
+ *
+ * Why the client in the bench's main thread (not a worker): during an HTTP
+ * phase nothing else runs in this process (the raw sessions and the engines of
+ * the other phases sit idle), so the load generator already has an event loop
+ * of its own; its CPU and event-loop utilization are reported with each row.
+ *
+ * Clients (--http-client):
+ *   http    node:http with a keep-alive Agent, maxSockets = concurrency (default: built in)
+ *   undici  undici's Pool (connections = concurrency, pipelining 1), if the `undici`
+ *           package is installed (it is not a dependency yet); cheaper per request than node:http
+ *
+ * Not the global fetch (Node's bundled undici): on this machine it cost 600-700 us of
+ * client CPU per request at 64 clients against node:http's 85-170, and held
+ * the server to half the requests/s (bench/README.md).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import { performance } from 'node:perf_hooks';
+import type { Histogram } from 'hdr-histogram-js';
+
+// ---------------------------------------------------------------- server process
+
+export interface ServerCounters {
+  batches: number;
+  rows: number;
+  /** Summed session.run seconds (slabserve_batch_duration_seconds_sum). */
+  runSeconds: number;
+  realTokens: number;
+  paddedTokens: number;
+  failures: number;
+}
+
+export interface ServerProcess {
+  readonly pid: number;
+  readonly origin: string;
+  /** The server's `slabserve: ...` start-up lines. */
+  readonly startLines: string[];
+  /** Process CPU time (all threads), ms; null where /proc is missing. */
+  cpuMs(): number | null;
+  /** Counters of one model from /metrics (one request with Connection: close, so no connection lingers). */
+  counters(model: string): Promise<ServerCounters>;
+  /** SIGTERM (drain), then SIGKILL after `graceMs`. Close every load client first. */
+  stop(graceMs?: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+export interface ServerOptions {
+  cliPath: string;
+  args: string[];
+  /** Ms to wait for `ready at`. */
+  startTimeoutMs?: number;
+}
+
+const CLK_TCK = 100; // USER_HZ: 100 on every Linux the bench is meant for
+
+function procCpuMs(pid: number): number | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // fields after the ")" of the command name: state is field 3, utime 14, stime 15
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK;
+  } catch {
+    return null;
+  }
+}
+
+/** Starts `node <cli> serve <args>` with no SLABSERVE_* variables from this environment; resolves when it is ready. */
+export async function startServerProcess(opts: ServerOptions): Promise<ServerProcess> {
+  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SLABSERVE_')));
+  const child: ChildProcess = spawn(process.execPath, [opts.cliPath, 'serve', ...opts.args], { stdio: ['ignore', 'ignore', 'pipe'], env });
+  const kill = () => child.kill('SIGKILL');
+  process.once('exit', kill); // never leave a server behind
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((res) => child.once('exit', (code, signal) => res({ code, signal })));
+  const lines: string[] = [];
+  let stderr = '';
+  const origin = await new Promise<string>((resolve, reject) => {
+    let port: number | null = null;
+    const timer = setTimeout(() => {
+      kill();
+      reject(new Error(`slabserve serve ${opts.args.join(' ')}: not ready after ${opts.startTimeoutMs ?? 60_000} ms\n${stderr}`));
+    }, opts.startTimeoutMs ?? 60_000);
+    child.stderr!.setEncoding('utf8');
+    child.stderr!.on('data', (d: string) => {
+      stderr += d;
+      let nl: number;
+      while ((nl = stderr.indexOf('\n')) >= 0) {
+        const line = stderr.slice(0, nl);
+        stderr = stderr.slice(nl + 1);
+        lines.push(line);
+        const m = /listening on http:\/\/[^\s:]+:(\d+)/.exec(line);
+        if (m) port = Number(m[1]);
+        if (/ready at /.test(line) && port !== null) {
+          clearTimeout(timer);
+          resolve(`http://127.0.0.1:${port}`);
+        }
+      }
+    });
+    void exited.then(({ code, signal }) => {
+      clearTimeout(timer);
+      reject(new Error(`slabserve serve exited during start-up (code ${code}, signal ${signal}):\n${lines.join('\n')}\n${stderr}`));
+    });
+  });
+  const pid = child.pid!;
+  return {
+    pid,
+    origin,
+    startLines: lines,
+    cpuMs: () => procCpuMs(pid),
+    counters: async (model: string) => parseCounters(await getText(`${origin}/metrics`), model),
+    stop: async (graceMs = 10_000) => {
+      child.kill('SIGTERM');
+      const timer = setTimeout(kill, graceMs);
+      const r = await exited;
+      clearTimeout(timer);
+      process.removeListener('exit', kill);
+      return r;
+    },
+  };
+}
+
+/** GET with a fresh connection closed afterwards. */
+function getText(url: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = http.get(url, { agent: false, headers: { connection: 'close' } }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => (res.statusCode === 200 ? resolve(body) : reject(new Error(`GET ${url}: ${res.statusCode} ${body}`))));
+    });
+    req.setTimeout(10_000, () => req.destroy(new Error(`GET ${url}: no answer in 10 s`)));
+    req.on('error', reject);
+  });
+}
+
+/** Sums of the slabserve series the bench needs, for one model (label order does not matter). */
+export function parseCounters(text: string, model: string): ServerCounters {
+  const out: ServerCounters = { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, failures: 0 };
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('slabserve_')) continue;
+    const m = /^(\w+)(?:\{([^}]*)\})?\s+(\S+)/.exec(line);
+    if (!m) continue;
+    const [, name, labelText = '', value] = m;
+    const labels = Object.fromEntries([...labelText.matchAll(/(\w+)="([^"]*)"/g)].map((x) => [x[1]!, x[2]!]));
+    const v = Number(value);
+    if (name === 'slabserve_request_failures_total') out.failures += v;
+    if (labels.model !== model) continue;
+    if (name === 'slabserve_batch_size_count') out.batches += v;
+    else if (name === 'slabserve_batch_size_sum') out.rows += v;
+    else if (name === 'slabserve_batch_duration_seconds_sum') out.runSeconds += v;
+    else if (name === 'slabserve_tokens_total' && labels.kind === 'real') out.realTokens += v;
+    else if (name === 'slabserve_tokens_total' && labels.kind === 'padded') out.paddedTokens += v;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- load clients
+
+export type ClientKind = 'http' | 'undici';
+
+export interface LoadClient {
+  readonly kind: ClientKind;
+  /** POSTs `body` (JSON) to `path`; resolves with the status and the whole response body. Rejects after `timeoutMs`. */
+  post(path: string, body: Buffer): Promise<{ status: number; body: Buffer }>;
+  /** TCP connections opened so far (null where the client does not say). */
+  connections(): number | null;
+  /** Closes every connection. */
+  close(): Promise<void>;
+}
+
+const JSON_HEADERS = { 'content-type': 'application/json', accept: 'application/json' };
+
+function nodeHttpClient(origin: string, connections: number, timeoutMs: number): LoadClient {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: connections, maxFreeSockets: connections });
+  const url = new URL(origin);
+  const sockets = new Set<unknown>();
+  return {
+    kind: 'http',
+    post: (path, body) =>
+      new Promise((resolve, reject) => {
+        const req = http.request(
+          { host: url.hostname, port: url.port, path, method: 'POST', agent, headers: { ...JSON_HEADERS, 'content-length': body.byteLength } },
+          (res) => {
+            const chunks: Buffer[] = [];
+            res.on('data', (c: Buffer) => chunks.push(c));
+            res.on('end', () => resolve({ status: res.statusCode ?? 0, body: chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks) }));
+            res.on('error', reject);
+          },
+        );
+        req.once('socket', (s) => sockets.add(s));
+        req.setTimeout(timeoutMs, () => req.destroy(new Error(`no answer in ${timeoutMs} ms`)));
+        req.on('error', reject);
+        req.end(body);
+      }),
+    connections: () => sockets.size,
+    close: async () => {
+      agent.destroy();
+      sockets.clear();
+    },
+  };
+}
+
+/** The parts of undici's Pool this file uses (undici is not a dependency: imported by name at run time). */
+interface UndiciPool {
+  request(opts: { path: string; method: string; body: Buffer; headers: Record<string, string>; headersTimeout: number; bodyTimeout: number }): Promise<{
+    statusCode: number;
+    body: { arrayBuffer(): Promise<ArrayBuffer> };
+  }>;
+  on(event: 'connect', fn: () => void): unknown;
+  destroy(): Promise<void>;
+}
+
+async function undiciClient(origin: string, connections: number, timeoutMs: number): Promise<LoadClient> {
+  const name = 'undici';
+  let mod: { Pool: new (origin: string, opts: { connections: number; pipelining: number }) => UndiciPool };
+  try {
+    mod = (await import(name)) as typeof mod;
+  } catch {
+    throw new Error('--http-client undici: the undici package is not installed (npm i -D undici@6); use --http-client http');
+  }
+  const pool = new mod.Pool(origin, { connections, pipelining: 1 });
+  let opened = 0;
+  pool.on('connect', () => opened++);
+  return {
+    kind: 'undici',
+    post: async (path, body) => {
+      const r = await pool.request({ path, method: 'POST', body, headers: JSON_HEADERS, headersTimeout: timeoutMs, bodyTimeout: timeoutMs });
+      return { status: r.statusCode, body: Buffer.from(await r.body.arrayBuffer()) };
+    },
+    connections: () => opened,
+    close: () => pool.destroy(),
+  };
+}
+
+export async function createLoadClient(kind: ClientKind, origin: string, connections: number, timeoutMs = 10_000): Promise<LoadClient> {
+  if (kind === 'http') return nodeHttpClient(origin, connections, timeoutMs);
+  return undiciClient(origin, connections, timeoutMs);
+}
+
+// ---------------------------------------------------------------- closed-loop load
+
+export interface LoadResult {
+  /** Requests answered 200 inside the window. */
+  done: number;
+  errors: number;
+  firstError: string | undefined;
+  windowMs: number;
+  /** Client (this process) CPU ms and event-loop utilization over the window. */
+  clientCpuMs: number;
+  clientElu: number;
+  /** Server process CPU ms over the window (null without /proc). */
+  serverCpuMs: number | null;
+  before: ServerCounters;
+  after: ServerCounters;
+  /** Ms between the midpoints of the two /metrics scrapes: the window the counter deltas cover. */
+  countersMs: number;
+  connections: number | null;
+}
+
+export interface LoadOptions {
+  server: ServerProcess;
+  client: LoadClient;
+  model: string;
+  path: string;
+  /** Request bodies, sent round-robin from a shared cursor. */
+  bodies: Buffer[];
+  concurrency: number;
+  warmupMs: number;
+  durationMs: number;
+  histogram: Histogram;
+}
+
+const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
+const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
+
+/**
+ * `concurrency` callers, each sending its next request when the previous one is
+ * answered, over the client's keep-alive connections. Latency (send to last
+ * byte of the answer) and completions count only inside the measured window.
+ */
+export async function closedLoop(o: LoadOptions): Promise<LoadResult> {
+  let cursor = 0;
+  let stop = false;
+  let windowStart = Infinity;
+  let windowEnd = Infinity;
+  let done = 0;
+  let errors = 0;
+  let firstError: string | undefined;
+  const caller = async () => {
+    while (!stop) {
+      const body = o.bodies[cursor++ % o.bodies.length]!;
+      const t0 = performance.now();
+      try {
+        const r = await o.client.post(o.path, body);
+        if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${r.body.toString('utf8').slice(0, 200)}`);
+      } catch (err) {
+        errors++;
+        firstError ??= (err as Error).message ?? String(err);
+        await sleep(1); // no hot loop against a failing server
+        continue;
+      }
+      const t1 = performance.now();
+      if (t1 >= windowStart && t1 < windowEnd) {
+        o.histogram.recordValue(Math.max(1, Math.round((t1 - t0) * 1000)));
+        done++;
+      }
+    }
+  };
+  const callers = Array.from({ length: o.concurrency }, caller);
+  await sleep(o.warmupMs);
+  const scrape = async () => {
+    const t0 = performance.now();
+    const c = await o.server.counters(o.model);
+    return { c, at: (t0 + performance.now()) / 2 };
+  };
+  const before = await scrape();
+  const errorsBefore = errors;
+  const cpu0 = process.cpuUsage();
+  const elu0 = performance.eventLoopUtilization();
+  const s0 = o.server.cpuMs();
+  windowStart = performance.now();
+  await sleep(o.durationMs);
+  windowEnd = performance.now();
+  const s1 = o.server.cpuMs();
+  const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
+  const clientElu = performance.eventLoopUtilization(elu0).utilization;
+  const after = await scrape();
+  stop = true;
+  // Bounded: every request has its own timeout, and this gives up on stragglers after 15 s.
+  let timer: NodeJS.Timeout | undefined;
+  const settled = await Promise.race([Promise.all(callers).then(() => true), new Promise<boolean>((res) => (timer = setTimeout(res, 15_000, false)))]);
+  clearTimeout(timer);
+  if (!settled) {
+    errors++;
+    firstError ??= 'callers still waiting 15 s after the window closed';
+  }
+  return {
+    done,
+    errors: errors - errorsBefore,
+    firstError,
+    windowMs: windowEnd - windowStart,
+    clientCpuMs,
+    clientElu,
+    serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
+    before: before.c,
+    after: after.c,
+    countersMs: after.at - before.at,
+    connections: o.client.connections(),
+  };
+}
