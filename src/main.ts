@@ -288,11 +288,14 @@ export async function startServer(config: ServerConfig): Promise<Server> {
         if (pending.every((n) => n === 0)) break;
         await new Promise((r) => setTimeout(r, 20));
       }
-      // Listen sockets must be closed before the threads go: uWS aborts the process otherwise.
+      // Sockets must be closed before the threads go: uWS aborts the process otherwise. A gateway
+      // ends by itself once its sockets are released; terminate only one that does not.
       await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));
       control.requestStop();
       await inferenceExited;
-      await Promise.all(gateways.map((g) => g.worker.terminate()));
+      await Promise.all(
+        gateways.map((g) => Promise.race([g.exited, new Promise<void>((r) => setTimeout(r, 2000).unref())]).then(() => g.worker.terminate())),
+      );
       log('slabserve: stopped');
     })());
 

@@ -109,6 +109,9 @@ async function main(): Promise<void> {
       closeWebSockets();
       (app as typeof app & { close(): void }).close();
       await pool.close();
+      lag.disable();
+      // Once this answer is out, let the thread end by itself when uWS has released its sockets.
+      setImmediate(() => parentPort!.close());
       return { pending: submitter.pendingCount };
     },
     pending: () => submitter.pendingCount,
