@@ -4,7 +4,7 @@
  *
  *   npm run bench:quick                        # build, generate models, run (~2 min 35 s on 2 cores)
  *   npm run bench:quick -- --skip-extra        # without the maxInflightBatches x intraOpThreads table
- *   npm run bench:quick -- --http-only         # raw + HTTP rows only
+ *   npm run bench:quick -- --http-only         # raw + HTTP (and WebSocket) rows only
  *   node dist/bench/quick.js --help
  *
  * Phases (each: warm-up, then a fixed measured duration):
@@ -18,6 +18,9 @@
  *                 --max-batch-size 1), driven by closed-loop clients in this process over
  *                 keep-alive connections (one per client): POST /embed {"inputs": text},
  *                 so the server tokenizes (bench/http-load.ts)
+ *   ws SxD        the same batched server over WebSocket (/ws): S sockets, D requests
+ *                 pipelined on each (S x D in flight), one text per request, encoding f32
+ *                 (bench/ws-load.ts); reported beside 'http batched' at as many clients
  *
  * Every configuration runs `--rounds` times, rounds in alternating order
  * (A B C ... C B A A B C ...) so slow drift of a noisy machine hits all
@@ -40,6 +43,7 @@ import hdr from 'hdr-histogram-js';
 import * as ort from 'onnxruntime-node';
 import { createEngine, ENGINE_DEFAULTS, resolveBatching, type Engine } from '../src/engine.js';
 import { closedLoop, createLoadClient, startServerProcess, type ClientKind, type ServerProcess } from './http-load.js';
+import { embedOnce, wsClosedLoop } from './ws-load.js';
 import { loadTokenizer } from '../src/gateway/tokenizer.js';
 import { prepareModel, type PreparedModel } from '../src/gpu-worker/graph.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';
@@ -74,6 +78,8 @@ const HELP = `usage: node dist/bench/quick.js [options]
   --http-only              raw rows and the HTTP table only (no engine phases)
   --http-clients LIST      concurrent HTTP clients, one keep-alive connection each (default 1,64)
   --http-client KIND       http (node:http keep-alive Agent, default) or undici (undici Pool, if installed)
+  --ws LIST                WebSocket rows against the batched server, SOCKETSxIN_FLIGHT each (default 1x64,4x16)
+  --skip-ws                no WebSocket rows
   --json PATH              also write every round's raw results as JSON`;
 
 const { values: args } = parseArgs({
@@ -95,6 +101,8 @@ const { values: args } = parseArgs({
     'http-only': { type: 'boolean', default: false },
     'http-clients': { type: 'string', default: '1,64' },
     'http-client': { type: 'string', default: 'http' },
+    ws: { type: 'string', default: '1x64,4x16' },
+    'skip-ws': { type: 'boolean', default: false },
     'extra-intra': { type: 'string', default: '1,2' },
     'skip-extra': { type: 'boolean', default: false },
     json: { type: 'string' },
@@ -163,6 +171,19 @@ if (HTTP_CLIENT !== 'http' && HTTP_CLIENT !== 'undici') {
   console.error(`--http-client: expected http or undici, got "${HTTP_CLIENT}"`);
   process.exit(2);
 }
+/** WebSocket configurations: sockets x requests in flight per socket. */
+const WS_CONFIGS = (args['skip-ws'] ? '' : args.ws!)
+  .split(',')
+  .filter((x) => x.trim() !== '')
+  .map((x) => {
+    const m = /^\s*(\d+)x(\d+)\s*$/.exec(x);
+    if (!m || Number(m[1]) < 1 || Number(m[2]) < 1) {
+      console.error(`--ws: expected SOCKETSxIN_FLIGHT (e.g. 1x64), got "${x}"`);
+      process.exit(2);
+    }
+    return { sockets: Number(m[1]), depth: Number(m[2]) };
+  });
+const WS = HTTP && WS_CONFIGS.length > 0;
 const RAW_BATCHES = [1, 8, 32];
 const MIN_LEN = 8; // tokens, [CLS] and [SEP] included
 const MAX_LEN = 32;
@@ -224,7 +245,7 @@ async function textWorkload(r: () => number, n: number, spec: ModelSpec): Promis
 interface PhaseResult {
   config: string;
   round: number;
-  kind: 'raw' | 'engine' | 'http';
+  kind: 'raw' | 'engine' | 'http' | 'ws';
   /** Closed-loop callers (engine) or HTTP clients; null for raw. */
   concurrency: number | null;
   seqPerSec: number;
@@ -240,8 +261,10 @@ interface PhaseResult {
   /** Process CPU time (all threads) over wall time: how many cores were busy. For http: the server process. */
   cores: number;
   cpuUsPerSeq: number;
-  /** http only: the load generator (this process) and its connections. */
+  /** http and ws: the load generator (this process) and its connections. */
   client?: { cores: number; elu: number; cpuUsPerReq: number; connections: number | null };
+  /** ws only: sockets and requests in flight per socket. */
+  ws?: { sockets: number; depth: number };
   sequences: number;
   batches: number;
   errors: number;
@@ -475,6 +498,65 @@ async function runHttp(config: string, round: number, server: ServerProcess, bod
   }
 }
 
+// ---------------------------------------------------------------- ws
+
+async function runWs(config: string, round: number, server: ServerProcess, texts: string[], sockets: number, depth: number, rowBytes: number): Promise<PhaseResult> {
+  // Fresh sockets per phase, opened (hello, credit = depth) before the warm-up starts.
+  const h = histogram();
+  try {
+    const r = await wsClosedLoop({ server, model: MODEL, texts, sockets, depth, warmupMs: WARMUP_MS, durationMs: DURATION_MS, histogram: h, rowBytes });
+    if (r.errors > 0) console.error(`  ${config}: ${r.errors} requests failed, first: ${r.firstError}`);
+    const batches = r.after.batches - r.before.batches;
+    const rows = r.after.rows - r.before.rows;
+    const serverCpu = r.serverCpuMs ?? NaN;
+    return {
+      config,
+      round,
+      kind: 'ws',
+      concurrency: sockets * depth,
+      seqPerSec: (r.done / r.windowMs) * 1000,
+      p50Ms: h.getValueAtPercentile(50) / 1000,
+      p99Ms: h.getValueAtPercentile(99) / 1000,
+      meanBatch: rows / batches,
+      paddingEfficiency: (r.after.realTokens - r.before.realTokens) / (r.after.paddedTokens - r.before.paddedTokens),
+      msPerBatch: r.countersMs / batches,
+      ortMsPerBatch: ((r.after.runSeconds - r.before.runSeconds) * 1000) / batches,
+      cores: serverCpu / r.windowMs,
+      cpuUsPerSeq: (serverCpu * 1000) / r.done,
+      client: { cores: r.clientCpuMs / r.windowMs, elu: r.clientElu, cpuUsPerReq: (r.clientCpuMs * 1000) / r.done, connections: r.connections },
+      ws: { sockets, depth },
+      sequences: r.done,
+      batches,
+      errors: r.errors,
+      windowMs: r.windowMs,
+    };
+  } finally {
+    h.destroy();
+  }
+}
+
+/** Before timing over /ws: the f32 rows must be the vectors POST /embed answers (same server). */
+async function checkWs(server: ServerProcess, seqs: Seq[], n = 4): Promise<{ line: string; rowBytes: number }> {
+  const client = await createLoadClient(HTTP_CLIENT, server.origin, 1);
+  try {
+    let maxDiff = 0;
+    let dim = 0;
+    for (const s of seqs.slice(0, n)) {
+      const r = await client.post('/embed', Buffer.from(JSON.stringify({ inputs: s.text })));
+      if (r.status !== 200) throw new Error(`ws check: POST /embed answered ${r.status}`);
+      const want = (JSON.parse(r.body.toString('utf8')) as number[][])[0]!;
+      const got = await embedOnce(server.origin, s.text!);
+      if (got.length !== want.length) throw new Error(`ws check: /ws answered ${got.length} dimensions, POST /embed ${want.length}`);
+      dim = got.length;
+      want.forEach((v, i) => (maxDiff = Math.max(maxDiff, Math.abs(v - got[i]!))));
+    }
+    if (maxDiff > 1e-5) throw new Error(`ws check: /ws f32 rows differ from POST /embed by up to ${maxDiff}`);
+    return { line: `${n} texts over /ws (f32, ${dim} dims) = POST /embed (max diff ${maxDiff.toExponential(1)})`, rowBytes: 4 * dim };
+  } finally {
+    await client.close();
+  }
+}
+
 /**
  * Before timing: the server must compute what raw computes. Sends `n` texts one by one and
  * checks the server counted exactly the tokens of the bench's own tokenization, and (with an
@@ -648,12 +730,18 @@ async function main(): Promise<void> {
   const servers = new Map<string, ServerProcess>();
   const serverChecks: Record<string, string> = {};
   let serverReadyMs = 0;
+  let wsRowBytes = 0;
   const bodies = seqs.map((s) => Buffer.from(JSON.stringify({ inputs: s.text })));
   if (HTTP) {
     try {
       for (const [name, p] of starting) servers.set(name, await p);
       serverReadyMs = performance.now() - t3;
       for (const [name, server] of servers) serverChecks[name] = await checkServer(name, server, seqs, engines.get('engine batched'));
+      if (WS) {
+        const c = await checkWs(servers.get(HTTP_BATCHED)!, seqs);
+        serverChecks.ws = c.line;
+        wsRowBytes = c.rowBytes;
+      }
     } catch (err) {
       for (const [, p] of starting) await p.then((server) => server.stop(1000)).catch(() => {});
       for (const e of engines.values()) await e.close();
@@ -670,6 +758,8 @@ async function main(): Promise<void> {
   // --- phases, in alternating order
   const engineAt = (c: number) => (c === CONCURRENCY ? 'engine batched' : `engine batched c=${c}`);
   const httpAt = (name: string, c: number) => `${name} c=${c}`;
+  const wsName = (sockets: number, depth: number) => `ws ${sockets}x${depth}`;
+  const texts = seqs.map((s) => s.text!);
   type Phase = { name: string; run: (round: number) => Promise<PhaseResult> };
   const phases: Phase[] = [
     ...RAW_BATCHES.map((b) => ({ name: `raw b=${b}`, run: (round: number) => runRaw(`raw b=${b}`, round, rawSession, rawSets.get(b)!, fetches) })),
@@ -688,6 +778,12 @@ async function main(): Promise<void> {
     ...HTTP_CLIENTS.flatMap((c) =>
       [...servers].map(([name, server]) => ({ name: httpAt(name, c), run: (round: number) => runHttp(httpAt(name, c), round, server, bodies, c) })),
     ),
+    ...(WS
+      ? WS_CONFIGS.map(({ sockets, depth }) => ({
+          name: wsName(sockets, depth),
+          run: (round: number) => runWs(wsName(sockets, depth), round, servers.get(HTTP_BATCHED)!, texts, sockets, depth, wsRowBytes),
+        }))
+      : []),
   ];
   const all: PhaseResult[] = [];
   const serverExits: Record<string, { code: number | null; signal: string | null }> = {};
@@ -866,6 +962,54 @@ async function main(): Promise<void> {
     }
   }
 
+  // --- WebSocket table: the same batched server, pipelined sockets beside HTTP keep-alive at as many requests in flight
+  const wsDerived: Record<string, unknown> = {};
+  if (WS) {
+    const httpRef = (inflight: number) => (has(httpAt(HTTP_BATCHED, inflight)) ? httpAt(HTTP_BATCHED, inflight) : null);
+    const refs = [...new Set(WS_CONFIGS.map((w) => httpRef(w.sockets * w.depth)).filter((n): n is string => n !== null))];
+    const names = [...refs, ...WS_CONFIGS.map((w) => wsName(w.sockets, w.depth))];
+    const r2 = (a: number, b: number | undefined) => (b === undefined || !Number.isFinite(a / b) ? '' : `${fmt(a / b, 2)}x`);
+    const wHeaders = ['config', 'conns', 'in flight', 'req/s', 'spread', 'P50 ms', 'P99 ms', 'mean batch', 'cores', 'CPU us/req', 'client us/req', 'client cores', 'req/s ws/http', 'P50 ws/http', 'P99 ws/http', 'CPU/req ws/http', 'by round (req/s)'];
+    const wRows = names.map((n) => {
+      const x = get(n);
+      const ref = x.kind === 'ws' ? httpRef(x.concurrency!) : null;
+      const h = ref ? get(ref) : undefined;
+      // ws/http req/s round by round: both rows ran in every round, a few seconds apart
+      const byRound = ref
+        ? Array.from({ length: ROUNDS }, (_, round) => {
+            const find = (name: string) => all.find((y) => y.config === name && y.round === round)!.seqPerSec;
+            return find(n) / find(ref);
+          })
+        : [];
+      if (x.kind === 'ws') wsDerived[n] = { vsHttp: ref, reqPerSecRatio: h ? x.seqPerSec / h.seqPerSec : null, byRound, p50Ratio: h ? x.p50Ms / h.p50Ms : null, p99Ratio: h ? x.p99Ms / h.p99Ms : null, cpuPerReqRatio: h ? x.cpuUsPerSeq / h.cpuUsPerSeq : null };
+      return [
+        x.kind === 'ws' ? `${n} (${x.ws!.sockets} socket${x.ws!.sockets > 1 ? 's' : ''} x ${x.ws!.depth} pipelined)` : `${n.replace(/ c=\d+$/, '')} (${x.concurrency} keep-alive clients)`,
+        x.client ? fmt(x.client.connections, 0) : '',
+        String(x.concurrency),
+        fmt(x.seqPerSec, 0),
+        `${fmt(x.spreadPct, 0)}%`,
+        fmt(x.p50Ms, 2),
+        fmt(x.p99Ms, 2),
+        fmt(x.meanBatch, 1),
+        fmt(x.cores, 2),
+        fmt(x.cpuUsPerSeq, 0),
+        x.client ? fmt(x.client.cpuUsPerReq, 0) : '',
+        x.client ? fmt(x.client.cores, 2) : '',
+        h ? r2(x.seqPerSec, h.seqPerSec) : '',
+        h ? r2(x.p50Ms, h.p50Ms) : '',
+        h ? r2(x.p99Ms, h.p99Ms) : '',
+        h ? r2(x.cpuUsPerSeq, h.cpuUsPerSeq) : '',
+        byRound.map((v) => fmt(v, 2)).join(' '),
+      ];
+    });
+    console.log('');
+    console.log(`## ${MODEL} over WebSocket: the same 'http batched' server, /ws, one text per request, msgpack, encoding f32 (ws + msgpackr client, bench/ws-load.ts)`);
+    console.log('');
+    console.log(table(wHeaders, wRows, 1));
+    const missing = WS_CONFIGS.filter((w) => !httpRef(w.sockets * w.depth));
+    if (missing.length) console.log(`note: no 'http batched' row at ${missing.map((w) => w.sockets * w.depth).join(', ')} clients to compare with (add it to --http-clients)`);
+  }
+
   console.log('');
   console.log(`columns:
   seq/s, req/s  sequences (= requests: one sequence each) answered per second in the measured window (${REPORT} of ${ROUNDS} rounds; other columns from that round)
@@ -883,7 +1027,11 @@ async function main(): Promise<void> {
   cores         process CPU time (all threads) / wall time; http rows: the server process only
   CPU us/seq    process CPU time per sequence (http rows: server process CPU per request)
   client cores  http rows: the load generator's CPU (this process) / wall time; client ELU: its event loop's utilization
-  conns         http rows: TCP connections the client opened in the phase (one per client: keep-alive held)
+  conns         http rows: TCP connections the client opened in the phase (one per client: keep-alive held); ws rows: sockets
+  in flight     (WebSocket table) requests in flight at once: http clients, or ws sockets x requests pipelined per socket
+  client us/req the load generator's CPU per request (this process)
+  x ws/http     (WebSocket table) the ws row / 'http batched' with as many clients as the ws row has requests in flight;
+                by round: req/s ws/http in each round (both rows run in every round)
   vs mbs=1      this row / engine maxBatchSize=1: the batching gain on the 'engine batched' row
   batching gain (HTTP table) batched / maxBatchSize=1 at the same number of clients
   vs engine     (HTTP table) this row / the in-process engine with the same batching and the same number of callers
@@ -908,11 +1056,12 @@ async function main(): Promise<void> {
         seed: SEED,
         requests: N_SEQS,
         http: HTTP ? { clients: HTTP_CLIENTS, client: HTTP_CLIENT } : null,
+        ws: WS ? WS_CONFIGS : null,
       },
       workload: { sequences: seqs.length, minTokens: Math.min(...lens), maxTokens: Math.max(...lens), bucketMix },
       setup: { rawMs, engineStartMs, serverReadyMs, serverChecks, serverExits },
       reported: Object.fromEntries(best),
-      derived: { batchingGain: gain, engineVsRaw: vsRaw, rawBest: rawBestName, http: httpDerived },
+      derived: { batchingGain: gain, engineVsRaw: vsRaw, rawBest: rawBestName, http: httpDerived, ws: wsDerived },
       rounds: all,
     };
     writeFileSync(args.json, JSON.stringify(out, null, 2) + '\n');
