@@ -233,13 +233,17 @@ describe('with a latency target', () => {
     targetMs: 50,
     costMs: (_m, _b, rows) => 2 + 0.5 * rows,
     arrivalsPerMs: () => 0,
+    utilization: () => 0.9,
     ...over,
   });
 
   it('at low load an idle device dispatches at once', () => {
     const q = queue(opts({ maxBatchSize: 32 }));
     q.add(100, 5);
+    // few arrivals expected
     expect(decide([q], ctx(100, true, { slo: slo({ arrivalsPerMs: () => 0.01 }) }))).toMatchObject({ kind: 'run', count: 1 });
+    // many arrivals, but the device is mostly idle: latency is worth more than device time
+    expect(decide([q], ctx(100, true, { slo: slo({ arrivalsPerMs: () => 2, utilization: () => 0.3 }) }))).toMatchObject({ kind: 'run', count: 1 });
   });
 
   it('under load an idle device waits for company while the target allows, then dispatches', () => {

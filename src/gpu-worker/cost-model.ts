@@ -96,3 +96,37 @@ export class ArrivalRate {
     return 1 / Math.max(this.meanGapMs, nowMs - this.last);
   }
 }
+
+/** Time constant of the utilization average, ms. */
+const UTILIZATION_WINDOW_MS = 1000;
+
+/** Share of recent time the device was busy: an exponentially weighted average over about a second. */
+export class Utilization {
+  private value = 0;
+  private last = -Infinity;
+
+  /** Records a busy period [start, end) (batches are reported as they finish, in order). */
+  busy(startMs: number, endMs: number): void {
+    this.decayTo(startMs);
+    const span = Math.max(0, endMs - Math.max(startMs, this.last));
+    const w = 1 - Math.exp(-span / UTILIZATION_WINDOW_MS);
+    this.value = this.value * (1 - w) + w;
+    this.last = Math.max(this.last, endMs);
+  }
+
+  at(nowMs: number): number {
+    if (this.last === -Infinity) return 0;
+    const idle = Math.max(0, nowMs - this.last);
+    return this.value * Math.exp(-idle / UTILIZATION_WINDOW_MS);
+  }
+
+  private decayTo(t: number): void {
+    if (this.last === -Infinity) {
+      this.last = t;
+      return;
+    }
+    const idle = Math.max(0, t - this.last);
+    this.value *= Math.exp(-idle / UTILIZATION_WINDOW_MS);
+    this.last = Math.max(this.last, t);
+  }
+}

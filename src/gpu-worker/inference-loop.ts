@@ -30,7 +30,7 @@ import {
   T_STARTED,
   type Slab,
 } from '../shared/slab.js';
-import { ArrivalRate, CostModel } from './cost-model.js';
+import { ArrivalRate, CostModel, Utilization } from './cost-model.js';
 import type { BatchStats, ModelRunner } from './runner.js';
 import {
   batchCapacity,
@@ -79,6 +79,7 @@ export class InferenceLoop {
   readonly costs: CostModel[];
   private readonly rates: ArrivalRate[][];
   private readonly fair: FairShare;
+  private readonly utilization = new Utilization();
   private readonly slo: SloModel | undefined;
   private inflight = 0;
   /** Owners to wake after the current completion pass (bit per owner index). */
@@ -105,6 +106,7 @@ export class InferenceLoop {
             targetMs: target,
             costMs: (m, b, rows) => this.costs[m]!.predict(b, rows),
             arrivalsPerMs: (m, b, now) => this.rates[m]![b]!.perMs(now),
+            utilization: (now) => this.utilization.at(now),
           };
   }
 
@@ -260,6 +262,7 @@ export class InferenceLoop {
           c[Counter.PADDED_TOKENS]! += stats.paddedTokens;
           c[Counter.RUN_MS]! += stats.runMs;
           this.costs[model]!.observe(bucket, stats.rows, stats.runMs);
+          this.utilization.busy(started, started + stats.runMs);
           this.publishCosts(model);
           this.options.onBatch?.(model, bucket, stats);
           this.completeBatch(model, slots, started, SlotState.DONE, SlotError.NONE);
@@ -273,6 +276,7 @@ export class InferenceLoop {
       .finally(() => {
         this.inflight--;
         this.control.inflightBatches = this.inflight;
+        if (this.inflight === 0) slab.counters[Counter.BUSY_UNTIL] = 0; // nothing running: admission adds no remainder
         this.control.workerBell.ring(); // the loop may now launch the next batch
       });
   }

@@ -160,14 +160,16 @@ export class ModelRunner {
 
   /**
    * Runs every bucket shape at its largest batch, so no request pays for
-   * first-run allocation, then once at one row; returns both timings, which
-   * seed the cost model (a line through the two).
+   * first-run allocation, then times one row and a quarter of the capacity:
+   * two points that seed the cost model (the first, untimed run would
+   * overstate the cost several times over).
    */
   async warmUp(): Promise<{ bucket: number; rows: number; ms: number }[]> {
     const timings: { bucket: number; rows: number; ms: number }[] = [];
     for (let b = 0; b < this.options.buckets.length; b++) {
       const T = this.options.buckets[b]!;
-      for (const B of [batchCapacity(this.options, T), 1]) {
+      const capacity = batchCapacity(this.options, T);
+      for (const [B, timed] of [[capacity, false], [1, true], [Math.max(2, Math.ceil(capacity / 4)), true]] as const) {
         const type = this.prepared.inputType;
         const make = (v: number) => (type === 'int64' ? new BigInt64Array(B * T).fill(BigInt(v)) : new Int32Array(B * T).fill(v));
         const feeds: Record<string, ort.Tensor> = {
@@ -177,7 +179,7 @@ export class ModelRunner {
         if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, make(0), [B, T]);
         const started = performance.now();
         await this.session.run(feeds);
-        timings.push({ bucket: b, rows: B, ms: performance.now() - started });
+        if (timed) timings.push({ bucket: b, rows: B, ms: performance.now() - started });
       }
     }
     return timings;

@@ -19,10 +19,11 @@
  *    request has waited maxBatchDelayMs, or at once when the device is idle;
  *    the batch with the oldest request goes first.
  *  - With a latency target (--slo-p99-ms), an idle device still dispatches at
- *    once unless the arrival rate says the batch would fill (or gain at least
- *    one more request) within the oldest request's slack; among the batches
- *    that may close, an urgent one (no slack left) goes first, otherwise the
- *    one that serves the most real tokens per predicted millisecond.
+ *    once at low load (device busy under half the time); above that it waits
+ *    only if the arrival rate says the batch would fill (or gain at least one
+ *    more request) within the oldest request's slack. Among the batches that
+ *    may close, an urgent one (no slack left) goes first, otherwise the one
+ *    that serves the most real tokens per predicted millisecond.
  */
 
 export interface BatchingOptions {
@@ -133,7 +134,12 @@ export interface SloModel {
   costMs(model: number, bucket: number, rows: number): number;
   /** Recent arrivals per ms into `bucket` of `model` (all classes). */
   arrivalsPerMs(model: number, bucket: number, nowMs: number): number;
+  /** Recent share of time the device was busy, 0..1. */
+  utilization(nowMs: number): number;
 }
+
+/** Below this device utilization an idle device never waits: latency is worth more than device time. */
+export const SLO_WAIT_UTILIZATION = 0.5;
 
 export interface SchedulerContext {
   nowMs: number;
@@ -210,6 +216,8 @@ export function decide(queues: readonly ModelQueue[], ctx: SchedulerContext): De
           const slack = slo.targetMs * SLO_PLANNING_SHARE - (now - oldest) - runNow;
           if (full || slack <= 0) {
             mayClose = true;
+          } else if (ctx.deviceIdle && slo.utilization(now) < SLO_WAIT_UTILIZATION) {
+            mayClose = true; // low load: the device has time to spare, so nothing waits
           } else if (ctx.deviceIdle) {
             // Wait for company only if it is coming within the slack of the oldest request.
             const rate = slo.arrivalsPerMs(m, b, now);
