@@ -84,7 +84,10 @@ export class ArrivalRate {
 
   arrive(atMs: number): void {
     if (this.last !== -Infinity) {
-      const gap = Math.max(atMs - this.last, 0.001);
+      let gap = Math.max(atMs - this.last, 0.001);
+      // A pause is not a rate: perMs() already lowers the rate while one lasts. Capping its weight
+      // lets the mean recover within a few arrivals once traffic resumes, not seventy.
+      if (this.meanGapMs !== Infinity) gap = Math.min(gap, 4 * this.meanGapMs);
       this.meanGapMs = this.meanGapMs === Infinity ? gap : this.meanGapMs * (1 - RATE_ALPHA) + gap * RATE_ALPHA;
     }
     this.last = Math.max(this.last, atMs);
