@@ -315,24 +315,14 @@ export async function closedLoop(o: LoadOptions): Promise<LoadResult> {
     }
   };
   const callers = Array.from({ length: o.concurrency }, caller);
-  await sleep(o.warmupMs);
-  const scrape = async () => {
-    const t0 = performance.now();
-    const c = await o.server.counters(o.model);
-    return { c, at: (t0 + performance.now()) / 2 };
-  };
-  const before = await scrape();
-  const errorsBefore = errors;
-  const cpu0 = process.cpuUsage();
-  const elu0 = performance.eventLoopUtilization();
-  const s0 = o.server.cpuMs();
-  windowStart = performance.now();
-  await sleep(o.durationMs);
-  windowEnd = performance.now();
-  const s1 = o.server.cpuMs();
-  const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
-  const clientElu = performance.eventLoopUtilization(elu0).utilization;
-  const after = await scrape();
+  let errorsBefore = 0;
+  const window = await measureWindow(o, {
+    open: (t) => {
+      errorsBefore = errors;
+      windowStart = t;
+    },
+    close: (t) => (windowEnd = t),
+  });
   stop = true;
   // Bounded: every request has its own timeout, and this gives up on stragglers after 15 s.
   let timer: NodeJS.Timeout | undefined;
@@ -342,17 +332,48 @@ export async function closedLoop(o: LoadOptions): Promise<LoadResult> {
     errors++;
     firstError ??= 'callers still waiting 15 s after the window closed';
   }
+  return { done, errors: errors - errorsBefore, firstError, ...window, connections: o.client.connections() };
+}
+
+/** What a load loop measures around its window, whatever the transport. */
+export type WindowMeasures = Pick<LoadResult, 'windowMs' | 'clientCpuMs' | 'clientElu' | 'serverCpuMs' | 'before' | 'after' | 'countersMs'>;
+
+/**
+ * The measured window every load loop shares: after the warm-up, scrape the
+ * server's counters, open the window (`open`: requests answered from now on
+ * count), run for durationMs, close it, and take client CPU, event-loop use,
+ * server CPU and the counters again.
+ */
+export async function measureWindow(
+  o: { server: ServerProcess; model: string; warmupMs: number; durationMs: number },
+  window: { open(at: number): void; close(at: number): void },
+): Promise<WindowMeasures> {
+  await sleep(o.warmupMs);
+  const scrape = async () => {
+    const t0 = performance.now();
+    const c = await o.server.counters(o.model);
+    return { c, at: (t0 + performance.now()) / 2 };
+  };
+  const before = await scrape();
+  const cpu0 = process.cpuUsage();
+  const elu0 = performance.eventLoopUtilization();
+  const s0 = o.server.cpuMs();
+  const start = performance.now();
+  window.open(start);
+  await sleep(o.durationMs);
+  const end = performance.now();
+  window.close(end);
+  const s1 = o.server.cpuMs();
+  const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
+  const clientElu = performance.eventLoopUtilization(elu0).utilization;
+  const after = await scrape();
   return {
-    done,
-    errors: errors - errorsBefore,
-    firstError,
-    windowMs: windowEnd - windowStart,
+    windowMs: end - start,
     clientCpuMs,
     clientElu,
     serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
     before: before.c,
     after: after.c,
     countersMs: after.at - before.at,
-    connections: o.client.connections(),
   };
 }

@@ -23,7 +23,7 @@ import { performance } from 'node:perf_hooks';
 import { pack, unpack } from 'msgpackr';
 import WebSocket from 'ws';
 import type { Histogram } from 'hdr-histogram-js';
-import type { ServerCounters, ServerProcess } from './http-load.js';
+import { measureWindow, type ServerCounters, type ServerProcess } from './http-load.js';
 
 export interface WsLoadOptions {
   server: ServerProcess;
@@ -63,8 +63,6 @@ interface Answer {
   error?: { type: string; code: string; message: string };
 }
 
-const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
-const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
 
 export function wsUrl(origin: string): string {
   return origin.replace(/^http/, 'ws') + '/ws';
@@ -192,24 +190,14 @@ export async function wsClosedLoop(o: WsLoadOptions): Promise<WsLoadResult> {
     for (let i = 0; i < o.depth; i++) send();
   }
 
-  await sleep(o.warmupMs);
-  const scrape = async () => {
-    const t0 = performance.now();
-    const c = await o.server.counters(o.model);
-    return { c, at: (t0 + performance.now()) / 2 };
-  };
-  const before = await scrape();
-  const errorsBefore = errors;
-  const cpu0 = process.cpuUsage();
-  const elu0 = performance.eventLoopUtilization();
-  const s0 = o.server.cpuMs();
-  windowStart = performance.now();
-  await sleep(o.durationMs);
-  windowEnd = performance.now();
-  const s1 = o.server.cpuMs();
-  const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
-  const clientElu = performance.eventLoopUtilization(elu0).utilization;
-  const after = await scrape();
+  let errorsBefore = 0;
+  const window = await measureWindow(o, {
+    open: (t) => {
+      errorsBefore = errors;
+      windowStart = t;
+    },
+    close: (t) => (windowEnd = t),
+  });
   stop = true;
   // Let the requests in flight come back (bounded), so closing the sockets cancels nothing mid-batch.
   if (inflight > 0) {
@@ -222,17 +210,5 @@ export async function wsClosedLoop(o: WsLoadOptions): Promise<WsLoadResult> {
     if (!idle) fail(`ws: ${inflight} requests still in flight ${timeoutMs} ms after the window closed`);
   }
   await Promise.all(sockets.map(closeSocket));
-  return {
-    done,
-    errors: errors - errorsBefore,
-    firstError,
-    windowMs: windowEnd - windowStart,
-    clientCpuMs,
-    clientElu,
-    serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
-    before: before.c,
-    after: after.c,
-    countersMs: after.at - before.at,
-    connections: sockets.length,
-  };
+  return { done, errors: errors - errorsBefore, firstError, ...window, connections: sockets.length };
 }
