@@ -15,10 +15,10 @@ import OpenAI, { BadRequestError, NotFoundError } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
-import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/main.js';
+import { startServer, type Server } from '../dist/src/main.js';
 import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
-import { makeRandom, maxAbsDiff, modelsDir, randomTexts, Reference, vocabularyWords } from './helpers.js';
+import { makeRandom, maxAbsDiff, modelsDir, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 const MODELS = ['tiny-embed', 'tiny-intent', 'tiny-rerank'];
@@ -30,17 +30,13 @@ let tok: TextTokenizer;
 let words: string[];
 
 beforeAll(async () => {
-  server = await startServer({
-    ...SERVER_DEFAULTS,
-    host: '127.0.0.1',
-    port: 0,
-    device: 'cpu',
-    models: MODELS,
-    gatewayThreads: 1,
-    // short buckets: a quicker warm-up; nothing here needs long inputs
-    batching: { buckets: [8, 16, 32, 64, 128], maxBatchSize: 32 },
-    log: () => {},
-  });
+  server = await startServer(
+    testServerConfig({
+      models: MODELS,
+      // short buckets: a quicker warm-up; nothing here needs long inputs
+      batching: { buckets: [8, 16, 32, 64, 128], maxBatchSize: 32 },
+    }),
+  );
   await server.ready;
   openai = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'unused', maxRetries: 0 });
   rerankRef = await Reference.open('tiny-rerank');

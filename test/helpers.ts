@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import * as ort from 'onnxruntime-node';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
+import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/main.js';
 import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
 
 export const modelsDir = fileURLToPath(new URL('../models', import.meta.url));
@@ -94,4 +95,19 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let d = 0;
   for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i]! - b[i]!));
   return d;
+}
+
+/** A server config for tests: loopback, a free port, CPU, one gateway, quiet; `over` changes the rest. */
+export function testServerConfig(over: Partial<ServerConfig> = {}): ServerConfig {
+  return {
+    ...SERVER_DEFAULTS,
+    host: '127.0.0.1',
+    port: 0,
+    device: 'cpu',
+    models: ['tiny-embed', 'tiny-intent'],
+    gatewayThreads: 1,
+    batching: {},
+    log: () => {},
+    ...over,
+  };
 }

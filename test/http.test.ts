@@ -16,10 +16,10 @@ import { fileURLToPath } from 'node:url';
 import { pack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
-import { SERVER_DEFAULTS, startServer, type Server, type ServerConfig } from '../dist/src/main.js';
+import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/main.js';
 import { VERSION } from '../dist/src/version.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
-import { makeRandom, maxAbsDiff, randomTexts, Reference, vocabularyWords } from './helpers.js';
+import { makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 /** Rows of different texts differ by far more than this: what makes the comparison able to catch a wrong row. */
@@ -48,19 +48,7 @@ afterAll(async () => {
   await intentRef?.close();
 });
 
-function config(over: Partial<ServerConfig> = {}): ServerConfig {
-  return {
-    ...SERVER_DEFAULTS,
-    host: '127.0.0.1',
-    port: 0,
-    device: 'cpu',
-    models: ['tiny-embed', 'tiny-intent'],
-    gatewayThreads: 1,
-    batching: {},
-    log: () => {},
-    ...over,
-  };
-}
+const config = testServerConfig;
 
 // ------------------------------------------------------------------ reference results
 

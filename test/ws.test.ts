@@ -30,7 +30,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer
 import { SERVER_DEFAULTS, startServer, type Server, type ServerConfig } from '../dist/src/main.js';
 import { VERSION } from '../dist/src/version.js';
 import { HttpClient, parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { makeRandom, maxAbsDiff, randomTexts, Reference, vocabularyWords } from './helpers.js';
+import { makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 /** Rows of different texts differ by far more than this: what makes a comparison able to catch a swapped answer. */
@@ -54,19 +54,13 @@ let dim: number;
 const sockets = new Set<WsConn>();
 
 beforeAll(async () => {
-  const config: ServerConfig = {
-    ...SERVER_DEFAULTS,
-    host: '127.0.0.1',
-    port: 0,
-    device: 'cpu',
+  const config: ServerConfig = testServerConfig({
     models: MODELS,
-    gatewayThreads: 1,
     batching: { maxBatchTokens: 4096 },
     wsMaxInflight: WS_MAX_INFLIGHT,
     wsMaxBufferedBytes: WS_MAX_BUFFERED,
     wsMaxFrameBytes: WS_MAX_FRAME,
-    log: () => {},
-  };
+  });
   server = await startServer(config);
   embedRef = await Reference.open('tiny-embed');
   intentRef = await Reference.open('tiny-intent');
