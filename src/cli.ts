@@ -99,35 +99,20 @@ async function withEngine(flags: CommonFlags, fn: (e: Engine) => Promise<unknown
 
 const program = new Command('slabserve').description('Dynamic-batching inference for BERT-class models').version(VERSION).showHelpAfterError();
 
-interface ServeFlags {
-  host: string;
-  port: number;
-  modelsDir?: string;
+/**
+ * What `serve`'s flags parse to: ServerConfig's own fields under their own
+ * names, plus the flags that map onto it differently (the batching knobs, the
+ * model list, the priority classes, the idle timeout in seconds).
+ */
+type ServeFlags = Omit<ServerConfig, 'models' | 'batching' | 'priorities' | 'wsIdleTimeoutSeconds' | 'log'> & {
   model?: string[];
-  device: string;
-  gatewayThreads: number;
   maxBatchSize?: number;
   maxBatchDelayMs?: number;
   maxBatchTokens?: number;
   buckets?: number[];
-  maxInflightBatches: number;
-  slotsPerModel: number;
-  requestTimeoutMs: number;
-  intraOpThreads: number;
-  maxClientBatchSize: number;
-  maxBodyBytes: number;
-  heartbeatTimeoutMs: number;
-  drainTimeoutMs: number;
-  tokenizerThreads: number;
-  inlineTokenizeChars: number;
-  wsMaxInflight: number;
-  wsMaxBufferedBytes: number;
-  wsMaxFrameBytes: number;
+  priorityWeights: ServerConfig['priorities'];
   wsIdleTimeoutS: number;
-  priorityWeights: { name: string; weight: number }[];
-  priorityAgeingMs: number;
-  sloP99Ms?: number;
-}
+};
 
 const D = SERVER_DEFAULTS;
 program
@@ -163,37 +148,19 @@ program
   .addOption(flag('--priority-ageing-ms <ms>', 'a request waiting this long puts its class first, so no class starves', 'PRIORITY_AGEING_MS', int(1), D.priorityAgeingMs))
   .addOption(flag('--slo-p99-ms <ms>', 'latency target: the batch window adapts to keep P99 under it, and admission sheds what cannot meet it (default: fixed --max-batch-delay-ms)', 'SLO_P99_MS', positive))
   .action(async (f: ServeFlags) => {
+    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, priorityWeights, wsIdleTimeoutS, ...same } = f;
     const batching: ServerConfig['batching'] = {};
-    if (f.maxBatchSize !== undefined) batching.maxBatchSize = f.maxBatchSize;
-    if (f.maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = f.maxBatchDelayMs;
-    if (f.maxBatchTokens !== undefined) batching.maxBatchTokens = f.maxBatchTokens;
-    if (f.buckets !== undefined) batching.buckets = f.buckets;
+    if (maxBatchSize !== undefined) batching.maxBatchSize = maxBatchSize;
+    if (maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = maxBatchDelayMs;
+    if (maxBatchTokens !== undefined) batching.maxBatchTokens = maxBatchTokens;
+    if (buckets !== undefined) batching.buckets = buckets;
     const log = (line: string) => process.stderr.write(line + '\n');
     const server = await startServer({
-      host: f.host,
-      port: f.port,
-      ...(f.modelsDir ? { modelsDir: f.modelsDir } : {}),
-      ...(f.model ? { models: f.model } : {}),
-      device: f.device,
-      gatewayThreads: f.gatewayThreads,
+      ...same,
+      ...(model ? { models: model } : {}),
       batching,
-      maxInflightBatches: f.maxInflightBatches,
-      slotsPerModel: f.slotsPerModel,
-      requestTimeoutMs: f.requestTimeoutMs,
-      intraOpThreads: f.intraOpThreads,
-      maxClientBatchSize: f.maxClientBatchSize,
-      maxBodyBytes: f.maxBodyBytes,
-      heartbeatTimeoutMs: f.heartbeatTimeoutMs,
-      drainTimeoutMs: f.drainTimeoutMs,
-      tokenizerThreads: f.tokenizerThreads,
-      inlineTokenizeChars: f.inlineTokenizeChars,
-      wsMaxInflight: f.wsMaxInflight,
-      wsMaxBufferedBytes: f.wsMaxBufferedBytes,
-      wsMaxFrameBytes: f.wsMaxFrameBytes,
-      wsIdleTimeoutSeconds: f.wsIdleTimeoutS,
-      priorities: f.priorityWeights,
-      priorityAgeingMs: f.priorityAgeingMs,
-      ...(f.sloP99Ms !== undefined ? { sloP99Ms: f.sloP99Ms } : {}),
+      priorities: priorityWeights,
+      wsIdleTimeoutSeconds: wsIdleTimeoutS,
       log,
     });
     let signals = 0;
