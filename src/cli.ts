@@ -12,6 +12,7 @@ import { createEngine, type Engine, type EngineOptions } from './engine.js';
 import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './main.js';
 import { SlabserveError } from './shared/errors.js';
 import { VERSION } from './version.js';
+import { PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 
 /** An integer option parser with a clear message on bad values. */
 function int(min: number) {
@@ -110,6 +111,7 @@ type ServeFlags = Omit<ServerConfig, 'models' | 'batching' | 'priorities' | 'wsI
   maxBatchDelayMs?: number;
   maxBatchTokens?: number;
   buckets?: number[];
+  padTo?: PadTo;
   priorityWeights: ServerConfig['priorities'];
   wsIdleTimeoutS: number;
 };
@@ -127,6 +129,7 @@ program
   .addOption(flag('--max-batch-size <n>', 'most requests in one batch (default 32)', 'MAX_BATCH_SIZE', int(1)))
   .addOption(flag('--max-batch-delay-ms <ms>', 'longest a request waits for a batch to fill while the device is busy (default 5)', 'MAX_BATCH_DELAY_MS', nonNegative))
   .addOption(flag('--max-batch-tokens <n>', 'most padded tokens in one batch (default 16384)', 'MAX_BATCH_TOKENS', int(1)))
+  .addOption(flag('--pad-to <mode>', "what a batch is padded to: 'bucket' (its bucket's length: fixed shapes, best on GPUs) or 'longest' (its longest input: fewer padded tokens on CPU; with one bucket, a single FIFO queue padded to the longest)", 'PAD_TO').choices(PAD_TO as string[]))
   .addOption(flag('--buckets <list>', 'padded lengths, e.g. 16,32,64,128 (default: powers of two from 8 to the max length)', 'BUCKETS', intList))
   .addOption(flag('--max-inflight-batches <n>', 'batches handed to the device before the first ends', 'MAX_INFLIGHT_BATCHES', int(1), D.maxInflightBatches))
   .addOption(flag('--slots-per-model <n>', 'requests queued or running per model; beyond it, 429 at once', 'SLOTS_PER_MODEL', int(1), D.slotsPerModel))
@@ -148,12 +151,13 @@ program
   .addOption(flag('--priority-ageing-ms <ms>', 'a request waiting this long puts its class first, so no class starves', 'PRIORITY_AGEING_MS', int(1), D.priorityAgeingMs))
   .addOption(flag('--slo-p99-ms <ms>', 'latency target: the batch window adapts to keep P99 under it, and admission sheds what cannot meet it (default: fixed --max-batch-delay-ms)', 'SLO_P99_MS', positive))
   .action(async (f: ServeFlags) => {
-    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, priorityWeights, wsIdleTimeoutS, ...same } = f;
+    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, ...same } = f;
     const batching: ServerConfig['batching'] = {};
     if (maxBatchSize !== undefined) batching.maxBatchSize = maxBatchSize;
     if (maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = maxBatchDelayMs;
     if (maxBatchTokens !== undefined) batching.maxBatchTokens = maxBatchTokens;
     if (buckets !== undefined) batching.buckets = buckets;
+    if (padTo !== undefined) batching.padTo = padTo;
     const log = (line: string) => process.stderr.write(line + '\n');
     const server = await startServer({
       ...same,

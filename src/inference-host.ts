@@ -8,7 +8,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
-import { batchCapacity, DEFAULT_BATCHING, defaultBuckets, type BatchingOptions } from './gpu-worker/scheduler.js';
+import { batchCapacity, DEFAULT_BATCHING, defaultBuckets, PAD_TO, type BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inference-loop.js';
 import type { InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
 import type { ControlBlock } from './shared/control.js';
@@ -69,7 +69,9 @@ export function resolveBatching(spec: ModelSpec, given: Partial<BatchingOptions>
     maxBatchDelayMs: given.maxBatchDelayMs ?? DEFAULT_BATCHING.maxBatchDelayMs,
     maxBatchTokens: given.maxBatchTokens ?? DEFAULT_BATCHING.maxBatchTokens,
     buckets: given.buckets ? [...given.buckets] : defaultBuckets(spec.maxLength),
+    padTo: given.padTo ?? DEFAULT_BATCHING.padTo,
   };
+  if (!PAD_TO.includes(opts.padTo)) throw new ValidationError(`padTo must be one of ${PAD_TO.join(', ')}, got ${String(opts.padTo)}`);
   const positiveInt = (name: string, v: number) => {
     if (!Number.isInteger(v) || v < 1) throw new ValidationError(`${name} must be a positive integer, got ${v}`);
   };

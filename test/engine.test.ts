@@ -92,6 +92,33 @@ describe('batched results equal one-at-a-time results', () => {
   });
 });
 
+describe('padding to the longest input instead of the bucket', () => {
+  it('one FIFO bucket padded to the longest in each batch: same results, fewer padded tokens than the bucket', async () => {
+    const fifo = await createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { buckets: [512], padTo: 'longest' }, log: () => {} });
+    try {
+      const rand = makeRandom('pad to longest');
+      const texts = randomTexts(rand, vocabularyWords(embedRef.spec), 96, 90);
+      const before = fifo.stats()['tiny-embed']!;
+      const batched = await Promise.all(texts.map((t) => fifo.embed(t)));
+      const after = fifo.stats()['tiny-embed']!;
+      const rows = after.rows - before.rows;
+      const padded = after.paddedTokens - before.paddedTokens;
+      expect(rows / (after.batches - before.batches)).toBeGreaterThan(2); // really batched
+      expect(padded).toBeGreaterThan(after.realTokens - before.realTokens); // mixed lengths: some padding
+      expect(padded).toBeLessThan(rows * 512); // ...but not to the bucket's 512
+      const tok = await loadTokenizer(embedRef.spec.tokenizerPath);
+      let worst = 0;
+      for (let i = 0; i < texts.length; i++) {
+        const ref = await embedRef.row(tok.encode(texts[i]!, { maxLength: 512, truncate: false }).ids);
+        worst = Math.max(worst, maxAbsDiff(batched[i]![0]!, ref.subarray(0, 128)));
+      }
+      expect(worst).toBeLessThan(TOLERANCE);
+    } finally {
+      await fifo.close();
+    }
+  }, 60_000);
+});
+
 describe('many concurrent requests', () => {
   it('pre-tokenized inputs across every bucket: each answered once, with its own row', async () => {
     const rand = makeRandom('concurrency test');
@@ -213,6 +240,9 @@ describe('limits', () => {
     await expect(createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { buckets: [32, 16] }, log: () => {} })).rejects.toThrow(
       /ascending/,
     );
+    await expect(
+      createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { padTo: 'shortest' as 'longest' }, log: () => {} }),
+    ).rejects.toThrow(/padTo must be one of bucket, longest/);
     await expect(createEngine({ device: 'tpu', models: ['tiny-embed'], log: () => {} })).rejects.toThrow(/invalid device "tpu"/);
   });
 });

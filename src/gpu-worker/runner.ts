@@ -97,7 +97,7 @@ export class ModelRunner {
    * caller decides what the slots become.
    */
   async run(slots: readonly number[], bucket: number): Promise<BatchStats> {
-    const T = this.options.buckets[bucket]!;
+    const T = this.options.padTo === 'longest' ? this.longest(slots) : this.options.buckets[bucket]!;
     const pool = this.pools[bucket]!;
     const buf = pool.pop();
     if (!buf) throw new Error('no free input buffer: more batches in flight than configured');
@@ -118,6 +118,13 @@ export class ModelRunner {
     } finally {
       pool.push(buf);
     }
+  }
+
+  /** The longest input among `slots` (never more than their bucket's length). */
+  private longest(slots: readonly number[]): number {
+    let T = 1;
+    for (const slot of slots) T = Math.max(T, this.slab.header(slot, H_LENGTH));
+    return T;
   }
 
   /** Copies each slot's tokens into row r of the padded buffers; returns the real token count. */

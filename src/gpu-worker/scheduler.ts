@@ -35,12 +35,24 @@ export interface BatchingOptions {
   maxBatchTokens: number;
   /** Padded lengths, ascending; the last is the longest input accepted. */
   buckets: number[];
+  /**
+   * What a batch is padded to: 'bucket' pads every row to its bucket's length
+   * (fixed shapes, all warmed at start-up: the choice for GPUs), 'longest' to
+   * the longest input in the batch (fewer padded tokens where shapes cost
+   * nothing extra, as on CPU). With one bucket, 'longest' is the classic
+   * single FIFO queue padded to the longest.
+   */
+  padTo: PadTo;
 }
+
+export type PadTo = 'bucket' | 'longest';
+export const PAD_TO: readonly PadTo[] = ['bucket', 'longest'];
 
 export const DEFAULT_BATCHING: Omit<BatchingOptions, 'buckets'> = {
   maxBatchSize: 32,
   maxBatchDelayMs: 5,
   maxBatchTokens: 16384,
+  padTo: 'bucket',
 };
 
 /** Powers of two from 8 up to maxLength (maxLength itself is always the last bucket). */
