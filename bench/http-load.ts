@@ -38,6 +38,8 @@ export interface ServerCounters {
   realTokens: number;
   paddedTokens: number;
   failures: number;
+  /** slabserve_batch_size histogram: upper bound (`le`, "+Inf" as Infinity) -> cumulative batches. */
+  batchSizeLe: Map<number, number>;
 }
 
 export interface ServerProcess {
@@ -62,7 +64,7 @@ export interface ServerOptions {
 
 const CLK_TCK = 100; // USER_HZ: 100 on every Linux the bench is meant for
 
-function procCpuMs(pid: number): number | null {
+export function procCpuMs(pid: number): number | null {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     // fields after the ")" of the command name: state is field 3, utime 14, stime 15
@@ -128,7 +130,7 @@ export async function startServerProcess(opts: ServerOptions): Promise<ServerPro
 }
 
 /** GET with a fresh connection closed afterwards. */
-function getText(url: string): Promise<string> {
+export function getText(url: string): Promise<string> {
   return new Promise((resolve, reject) => {
     const req = http.get(url, { agent: false, headers: { connection: 'close' } }, (res) => {
       let body = '';
@@ -143,7 +145,7 @@ function getText(url: string): Promise<string> {
 
 /** Sums of the slabserve series the bench needs, for one model (label order does not matter). */
 export function parseCounters(text: string, model: string): ServerCounters {
-  const out: ServerCounters = { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, failures: 0 };
+  const out: ServerCounters = { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, failures: 0, batchSizeLe: new Map() };
   for (const line of text.split('\n')) {
     if (!line.startsWith('slabserve_')) continue;
     const m = /^(\w+)(?:\{([^}]*)\})?\s+(\S+)/.exec(line);
@@ -154,6 +156,10 @@ export function parseCounters(text: string, model: string): ServerCounters {
     if (name === 'slabserve_request_failures_total') out.failures += v;
     if (labels.model !== model) continue;
     if (name === 'slabserve_batch_size_count') out.batches += v;
+    else if (name === 'slabserve_batch_size_bucket') {
+      const le = labels.le === '+Inf' ? Infinity : Number(labels.le);
+      out.batchSizeLe.set(le, (out.batchSizeLe.get(le) ?? 0) + v);
+    }
     else if (name === 'slabserve_batch_size_sum') out.rows += v;
     else if (name === 'slabserve_batch_duration_seconds_sum') out.runSeconds += v;
     else if (name === 'slabserve_tokens_total' && labels.kind === 'real') out.realTokens += v;

@@ -45,7 +45,8 @@ import { createEngine, ENGINE_DEFAULTS, resolveBatching, type Engine } from '../
 import { closedLoop, createLoadClient, startServerProcess, type ClientKind, type ServerProcess } from './http-load.js';
 import { embedOnce, wsClosedLoop } from './ws-load.js';
 import { loadTokenizer } from '../src/gateway/tokenizer.js';
-import { prepareModel, type PreparedModel } from '../src/gpu-worker/graph.js';
+import { prepareModel } from '../src/gpu-worker/graph.js';
+import { openRawSession, rawBatches, runRawLoop, type RawBatch } from './raw-ort.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';
 import { loadModelSpec, type ModelSpec } from '../src/shared/model-config.js';
 import { bertUncasedVocab } from '../src/modelgen/tokenizer-json.js';
@@ -280,101 +281,27 @@ const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
 
 // ---------------------------------------------------------------- raw onnxruntime
 
-interface RawBatch {
-  feeds: Record<string, ort.Tensor>;
-  rows: number;
-  realTokens: number;
-  paddedTokens: number;
-}
-
-/** Bucket-homogeneous batches of exactly `size` rows (the best case for the engine's scheduler), in seeded random order. */
-function rawBatches(seqs: Seq[], buckets: number[], size: number, prepared: PreparedModel, r: () => number): RawBatch[] {
-  const byBucket: Seq[][] = buckets.map(() => []);
-  for (const s of seqs) byBucket[bucketFor(buckets, s.ids.length)]!.push(s);
-  const out: RawBatch[] = [];
-  const type = prepared.inputType;
-  for (let b = 0; b < buckets.length; b++) {
-    const T = buckets[b]!;
-    const group = byBucket[b]!;
-    for (let at = 0; at + size <= group.length; at += size) {
-      const rows = group.slice(at, at + size);
-      const n = size * T;
-      const ids = type === 'int64' ? new BigInt64Array(n) : new Int32Array(n);
-      const mask = type === 'int64' ? new BigInt64Array(n) : new Int32Array(n);
-      const types = type === 'int64' ? new BigInt64Array(n) : new Int32Array(n);
-      let real = 0;
-      rows.forEach((s, i) => {
-        for (let t = 0; t < s.ids.length; t++) {
-          if (type === 'int64') {
-            (ids as BigInt64Array)[i * T + t] = BigInt(s.ids[t]!);
-            (mask as BigInt64Array)[i * T + t] = 1n;
-            (types as BigInt64Array)[i * T + t] = BigInt(s.typeIds[t]!);
-          } else {
-            (ids as Int32Array)[i * T + t] = s.ids[t]!;
-            (mask as Int32Array)[i * T + t] = 1;
-            (types as Int32Array)[i * T + t] = s.typeIds[t]!;
-          }
-        }
-        real += s.ids.length;
-      });
-      const feeds: Record<string, ort.Tensor> = {
-        input_ids: new ort.Tensor(type, ids, [size, T]),
-        attention_mask: new ort.Tensor(type, mask, [size, T]),
-      };
-      if (prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, types, [size, T]);
-      out.push({ feeds, rows: size, realTokens: real, paddedTokens: n });
-    }
-  }
-  if (out.length === 0) throw new Error(`workload too small for raw batches of ${size}`);
-  for (let i = out.length - 1; i > 0; i--) {
-    const j = Math.floor(r() * (i + 1));
-    [out[i], out[j]] = [out[j]!, out[i]!];
-  }
-  return out;
-}
-
-async function runRaw(config: string, round: number, session: ort.InferenceSession, batches: RawBatch[], fetches: string[]): Promise<PhaseResult> {
-  let i = 0;
-  const warmEnd = performance.now() + WARMUP_MS;
-  while (performance.now() < warmEnd) await session.run(batches[i++ % batches.length]!.feeds, fetches);
+async function runRaw(config: string, round: number, session: ort.InferenceSession, batches: RawBatch[]): Promise<PhaseResult> {
   const h = histogram();
-  let rows = 0;
-  let real = 0;
-  let padded = 0;
-  let n = 0;
-  const cpu0 = process.cpuUsage();
-  const t0 = performance.now();
-  const end = t0 + DURATION_MS;
-  while (performance.now() < end) {
-    const b = batches[i++ % batches.length]!;
-    const s = performance.now();
-    await session.run(b.feeds, fetches);
-    h.recordValue(Math.max(1, Math.round((performance.now() - s) * 1000)));
-    rows += b.rows;
-    real += b.realTokens;
-    padded += b.paddedTokens;
-    n++;
-  }
-  const windowMs = performance.now() - t0;
-  const cpu = cpuMs(process.cpuUsage(cpu0));
+  const r = await runRawLoop(session, batches, WARMUP_MS, DURATION_MS, h);
   const result: PhaseResult = {
     config,
     round,
     kind: 'raw',
     concurrency: null,
-    seqPerSec: (rows / windowMs) * 1000,
+    seqPerSec: (r.rows / r.windowMs) * 1000,
     p50Ms: h.getValueAtPercentile(50) / 1000,
     p99Ms: h.getValueAtPercentile(99) / 1000,
-    meanBatch: rows / n,
-    paddingEfficiency: real / padded,
-    msPerBatch: windowMs / n,
-    ortMsPerBatch: windowMs / n,
-    cores: cpu / windowMs,
-    cpuUsPerSeq: (cpu * 1000) / rows,
-    sequences: rows,
-    batches: n,
+    meanBatch: r.rows / r.batches,
+    paddingEfficiency: r.realTokens / r.paddedTokens,
+    msPerBatch: r.windowMs / r.batches,
+    ortMsPerBatch: r.windowMs / r.batches,
+    cores: r.cpuMs / r.windowMs,
+    cpuUsPerSeq: (r.cpuMs * 1000) / r.rows,
+    sequences: r.rows,
+    batches: r.batches,
     errors: 0,
-    windowMs,
+    windowMs: r.windowMs,
   };
   h.destroy();
   return result;
@@ -657,14 +584,7 @@ async function main(): Promise<void> {
   // --- sessions, engines and servers, opened once and kept for every round
   const t = performance.now();
   const prepared = prepareModel(readFileSync(spec.onnxPath), spec);
-  const fetches = prepared.outputs.map((o) => o.name);
-  const openRaw = (intra: number) =>
-    ort.InferenceSession.create(prepared.bytes, {
-      executionProviders: ['cpu'],
-      graphOptimizationLevel: 'all',
-      intraOpNumThreads: intra,
-      logSeverityLevel: 3,
-    });
+  const openRaw = (intra: number) => openRawSession(prepared, DEVICE, intra);
   const rawSession = await openRaw(INTRA);
   /** Extra raw b=32 sessions, one per other intra-op setting. */
   const rawAlt = new Map<number, ort.InferenceSession>();
@@ -762,10 +682,10 @@ async function main(): Promise<void> {
   const texts = seqs.map((s) => s.text!);
   type Phase = { name: string; run: (round: number) => Promise<PhaseResult> };
   const phases: Phase[] = [
-    ...RAW_BATCHES.map((b) => ({ name: `raw b=${b}`, run: (round: number) => runRaw(`raw b=${b}`, round, rawSession, rawSets.get(b)!, fetches) })),
+    ...RAW_BATCHES.map((b) => ({ name: `raw b=${b}`, run: (round: number) => runRaw(`raw b=${b}`, round, rawSession, rawSets.get(b)!) })),
     ...[...rawAlt].map(([intra, session]) => ({
       name: `raw b=32 intra=${intra}`,
-      run: (round: number) => runRaw(`raw b=32 intra=${intra}`, round, session, rawSets.get(32)!, fetches),
+      run: (round: number) => runRaw(`raw b=32 intra=${intra}`, round, session, rawSets.get(32)!),
     })),
     ...engineConfigs.map((c) => ({ name: c.name, run: (round: number) => runEngine(c.name, round, engines.get(c.name)!, seqs, CONCURRENCY) })),
     // the in-process reference for each HTTP client count the engine rows above do not cover

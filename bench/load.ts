@@ -1,0 +1,379 @@
+/**
+ * The suite's load generator (bench/suite.ts): closed or open loop, over HTTP
+ * keep-alive or WebSocket, against any server that speaks slabserve's
+ * `POST /embed` (slabserve itself, or the transformers.js peer).
+ *
+ *   closed loop  `concurrency` callers; each sends its next request when the
+ *                previous one is answered. Latency: send to answer.
+ *   open loop    arrivals on a schedule drawn before the run: Poisson at a
+ *                mean rate, or Poisson whose rate steps up `factor` times for
+ *                `duty` of every period (bursts) and down in between, so the
+ *                mean stays the same. A request is sent at its scheduled time
+ *                whatever happened to the ones before, and its latency is
+ *                measured FROM ITS SCHEDULED TIME: time spent waiting for a
+ *                connection or a credit counts. That is the correction for
+ *                coordinated omission (a closed loop, or an open loop that
+ *                measures from the actual send, stops offering load while
+ *                the server stalls, and so under-reports the stall).
+ *
+ * Latencies go into an HDR histogram (hdr-histogram-js, microseconds, 3
+ * significant digits). Only the measured window counts: closed loop, requests
+ * answered inside it; open loop, requests scheduled inside it (however late
+ * they are answered, up to the timeout).
+ *
+ * Why not autocannon: it has neither WebSocket, nor Poisson arrivals, nor
+ * latency from the scheduled time. The transports reuse the quick bench's thin
+ * clients (node:http keep-alive agent, `ws` + msgpackr) so the client's own
+ * CPU stays small on a 2-core machine; the dispatcher wakes on 1 ms timers,
+ * not a busy loop, for the same reason (arrivals due within the same
+ * millisecond leave together; their latency still counts from each one's own
+ * scheduled time).
+ */
+import { performance } from 'node:perf_hooks';
+import hdr, { type Histogram } from 'hdr-histogram-js';
+import { pack, unpack } from 'msgpackr';
+import type WebSocket from 'ws';
+import { createLoadClient, type LoadClient, type ServerCounters } from './http-load.js';
+import { closeSocket, openSocket } from './ws-load.js';
+import { requestSize, type Workload } from './workloads.js';
+
+/** A server under load: where it listens, its CPU, and (slabserve) its counters. */
+export interface LoadTarget {
+  readonly origin: string;
+  cpuMs(): number | null;
+  counters?(model: string): Promise<ServerCounters>;
+}
+
+export interface Bursts {
+  /** Rate multiplier during a burst. */
+  factor: number;
+  /** Share of each period spent bursting (factor x duty must stay below 1). */
+  duty: number;
+  periodMs: number;
+}
+
+export type Arrivals = { kind: 'closed'; concurrency: number } | { kind: 'open'; ratePerS: number; bursts?: Bursts };
+
+export interface LoadSpec {
+  target: LoadTarget;
+  model: string;
+  transport: 'http' | 'ws';
+  workload: Workload;
+  arrivals: Arrivals;
+  warmupMs: number;
+  durationMs: number;
+  /** Per request; an unanswered request counts as an error after it. Default 10 s. */
+  timeoutMs?: number;
+  /** Open loop: requests outstanding beyond which new arrivals are dropped (and counted as errors). Default 4096. */
+  maxOutstanding?: number;
+  /** Open loop: HTTP connections, or WebSocket sockets. Default 256 HTTP, 4 WS. */
+  connections?: number;
+  /** Called about every 250 ms. */
+  onProgress?(p: Progress): void;
+  seed?: number;
+}
+
+export interface Progress {
+  elapsedMs: number;
+  totalMs: number;
+  answered: number;
+  rejected: number;
+  errors: number;
+}
+
+export interface LoadOutcome {
+  windowMs: number;
+  /** Answered 200 (counted as the module header says). */
+  requests: number;
+  inputs: number;
+  tokens: number;
+  rejected: number;
+  errors: number;
+  firstError?: string;
+  /** Latencies of the answered requests, microseconds. The caller destroys it. */
+  histogram: Histogram;
+  clientCpuMs: number;
+  serverCpuMs: number | null;
+  before?: ServerCounters;
+  after?: ServerCounters;
+  /** Ms between the midpoints of the two /metrics scrapes. */
+  countersMs: number;
+}
+
+type Outcome = 'ok' | 'rejected' | string;
+
+/** Sends request i of the workload and says how it ended. */
+interface Channel {
+  send(i: number): Promise<Outcome>;
+  close(): Promise<void>;
+}
+
+const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
+const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
+
+export function newHistogram(): Histogram {
+  return hdr.build({ numberOfSignificantValueDigits: 3, lowestDiscernibleValue: 1 });
+}
+
+// ---------------------------------------------------------------- transports
+
+function httpChannel(client: LoadClient, w: Workload): Channel {
+  return {
+    send: async (i) => {
+      try {
+        const r = await client.post('/embed', w.bodies[i]!);
+        if (r.status === 200) return 'ok';
+        if (r.status === 429 || r.status === 503) return 'rejected';
+        return `HTTP ${r.status}: ${r.body.toString('utf8').slice(0, 200)}`;
+      } catch (err) {
+        return (err as Error).message ?? String(err);
+      }
+    },
+    close: () => client.close(),
+  };
+}
+
+interface WsAnswer {
+  id?: number;
+  result?: unknown;
+  error?: { type: string; code: string; message: string };
+}
+
+/**
+ * `sockets` WebSockets, each with `credit` requests in flight at most; requests
+ * beyond the credit wait in a local queue (their wait counts in the latency).
+ */
+async function wsChannel(origin: string, w: Workload, sockets: number, credit: number, timeoutMs: number): Promise<Channel> {
+  const open = await Promise.all(Array.from({ length: sockets }, () => openSocket(origin, credit)));
+  let nextId = 1;
+  let rr = 0;
+  const lanes = open.map((ws) => {
+    const pending = new Map<number, (o: Outcome) => void>();
+    const queue: (() => void)[] = [];
+    let inflight = 0;
+    ws.on('message', (data: Buffer) => {
+      const m = unpack(data) as WsAnswer;
+      const done = typeof m.id === 'number' ? pending.get(m.id) : undefined;
+      if (!done) return;
+      pending.delete(m.id!);
+      inflight--;
+      queue.shift()?.();
+      if (!m.error) done(Array.isArray(m.result) ? 'ok' : `ws: unexpected result ${JSON.stringify(m).slice(0, 200)}`);
+      else if (m.error.type === 'overloaded' || m.error.type === 'unavailable') done('rejected');
+      else done(`ws ${m.error.type} ${m.error.code}: ${m.error.message}`);
+    });
+    const failAll = (why: string) => {
+      for (const done of pending.values()) done(why);
+      pending.clear();
+    };
+    ws.on('close', (code) => failAll(`ws: socket closed (code ${code})`));
+    ws.on('error', (err) => failAll(`ws: ${err.message}`));
+    const send = (i: number): Promise<Outcome> =>
+      new Promise((resolve) => {
+        const go = () => {
+          if (ws.readyState !== ws.OPEN) return resolve('ws: socket not open');
+          const id = nextId++;
+          inflight++;
+          const timer = setTimeout(() => {
+            if (pending.delete(id)) {
+              inflight--;
+              queue.shift()?.();
+              resolve(`ws: no answer in ${timeoutMs} ms`);
+            }
+          }, timeoutMs);
+          pending.set(id, (o) => {
+            clearTimeout(timer);
+            resolve(o);
+          });
+          const inputs = w.requests[i]!;
+          ws.send(pack({ id, op: 'embed', inputs: inputs.length === 1 ? inputs[0]!.text : inputs.map((x) => x.text), encoding: 'f32' }));
+        };
+        if (inflight < credit) go();
+        else queue.push(go);
+      });
+    return { ws, send };
+  });
+  return {
+    send: (i) => lanes[rr++ % lanes.length]!.send(i),
+    close: async () => {
+      await Promise.all(lanes.map((l) => closeSocket(l.ws as WebSocket)));
+    },
+  };
+}
+
+async function openChannel(spec: LoadSpec, connections: number, timeoutMs: number): Promise<Channel> {
+  if (spec.transport === 'http') return httpChannel(await createLoadClient('http', spec.target.origin, connections, timeoutMs), spec.workload);
+  const closed = spec.arrivals.kind === 'closed';
+  // closed loop: one socket per 64 callers, each with exactly its callers' share in flight
+  const sockets = closed ? Math.max(1, Math.ceil(connections / 64)) : connections;
+  const credit = closed ? Math.ceil(connections / sockets) : 256;
+  return wsChannel(spec.target.origin, spec.workload, sockets, credit, timeoutMs);
+}
+
+// ---------------------------------------------------------------- arrivals
+
+/** Scheduled send times (ms from the start) for `totalMs`, from a seeded generator. */
+export function arrivalTimes(ratePerS: number, totalMs: number, r: () => number, bursts?: Bursts): number[] {
+  const times: number[] = [];
+  const base = ratePerS / 1000;
+  // outside bursts the rate drops so that the mean over a period stays `ratePerS`
+  const low = bursts ? (base * (1 - bursts.factor * bursts.duty)) / (1 - bursts.duty) : base;
+  if (bursts && !(low > 0)) throw new Error(`bursts: factor x duty must stay below 1 (got ${bursts.factor} x ${bursts.duty})`);
+  let t = 0;
+  for (;;) {
+    const inBurst = bursts !== undefined && t % bursts.periodMs < bursts.duty * bursts.periodMs;
+    const rate = bursts ? (inBurst ? base * bursts.factor : low) : base;
+    t += -Math.log(1 - r()) / rate;
+    if (t >= totalMs) return times;
+    times.push(t);
+  }
+}
+
+// ---------------------------------------------------------------- the run
+
+export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
+  const timeoutMs = spec.timeoutMs ?? 10_000;
+  const open = spec.arrivals.kind === 'open';
+  const connections = spec.arrivals.kind === 'closed' ? spec.arrivals.concurrency : (spec.connections ?? (spec.transport === 'http' ? 256 : 4));
+  const channel = await openChannel(spec, connections, timeoutMs);
+  const w = spec.workload;
+  const histogram = newHistogram();
+  const totalMs = spec.warmupMs + spec.durationMs;
+  let cursor = Math.floor(r() * w.requests.length);
+  let requests = 0;
+  let inputs = 0;
+  let tokens = 0;
+  let rejected = 0;
+  let errors = 0;
+  let firstError: string | undefined;
+  let answered = 0;
+  let windowStart = Infinity;
+  let windowEnd = Infinity;
+
+  /** Accounts one finished request; `counts` says whether it falls in the window. */
+  const finish = (i: number, outcome: Outcome, latencyMs: number, counts: boolean) => {
+    if (outcome === 'ok') answered++;
+    if (!counts) return;
+    if (outcome === 'ok') {
+      histogram.recordValue(Math.max(1, Math.round(latencyMs * 1000)));
+      const size = requestSize(w, i);
+      requests++;
+      inputs += size.inputs;
+      tokens += size.tokens;
+    } else if (outcome === 'rejected') rejected++;
+    else {
+      errors++;
+      firstError ??= outcome;
+    }
+  };
+
+  const progress = spec.onProgress
+    ? setInterval(() => {
+        const elapsedMs = performance.now() - started;
+        spec.onProgress!({ elapsedMs: Math.min(elapsedMs, totalMs), totalMs, answered, rejected, errors });
+      }, 250)
+    : undefined;
+
+  const scrape = async () => {
+    const t0 = performance.now();
+    const c = spec.target.counters ? await spec.target.counters(spec.model) : undefined;
+    return { c, at: (t0 + performance.now()) / 2 };
+  };
+
+  const started = performance.now();
+  let before: Awaited<ReturnType<typeof scrape>> | undefined;
+  let after: Awaited<ReturnType<typeof scrape>> | undefined;
+  let cpu0 = process.cpuUsage();
+  let s0: number | null = null;
+  let clientCpuMs = 0;
+  let serverCpuMs: number | null = null;
+
+  const openWindow = async () => {
+    before = await scrape();
+    cpu0 = process.cpuUsage();
+    s0 = spec.target.cpuMs();
+    windowStart = performance.now();
+  };
+  const closeWindow = async () => {
+    windowEnd = performance.now();
+    const s1 = spec.target.cpuMs();
+    clientCpuMs = cpuMs(process.cpuUsage(cpu0));
+    serverCpuMs = s0 !== null && s1 !== null ? s1 - s0 : null;
+    after = await scrape();
+  };
+
+  try {
+    if (!open) {
+      let stop = false;
+      const caller = async () => {
+        while (!stop) {
+          const i = cursor++ % w.requests.length;
+          const t0 = performance.now();
+          const outcome = await channel.send(i);
+          const t1 = performance.now();
+          finish(i, outcome, t1 - t0, t1 >= windowStart && t1 < windowEnd);
+          if (outcome !== 'ok') await sleep(1); // no hot loop against a refusing server
+        }
+      };
+      const callers = Array.from({ length: connections }, caller);
+      await sleep(spec.warmupMs);
+      await openWindow();
+      await sleep(spec.durationMs);
+      await closeWindow();
+      stop = true;
+      await Promise.all(callers); // bounded: every request has its timeout
+    } else {
+      const arrivals = spec.arrivals as Extract<Arrivals, { kind: 'open' }>;
+      const times = arrivalTimes(arrivals.ratePerS, totalMs, r, arrivals.bursts);
+      const maxOutstanding = spec.maxOutstanding ?? 4096;
+      const inFlight = new Set<Promise<void>>();
+      const t0 = performance.now();
+      let opening: Promise<void> | undefined;
+      let k = 0;
+      while (k < times.length) {
+        const now = performance.now() - t0;
+        if (!opening && now >= spec.warmupMs) opening = openWindow(); // not awaited: arrivals keep their schedule
+        for (; k < times.length && times[k]! <= now; k++) {
+          const scheduled = t0 + times[k]!;
+          const counts = times[k]! >= spec.warmupMs;
+          const i = cursor++ % w.requests.length;
+          if (inFlight.size >= maxOutstanding) {
+            finish(i, `client: ${maxOutstanding} requests outstanding, arrival dropped`, 0, counts);
+            continue;
+          }
+          const p: Promise<void> = channel.send(i).then((outcome) => {
+            inFlight.delete(p);
+            finish(i, outcome, performance.now() - scheduled, counts);
+          });
+          inFlight.add(p);
+        }
+        if (k < times.length) await sleep(Math.max(1, times[k]! - (performance.now() - t0)));
+      }
+      await (opening ?? openWindow());
+      const end = t0 + totalMs;
+      if (performance.now() < end) await sleep(end - performance.now());
+      await closeWindow();
+      // the window's arrivals are counted when answered, however late (each has its timeout)
+      await Promise.all(inFlight);
+    }
+  } finally {
+    if (progress) clearInterval(progress);
+    await channel.close();
+  }
+  return {
+    // open loop: the window is the scheduled span whose arrivals count
+    windowMs: open ? spec.durationMs : windowEnd - windowStart,
+    requests,
+    inputs,
+    tokens,
+    rejected,
+    errors,
+    ...(firstError !== undefined ? { firstError } : {}),
+    histogram,
+    clientCpuMs,
+    serverCpuMs,
+    ...(before?.c ? { before: before.c } : {}),
+    ...(after?.c ? { after: after.c } : {}),
+    countersMs: before && after ? after.at - before.at : 0,
+  };
+}
