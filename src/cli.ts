@@ -8,6 +8,7 @@
  *   slabserve classify --model tiny-intent "I want my money back"
  */
 import { Command, InvalidArgumentError, Option } from 'commander';
+import { clusterRole, clusterWorker, runClusterPrimary } from './cluster.js';
 import { createEngine, type Engine, type EngineOptions } from './engine.js';
 import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './main.js';
 import { SlabserveError } from './shared/errors.js';
@@ -114,6 +115,8 @@ type ServeFlags = Omit<ServerConfig, 'models' | 'batching' | 'priorities' | 'wsI
   padTo?: PadTo;
   priorityWeights: ServerConfig['priorities'];
   wsIdleTimeoutS: number;
+  processes?: number;
+  devices?: string[];
 };
 
 const D = SERVER_DEFAULTS;
@@ -125,6 +128,8 @@ program
   .addOption(flag('--models-dir <dir>', 'model repository folder (default: the package models/)', 'MODELS_DIR'))
   .addOption(flag('--model <name>', 'serve only this model (repeatable, or comma-separated; default: all)', 'MODEL', collect))
   .addOption(flag('--device <device>', 'auto, cpu, cuda or cuda:N', 'DEVICE', undefined, D.device))
+  .addOption(flag('--processes <n>', 'run a cluster of N server processes on one port, restarted if they exit (each on --device; cpu when that is auto): docs/cluster.md', 'PROCESSES', int(1)))
+  .addOption(flag('--devices <list>', 'run a cluster of one server process per device on one port, e.g. cuda:0,cuda:1: docs/cluster.md', 'DEVICES', collect))
   .addOption(flag('--gateway-threads <n>', 'HTTP gateway threads (default: 1 on 2 cores or fewer, else half the cores)', 'GATEWAY_THREADS', int(1), defaultGatewayThreads()))
   .addOption(flag('--max-batch-size <n>', 'most requests in one batch (default 32)', 'MAX_BATCH_SIZE', int(1)))
   .addOption(flag('--max-batch-delay-ms <ms>', 'longest a request waits for a batch to fill while the device is busy (default 5)', 'MAX_BATCH_DELAY_MS', nonNegative))
@@ -150,8 +155,8 @@ program
   )
   .addOption(flag('--priority-ageing-ms <ms>', 'a request waiting this long puts its class first, so no class starves', 'PRIORITY_AGEING_MS', int(1), D.priorityAgeingMs))
   .addOption(flag('--slo-p99-ms <ms>', 'latency target: the batch window adapts to keep P99 under it, and admission sheds what cannot meet it (default: fixed --max-batch-delay-ms)', 'SLO_P99_MS', positive))
-  .action(async (f: ServeFlags) => {
-    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, ...same } = f;
+  .action(async (f: ServeFlags, cmd: Command) => {
+    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, ...same } = f;
     const batching: ServerConfig['batching'] = {};
     if (maxBatchSize !== undefined) batching.maxBatchSize = maxBatchSize;
     if (maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = maxBatchDelayMs;
@@ -159,14 +164,22 @@ program
     if (buckets !== undefined) batching.buckets = buckets;
     if (padTo !== undefined) batching.padTo = padTo;
     const log = (line: string) => process.stderr.write(line + '\n');
-    const server = await startServer({
+    const config: ServerConfig = {
       ...same,
       ...(model ? { models: model } : {}),
       batching,
       priorities: priorityWeights,
       wsIdleTimeoutSeconds: wsIdleTimeoutS,
       log,
-    });
+    };
+    // A cluster (--processes / --devices): the primary supervises; each worker is this same command.
+    const given = (name: string) => !['default', undefined].includes(cmd.getOptionValueSource(name));
+    const clusterOptions = { processes, devices, explicit: { device: given('device'), gatewayThreads: given('gatewayThreads'), intraOpThreads: given('intraOpThreads') } };
+    const role = clusterRole(clusterOptions);
+    if (role === 'primary') return runClusterPrimary(config, clusterOptions);
+    const worker = role === 'worker' ? clusterWorker(log) : null;
+    const server = await startServer({ ...config, ...worker?.overrides });
+    worker?.started(server);
     let signals = 0;
     const onSignal = (sig: string) => {
       signals++;

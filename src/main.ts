@@ -58,6 +58,8 @@ export interface ServerConfig {
   priorityAgeingMs: number;
   /** Latency target: adaptive batch window and admission against it (--slo-p99-ms). */
   sloP99Ms?: number;
+  /** Replaces what /metrics answers (a cluster worker asks its primary for the whole cluster's: src/cluster.ts). */
+  scrape?: () => Promise<string>;
   log: (line: string) => void;
 }
 
@@ -96,7 +98,11 @@ export interface Server {
   readonly ready: Promise<DeviceInfo>;
   /** Drains: readiness off, new requests refused, in-flight ones finish (up to drainTimeoutMs), sockets closed, threads stopped. */
   close(): Promise<void>;
+  /** This process's metrics, every thread merged, as prom-client JSON (what /metrics shows without `scrape`). */
+  metricsJson(): Promise<MetricsJson>;
 }
+
+type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 
 interface GatewayHandle {
   worker: Worker;
@@ -105,7 +111,7 @@ interface GatewayHandle {
 }
 
 /** A port free right now on `host` (the kernel picks it). */
-function pickFreePort(host: string): Promise<number> {
+export function pickFreePort(host: string): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = createNetServer();
     srv.once('error', reject);
@@ -178,16 +184,17 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   });
 
   const gateways: GatewayHandle[] = [];
-  const scrape = async (): Promise<string> => {
-    type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
+  const localParts = async (): Promise<MetricsJson[]> => {
     const parts: MetricsJson[] = [await registry.getMetricsAsJSON()];
     const others = await Promise.allSettled([
       ...gateways.map((g) => g.rpc.call<MetricsJson>('metrics')),
       control.workerState === WorkerState.READY ? inferenceRpc.call<MetricsJson>('metrics') : Promise.resolve([]),
     ]);
     for (const o of others) if (o.status === 'fulfilled') parts.push(o.value);
-    return AggregatorRegistry.aggregate(parts).metrics();
+    return parts;
   };
+  const metricsJson = async (): Promise<MetricsJson> => AggregatorRegistry.aggregate(await localParts()).getMetricsAsJSON();
+  const scrape = config.scrape ?? (async (): Promise<string> => AggregatorRegistry.aggregate(await localParts()).metrics());
 
   const startGateway = (gatewayId: number, port: number): Promise<{ handle: GatewayHandle; port: number }> => {
     const data: GatewayWorkerData = {
@@ -299,7 +306,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       log('slabserve: stopped');
     })());
 
-  return { port, url, ready, close };
+  return { port, url, ready, close, metricsJson };
 }
 
 export type { ModelPlan };
