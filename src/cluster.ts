@@ -97,7 +97,10 @@ export function planProcesses(config: Pick<ServerConfig, 'device' | 'port' | 'ga
   let devices: string[];
   if (opts.devices !== undefined) {
     if (opts.devices.length === 0) throw new ValidationError('--devices: expected a comma-separated list like cuda:0,cuda:1');
-    if (opts.explicit?.device) throw new ValidationError('--devices and --device do not go together: --devices names the device of each process');
+    // `auto` (the default, and what the image sets) does not conflict: --devices decides.
+    if (opts.explicit?.device && config.device !== 'auto') {
+      throw new ValidationError(`--devices and --device ${config.device} do not go together: --devices names the device of each process`);
+    }
     if (opts.processes !== undefined && opts.processes !== opts.devices.length) {
       throw new ValidationError(`--processes ${opts.processes} does not match --devices (${opts.devices.length} ${opts.devices.length === 1 ? 'entry' : 'entries'}): one process per device`);
     }

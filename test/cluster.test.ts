@@ -361,7 +361,7 @@ describe('cluster start-up failures', () => {
     expect(bad.code).toBe(1);
     expect(bad.stderr).toMatch(/--devices: invalid device "gpu:1"/);
     expect(both.code).toBe(1);
-    expect(both.stderr).toMatch(/--devices and --device do not go together/);
+    expect(both.stderr).toMatch(/--devices and --device cpu do not go together/);
     for (const o of [mismatch, bad, both]) expect(o.stderr).not.toMatch(/started, pid/);
   });
 
