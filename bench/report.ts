@@ -331,6 +331,11 @@ function settingsSection(r: SuiteResults): string {
   ].join('\n');
 }
 
+function modelsSection(r: SuiteResults): string {
+  const rows = (r.models ?? []).map((m) => `| ${m.name} | ${m.layers} | ${m.hidden} | ${m.heads} | ${m.parametersM.toFixed(1)} M | ${m.maxLength} |`);
+  return ['| model | layers | hidden | heads | weights | max tokens |', '| --- | ---: | ---: | ---: | ---: | ---: |', ...rows].join('\n');
+}
+
 function gpuSection(r: SuiteResults): string {
   if (!r.gpu) {
     return 'No GPU run is included in this report. bench/gpu/README.md says how to run one (bench/gpu/run.sh) and pass its folder with `--gpu-results`.';
@@ -380,6 +385,7 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
   if (!charts.throughput) notes.push('No comparisons, so no comparison plot.');
   if (notes.length) out.push('## Not in this run', '', notes.map((n) => `- ${n}`).join('\n'), '');
 
+  if (r.models?.length) out.push('## Models', '', modelsSection(r), '');
   out.push('## Workloads', '', workloadsSection(r), '');
   out.push('## GPU', '', gpuSection(r), '');
   out.push('## Settings', '', settingsSection(r), '');

@@ -20,6 +20,9 @@ export interface SuiteResults {
   mode: 'full' | 'quick';
   machine: MachineInfo;
   settings: SuiteSettings;
+  /** The models measured, and how big they are. */
+  models?: ModelInfo[];
+  /** The first model's tokenization of each workload (all default models share the bert-base-uncased vocabulary). */
   workloads: WorkloadSummary[];
   /** Every measured phase, in the order run. */
   phases: PhaseResult[];
@@ -59,6 +62,16 @@ export interface SuiteSettings {
   loadFractions: number[];
   models: string[];
   device: string;
+}
+
+export interface ModelInfo {
+  name: string;
+  layers: number;
+  hidden: number;
+  heads: number;
+  /** Weights, in millions (float32 ONNX file size / 4). */
+  parametersM: number;
+  maxLength: number;
 }
 
 export interface WorkloadSummary {

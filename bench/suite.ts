@@ -26,7 +26,7 @@
  * raw onnxruntime session run in this process, never at the same time.
  */
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, hostname, loadavg, release, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -50,6 +50,7 @@ import {
   type Curve,
   type GpuSection,
   type LatencySummary,
+  type ModelInfo,
   type PhaseResult,
   type ServerSide,
   type SuiteResults,
@@ -722,6 +723,7 @@ async function main(): Promise<void> {
     settings: { seed: SEED, warmupS: WARMUP_MS / 1000, durationS: DURATION_MS / 1000, curvePointS: POINT_MS / 1000, rounds: ROUNDS, loadFractions: LOADS, models: MODELS, device: DEVICE },
     // the first model's tokenization (every model here shares the bert-base-uncased vocabulary)
     workloads: [...models[0]!.workloads.values()].map((w) => summarizeWorkload(w, models[0]!.spec.maxLength)),
+    models: models.map((m) => modelInfo(m)),
     phases,
     comparisons,
     curves,
@@ -734,6 +736,18 @@ async function main(): Promise<void> {
   const { files } = await renderReport(results, out);
   process.stdout.write('\n' + summaryTable(results) + '\n\n');
   process.stdout.write(`${phases.length} phases in ${results.durationS} s; results, report and ${files.filter((f) => f.endsWith('.svg')).length} plots in ${out}\n`);
+}
+
+function modelInfo(m: ModelSetup): ModelInfo {
+  const config = JSON.parse(readFileSync(join(m.dir, m.name, 'config.json'), 'utf8')) as Record<string, number>;
+  return {
+    name: m.name,
+    layers: config.num_hidden_layers ?? 0,
+    hidden: config.hidden_size ?? 0,
+    heads: config.num_attention_heads ?? 0,
+    parametersM: round(statSync(m.spec.onnxPath).size / 4 / 1e6, 1),
+    maxLength: m.spec.maxLength,
+  };
 }
 
 /** Seconds the run should take, for the progress bar (server start-ups estimated). */

@@ -277,6 +277,10 @@ function fullResults(): SuiteResults {
       models: ['tiny-embed', 'minilm-l6'],
       device: 'cpu',
     },
+    models: [
+      { name: 'tiny-embed', layers: 2, hidden: 128, heads: 2, parametersM: 4.4, maxLength: 512 },
+      { name: 'minilm-l6', layers: 6, hidden: 384, heads: 12, parametersM: 22.7, maxLength: 512 },
+    ],
     workloads: [
       {
         name: 'short',
@@ -452,6 +456,10 @@ describe('bench report', () => {
     const sloRows = rows(sloPart);
     expect(sloRows.map((r) => r[9])).toEqual(['yes', 'yes', 'yes', '**NO** (+2.25 ms)', '**NO** (+115 ms)']);
     expect(sloRows[0].slice(2, 6)).toEqual(['500', '500', '1.37', '4.10']);
+  });
+
+  it('models table: layers, width and weights of each model', () => {
+    expect(rowsStartingWith(md, 'minilm-l6').find((r) => r[1] === '6')).toEqual(['minilm-l6', '6', '384', '12', '22.7 M', '512']);
   });
 
   it('workloads table, GPU section, settings', () => {
