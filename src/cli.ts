@@ -7,11 +7,14 @@
  *   slabserve embed "where is my parcel?" "cancel my plan"
  *   slabserve classify --model tiny-intent "I want my money back"
  */
+import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { clusterRole, clusterWorker, runClusterPrimary } from './cluster.js';
 import { createEngine, type Engine, type EngineOptions } from './engine.js';
 import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './main.js';
-import { SlabserveError } from './shared/errors.js';
+import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
+import { apiKeyProblem } from './gateway/security.js';
+import { SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
 import { PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 
@@ -57,6 +60,41 @@ function positive(value: string): number {
   const n = Number(value);
   if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`expected a number > 0, got "${value}"`);
   return n;
+}
+
+/** true/false, yes/no, on/off, 1/0 (an option like --metrics-auth, whose variable may say "false"). */
+function bool(value: string): boolean {
+  const v = value.trim().toLowerCase();
+  if (['true', 'yes', 'on', '1'].includes(v)) return true;
+  if (['false', 'no', 'off', '0', ''].includes(v)) return false;
+  throw new InvalidArgumentError(`expected true or false, got "${value}"`);
+}
+
+/**
+ * The API keys of --api-key and --api-key-file (one key a line; blank lines
+ * and lines starting with # are skipped). Never echoes a key in an error.
+ */
+function apiKeys(given: string[] | undefined, file: string | undefined): string[] {
+  const keys = [...(given ?? [])];
+  if (file !== undefined) {
+    let text: string;
+    try {
+      text = readFileSync(file, 'utf8');
+    } catch (err) {
+      throw new ValidationError(`--api-key-file ${file}: cannot read it (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+    }
+    const before = keys.length;
+    for (const line of text.split(/\r?\n/)) {
+      const k = line.trim();
+      if (k !== '' && !k.startsWith('#')) keys.push(k);
+    }
+    if (keys.length === before) throw new ValidationError(`--api-key-file ${file}: no key in it (one key a line)`);
+  }
+  keys.forEach((k, i) => {
+    const problem = apiKeyProblem(k);
+    if (problem) throw new ValidationError(`API key ${i + 1} (--api-key / --api-key-file): ${problem}`);
+  });
+  return [...new Set(keys)];
 }
 
 function collect(value: string, previous: string[] = []): string[] {
@@ -117,6 +155,8 @@ type ServeFlags = Omit<ServerConfig, 'models' | 'batching' | 'priorities' | 'wsI
   wsIdleTimeoutS: number;
   processes?: number;
   devices?: string[];
+  apiKey?: string[];
+  apiKeyFile?: string;
 };
 
 const D = SERVER_DEFAULTS;
@@ -155,21 +195,36 @@ program
   )
   .addOption(flag('--priority-ageing-ms <ms>', 'a request waiting this long puts its class first, so no class starves', 'PRIORITY_AGEING_MS', int(1), D.priorityAgeingMs))
   .addOption(flag('--slo-p99-ms <ms>', 'latency target: the batch window adapts to keep P99 under it, and admission sheds what cannot meet it (default: fixed --max-batch-delay-ms)', 'SLO_P99_MS', positive))
+  .addOption(flag('--api-key <key>', 'require this API key as "Authorization: Bearer <key>" on every route but health (and /metrics); repeatable or comma-separated; prefer the variable or --api-key-file (a flag shows in ps): docs/security.md', 'API_KEY', collect))
+  .addOption(flag('--api-key-file <path>', 'require one of the API keys in this file (one a line, # comments)', 'API_KEY_FILE'))
+  .addOption(flag('--metrics-auth [bool]', '/metrics needs an API key too', 'METRICS_AUTH', bool, D.metricsAuth).preset(true))
+  .addOption(flag('--max-connections <n>', 'most connections per gateway thread: open WebSockets plus HTTP connections with a request in progress; past it 503', 'MAX_CONNECTIONS', int(1), D.maxConnections))
+  .addOption(flag('--max-url-bytes <n>', 'longest URL (path and query); past it 414', 'MAX_URL_BYTES', int(16), D.maxUrlBytes))
+  .addOption(flag('--max-header-bytes <n>', 'largest request head (request line and headers); past it 431 (uWS closes a head over 4 KiB that arrives in pieces, whatever this says)', 'MAX_HEADER_BYTES', int(64), D.maxHeaderBytes))
+  .addOption(flag('--log-level <level>', 'least level logged (JSON lines: events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
   .action(async (f: ServeFlags, cmd: Command) => {
-    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, ...same } = f;
+    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, ...same } = f;
     const batching: ServerConfig['batching'] = {};
     if (maxBatchSize !== undefined) batching.maxBatchSize = maxBatchSize;
     if (maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = maxBatchDelayMs;
     if (maxBatchTokens !== undefined) batching.maxBatchTokens = maxBatchTokens;
     if (buckets !== undefined) batching.buckets = buckets;
     if (padTo !== undefined) batching.padTo = padTo;
-    const log = (line: string) => process.stderr.write(line + '\n');
+    // JSON lines: events on stderr (startServer's lines are text, wrapped here; a gateway's are JSON
+    // already), access lines on stdout straight from the gateway threads (accessLogFd).
+    const stderr = logDestination(2);
+    const events = createLogger(same.logLevel ?? D.logLevel, 'main', { stream: stderr });
+    const log = (line: string) => (line.charCodeAt(0) === 123 ? stderr.write(line + '\n') : events.info(line));
+    const keys = apiKeys(apiKey, apiKeyFile);
+    if (keys.some((k) => k.length < 16)) events.warn('an API key shorter than 16 characters can be guessed: use long random keys (openssl rand -hex 32)');
     const config: ServerConfig = {
       ...same,
       ...(model ? { models: model } : {}),
       batching,
       priorities: priorityWeights,
       wsIdleTimeoutSeconds: wsIdleTimeoutS,
+      apiKeys: keys,
+      accessLogFd: 1,
       log,
     };
     // A cluster (--processes / --devices): the primary supervises; each worker is this same command.

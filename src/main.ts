@@ -14,6 +14,8 @@ import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client
 import { DEFAULT_PRIORITIES, describeModel, slabStats, ENGINE_DEFAULTS } from './engine.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
+import { GATE_DEFAULTS } from './gateway/gate.js';
+import type { LogLevel } from './gateway/log.js';
 import { describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { loadModels, startInferenceThread, type ModelPlan } from './inference-host.js';
@@ -60,6 +62,20 @@ export interface ServerConfig {
   sloP99Ms?: number;
   /** Replaces what /metrics answers (a cluster worker asks its primary for the whole cluster's: src/cluster.ts). */
   scrape?: () => Promise<string>;
+  /** API keys: every route but health (and /metrics, unless metricsAuth) needs `Authorization: Bearer <key>` (--api-key, --api-key-file); none: open. */
+  apiKeys?: string[];
+  /** /metrics needs a key too (--metrics-auth). */
+  metricsAuth?: boolean;
+  /** Most connections per gateway thread: open WebSockets plus HTTP connections with a request in progress; past it 503 (--max-connections). */
+  maxConnections?: number;
+  /** Longest URL (path and query) in bytes; past it 414 (--max-url-bytes). */
+  maxUrlBytes?: number;
+  /** Largest request head (request line and headers) in bytes; past it 431 (--max-header-bytes). */
+  maxHeaderBytes?: number;
+  /** Least level of the JSON log lines: fatal, error, warn, info (an access line per request), debug, trace, silent (--log-level). */
+  logLevel?: LogLevel;
+  /** Gateway threads write access lines (one per request) straight to this file descriptor (the CLI: 1, stdout); absent, they reach `log`. */
+  accessLogFd?: number;
   log: (line: string) => void;
 }
 
@@ -89,6 +105,8 @@ export const SERVER_DEFAULTS = {
   wsIdleTimeoutSeconds: 120,
   priorities: DEFAULT_PRIORITIES,
   priorityAgeingMs: DEFAULT_SCHEDULING.priorityAgeingMs,
+  ...GATE_DEFAULTS,
+  logLevel: 'info' as LogLevel,
 } as const;
 
 export interface Server {
@@ -219,6 +237,14 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       version: VERSION,
       priorityNames: config.priorities.map((p) => p.name),
       ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
+      security: {
+        apiKeys: config.apiKeys ?? [],
+        metricsAuth: config.metricsAuth ?? GATE_DEFAULTS.metricsAuth,
+        maxConnections: config.maxConnections ?? GATE_DEFAULTS.maxConnections,
+        maxUrlBytes: config.maxUrlBytes ?? GATE_DEFAULTS.maxUrlBytes,
+        maxHeaderBytes: config.maxHeaderBytes ?? GATE_DEFAULTS.maxHeaderBytes,
+      },
+      log: { level: config.logLevel ?? 'info', ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
     };
     const worker = new Worker(new URL('./gateway/gateway-worker.js', import.meta.url), { workerData: data, name: `slabserve-gateway-${gatewayId}` });
     const handle: GatewayHandle = {
@@ -233,6 +259,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       worker.on('message', (m: GatewayMessage) => {
         if (m.type === 'listening') res({ handle, port: m.port });
         else if (m.type === 'fatal') rej(new Error(`gateway ${gatewayId}: ${m.message}`));
+        else if (m.type === 'log') for (const line of m.lines) log(line);
       });
     });
   };

@@ -9,6 +9,9 @@
  *                    close()    stop listening (in-flight requests still finish)
  *                    setInfo()  the /info document, once the device is known
  *   gateway -> main  scrape()   the whole process's Prometheus text
+ *                    {type: 'log', lines}  JSON log lines, batched per event-loop turn: the
+ *                                thread's events, and its access lines unless they go
+ *                                straight to a file descriptor (log.ts)
  */
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { parentPort, workerData } from 'node:worker_threads';
@@ -20,9 +23,12 @@ import { gatewayMetrics } from '../shared/metrics.js';
 import { RpcPeer } from '../shared/rpc.js';
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
+import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
 import { InferenceClient, type ClientModel } from './inference-client.js';
+import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogLevel } from './log.js';
 import { teiOperations } from './operations.js';
 import { registerRoutes, type GatewayLimits } from './routes.js';
+import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize-pool.js';
 import { loadTokenizer } from './tokenizer.js';
 import { loadUws, type us_listen_socket } from './uws.js';
@@ -47,12 +53,29 @@ export interface GatewayWorkerData {
   version: string;
   priorityNames: string[];
   sloP99Ms?: number;
+  /** API keys and the request limits checked before any route (gate.ts); absent: no keys, GATE_DEFAULTS. */
+  security?: Partial<GateOptions>;
+  /** Log level, and the file descriptor access lines are written to (absent: they go to the main thread). */
+  log?: { level: LogLevel; accessFd?: number };
 }
 
-export type GatewayMessage = { type: 'listening'; port: number } | { type: 'fatal'; message: string };
+export type GatewayMessage = { type: 'listening'; port: number } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
 
 const data = workerData as GatewayWorkerData;
 const post = (m: GatewayMessage) => parentPort!.postMessage(m);
+
+const toMain = batchedLines((lines) => post({ type: 'log', lines }));
+const thread = `gateway-${data.gatewayId}`;
+const level = data.log?.level ?? 'info';
+const logger = createLogger(level, thread, { write: toMain.write });
+const accessOut = data.log?.accessFd !== undefined ? turnBatchedFd(data.log.accessFd) : null;
+const accessLogger = accessOut ? createLogger(level, thread, { stream: accessOut.stream }) : logger;
+/** Writes every log line gathered so far (before closing, dying, or exiting). */
+const flushLogs = () => {
+  accessOut?.flush();
+  toMain.flush();
+};
+process.on('exit', flushLogs);
 
 async function main(): Promise<void> {
   const uws = loadUws();
@@ -89,12 +112,22 @@ async function main(): Promise<void> {
 
   const ready = () =>
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
+  const access = new AccessLog(accessLogger);
+  const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access);
+  for (const m of data.models) {
+    if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
+  }
   const app = uws.App();
-  const closeWebSockets = registerWebSocket(app, { client, limits: data.limits, metrics, ready, version: data.version, operations: teiOperations }, data.ws);
+  const closeWebSockets = registerWebSocket(
+    app,
+    { client, limits: data.limits, metrics, ready, version: data.version, operations: teiOperations, gate, log: access },
+    data.ws,
+  );
 
   const rpc = new RpcPeer(parentPort!, {
     metrics: () => {
       metrics.eventLoopLag.set({ gateway: String(data.gatewayId) }, lag.percentile(99) / 1e9);
+      gate.updateMetrics();
       lag.reset();
       return registry.getMetricsAsJSON();
     },
@@ -110,6 +143,7 @@ async function main(): Promise<void> {
       (app as typeof app & { close(): void }).close();
       await pool.close();
       lag.disable();
+      flushLogs(); // before the answer: the main thread stops listening once every gateway has closed
       // Once this answer is out, let the thread end by itself when uWS has released its sockets.
       setImmediate(() => parentPort!.close());
       return { pending: submitter.pendingCount };
@@ -125,6 +159,7 @@ async function main(): Promise<void> {
     info: () => withCosts(info, data.models, slabs),
     scrape: () => rpc.call<string>('scrape'),
     version: data.version,
+    gate,
   });
   app.listen(data.host, data.port, (socket) => {
     if (!socket) {
@@ -153,4 +188,7 @@ function withCosts(info: unknown, plans: ModelPlan[], slabs: Slab[]): unknown {
   };
 }
 
-main().catch((err: unknown) => post({ type: 'fatal', message: (err as Error).message }));
+main().catch((err: unknown) => {
+  flushLogs();
+  post({ type: 'fatal', message: (err as Error).message });
+});

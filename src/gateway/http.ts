@@ -9,8 +9,9 @@
  * goes away (onAborted) the response must not be touched; writes from a later
  * tick must be corked.
  */
-import { pack, unpack } from 'msgpackr';
+import { pack } from 'msgpackr';
 import { CancelledError, OverloadedError, SlabserveError, ValidationError, type ErrorType } from '../shared/errors.js';
+import { decodeMsgpack, requestId } from './security.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
 
 export const MSGPACK = 'application/msgpack';
@@ -24,6 +25,7 @@ const STATUS: Record<ErrorType, number> = {
   not_found: 404,
   method_not_allowed: 405,
   unsupported_media_type: 415,
+  unauthorized: 401,
   overloaded: 429,
   timeout: 504,
   cancelled: 499,
@@ -34,12 +36,15 @@ const STATUS: Record<ErrorType, number> = {
 const REASON: Record<number, string> = {
   200: 'OK',
   400: 'Bad Request',
+  401: 'Unauthorized',
   404: 'Not Found',
   405: 'Method Not Allowed',
   413: 'Payload Too Large',
+  414: 'URI Too Long',
   415: 'Unsupported Media Type',
   422: 'Unprocessable Entity',
   429: 'Too Many Requests',
+  431: 'Request Header Fields Too Large',
   499: 'Client Closed Request',
   500: 'Internal Server Error',
   503: 'Service Unavailable',
@@ -63,6 +68,14 @@ export function statusOf(err: unknown): number {
   return 500;
 }
 
+/** Told once when a request ends: answered (its status) or abandoned by the client (499). */
+export interface RequestObserver {
+  finished(ctx: RequestContext, status: number): void;
+}
+
+/** Statuses after which the connection is closed: the client may still be sending a body nobody reads. */
+const CLOSE_AFTER = new Set([413, 414, 431]);
+
 /** Everything a handler needs after its synchronous part: headers copied, abort tracked. */
 export class RequestContext {
   readonly res: HttpResponse;
@@ -75,14 +88,28 @@ export class RequestContext {
   private readonly deadlineHeader: string;
   private readonly priorityHeader: string;
   readonly startedAt = performance.now();
+  /** The client's x-request-id when sane, else a new one; echoed in the x-request-id response header. */
+  readonly requestId: string;
+  /** The route's pattern (a metrics and log label, never the raw URL). */
+  readonly route: string;
+  /** The model the request turned out to use, once known (access log). */
+  model = 'unknown';
+  /** Our error code, when answered with an error (access log). */
+  errorCode: string | undefined;
+  /** An unexpected error's message and stack: logged, never sent. */
+  internalError: string | undefined;
+  private readonly observer: RequestObserver | undefined;
   /** Aborted when the client disconnects: cancels the request's slots. */
   readonly abort = new AbortController();
   private done = false;
   /** Rejects a body read in progress when the client goes away. */
   private onBodyAbort: (() => void) | undefined;
 
-  constructor(res: HttpResponse, req: HttpRequest) {
+  constructor(res: HttpResponse, req: HttpRequest, observer?: RequestObserver, route = '') {
     this.res = res;
+    this.observer = observer;
+    this.route = route;
+    this.requestId = requestId(req.getHeader('x-request-id'));
     this.method = req.getCaseSensitiveMethod?.() ?? req.getMethod().toUpperCase();
     this.url = req.getUrl();
     this.contentType = req.getHeader('content-type').split(';')[0]!.trim().toLowerCase();
@@ -92,8 +119,10 @@ export class RequestContext {
     this.deadlineHeader = req.getHeader('x-deadline-ms');
     this.priorityHeader = req.getHeader('x-priority');
     res.onAborted(() => {
+      if (this.done) return;
       this.done = true;
       this.abort.abort('client_disconnect');
+      this.observer?.finished(this, 499);
     });
     this.abort.signal.addEventListener('abort', () => this.onBodyAbort?.(), { once: true });
   }
@@ -159,7 +188,9 @@ export class RequestContext {
     const body = await this.readBody(limit);
     if (body.length === 0) throw new HttpError(400, 'validation', 'SLABSERVE_MALFORMED_BODY', 'the request body is empty');
     try {
-      return isMsgpack ? unpack(body) : JSON.parse(body.toString('utf8'));
+      // JSON.parse makes "__proto__" an own property (never a prototype), msgpack decoding renames it;
+      // every route then reads the body through a zod schema, which copies only the fields it knows.
+      return isMsgpack ? decodeMsgpack(body) : JSON.parse(body.toString('utf8'));
     } catch (err) {
       throw new HttpError(400, 'validation', 'SLABSERVE_MALFORMED_BODY', `the body is not valid ${isMsgpack ? 'msgpack' : 'JSON'}: ${(err as Error).message}`);
     }
@@ -179,9 +210,11 @@ export class RequestContext {
     this.res.cork(() => {
       this.res.writeStatus(`${status} ${REASON[status] ?? ''}`.trimEnd());
       this.res.writeHeader('content-type', contentType);
-      for (const [k, v] of Object.entries(headers)) this.res.writeHeader(k, v);
+      this.res.writeHeader('x-request-id', this.requestId);
+      for (const k in headers) this.res.writeHeader(k, headers[k]!);
       this.res.end(body, closeConnection);
     });
+    this.observer?.finished(this, status);
   }
 
   /**
@@ -195,9 +228,12 @@ export class RequestContext {
     const info = errorInfo(err);
     const headers: Record<string, string> = err instanceof HttpError ? { ...err.headers } : {};
     if (err instanceof OverloadedError) headers['retry-after'] = String(Math.max(1, Math.ceil(err.retryAfterSeconds)));
+    this.errorCode = info.code;
+    if (!(err instanceof SlabserveError)) this.internalError = err instanceof Error ? (err.stack ?? err.message) : String(err);
     const body = shape(info);
     const msgpack = this.wantsMsgpack;
-    this.write(status ? status(info) : info.status, msgpack ? MSGPACK : 'application/json', msgpack ? pack(body) : JSON.stringify(body), headers, info.status === 413);
+    const close = CLOSE_AFTER.has(info.status) || info.code === 'SLABSERVE_TOO_MANY_CONNECTIONS';
+    this.write(status ? status(info) : info.status, msgpack ? MSGPACK : 'application/json', msgpack ? pack(body) : JSON.stringify(body), headers, close);
   }
 }
 

@@ -13,6 +13,7 @@ import type { Task } from '../shared/model-config.js';
 import { INTERLEAVE_CHUNK } from '../shared/slab.js';
 import type { SlabSubmitter, SlotResult } from '../shared/submitter.js';
 import type { EncodeOptions, Encoding, TextTokenizer } from './tokenizer.js';
+import { checkModelName } from './security.js';
 
 /** Priority classes when none are configured: index 0 is the default. */
 export const DEFAULT_PRIORITY_NAMES: readonly string[] = ['interactive', 'bulk'];
@@ -146,7 +147,13 @@ export class InferenceClient {
     return m;
   }
 
+  /**
+   * The loaded model named `name`. A name no model can have (see
+   * security.ts: `..`, slashes, percent signs, over 128 characters) is refused
+   * first, so a name from a URL or a body never reaches more than this list.
+   */
   byName(name: string): ClientModel {
+    checkModelName(name);
     const m = this.models.find((x) => x.plan.spec.name === name);
     if (!m) throw new ModelNotFoundError(name, this.names());
     return m;

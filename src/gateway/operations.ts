@@ -21,6 +21,8 @@ export interface OperationOptions {
   pathModel?: string;
   /** embed only: rows as little-endian float32 bytes instead of number arrays. */
   f32?: boolean;
+  /** Told the model as soon as it is resolved (so a request that fails later is still logged with it). */
+  onModel?: (model: ClientModel) => void;
 }
 
 export interface OperationResult {
@@ -61,6 +63,7 @@ function callOptions(client: InferenceClient, opts: OperationOptions, body: { ti
 export const embedOperation: Operation = async (client, limits, raw, opts) => {
   const body = parseBody(EmbedRequest, raw);
   const { model, count } = prepare(client, limits, 'embed', body.inputs, body.model, opts.pathModel);
+  opts.onModel?.(model);
   const t0 = nowMs();
   const encodings = await client.encodeInputs(model, body.inputs, body.truncate ?? false);
   const tokenizeMs = nowMs() - t0;
@@ -72,6 +75,7 @@ export const embedOperation: Operation = async (client, limits, raw, opts) => {
 export const predictOperation: Operation = async (client, limits, raw, opts) => {
   const body = parseBody(PredictRequest, raw);
   const { model, count } = prepare(client, limits, 'classify', body.inputs, body.model, opts.pathModel);
+  opts.onModel?.(model);
   const t0 = nowMs();
   const encodings = await client.encodeInputs(model, body.inputs, body.truncate ?? false);
   const tokenizeMs = nowMs() - t0;
@@ -96,6 +100,7 @@ const NO_TIMING: Timing = { queueMs: 0, inferenceMs: 0 };
 export const rerankOperation: Operation = async (client, limits, raw, opts) => {
   const body = parseBody(RerankRequest, raw);
   const { model, count } = prepare(client, limits, 'rerank', body.texts, body.model, opts.pathModel);
+  opts.onModel?.(model);
   const t0 = nowMs();
   const encodings = await client.encodePairs(model, body.query, body.texts, body.truncate ?? false);
   const tokenizeMs = nowMs() - t0;
@@ -117,6 +122,7 @@ export const MAX_TOKENIZE_CHARS = 65_536;
 export const tokenizeOperation: Operation = async (client, limits, raw, opts) => {
   const body = parseBody(TokenizeRequest, raw);
   const { model, count } = prepare(client, limits, null, body.inputs, body.model, opts.pathModel);
+  opts.onModel?.(model);
   const tok = model.tokenizer;
   if (!tok.tokenize) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot report tokens`);
   const texts = typeof body.inputs === 'string' ? [body.inputs] : body.inputs;
@@ -138,6 +144,7 @@ export const decodeOperation: Operation = async (client, limits, raw, opts) => {
   const single = body.ids.length === 0 || typeof body.ids[0] === 'number';
   const lists = (single ? [body.ids] : body.ids) as number[][];
   const { model, count } = prepare(client, limits, null, lists, body.model, opts.pathModel);
+  opts.onModel?.(model);
   const vocab = model.tokenizer.vocabSize;
   for (const list of lists) {
     for (const id of list) if (id >= vocab) throw new ValidationError(`token id ${id} is not in [0, ${vocab})`);

@@ -22,6 +22,7 @@ export function timingHeaders(ctx: RequestContext, tokenizeMs: number, timing: T
 
 /** Records a finished request: its duration by model, route and status; a failure by reason. */
 export function observe(deps: RouteDeps, ctx: RequestContext, route: string, model: string, status: number, err?: unknown): void {
+  ctx.model = model;
   if (err !== undefined) deps.metrics.failures.inc({ reason: (err as { type?: string }).type ?? 'backend' });
   deps.metrics.requestDuration.observe({ model, route, status: String(status) }, (performance.now() - ctx.startedAt) / 1000);
 }
@@ -54,8 +55,10 @@ export async function serveOperation(ctx: RequestContext, deps: RouteDeps, op: O
       signal: ctx.abort.signal,
       ...ctx.scheduling(),
       ...(opts.pathModel !== undefined ? { pathModel: opts.pathModel } : {}),
+      onModel: (m) => (model = m.plan.spec.name),
     });
     model = r.model.plan.spec.name;
+    ctx.model = model;
     if (opts.inference) {
       deps.metrics.inputs.inc({ model, route: opts.route }, r.inputs);
       deps.metrics.queueDuration.observe({ model }, r.timing.queueMs / 1000);

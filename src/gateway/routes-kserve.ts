@@ -76,16 +76,18 @@ const modelReadyHandler = kserve((ctx, deps, [name, version]) => {
 
 const inferHandler: Route['handle'] = (ctx, deps, [name, version]) => infer(ctx, deps, name!, version);
 
+const fail = failKServe;
+
 export const kserveRoutes: Route[] = [
-  { method: 'get', path: '/v2/health/live', handle: (ctx) => ctx.send(200, { live: true }) },
-  { method: 'get', path: '/v2/health/ready', handle: (ctx, deps) => ctx.send(deps.ready() ? 200 : 503, { ready: deps.ready() }) },
-  { method: 'get', path: '/v2', handle: (ctx, deps) => ctx.send(200, { name: 'slabserve', version: serverVersion(deps), extensions: [] }) },
-  { method: 'get', path: '/v2/models/:name', handle: metadataHandler },
-  { method: 'get', path: '/v2/models/:name/versions/:version', handle: metadataHandler },
-  { method: 'get', path: '/v2/models/:name/ready', handle: modelReadyHandler },
-  { method: 'get', path: '/v2/models/:name/versions/:version/ready', handle: modelReadyHandler },
-  { method: 'post', path: '/v2/models/:name/infer', handle: inferHandler },
-  { method: 'post', path: '/v2/models/:name/versions/:version/infer', handle: inferHandler },
+  { method: 'get', path: '/v2/health/live', access: 'open', fail, handle: (ctx) => ctx.send(200, { live: true }) },
+  { method: 'get', path: '/v2/health/ready', access: 'open', fail, handle: (ctx, deps) => ctx.send(deps.ready() ? 200 : 503, { ready: deps.ready() }) },
+  { method: 'get', path: '/v2', fail, handle: (ctx, deps) => ctx.send(200, { name: 'slabserve', version: serverVersion(deps), extensions: [] }) },
+  { method: 'get', path: '/v2/models/:name', fail, handle: metadataHandler },
+  { method: 'get', path: '/v2/models/:name/versions/:version', fail, handle: metadataHandler },
+  { method: 'get', path: '/v2/models/:name/ready', fail, handle: modelReadyHandler },
+  { method: 'get', path: '/v2/models/:name/versions/:version/ready', fail, handle: modelReadyHandler },
+  { method: 'post', path: '/v2/models/:name/infer', fail, handle: inferHandler },
+  { method: 'post', path: '/v2/models/:name/versions/:version/infer', fail, handle: inferHandler },
 ];
 
 function serverVersion(deps: RouteDeps): string {
@@ -153,7 +155,7 @@ function intMatrix(t: KServeTensor, like?: readonly number[]): Int32Array {
   const out = new Int32Array(data.length);
   for (let i = 0; i < data.length; i++) {
     const v = data[i];
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < -(2 ** 31) || v >= 2 ** 31) throw invalid(`input ${t.name}: element ${i} (${JSON.stringify(v)}) is not an integer token value`);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < -(2 ** 31) || v >= 2 ** 31) throw invalid(`input ${t.name}: element ${i} (${typeof v === 'number' ? String(v) : typeof v}) is not an integer token value`);
     out[i] = v;
   }
   return out;
@@ -220,6 +222,7 @@ async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version
     checkVersion(version);
     const spec = model.plan.spec;
     modelName = spec.name;
+    ctx.model = modelName;
     const body = parseBody(KServeInferRequest, raw);
 
     const tensors = new Map<string, KServeTensor>();

@@ -27,15 +27,20 @@ import type { RequestContext } from './http.js';
 import { errorInfo, headerCall, observe, timingHeaders, type ErrorInfo } from './route-util.js';
 import type { Route, RouteDeps } from './routes.js';
 import { FieldValidationError, OpenAIEmbeddingRequest, parseBody } from './schemas.js';
+import { InvalidModelNameError } from './security.js';
 
 const ROUTE = '/v1/embeddings';
 
+/** Errors before a route runs (no key, too many connections, ...) in OpenAI's shape too. */
+const fail = (ctx: RequestContext, err: unknown) => failOpenAI(ctx, err);
+
 export const openaiRoutes: Route[] = [
-  { method: 'post', path: '/v1/embeddings', handle: (ctx, deps) => embeddings(ctx, deps) },
-  { method: 'get', path: '/v1/models', handle: (ctx, deps) => ctx.send(200, { object: 'list', data: deps.client.list().map(modelObject) }) },
+  { method: 'post', path: '/v1/embeddings', fail, handle: (ctx, deps) => embeddings(ctx, deps) },
+  { method: 'get', path: '/v1/models', fail, handle: (ctx, deps) => ctx.send(200, { object: 'list', data: deps.client.list().map(modelObject) }) },
   {
     method: 'get',
     path: '/v1/models/:id',
+    fail,
     handle: (ctx, deps, [id]) => {
       try {
         ctx.send(200, modelObject(deps.client.byName(id!)));
@@ -74,6 +79,7 @@ async function embeddings(ctx: RequestContext, deps: RouteDeps): Promise<void> {
     }
     const model = deps.client.byName(body.model);
     modelName = model.plan.spec.name;
+    ctx.model = modelName;
     if (model.plan.spec.task !== 'embed') {
       throw new FieldValidationError(`model "${modelName}" is a ${model.plan.spec.task} model, not an embedding model`, 'model');
     }
@@ -136,7 +142,8 @@ function openaiType(status: number): string {
 }
 
 function openaiCode(info: ErrorInfo): string {
-  if (info.err instanceof ModelNotFoundError) return 'model_not_found';
+  if (info.err instanceof ModelNotFoundError || info.err instanceof InvalidModelNameError) return 'model_not_found';
+  if (info.code === 'SLABSERVE_UNAUTHORIZED') return 'invalid_api_key';
   if (info.code === 'SLABSERVE_INPUT_TOO_LONG') return 'context_length_exceeded';
   if (info.code === 'SLABSERVE_OVERLOADED') return 'rate_limit_exceeded';
   return info.code;
@@ -144,7 +151,7 @@ function openaiCode(info: ErrorInfo): string {
 
 function openaiParam(info: ErrorInfo, fallback: string | null): string | null {
   if (info.err instanceof FieldValidationError) return info.err.param;
-  if (info.err instanceof ModelNotFoundError) return 'model';
+  if (info.err instanceof ModelNotFoundError || info.err instanceof InvalidModelNameError) return 'model';
   if (info.code === 'SLABSERVE_INPUT_TOO_LONG') return 'input';
   return fallback;
 }

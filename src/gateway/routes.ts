@@ -12,6 +12,11 @@
  *   GET  /readyz                   200 when warmed up, the inference thread's heartbeat is fresh, not draining
  *   GET  /metrics                  Prometheus text, every thread aggregated
  *
+ * With API keys (--api-key), every route needs one (`Authorization: Bearer <key>`)
+ * except /livez, /readyz, /health, KServe's /v2/health/*, and /metrics unless
+ * --metrics-auth; the gate (gate.ts) checks it, and the request head's size and
+ * the gateway's connections, before a route runs.
+ *
  * Beside them (defaultRoutes): TEI's /rerank, /tokenize, /decode (routes-tei.ts), OpenAI's
  * /v1/embeddings and /v1/models (routes-openai.ts), KServe v2 / Triton's /v2/... (routes-kserve.ts).
  *
@@ -19,6 +24,7 @@
  * x-total-time (ms), as text-embeddings-inference sends them.
  */
 import type { GatewayMetrics } from '../shared/metrics.js';
+import type { Gate, RouteAccess } from './gate.js';
 import type { InferenceClient } from './inference-client.js';
 import { HttpError, RequestContext } from './http.js';
 import { embedOperation, predictOperation } from './operations.js';
@@ -47,6 +53,8 @@ export interface RouteDeps {
   scrape(): Promise<string>;
   /** slabserve's version (KServe's server metadata); else the /info document's. */
   version?: string;
+  /** Head size, connections and API key, checked before every route; ends every request (access log). */
+  gate: Gate;
 }
 
 const PROMETHEUS_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
@@ -56,7 +64,13 @@ export interface Route {
   method: 'get' | 'post';
   path: string;
   handle(ctx: RequestContext, deps: RouteDeps, params: string[]): void | Promise<void>;
+  /** Who may call it (default 'key': a valid API key, when keys are configured). */
+  access?: RouteAccess;
+  /** Answers an error in the route's dialect (OpenAI's, KServe's shape); default ours. */
+  fail?: (ctx: RequestContext, err: unknown) => void;
 }
+
+const ourFail = (ctx: RequestContext, err: unknown) => ctx.fail(err);
 
 /** The core API: TEI-style /embed and /predict, health, info, metrics. */
 export const coreRoutes: Route[] = [
@@ -73,10 +87,10 @@ export const coreRoutes: Route[] = [
     handle: (ctx, deps, [name]) => serveOperation(ctx, deps, predictOperation, { route: '/predict', inference: true, pathModel: name! }),
   },
   { method: 'get', path: '/info', handle: (ctx, deps) => ctx.send(200, deps.info()) },
-  { method: 'get', path: '/livez', handle: (ctx) => ctx.send(200, { status: 'alive' }) },
-  { method: 'get', path: '/readyz', handle: (ctx, deps) => readiness(ctx, deps) },
-  { method: 'get', path: '/health', handle: (ctx, deps) => readiness(ctx, deps) },
-  { method: 'get', path: '/metrics', handle: async (ctx, deps) => ctx.write(200, PROMETHEUS_TYPE, await deps.scrape()) },
+  { method: 'get', path: '/livez', access: 'open', handle: (ctx) => ctx.send(200, { status: 'alive' }) },
+  { method: 'get', path: '/readyz', access: 'open', handle: (ctx, deps) => readiness(ctx, deps) },
+  { method: 'get', path: '/health', access: 'open', handle: (ctx, deps) => readiness(ctx, deps) },
+  { method: 'get', path: '/metrics', access: 'metrics', handle: async (ctx, deps) => ctx.write(200, PROMETHEUS_TYPE, await deps.scrape()) },
 ];
 
 function readiness(ctx: RequestContext, deps: RouteDeps): void {
@@ -97,34 +111,45 @@ export function defaultRoutes(): Route[] {
 
 /**
  * Registers `routes`, then a 405 (with Allow) for every known path asked with
- * another method, then a 404 for everything else.
+ * another method, then a 404 for everything else. Every request passes the
+ * gate first (head size, connections, API key); the 405 and 404 answers too,
+ * so a client without a key learns nothing about the routes.
  */
 export function registerRoutes(app: TemplatedApp, deps: RouteDeps, routes: Route[] = defaultRoutes()): void {
-  const allow = new Map<string, string[]>();
+  const gate = deps.gate;
+  const allow = new Map<string, { methods: string[]; access: RouteAccess }>();
   for (const route of routes) {
     const paramCount = (route.path.match(/\/:/g) ?? []).length;
+    const access = route.access ?? 'key';
+    const fail = route.fail ?? ourFail;
     app[route.method](route.path, (res: HttpResponse, req: HttpRequest) => {
-      const params = Array.from({ length: paramCount }, (_, i) => req.getParameter(i) ?? '');
-      const ctx = new RequestContext(res, req);
+      const ctx = new RequestContext(res, req, gate, route.path);
+      if (!gate.admit(ctx, req, access, fail)) return;
+      const params = paramCount === 0 ? NO_PARAMS : Array.from({ length: paramCount }, (_, i) => req.getParameter(i) ?? '');
       void (async () => {
         try {
           await route.handle(ctx, deps, params);
         } catch (err) {
-          ctx.fail(err);
+          fail(ctx, err);
         }
       })();
     });
-    allow.set(route.path, [...(allow.get(route.path) ?? []), route.method.toUpperCase()]);
+    const known = allow.get(route.path);
+    allow.set(route.path, { methods: [...(known?.methods ?? []), route.method.toUpperCase()], access: known?.access === 'open' ? 'open' : access });
   }
-  for (const [path, methods] of allow) {
+  for (const [path, { methods, access }] of allow) {
     app.any(path, (res, req) => {
-      const ctx = new RequestContext(res, req);
+      const ctx = new RequestContext(res, req, gate, path);
+      if (!gate.admit(ctx, req, access, ourFail)) return;
       const list = methods.join(', ');
       ctx.fail(new HttpError(405, 'method_not_allowed', 'SLABSERVE_METHOD_NOT_ALLOWED', `${ctx.method} is not allowed on ${ctx.url}; use ${list}`, { allow: list }));
     });
   }
   app.any('/*', (res, req) => {
-    const ctx = new RequestContext(res, req);
+    const ctx = new RequestContext(res, req, gate, 'unmatched');
+    if (!gate.admit(ctx, req, 'key', ourFail)) return;
     ctx.fail(new HttpError(404, 'not_found', 'SLABSERVE_ROUTE_NOT_FOUND', `no route ${ctx.method} ${ctx.url}`));
   });
 }
+
+const NO_PARAMS: string[] = [];

@@ -7,13 +7,23 @@
  * held back while the socket's send buffer is over the limit. Nothing grows
  * without bound whatever a client sends: past the credit a request is
  * refused at once; past the credit in held frames the socket is closed.
+ *
+ * The upgrade passes the gate first (gate.ts): the request head's size, the
+ * gateway's connections (an open socket is one) and, with API keys, a key in
+ * the Authorization header or in a `bearer.<base64url(key)>` subprotocol
+ * (browsers cannot set headers on a WebSocket). A refused upgrade is an
+ * ordinary HTTP answer (401, 414, 431, 503) in our error shape.
  */
-import { pack, unpack } from 'msgpackr';
+import { pack } from 'msgpackr';
 import { CancelledError, NotReadyError, OverloadedError, SlabserveError, ValidationError } from '../shared/errors.js';
 import type { GatewayMetrics } from '../shared/metrics.js';
+import { unauthorized, type Gate } from './gate.js';
+import { statusOf } from './http.js';
 import type { InferenceClient } from './inference-client.js';
+import type { AccessLog } from './log.js';
 import { embedOperation, predictOperation, type Operation } from './operations.js';
 import type { GatewayLimits } from './routes.js';
+import { chooseProtocol, decodeMsgpack, requestId, shown } from './security.js';
 import type { TemplatedApp, WebSocket } from './uws.js';
 
 export interface WsOptions {
@@ -35,11 +45,17 @@ export interface WsDeps {
   version: string;
   /** Extra operations (rerank, tokenize, ...) by op name. */
   operations?: Record<string, Operation>;
+  /** Head size, connections and API key, checked at the upgrade. */
+  gate: Gate;
+  /** One line per request (op) answered. */
+  log: AccessLog;
 }
 
 type RequestId = string | number;
 
 interface SocketState {
+  /** The upgrade's x-request-id (or a new one): every access line of the socket carries it. */
+  reqId: string;
   credit: number;
   inflight: Map<RequestId, AbortController>;
   /** Frames received while held back (copies: uWS reuses the message memory). */
@@ -56,7 +72,7 @@ const CODE_MESSAGE_TOO_BIG = 1009;
 function dropHeld(state: SocketState, id: RequestId): boolean {
   const i = state.held.findIndex((frame) => {
     try {
-      return (unpack(new Uint8Array(frame)) as { id?: unknown } | null)?.id === id;
+      return (decodeMsgpack(new Uint8Array(frame)) as { id?: unknown } | null)?.id === id;
     } catch {
       return false;
     }
@@ -68,7 +84,7 @@ function dropHeld(state: SocketState, id: RequestId): boolean {
 
 function isCancel(frame: ArrayBuffer): boolean {
   try {
-    return (unpack(new Uint8Array(frame)) as { op?: unknown } | null)?.op === 'cancel';
+    return (decodeMsgpack(new Uint8Array(frame)) as { op?: unknown } | null)?.op === 'cancel';
   } catch {
     return false;
   }
@@ -84,18 +100,42 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     if (state.closed) return;
     ws.cork(() => ws.send(pack(message), true));
   };
-  const sendError = (ws: WebSocket<SocketState>, id: RequestId | null, err: unknown) => {
+  /** Answers request `id` (null: a frame without one) with an error, and logs it (`op`: its op, `started`: when it began, `model`: if known). */
+  const sendError = (ws: WebSocket<SocketState>, id: RequestId | null, err: unknown, op = 'ws', started = performance.now(), model = 'unknown') => {
     const e = err instanceof SlabserveError ? err : null;
     deps.metrics.failures.inc({ reason: e ? e.type : 'backend' });
     send(ws, { id, error: { type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL', message: e ? e.message : 'internal error' } });
+    if (deps.log.enabled || !e) {
+      deps.log.record({
+        reqId: ws.getUserData().reqId,
+        method: 'WS',
+        route: op,
+        path: '/ws',
+        model,
+        status: statusOf(err),
+        ms: performance.now() - started,
+        code: e ? e.code : 'SLABSERVE_INTERNAL',
+        ...(e ? {} : { error: err instanceof Error ? (err.stack ?? err.message) : String(err) }),
+        ...(id !== null ? { wsId: id } : {}),
+      });
+    }
   };
   const heldBack = (ws: WebSocket<SocketState>) => ws.getBufferedAmount() > opts.maxBufferedBytes;
 
   const handle = (ws: WebSocket<SocketState>, frame: ArrayBuffer) => {
+    try {
+      handleFrame(ws, frame);
+    } catch (err) {
+      // Nothing a client sends may end the thread (it holds every socket of this gateway).
+      sendError(ws, null, err);
+    }
+  };
+
+  const handleFrame = (ws: WebSocket<SocketState>, frame: ArrayBuffer) => {
     const state = ws.getUserData();
     let msg: Record<string, unknown>;
     try {
-      const decoded: unknown = unpack(new Uint8Array(frame));
+      const decoded: unknown = decodeMsgpack(new Uint8Array(frame));
       if (typeof decoded !== 'object' || decoded === null || Array.isArray(decoded)) throw new Error('not an object');
       msg = decoded as Record<string, unknown>;
     } catch (err) {
@@ -126,9 +166,11 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     // Own properties only: an op named "toString" or "__proto__" must not reach Object.prototype.
     const operation = typeof msg.op === 'string' && Object.hasOwn(operations, msg.op) ? operations[msg.op] : undefined;
     if (!operation) {
-      sendError(ws, id, new ValidationError(`unknown op ${JSON.stringify(msg.op)}; expected one of hello, cancel, ${Object.keys(operations).join(', ')}`));
+      const op = typeof msg.op === 'string' ? shown(msg.op) : typeof msg.op;
+      sendError(ws, id, new ValidationError(`unknown op ${op}; expected one of hello, cancel, ${Object.keys(operations).join(', ')}`));
       return;
     }
+    const route = `ws:${msg.op as string}`;
     if (state.inflight.has(id)) {
       sendError(ws, id, new ValidationError(`request id ${JSON.stringify(id)} is already in flight on this socket`));
       return;
@@ -136,40 +178,43 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     if (state.inflight.size >= state.credit) {
       const e = new OverloadedError(`${state.inflight.size} requests in flight: the socket's credit is ${state.credit}`);
       (e as { code: string }).code = 'SLABSERVE_CREDIT_EXCEEDED';
-      sendError(ws, id, e);
+      sendError(ws, id, e, route);
       return;
     }
     if (!deps.ready()) {
-      sendError(ws, id, new NotReadyError());
+      sendError(ws, id, new NotReadyError(), route);
       return;
     }
     const deadline = msg.deadline_ms;
     if (deadline !== undefined && (typeof deadline !== 'number' || !(deadline >= 0))) {
-      sendError(ws, id, new ValidationError('deadline_ms must be a number of milliseconds >= 0'));
+      sendError(ws, id, new ValidationError('deadline_ms must be a number of milliseconds >= 0'), route);
       return;
     }
     const abort = new AbortController();
     state.inflight.set(id, abort);
     const started = performance.now();
-    const route = `ws:${String(msg.op)}`;
+    let model = 'unknown';
     operation(deps.client, deps.limits, msg, {
       signal: abort.signal,
+      onModel: (m) => (model = m.plan.spec.name),
       ...(deadline !== undefined ? { timeoutMs: deadline as number } : {}),
       ...(typeof msg.priority === 'string' ? { priority: msg.priority } : {}),
       f32: msg.encoding === 'f32',
     }).then(
       (r) => {
         state.inflight.delete(id);
-        const model = r.model.plan.spec.name;
+        model = r.model.plan.spec.name;
         deps.metrics.inputs.inc({ model, route }, r.inputs);
         deps.metrics.queueDuration.observe({ model }, r.timing.queueMs / 1000);
-        deps.metrics.requestDuration.observe({ model, route, status: '200' }, (performance.now() - started) / 1000);
+        const ms = performance.now() - started;
+        deps.metrics.requestDuration.observe({ model, route, status: '200' }, ms / 1000);
         send(ws, { id, result: r.payload });
+        if (deps.log.enabled) deps.log.record({ reqId: state.reqId, wsId: id, method: 'WS', route, path: '/ws', model, status: 200, ms });
       },
       (err: unknown) => {
         state.inflight.delete(id);
-        deps.metrics.requestDuration.observe({ model: 'unknown', route, status: 'error' }, (performance.now() - started) / 1000);
-        sendError(ws, id, abort.signal.aborted && !(err instanceof SlabserveError) ? new CancelledError() : err);
+        deps.metrics.requestDuration.observe({ model, route, status: 'error' }, (performance.now() - started) / 1000);
+        sendError(ws, id, abort.signal.aborted && !(err instanceof SlabserveError) ? new CancelledError() : err, route, started, model);
       },
     );
   };
@@ -184,11 +229,30 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     maxBackpressure: Math.max(64 * 1024 * 1024, opts.maxBufferedBytes * 16),
     closeOnBackpressureLimit: 0,
     upgrade: (res, req, context) => {
-      const state: SocketState = { credit: opts.maxInflight, inflight: new Map(), held: [], resuming: false, closed: false };
-      res.upgrade(state, req.getHeader('sec-websocket-key'), req.getHeader('sec-websocket-protocol'), req.getHeader('sec-websocket-extensions'), context);
+      const gate = deps.gate;
+      const protocols = req.getHeader('sec-websocket-protocol');
+      const refused =
+        gate.checkHead(req, 'GET', req.getUrl()) ??
+        gate.checkConnections('ws') ??
+        (gate.needsKey('key') ? unauthorized(gate.keys.authorizeUpgrade(req.getHeader('authorization'), protocols)) : null);
+      if (refused) {
+        gate.refuse(res, req, refused, '/ws');
+        return;
+      }
+      const state: SocketState = {
+        reqId: requestId(req.getHeader('x-request-id')),
+        credit: opts.maxInflight,
+        inflight: new Map(),
+        held: [],
+        resuming: false,
+        closed: false,
+      };
+      // Answer one subprotocol the client offered, never the one carrying its key.
+      res.upgrade(state, req.getHeader('sec-websocket-key'), chooseProtocol(protocols), req.getHeader('sec-websocket-extensions'), context);
     },
     open: (ws) => {
       open.add(ws);
+      deps.gate.wsOpened();
     },
     message: (ws, message, isBinary) => {
       const state = ws.getUserData();
@@ -234,6 +298,7 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     },
     close: (ws) => {
       open.delete(ws);
+      deps.gate.wsClosed();
       const state = ws.getUserData();
       state.closed = true;
       state.held.length = 0;

@@ -13,9 +13,10 @@ export type ErrorType =
   | 'cancelled' // the caller went away
   | 'backend' // the inference run failed: 500
   | 'unavailable' // engine closed or not ready: 503
-  | 'payload_too_large' // HTTP body over the limit: 413
+  | 'payload_too_large' // HTTP body (413), URL (414) or request head (431) over its limit
   | 'unsupported_media_type' // HTTP body neither JSON nor msgpack: 415
-  | 'method_not_allowed'; // HTTP method not served on that path: 405
+  | 'method_not_allowed' // HTTP method not served on that path: 405
+  | 'unauthorized'; // no API key, or not a valid one: 401
 
 export class SlabserveError extends Error {
   readonly code: string;

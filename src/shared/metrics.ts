@@ -58,6 +58,18 @@ export function gatewayMetrics(registry: Registry) {
       labelNames: ['gateway'] as const,
       registers,
     }),
+    connections: new Gauge({
+      name: 'slabserve_gateway_connections',
+      help: 'Connections the gateways hold: kind ws (open WebSockets) and http (HTTP connections with a request in progress).',
+      labelNames: ['kind'] as const,
+      registers,
+    }),
+    connectionsRejected: new Counter({
+      name: 'slabserve_connections_rejected_total',
+      help: 'Connections refused with 503 past --max-connections: kind http (a request) or ws (an upgrade).',
+      labelNames: ['kind'] as const,
+      registers,
+    }),
   };
 }
 export type GatewayMetrics = ReturnType<typeof gatewayMetrics>;

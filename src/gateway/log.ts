@@ -1,0 +1,176 @@
+/**
+ * Structured logs (pino): one JSON object a line, `{level, time, pid, thread,
+ * msg, ...}`. Every thread makes its own loggers over one of these outputs:
+ *
+ *   fd / stream  written synchronously to a file descriptor, from any thread, by
+ *                pino's SonicBoom (a full pipe is waited out); a gateway's access
+ *                lines are gathered over one event-loop turn and written together
+ *                (turnBatchedFd: whole lines, at most 4 KiB a write, so lines of
+ *                different threads never interleave), and flushed before the
+ *                thread closes or dies
+ *   write        each line handed to a function (the server's `log` hook; a gateway
+ *                thread posts its lines to the main thread in batches, once per
+ *                turn of its event loop, and before it closes)
+ *
+ * Two kinds of lines, as nginx has an error log and an access log: events
+ * (start-up, readiness, drain, warnings), and one access line per request
+ * (`msg: "request"`) at `info`, or `error` for an internal error (with its
+ * message, which the client never sees). The CLI writes events to stderr and
+ * access lines to stdout (each gateway thread straight to fd 1); with a `log`
+ * hook and no file descriptor, both reach the hook. Request bodies, headers
+ * and keys are never logged.
+ */
+import pino, { type DestinationStream, type Logger } from 'pino';
+
+export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+
+export type LogOutput = { fd: number } | { stream: DestinationStream } | { write: (line: string) => void };
+
+export type { DestinationStream, Logger };
+
+/** Synchronous writes to `fd` (pino's SonicBoom: a full pipe is waited out, never an error). */
+export function logDestination(fd: number): DestinationStream {
+  return pino.destination({ dest: fd, sync: true });
+}
+
+/** A JSON logger at `level` over `out`; `thread` names the thread on every line. */
+export function createLogger(level: LogLevel, thread: string, out: LogOutput): Logger {
+  const stream: DestinationStream =
+    'fd' in out
+      ? logDestination(out.fd)
+      : 'stream' in out
+        ? out.stream
+        : { write: (s: string) => out.write(s.charCodeAt(s.length - 1) === 10 ? s.slice(0, -1) : s) };
+  return pino(
+    {
+      level,
+      base: { pid: process.pid, thread },
+      timestamp: pino.stdTimeFunctions.isoTime,
+      formatters: { level: (label) => ({ level: label }) },
+    },
+    stream,
+  );
+}
+
+/** Bytes a pipe writes in one piece even when other threads write to it too (Linux PIPE_BUF). */
+const PIPE_BUF = 4096;
+
+/**
+ * Lines for `fd`, gathered over one turn of the event loop and written
+ * together, synchronously, in writes of whole lines of at most 4 KiB (a pipe
+ * keeps each in one piece among other threads' writes): under load one
+ * write(2) carries many lines. flush() writes what is gathered at once
+ * (before the thread closes or dies); nothing waits longer than one turn.
+ */
+export function turnBatchedFd(fd: number): { stream: DestinationStream; flush: () => void } {
+  const dest = logDestination(fd);
+  let lines: string[] = [];
+  let scheduled = false;
+  const flush = () => {
+    scheduled = false;
+    if (lines.length === 0) return;
+    const out = lines;
+    lines = [];
+    let chunk = '';
+    let bytes = 0;
+    for (const line of out) {
+      const n = Buffer.byteLength(line);
+      if (bytes > 0 && bytes + n > PIPE_BUF) {
+        dest.write(chunk);
+        chunk = '';
+        bytes = 0;
+      }
+      chunk += line;
+      bytes += n;
+    }
+    if (bytes > 0) dest.write(chunk);
+  };
+  const stream = {
+    write: (s: string) => {
+      lines.push(s);
+      if (!scheduled) {
+        scheduled = true;
+        setImmediate(flush);
+      }
+    },
+  };
+  return { stream, flush };
+}
+
+/**
+ * Lines batched for a `post` (a worker's port): flushed once per event-loop
+ * turn that produced any, and by flush() (before the thread closes).
+ */
+export function batchedLines(post: (lines: string[]) => void): { write: (line: string) => void; flush: () => void } {
+  let lines: string[] = [];
+  let scheduled = false;
+  const flush = () => {
+    scheduled = false;
+    if (lines.length === 0) return;
+    const out = lines;
+    lines = [];
+    post(out);
+  };
+  return {
+    write: (line) => {
+      lines.push(line);
+      if (!scheduled) {
+        scheduled = true;
+        setImmediate(flush);
+      }
+    },
+    flush,
+  };
+}
+
+/** One finished request, as the access log records it. */
+export interface AccessEntry {
+  reqId: string;
+  method: string;
+  route: string;
+  path: string;
+  model: string;
+  status: number;
+  ms: number;
+  /** Our error code, on failure. */
+  code?: string;
+  /** An internal error's message (never sent to the client). */
+  error?: string;
+  /** WebSocket: the client's request id. */
+  wsId?: string | number;
+}
+
+/** The access log of one thread: one line per finished request. */
+export class AccessLog {
+  private readonly logger: Logger;
+  /** Whether access lines are written at all (checked before building one). */
+  readonly enabled: boolean;
+
+  constructor(logger: Logger) {
+    this.logger = logger;
+    this.enabled = logger.isLevelEnabled('info');
+  }
+
+  record(e: AccessEntry): void {
+    const internal = e.error !== undefined;
+    if (!this.enabled && !(internal && this.logger.isLevelEnabled('error'))) return;
+    const line: Record<string, unknown> = {
+      req_id: e.reqId,
+      method: e.method,
+      route: e.route,
+      path: e.path.length > 256 ? `${e.path.slice(0, 256)}...` : e.path,
+      model: e.model,
+      status: e.status,
+      duration_ms: Math.round(e.ms * 1000) / 1000,
+    };
+    if (e.wsId !== undefined) line.ws_id = typeof e.wsId === 'string' && e.wsId.length > 128 ? `${e.wsId.slice(0, 128)}...` : e.wsId;
+    if (e.code !== undefined) line.code = e.code;
+    if (internal) {
+      line.error = e.error;
+      this.logger.error(line, 'request');
+    } else {
+      this.logger.info(line, 'request');
+    }
+  }
+}
