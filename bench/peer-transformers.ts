@@ -1,0 +1,318 @@
+/**
+ * The benchmark's peer (issue #6): the same model behind a small HTTP server
+ * built on @huggingface/transformers (transformers.js) pipelines, written the
+ * way a Node.js user would write it without slabserve: node:http, one
+ * `pipeline('feature-extraction', ...)` created at start-up, and every request
+ * awaiting `extractor(inputs, { pooling, normalize })` on its own. No batching
+ * across requests: two requests in flight are two independent session runs
+ * (onnxruntime-node runs them concurrently on its own threads).
+ *
+ *   node dist/bench/peer-transformers.js --model-dir models/tiny-embed --port 0 --host 127.0.0.1
+ *       [--pooling mean|cls] [--normalize | --no-normalize] [--intra-op-threads N]
+ *
+ * API, the request/response shape of slabserve's /embed, so one load
+ * generator drives both:
+ *
+ *   POST /embed  {"inputs": "text" | ["a", "b", ...], "normalize"?: bool}  -> number[][]
+ *   GET  /health                                                          -> 200 "ok"
+ *
+ * Stdout gets exactly one line, `listening on http://HOST:PORT`, once the
+ * pipeline is loaded and warmed up; everything else goes to stderr. SIGTERM
+ * and SIGINT close the server (in-flight requests finish) and exit 0.
+ *
+ * The model folder is slabserve's (config.json, tokenizer.json,
+ * tokenizer_config.json, model.onnx or onnx/model.onnx, serve.json). Its
+ * pooling and normalize come from serve.json through the same loadModelSpec
+ * slabserve uses, so both servers compute the same vectors; the flags
+ * override them. transformers.js wants `<localModelPath>/<id>/config.json,
+ * tokenizer.json, tokenizer_config.json, onnx/model.onnx`, so the peer builds
+ * that view in a temporary folder of symlinks (the model folder is never
+ * touched) and removes it on exit.
+ *
+ * Differences from slabserve a benchmark report should state: the peer always
+ * truncates inputs to the model's maximum length (the pipeline tokenizes with
+ * `truncation: true`), where slabserve answers an error unless the request says
+ * `truncate: true`; a list of inputs in one request is padded to its longest
+ * member and run as one batch (that is the pipeline's own behaviour); it
+ * accepts only texts (no token-id inputs) and ignores `truncate`/`model`.
+ */
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { basename, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { env, pipeline, type FeatureExtractionPipeline, type Tensor } from '@huggingface/transformers';
+import { loadModelSpec, type Pooling } from '../src/shared/model-config.js';
+
+export interface PeerOptions {
+  /** slabserve model folder. */
+  modelDir: string;
+  host?: string;
+  /** 0: any free port. */
+  port?: number;
+  /** Default: serve.json's (slabserve's default: mean). */
+  pooling?: Pooling;
+  /** Default: serve.json's (slabserve's default: true). */
+  normalize?: boolean;
+  /** onnxruntime intra-op threads; 0 or absent: onnxruntime decides (what transformers.js does by default). */
+  intraOpThreads?: number;
+  /** Longest JSON body accepted, bytes. */
+  maxBodyBytes?: number;
+}
+
+export interface PeerServer {
+  readonly url: string;
+  readonly host: string;
+  readonly port: number;
+  readonly pooling: Pooling;
+  readonly normalize: boolean;
+  /** transformers.js and onnxruntime-node versions actually loaded. */
+  readonly versions: { transformers: string; onnxruntime: string };
+  /** Stops accepting connections, lets in-flight requests finish, releases the pipeline and the temp folder. */
+  close(): Promise<void>;
+}
+
+class BadRequest extends Error {}
+
+/** The folder layout transformers.js expects, as symlinks to the slabserve model folder. Returns [root, id]. */
+function peerModelView(spec: { name: string; dir: string; onnxPath: string; maxLength: number }): { root: string; id: string } {
+  const safe = spec.name.replace(/[^A-Za-z0-9._-]/g, '_');
+  const root = mkdtempSync(join(tmpdir(), `slabserve-peer-${safe}-`));
+  const id = /^[A-Za-z0-9][A-Za-z0-9_-]*$/.test(spec.name) && !spec.name.includes('--') ? spec.name : 'model';
+  const dir = join(root, id);
+  mkdirSync(join(dir, 'onnx'), { recursive: true });
+  const src = resolve(spec.dir);
+  for (const f of ['config.json', 'tokenizer.json', 'special_tokens_map.json']) {
+    if (existsSync(join(src, f))) symlinkSync(join(src, f), join(dir, f));
+  }
+  // tokenizer_config.json is a copy, not a link: its model_max_length is where the
+  // pipeline truncates (without one it never does), set to slabserve's longest input
+  const tokConfigPath = join(src, 'tokenizer_config.json');
+  const tokConfig = existsSync(tokConfigPath) ? (JSON.parse(readFileSync(tokConfigPath, 'utf8')) as Record<string, unknown>) : {};
+  writeFileSync(join(dir, 'tokenizer_config.json'), `${JSON.stringify({ ...tokConfig, model_max_length: spec.maxLength }, null, 2)}\n`);
+  const onnx = resolve(spec.onnxPath);
+  symlinkSync(onnx, join(dir, 'onnx', 'model.onnx'));
+  if (existsSync(`${onnx}_data`)) symlinkSync(`${onnx}_data`, join(dir, 'onnx', 'model.onnx_data'));
+  return { root, id };
+}
+
+function ortVersion(): string {
+  const versions = (env.backends.onnx as { versions?: Record<string, string> } | undefined)?.versions;
+  return versions?.node ?? versions?.common ?? 'unknown';
+}
+
+function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
+  return new Promise((resolveBody, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (c: Buffer) => {
+      size += c.byteLength;
+      if (size > limit) {
+        reject(new BadRequest(`body larger than ${limit} bytes`));
+        req.destroy();
+        return;
+      }
+      chunks.push(c);
+    });
+    req.on('end', () => resolveBody(Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+function parseEmbedBody(raw: Buffer): { inputs: string[]; normalize: boolean | undefined } {
+  let body: unknown;
+  try {
+    body = JSON.parse(raw.toString('utf8'));
+  } catch {
+    throw new BadRequest('body is not valid JSON');
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new BadRequest('body must be a JSON object');
+  const { inputs, normalize } = body as { inputs?: unknown; normalize?: unknown };
+  if (normalize !== undefined && typeof normalize !== 'boolean') throw new BadRequest('"normalize" must be a boolean');
+  if (typeof inputs === 'string') return { inputs: [inputs], normalize };
+  if (Array.isArray(inputs) && inputs.length > 0 && inputs.every((x): x is string => typeof x === 'string')) return { inputs, normalize };
+  throw new BadRequest('"inputs" must be a string or a non-empty array of strings');
+}
+
+/** [B, H] tensor -> B plain arrays. */
+function rows(t: Tensor): number[][] {
+  const [b, h] = t.dims as [number, number];
+  const data = t.data as Float32Array;
+  const out: number[][] = new Array(b);
+  for (let i = 0; i < b; i++) out[i] = Array.from(data.subarray(i * h, (i + 1) * h));
+  return out;
+}
+
+function send(res: http.ServerResponse, status: number, body: string, type = 'application/json'): void {
+  res.writeHead(status, { 'content-type': type, 'content-length': Buffer.byteLength(body) });
+  res.end(body);
+}
+
+export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
+  const spec = loadModelSpec(resolve(opts.modelDir));
+  if (spec.task !== 'embed') throw new Error(`model ${spec.name} is a ${spec.task} model; the peer serves embedding models only`);
+  const pooling: Pooling = opts.pooling ?? spec.pooling;
+  const defaultNormalize = opts.normalize ?? spec.normalize;
+  const maxBodyBytes = opts.maxBodyBytes ?? 4 * 1024 * 1024;
+
+  const view = peerModelView(spec);
+  const removeView = () => {
+    rmSync(view.root, { recursive: true, force: true });
+    process.off('exit', removeView);
+  };
+  process.on('exit', removeView); // however the process ends (process.exit in a signal handler included)
+  let extractor: FeatureExtractionPipeline;
+  try {
+    env.allowRemoteModels = false;
+    env.allowLocalModels = true;
+    env.localModelPath = view.root;
+    env.useFSCache = false; // local files only: nothing to cache
+    extractor = await pipeline('feature-extraction', view.id, {
+      device: 'cpu',
+      dtype: 'fp32',
+      local_files_only: true,
+      session_options: opts.intraOpThreads ? { intraOpNumThreads: opts.intraOpThreads } : {},
+    });
+    await extractor('warm up', { pooling, normalize: defaultNormalize });
+  } catch (err) {
+    removeView();
+    throw err;
+  }
+
+  const server = http.createServer((req, res) => {
+    const path = (req.url ?? '/').split('?', 1)[0];
+    if (req.method === 'GET' && path === '/health') return send(res, 200, 'ok', 'text/plain');
+    if (path !== '/embed') return send(res, 404, JSON.stringify({ error: `no route ${req.method} ${path}` }));
+    if (req.method !== 'POST') return send(res, 405, JSON.stringify({ error: 'POST only' }));
+    void (async () => {
+      try {
+        const body = parseEmbedBody(await readBody(req, maxBodyBytes));
+        const out = await extractor(body.inputs, { pooling, normalize: body.normalize ?? defaultNormalize });
+        send(res, 200, JSON.stringify(rows(out)));
+      } catch (err) {
+        if (res.headersSent || res.destroyed) return;
+        if (err instanceof BadRequest) send(res, 400, JSON.stringify({ error: err.message, error_type: 'Validation' }));
+        else send(res, 500, JSON.stringify({ error: (err as Error).message }));
+      }
+    })();
+  });
+  server.keepAliveTimeout = 65_000;
+
+  const host = opts.host ?? '127.0.0.1';
+  await new Promise<void>((ok, fail) => {
+    server.once('error', fail);
+    server.listen(opts.port ?? 0, host, () => {
+      server.off('error', fail);
+      ok();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  let closing: Promise<void> | null = null;
+  return {
+    url: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+    host,
+    port,
+    pooling,
+    normalize: defaultNormalize,
+    versions: { transformers: env.version, onnxruntime: ortVersion() },
+    close: () =>
+      (closing ??= (async () => {
+        await new Promise<void>((ok) => {
+          server.close(() => ok());
+          server.closeIdleConnections();
+        });
+        await extractor.dispose();
+        removeView();
+      })()),
+  };
+}
+
+// ---------------------------------------------------------------- command line
+
+const HELP = `usage: node dist/bench/peer-transformers.js --model-dir DIR [options]
+  --model-dir DIR          slabserve model folder (config.json, tokenizer.json, model.onnx, serve.json)
+  --host H                 (default 127.0.0.1)
+  --port N                 (default 0: any free port)
+  --pooling mean|cls       (default: serve.json's, else mean)
+  --normalize              L2-normalise (default: serve.json's, else on)
+  --no-normalize           do not
+  --intra-op-threads N     onnxruntime intra-op threads (default 0: onnxruntime decides, as transformers.js does)
+Prints "listening on http://HOST:PORT" on stdout when ready; logs on stderr.`;
+
+async function main(): Promise<void> {
+  const { values: a } = parseArgs({
+    options: {
+      'model-dir': { type: 'string' },
+      host: { type: 'string', default: '127.0.0.1' },
+      port: { type: 'string', default: '0' },
+      pooling: { type: 'string' },
+      normalize: { type: 'boolean' },
+      'no-normalize': { type: 'boolean' },
+      'intra-op-threads': { type: 'string', default: '0' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
+  if (a.help) {
+    process.stdout.write(`${HELP}\n`);
+    return;
+  }
+  const fail = (msg: string): never => {
+    process.stderr.write(`peer-transformers: ${msg}\n${HELP}\n`);
+    process.exit(2);
+  };
+  if (!a['model-dir']) fail('--model-dir is required');
+  if (a.pooling !== undefined && a.pooling !== 'mean' && a.pooling !== 'cls') fail(`--pooling must be mean or cls, not "${a.pooling}"`);
+  if (a.normalize && a['no-normalize']) fail('--normalize and --no-normalize together');
+  const port = Number(a.port);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) fail(`bad --port "${a.port}"`);
+  const threads = Number(a['intra-op-threads']);
+  if (!Number.isInteger(threads) || threads < 0) fail(`bad --intra-op-threads "${a['intra-op-threads']}"`);
+
+  // a parent that went away must not turn a log line into an EPIPE crash during shutdown
+  process.stdout.on('error', () => {});
+  process.stderr.on('error', () => {});
+  // signals from the start, so one during start-up still exits cleanly (the temp view goes on 'exit')
+  let peer: PeerServer | null = null;
+  let stopping = false;
+  const stop = (signal: NodeJS.Signals) => {
+    if (stopping) return;
+    stopping = true;
+    process.stderr.write(`peer-transformers: ${signal}, closing\n`);
+    if (!peer) process.exit(0);
+    const force = setTimeout(() => process.exit(1), 10_000);
+    force.unref();
+    peer.close().then(
+      () => process.exit(0),
+      (err: unknown) => {
+        process.stderr.write(`peer-transformers: close failed: ${(err as Error).message}\n`);
+        process.exit(1);
+      },
+    );
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+
+  peer = await startPeerServer({
+    modelDir: a['model-dir']!,
+    host: a.host!,
+    port,
+    ...(a.pooling !== undefined ? { pooling: a.pooling as Pooling } : {}),
+    ...(a.normalize ? { normalize: true } : a['no-normalize'] ? { normalize: false } : {}),
+    intraOpThreads: threads,
+  });
+  process.stderr.write(
+    `peer-transformers: model ${basename(resolve(a['model-dir']!))}, pooling ${peer.pooling}, normalize ${peer.normalize}, ` +
+      `intra-op threads ${threads || 'onnxruntime default'}; transformers.js ${peer.versions.transformers}, onnxruntime-node ${peer.versions.onnxruntime}\n`,
+  );
+  process.stdout.write(`listening on ${peer.url}\n`);
+}
+
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  main().catch((err: unknown) => {
+    process.stderr.write(`peer-transformers: ${err instanceof Error ? err.message : String(err)}\n`);
+    process.exit(1);
+  });
+}
