@@ -3,6 +3,14 @@
  * thread maps. It holds the doorbells (the inference thread's, one per owner
  * thread), the stop flag, and the inference thread's heartbeat, so that
  * liveness and shutdown need no message round trip.
+ *
+ * Supervision (src/inference-host.ts) adds the epoch: each inference thread
+ * is started with the epoch current at its start and stays the live one only
+ * while the block still holds it. The main thread bumps the epoch the moment
+ * it gives a thread up (crashed, or hung past a timeout), before it answers
+ * that thread's requests; a thread that finds its epoch gone touches no slot
+ * again. The start of the oldest batch in flight tells a run that hangs from a
+ * loop that is merely idle.
  */
 import { Doorbell } from './doorbell.js';
 
@@ -11,10 +19,16 @@ const I_STOP = 1;
 const I_STATE = 2;
 const I_INFLIGHT = 3;
 const I_DRAINING = 4;
+const I_EPOCH = 5;
 const I_OWNER_BELLS = 16; // owner bells start on their own cache line
 const F_HEARTBEAT = 0;
+const F_RUN_STARTED = 1;
 
-export const WorkerState = { STARTING: 0, READY: 1, STOPPED: 2, FAILED: 3 } as const;
+/**
+ * The inference thread's state. RESTARTING: the main thread gave the last one
+ * up and a new one is warming up (requests are refused 503 meanwhile).
+ */
+export const WorkerState = { STARTING: 0, READY: 1, STOPPED: 2, FAILED: 3, RESTARTING: 4 } as const;
 
 export class ControlBlock {
   readonly buffer: SharedArrayBuffer;
@@ -79,6 +93,25 @@ export class ControlBlock {
 
   set inflightBatches(v: number) {
     Atomics.store(this.i32, I_INFLIGHT, v);
+  }
+
+  /** Which inference thread is the live one (see the file comment); 0 for the first. */
+  get epoch(): number {
+    return Atomics.load(this.i32, I_EPOCH);
+  }
+
+  /** Gives the live inference thread up: from now on it touches no slot. Returns the new epoch. */
+  nextEpoch(): number {
+    return Atomics.add(this.i32, I_EPOCH, 1) + 1;
+  }
+
+  /** Epoch ms when the oldest batch now running started; 0 when none runs. */
+  get runStartedAt(): number {
+    return this.f64[F_RUN_STARTED]!;
+  }
+
+  set runStartedAt(v: number) {
+    this.f64[F_RUN_STARTED] = v;
   }
 
   /** Epoch ms of the inference thread's last loop turn. */

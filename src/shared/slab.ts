@@ -51,6 +51,8 @@ export const SlotError = {
   INFERENCE: 1, // the batch run threw
   DEADLINE: 2, // dropped before running: its deadline had passed
   SHUTDOWN: 3, // the inference thread stopped before running it
+  RESTARTED: 4, // the inference thread died or hung with it queued or running; a new one was started
+  INPUT: 5, // its batch failed, and split in halves, this input alone still failed while others ran
 } as const;
 
 // Header fields (int32 each).
@@ -64,7 +66,20 @@ export const H_ERROR = 5;
 export const H_CHUNK = 6;
 /** Inputs of one client request per chunk: a large request is interleaved with others chunk by chunk. */
 export const INTERLEAVE_CHUNK = 8;
+/**
+ * Which inference thread holds the slot (written by that thread, reset by the
+ * owner at submit): 0 none (the owner's, or on the submit ring), else
+ * {@link holderMark} of the thread's epoch, and whether the slot has left its
+ * queues (into a batch, or expired or cancelled). When a thread dies, this
+ * tells the main thread which slots were that thread's to answer.
+ */
+export const H_HOLDER = 7;
 export const HEADER_I32 = 8;
+
+/** H_HOLDER of a slot taken by the inference thread of `epoch`: queued there, or dequeued (in a batch, or leaving). */
+export function holderMark(epoch: number, dequeued: boolean): number {
+  return 1 + 2 * epoch + (dequeued ? 1 : 0);
+}
 
 // Time fields (float64 each, epoch ms from clock.nowMs()).
 export const T_ENQUEUED = 0;
@@ -86,6 +101,8 @@ export const Counter = {
   QUEUED: 8, // requests waiting in the scheduler (a gauge)
   EXPIRED_TOKENS: 9,
   BUSY_UNTIL: 10, // epoch ms when the batch running now is predicted to end (admission adds what is left of it) // real tokens of requests dropped because their deadline passed (work saved)
+  SPLIT_RUNS: 11, // runs of half a failed batch (or a half of a half...), retried to find the inputs that fail
+  ISOLATED_INPUTS: 12, // inputs failed alone while the rest of their batch ran (SlotError.INPUT)
 } as const;
 const COUNTERS = 16;
 
@@ -232,6 +249,19 @@ export class Slab {
   slotOutput(slot: number): Float32Array {
     const w = this.layout.outputWidth;
     return this.output.subarray(slot * w, slot * w + w);
+  }
+
+  /**
+   * This slab with a private output region: every other region is shared.
+   * The inference thread gives its runners this view, so a batch writes its
+   * rows here first and the loop copies them into the shared slots only after
+   * checking the slots are still its own (a thread the main thread gave up,
+   * returning late from a run, then writes into memory nobody reads).
+   */
+  withPrivateOutput(): Slab {
+    const view = new Slab(this.buffer, this.layout);
+    (view as { output: Float32Array }).output = new Float32Array(this.output.length);
+    return view;
   }
 
   /** Slots not on the free list: being filled, queued, running, or waiting to be read. */

@@ -10,6 +10,10 @@
  *            owner's completion queues and settle the waiting promises.
  * cancel:    an AbortSignal moves the slot QUEUED|RUNNING -> CANCELLED; the
  *            inference thread never runs it (or drops its result) and frees it.
+ *
+ * A completion this owner has no request for is freed: a request it gave up
+ * after its result was written, or one of a previous thread with this owner
+ * index that died (the main thread starts a new one; src/main.ts).
  */
 import { predictedWaitMs } from './admission.js';
 import { nowMs } from './clock.js';
@@ -24,12 +28,30 @@ import {
   SlabserveError,
   ValidationError,
 } from './errors.js';
+
+/** The inference thread died or hung with this request queued or running; a new one is starting. Retry. (503) */
+export class InferenceRestartedError extends SlabserveError {
+  constructor(message = 'the inference thread was restarted while this request was queued or running; retry it') {
+    super(message, 'SLABSERVE_INFERENCE_RESTARTED', 'unavailable');
+  }
+}
+
+/**
+ * The model cannot run this input: its batch failed, and once split, this
+ * input alone still failed while the others of its batch ran. (422)
+ */
+export class InputFailedError extends SlabserveError {
+  constructor(message = 'the model failed on this input (the other inputs batched with it ran); it will fail again if sent again') {
+    super(message, 'SLABSERVE_INPUT_FAILED', 'validation');
+  }
+}
 import {
   Account,
   Counter,
   H_CHUNK,
   H_ERROR,
   H_GENERATION,
+  H_HOLDER,
   H_LENGTH,
   H_OWNER,
   H_PRIORITY,
@@ -86,8 +108,8 @@ export class SlabSubmitter {
   /** pending[model][slot]: the request waiting on that slot, if any. */
   private readonly pending: (Pending | undefined)[][];
   private inFlight = 0;
-  /** Cancelled requests whose result was already written: their completion is still to be drained and freed. */
-  private abandoned = 0;
+  /** Cancelled requests whose result was already written (model * 2^32 + slot): their completion is still to be drained and freed. */
+  private readonly abandoned = new Set<number>();
   private closed = false;
   private listening = false;
 
@@ -108,6 +130,7 @@ export class SlabSubmitter {
     this.pending = slabs.map((s) => new Array<Pending | undefined>(s.layout.slotCount));
     this.buckets = slabs.map((s, m) => opts.buckets?.[m] ?? { lengths: [s.layout.maxLength], capacities: [1] });
     this.onCancel = opts.onCancel;
+    this.drain(); // completions left for a previous thread with this owner index (it died): free them
   }
 
   private bucketOf(model: number, length: number): number {
@@ -159,6 +182,10 @@ export class SlabSubmitter {
     if (slab.transition(slot, SlotState.FREE, SlotState.FILLING) !== SlotState.FREE) {
       throw new Error(`slot ${slot} on the free list is not FREE (state ${slab.state(slot)})`);
     }
+    // Owner and holder before the generation moves: the main thread, reclaiming a dead thread's
+    // slots, reads the generation around them to tell a slot taken again from one it held.
+    slab.setHeader(slot, H_HOLDER, 0);
+    slab.setHeader(slot, H_OWNER, this.owner);
     const generation = Atomics.add(slab.headers, slot * HEADER_I32 + H_GENERATION, 1) + 1;
     slab.slotIds(slot).set(ids);
     const types = slab.slotTypeIds(slot);
@@ -167,7 +194,6 @@ export class SlabSubmitter {
     slab.setHeader(slot, H_LENGTH, len);
     slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
     slab.setHeader(slot, H_CHUNK, opts.chunk ?? 0);
-    slab.setHeader(slot, H_OWNER, this.owner);
     slab.setHeader(slot, H_ERROR, SlotError.NONE);
     slab.setTime(slot, T_ENQUEUED, nowMs());
     slab.setTime(slot, T_DEADLINE, opts.deadline);
@@ -207,7 +233,7 @@ export class SlabSubmitter {
     } else if (slab.transition(slot, SlotState.RUNNING, SlotState.CANCELLED) !== SlotState.RUNNING) {
       // DONE or FAILED: the inference thread may not have pushed the completion
       // yet, so keep listening until drain() has freed it.
-      this.abandoned++;
+      this.abandoned.add(abandonKey(model, slot));
     }
     this.settle(model, slot, p);
     const reason = p.signal?.reason;
@@ -226,10 +252,10 @@ export class SlabSubmitter {
     if (this.listening) return;
     this.listening = true;
     void (async () => {
-      while (this.inFlight + this.abandoned > 0) {
+      while (this.inFlight + this.abandoned.size > 0) {
         const seen = this.bell.read();
         this.drain();
-        if (this.inFlight + this.abandoned === 0) break;
+        if (this.inFlight + this.abandoned.size === 0) break;
         await this.bell.wait(seen);
       }
       this.listening = false;
@@ -251,8 +277,9 @@ export class SlabSubmitter {
     const state = slab.state(slot);
     const p = this.pending[model]![slot];
     if (!p || p.generation !== slab.header(slot, H_GENERATION)) {
-      // Its caller cancelled after the result was written: nobody wants it.
-      if (!p) this.abandoned--;
+      // Its caller cancelled after the result was written, or it was a dead
+      // predecessor's (this owner index, an earlier thread): nobody wants it.
+      if (!p) this.abandoned.delete(abandonKey(model, slot));
       this.release(slab, slot, state);
       return;
     }
@@ -295,8 +322,14 @@ export class SlabSubmitter {
   }
 }
 
+const abandonKey = (model: number, slot: number) => model * 2 ** 32 + slot;
+
 function slotError(code: number): SlabserveError {
   switch (code) {
+    case SlotError.RESTARTED:
+      return new InferenceRestartedError();
+    case SlotError.INPUT:
+      return new InputFailedError();
     case SlotError.DEADLINE:
       return new DeadlineExceededError('request deadline passed while it was queued; it was not run');
     case SlotError.SHUTDOWN:
