@@ -183,6 +183,7 @@ program
   .addOption(flag('--max-client-batch-size <n>', 'most inputs in one request', 'MAX_CLIENT_BATCH_SIZE', int(1), D.maxClientBatchSize))
   .addOption(flag('--max-body-bytes <n>', 'largest request body accepted', 'MAX_BODY_BYTES', int(1), D.maxBodyBytes))
   .addOption(flag('--heartbeat-timeout-ms <ms>', 'readiness fails when the inference thread has not gone round its loop for this long', 'HEARTBEAT_TIMEOUT_MS', int(1), D.heartbeatTimeoutMs))
+  .addOption(flag('--inference-timeout-ms <ms>', 'a batch run longer than this (or a loop stalled past --heartbeat-timeout-ms) gets the inference thread replaced, its requests answered 503', 'INFERENCE_TIMEOUT_MS', int(1), D.inferenceTimeoutMs))
   .addOption(flag('--drain-timeout-ms <ms>', 'on SIGTERM, how long in-flight requests may take to finish', 'DRAIN_TIMEOUT_MS', int(0), D.drainTimeoutMs))
   .addOption(flag('--tokenizer-threads <n>', 'tokenizer pool threads per gateway, for large client batches', 'TOKENIZER_THREADS', int(1), D.tokenizerThreads))
   .addOption(flag('--inline-tokenize-chars <n>', 'client batches up to this many characters are tokenized on the gateway thread itself', 'INLINE_TOKENIZE_CHARS', int(0), D.inlineTokenizeChars))

@@ -9,13 +9,12 @@
  *   const [top] = await engine.classify('I want my money back');
  *   await engine.close();
  */
-import type { Worker } from 'node:worker_threads';
 import { InferenceClient, type Classification, type ClientModel } from './gateway/inference-client.js';
 import { loadTokenizer, type Encoding } from './gateway/tokenizer.js';
 import type { DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
-import { bucketPlans, loadModels, startInferenceThread } from './inference-host.js';
+import { bucketPlans, InferenceSupervisor, loadModels } from './inference-host.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
 import type { Task } from './shared/model-config.js';
@@ -55,6 +54,14 @@ export interface EngineOptions {
   priorityAgeingMs?: number;
   /** Latency target: adaptive batch window, and admission against it. Default: none (fixed maxBatchDelayMs). */
   sloP99Ms?: number;
+  /**
+   * A batch run longer than this gets the inference thread replaced (its
+   * requests fail with SLABSERVE_INFERENCE_RESTARTED; a thread that dies is
+   * replaced too). Default 30000.
+   */
+  inferenceTimeoutMs?: number;
+  /** A loop that has not gone round for this long, no batch running, gets the thread replaced. Default 30000. */
+  heartbeatTimeoutMs?: number;
   /** Where start-up lines go. Default: stderr. */
   log?: (line: string) => void;
 }
@@ -65,6 +72,8 @@ export const ENGINE_DEFAULTS = {
   slotsPerModel: 1024,
   requestTimeoutMs: 30_000,
   intraOpThreads: 0,
+  inferenceTimeoutMs: 30_000,
+  heartbeatTimeoutMs: 30_000,
 } as const;
 
 export interface RequestOptions {
@@ -148,17 +157,17 @@ export class Engine {
   readonly device: DeviceInfo;
   private readonly client: InferenceClient;
   private readonly slabs: Slab[];
-  private readonly worker: Worker;
+  private readonly inference: InferenceSupervisor;
   private readonly control: ControlBlock;
   private readonly submitter: SlabSubmitter;
   private closing: Promise<void> | null = null;
 
   /** Use createEngine(). */
-  constructor(parts: { device: DeviceInfo; client: InferenceClient; slabs: Slab[]; worker: Worker; control: ControlBlock; submitter: SlabSubmitter }) {
+  constructor(parts: { device: DeviceInfo; client: InferenceClient; slabs: Slab[]; inference: InferenceSupervisor; control: ControlBlock; submitter: SlabSubmitter }) {
     this.device = parts.device;
     this.client = parts.client;
     this.slabs = parts.slabs;
-    this.worker = parts.worker;
+    this.inference = parts.inference;
     this.control = parts.control;
     this.submitter = parts.submitter;
   }
@@ -203,9 +212,7 @@ export class Engine {
   /** Stops the inference thread after its running batches; requests still queued fail with EngineClosedError. */
   close(): Promise<void> {
     this.closing ??= (async () => {
-      const exited = new Promise<void>((res) => this.worker.once('exit', () => res()));
-      this.control.requestStop();
-      await exited;
+      await this.inference.stop();
       this.submitter.close(new EngineClosedError());
     })();
     return this.closing;
@@ -235,7 +242,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   const control = ControlBlock.create(owners);
   const models: ClientModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadTokenizer(plan.spec.tokenizerPath) })));
   const priorities = options.priorities ?? DEFAULT_PRIORITIES;
-  const inference = startInferenceThread(plans, control, {
+  const inference = new InferenceSupervisor(plans, control, {
     device: options.device ?? ENGINE_DEFAULTS.device,
     intraOpThreads: options.intraOpThreads ?? ENGINE_DEFAULTS.intraOpThreads,
     maxInflightBatches: options.maxInflightBatches ?? ENGINE_DEFAULTS.maxInflightBatches,
@@ -245,6 +252,8 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
       ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
     },
     log,
+    inferenceTimeoutMs: options.inferenceTimeoutMs ?? ENGINE_DEFAULTS.inferenceTimeoutMs,
+    heartbeatTimeoutMs: options.heartbeatTimeoutMs ?? ENGINE_DEFAULTS.heartbeatTimeoutMs,
   });
   const device = await inference.ready;
   const slabs = plans.map((p) => new Slab(p.slab, p.layout));
@@ -254,5 +263,5 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     priorityNames: priorities.map((p) => p.name),
     ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
   });
-  return new Engine({ device, client, slabs, worker: inference.worker, control, submitter });
+  return new Engine({ device, client, slabs, inference, control, submitter });
 }

@@ -1,20 +1,38 @@
 /**
  * Start-up shared by the in-process engine and the server: read the model
  * repository, size a slab per model, start the inference thread and wait for
- * its warm-up. Everything here runs once, on the main thread.
+ * its warm-up; then supervise it (InferenceSupervisor): a thread that dies or
+ * hangs is given up, its requests answered 503, and a new one started on the
+ * same slabs. Everything here runs on the main thread.
  */
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
+import type { Registry } from 'prom-client';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
-import { batchCapacity, DEFAULT_BATCHING, defaultBuckets, PAD_TO, type BatchingOptions } from './gpu-worker/scheduler.js';
+import { batchCapacity, bucketFor, DEFAULT_BATCHING, defaultBuckets, PAD_TO, type BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inference-loop.js';
-import type { InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
-import type { ControlBlock } from './shared/control.js';
+import type { InferenceFault, InferenceTestHooks, InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
+import { WorkerState, type ControlBlock } from './shared/control.js';
 import { ModelNotFoundError, SlabserveError, ValidationError } from './shared/errors.js';
 import { listModelDirs, loadModelSpec, type ModelSpec } from './shared/model-config.js';
-import { Slab, type SlabLayout } from './shared/slab.js';
+import { nowMs } from './shared/clock.js';
+import { RpcPeer } from './shared/rpc.js';
+import {
+  Account,
+  Counter,
+  H_ERROR,
+  H_GENERATION,
+  H_HOLDER,
+  H_LENGTH,
+  H_OWNER,
+  holderMark,
+  Slab,
+  SlotError,
+  SlotState,
+  type SlabLayout,
+} from './shared/slab.js';
 
 /** The package's own folder (dist/src/.. /..), where models/ lives by default. */
 export const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -102,6 +120,12 @@ export interface InferenceThreadOptions {
   /** Priority classes, their ageing, and the latency target. Default: DEFAULT_SCHEDULING. */
   scheduling?: SchedulingOptions;
   log: (line: string) => void;
+  /** The control block's epoch this thread is started with (default: the block's current one). */
+  epoch?: number;
+  /** Test hooks (SLABSERVE_TEST_HOOKS=1 only). */
+  testHooks?: InferenceTestHooks;
+  /** Log the device and models once ready (default true; a restart logs one line of its own). */
+  logStart?: boolean;
 }
 
 export interface InferenceThread {
@@ -123,6 +147,8 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     maxInflightBatches: opts.maxInflightBatches,
     scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
     models: models.map((m) => ({ spec: m.spec, slab: m.slab, layout: m.layout, batching: m.batching })),
+    epoch: opts.epoch ?? control.epoch,
+    ...(opts.testHooks ? { testHooks: opts.testHooks } : {}),
   };
   const worker = new Worker(new URL('./gpu-worker/worker.js', import.meta.url), { workerData, name: 'slabserve-inference' });
   const ready = new Promise<DeviceInfo>((res, rej) => {
@@ -132,21 +158,420 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     worker.on('message', (m: InferenceWorkerMessage) => {
       if (m.type === 'ready') {
         worker.off('exit', onExit);
-        if (m.note) opts.log(`slabserve: ${m.note}`);
-        opts.log(`slabserve: device ${describeDevice(m.device)}`);
-        for (const plan of models) {
-          opts.log(
-            `slabserve: model ${plan.spec.name} task=${plan.spec.task} device=${m.device.label} ` +
-              `buckets=${plan.batching.buckets.join(',')} maxBatchSize=${plan.batching.maxBatchSize}`,
-          );
+        if (opts.logStart !== false) {
+          if (m.note) opts.log(`slabserve: ${m.note}`);
+          opts.log(`slabserve: device ${describeDevice(m.device)}`);
+          for (const plan of models) {
+            opts.log(
+              `slabserve: model ${plan.spec.name} task=${plan.spec.task} device=${m.device.label} ` +
+                `buckets=${plan.batching.buckets.join(',')} maxBatchSize=${plan.batching.maxBatchSize}`,
+            );
+          }
         }
         res(m.device);
       } else if (m.type === 'fatal') {
         rej(new SlabserveError(`inference thread failed to start: ${m.message}`, 'SLABSERVE_START_FAILED', 'unavailable'));
       } else if (m.type === 'batch-error') {
-        opts.log(`slabserve: batch of model ${m.model} failed: ${m.message}`);
+        opts.log(`slabserve: batch of model ${m.model} failed: ${m.message.split('\n')[0]}`);
+      } else if (m.type === 'split') {
+        opts.log(
+          `slabserve: failed batch of model ${m.model} split in ${m.runs} runs: ${m.ran} input${m.ran === 1 ? '' : 's'} ran, ` +
+            `${m.failed} failed${m.ran > 0 ? ' alone (422)' : ' (500: nothing ran)'}`,
+        );
       }
     });
   });
   return { worker, ready };
+}
+
+// =================================================================== supervision
+
+/** Why an inference thread was replaced (the `reason` label of slabserve_inference_restarts_total). */
+export type RestartReason = 'crash' | 'oom' | 'exit' | 'run_timeout' | 'heartbeat_timeout';
+
+export interface SupervisionOptions {
+  /** A batch run longer than this: the thread is given up and replaced (--inference-timeout-ms). */
+  inferenceTimeoutMs: number;
+  /** A loop that has not gone round for this long with no run in flight: given up and replaced (--heartbeat-timeout-ms). */
+  heartbeatTimeoutMs: number;
+  /** Told of every replacement (metrics). */
+  onRestart?: (e: RestartEvent) => void;
+  /** Enable the inference test hooks (SLABSERVE_TEST_HOOKS=1). */
+  enableTestHooks?: boolean;
+}
+
+export interface RestartEvent {
+  reason: RestartReason;
+  detail: string;
+  /** Inputs answered 503 (queued, running, or on a submit ring when the thread was given up). */
+  answered: number;
+}
+
+type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
+
+interface ThreadRecord {
+  worker: Worker;
+  rpc: RpcPeer;
+  epoch: number;
+  ready: Promise<DeviceInfo>;
+  isReady: boolean;
+  exited: boolean;
+  /** 'error' event, if any, before it exited. */
+  error?: Error;
+  exitCode?: number;
+  exitedPromise: Promise<void>;
+}
+
+/** How often the watchdog reads the heartbeat and the run start (shared memory; no message). */
+const WATCH_MS = 100;
+/** Backoff between failed starts of a replacement thread: doubles from this, up to MAX_BACKOFF_MS. */
+const FIRST_BACKOFF_MS = 500;
+const MAX_BACKOFF_MS = 10_000;
+/** Longest a scrape waits for the inference thread's own metrics. */
+const METRICS_RPC_MS = 1000;
+
+/** Whether `t` exits within `ms`. */
+async function exitsWithin(t: { exitedPromise: Promise<void>; exited: boolean }, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([t.exitedPromise, new Promise<void>((r) => (timer = setTimeout(r, ms)))]);
+  clearTimeout(timer);
+  return t.exited;
+}
+
+/**
+ * Keeps one live inference thread per process. The first one is started at
+ * once (`ready` settles with its warm-up; a start-up failure is not retried).
+ * After that, a thread that dies (an uncaught error, out of memory, an exit)
+ * or hangs (a batch run past inferenceTimeoutMs, or a loop that has not gone
+ * round for heartbeatTimeoutMs while no batch runs) is given up:
+ *
+ *   1. the control block turns RESTARTING (readiness 503, new requests 503) and
+ *      its epoch moves on, so the old thread touches no slot again;
+ *   2. the old thread is terminated, and not waited for: a thread stuck in a
+ *      native onnxruntime call only ends when that call returns (abandoned;
+ *      counted until it exits);
+ *   3. every request it held, and every one on a submit ring, is answered 503
+ *      (SLABSERVE_INFERENCE_RESTARTED) and cancelled ones are freed
+ *      (reclaimInference);
+ *   4. a new thread starts on the same slabs, warms up, and turns READY.
+ */
+export class InferenceSupervisor {
+  readonly ready: Promise<DeviceInfo>;
+  private readonly plans: ModelPlan[];
+  private readonly slabs: Slab[];
+  private readonly control: ControlBlock;
+  private readonly opts: Omit<InferenceThreadOptions, 'epoch' | 'testHooks' | 'logStart'> & SupervisionOptions;
+  private readonly hooks: InferenceTestHooks | undefined;
+  private current: ThreadRecord;
+  private readonly abandonedThreads = new Set<ThreadRecord>();
+  private restarting: Promise<void> | null = null;
+  private stopping = false;
+  private watchdog: NodeJS.Timeout | undefined;
+  private restartCount = 0;
+
+  constructor(plans: ModelPlan[], control: ControlBlock, opts: Omit<InferenceThreadOptions, 'epoch' | 'testHooks' | 'logStart'> & SupervisionOptions) {
+    for (const [name, v] of [
+      ['inferenceTimeoutMs', opts.inferenceTimeoutMs],
+      ['heartbeatTimeoutMs', opts.heartbeatTimeoutMs],
+    ] as const) {
+      if (!Number.isInteger(v) || v < 1) throw new ValidationError(`${name} must be a positive integer (ms), got ${v}`);
+    }
+    this.plans = plans;
+    this.slabs = plans.map((p) => new Slab(p.slab, p.layout));
+    this.control = control;
+    this.opts = opts;
+    this.hooks = opts.enableTestHooks ? { poisonToken: -1 } : undefined;
+    this.current = this.start(true);
+    this.ready = this.current.ready.then((device) => {
+      this.watchdog = setInterval(() => this.watch(), WATCH_MS);
+      this.watchdog.unref();
+      return device;
+    });
+    this.ready.catch(() => {});
+  }
+
+  /** Replacements so far. */
+  get restarts(): number {
+    return this.restartCount;
+  }
+
+  /** Threads given up that have not exited yet (stuck in a native call). */
+  get abandoned(): number {
+    return this.abandonedThreads.size;
+  }
+
+  /** The live thread's metrics registry, as JSON ([] while none is ready). */
+  metrics(): Promise<MetricsJson> {
+    const t = this.current;
+    if (!t.isReady || t.exited || this.control.workerState !== WorkerState.READY) return Promise.resolve([] as unknown as MetricsJson);
+    return t.rpc.call<MetricsJson>('metrics', undefined, METRICS_RPC_MS); // it answers between runs: do not hold a scrape for a long one
+  }
+
+  /** Test hook (SLABSERVE_TEST_HOOKS=1): makes the live thread fail (throw, exit, hang: in its next run of at least `minRows` rows). */
+  async testFault(kind: InferenceFault, minRows = 1): Promise<void> {
+    if (!this.hooks) throw new Error('test hooks are off: start the server with SLABSERVE_TEST_HOOKS=1');
+    await this.current.rpc.call('testFault', { kind, minRows });
+  }
+
+  /** Test hook (SLABSERVE_TEST_HOOKS=1): inputs holding token `id` fail in onnxruntime, in this thread and its replacements; -1: none. */
+  async testPoison(id: number): Promise<void> {
+    if (!this.hooks) throw new Error('test hooks are off: start the server with SLABSERVE_TEST_HOOKS=1');
+    this.hooks.poisonToken = id;
+    await this.current.rpc.call('testPoison', id);
+  }
+
+  /**
+   * No more replacements; the live thread stops after its running batches
+   * (requests still queued fail) and this resolves once it has exited. A
+   * thread being warmed up as a replacement stops once warm. Abandoned threads
+   * are not waited for.
+   */
+  async stop(): Promise<void> {
+    this.stopping = true;
+    clearInterval(this.watchdog);
+    this.control.requestStop();
+    if (this.restarting) await this.restarting;
+    const t = this.current;
+    await t.ready.catch(() => {});
+    // A thread that hangs does not stop either: give it as long as the watchdog would, then terminate it.
+    const limit = Math.max(this.opts.inferenceTimeoutMs, this.opts.heartbeatTimeoutMs);
+    if (!(await exitsWithin(t, limit))) {
+      this.opts.log(`slabserve: the inference thread did not stop within ${limit} ms; terminating it`);
+      this.abandonedThreads.add(t);
+      void t.worker.terminate().catch(() => {});
+      await exitsWithin(t, 2000);
+    }
+    if (this.abandonedThreads.size > 0) {
+      this.opts.log(
+        `slabserve: ${this.abandonedThreads.size} abandoned inference thread(s) still stuck in a native call; ` +
+          'the process cannot exit normally until they return (SIGKILL ends it)',
+      );
+    }
+  }
+
+  private start(first: boolean): ThreadRecord {
+    const epoch = this.control.epoch;
+    const t = startInferenceThread(this.plans, this.control, {
+      ...this.opts,
+      epoch,
+      logStart: first,
+      ...(this.hooks ? { testHooks: { ...this.hooks } } : {}),
+    });
+    const rec: ThreadRecord = {
+      worker: t.worker,
+      rpc: new RpcPeer(t.worker),
+      epoch,
+      ready: t.ready,
+      isReady: false,
+      exited: false,
+      exitedPromise: Promise.resolve(),
+    };
+    rec.exitedPromise = new Promise<void>((resolve) => {
+      t.worker.on('error', (err) => (rec.error = err));
+      t.worker.once('exit', (code) => {
+        rec.exited = true;
+        rec.exitCode = code;
+        resolve();
+        this.onExit(rec);
+      });
+    });
+    t.ready.then(
+      () => (rec.isReady = true),
+      () => {},
+    );
+    return rec;
+  }
+
+  private onExit(rec: ThreadRecord): void {
+    if (this.abandonedThreads.delete(rec)) {
+      this.opts.log(`slabserve: abandoned inference thread (epoch ${rec.epoch}) has exited`);
+      return;
+    }
+    if (rec !== this.current || !rec.isReady || this.stopping || this.restarting) return; // a start-up failure, a stop, or a restart in progress (it checks again)
+    const reason: RestartReason = rec.error ? ((rec.error as { code?: string }).code === 'ERR_WORKER_OUT_OF_MEMORY' ? 'oom' : 'crash') : 'exit';
+    const detail = rec.error ? `uncaught ${rec.error.name}: ${rec.error.message.split('\n')[0]}` : `exited with code ${rec.exitCode}`;
+    this.restart(reason, detail);
+  }
+
+  /** Reads the heartbeat and the run start; gives up a thread that hangs. */
+  private watch(): void {
+    if (this.stopping || this.restarting || !this.current.isReady || this.control.workerState !== WorkerState.READY) return;
+    const now = nowMs();
+    const runStarted = this.control.runStartedAt;
+    if (runStarted > 0) {
+      const ms = now - runStarted;
+      if (ms > this.opts.inferenceTimeoutMs) this.restart('run_timeout', `a batch has run for ${Math.round(ms)} ms (--inference-timeout-ms ${this.opts.inferenceTimeoutMs})`);
+    } else {
+      const ms = now - this.control.heartbeat;
+      if (ms > this.opts.heartbeatTimeoutMs) {
+        this.restart('heartbeat_timeout', `its loop has not gone round for ${Math.round(ms)} ms with no batch running (--heartbeat-timeout-ms ${this.opts.heartbeatTimeoutMs})`);
+      }
+    }
+  }
+
+  private restart(reason: RestartReason, detail: string): void {
+    this.restarting = this.replace(reason, detail).finally(() => {
+      this.restarting = null;
+    });
+  }
+
+  private async replace(reason: RestartReason, detail: string): Promise<void> {
+    for (;;) {
+      const old = this.current;
+      const since = nowMs();
+      this.control.workerState = WorkerState.RESTARTING;
+      this.control.nextEpoch(); // the old thread touches no slot from here on
+      if (!old.exited) {
+        this.abandonedThreads.add(old);
+        void old.worker.terminate().catch(() => {});
+      }
+      const answered = reclaimInference(this.plans, this.slabs, this.control, old.epoch);
+      this.restartCount++;
+      this.opts.log(`slabserve: inference thread ${reason}: ${detail}; ${answered} input${answered === 1 ? '' : 's'} answered 503; starting a new one (restart ${this.restartCount})`);
+      this.opts.onRestart?.({ reason, detail, answered });
+      for (let attempt = 0; ; attempt++) {
+        if (this.stopping) return;
+        this.current = this.start(false);
+        try {
+          await this.current.ready;
+          break;
+        } catch (err) {
+          const wait = Math.min(MAX_BACKOFF_MS, FIRST_BACKOFF_MS * 2 ** attempt);
+          this.opts.log(`slabserve: replacement inference thread failed to start (${(err as Error).message.split('\n')[0]}); retrying in ${wait} ms`);
+          await new Promise((r) => setTimeout(r, wait).unref());
+        }
+      }
+      if (this.stopping) return;
+      this.opts.log(`slabserve: inference thread ready again after ${Math.round(nowMs() - since)} ms`);
+      // Died again between its warm-up and now: replace it again.
+      const t = this.current;
+      if (!t.exited) return;
+      reason = t.error ? 'crash' : 'exit';
+      detail = t.error ? `uncaught ${t.error.name}: ${t.error.message.split('\n')[0]}` : `exited with code ${t.exitCode}`;
+    }
+  }
+}
+
+/**
+ * Answers every request the inference thread of `epoch` held (queued in its
+ * scheduler, or in a batch) and every request on a submit ring with 503
+ * (SlotError.RESTARTED onto its owner's completion queue), frees the cancelled
+ * ones (the inference side sees them last), and takes them off the queued
+ * tallies admission reads. Returns how many were answered.
+ *
+ * Call only after the thread was given up (control.nextEpoch()): it then
+ * touches no slot. Which slots it held comes from H_HOLDER; the generation is
+ * read before and after it so a slot freed and taken again meanwhile (the
+ * owner resets H_HOLDER and sets H_OWNER before bumping the generation) is
+ * left alone. A queued or running slot cannot be freed by anyone but the
+ * inference side, so once seen it stays ours until answered.
+ */
+export function reclaimInference(plans: ModelPlan[], slabs: Slab[], control: ControlBlock, epoch: number): number {
+  let answered = 0;
+  const owners = new Set<number>();
+  plans.forEach((plan, m) => {
+    const slab = slabs[m]!;
+    const buckets = plan.batching.buckets;
+    const unqueue = (slot: number) => {
+      const b = bucketFor(buckets, slab.header(slot, H_LENGTH));
+      if (b < 0) return;
+      Atomics.sub(slab.accounts, Account.QUEUED_TOKENS, buckets[b]!);
+      Atomics.sub(slab.accounts, Account.QUEUED_BY_BUCKET + b, 1);
+    };
+    /** QUEUED | RUNNING -> FAILED onto its owner's queue; CANCELLED -> FREE. `counted`: still in the queued tallies. */
+    const end = (slot: number, counted: boolean) => {
+      for (;;) {
+        const state = slab.state(slot);
+        if (state === SlotState.QUEUED || state === SlotState.RUNNING) {
+          slab.setHeader(slot, H_ERROR, SlotError.RESTARTED);
+          if (slab.transition(slot, state, SlotState.FAILED) !== state) continue; // its owner cancelled it meanwhile
+          if (counted) unqueue(slot);
+          const owner = slab.header(slot, H_OWNER);
+          slab.completions[owner]!.push(slot);
+          owners.add(owner);
+          answered++;
+          return;
+        }
+        if (state === SlotState.CANCELLED) {
+          if (slab.transition(slot, state, SlotState.FREE) !== state) continue;
+          if (counted) unqueue(slot);
+          slab.counters[Counter.CANCELLED_SKIPPED]! += 1;
+          slab.free.push(slot);
+          return;
+        }
+        return; // FREE, FILLING, DONE, FAILED: not the inference side's
+      }
+    };
+    // On the ring: never taken by any inference thread, still in the tallies.
+    for (let slot = slab.submit.pop(); slot !== -1; slot = slab.submit.pop()) end(slot, true);
+    // Taken by the given-up thread: in its queues (still in the tallies) or dequeued (in a batch).
+    const queued = holderMark(epoch, false);
+    const dequeued = holderMark(epoch, true);
+    for (let slot = 0; slot < slab.layout.slotCount; slot++) {
+      const generation = slab.header(slot, H_GENERATION);
+      const holder = slab.header(slot, H_HOLDER);
+      if (holder !== queued && holder !== dequeued) continue;
+      const state = slab.state(slot);
+      if (state !== SlotState.QUEUED && state !== SlotState.RUNNING && state !== SlotState.CANCELLED) continue;
+      if (slab.header(slot, H_GENERATION) !== generation) continue; // freed and taken again since
+      end(slot, holder === queued);
+    }
+    slab.counters[Counter.QUEUED] = 0;
+    slab.counters[Counter.BUSY_UNTIL] = 0;
+  });
+  control.inflightBatches = 0;
+  control.runStartedAt = 0;
+  for (const owner of owners) control.ownerBell(owner).ring();
+  return answered;
+}
+
+/**
+ * Frees what a dead owner thread (a gateway) held, once it has exited: its
+ * queued and running requests are cancelled (the inference thread frees them
+ * when it meets them), its finished ones, on its completion queue, are freed.
+ * Returns the slots it was filling when it died: free them with
+ * {@link freeStuckFilling} a moment later (a live owner fills a slot in
+ * microseconds; one still FILLING with the same generation then is stuck).
+ */
+export function reclaimOwner(slabs: Slab[], owner: number): { cancelled: number; freed: number; filling: { model: number; slot: number; generation: number }[] } {
+  let cancelled = 0;
+  let freed = 0;
+  const filling: { model: number; slot: number; generation: number }[] = [];
+  slabs.forEach((slab, model) => {
+    for (let slot = 0; slot < slab.layout.slotCount; slot++) {
+      const generation = slab.header(slot, H_GENERATION);
+      if (slab.header(slot, H_OWNER) !== owner) continue;
+      const state = slab.state(slot);
+      if (slab.header(slot, H_GENERATION) !== generation) continue; // taken by another owner since
+      if (state === SlotState.QUEUED || state === SlotState.RUNNING) {
+        if (slab.transition(slot, state, SlotState.CANCELLED) === state) cancelled++;
+      } else if (state === SlotState.FILLING) {
+        filling.push({ model, slot, generation });
+      }
+    }
+    // Finished before (or while) we cancelled: on its completion queue. The owner is gone: free them for it.
+    const queue = slab.completions[owner]!;
+    for (let slot = queue.pop(); slot !== -1; slot = queue.pop()) {
+      const state = slab.state(slot);
+      if ((state === SlotState.DONE || state === SlotState.FAILED) && slab.transition(slot, state, SlotState.FREE) === state) {
+        slab.free.push(slot);
+        freed++;
+      }
+    }
+  });
+  return { cancelled, freed, filling };
+}
+
+/** Frees slots a dead owner left FILLING (from {@link reclaimOwner}) that are still FILLING with the same generation. */
+export function freeStuckFilling(slabs: Slab[], owner: number, filling: { model: number; slot: number; generation: number }[]): number {
+  let freed = 0;
+  for (const f of filling) {
+    const slab = slabs[f.model]!;
+    if (slab.header(f.slot, H_OWNER) !== owner || slab.header(f.slot, H_GENERATION) !== f.generation) continue;
+    if (slab.transition(f.slot, SlotState.FILLING, SlotState.FREE) === SlotState.FILLING) {
+      slab.free.push(f.slot);
+      freed++;
+    }
+  }
+  return freed;
 }

@@ -6,6 +6,15 @@
  *   main thread      config, slabs, supervision, metrics aggregation, drain
  *   gateway threads  uWebSockets.js on one shared port (src/gateway/gateway-worker.ts)
  *   inference thread one per device (src/gpu-worker/worker.ts)
+ *
+ * Supervision: an inference thread that dies or hangs is replaced by
+ * InferenceSupervisor (src/inference-host.ts); a gateway thread that dies
+ * (an uncaught error: it closes its sockets and ends) is replaced here, its
+ * slots released and its listen socket back on the port.
+ *
+ * Test hooks: with SLABSERVE_TEST_HOOKS=1 in the environment when the server
+ * starts, `server.testHooks` can make the threads fail (tests only; absent
+ * otherwise, and the threads carry no hook).
  */
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { cpus } from 'node:os';
@@ -18,11 +27,12 @@ import { GATE_DEFAULTS } from './gateway/gate.js';
 import type { LogLevel } from './gateway/log.js';
 import { describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
-import { loadModels, startInferenceThread, type ModelPlan } from './inference-host.js';
+import type { InferenceFault } from './gpu-worker/worker.js';
+import { freeStuckFilling, InferenceSupervisor, loadModels, reclaimOwner, type ModelPlan } from './inference-host.js';
 import { nowMs } from './shared/clock.js';
 import { ControlBlock, WorkerState } from './shared/control.js';
 import { ValidationError } from './shared/errors.js';
-import { processMetrics } from './shared/metrics.js';
+import { processMetrics, supervisionMetrics } from './shared/metrics.js';
 import { RpcPeer } from './shared/rpc.js';
 import { Counter, Slab } from './shared/slab.js';
 import { VERSION } from './version.js';
@@ -43,6 +53,8 @@ export interface ServerConfig {
   maxClientBatchSize: number;
   maxBodyBytes: number;
   heartbeatTimeoutMs: number;
+  /** A batch run longer than this: the inference thread is replaced and its requests answered 503 (--inference-timeout-ms). */
+  inferenceTimeoutMs: number;
   drainTimeoutMs: number;
   tokenizerThreads: number;
   inlineTokenizeChars: number;
@@ -79,6 +91,11 @@ export interface ServerConfig {
   log: (line: string) => void;
 }
 
+/** How long a gateway that reported an uncaught error may take to end by itself before it is terminated. */
+const GATEWAY_END_MS = 5000;
+/** A dead gateway's slot still FILLING after this long is stuck: freed. */
+const STUCK_FILLING_MS = 500;
+
 /** One gateway thread on 2 cores or fewer, else half the cores. */
 export function defaultGatewayThreads(): number {
   const n = cpus().length;
@@ -96,6 +113,7 @@ export const SERVER_DEFAULTS = {
   maxClientBatchSize: 64,
   maxBodyBytes: 2 * 1024 * 1024,
   heartbeatTimeoutMs: 30_000,
+  inferenceTimeoutMs: 30_000,
   drainTimeoutMs: 30_000,
   tokenizerThreads: 1,
   inlineTokenizeChars: 1024,
@@ -118,7 +136,22 @@ export interface Server {
   close(): Promise<void>;
   /** This process's metrics, every thread merged, as prom-client JSON (what /metrics shows without `scrape`). */
   metricsJson(): Promise<MetricsJson>;
+  /** Present only when the server was started with SLABSERVE_TEST_HOOKS=1 in the environment. */
+  readonly testHooks?: ServerTestHooks;
 }
+
+/** Fault injection for tests (SLABSERVE_TEST_HOOKS=1). */
+export interface ServerTestHooks {
+  /** Makes the inference thread's next batch run of at least `minRows` rows (default 1) throw (uncaught), exit or hang; or stalls its loop now. */
+  inferenceFault(kind: InferenceFault, minRows?: number): Promise<void>;
+  /** Inputs holding this token id fail in onnxruntime (the id is swapped for one past the vocabulary); -1: none. */
+  poisonToken(id: number): Promise<void>;
+  /** Makes gateway thread `gatewayId` throw an uncaught error. */
+  gatewayFault(gatewayId: number): void;
+}
+
+/** The environment variable that turns the test hooks on. */
+export const TEST_HOOKS_ENV = 'SLABSERVE_TEST_HOOKS';
 
 type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 
@@ -126,6 +159,23 @@ interface GatewayHandle {
   worker: Worker;
   rpc: RpcPeer;
   exited: Promise<void>;
+  /** Listening: from then on an exit is a death (unless the server is closing). */
+  started: boolean;
+  /** Its last 'fatal' message (an uncaught error it reported before ending). */
+  fatal?: string;
+}
+
+/**
+ * Entry of a gateway thread when the test hooks are on: a message
+ * {slabserveTestFault: 'throw'} makes it throw an uncaught error; then the
+ * gateway's own code runs as usual.
+ */
+function gatewayTestEntry(url: URL): string {
+  return `const { parentPort } = require('node:worker_threads');
+parentPort.on('message', (m) => {
+  if (m && m.slabserveTestFault === 'throw') setImmediate(() => { throw new Error('slabserve test hook: gateway thread fault'); });
+});
+import(${JSON.stringify(url.href)});`;
 }
 
 /** A port free right now on `host` (the kernel picks it). */
@@ -155,9 +205,14 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     slotsPerModel: config.slotsPerModel,
     owners,
   });
+  const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const control = ControlBlock.create(owners);
   const slabs = plans.map((p) => new Slab(p.slab, p.layout));
-  const inference = startInferenceThread(plans, control, {
+  // Metrics: this thread's share, computed from shared memory at scrape time.
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  const supervision = supervisionMetrics(registry, { abandonedInferenceThreads: () => inference.abandoned });
+  const inference = new InferenceSupervisor(plans, control, {
     device: config.device,
     intraOpThreads: config.intraOpThreads,
     maxInflightBatches: config.maxInflightBatches,
@@ -167,14 +222,16 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
     },
     log,
+    inferenceTimeoutMs: config.inferenceTimeoutMs,
+    heartbeatTimeoutMs: config.heartbeatTimeoutMs,
+    enableTestHooks: testHooks,
+    onRestart: (e) => {
+      supervision.inferenceRestarts.inc({ reason: e.reason });
+      supervision.restartFailedInputs.inc(e.answered);
+    },
   });
-  const inferenceRpc = new RpcPeer(inference.worker);
-  const inferenceExited = new Promise<void>((res) => inference.worker.once('exit', () => res()));
   let device: DeviceInfo | null = null;
 
-  // Metrics: this thread's share, computed from shared memory at scrape time.
-  const registry = new Registry();
-  collectDefaultMetrics({ register: registry });
   processMetrics(registry, {
     models: () =>
       plans.map((p, i) => {
@@ -189,6 +246,8 @@ export async function startServer(config: ServerConfig): Promise<Server> {
           expired: s.droppedExpired,
           expiredTokens: slabs[i]!.counters[Counter.EXPIRED_TOKENS]!,
           cancelled: s.cancelledSkipped,
+          splitRuns: slabs[i]!.counters[Counter.SPLIT_RUNS]!,
+          failedAlone: slabs[i]!.counters[Counter.ISOLATED_INPUTS]!,
           costs: p.batching.buckets.map((bucket, b) => ({ bucket, ...slabs[i]!.cost(b) })),
         };
       }),
@@ -201,13 +260,11 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     },
   });
 
+  /** By gateway id; a restarted gateway takes its predecessor's place. */
   const gateways: GatewayHandle[] = [];
   const localParts = async (): Promise<MetricsJson[]> => {
     const parts: MetricsJson[] = [await registry.getMetricsAsJSON()];
-    const others = await Promise.allSettled([
-      ...gateways.map((g) => g.rpc.call<MetricsJson>('metrics')),
-      control.workerState === WorkerState.READY ? inferenceRpc.call<MetricsJson>('metrics') : Promise.resolve([]),
-    ]);
+    const others = await Promise.allSettled([...gateways.map((g) => g.rpc.call<MetricsJson>('metrics', undefined, 2000)), inference.metrics()]);
     for (const o of others) if (o.status === 'fulfilled') parts.push(o.value);
     return parts;
   };
@@ -246,40 +303,81 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       },
       log: { level: config.logLevel ?? 'info', ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
     };
-    const worker = new Worker(new URL('./gateway/gateway-worker.js', import.meta.url), { workerData: data, name: `slabserve-gateway-${gatewayId}` });
+    const entry = new URL('./gateway/gateway-worker.js', import.meta.url);
+    const name = `slabserve-gateway-${gatewayId}`;
+    const worker = testHooks ? new Worker(gatewayTestEntry(entry), { eval: true, workerData: data, name }) : new Worker(entry, { workerData: data, name });
     const handle: GatewayHandle = {
       worker,
       rpc: new RpcPeer(worker, { scrape }),
       exited: new Promise<void>((res) => worker.once('exit', () => res())),
+      started: false,
     };
-    gateways.push(handle); // even if it fails to start: close() and the clean-up above must reach it
+    gateways[gatewayId] = handle; // even if it fails to start: close() and the clean-up above must reach it
+    worker.once('exit', () => onGatewayExit(gatewayId, handle));
     return new Promise((res, rej) => {
       worker.once('error', rej);
       worker.once('exit', (code) => rej(new Error(`gateway ${gatewayId} exited during start-up (code ${code})`)));
       worker.on('message', (m: GatewayMessage) => {
-        if (m.type === 'listening') res({ handle, port: m.port });
-        else if (m.type === 'fatal') rej(new Error(`gateway ${gatewayId}: ${m.message}`));
+        if (m.type === 'listening') {
+          handle.started = true;
+          res({ handle, port: m.port });
+        } else if (m.type === 'fatal' && handle.started) {
+          // It reported an uncaught error and is closing its sockets: it ends by itself; make sure it does.
+          handle.fatal = m.message;
+          log(`slabserve: gateway thread ${gatewayId}: ${m.message.split('\n')[0]}`);
+          setTimeout(() => void worker.terminate().catch(() => {}), GATEWAY_END_MS).unref();
+        } else if (m.type === 'fatal') rej(new Error(`gateway ${gatewayId}: ${m.message}`));
         else if (m.type === 'log') for (const line of m.lines) log(line);
       });
     });
   };
 
-  let port: number;
+  let closing: Promise<void> | null = null;
+  let port = 0;
+
+  /** A gateway thread ended while serving: free its slots and start another on the same port. */
+  const onGatewayExit = (gatewayId: number, dead: GatewayHandle): void => {
+    if (closing || !dead.started || gateways[gatewayId] !== dead) return;
+    const owner = 1 + gatewayId;
+    const since = Date.now();
+    const reason = dead.fatal !== undefined ? 'crash' : 'exit';
+    const r = reclaimOwner(slabs, owner);
+    setTimeout(() => freeStuckFilling(slabs, owner, r.filling), STUCK_FILLING_MS).unref();
+    supervision.gatewayRestarts.inc({ reason });
+    log(
+      `slabserve: gateway thread ${gatewayId} ${reason === 'crash' ? 'died of an uncaught error' : 'exited'}; ` +
+        `${r.cancelled} of its requests cancelled, ${r.freed} finished slots freed; starting a new one on port ${port}`,
+    );
+    void (async () => {
+      for (let attempt = 0; !closing; attempt++) {
+        try {
+          const { handle } = await startGateway(gatewayId, port);
+          if (device) await handle.rpc.call('setInfo', info(device));
+          log(`slabserve: gateway thread ${gatewayId} listening again after ${Date.now() - since} ms`);
+          return;
+        } catch (err) {
+          const wait = Math.min(10_000, 500 * 2 ** attempt);
+          log(`slabserve: gateway thread ${gatewayId} failed to start again (${(err as Error).message}); retrying in ${wait} ms`);
+          await new Promise((res) => setTimeout(res, wait).unref());
+        }
+      }
+    })();
+  };
+
   try {
-    // uSockets sets SO_REUSEPORT only for a fixed port, so with several gateways and
-    // --port 0, pick a free port first. The first gateway binds it, the others join.
-    const wanted = config.port === 0 && config.gatewayThreads > 1 ? await pickFreePort(config.host) : config.port;
+    // uSockets sets SO_REUSEPORT only for a fixed port, so with --port 0 pick a free port first:
+    // the first gateway binds it, the others join, and a gateway restarted after a crash rejoins it.
+    const wanted = config.port === 0 ? await pickFreePort(config.host) : config.port;
     const first = await startGateway(0, wanted);
     port = first.port;
     for (let g = 1; g < config.gatewayThreads; g++) await startGateway(g, port);
   } catch (err) {
     // Stop cleanly: terminating the inference thread while onnxruntime opens its
     // sessions aborts the process, so ask it to stop and wait for it to exit.
-    control.requestStop();
+    closing = Promise.resolve();
     await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));
     await Promise.all(gateways.map((g) => g.worker.terminate()));
-    await inference.ready.catch(() => {});
-    await inferenceExited;
+    await inference.stop();
     throw err;
   }
   const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
@@ -312,28 +410,39 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   });
   ready.catch(() => {}); // start-up failures surface through `ready`; close() still works
 
-  let closing: Promise<void> | null = null;
   const close = () =>
     (closing ??= (async () => {
       control.draining = true; // /readyz 503 and new requests 503 from now on
       const deadline = Date.now() + config.drainTimeoutMs;
-      while (Date.now() < deadline) {
-        const pending = await Promise.all(gateways.map((g) => g.rpc.call<number>('pending').catch(() => 0)));
-        if (pending.every((n) => n === 0)) break;
+      // Twice idle in a row: a request that passed the readiness check just before draining began
+      // may still be reading its body or tokenizing, not yet submitted, at the first look.
+      for (let idle = 0; idle < 2 && Date.now() < deadline; ) {
+        const pending = await Promise.all(gateways.map((g) => g.rpc.call<number>('pending', undefined, 2000).catch(() => 0)));
+        idle = pending.every((n) => n === 0) ? idle + 1 : 0;
         await new Promise((r) => setTimeout(r, 20));
       }
       // Sockets must be closed before the threads go: uWS aborts the process otherwise. A gateway
       // ends by itself once its sockets are released; terminate only one that does not.
       await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));
-      control.requestStop();
-      await inferenceExited;
+      await inference.stop();
       await Promise.all(
         gateways.map((g) => Promise.race([g.exited, new Promise<void>((r) => setTimeout(r, 2000).unref())]).then(() => g.worker.terminate())),
       );
       log('slabserve: stopped');
     })());
 
-  return { port, url, ready, close, metricsJson };
+  const hooks: ServerTestHooks | undefined = testHooks
+    ? {
+        inferenceFault: (kind, minRows) => inference.testFault(kind, minRows),
+        poisonToken: (id) => inference.testPoison(id),
+        gatewayFault: (gatewayId) => {
+          const g = gateways[gatewayId];
+          if (!g) throw new RangeError(`no gateway thread ${gatewayId}`);
+          g.worker.postMessage({ slabserveTestFault: 'throw' });
+        },
+      }
+    : undefined;
+  return { port, url, ready, close, metricsJson, ...(hooks ? { testHooks: hooks } : {}) };
 }
 
 export type { ModelPlan };

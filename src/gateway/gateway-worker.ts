@@ -151,6 +151,28 @@ async function main(): Promise<void> {
     pending: () => submitter.pendingCount,
   });
 
+  // Supervision (src/main.ts): a thread that ends holding uWS sockets aborts the whole process, so on an
+  // uncaught error close them, report it, and end; the main thread frees this thread's slots and starts another.
+  let dying = false;
+  const die = (err: unknown) => {
+    if (dying) return;
+    dying = true;
+    flushLogs(); // the log lines of this turn go first
+    post({ type: 'fatal', message: `uncaught ${(err as Error)?.stack ?? String(err)}` });
+    if (listenSocket) uws.us_listen_socket_close(listenSocket);
+    listenSocket = null;
+    try {
+      closeWebSockets();
+    } catch {
+      // the app's close below ends them too
+    }
+    (app as typeof app & { close(): void }).close();
+    void pool.close().catch(() => {});
+    setImmediate(() => parentPort!.close());
+  };
+  process.on('uncaughtException', die);
+  process.on('unhandledRejection', die);
+
   registerRoutes(app, {
     client,
     limits: data.limits,

@@ -10,6 +10,12 @@
  * first ends (default 1: onnxruntime-node runs synchronously on this thread,
  * so requests that arrive during a run wait in the ring and form the next
  * batch the moment it ends; see docs/architecture.md).
+ *
+ * A failed batch is split in halves and each half run again (recursively,
+ * at most log2(batch size) levels), so only the inputs the model really
+ * cannot run fail (SlotError.INPUT) and the others get their rows. A thread
+ * the main thread has given up (its epoch is no longer the control block's:
+ * see src/shared/control.ts) touches no slot again, whatever it was doing.
  */
 import { nowMs } from '../shared/clock.js';
 import type { ControlBlock } from '../shared/control.js';
@@ -18,6 +24,8 @@ import {
   Counter,
   H_CHUNK,
   H_ERROR,
+  H_GENERATION,
+  H_HOLDER,
   H_LENGTH,
   H_OWNER,
   H_PRIORITY,
@@ -28,6 +36,7 @@ import {
   T_ENQUEUED,
   T_FINISHED,
   T_STARTED,
+  holderMark,
   type Slab,
 } from '../shared/slab.js';
 import { ArrivalRate, CostModel, Utilization } from './cost-model.js';
@@ -63,8 +72,24 @@ export interface LoopOptions {
   scheduling?: SchedulingOptions;
   /** Called when a batch fails (the loop goes on). */
   onBatchError?: (model: string, error: unknown) => void;
-  /** Called after every successful batch (metrics). */
+  /** Called after every successful batch (metrics), and after every successful part of a split one. */
   onBatch?: (model: number, bucket: number, stats: BatchStats) => void;
+  /**
+   * Split a failed batch in halves and run each again, recursively, so only
+   * the inputs that make the run fail fail (default false: the whole batch
+   * fails). The inference thread turns it on.
+   */
+  splitFailedBatches?: boolean;
+  /** Called once a split batch is settled: how many of its inputs failed alone, how many ran, in how many extra runs. */
+  onSplit?: (model: string, outcome: { failed: number; ran: number; runs: number }) => void;
+  /** This thread's epoch (default: the control block's at construction); the loop stops touching slots once the block's moves on. */
+  epoch?: number;
+  /**
+   * The shared slabs, when the runners write rows into private outputs
+   * (Slab.withPrivateOutput): rows are copied into these slots only once
+   * the loop has checked the slot is still its own. Default: the runners' slabs are shared.
+   */
+  sharedSlabs?: Slab[];
 }
 
 /** Wake at least this often to refresh the heartbeat and sweep expired requests. */
@@ -82,6 +107,9 @@ export class InferenceLoop {
   private readonly utilization = new Utilization();
   private readonly slo: SloModel | undefined;
   private inflight = 0;
+  /** Start times of the batches in flight: the oldest is published for the main thread's watchdog. */
+  private readonly runStarts: number[] = [];
+  private readonly epoch: number;
   /** Owners to wake after the current completion pass (bit per owner index). */
   private readonly ownersToWake = new Set<number>();
 
@@ -89,6 +117,7 @@ export class InferenceLoop {
     this.runners = runners;
     this.control = control;
     this.options = options;
+    this.epoch = options.epoch ?? control.epoch;
     this.scheduling = options.scheduling ?? DEFAULT_SCHEDULING;
     const classes = this.scheduling.priorityWeights.length;
     this.queues = runners.map((r) => ({
@@ -116,10 +145,19 @@ export class InferenceLoop {
     this.publishCosts(model);
   }
 
-  /** Runs until the control block's stop flag is set, then fails what is still queued. */
+  /** Whether this thread is still the live inference thread (the main thread has not given it up). */
+  alive(): boolean {
+    return this.control.epoch === this.epoch;
+  }
+
+  /**
+   * Runs until the control block's stop flag is set, then fails what is still
+   * queued; or until the main thread gives this thread up, then returns at
+   * once (the main thread answers its requests).
+   */
   async run(): Promise<void> {
     const bell = this.control.workerBell;
-    while (!this.control.stopRequested()) {
+    while (!this.control.stopRequested() && this.alive()) {
       const seen = bell.read();
       this.intake();
       const now = nowMs(); // after intake, so nothing taken in is judged by a stale clock
@@ -145,7 +183,7 @@ export class InferenceLoop {
       // A submit or a finished batch rings the bell; otherwise wake when a batch window closes.
       await bell.wait(seen, timeout);
     }
-    await this.shutdown();
+    if (this.alive()) await this.shutdown();
   }
 
   /** Moves newly submitted slots from the rings into their class and bucket queues. */
@@ -155,6 +193,7 @@ export class InferenceLoop {
       const slab = this.runners[m]!.slab;
       const buckets = this.runners[m]!.options.buckets;
       for (let slot = slab.submit.pop(); slot !== -1; slot = slab.submit.pop()) {
+        slab.setHeader(slot, H_HOLDER, holderMark(this.epoch, false)); // first: if this thread dies, the main thread answers it
         const length = slab.header(slot, H_LENGTH);
         const b = bucketFor(buckets, length);
         if (b < 0) {
@@ -191,8 +230,9 @@ export class InferenceLoop {
   }
 
   /** A request leaves the queue (into a batch, expired or cancelled): its padded tokens are no longer queued work. */
-  private dequeued(model: number, length: number): void {
+  private dequeued(model: number, slot: number, length: number): void {
     const r = this.runners[model]!;
+    r.slab.setHeader(slot, H_HOLDER, holderMark(this.epoch, true));
     const b = bucketFor(r.options.buckets, length);
     Atomics.sub(r.slab.accounts, Account.QUEUED_TOKENS, r.options.buckets[b]!);
     Atomics.sub(r.slab.accounts, Account.QUEUED_BY_BUCKET + b, 1);
@@ -208,10 +248,10 @@ export class InferenceLoop {
           for (const q of fifo) {
             const state = slab.state(q.slot);
             if (state === SlotState.CANCELLED) {
-              this.dequeued(m, q.length);
+              this.dequeued(m, q.slot, q.length);
               this.freeCancelled(m, q.slot);
             } else if (q.deadline <= now) {
-              this.dequeued(m, q.length);
+              this.dequeued(m, q.slot, q.length);
               this.expire(m, q.slot, q.length);
             } else {
               fifo[kept++] = q;
@@ -233,7 +273,7 @@ export class InferenceLoop {
     // A request that would only finish after its deadline does not run: its answer would be a timeout anyway.
     const finishesAt = now + this.costs[model]!.predict(bucket, taken.length);
     for (const q of taken) {
-      this.dequeued(model, q.length);
+      this.dequeued(model, q.slot, q.length);
       if (q.deadline <= finishesAt) {
         this.expire(model, q.slot, q.length);
         continue;
@@ -251,44 +291,142 @@ export class InferenceLoop {
     this.inflight++;
     this.control.inflightBatches = this.inflight;
     const started = nowMs();
-    runner
-      .run(slots, bucket)
-      .then(
-        (stats) => {
-          const c = slab.counters;
-          c[Counter.BATCHES]! += 1;
-          c[Counter.ROWS]! += stats.rows;
-          c[Counter.REAL_TOKENS]! += stats.realTokens;
-          c[Counter.PADDED_TOKENS]! += stats.paddedTokens;
-          c[Counter.RUN_MS]! += stats.runMs;
-          this.costs[model]!.observe(bucket, stats.rows, stats.runMs);
-          this.utilization.busy(started, started + stats.runMs);
-          this.publishCosts(model);
-          this.options.onBatch?.(model, bucket, stats);
-          this.completeBatch(model, slots, started, SlotState.DONE, SlotError.NONE);
-        },
-        (err: unknown) => {
-          slab.counters[Counter.FAILED_BATCHES]! += 1;
-          this.options.onBatchError?.(runner.spec.name, err);
-          this.completeBatch(model, slots, started, SlotState.FAILED, SlotError.INFERENCE);
-        },
-      )
-      .finally(() => {
-        this.inflight--;
-        this.control.inflightBatches = this.inflight;
-        if (this.inflight === 0) slab.counters[Counter.BUSY_UNTIL] = 0; // nothing running: admission adds no remainder
-        this.control.workerBell.ring(); // the loop may now launch the next batch
-      });
+    this.runStarts.push(started);
+    this.publishRunStart();
+    const generations = slots.map((slot) => slab.header(slot, H_GENERATION));
+    void this.execute(model, bucket, slots, generations, started).finally(() => {
+      if (!this.alive()) return; // given up: the main thread has answered these requests
+      this.inflight--;
+      this.control.inflightBatches = this.inflight;
+      this.runStarts.splice(this.runStarts.indexOf(started), 1);
+      this.control.heartbeat = nowMs(); // before the run start is cleared: the watchdog never sees a stale heartbeat and no run
+      this.publishRunStart();
+      if (this.inflight === 0) slab.counters[Counter.BUSY_UNTIL] = 0; // nothing running: admission adds no remainder
+      this.control.workerBell.ring(); // the loop may now launch the next batch
+    });
   }
 
-  private completeBatch(model: number, slots: number[], started: number, state: number, error: number): void {
+  private publishRunStart(): void {
+    let oldest = 0;
+    for (const t of this.runStarts) if (oldest === 0 || t < oldest) oldest = t;
+    this.control.runStartedAt = oldest;
+  }
+
+  /** Runs one batch and ends its requests; a failed batch is split (splitFailedBatches). */
+  private async execute(model: number, bucket: number, slots: number[], generations: number[], started: number): Promise<void> {
+    const runner = this.runners[model]!;
+    const slab = runner.slab;
+    try {
+      const stats = await runner.run(slots, bucket);
+      if (!this.alive()) return;
+      this.recordRun(model, bucket, stats, started);
+      this.completeBatch(model, slots, generations, started, SlotState.DONE, SlotError.NONE);
+      return;
+    } catch (err: unknown) {
+      if (!this.alive()) return;
+      slab.counters[Counter.FAILED_BATCHES]! += 1;
+      this.options.onBatchError?.(runner.spec.name, err);
+      if (slots.length < 2 || !this.options.splitFailedBatches) {
+        this.completeBatch(model, slots, generations, started, SlotState.FAILED, SlotError.INFERENCE);
+        return;
+      }
+    }
+    await this.split(model, bucket, slots, generations, started);
+  }
+
+  /**
+   * Finds the inputs of a failed batch that make it fail: runs each half
+   * again, and each failing half's halves, down to single inputs (at most
+   * ceil(log2 n) levels, 2n - 2 runs). Parts that run are answered at once.
+   * An input that fails alone while others of its batch ran is the input's
+   * fault (SlotError.INPUT, 422); if nothing ran, the device is (INFERENCE, 500).
+   */
+  private async split(model: number, bucket: number, slots: number[], generations: number[], started: number): Promise<void> {
+    const runner = this.runners[model]!;
+    const slab = runner.slab;
+    const levels = Math.ceil(Math.log2(slots.length));
+    const failed: { slots: number[]; generations: number[] } = { slots: [], generations: [] };
+    let ran = 0;
+    let runs = 0;
+    const visit = async (part: number[], gens: number[], level: number): Promise<void> => {
+      // Requests cancelled meanwhile are not run again: free them here (this thread sees them last).
+      const live: number[] = [];
+      const liveGens: number[] = [];
+      part.forEach((slot, i) => {
+        if (slab.header(slot, H_GENERATION) !== gens[i]) return;
+        if (slab.state(slot) === SlotState.CANCELLED) this.freeCancelled(model, slot);
+        else {
+          live.push(slot);
+          liveGens.push(gens[i]!);
+        }
+      });
+      this.wakeOwners();
+      if (live.length === 0) return;
+      runs++;
+      slab.counters[Counter.SPLIT_RUNS]! += 1;
+      const partStarted = nowMs();
+      let ok = false;
+      try {
+        const stats = await runner.run(live, bucket);
+        if (!this.alive()) return;
+        this.recordRun(model, bucket, stats, partStarted);
+        this.completeBatch(model, live, liveGens, started, SlotState.DONE, SlotError.NONE);
+        ran += live.length;
+        ok = true;
+      } catch {
+        if (!this.alive()) return;
+      }
+      if (ok) return;
+      if (live.length === 1 || level >= levels) {
+        failed.slots.push(...live);
+        failed.generations.push(...liveGens);
+        return;
+      }
+      const half = Math.ceil(live.length / 2);
+      await visit(live.slice(0, half), liveGens.slice(0, half), level + 1);
+      await visit(live.slice(half), liveGens.slice(half), level + 1);
+    };
+    const half = Math.ceil(slots.length / 2);
+    await visit(slots.slice(0, half), generations.slice(0, half), 1);
+    await visit(slots.slice(half), generations.slice(half), 1);
+    if (!this.alive()) return;
+    const error = ran > 0 ? SlotError.INPUT : SlotError.INFERENCE;
+    if (error === SlotError.INPUT) slab.counters[Counter.ISOLATED_INPUTS]! += failed.slots.length;
+    this.completeBatch(model, failed.slots, failed.generations, started, SlotState.FAILED, error);
+    this.options.onSplit?.(runner.spec.name, { failed: failed.slots.length, ran, runs });
+  }
+
+  /** Counters, cost model and metrics of a run that succeeded. */
+  private recordRun(model: number, bucket: number, stats: BatchStats, started: number): void {
+    const c = this.runners[model]!.slab.counters;
+    c[Counter.BATCHES]! += 1;
+    c[Counter.ROWS]! += stats.rows;
+    c[Counter.REAL_TOKENS]! += stats.realTokens;
+    c[Counter.PADDED_TOKENS]! += stats.paddedTokens;
+    c[Counter.RUN_MS]! += stats.runMs;
+    this.costs[model]!.observe(bucket, stats.rows, stats.runMs);
+    this.utilization.busy(started, started + stats.runMs);
+    this.publishCosts(model);
+    this.options.onBatch?.(model, bucket, stats);
+  }
+
+  /**
+   * Ends the requests of a run. A slot whose generation changed is no longer
+   * this batch's (the main thread answered it when it gave a thread up, and it
+   * was reused): it is left alone. Rows written into a private output are
+   * copied into the shared slot first.
+   */
+  private completeBatch(model: number, slots: number[], generations: number[], started: number, state: number, error: number): void {
     const slab = this.runners[model]!.slab;
+    const shared = this.options.sharedSlabs?.[model];
     const finished = nowMs();
-    for (const slot of slots) {
+    slots.forEach((slot, i) => {
+      if (slab.header(slot, H_GENERATION) !== generations[i]) return;
+      if (shared && state === SlotState.DONE) shared.slotOutput(slot).set(slab.slotOutput(slot));
       slab.setTime(slot, T_STARTED, started);
       slab.setTime(slot, T_FINISHED, finished);
       this.finish(model, slot, state, error, SlotState.RUNNING);
-    }
+    });
     this.wakeOwners();
   }
 
@@ -354,13 +492,14 @@ export class InferenceLoop {
     while (this.inflight > 0) {
       const seen = this.control.workerBell.read();
       if (this.inflight > 0) await this.control.workerBell.wait(seen, IDLE_WAKE_MS);
+      if (!this.alive()) return;
     }
     this.intake();
     for (let m = 0; m < this.queues.length; m++) {
       for (const byBucket of this.queues[m]!.byClass) {
         for (const fifo of byBucket) {
           for (const q of fifo) {
-            this.dequeued(m, q.length);
+            this.dequeued(m, q.slot, q.length);
             this.finish(m, q.slot, SlotState.FAILED, SlotError.SHUTDOWN);
           }
           fifo.length = 0;

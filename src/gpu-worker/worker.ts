@@ -7,8 +7,19 @@
  * Messages to the parent (control only, never per request):
  *   { type: 'ready', device, models }   after warm-up
  *   { type: 'batch-error', model, message }
+ *   { type: 'split', model, failed, ran, runs }  a failed batch, split: inputs that failed alone, inputs that ran
  *   { type: 'fatal', message }           start-up failed; the thread exits
  *   { type: 'stopped' }
+ *
+ * The main thread supervises it (src/inference-host.ts): a thread that dies
+ * or hangs is given up (the control block's epoch moves on) and replaced.
+ * Runners write rows into a private output region; the loop copies them into
+ * the shared slots only while this thread is the live one.
+ *
+ * Test hooks (workerData.testHooks, only when the server runs with
+ * SLABSERVE_TEST_HOOKS=1; inert otherwise): RPC `testFault` makes this thread's
+ * next batch run throw an uncaught error, exit, or hang, or stalls its loop
+ * now; RPC `testPoison` makes inputs holding a given token id fail in onnxruntime.
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { Registry } from 'prom-client';
@@ -16,9 +27,9 @@ import { ControlBlock, WorkerState } from '../shared/control.js';
 import { inferenceMetrics } from '../shared/metrics.js';
 import { RpcPeer } from '../shared/rpc.js';
 import type { ModelSpec } from '../shared/model-config.js';
-import { Slab, type SlabLayout } from '../shared/slab.js';
+import { H_LENGTH, Slab, type SlabLayout } from '../shared/slab.js';
 import { cudaProviderInstalled, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
-import { InferenceLoop, type SchedulingOptions } from './inference-loop.js';
+import { InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
 import { ModelRunner } from './runner.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
@@ -30,17 +41,38 @@ export interface InferenceWorkerData {
   maxInflightBatches: number;
   scheduling: SchedulingOptions;
   models: { spec: ModelSpec; slab: SharedArrayBuffer; layout: SlabLayout; batching: BatchingOptions }[];
+  /** The control block's epoch when this thread was started: it is the live thread while the block holds it. */
+  epoch: number;
+  /** Test hooks, present only when the server runs with SLABSERVE_TEST_HOOKS=1. */
+  testHooks?: InferenceTestHooks;
 }
+
+/** What a test may do to an inference thread (SLABSERVE_TEST_HOOKS=1 only). */
+export interface InferenceTestHooks {
+  /** Inputs holding this token id fail in onnxruntime (the id is swapped for one past the vocabulary); -1: none. */
+  poisonToken: number;
+}
+
+/**
+ * During the next batch run of at least `minRows` rows (its slots RUNNING, others queued):
+ * throw, an uncaught error; exit, process.exit; hang, the thread blocks for good.
+ * stall: the loop blocks now, outside a run.
+ */
+export type InferenceFault = 'throw' | 'exit' | 'hang' | 'stall';
 
 export type InferenceWorkerMessage =
   | { type: 'ready'; device: DeviceInfo; note?: string }
   | { type: 'batch-error'; model: string; message: string }
+  | { type: 'split'; model: string; failed: number; ran: number; runs: number }
   | { type: 'fatal'; message: string }
   | { type: 'stopped' };
 
 const data = workerData as InferenceWorkerData;
 const post = (m: InferenceWorkerMessage) => parentPort!.postMessage(m);
 const control = new ControlBlock(data.control, data.owners);
+/** Whether this thread is still the live one (the main thread has not given it up). */
+const live = () => control.epoch === data.epoch;
+const sharedSlabs = data.models.map((m) => new Slab(m.slab, m.layout));
 
 /** Opens every model on the requested device; with `auto`, falls back to CPU when CUDA cannot be used. */
 async function openRunners(): Promise<{ runners: ModelRunner[]; device: DeviceInfo; note?: string }> {
@@ -48,7 +80,7 @@ async function openRunners(): Promise<{ runners: ModelRunner[]; device: DeviceIn
   const open = (device: DeviceInfo) =>
     Promise.all(
       data.models.map((m) =>
-        ModelRunner.create(m.spec, new Slab(m.slab, m.layout), m.batching, device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches),
+        ModelRunner.create(m.spec, sharedSlabs[data.models.indexOf(m)]!.withPrivateOutput(), m.batching, device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches),
       ),
     );
   if (want.kind === 'cpu') return { runners: await open(describeCpu()), device: describeCpu() };
@@ -73,36 +105,104 @@ const metrics = inferenceMetrics(registry);
 async function main(): Promise<void> {
   // Answers metrics scrapes; its port listener also keeps this thread alive
   // while the loop sleeps in Atomics.waitAsync.
-  new RpcPeer(parentPort!, { metrics: () => registry.getMetricsAsJSON() });
+  new RpcPeer(parentPort!, { metrics: () => registry.getMetricsAsJSON(), ...(data.testHooks ? testHookHandlers(data.testHooks) : {}) });
   let runners: ModelRunner[];
   let loop: InferenceLoop;
   try {
     const opened = await openRunners();
     runners = opened.runners;
-    loop = createLoop(runners);
+    loop = createLoop(data.testHooks ? runners.map(hooked) : runners);
     for (const [m, r] of runners.entries()) {
       for (const t of await r.warmUp()) loop.seedCost(m, t.bucket, t.rows, t.ms);
     }
-    control.workerState = WorkerState.READY;
-    control.heartbeat = Date.now();
+    if (live()) {
+      control.heartbeat = Date.now();
+      control.workerState = WorkerState.READY;
+    }
     post({ type: 'ready', device: opened.device, ...(opened.note ? { note: opened.note } : {}) });
   } catch (err) {
-    control.workerState = WorkerState.FAILED;
+    if (live()) control.workerState = WorkerState.FAILED;
     post({ type: 'fatal', message: (err as Error).message });
     process.exit(1);
   }
   await loop.run();
   await Promise.all(runners.map((r) => r.release()));
-  control.workerState = WorkerState.STOPPED;
+  if (live()) control.workerState = WorkerState.STOPPED;
   post({ type: 'stopped' });
   parentPort!.removeAllListeners('message');
   parentPort!.close();
 }
 
-function createLoop(runners: ModelRunner[]): InferenceLoop {
+// ------------------------------------------------------------------ test hooks (SLABSERVE_TEST_HOOKS=1 only)
+
+/** What the next batch run of at least `minRows` rows does (test hooks). */
+let nextRunFault: { kind: 'throw' | 'exit' | 'hang'; minRows: number } | null = null;
+
+/** Blocks this thread for good (until it is terminated): what a run stuck on the device looks like from outside. */
+function blockForever(): void {
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
+}
+
+function testHookHandlers(hooks: InferenceTestHooks) {
+  return {
+    testFault: (arg: unknown) => {
+      const { kind, minRows = 1 } = arg as { kind: InferenceFault; minRows?: number };
+      switch (kind) {
+        case 'throw':
+        case 'exit':
+        case 'hang':
+          nextRunFault = { kind, minRows };
+          break;
+        case 'stall':
+          setImmediate(blockForever);
+          break;
+        default:
+          throw new Error(`unknown test fault ${String(kind)}`);
+      }
+    },
+    testPoison: (id: unknown) => {
+      hooks.poisonToken = Number(id);
+    },
+  };
+}
+
+/** A runner whose runs obey the test hooks: hang, or swap the poison token for an id onnxruntime refuses. */
+function hooked(r: ModelRunner): LoopRunner {
+  const hooks = data.testHooks!;
+  return {
+    spec: r.spec,
+    slab: r.slab,
+    options: r.options,
+    run: (slots, bucket) => {
+      const fault = nextRunFault && slots.length >= nextRunFault.minRows ? nextRunFault.kind : null;
+      if (fault) nextRunFault = null;
+      // Queued before onnxruntime's own setImmediate: the thread goes while this batch is RUNNING.
+      if (fault === 'throw') {
+        setImmediate(() => {
+          throw new Error('slabserve test hook: inference thread fault');
+        });
+      } else if (fault === 'exit') setImmediate(() => process.exit(70));
+      else if (fault === 'hang') blockForever();
+      if (hooks.poisonToken >= 0) {
+        for (const slot of slots) {
+          const ids = r.slab.slotIds(slot);
+          const len = r.slab.header(slot, H_LENGTH);
+          for (let i = 0; i < len; i++) if (ids[i] === hooks.poisonToken) ids[i] = 1 << 30;
+        }
+      }
+      return r.run(slots, bucket);
+    },
+  };
+}
+
+function createLoop(runners: LoopRunner[]): InferenceLoop {
   return new InferenceLoop(runners, control, {
     maxInflightBatches: data.maxInflightBatches,
     scheduling: data.scheduling,
+    epoch: data.epoch,
+    splitFailedBatches: true,
+    sharedSlabs,
+    onSplit: (model, outcome) => post({ type: 'split', model, ...outcome }),
     onBatchError: (model, error) => {
       metrics.batchFailures.inc({ model });
       post({ type: 'batch-error', model, message: (error as Error)?.message ?? String(error) });

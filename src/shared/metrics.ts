@@ -128,6 +128,10 @@ export interface ProcessState {
     expired: number;
     expiredTokens: number;
     cancelled: number;
+    /** Runs of halves of failed batches (SPLIT_RUNS). */
+    splitRuns: number;
+    /** Inputs that failed alone while the rest of their batch ran (ISOLATED_INPUTS). */
+    failedAlone: number;
     /** Fitted batch cost per bucket. */
     costs: { bucket: number; fixedMs: number; perRowMs: number }[];
   }[];
@@ -184,6 +188,20 @@ export function processMetrics(registry: Registry, state: ProcessState): void {
       }
     },
   });
+  new Gauge({
+    name: 'slabserve_batch_split_runs_total',
+    help: 'Runs of a half (of a half...) of a failed batch, retried to find the inputs that make it fail.',
+    labelNames: ['model'],
+    registers,
+    collect: perModel('splitRuns'),
+  });
+  new Gauge({
+    name: 'slabserve_inputs_failed_alone_total',
+    help: 'Inputs the model failed on alone while the rest of their batch ran (answered 422 SLABSERVE_INPUT_FAILED).',
+    labelNames: ['model'],
+    registers,
+    collect: perModel('failedAlone'),
+  });
   new Gauge({ name: 'slabserve_requests_cancelled_total', help: 'Requests cancelled (client gone) that the device never ran or whose result was dropped.', labelNames: ['model'], registers, collect: perModel('cancelled') });
   new Gauge({
     name: 'slabserve_ready',
@@ -214,4 +232,36 @@ export function processMetrics(registry: Registry, state: ProcessState): void {
       if (d.usedBytes !== undefined) this.set({ device: d.device, kind: 'used' }, d.usedBytes);
     },
   });
+}
+
+/** Kept by the main thread: thread replacements. */
+export function supervisionMetrics(registry: Registry, state: { abandonedInferenceThreads(): number }) {
+  const registers = [registry];
+  new Gauge({
+    name: 'slabserve_inference_threads_abandoned',
+    help: 'Inference threads given up that have not exited yet (stuck in a native call that does not return).',
+    registers,
+    collect() {
+      this.set(state.abandonedInferenceThreads());
+    },
+  });
+  return {
+    inferenceRestarts: new Counter({
+      name: 'slabserve_inference_restarts_total',
+      help: 'Inference threads replaced, by reason: crash (uncaught error), oom, exit, run_timeout (a batch ran past --inference-timeout-ms), heartbeat_timeout (its loop stalled past --heartbeat-timeout-ms).',
+      labelNames: ['reason'] as const,
+      registers,
+    }),
+    restartFailedInputs: new Counter({
+      name: 'slabserve_inference_restart_failed_inputs_total',
+      help: 'Inputs answered 503 (SLABSERVE_INFERENCE_RESTARTED) because the inference thread was replaced while they were queued or running.',
+      registers,
+    }),
+    gatewayRestarts: new Counter({
+      name: 'slabserve_gateway_restarts_total',
+      help: 'Gateway threads replaced, by reason: crash (uncaught error), exit.',
+      labelNames: ['reason'] as const,
+      registers,
+    }),
+  };
 }
