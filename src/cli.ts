@@ -241,7 +241,11 @@ program
       signals++;
       if (signals > 1) {
         log(`slabserve: ${sig} again, exiting now`);
-        process.exit(1);
+        // Not process.exit: it joins the threads, and a gateway still holding sockets then aborts the
+        // process (SIGABRT, a native stack). End by the signal itself: status 128 + its number.
+        process.removeAllListeners(sig);
+        process.kill(process.pid, sig);
+        return;
       }
       log(`slabserve: ${sig}: draining (up to ${f.drainTimeoutMs} ms), send again to exit at once`);
       void server.close().then(() => process.exit(0));
