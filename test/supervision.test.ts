@@ -1,0 +1,610 @@
+/**
+ * Supervision end to end, on real servers: startServer() in this process (the
+ * real inference thread, onnxruntime on CPU, the generated tiny-embed model,
+ * uWebSockets.js gateways), the built CLI in a child process where signals
+ * are sent, and a child-process server (fixtures/supervised-server.mjs) where
+ * a broken supervisor would abort the whole process. Faults come from the
+ * test hooks (SLABSERVE_TEST_HOOKS=1: server.testHooks), inert otherwise.
+ *
+ * Clients are node:http (one keep-alive agent per simulated client): it
+ * reports a connection the server resets or closes, which is what these tests
+ * must see; every request is bounded by a client timeout, so a request that
+ * hangs is a failure with a name, not a test timeout.
+ *
+ * Every 200 is compared with the unbatched, unpadded onnxruntime reference
+ * (test/helpers.ts), before, during and after each fault.
+ */
+import { spawn } from 'node:child_process';
+import http from 'node:http';
+import net, { type AddressInfo } from 'node:net';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import type { InferenceFault } from '../dist/src/gpu-worker/worker.js';
+import { startServer, type Server } from '../dist/src/main.js';
+import { parseMetrics, type Metrics } from './fixtures/http-client.js';
+import { makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
+
+// Read by startServer: the servers of this file carry the test hooks.
+process.env.SLABSERVE_TEST_HOOKS = '1';
+
+const DIM = 128;
+const MAX_LENGTH = 64;
+const TOLERANCE = 1e-5;
+const BATCHING = { buckets: [16, 64], maxBatchSize: 16 };
+/** [unused0]: a valid id no text tokenizes to; the poison hook makes onnxruntime fail on inputs holding it. */
+const POISON = 1;
+/** Longest any client waits for an answer: past it the request counts as hung. */
+const CLIENT_TIMEOUT_MS = 15_000;
+const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
+const FIXTURE = fileURLToPath(new URL('./fixtures/supervised-server.mjs', import.meta.url));
+
+let ref: Reference;
+let tok: TextTokenizer;
+let words: string[];
+
+beforeAll(async () => {
+  ref = await Reference.open('tiny-embed');
+  tok = await loadTokenizer(ref.spec.tokenizerPath);
+  words = vocabularyWords(ref.spec);
+});
+
+afterAll(async () => {
+  await ref?.close();
+});
+
+// ------------------------------------------------------------------ HTTP over node:http
+
+type Outcome = { sentAt: number; doneAt: number } & ({ status: number; body: any; text: string } | { error: string }); // eslint-disable-line @typescript-eslint/no-explicit-any
+
+/** One request; resolves with the answer, or with the error (reset, refused, closed, client timeout). Never rejects. */
+function request(
+  port: number,
+  method: string,
+  path: string,
+  payload?: unknown,
+  opts: { agent?: http.Agent; close?: boolean; timeoutMs?: number } = {},
+): Promise<Outcome> {
+  const sentAt = performance.now();
+  const body = payload === undefined ? undefined : JSON.stringify(payload);
+  return new Promise((resolve) => {
+    let settled = false;
+    const done = (o: { status: number; body: unknown; text: string } | { error: string }) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      resolve({ sentAt, doneAt: performance.now(), ...o } as Outcome);
+    };
+    const headers: Record<string, string | number> = {};
+    if (body !== undefined) {
+      headers['content-type'] = 'application/json';
+      headers['content-length'] = Buffer.byteLength(body);
+    }
+    if (opts.close) headers.connection = 'close';
+    const req = http.request({ host: '127.0.0.1', port, method, path, headers, agent: opts.agent ?? false }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        let parsed: unknown = text;
+        if ((res.headers['content-type'] ?? '').startsWith('application/json')) parsed = JSON.parse(text);
+        done({ status: res.statusCode!, body: parsed, text });
+      });
+      res.on('error', (e: NodeJS.ErrnoException) => done({ error: `response ${e.code ?? e.message}` }));
+    });
+    req.on('error', (e: NodeJS.ErrnoException) => done({ error: e.code ?? e.message }));
+    const timer = setTimeout(() => {
+      done({ error: 'client timeout' });
+      req.destroy();
+    }, opts.timeoutMs ?? CLIENT_TIMEOUT_MS);
+    req.end(body);
+  });
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+async function scrape(port: number): Promise<Metrics> {
+  const r = await request(port, 'GET', '/metrics');
+  if (!('status' in r) || r.status !== 200) throw new Error(`/metrics: ${JSON.stringify(r)}`);
+  return parseMetrics(r.text);
+}
+
+/** Polls until `ok`; bounded, so a state that never comes fails with what was last seen. */
+async function eventually<T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, limitMs = 20_000): Promise<T> {
+  const deadline = Date.now() + limitMs;
+  for (;;) {
+    const v = await read();
+    if (ok(v)) return v;
+    if (Date.now() > deadline) throw new Error(`${what}: never happened; last seen ${JSON.stringify(v).slice(0, 300)}`);
+    await sleep(20);
+  }
+}
+
+const slotsInUse = (m: Metrics) => m.sum('slabserve_slots_in_use');
+
+async function expectSlotsFree(port: number): Promise<void> {
+  await eventually('every slot free', () => scrape(port), (m) => m.has('slabserve_slots_in_use') && slotsInUse(m) === 0);
+}
+
+async function freePort(): Promise<number> {
+  const s = net.createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const port = (s.address() as AddressInfo).port;
+  await new Promise<void>((r) => s.close(() => r()));
+  return port;
+}
+
+/** /readyz every 20 ms: its answers (or errors) over time. */
+class ReadinessPoller {
+  readonly samples: { at: number; status: number | string }[] = [];
+  private stopped = false;
+  private readonly done: Promise<void>;
+
+  constructor(port: number) {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    this.done = (async () => {
+      while (!this.stopped) {
+        const r = await request(port, 'GET', '/readyz', undefined, { agent, timeoutMs: 5000 });
+        this.samples.push({ at: r.sentAt, status: 'status' in r ? r.status : r.error });
+        await sleep(20);
+      }
+      agent.destroy();
+    })();
+  }
+
+  /** When /readyz first answered 503 after `since`, and when it answered 200 again after that (or undefined). */
+  downThenUp(since: number): { downAt?: number; upAt?: number } {
+    const down = this.samples.find((s) => s.at >= since && s.status === 503);
+    const up = down ? this.samples.find((s) => s.at > down.at && s.status === 200) : undefined;
+    return { ...(down ? { downAt: down.at } : {}), ...(up ? { upAt: up.at } : {}) };
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await this.done;
+  }
+}
+
+// ------------------------------------------------------------------ reference results
+
+const refCache = new Map<string, Float32Array>();
+
+/** The embedding the server must return for `text` (unbatched, unpadded onnxruntime). */
+async function refEmbedding(text: string): Promise<Float32Array> {
+  let row = refCache.get(text);
+  if (!row) {
+    const enc = tok.encode(text, { maxLength: MAX_LENGTH, truncate: false });
+    row = (await ref.row(enc.ids, enc.typeIds)).slice(0, DIM);
+    refCache.set(text, row);
+  }
+  return row;
+}
+
+/** Every 200 of `outcomes` holds, for each of its texts, the reference embedding. */
+async function expectReferenceRows(outcomes: (Outcome & { texts: string[] })[]): Promise<number> {
+  let checked = 0;
+  for (const o of outcomes) {
+    if (!('status' in o) || o.status !== 200) continue;
+    expect(o.body).toHaveLength(o.texts.length);
+    for (let k = 0; k < o.texts.length; k++) {
+      expect(maxAbsDiff(o.body[k], await refEmbedding(o.texts[k]!)), `row of "${o.texts[k]}"`).toBeLessThan(TOLERANCE);
+      checked++;
+    }
+  }
+  return checked;
+}
+
+const describeOutcome = (o: Outcome) => ('status' in o ? `${o.status}${o.body?.code ? ` ${o.body.code}` : ''}` : `error ${o.error}`);
+
+function tally(outcomes: Outcome[]): Record<string, number> {
+  const t: Record<string, number> = {};
+  for (const o of outcomes) t[describeOutcome(o)] = (t[describeOutcome(o)] ?? 0) + 1;
+  return t;
+}
+
+// =================================================================== the inference thread
+
+describe('inference thread supervision (startServer, real onnxruntime, test hooks)', () => {
+  let server: Server;
+  let port: number;
+  const logs: string[] = [];
+  let texts: string[];
+
+  beforeAll(async () => {
+    const rand = makeRandom('supervision');
+    texts = randomTexts(rand, words, 48, 12);
+    server = await startServer(
+      testServerConfig({
+        models: ['tiny-embed'],
+        batching: BATCHING,
+        inferenceTimeoutMs: 2000,
+        heartbeatTimeoutMs: 2000,
+        log: (line) => logs.push(line),
+      }),
+    );
+    await server.ready;
+    port = server.port;
+    expect(server.testHooks, 'SLABSERVE_TEST_HOOKS=1 must give the server its test hooks').toBeDefined();
+    // The comparison can fail: each text's reference row is far from every other text's.
+    const refs = await Promise.all(texts.map(refEmbedding));
+    for (let i = 1; i < texts.length; i++) if (texts[i] !== texts[0]) expect(maxAbsDiff(refs[0]!, refs[i]!)).toBeGreaterThan(1e-3);
+  });
+
+  afterAll(async () => {
+    await server?.close();
+  });
+
+  interface Run {
+    outcomes: (Outcome & { texts: string[] })[];
+    faultAt: number;
+    downAt?: number;
+    upAt?: number;
+    before: Metrics;
+    after: Metrics;
+  }
+
+  /**
+   * 12 keep-alive clients send one-text requests in a loop (a short pause
+   * after a 503), so no batch of theirs holds more than 12 rows. The fault is
+   * armed for the next run of 16 rows, then 4 requests of 64 texts each are
+   * sent: it lands in one of their batches, with the rest of them queued.
+   * Runs until /readyz has gone 503 and back to 200, then a little longer.
+   */
+  async function faultUnderLoad(kind: InferenceFault): Promise<Run> {
+    const before = await scrape(port);
+    const poller = new ReadinessPoller(port);
+    const outcomes: Run['outcomes'] = [];
+    let stop = false;
+    let next = 0;
+    const clients = Array.from({ length: 12 }, async () => {
+      const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+      while (!stop) {
+        const text = texts[next++ % texts.length]!;
+        const o = await request(port, 'POST', '/embed', { inputs: text }, { agent });
+        outcomes.push({ ...o, texts: [text] });
+        if (!('status' in o) || o.status !== 200) await sleep(10);
+      }
+      agent.destroy();
+    });
+    const bigDone: Promise<unknown>[] = [];
+    try {
+      await eventually('answers before the fault', async () => outcomes.length, (n) => n >= 24);
+      const faultAt = performance.now();
+      await server.testHooks!.inferenceFault(kind, BATCHING.maxBatchSize);
+      for (let b = 0; b < 4; b++) {
+        const inputs = Array.from({ length: 64 }, (_, k) => texts[(b * 7 + k) % texts.length]!);
+        bigDone.push(request(port, 'POST', '/embed', { inputs }).then((o) => outcomes.push({ ...o, texts: inputs })));
+      }
+      const { downAt, upAt } = await eventually('/readyz 503, then 200 again', async () => poller.downThenUp(faultAt), (r) => r.upAt !== undefined);
+      await sleep(300);
+      stop = true;
+      await Promise.all([...clients, ...bigDone]);
+      const after = await scrape(port);
+      return { outcomes, faultAt, ...(downAt !== undefined ? { downAt } : {}), ...(upAt !== undefined ? { upAt } : {}), before, after };
+    } finally {
+      stop = true;
+      await Promise.all([...clients, ...bigDone]);
+      await poller.stop();
+    }
+  }
+
+  /** What every fault must leave: each request answered 200 (the reference row) or 503, slots back, a restart counted, later requests served. */
+  async function expectRecovered(run: Run, reason: string, label: string): Promise<void> {
+    const counts = tally(run.outcomes);
+    const restarted = run.outcomes.filter((o) => 'status' in o && o.body?.code === 'SLABSERVE_INFERENCE_RESTARTED');
+    console.log(
+      `${label}: ${run.outcomes.length} requests: ${JSON.stringify(counts)}; /readyz 503 ${Math.round((run.downAt ?? NaN) - run.faultAt)} ms after the fault, ` +
+        `200 again ${Math.round((run.upAt ?? NaN) - run.faultAt)} ms after it`,
+    );
+    // Every request got an answer: none hung, none reset.
+    for (const o of run.outcomes) {
+      expect('status' in o, `a request got no answer: ${describeOutcome(o)}`).toBe(true);
+      if (!('status' in o)) continue;
+      expect([200, 503], describeOutcome(o)).toContain(o.status);
+      if (o.status === 503) {
+        expect(o.body.type).toBe('unavailable');
+        expect(['SLABSERVE_INFERENCE_RESTARTED', 'SLABSERVE_NOT_READY']).toContain(o.body.code);
+      }
+    }
+    // A large request's batch was running when the fault landed: answered 503 as restarted.
+    expect(restarted.length, JSON.stringify(counts)).toBeGreaterThan(0);
+    expect(restarted.some((o) => o.texts.length === 64)).toBe(true);
+    // Every 200, before, during and after, is the reference row.
+    expect(await expectReferenceRows(run.outcomes)).toBeGreaterThan(0);
+    // Readiness went down and came back.
+    expect(run.downAt).toBeDefined();
+    expect(run.upAt).toBeDefined();
+    // One restart, for the right reason; the inputs it answered 503 are counted (at least one per restarted request).
+    const d = (name: string, labels: Record<string, string> = {}) => run.after.sum(name, labels) - run.before.sum(name, labels);
+    expect(d('slabserve_inference_restarts_total', { reason })).toBe(1);
+    expect(d('slabserve_inference_restarts_total')).toBe(1);
+    expect(d('slabserve_inference_restart_failed_inputs_total')).toBeGreaterThanOrEqual(restarted.length);
+    expect(run.after.sum('slabserve_inference_threads_abandoned')).toBe(0);
+    await expectSlotsFree(port);
+    // Later requests are served, with the same rows as before.
+    const later = await Promise.all(texts.slice(0, 8).map(async (t) => ({ ...(await request(port, 'POST', '/embed', { inputs: t })), texts: [t] })));
+    for (const o of later) expect(describeOutcome(o)).toBe('200');
+    expect(await expectReferenceRows(later)).toBe(8);
+    expect(logs.some((l) => l.includes(`inference thread ${reason}`))).toBe(true);
+    console.log(`${label}: ${logs.filter((l) => l.includes('ready again after')).pop()}`);
+  }
+
+  it('the inference thread throws (uncaught) under load: every request answered 200 or 503, slots back, /readyz 503 then 200, results as before', { timeout: 40_000 }, async () => {
+    const run = await faultUnderLoad('throw');
+    await expectRecovered(run, 'crash', 'throw');
+  });
+
+  it('the inference thread exits under load: the same', { timeout: 40_000 }, async () => {
+    const run = await faultUnderLoad('exit');
+    await expectRecovered(run, 'exit', 'exit');
+  });
+
+  it('a batch run hangs past --inference-timeout-ms: the thread is terminated and replaced, the same outcome', { timeout: 40_000 }, async () => {
+    const run = await faultUnderLoad('hang');
+    await expectRecovered(run, 'run_timeout', 'hang');
+    // Answered once the watchdog saw the run past the timeout, not before.
+    const restarted = run.outcomes.filter((o) => 'status' in o && o.body?.code === 'SLABSERVE_INFERENCE_RESTARTED');
+    for (const o of restarted) expect(o.doneAt - run.faultAt).toBeGreaterThanOrEqual(2000);
+  });
+
+  it('the loop stalls with no batch running (past --heartbeat-timeout-ms): requests waiting on the submit ring are answered 503 and the thread replaced', { timeout: 40_000 }, async () => {
+    const before = await scrape(port);
+    const faultAt = performance.now();
+    await server.testHooks!.inferenceFault('stall');
+    // The loop no longer takes anything in: these wait on the submit ring until the watchdog acts.
+    const sent = texts.slice(0, 10);
+    const outcomes = await Promise.all(sent.map(async (t) => ({ ...(await request(port, 'POST', '/embed', { inputs: t })), texts: [t] })));
+    console.log(`stall: ${JSON.stringify(tally(outcomes))}, answered ${Math.round(Math.max(...outcomes.map((o) => o.doneAt)) - faultAt)} ms after the stall`);
+    for (const o of outcomes) {
+      expect(describeOutcome(o)).toBe('503 SLABSERVE_INFERENCE_RESTARTED');
+      // Not before the heartbeat was 2 s old; it was last refreshed at most 250 ms before the stall.
+      expect(o.doneAt - faultAt).toBeGreaterThanOrEqual(2000 - 300);
+    }
+    const after = await eventually('ready again', () => request(port, 'GET', '/readyz'), (r) => 'status' in r && r.status === 200);
+    expect('status' in after).toBe(true);
+    const m = await scrape(port);
+    expect(m.sum('slabserve_inference_restarts_total', { reason: 'heartbeat_timeout' }) - before.sum('slabserve_inference_restarts_total', { reason: 'heartbeat_timeout' })).toBe(1);
+    expect(m.sum('slabserve_inference_restart_failed_inputs_total') - before.sum('slabserve_inference_restart_failed_inputs_total')).toBe(10);
+    await expectSlotsFree(port);
+    const later = await Promise.all(sent.map(async (t) => ({ ...(await request(port, 'POST', '/embed', { inputs: t })), texts: [t] })));
+    for (const o of later) expect(describeOutcome(o)).toBe('200');
+    expect(await expectReferenceRows(later)).toBe(10);
+  });
+
+  it('a poisoned input batched with good ones: only it fails (422), the others get the reference rows; the batch is split to find it', { timeout: 40_000 }, async () => {
+    const good = texts.slice(0, 24);
+    for (const t of good) expect(tok.encode(t, { maxLength: MAX_LENGTH, truncate: false }).ids).not.toContain(POISON);
+    await server.testHooks!.poisonToken(POISON);
+    try {
+      let split = 0;
+      for (let round = 0; round < 4 && split < 2; round++) {
+        const before = await scrape(port);
+        // 25 requests at once: the first runs alone, the rest arrive while it runs and batch together.
+        const sends = good.map((t) => request(port, 'POST', '/embed', { inputs: t }).then((o) => ({ ...o, texts: [t] })));
+        sends.splice(12, 0, request(port, 'POST', '/embed', { inputs: [[101, 2023, POISON, 102]] }).then((o) => ({ ...o, texts: [] as string[] })));
+        const outcomes = await Promise.all(sends);
+        const poisoned = outcomes[12]!;
+        const rest = outcomes.filter((_, i) => i !== 12);
+        for (const o of rest) expect(describeOutcome(o)).toBe('200');
+        expect(await expectReferenceRows(rest)).toBe(good.length);
+        const after = await scrape(port);
+        const d = (name: string) => after.sum(name) - before.sum(name);
+        if (d('slabserve_batch_split_runs_total') > 0) {
+          // It shared a batch: that batch was split until it stood alone; the others ran.
+          split++;
+          expect(describeOutcome(poisoned)).toBe('422 SLABSERVE_INPUT_FAILED');
+          expect('status' in poisoned && poisoned.body.type).toBe('validation');
+          expect(d('slabserve_inputs_failed_alone_total')).toBe(1);
+          // At most 2n - 2 runs for a batch of n <= 16.
+          expect(d('slabserve_batch_split_runs_total')).toBeLessThanOrEqual(30);
+        } else {
+          // It ran alone: nothing to tell the input from the device by, so a 500.
+          expect(describeOutcome(poisoned)).toBe('500 SLABSERVE_INFERENCE_FAILED');
+        }
+        expect(d('slabserve_batch_failures_total')).toBeGreaterThanOrEqual(1);
+      }
+      console.log(`poison: split ${split} times in the rounds`);
+      expect(split, 'the poisoned request never shared a batch with good ones').toBeGreaterThan(0);
+      // A client request holding the poisoned input with good ones fails whole (answered whole or not at all).
+      const mixed = await request(port, 'POST', '/embed', { inputs: [[101, 2023, 102], [101, POISON, 102], [101, 2024, 102]] });
+      expect(describeOutcome(mixed)).toMatch(/^(422 SLABSERVE_INPUT_FAILED|500 SLABSERVE_INFERENCE_FAILED)$/);
+      await expectSlotsFree(port);
+    } finally {
+      await server.testHooks!.poisonToken(-1);
+    }
+    // The hook off, the same ids run: the failure was the hook's.
+    const clean = await request(port, 'POST', '/embed', { inputs: [[101, 2023, POISON, 102]] });
+    expect(describeOutcome(clean)).toBe('200');
+    expect(maxAbsDiff(('status' in clean && clean.body[0]) as number[], (await ref.row([101, 2023, POISON, 102])).slice(0, DIM))).toBeLessThan(TOLERANCE);
+  });
+});
+
+// =================================================================== SIGTERM on the CLI
+
+interface Child {
+  exited: Promise<{ code: number | null; signal: string | null; at: number }>;
+  stderr: () => string;
+  kill: (sig: NodeJS.Signals) => void;
+}
+
+/** `slabserve serve` in a child process, on a free port; resolves once /readyz answers 200. */
+async function serveCli(args: string[]): Promise<Child & { port: number }> {
+  const port = await freePort();
+  const child = spawn(process.execPath, [CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', '--gateway-threads', '1', ...args], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env, SLABSERVE_TEST_HOOKS: '' },
+  });
+  let stderr = '';
+  child.stderr!.on('data', (d: Buffer) => (stderr += d));
+  const exited = new Promise<{ code: number | null; signal: string | null; at: number }>((r) => child.on('exit', (code, signal) => r({ code, signal, at: performance.now() })));
+  const kill = (sig: NodeJS.Signals) => void child.kill(sig);
+  const guard = setTimeout(() => child.kill('SIGKILL'), 60_000);
+  void exited.then(() => clearTimeout(guard));
+  await eventually(
+    `the CLI ready (stderr: ${stderr.slice(-300)})`,
+    async () => {
+      const r = await request(port, 'GET', '/readyz', undefined, { timeoutMs: 2000 });
+      return 'status' in r ? r.status : r.error;
+    },
+    (s) => s === 200,
+    40_000,
+  );
+  return { port, exited, stderr: () => stderr, kill };
+}
+
+describe('SIGTERM and SIGINT on `slabserve serve` (a child process)', () => {
+  it('SIGTERM under load: every request sent before it is answered 200 or 503 (none reset), the process exits 0', { timeout: 60_000 }, async () => {
+    const rand = makeRandom('supervision sigterm');
+    const texts = randomTexts(rand, words, 32, 12);
+    const server = await serveCli(['--buckets', '16,64', '--max-batch-size', '16', '--drain-timeout-ms', '20000']);
+    const outcomes: (Outcome & { texts: string[] })[] = [];
+    let signalAt = Infinity;
+    let stop = false;
+    let next = 0;
+    const clients = Array.from({ length: 12 }, async (_, c) => {
+      const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+      while (!stop) {
+        // One request in four holds 16 texts: work still in flight when the signal lands.
+        const inputs = c % 4 === 0 ? Array.from({ length: 16 }, () => texts[next++ % texts.length]!) : [texts[next++ % texts.length]!];
+        const o = await request(server.port, 'POST', '/embed', { inputs }, { agent });
+        outcomes.push({ ...o, texts: inputs });
+        // Stop at the first refusal or error after the signal: the server is going away.
+        if (o.sentAt > signalAt && !('status' in o && o.status === 200)) break;
+      }
+      agent.destroy();
+    });
+    await eventually('answers before the signal', async () => outcomes.length, (n) => n >= 40);
+    signalAt = performance.now();
+    server.kill('SIGTERM');
+    const exit = await server.exited;
+    stop = true;
+    await Promise.all(clients);
+    const sentBefore = outcomes.filter((o) => o.sentAt < signalAt);
+    const sentAfter = outcomes.filter((o) => o.sentAt >= signalAt);
+    console.log(
+      `SIGTERM: exit ${exit.code} ${Math.round(exit.at - signalAt)} ms after the signal; sent before it: ${JSON.stringify(tally(sentBefore))}; ` +
+        `sent after it: ${JSON.stringify(tally(sentAfter))}`,
+    );
+    expect({ code: exit.code, signal: exit.signal }, server.stderr().slice(-600)).toEqual({ code: 0, signal: null });
+    expect(server.stderr()).toContain('SIGTERM: draining');
+    expect(server.stderr()).toContain('slabserve: stopped');
+    // Every request sent before the signal was answered: 200 (it ran), or 503 (it arrived once draining had begun).
+    for (const o of sentBefore) {
+      expect('status' in o, `sent before the signal, no answer: ${describeOutcome(o)}`).toBe(true);
+      if ('status' in o) expect(['200', '503 SLABSERVE_NOT_READY'], o.text).toContain(describeOutcome(o));
+    }
+    expect(sentBefore.filter((o) => 'status' in o && o.status === 200).length).toBeGreaterThanOrEqual(40);
+    // Sent after it: refused (503), or the port is closed; never a hang.
+    for (const o of sentAfter) expect(describeOutcome(o)).not.toBe('error client timeout');
+    expect(await expectReferenceRows(outcomes)).toBeGreaterThan(0);
+  });
+
+  it('a second signal exits at once, by that signal (status 128 + n), without waiting for the drain', { timeout: 60_000 }, async () => {
+    const rand = makeRandom('supervision second signal');
+    const long = Array.from({ length: 64 }, () => Array.from({ length: 600 }, () => words[Math.floor(rand() * words.length)]).join(' '));
+    const server = await serveCli(['--drain-timeout-ms', '30000']);
+    // Several requests of 64 inputs of 512 tokens: seconds of work for the drain to wait for.
+    const heavy = Array.from({ length: 6 }, () => request(server.port, 'POST', '/embed', { inputs: long, truncate: true }, { timeoutMs: 30_000 }));
+    await eventually('the heavy requests queued', () => scrape(server.port), (m) => slotsInUse(m) >= 256);
+    server.kill('SIGTERM');
+    await eventually('draining', async () => server.stderr(), (s) => s.includes('SIGTERM: draining'));
+    const secondAt = performance.now();
+    server.kill('SIGINT');
+    const exit = await server.exited;
+    const outcomes = await Promise.all(heavy);
+    console.log(`second signal: exit ${exit.code} ${Math.round(exit.at - secondAt)} ms after it; the heavy requests: ${JSON.stringify(tally(outcomes))}`);
+    // Killed by the second signal itself (a shell shows status 130): not process.exit, which would join the
+    // threads and abort on a gateway still holding sockets (SIGABRT).
+    expect({ code: exit.code, signal: exit.signal }, server.stderr().slice(-600)).toEqual({ code: null, signal: 'SIGINT' });
+    expect(server.stderr()).toContain('SIGINT again, exiting now');
+    // It did not drain: the drain would have ended with "stopped" and code 0.
+    expect(server.stderr()).not.toContain('slabserve: stopped');
+    expect(exit.at - secondAt).toBeLessThan(5000);
+  });
+});
+
+// =================================================================== a gateway thread
+
+describe('gateway thread supervision (a child-process server: a broken supervisor aborts the process)', () => {
+  it('a gateway thread dies of an uncaught error under load: its requests end (answered or connection reset, none hangs), its slots come back, a new thread rejoins the port', { timeout: 60_000 }, async () => {
+    const rand = makeRandom('supervision gateway');
+    const texts = randomTexts(rand, words, 32, 12);
+    const port = await freePort();
+    const config = { ...testServerConfig({ models: ['tiny-embed'], batching: BATCHING, gatewayThreads: 2, port }), log: undefined };
+    const child = spawn(process.execPath, [FIXTURE, JSON.stringify(config)], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const lines: { type: string; line?: string; port?: number; message?: string }[] = [];
+    let stderr = '';
+    let buffered = '';
+    child.stdout!.on('data', (d: Buffer) => {
+      buffered += d;
+      for (let nl = buffered.indexOf('\n'); nl >= 0; nl = buffered.indexOf('\n')) {
+        lines.push(JSON.parse(buffered.slice(0, nl)));
+        buffered = buffered.slice(nl + 1);
+      }
+    });
+    child.stderr!.on('data', (d: Buffer) => (stderr += d));
+    const exited = new Promise<{ code: number | null; signal: string | null }>((r) => child.on('exit', (code, signal) => r({ code, signal })));
+    const guard = setTimeout(() => child.kill('SIGKILL'), 55_000);
+    try {
+      await eventually('the child server ready', async () => lines.map((l) => l.type), (t) => t.includes('ready') || t.includes('fatal'), 40_000);
+      expect(lines.find((l) => l.type === 'fatal')?.message).toBeUndefined();
+      const before = await scrape(port);
+
+      // Half the clients keep a connection; half open one per request (spread over both threads by the kernel).
+      const outcomes: (Outcome & { texts: string[] })[] = [];
+      let stop = false;
+      let next = 0;
+      const clients = Array.from({ length: 12 }, async (_, c) => {
+        const agent = c % 2 === 0 ? new http.Agent({ keepAlive: true, maxSockets: 1 }) : undefined;
+        while (!stop) {
+          const inputs = [texts[next++ % texts.length]!];
+          outcomes.push({ ...(await request(port, 'POST', '/embed', { inputs }, { ...(agent ? { agent } : { close: true }) })), texts: inputs });
+        }
+        agent?.destroy();
+      });
+      await eventually('answers before the fault', async () => outcomes.length, (n) => n >= 40);
+      const faultAt = performance.now();
+      child.stdin!.write('gateway-fault 0\n');
+      await eventually('the gateway thread listening again', async () => lines.filter((l) => l.type === 'log').map((l) => l.line!), (ls) => ls.some((l) => l.includes('gateway thread 0 listening again')));
+      const upAt = performance.now();
+      await sleep(300);
+      stop = true;
+      await Promise.all(clients);
+
+      const errors = outcomes.filter((o) => !('status' in o));
+      console.log(`gateway: ${outcomes.length} requests: ${JSON.stringify(tally(outcomes))}; listening again ${Math.round(upAt - faultAt)} ms after the fault`);
+      for (const o of outcomes) {
+        // None hung; a request on the dying thread's connections may see its connection reset or closed, never a wrong answer.
+        expect(describeOutcome(o)).not.toBe('error client timeout');
+        if ('status' in o) expect(describeOutcome(o)).toBe('200');
+        else expect(['ECONNRESET', 'ECONNREFUSED', 'EPIPE', 'socket hang up', 'response aborted', 'response ECONNRESET']).toContain(o.error);
+      }
+      expect(errors.every((o) => o.sentAt < upAt)).toBe(true);
+      expect(await expectReferenceRows(outcomes)).toBeGreaterThan(40);
+
+      const m = await eventually('every slot free', () => scrape(port), (x) => slotsInUse(x) === 0);
+      expect(m.sum('slabserve_gateway_restarts_total', { reason: 'crash' }) - before.sum('slabserve_gateway_restarts_total', { reason: 'crash' })).toBe(1);
+      // Both threads serve again: 48 requests on fresh connections all answered, and gateway 0 reports into the scrape.
+      const fresh = await Promise.all(
+        Array.from({ length: 48 }, async (_, i) => {
+          const t = texts[i % texts.length]!;
+          return { ...(await request(port, 'POST', '/embed', { inputs: t }, { close: true })), texts: [t] };
+        }),
+      );
+      for (const o of fresh) expect(describeOutcome(o)).toBe('200');
+      expect(await expectReferenceRows(fresh)).toBe(48);
+      const m2 = await scrape(port);
+      expect(m2.has('slabserve_gateway_event_loop_lag_seconds', { gateway: '0' })).toBe(true);
+      expect(m2.has('slabserve_gateway_event_loop_lag_seconds', { gateway: '1' })).toBe(true);
+      expect(m2.sum('slabserve_ready')).toBe(1);
+
+      child.stdin!.write('close\n');
+      const exit = await exited;
+      expect({ code: exit.code, signal: exit.signal }, stderr.slice(-600)).toEqual({ code: 0, signal: null });
+      expect(lines.some((l) => l.type === 'closed')).toBe(true);
+    } finally {
+      clearTimeout(guard);
+      child.kill('SIGKILL');
+    }
+  });
+});
