@@ -407,8 +407,15 @@ function machineInfo(): SuiteResults['machine'] {
 function readGpuResults(dir: string): GpuSection {
   const summary = join(dir, 'summary.md');
   if (!existsSync(summary)) fail(`--gpu-results ${dir}: no summary.md there (bench/gpu/run.sh writes one)`);
-  const cardFile = ['card.csv', 'card.txt'].map((f) => join(dir, f)).find((f) => existsSync(f));
-  return { card: cardFile ? readFileSync(cardFile, 'utf8').trim() : 'unknown', summaryMarkdown: readFileSync(summary, 'utf8'), folder: dir };
+  // bench/gpu/summarize.mjs writes summary.json beside it: card = [name, memory, driver]
+  let card = 'unknown';
+  try {
+    const j = JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8')) as { card?: string[] | null; device?: string };
+    card = j.card ? j.card.join(', ') : (j.device ?? card);
+  } catch {
+    /* keep unknown */
+  }
+  return { card, summaryMarkdown: readFileSync(summary, 'utf8'), folder: dir };
 }
 
 async function main(): Promise<void> {
