@@ -20,9 +20,14 @@ import {
   SlabClientError,
   SlabConnectionError,
   SlabHttpClient,
+  SlabUnauthorizedError,
+  fromHttpError,
   toWebSocketUrl,
+  typeOfStatus,
+  wsKeyProtocol,
   type SlabClientEvent,
   type SlabClientOptions,
+  type WebSocketConstructor,
 } from '../dist/src/client/index.js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { fakePredictions, fakeRerank, fakeRow, fakeTokens, FakeHttpServer, FakeWsServer, type FakeWsOptions } from './fixtures/fake-slab-server.js';
@@ -596,4 +601,175 @@ describe.skipIf(!realServerBuilt)('SlabClient against the real server (/ws and H
     console.log(`client.test: real server offers ${checked.join(', ') || 'neither rerank nor tokenize'}`);
     if (checked.length === 0) ctx.skip();
   });
+});
+
+// ---- API keys, against real servers started with keys -----------------------
+
+describe.skipIf(!realServerBuilt)('API keys (docs/security.md) against a real server started with keys', () => {
+  type Server = { url: string; port: number; ready: Promise<unknown>; close(): Promise<void> };
+  type Main = { startServer(config: Record<string, unknown>): Promise<Server>; SERVER_DEFAULTS: Record<string, unknown> };
+  const KEY = 'sk-client-test-0123456789abcdef0123456789abcdef';
+  /** A second key with punctuation that base64 turns into '+' and '/' (base64url: '-' and '_'). */
+  const KEY2 = 'second/key+with=punctuation~and!>>>???more';
+  let main: Main;
+  let server: Server;
+  /** The access lines of the server's refused /ws upgrades (status 401). */
+  let refusedUpgrades: Record<string, unknown>[] = [];
+  const clients: SlabClient[] = [];
+  const servers: Server[] = [];
+
+  const start = async (keys: string[], port = 0): Promise<Server> => {
+    const s = await main.startServer({
+      ...main.SERVER_DEFAULTS,
+      host: '127.0.0.1',
+      port,
+      device: 'cpu',
+      models: ['tiny-embed'],
+      gatewayThreads: 1,
+      batching: {},
+      apiKeys: keys,
+      logLevel: 'info',
+      log: (line: string) => {
+        if (!line.startsWith('{')) return;
+        const entry = JSON.parse(line) as Record<string, unknown>;
+        if (entry.route === '/ws' && entry.status === 401) refusedUpgrades.push(entry);
+      },
+    });
+    servers.push(s);
+    return s;
+  };
+  const connect = async (url: string, opts: SlabClientOptions) => {
+    const c = await SlabClient.connect(url, opts);
+    clients.push(c);
+    return c;
+  };
+  /** Connecting must fail: the client it would have made is closed all the same. */
+  const refused = (url: string, opts: SlabClientOptions) => rejection(connect(url, opts));
+
+  /** The `ws` package's constructor, recording what the client gives it. */
+  const made: { protocols: unknown; options: unknown }[] = [];
+  class Recording extends NodeWebSocket {
+    constructor(url: string, protocols?: string | string[], options?: { headers?: Record<string, string> }) {
+      super(url, protocols, options);
+      made.push({ protocols, options });
+    }
+  }
+  /** A constructor that is not the `ws` package (no EventEmitter methods), as a browser's WebSocket: it takes no headers. */
+  const BrowserLike = function (this: unknown, url: string, protocols?: string | string[]) {
+    made.push({ protocols, options: undefined });
+    return new NodeWebSocket(url, protocols);
+  } as unknown as WebSocketConstructor;
+
+  beforeAll(async () => {
+    main = (await import('../dist/src/main.js')) as unknown as Main;
+    server = await start([KEY, KEY2]);
+    await server.ready;
+  }, 120_000);
+  afterEach(async () => {
+    await Promise.all(clients.splice(0).map((c) => c.close()));
+  });
+  afterAll(async () => {
+    await Promise.all(servers.map((s) => s.close()));
+  });
+
+  it('builds the same bearer.<base64url(key)> subprotocol as the server reads', async () => {
+    const gateway = (await import('../dist/src/gateway/security.js')) as { wsKeyProtocol(k: string): string; protocolKey(p: string): string | null };
+    for (const key of [KEY, KEY2, 'a', 'ab', 'abc', '~~~~>>>>????', 'ключ-🔑']) {
+      expect(wsKeyProtocol(key)).toBe(gateway.wsKeyProtocol(key));
+      expect(gateway.protocolKey(`slabserve, ${wsKeyProtocol(key)}`)).toBe(key);
+    }
+    expect(wsKeyProtocol(KEY2)).toMatch(/^bearer\.[A-Za-z0-9_-]+$/);
+  });
+
+  it('the right key works over /ws (as a header, and as a subprotocol) and over HTTP', async () => {
+    made.length = 0;
+    const texts = ['where is my parcel?', 'cancel my plan'];
+    // The `ws` package: the key goes as Authorization, the protocols as given.
+    const viaHeader = await connect(server.url, { apiKey: KEY, WebSocket: Recording });
+    expect(made[0]).toEqual({ protocols: undefined, options: { headers: { authorization: `Bearer ${KEY}` } } });
+    // Not the `ws` package: the key goes as a subprotocol, with `slabserve` offered beside it.
+    const viaProtocol = await connect(server.url, { apiKey: KEY2, WebSocket: BrowserLike });
+    expect(made[1]).toEqual({ protocols: ['slabserve', wsKeyProtocol(KEY2)], options: undefined });
+    // Asked for explicitly, with the caller's own protocols kept.
+    const explicit = await connect(server.url, { apiKey: KEY, apiKeyTransport: 'protocol', protocols: 'slabserve', WebSocket: Recording });
+    expect(made[2]).toEqual({ protocols: ['slabserve', wsKeyProtocol(KEY)], options: undefined });
+    // No constructor given (Node 20): the client loads `ws` and sends the header.
+    const byDefault = await connect(server.url, { apiKey: KEY });
+    const http = new SlabHttpClient(server.url, { apiKey: KEY2, headers: { Authorization: 'Bearer replaced-by-apiKey' } });
+    const [a, b, c, d, e] = await Promise.all([viaHeader, viaProtocol, explicit, byDefault, http].map((api) => api.embed(texts)));
+    expect(a!.length).toBe(2);
+    expect(a![0]!.length).toBe(128);
+    for (const rows of [b, c, d, e]) expectRowsClose(rows!, a!);
+    expect(refusedUpgrades).toEqual([]);
+    // A key the server could never hold is refused before anything is sent.
+    expect(() => new SlabHttpClient(server.url, { apiKey: 'has a space' })).toThrow(TypeError);
+    await expect(SlabClient.connect(server.url, { apiKey: '' })).rejects.toThrow(TypeError);
+  });
+
+  it('a missing or wrong key rejects with SlabUnauthorizedError (401) on both clients, without retrying', async () => {
+    // HTTP: 401 is 'unauthorized' (it used to be classified 'validation').
+    for (const opts of [{}, { apiKey: 'wrong-key-wrong-key' }, { apiKey: KEY.slice(0, -1) }, { format: 'json' as const, apiKey: 'nope' }]) {
+      const err = await rejection(new SlabHttpClient(server.url, opts).embed('x'));
+      expect(err).toBeInstanceOf(SlabUnauthorizedError);
+      expect([err.type, err.code, err.status, err.retryable]).toEqual(['unauthorized', 'SLABSERVE_UNAUTHORIZED', 401, false]);
+      expect(err.message).toMatch('apiKey' in opts ? /not valid/ : /needs an API key/);
+    }
+    // /ws: the upgrade is refused; connect() rejects with the typed error and never reconnects.
+    const events: SlabClientEvent[] = [];
+    const onEvent = (e: SlabClientEvent) => events.push(e);
+    const attempts: SlabClientOptions[] = [
+      { onEvent },
+      { onEvent, apiKey: 'wrong-key-wrong-key' },
+      { onEvent, apiKey: 'wrong-key-wrong-key', apiKeyTransport: 'protocol' },
+      { onEvent, apiKey: KEY.slice(0, -1), WebSocket: BrowserLike },
+      { onEvent, protocols: ['slabserve', wsKeyProtocol('not-a-key-of-this-server')] },
+    ];
+    for (const opts of attempts) {
+      const err = await refused(server.url, opts);
+      expect(err).toBeInstanceOf(SlabUnauthorizedError);
+      expect([err.type, err.code, err.status, err.retryable]).toEqual(['unauthorized', 'SLABSERVE_UNAUTHORIZED', 401, false]);
+      expect(err.message).toMatch(opts.apiKey === undefined ? /needs an API key/ : /not valid/);
+    }
+    expect(events).toEqual([]);
+    // The server saw each upgrade once.
+    await until(() => refusedUpgrades.length >= attempts.length);
+    expect(refusedUpgrades.length).toBe(attempts.length);
+    refusedUpgrades = [];
+    // A 401 or 403 from anything in between (a proxy, in its own shape) is unauthorized too.
+    expect(typeOfStatus(401)).toBe('unauthorized');
+    const proxied = fromHttpError(403, 'Forbidden', null);
+    expect(proxied).toBeInstanceOf(SlabUnauthorizedError);
+    expect([proxied.type, proxied.code, proxied.status]).toEqual(['unauthorized', 'SLABSERVE_HTTP_403', 403]);
+  });
+
+  it('a reconnect refused with 401 (the server came back with other keys) closes the client: no reconnect loop', async () => {
+    const events: SlabClientEvent[] = [];
+    const client = await connect(server.url, { apiKey: KEY, reconnect: { initialDelayMs: 10, maxDelayMs: 50 }, onEvent: (e) => events.push(e) });
+    expect((await client.embed('before')).length).toBe(1);
+    const port = server.port;
+    await server.close();
+    await until(() => client.state === 'reconnecting');
+    const waiting = later(client.embed('while reconnecting'));
+    // Attempts fail while nothing listens; then the port answers, with keys that are not the client's.
+    const other = await start(['a-different-key-0123456789abcdef'], port);
+    await until(() => client.state === 'closed');
+    const err = await rejection(waiting);
+    expect(err).toBeInstanceOf(SlabUnauthorizedError);
+    expect([err.type, err.status]).toEqual(['unauthorized', 401]);
+    expect((await rejection(client.embed('after'))).type).toBe('unauthorized');
+    const gaveUp = events.filter((e) => e.type === 'gave_up');
+    expect(gaveUp.length).toBe(1);
+    expect(events.at(-1)).toBe(gaveUp[0]);
+    expect(gaveUp[0]!.type === 'gave_up' && gaveUp[0]!.error).toBeInstanceOf(SlabUnauthorizedError);
+    const failed = events.filter((e): e is Extract<SlabClientEvent, { type: 'reconnect_failed' }> => e.type === 'reconnect_failed');
+    expect(failed.filter((e) => e.error.type === 'unauthorized').length).toBe(1);
+    expect(failed.at(-1)!.error.type).toBe('unauthorized');
+    // Many backoff periods later, still one refused upgrade and no new attempt.
+    await until(() => refusedUpgrades.length >= 1);
+    const seen = events.length;
+    await new Promise((r) => setTimeout(r, 500));
+    expect(events.length).toBe(seen);
+    expect(refusedUpgrades.length).toBe(1);
+    await other.ready;
+  }, 60_000);
 });

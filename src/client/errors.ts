@@ -10,6 +10,8 @@
  *                                           SLABSERVE_CONNECTION_FAILED   could not connect (or reconnect), network error over HTTP
  *                                           SLABSERVE_CLIENT_CLOSED       close() was called
  *   SlabAbortError       type 'cancelled'   SLABSERVE_ABORTED             the caller's AbortSignal fired
+ *   SlabUnauthorizedError type 'unauthorized' SLABSERVE_UNAUTHORIZED      the server wants an API key and none or a wrong one was sent:
+ *                                           an HTTP 401 (or 403), or a /ws upgrade refused with one (never retried)
  *   SlabClientError      type 'timeout'     SLABSERVE_CLIENT_TIMEOUT      timeoutMs passed on the client's side (not sent yet, or no answer)
  *                        type 'overloaded'  SLABSERVE_CLIENT_QUEUE_FULL   more than maxQueued requests waiting for credit or a socket
  *                        type 'payload_too_large' SLABSERVE_CLIENT_FRAME_TOO_LARGE  the request exceeds the server's max_frame_bytes
@@ -72,6 +74,18 @@ export class SlabAbortError extends SlabClientError {
   }
 }
 
+/**
+ * The server refused the API key (none sent, or not a valid one): HTTP 401
+ * (or 403 from a proxy), or a /ws upgrade refused with 401. Sending the same
+ * request again cannot succeed; the WebSocket client does not reconnect after it.
+ */
+export class SlabUnauthorizedError extends SlabClientError {
+  constructor(message: string, extra: { code?: string; status?: number; requestId?: string | number; cause?: unknown } = {}) {
+    const { code = 'SLABSERVE_UNAUTHORIZED', ...rest } = extra;
+    super(message, { type: 'unauthorized', code, ...rest });
+  }
+}
+
 const SERVER_TYPES = new Set<string>([
   'validation',
   'too_long',
@@ -84,6 +98,7 @@ const SERVER_TYPES = new Set<string>([
   'payload_too_large',
   'unsupported_media_type',
   'method_not_allowed',
+  'unauthorized',
 ]);
 
 /** The error family of an HTTP status, for answers whose body names none. */
@@ -92,6 +107,9 @@ export function typeOfStatus(status: number): ClientErrorType {
     case 400:
     case 422:
       return 'validation';
+    case 401:
+    case 403:
+      return 'unauthorized';
     case 404:
       return 'not_found';
     case 405:
@@ -130,6 +148,7 @@ export function fromServerError(error: unknown, requestId?: string | number): Sl
   const code = typeof e.code === 'string' ? e.code : 'SLABSERVE_INTERNAL';
   const message = typeof e.message === 'string' ? e.message : typeof error === 'string' ? error : 'the server answered with an error';
   const retryAfterSeconds = retryAfterOf(e.retry_after) ?? retryAfterOf(e.retryAfterSeconds);
+  if (type === 'unauthorized') return new SlabUnauthorizedError(message, { code, ...(requestId !== undefined ? { requestId } : {}) });
   return new SlabClientError(message, {
     type,
     code,
@@ -155,6 +174,7 @@ export function fromHttpError(status: number, body: unknown, retryAfter: string 
   const message =
     typeof b.error === 'string' ? b.error : typeof b.message === 'string' ? b.message : typeof body === 'string' && body !== '' ? body.slice(0, 500) : `HTTP ${status}`;
   const retryAfterSeconds = parseRetryAfter(retryAfter);
+  if (type === 'unauthorized') return new SlabUnauthorizedError(message, { code, status });
   return new SlabClientError(message, { type, code, status, ...(retryAfterSeconds !== undefined ? { retryAfterSeconds } : {}) });
 }
 

@@ -12,8 +12,13 @@
  * signal a SlabAbortError; `timeoutMs` aborts the request and rejects with
  * SLABSERVE_CLIENT_TIMEOUT. Every call is one independent request: there is
  * no credit, queue or reconnect here.
+ *
+ * `apiKey` is sent as `Authorization: Bearer <key>` on every request; a
+ * missing or wrong key is answered 401 and rejects with SlabUnauthorizedError
+ * (type 'unauthorized', not retryable).
  */
 import { pack, unpack } from 'msgpackr';
+import { bearerHeader, checkApiKey } from './auth.js';
 import { clientTimeout, fromHttpError, protocolError, SlabAbortError, SlabClientError, SlabConnectionError } from './errors.js';
 import {
   decodeList,
@@ -54,7 +59,13 @@ export interface SlabHttpClientOptions {
   fetch?: FetchLike;
   /** Request and answer encoding. Default 'msgpack'. */
   format?: 'msgpack' | 'json';
-  /** Extra headers on every request (authorization, ...). */
+  /**
+   * The server's API key (docs/security.md), sent as `Authorization: Bearer <key>`
+   * on every request (it replaces an `authorization` in `headers`). Printable ASCII
+   * without spaces, as the server's keys are; anything else throws a TypeError here.
+   */
+  apiKey?: string;
+  /** Extra headers on every request. */
   headers?: Record<string, string>;
   /** Default per-call timeoutMs. Default: none. */
   timeoutMs?: number;
@@ -66,6 +77,7 @@ export class SlabHttpClient implements SlabApi {
   readonly baseUrl: string;
   private readonly opts: SlabHttpClientOptions;
   private readonly fetchImpl: FetchLike;
+  private readonly headers: Record<string, string>;
   private closed = false;
 
   /** `baseUrl`: http(s)://host:port[/prefix]; ws(s):// is taken as http(s)://. */
@@ -76,6 +88,12 @@ export class SlabHttpClient implements SlabApi {
     if (u.pathname.endsWith('/ws')) u.pathname = u.pathname.slice(0, -3);
     this.baseUrl = u.toString().replace(/\/+$/, '');
     this.opts = options;
+    this.headers = { ...options.headers };
+    if (options.apiKey !== undefined) {
+      const auth = bearerHeader(checkApiKey(options.apiKey));
+      for (const name of Object.keys(this.headers)) if (name.toLowerCase() === 'authorization') delete this.headers[name];
+      this.headers.authorization = auth;
+    }
     const f = options.fetch ?? (globalThis as { fetch?: FetchLike }).fetch;
     if (!f) throw new TypeError('no fetch: pass options.fetch');
     this.fetchImpl = (url, init) => f(url, init); // never called as a method of this client
@@ -116,7 +134,7 @@ export class SlabHttpClient implements SlabApi {
 
     const msgpack = (this.opts.format ?? 'msgpack') === 'msgpack';
     const headers: Record<string, string> = {
-      ...this.opts.headers,
+      ...this.headers,
       'content-type': msgpack ? MSGPACK : 'application/json',
       accept: msgpack ? MSGPACK : 'application/json',
     };

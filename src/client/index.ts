@@ -1,7 +1,8 @@
 /**
  * The slabserve client, for Node.js (>= 20) and browsers: SlabClient over
  * one WebSocket (/ws, pipelined, credit-aware, reconnecting), SlabHttpClient
- * over fetch; same methods, same result types, same typed errors.
+ * over fetch; same methods, same result types, same typed errors. Both take
+ * `apiKey` (docs/security.md).
  */
 export {
   SlabClient,
@@ -20,6 +21,7 @@ export {
   SlabAbortError,
   SlabClientError,
   SlabConnectionError,
+  SlabUnauthorizedError,
   fromHttpError,
   fromServerError,
   parseRetryAfter,
@@ -27,6 +29,7 @@ export {
   type ClientErrorType,
   type SlabClientErrorInit,
 } from './errors.js';
+export { wsKeyProtocol } from './auth.js';
 export { decodeF32, decodeRows } from './types.js';
 export type {
   CallOptions,

@@ -23,8 +23,16 @@
  *   safe, but the work may run twice). The client reconnects with capped
  *   exponential backoff and jitter; calls made meanwhile wait for the new
  *   socket, bounded by their timeout and `maxQueued`.
+ * - API keys: `apiKey` goes with the upgrade, as `Authorization: Bearer <key>`
+ *   with the `ws` package (Node), else as a `bearer.<base64url(key)>`
+ *   subprotocol beside `slabserve` (browsers cannot set headers). An upgrade
+ *   refused with 401 rejects with SlabUnauthorizedError and is never retried:
+ *   connect() rejects with it, and a reconnect that gets it closes the client.
+ *   (Browsers do not tell a page why an upgrade failed, so there a 401 looks
+ *   like any failed connection and is retried: bound it with maxAttempts.)
  */
 import { pack, unpack } from 'msgpackr';
+import { bearerHeader, checkApiKey, WS_PROTOCOL, wsKeyProtocol } from './auth.js';
 import {
   clientTimeout,
   fromServerError,
@@ -32,6 +40,7 @@ import {
   SlabAbortError,
   SlabClientError,
   SlabConnectionError,
+  SlabUnauthorizedError,
 } from './errors.js';
 import { SlabHttpClient, type SlabHttpClientOptions } from './http-client.js';
 import {
@@ -74,7 +83,12 @@ export interface WebSocketLike {
   close(code?: number, reason?: string): void;
 }
 
-export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocketLike;
+/**
+ * A WebSocket constructor. The third argument is the `ws` package's options;
+ * the client passes it (`{headers: {authorization}}`) only to send an API key
+ * as a header (see SlabClientOptions.apiKeyTransport).
+ */
+export type WebSocketConstructor = new (url: string, protocols?: string | string[], options?: { headers?: Record<string, string> }) => WebSocketLike;
 
 export interface ReconnectOptions {
   /** Delay before the first attempt after a drop, ms. Default 100. */
@@ -94,6 +108,22 @@ export interface SlabClientOptions {
   WebSocket?: WebSocketConstructor;
   /** Subprotocols for the WebSocket constructor. */
   protocols?: string | string[];
+  /**
+   * The server's API key (docs/security.md), checked once at the upgrade.
+   * Printable ASCII without spaces, as the server's keys are (else a TypeError).
+   * A missing or wrong key: SlabUnauthorizedError (type 'unauthorized'), never retried.
+   */
+  apiKey?: string;
+  /**
+   * How `apiKey` travels:
+   * - 'header': `Authorization: Bearer <key>`, given to the constructor as the `ws`
+   *   package's third argument, `{headers}` (the constructor must take it);
+   * - 'protocol': the subprotocol `bearer.<base64url(key)>`, offered with `slabserve`
+   *   (the server answers `slabserve`, never the key), for browsers.
+   * Default: 'header' when the constructor is the `ws` package (in Node the client
+   * loads `ws` for a key even where a global WebSocket exists), else 'protocol'.
+   */
+  apiKeyTransport?: 'header' | 'protocol';
   /** Requests in flight asked for in `hello`; the server may grant fewer. Default 256. */
   credit?: number;
   /** Calls waiting locally (beyond the credit, or while reconnecting) before new ones are refused. Default 1024. */
@@ -223,6 +253,28 @@ function frameBytes(data: unknown): Uint8Array | null {
   return null;
 }
 
+/** Whether a constructor is the `ws` package's (an EventEmitter: it takes `{headers}` as its third argument). */
+function looksLikeWsPackage(ctor: WebSocketConstructor): boolean {
+  const proto = (ctor as { prototype?: Record<string, unknown> }).prototype;
+  return typeof proto?.on === 'function' && typeof proto?.addEventListener === 'function';
+}
+
+function isNode(): boolean {
+  const p = (globalThis as { process?: { versions?: { node?: string } } }).process;
+  return typeof p?.versions?.node === 'string';
+}
+
+/**
+ * The HTTP status of a refused upgrade, where the WebSocket tells it: the `ws`
+ * package's error says "Unexpected server response: 401". Browsers (and
+ * Node 22's global WebSocket) do not say why a handshake failed: undefined.
+ */
+function refusedStatus(error: unknown): number | undefined {
+  if (error === undefined) return undefined;
+  const m = /Unexpected server response: (\d{3})/.exec(messageOf(error));
+  return m ? Number(m[1]) : undefined;
+}
+
 function messageOf(err: unknown): string {
   if (err instanceof Error) return err.message;
   if (isRecord(err) && typeof err.message === 'string') return err.message;
@@ -243,7 +295,9 @@ export class SlabClient implements SlabApi {
   private wake: (() => void) | null = null;
   private closing: Promise<void> | null = null;
   /** Why calls fail once the client is closed. */
-  private terminal: SlabConnectionError | null = null;
+  private terminal: SlabClientError | null = null;
+  /** The constructor is the `ws` package (it takes headers). */
+  private wsIsNodePackage = false;
   private lastHello: ServerHello | null = null;
 
   private constructor(url: string, opts: SlabClientOptions) {
@@ -253,12 +307,18 @@ export class SlabClient implements SlabApi {
     this.backoff = opts.reconnect === false ? null : { ...RECONNECT_DEFAULTS, ...(typeof opts.reconnect === 'object' ? opts.reconnect : {}) };
     const credit = opts.credit ?? DEFAULTS.credit;
     if (!Number.isInteger(credit) || credit < 1) throw new RangeError('credit must be a positive integer');
+    if (opts.apiKey !== undefined) checkApiKey(opts.apiKey);
+    if (opts.apiKeyTransport !== undefined && opts.apiKeyTransport !== 'header' && opts.apiKeyTransport !== 'protocol') {
+      throw new TypeError("apiKeyTransport must be 'header' or 'protocol'");
+    }
+    if (opts.WebSocket) this.wsIsNodePackage = looksLikeWsPackage(opts.WebSocket);
   }
 
   /**
    * Opens the socket and exchanges hello. Rejects with SlabConnectionError
    * (SLABSERVE_CONNECTION_FAILED) if the first connection fails: reconnecting
-   * applies only to a socket that was once open.
+   * applies only to a socket that was once open. An upgrade refused with 401
+   * (no key, or a wrong one) rejects with SlabUnauthorizedError.
    * `url`: ws(s)://host:port/ws, or http(s)://host:port (then /ws).
    */
   static async connect(url: string | URL, options: SlabClientOptions = {}): Promise<SlabClient> {
@@ -267,7 +327,7 @@ export class SlabClient implements SlabApi {
       client.adopt(await client.open(), false);
     } catch (err) {
       client._state = 'closed';
-      client.terminal = err instanceof SlabConnectionError ? err : new SlabConnectionError(messageOf(err), 'SLABSERVE_CONNECTION_FAILED', { cause: err });
+      client.terminal = err instanceof SlabClientError ? err : new SlabConnectionError(messageOf(err), 'SLABSERVE_CONNECTION_FAILED', { cause: err });
       throw client.terminal;
     }
     return client;
@@ -524,12 +584,37 @@ export class SlabClient implements SlabApi {
   private async constructorOf(): Promise<WebSocketConstructor> {
     if (this.wsCtor) return this.wsCtor;
     const global = (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
+    // A key goes as a header where it can: in Node, through the `ws` package (which takes headers)
+    // rather than a global WebSocket (Node 22's takes none).
+    const wantsHeader = this.opts.apiKey !== undefined && this.opts.apiKeyTransport !== 'protocol' && isNode();
+    if (global && !wantsHeader) return (this.wsCtor = global);
+    let ctor: WebSocketConstructor | undefined;
+    try {
+      const name = 'ws'; // not a literal: bundlers for browsers must not try to resolve it
+      const mod = (await import(/* @vite-ignore */ name)) as { WebSocket?: WebSocketConstructor; default?: WebSocketConstructor };
+      ctor = mod.WebSocket ?? mod.default;
+    } catch (err) {
+      if (!global) throw err;
+    }
+    if (ctor) {
+      this.wsIsNodePackage = true;
+      return (this.wsCtor = ctor);
+    }
     if (global) return (this.wsCtor = global);
-    const name = 'ws'; // not a literal: bundlers for browsers must not try to resolve it
-    const mod = (await import(/* @vite-ignore */ name)) as { WebSocket?: WebSocketConstructor; default?: WebSocketConstructor };
-    const ctor = mod.WebSocket ?? mod.default;
-    if (!ctor) throw new Error('no WebSocket: pass options.WebSocket, or install the ws package');
-    return (this.wsCtor = ctor);
+    throw new Error('no WebSocket: pass options.WebSocket, or install the ws package');
+  }
+
+  /** The constructor's arguments: the key as a header, or as a subprotocol beside `slabserve`. */
+  private socketArgs(): [string | string[] | undefined, { headers: Record<string, string> } | undefined] {
+    const protocols = this.opts.protocols;
+    const key = this.opts.apiKey;
+    if (key === undefined) return [protocols, undefined];
+    const transport = this.opts.apiKeyTransport ?? (this.wsIsNodePackage ? 'header' : 'protocol');
+    if (transport === 'header') return [protocols, { headers: { authorization: bearerHeader(key) } }];
+    const offered = protocols === undefined ? [] : typeof protocols === 'string' ? [protocols] : [...protocols];
+    if (!offered.includes(WS_PROTOCOL)) offered.unshift(WS_PROTOCOL);
+    offered.push(wsKeyProtocol(key));
+    return [offered, undefined];
   }
 
   /** Opens a socket and exchanges hello; resolves with the connection, not yet adopted. */
@@ -545,7 +630,8 @@ export class SlabClient implements SlabApi {
     return new Promise<Connection>((resolve, reject) => {
       let ws: WebSocketLike;
       try {
-        ws = new Ctor(this.url, this.opts.protocols);
+        const [protocols, options] = this.socketArgs();
+        ws = options ? new Ctor(this.url, protocols, options) : new Ctor(this.url, protocols);
       } catch (err) {
         reject(new SlabConnectionError(`cannot open ${this.url}: ${messageOf(err)}`, 'SLABSERVE_CONNECTION_FAILED', { cause: err }));
         return;
@@ -561,7 +647,8 @@ export class SlabClient implements SlabApi {
       };
       let handshaking = true;
       let lastError: unknown;
-      const fail = (why: string, cause?: unknown) => {
+      /** Ends the handshake with `why`, or with `typed` as is (an unauthorized error, which must keep its type). */
+      const fail = (why: string, cause?: unknown, typed?: SlabClientError) => {
         if (!handshaking) return;
         handshaking = false;
         clearTimeout(timer);
@@ -570,7 +657,7 @@ export class SlabClient implements SlabApi {
         } catch {
           // not open yet
         }
-        reject(new SlabConnectionError(`cannot connect to ${this.url}: ${why}`, 'SLABSERVE_CONNECTION_FAILED', cause !== undefined ? { cause } : {}));
+        reject(typed ?? new SlabConnectionError(`cannot connect to ${this.url}: ${why}`, 'SLABSERVE_CONNECTION_FAILED', cause !== undefined ? { cause } : {}));
       };
       const timer = setTimeout(() => fail(`no hello answer within ${timeoutMs} ms`), timeoutMs);
       ws.onopen = () => {
@@ -585,7 +672,12 @@ export class SlabClient implements SlabApi {
       };
       ws.onclose = (event: { code: number; reason: string }) => {
         markClosed();
-        if (handshaking) fail(`the socket closed (code ${event.code}${event.reason ? `: ${event.reason}` : ''})${lastError !== undefined ? `: ${messageOf(lastError)}` : ''}`, lastError);
+        const status = handshaking ? refusedStatus(lastError) : undefined;
+        if (status === 401 || status === 403) {
+          // The key is missing or wrong: a typed error, which connect() and the reconnect loop do not retry.
+          const why = this.opts.apiKey === undefined ? 'the server needs an API key (options.apiKey)' : 'the API key is not valid';
+          fail(why, lastError, new SlabUnauthorizedError(`${this.url} refused the WebSocket upgrade with ${status}: ${why}`, { status, cause: lastError }));
+        } else if (handshaking) fail(`the socket closed (code ${event.code}${event.reason ? `: ${event.reason}` : ''})${lastError !== undefined ? `: ${messageOf(lastError)}` : ''}`, lastError);
         else this.onClose(conn, event.code, event.reason);
       };
       ws.onmessage = (event: { data: unknown }) => {
@@ -609,7 +701,7 @@ export class SlabClient implements SlabApi {
           resolve(conn);
         } else if (msg.error !== undefined) {
           const err = fromServerError(msg.error);
-          fail(`hello refused: ${err.message}`, err);
+          fail(`hello refused: ${err.message}`, err, err instanceof SlabUnauthorizedError ? err : undefined);
         }
       };
     });
@@ -747,6 +839,15 @@ export class SlabClient implements SlabApi {
         lastError = err instanceof SlabClientError ? err : new SlabConnectionError(messageOf(err), 'SLABSERVE_CONNECTION_FAILED', { cause: err });
         this.emit({ type: 'reconnect_failed', attempt, error: lastError });
         if (this.isClosed()) break;
+        if (lastError instanceof SlabUnauthorizedError) {
+          // The server no longer takes the key (restarted with other keys): retrying cannot help.
+          this.reconnecting = false;
+          this._state = 'closed';
+          this.terminal = lastError;
+          this.emit({ type: 'gave_up', attempts: attempt, error: lastError });
+          this.failQueued(lastError);
+          return;
+        }
       }
     }
     this.reconnecting = false;
