@@ -8,6 +8,12 @@
  *     schemas themselves let unknown fields through); an unknown kind fails;
  *   - the cross-references that break a deployment silently: selectors, port names, probe
  *     paths, grace period against drain + preStop, HPA target and metric, adapter rules;
+ *   - the optional API key component (deploy/kubernetes/api-keys): the Deployment it patches
+ *     (merged as kustomize does, and compared with `kubectl kustomize` where kubectl exists)
+ *     passes every check above, reads its keys from the Secret's file, which the server's user
+ *     can read, and keeps its probes and the scrape on paths that need no key; a real server
+ *     started with those settings answers the probes and /metrics without a key and the API
+ *     only with one;
  *   - the Dockerfile's instructions (base image, user, healthcheck, port, production install)
  *     and what .dockerignore lets into the build context;
  *   - a real server (`slabserve serve`, a child process) started with the Deployment's
@@ -20,8 +26,9 @@
  * not empty for deliberately broken copies, so no check passes vacuously.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import net, { type AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
 import { join, posix, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Registry } from 'prom-client';
@@ -715,6 +722,121 @@ function dockerignore(text: string): (path: string) => boolean {
   };
 }
 
+// ------------------------------------------------------------------ the API key component
+
+const API_KEYS_DIR = join(k8sDir, 'api-keys');
+/** The Secret the component mounts. */
+const API_KEYS_SECRET = 'slabserve-api-keys';
+/** What answers without a key (docs/security.md): the only paths a probe may use once keys are on. */
+const OPEN_PATHS = new Set(['/livez', '/readyz', '/health', '/v2/health/live', '/v2/health/ready']);
+
+interface Component {
+  kustomization: Obj;
+  /** The kustomization's text (its instructions are checked against the patch). */
+  text: string;
+  patches: { path: string; obj: Obj }[];
+}
+
+function loadComponent(dir: string): Component {
+  const text = readFileSync(join(dir, KUSTOMIZATION_FILE), 'utf8');
+  const kustomization = parseYaml(text) as Obj;
+  const patches = ((kustomization.patches ?? []) as Obj[]).map((p) => ({ path: p.path as string, obj: parseYaml(readFileSync(join(dir, p.path), 'utf8')) as Obj }));
+  return { kustomization, text, patches };
+}
+
+/** The merge key of each list a patch may touch (Kubernetes' patchMergeKey for these fields). */
+const MERGE_KEYS: Record<string, string> = { containers: 'name', initContainers: 'name', env: 'name', volumeMounts: 'mountPath', volumes: 'name' };
+
+/**
+ * A strategic merge patch as kustomize applies it, for the lists in MERGE_KEYS: maps merge
+ * recursively, list items merge with the base item of the same key, new items go first (in
+ * the patch's order). Any other list, or a `$patch` directive, throws: this merge would not
+ * know what kustomize does with it.
+ */
+function strategicMerge(base: unknown, patch: unknown, field = ''): unknown {
+  if (Array.isArray(patch)) {
+    const key = MERGE_KEYS[field];
+    if (!key) throw new Error(`the patch sets the list ${field}, whose merge this test does not model`);
+    const out = Array.isArray(base) ? clone(base as Obj[]) : [];
+    const added: Obj[] = [];
+    for (const item of patch as Obj[]) {
+      const at = out.findIndex((b) => b[key] === item[key]);
+      if (at >= 0) out[at] = strategicMerge(out[at], item) as Obj;
+      else added.push(clone(item));
+    }
+    return [...added, ...out];
+  }
+  if (patch !== null && typeof patch === 'object') {
+    const out: Obj = base !== null && typeof base === 'object' && !Array.isArray(base) ? clone(base as Obj) : {};
+    for (const [k, v] of Object.entries(patch as Obj)) {
+      if (k.startsWith('$')) throw new Error(`patch directive ${k} is not modelled`);
+      out[k] = strategicMerge(out[k], v, k);
+    }
+    return out;
+  }
+  return patch;
+}
+
+/** The documents with the component's patches applied (each patch targets a document by kind and name). */
+function applyComponent(docs: Doc[], component: Component): Doc[] {
+  const out = docs.map((d) => ({ ...d, obj: clone(d.obj) }));
+  for (const p of component.patches) {
+    const target = out.find((d) => d.obj.kind === p.obj.kind && d.obj.metadata?.name === p.obj.metadata?.name);
+    if (!target) throw new Error(`${p.path}: no ${p.obj.kind} ${p.obj.metadata?.name} to patch`);
+    target.obj = strategicMerge(target.obj, p.obj) as Obj;
+  }
+  return out;
+}
+
+/** Problems of a Deployment that is to require API keys from the component's Secret. */
+function apiKeyProblems(docs: Doc[], component: Component): string[] {
+  const problems: string[] = [];
+  const k = component.kustomization;
+  if (k.apiVersion !== 'kustomize.config.k8s.io/v1alpha1' || k.kind !== 'Component') problems.push(`api-keys: ${k.apiVersion} ${k.kind}, expected a kustomize Component`);
+  const dep = docs.find((d) => d.obj.kind === 'Deployment')?.obj;
+  const sm = docs.find((d) => d.obj.kind === 'ServiceMonitor')?.obj;
+  const pod: Obj = dep?.spec?.template?.spec ?? {};
+  const c: Obj = pod.containers?.[0] ?? {};
+  const envVars: Obj[] = c.env ?? [];
+  const envOf = (name: string) => envVars.find((e) => e.name === name);
+
+  if (envOf('SLABSERVE_API_KEY')?.value !== undefined) problems.push('Deployment: SLABSERVE_API_KEY has a literal value: keys belong in a Secret');
+  const file: unknown = envOf('SLABSERVE_API_KEY_FILE')?.value;
+  if (typeof file !== 'string' || !file.startsWith('/')) {
+    problems.push('Deployment: no SLABSERVE_API_KEY_FILE with an absolute path');
+  } else {
+    const mount = ((c.volumeMounts ?? []) as Obj[]).find((m) => file.startsWith(`${String(m.mountPath).replace(/\/+$/, '')}/`));
+    const volume = mount && ((pod.volumes ?? []) as Obj[]).find((v) => v.name === mount.name);
+    if (!mount || !volume) problems.push(`Deployment: SLABSERVE_API_KEY_FILE ${file} is in no mounted volume`);
+    else if (volume.secret?.secretName !== API_KEYS_SECRET) problems.push(`Deployment: ${file} is not from the Secret ${API_KEYS_SECRET}`);
+    else {
+      if (mount.readOnly !== true) problems.push(`Deployment: the mount of ${API_KEYS_SECRET} is not readOnly`);
+      const name = file.slice(String(mount.mountPath).replace(/\/+$/, '').length + 1);
+      const item = ((volume.secret.items ?? []) as Obj[]).find((i) => i.path === name);
+      if (volume.secret.items && !item) problems.push(`Deployment: the Secret's items project no ${name}`);
+      // the key the instructions create the Secret with must be the file the server reads
+      const key = item?.key ?? name;
+      const told = /--from-file=([\w.-]+)=/.exec(component.text)?.[1];
+      if (told !== key) problems.push(`api-keys: the instructions create the Secret with key ${told}, the server reads ${key}`);
+      // Secret files belong to root (group: fsGroup when set); the server runs as runAsUser, not root
+      const mode = Number(item?.mode ?? volume.secret.defaultMode ?? 0o644);
+      const sec = { ...(pod.securityContext ?? {}), ...(c.securityContext ?? {}) };
+      // (fsGroup is a supplementary group of every container process: group-readable is enough)
+      const readable = (mode & 0o004) !== 0 || ((mode & 0o040) !== 0 && pod.securityContext?.fsGroup !== undefined);
+      if (!readable) problems.push(`Deployment: ${file} (mode 0${mode.toString(8)}) is not readable by user ${sec.runAsUser}`);
+    }
+  }
+  for (const name of ['readinessProbe', 'livenessProbe', 'startupProbe']) {
+    const path = c[name]?.httpGet?.path;
+    if (path !== undefined && !OPEN_PATHS.has(path)) problems.push(`Deployment: ${name} ${path} needs a key (probes send none)`);
+  }
+  const metricsAuth = /^(true|yes|1)$/i.test(String(envOf('SLABSERVE_METRICS_AUTH')?.value ?? ''));
+  if (metricsAuth && !((sm?.spec?.endpoints ?? []) as Obj[]).every((e) => e.authorization || e.bearerTokenSecret)) {
+    problems.push('ServiceMonitor: SLABSERVE_METRICS_AUTH is on and the endpoint sends no key');
+  }
+  return problems;
+}
+
 // ------------------------------------------------------------------ the real server
 
 /** SLABSERVE_* variable names `slabserve serve` reads (from its --help). */
@@ -896,6 +1018,125 @@ describe('kubernetes manifests: cross-references', () => {
     badRule.resources = { overrides: { namespace: { resource: 'namespace' } } };
     badRule.metricsQuery = 'sum(<<.Series>>)';
     expect(adapterProblems([badRule]).join()).toMatch(/namespace and pod.*lacks <<.LabelMatchers>>/s);
+  });
+});
+
+describe('kubernetes manifests: the optional API key component (api-keys/)', () => {
+  const component = loadComponent(API_KEYS_DIR);
+  const withKeys = applyComponent(docs, component);
+  const patched = withKeys.find((d) => d.obj.kind === 'Deployment')!.obj;
+  const ctx = () => ({ slabserveVars, adapterNames: adapterNames() });
+
+  it('is a Component the base does not enable by default; it only patches the Deployment', () => {
+    expect(component.kustomization).toMatchObject({ apiVersion: 'kustomize.config.k8s.io/v1alpha1', kind: 'Component' });
+    expect(component.patches.map((p) => p.obj.kind)).toEqual(['Deployment']);
+    const base = parseYaml(readFileSync(join(k8sDir, KUSTOMIZATION_FILE), 'utf8')) as Obj;
+    expect(base.components).toBeUndefined();
+    // without it, no key is required: the base Deployment names no key
+    expect(apiKeyProblems(docs, component).join()).toMatch(/no SLABSERVE_API_KEY_FILE/);
+  });
+
+  it('the patched Deployment validates, passes the cross-references, and reads its keys from the Secret', () => {
+    expect(schemaProblems(patched)).toEqual([]);
+    const types = typeProblems([{ label: 'patched', obj: patched }]);
+    expect(types.get('patched')).toEqual([]);
+    expect(types.get('global') ?? []).toEqual([]);
+    expect(crossReferenceProblems(withKeys, ctx())).toEqual([]); // SLABSERVE_API_KEY_FILE is in `serve --help`
+    expect(apiKeyProblems(withKeys, component)).toEqual([]);
+    const c = patched.spec.template.spec.containers[0] as Obj;
+    expect(c.readinessProbe.httpGet.path).toBe('/readyz');
+    expect(c.livenessProbe.httpGet.path).toBe('/livez');
+  });
+
+  it('each broken requirement is reported', () => {
+    const broken = (mutate: (dep: Obj, c: Obj) => void, text = component.text): string[] => {
+      const copy = withKeys.map((d) => ({ ...d, obj: clone(d.obj) }));
+      const dep = copy.find((d) => d.obj.kind === 'Deployment')!.obj;
+      mutate(dep, dep.spec.template.spec.containers[0]);
+      return [...apiKeyProblems(copy, { ...component, text }), ...crossReferenceProblems(copy, ctx())];
+    };
+    const volume = (dep: Obj) => dep.spec.template.spec.volumes.find((v: Obj) => v.name === 'api-keys');
+    const env = (c: Obj, name: string) => c.env.find((e: Obj) => e.name === name);
+    expect(broken((_, c) => (env(c, 'SLABSERVE_API_KEY_FILE').name = 'SLABSERVE_API_KEYS_FILE')).join()).toMatch(/SLABSERVE_API_KEYS_FILE is not a slabserve setting/);
+    expect(broken((_, c) => (env(c, 'SLABSERVE_API_KEY_FILE').value = '/etc/keys')).join()).toMatch(/in no mounted volume/);
+    expect(broken((dep) => (volume(dep).secret.secretName = 'other')).join()).toMatch(/not from the Secret slabserve-api-keys/);
+    expect(broken((_, c) => delete c.volumeMounts.find((m: Obj) => m.name === 'api-keys').readOnly).join()).toMatch(/not readOnly/);
+    expect(broken((dep) => delete dep.spec.template.spec.securityContext.fsGroup).join()).toMatch(/mode 0440\) is not readable by user 10001/);
+    expect(broken((dep) => (volume(dep).secret.defaultMode = 0o400)).join()).toMatch(/not readable/);
+    expect(broken((dep) => (volume(dep).secret.items = [{ key: 'keys', path: 'keys' }])).join()).toMatch(/project no api-keys/);
+    expect(broken(() => {}, component.text.replace('--from-file=api-keys=', '--from-file=keys=')).join()).toMatch(/with key keys, the server reads api-keys/);
+    expect(broken((_, c) => (c.readinessProbe.httpGet.path = '/info')).join()).toMatch(/readinessProbe \/info needs a key/);
+    expect(broken((_, c) => c.env.push({ name: 'SLABSERVE_METRICS_AUTH', value: 'true' })).join()).toMatch(/METRICS_AUTH is on/);
+    expect(broken((_, c) => c.env.push({ name: 'SLABSERVE_API_KEY', value: 'sk-in-the-manifest' })).join()).toMatch(/literal value/);
+    expect(() => strategicMerge({ a: [1] }, { a: [2] }, '')).toThrow(/does not model/);
+  });
+
+  it.skipIf(spawnSync('kubectl', ['version', '--client'], { stdio: 'ignore' }).status !== 0)('kubectl kustomize makes the same Deployment as the merge these checks use', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'slabserve-kustomize-'));
+    try {
+      const base = relative(dir, k8sDir).split('\\').join('/');
+      writeFileSync(join(dir, KUSTOMIZATION_FILE), `resources:\n  - ${base}\ncomponents:\n  - ${base}/api-keys\n`);
+      const r = spawnSync('kubectl', ['kustomize', dir], { encoding: 'utf8' });
+      expect(r.status, r.stderr).toBe(0);
+      const built = parseAllDocuments(r.stdout).map((d) => d.toJS() as Obj);
+      expect(built.find((o) => o.kind === 'Deployment')).toEqual(patched);
+      // and the base alone is the Deployment as written
+      const plain = spawnSync('kubectl', ['kustomize', k8sDir], { encoding: 'utf8' });
+      expect(plain.status, plain.stderr).toBe(0);
+      expect(parseAllDocuments(plain.stdout).map((d) => d.toJS() as Obj).find((o) => o.kind === 'Deployment')).toEqual(deployment);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the real server with the API key component (slabserve serve, its Secret as a file)', () => {
+  const KEY = 'sk-deploy-test-5f1c0a77d2e94b0c8a6e3b1d';
+  let child: Child | undefined;
+  let dir: string;
+
+  beforeAll(async () => {
+    const patched = applyComponent(docs, loadComponent(API_KEYS_DIR)).find((d) => d.obj.kind === 'Deployment')!.obj;
+    const container = patched.spec.template.spec.containers[0] as Obj;
+    const env = Object.fromEntries((container.env as Obj[]).map((e) => [e.name as string, String(e.value)]));
+    // The Secret's file, where this machine can write it: the same file name under a temp dir.
+    dir = mkdtempSync(join(tmpdir(), 'slabserve-keys-'));
+    const file = join(dir, posix.basename(env.SLABSERVE_API_KEY_FILE!));
+    writeFileSync(file, `# made by test/deploy.test.ts\n${KEY}\n`, { mode: 0o440 });
+    child = await startCli({
+      ...env,
+      SLABSERVE_API_KEY_FILE: file,
+      SLABSERVE_PORT: '0',
+      SLABSERVE_HOST: '127.0.0.1',
+      SLABSERVE_DEVICE: 'cpu',
+      SLABSERVE_MODEL: 'tiny-embed',
+      SLABSERVE_GATEWAY_THREADS: '1',
+    });
+  });
+
+  afterAll(async () => {
+    if (child && child.proc.exitCode === null && child.proc.signalCode === null) {
+      child.proc.kill('SIGKILL');
+      await child.exited;
+    }
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("answers the probes and the ServiceMonitor's path without a key, the API only with one", async () => {
+    const c = deployment.spec.template.spec.containers[0] as Obj;
+    const sm = docs.find((d) => d.obj.kind === 'ServiceMonitor')!.obj;
+    for (const path of [c.readinessProbe.httpGet.path, c.livenessProbe.httpGet.path, sm.spec.endpoints[0].path ?? '/metrics']) {
+      expect((await fetch(child!.url + path)).status, path).toBe(200);
+    }
+    const embed = (headers: Record<string, string>) =>
+      fetch(child!.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify({ inputs: 'where is my parcel?' }) });
+    expect((await embed({})).status).toBe(401);
+    expect((await embed({ authorization: 'Bearer not-the-key' })).status).toBe(401);
+    const ok = await embed({ authorization: `Bearer ${KEY}` });
+    expect(ok.status).toBe(200);
+    expect(((await ok.json()) as number[][])[0]).toHaveLength(128);
+    child!.proc.kill('SIGTERM');
+    expect(await child!.exited).toBe(0);
   });
 });
 
