@@ -59,8 +59,19 @@ export class ModelRunner {
   private readonly prepared: PreparedModel;
   /** Free input-buffer sets per bucket index (one per batch that may be in flight). */
   private readonly pools: InputBuffers[][];
+  /** padTo resolved for this device ('auto': the longest input on CPU, the bucket on CUDA). */
+  readonly padToLongest: boolean;
 
-  private constructor(spec: ModelSpec, slab: Slab, options: BatchingOptions, session: ort.InferenceSession, prepared: PreparedModel, inflight: number) {
+  private constructor(
+    spec: ModelSpec,
+    slab: Slab,
+    options: BatchingOptions,
+    session: ort.InferenceSession,
+    prepared: PreparedModel,
+    inflight: number,
+    device: DeviceInfo,
+  ) {
+    this.padToLongest = options.padTo === 'longest' || (options.padTo === 'auto' && device.kind !== 'cuda');
     this.spec = spec;
     this.slab = slab;
     this.options = options;
@@ -88,7 +99,7 @@ export class ModelRunner {
       intraOpNumThreads: session.intraOpThreads,
       logSeverityLevel: 3,
     });
-    return new ModelRunner(spec, slab, options, sess, prepared, maxInflight);
+    return new ModelRunner(spec, slab, options, sess, prepared, maxInflight, device);
   }
 
   /**
@@ -97,7 +108,7 @@ export class ModelRunner {
    * caller decides what the slots become.
    */
   async run(slots: readonly number[], bucket: number): Promise<BatchStats> {
-    const T = this.options.padTo === 'longest' ? this.longest(slots) : this.options.buckets[bucket]!;
+    const T = this.padToLongest ? this.longest(slots) : this.options.buckets[bucket]!;
     const pool = this.pools[bucket]!;
     const buf = pool.pop();
     if (!buf) throw new Error('no free input buffer: more batches in flight than configured');
