@@ -11,12 +11,11 @@
  * whole process run in child processes (the last describe block).
  */
 import { spawn } from 'node:child_process';
-import net, { type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { pack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
-import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/main.js';
+import { pickFreePort, SERVER_DEFAULTS, startServer, type Server } from '../dist/src/main.js';
 import { VERSION } from '../dist/src/version.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
 import { makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
@@ -149,13 +148,7 @@ function wordsText(rand: () => number, n: number): string {
   return Array.from({ length: n }, () => words[Math.floor(rand() * words.length)]).join(' ');
 }
 
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as AddressInfo).port;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
+const freePort = () => pickFreePort('127.0.0.1');
 
 // =================================================================== routes
 

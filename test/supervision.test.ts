@@ -16,12 +16,11 @@
  */
 import { spawn } from 'node:child_process';
 import http from 'node:http';
-import net, { type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import type { InferenceFault } from '../dist/src/gpu-worker/worker.js';
-import { startServer, type Server } from '../dist/src/main.js';
+import { pickFreePort, startServer, type Server } from '../dist/src/main.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 
@@ -126,13 +125,7 @@ async function expectSlotsFree(port: number): Promise<void> {
   await eventually('every slot free', () => scrape(port), (m) => m.has('slabserve_slots_in_use') && slotsInUse(m) === 0);
 }
 
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as AddressInfo).port;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
+const freePort = () => pickFreePort('127.0.0.1');
 
 /** /readyz every 20 ms: its answers (or errors) over time. */
 class ReadinessPoller {
