@@ -5,6 +5,10 @@
  *
  * submit():  take a free slot, write ids into it, mark it QUEUED, push its
  *            index on the model's submit ring, ring the inference thread's bell.
+ * reserve(): take a request's slots before its inputs are ready (all of them
+ *            or none: OverloadedError at once), so it is refused before any
+ *            work is spent on it (tokenizing) and cannot lose them meanwhile;
+ *            submit() then fills them one by one, release() gives back the rest.
  * listen():  sleep on this owner's doorbell (Atomics.waitAsync); the
  *            inference thread rings it once per finished batch; drain this
  *            owner's completion queues and settle the waiting promises.
@@ -73,6 +77,45 @@ export interface SubmitOptions {
   /** Which chunk of its client request this input is (for interleaving large requests). */
   chunk?: number;
   signal?: AbortSignal;
+  /** Fill one of these slots (taken by {@link SlabSubmitter.reserve}) instead of taking a free one. */
+  reservation?: SlotReservation;
+}
+
+/**
+ * Slots one request took before its inputs were ready: FILLING, owned by
+ * this thread, on no queue, so no other request can take them (and a dead
+ * gateway's are freed by the main thread as slots it left FILLING).
+ * `submit({reservation})` fills them one by one; `release()` gives back those
+ * not filled (a request that failed before submitting, or submitted fewer).
+ */
+export class SlotReservation {
+  readonly model: number;
+  private readonly slots: number[];
+  private readonly giveBack: (slot: number) => void;
+  private released = false;
+
+  constructor(model: number, slots: number[], giveBack: (slot: number) => void) {
+    this.model = model;
+    this.slots = slots;
+    this.giveBack = giveBack;
+  }
+
+  /** Slots still held. */
+  get size(): number {
+    return this.slots.length;
+  }
+
+  /** One held slot, now the caller's to fill; -1 when none is left (or after release). */
+  take(): number {
+    return this.released ? -1 : (this.slots.pop() ?? -1);
+  }
+
+  /** Gives back every slot not taken. Idempotent. */
+  release(): void {
+    if (this.released) return;
+    this.released = true;
+    for (let slot = this.slots.pop(); slot !== undefined; slot = this.slots.pop()) this.giveBack(slot);
+  }
 }
 
 /** Why a request was cancelled and what it cost: `ran` when the device had already run it (work wasted). */
@@ -108,6 +151,8 @@ export class SlabSubmitter {
   /** pending[model][slot]: the request waiting on that slot, if any. */
   private readonly pending: (Pending | undefined)[][];
   private inFlight = 0;
+  /** Slots held by reservations, not yet filled or given back. */
+  private reserved = 0;
   /** Cancelled requests whose result was already written (model * 2^32 + slot): their completion is still to be drained and freed. */
   private readonly abandoned = new Set<number>();
   private closed = false;
@@ -156,14 +201,67 @@ export class SlabSubmitter {
     return predictedWaitMs(queued, request, costs) + Math.max(0, slab.counters[Counter.BUSY_UNTIL]! - nowMs());
   }
 
-  /** Requests submitted by this owner and not yet settled. */
+  /** Inputs submitted by this owner and not yet settled, plus slots reserved for requests still being prepared (tokenized). */
   get pendingCount(): number {
-    return this.inFlight;
+    return this.inFlight + this.reserved;
+  }
+
+  /** Free slots of `model` right now (another thread may take some the next moment). */
+  freeSlots(model: number): number {
+    return this.slabs[model]?.free.size() ?? 0;
+  }
+
+  /**
+   * Takes `count` free slots of `model` for one request, all or none: with
+   * fewer free, rejects with OverloadedError at once and holds nothing. The
+   * slots are FILLING and this owner's until submitted or released.
+   */
+  reserve(model: number, count: number): SlotReservation {
+    if (this.closed) throw new EngineClosedError();
+    const slab = this.slabs[model];
+    if (!slab) throw new ValidationError(`no model with index ${model}`);
+    if (!(count >= 1)) throw new ValidationError(`a request needs at least one slot, not ${count}`);
+    const popped: number[] = [];
+    while (popped.length < count) {
+      const slot = slab.free.pop();
+      if (slot === -1) break;
+      popped.push(slot);
+    }
+    if (popped.length < count) {
+      for (const slot of popped) slab.free.push(slot); // still FREE: nothing else to undo
+      throw new OverloadedError(
+        count > slab.layout.slotCount
+          ? `${count} inputs need more slots than the ${slab.layout.slotCount} this model has (--slots-per-model)`
+          : `${count} request slot${count === 1 ? '' : 's'} needed, fewer free of ${slab.layout.slotCount}; retry shortly`,
+      );
+    }
+    for (const slot of popped) this.acquire(slab, slot);
+    this.reserved += count;
+    return new SlotReservation(model, popped, (slot) => {
+      this.reserved--;
+      if (slab.transition(slot, SlotState.FILLING, SlotState.FREE) !== SlotState.FILLING) {
+        throw new Error(`reserved slot ${slot} is not FILLING (state ${slab.state(slot)})`);
+      }
+      slab.free.push(slot);
+    });
+  }
+
+  /** FREE -> FILLING for a slot just popped off the free list, marked as this owner's; returns its new generation. */
+  private acquire(slab: Slab, slot: number): number {
+    if (slab.transition(slot, SlotState.FREE, SlotState.FILLING) !== SlotState.FREE) {
+      throw new Error(`slot ${slot} on the free list is not FREE (state ${slab.state(slot)})`);
+    }
+    // Owner and holder before the generation moves: the main thread, reclaiming a dead thread's
+    // slots, reads the generation around them to tell a slot taken again from one it held.
+    slab.setHeader(slot, H_HOLDER, 0);
+    slab.setHeader(slot, H_OWNER, this.owner);
+    return Atomics.add(slab.headers, slot * HEADER_I32 + H_GENERATION, 1) + 1;
   }
 
   /**
    * Queues one input (token ids with [CLS]/[SEP], at most the slab's maxLength)
-   * for `model`. Rejects with OverloadedError at once when no slot is free.
+   * for `model`: in a slot of `opts.reservation` when given, else in a free
+   * one (rejects with OverloadedError at once when none is free).
    */
   submit(model: number, ids: ArrayLike<number>, typeIds: ArrayLike<number> | null, opts: SubmitOptions): Promise<SlotResult> {
     if (this.closed) return Promise.reject(new EngineClosedError());
@@ -175,18 +273,22 @@ export class SlabSubmitter {
     }
     if (opts.signal?.aborted) return Promise.reject(new CancelledError());
 
-    const slot = slab.free.pop();
-    if (slot === -1) {
-      return Promise.reject(new OverloadedError(`all ${slab.layout.slotCount} request slots are in use; retry shortly`));
+    let slot: number;
+    let generation: number;
+    const held = opts.reservation;
+    if (held) {
+      if (held.model !== model) return Promise.reject(new Error(`a reservation of model ${held.model} used for model ${model}`));
+      slot = held.take();
+      if (slot === -1) return Promise.reject(new Error('the reservation holds no slot for this input (released, or fewer slots than inputs)'));
+      this.reserved--;
+      generation = slab.header(slot, H_GENERATION);
+    } else {
+      slot = slab.free.pop();
+      if (slot === -1) {
+        return Promise.reject(new OverloadedError(`all ${slab.layout.slotCount} request slots are in use; retry shortly`));
+      }
+      generation = this.acquire(slab, slot);
     }
-    if (slab.transition(slot, SlotState.FREE, SlotState.FILLING) !== SlotState.FREE) {
-      throw new Error(`slot ${slot} on the free list is not FREE (state ${slab.state(slot)})`);
-    }
-    // Owner and holder before the generation moves: the main thread, reclaiming a dead thread's
-    // slots, reads the generation around them to tell a slot taken again from one it held.
-    slab.setHeader(slot, H_HOLDER, 0);
-    slab.setHeader(slot, H_OWNER, this.owner);
-    const generation = Atomics.add(slab.headers, slot * HEADER_I32 + H_GENERATION, 1) + 1;
     slab.slotIds(slot).set(ids);
     const types = slab.slotTypeIds(slot);
     if (typeIds) types.set(typeIds);
