@@ -48,6 +48,8 @@ export interface GatewayWorkerData {
   requestTimeoutMs: number;
   heartbeatTimeoutMs: number;
   tokenizerThreads: number;
+  /** Requests that may wait for a tokenizer pool thread; past it 429 (default TOKENIZER_QUEUE_PER_THREAD per thread). */
+  tokenizerQueue?: number;
   inlineTokenizeChars: number;
   ws: WsOptions;
   version: string;
@@ -91,7 +93,7 @@ async function main(): Promise<void> {
     },
   });
   const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadTokenizer(plan.spec.tokenizerPath) })));
-  const pool = createTokenizePool(data.tokenizerThreads);
+  const pool = createTokenizePool(data.tokenizerThreads, data.tokenizerQueue !== undefined ? { maxQueue: data.tokenizerQueue } : {});
   await pool.warmUp([...new Set(data.models.map((m) => m.spec.tokenizerPath))]);
   const client = new InferenceClient(models, submitter, {
     requestTimeoutMs: data.requestTimeoutMs,

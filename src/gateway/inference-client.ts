@@ -11,7 +11,7 @@ import { admission } from '../shared/admission.js';
 import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
 import type { Task } from '../shared/model-config.js';
 import { INTERLEAVE_CHUNK } from '../shared/slab.js';
-import type { SlabSubmitter, SlotResult } from '../shared/submitter.js';
+import type { SlabSubmitter, SlotReservation, SlotResult } from '../shared/submitter.js';
 import type { EncodeOptions, Encoding, TextTokenizer } from './tokenizer.js';
 import { checkModelName } from './security.js';
 
@@ -23,8 +23,12 @@ export interface ClientModel {
   tokenizer: TextTokenizer;
 }
 
-/** Tokenizes a list of texts off the event loop (a piscina pool); absent, batches are tokenized inline. */
-export type BatchTokenizer = (model: ClientModel, texts: string[], opts: EncodeOptions) => Promise<Encoding[]>;
+/**
+ * Tokenizes a list of texts off the event loop (a piscina pool); absent, batches are tokenized inline.
+ * Rejects with OverloadedError when its queue is full, CancelledError when `signal` aborts while the
+ * texts still wait their turn.
+ */
+export type BatchTokenizer = (model: ClientModel, texts: string[], opts: EncodeOptions, signal?: AbortSignal) => Promise<Encoding[]>;
 
 export interface CallOptions {
   signal?: AbortSignal;
@@ -32,6 +36,8 @@ export interface CallOptions {
   timeoutMs?: number;
   /** Priority class index (0 = interactive, the default). */
   priority?: number;
+  /** Slots taken for this request beforehand ({@link InferenceClient.hold}); run() fills them and gives back any left over. */
+  slots?: SlotReservation;
 }
 
 export interface Timing {
@@ -86,6 +92,9 @@ export interface RerankScore {
 
 /** Pairs tokenized inline yield the event loop after this many ms of work. */
 const YIELD_EVERY_MS = 4;
+
+/** No inputs of its own: the predicted wait of the work already queued (a lower bound on any request's). */
+const NO_LENGTHS: readonly number[] = [];
 
 export class InferenceClient {
   private readonly models: ClientModel[];
@@ -163,8 +172,11 @@ export class InferenceClient {
     return this.models.map((m) => m.plan.spec.name);
   }
 
-  /** Validates and tokenizes texts: inline when small, on the batch tokenizer (if any) when large. */
-  async encode(model: ClientModel, inputs: string | string[], truncate: boolean): Promise<Encoding[]> {
+  /**
+   * Validates and tokenizes texts: inline when small, on the batch tokenizer (if any) when large.
+   * `signal` drops texts still waiting for the batch tokenizer (the client went away).
+   */
+  async encode(model: ClientModel, inputs: string | string[], truncate: boolean, signal?: AbortSignal): Promise<Encoding[]> {
     const texts = typeof inputs === 'string' ? [inputs] : inputs;
     if (!Array.isArray(texts) || texts.length === 0) throw new ValidationError('inputs must be a string or a non-empty list of strings');
     let chars = 0;
@@ -175,7 +187,7 @@ export class InferenceClient {
     }
     const opts = { maxLength: model.plan.maxLength, truncate };
     if (texts.length === 1 && chars <= this.inlineTokenizeChars) return [model.tokenizer.encode(texts[0]!, opts)];
-    if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts, opts);
+    if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts, opts, signal);
     return model.tokenizer.encodeBatch(texts, opts);
   }
 
@@ -184,10 +196,10 @@ export class InferenceClient {
    * special tokens, checked by {@link encodeIds}, not tokenized): what the
    * HTTP APIs accept as `inputs` / `input`.
    */
-  async encodeInputs(model: ClientModel, inputs: Inputs, truncate: boolean): Promise<Encoding[]> {
+  async encodeInputs(model: ClientModel, inputs: Inputs, truncate: boolean, signal?: AbortSignal): Promise<Encoding[]> {
     const list = inputList(inputs);
     if (!Array.isArray(list) || list.length === 0) throw new ValidationError('inputs must be a string, a list of token ids, or a non-empty list of those');
-    if (list.every((x) => typeof x === 'string')) return this.encode(model, list as string[], truncate);
+    if (list.every((x) => typeof x === 'string')) return this.encode(model, list as string[], truncate, signal);
     const out: Encoding[] = new Array(list.length);
     const texts: string[] = [];
     const at: number[] = [];
@@ -201,7 +213,7 @@ export class InferenceClient {
         throw new ValidationError('every input must be a string or a list of token ids');
       }
     });
-    if (texts.length > 0) (await this.encode(model, texts, truncate)).forEach((e, k) => (out[at[k]!] = e));
+    if (texts.length > 0) (await this.encode(model, texts, truncate, signal)).forEach((e, k) => (out[at[k]!] = e));
     return out;
   }
 
@@ -288,14 +300,36 @@ export class InferenceClient {
   }
 
   /**
-   * Submits one slot per input. If any input cannot be queued (overload) or
-   * fails, the others are cancelled at once: a request is answered whole or
-   * not at all, and never leaves work behind.
+   * Submits one slot per input: in the slots `opts.slots` holds, else in slots
+   * taken now, all of them or none (429 at once). Admission (the predicted
+   * wait, from the inputs' token counts) comes first. If any input fails, the
+   * others are cancelled at once: a request is answered whole or not at all,
+   * and never leaves work behind. Slots of `opts.slots` left unfilled are given back.
    */
   async run(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: CallOptions = {}): Promise<{ rows: SlotResult[]; timing: Timing }> {
     const timeoutMs = opts.timeoutMs ?? this.requestTimeoutMs;
     const deadline = nowMs() + timeoutMs;
-    this.admit(model, encodings, timeoutMs);
+    let held = opts.slots;
+    try {
+      if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
+      if (held && (held.model !== model.plan.index || held.size < encodings.length)) {
+        throw new Error(`the request's reserved slots (${held.size} of model ${held.model}) do not fit its ${encodings.length} inputs of model ${model.plan.index}`);
+      }
+      held ??= this.submitter.reserve(model.plan.index, encodings.length);
+      this.admit(model, encodings, timeoutMs);
+      return await this.submitAll(model, encodings, held, deadline, opts);
+    } finally {
+      held?.release();
+    }
+  }
+
+  private async submitAll(
+    model: ClientModel,
+    encodings: Pick<Encoding, 'ids' | 'typeIds'>[],
+    held: SlotReservation,
+    deadline: number,
+    opts: CallOptions,
+  ): Promise<{ rows: SlotResult[]; timing: Timing }> {
     const group = new AbortController();
     setMaxListeners(encodings.length + 10, group.signal); // one listener per slot: not a leak
     const onAbort = () => group.abort(opts.signal?.reason); // keeps the reason (client gone, cancel, ...) for the metrics
@@ -305,7 +339,7 @@ export class InferenceClient {
       const priority = opts.priority ?? 0;
       const rows = await Promise.all(
         encodings.map((e, i) =>
-          this.submitter.submit(model.plan.index, e.ids, e.typeIds, { deadline, priority, chunk: Math.floor(i / INTERLEAVE_CHUNK), signal: group.signal }),
+          this.submitter.submit(model.plan.index, e.ids, e.typeIds, { deadline, priority, chunk: Math.floor(i / INTERLEAVE_CHUNK), signal: group.signal, reservation: held }),
         ),
       );
       // Checked again before the answer is serialised: a late answer is a timeout, not a success.
@@ -337,14 +371,86 @@ export class InferenceClient {
     return i;
   }
 
+  /**
+   * Takes `count` slots of `model` for one request before its inputs are
+   * tokenized, and refuses it at once (429) when fewer are free, or when the
+   * work already queued, without its own inputs (whose token counts are not
+   * known yet), would make it miss its deadline or the latency target. So a
+   * request that will be refused never waits for the tokenizer pool, and one
+   * admitted cannot lose its slots while it is tokenized. Pass the result as
+   * `slots` to run() (embed, classify, ...), and release() it in any case.
+   */
+  hold(model: ClientModel, count: number, opts: Pick<CallOptions, 'timeoutMs'> = {}): SlotReservation {
+    const timeoutMs = opts.timeoutMs ?? this.requestTimeoutMs;
+    if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
+    const held = this.submitter.reserve(model.plan.index, count);
+    try {
+      this.admitWait(this.submitter.predictedWaitMs(model.plan.index, NO_LENGTHS), timeoutMs);
+    } catch (err) {
+      held.release();
+      throw err;
+    }
+    return held;
+  }
+
+  /** {@link hold}, then `fn` with the slots in the call options; they are given back when it settles. */
+  async withSlots<T>(model: ClientModel, count: number, opts: CallOptions, fn: (call: CallOptions) => Promise<T>): Promise<T> {
+    if (!(count >= 1)) return fn(opts); // no inputs: refused by their validation, not here
+    const slots = this.hold(model, count, opts);
+    try {
+      return await fn({ ...opts, slots });
+    } finally {
+      slots.release();
+    }
+  }
+
+  /**
+   * A refusal that needs no request body (so the body need not even be read):
+   * 429 when none of the models the request may use (the one named in the
+   * path, else every model of `task`: the body may name any; `task` null:
+   * any task) has a free slot, or, with a latency target, when each one's
+   * queued work alone would miss it. Null when the request may go on, or when
+   * the path names no loaded model of `task` (the request then fails as usual,
+   * for its own reason). Reads a few shared counters: no allocation unless refused.
+   */
+  refusalBeforeBody(task: Task | null, pathModel?: string): { error: OverloadedError; model: string | undefined } | null {
+    let candidates: ClientModel[];
+    if (pathModel !== undefined) {
+      const m = this.models.find((x) => x.plan.spec.name === pathModel);
+      if (!m || (task !== null && m.plan.spec.task !== task)) return null;
+      candidates = [m];
+    } else {
+      candidates = task === null ? this.models : this.models.filter((x) => x.plan.spec.task === task);
+      if (candidates.length === 0) return null;
+    }
+    const label = candidates.length === 1 ? candidates[0]!.plan.spec.name : undefined;
+    if (candidates.every((m) => this.submitter.freeSlots(m.plan.index) === 0)) {
+      return { error: new OverloadedError('every request slot of the model is in use; retry shortly'), model: label };
+    }
+    if (this.sloP99Ms === undefined) return null; // the limit is the request's deadline, which its body may set
+    let refusal: OverloadedError | null = null;
+    for (const m of candidates) {
+      const d = admission({ predictedWaitMs: this.submitter.predictedWaitMs(m.plan.index, NO_LENGTHS), remainingMs: Infinity, targetMs: this.sloP99Ms });
+      if (d.admit) return null;
+      refusal ??= new OverloadedError(`predicted wait ${Math.round(d.predictedWaitMs)} ms exceeds the latency target; retry later`, d.retryAfterSeconds);
+    }
+    return refusal ? { error: refusal, model: label } : null;
+  }
+
   /** Refuses at once (429) a request the queue ahead of it would make miss its deadline or the latency target. */
   private admit(model: ClientModel, encodings: Pick<Encoding, 'ids'>[], timeoutMs: number): void {
-    if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
-    const d = admission({
-      predictedWaitMs: this.submitter.predictedWaitMs(
+    this.admitWait(
+      this.submitter.predictedWaitMs(
         model.plan.index,
         encodings.map((e) => e.ids.length),
       ),
+      timeoutMs,
+    );
+  }
+
+  private admitWait(predictedWaitMs: number, timeoutMs: number): void {
+    const d = admission({
+      predictedWaitMs,
       remainingMs: timeoutMs,
       ...(this.sloP99Ms !== undefined ? { targetMs: this.sloP99Ms } : {}),
     });

@@ -60,28 +60,36 @@ function callOptions(client: InferenceClient, opts: OperationOptions, body: { ti
   };
 }
 
+// Inference operations take their slots (client.withSlots: all of them, or 429 at once) before
+// tokenizing, so a request that would be refused costs no tokenizing, and never waits for the
+// tokenizer pool only to be refused after it.
+
 export const embedOperation: Operation = async (client, limits, raw, opts) => {
   const body = parseBody(EmbedRequest, raw);
   const { model, count } = prepare(client, limits, 'embed', body.inputs, body.model, opts.pathModel);
   opts.onModel?.(model);
-  const t0 = nowMs();
-  const encodings = await client.encodeInputs(model, body.inputs, body.truncate ?? false);
-  const tokenizeMs = nowMs() - t0;
-  const r = await client.embed(model, encodings, { ...callOptions(client, opts, body), ...(body.normalize !== undefined ? { normalize: body.normalize } : {}) });
-  const payload = opts.f32 ? r.vectors.map((v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : r.vectors.map((v) => Array.from(v));
-  return { payload, model, inputs: count, tokenizeMs, timing: r.timing };
+  return client.withSlots(model, count, callOptions(client, opts, body), async (call) => {
+    const t0 = nowMs();
+    const encodings = await client.encodeInputs(model, body.inputs, body.truncate ?? false, call.signal);
+    const tokenizeMs = nowMs() - t0;
+    const r = await client.embed(model, encodings, { ...call, ...(body.normalize !== undefined ? { normalize: body.normalize } : {}) });
+    const payload = opts.f32 ? r.vectors.map((v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : r.vectors.map((v) => Array.from(v));
+    return { payload, model, inputs: count, tokenizeMs, timing: r.timing };
+  });
 };
 
 export const predictOperation: Operation = async (client, limits, raw, opts) => {
   const body = parseBody(PredictRequest, raw);
   const { model, count } = prepare(client, limits, 'classify', body.inputs, body.model, opts.pathModel);
   opts.onModel?.(model);
-  const t0 = nowMs();
-  const encodings = await client.encodeInputs(model, body.inputs, body.truncate ?? false);
-  const tokenizeMs = nowMs() - t0;
-  const r = await client.classify(model, encodings, callOptions(client, opts, body));
-  const lists = r.classes.map((c) => labelScores(model, c, body.raw_scores ?? false));
-  return { payload: isSingleInput(body.inputs) ? lists[0] : lists, model, inputs: count, tokenizeMs, timing: r.timing };
+  return client.withSlots(model, count, callOptions(client, opts, body), async (call) => {
+    const t0 = nowMs();
+    const encodings = await client.encodeInputs(model, body.inputs, body.truncate ?? false, call.signal);
+    const tokenizeMs = nowMs() - t0;
+    const r = await client.classify(model, encodings, call);
+    const lists = r.classes.map((c) => labelScores(model, c, body.raw_scores ?? false));
+    return { payload: isSingleInput(body.inputs) ? lists[0] : lists, model, inputs: count, tokenizeMs, timing: r.timing };
+  });
 };
 
 /** [{label, score}] sorted by score, highest first: probabilities, or logits with raw_scores. */
@@ -101,14 +109,16 @@ export const rerankOperation: Operation = async (client, limits, raw, opts) => {
   const body = parseBody(RerankRequest, raw);
   const { model, count } = prepare(client, limits, 'rerank', body.texts, body.model, opts.pathModel);
   opts.onModel?.(model);
-  const t0 = nowMs();
-  const encodings = await client.encodePairs(model, body.query, body.texts, body.truncate ?? false);
-  const tokenizeMs = nowMs() - t0;
-  const r = await client.rerankEncoded(model, encodings, { ...callOptions(client, opts, body), rawScores: body.raw_scores ?? false });
-  const ranked = r.scores
-    .map((s) => (body.return_text ? { index: s.index, score: s.score, text: body.texts[s.index]! } : { index: s.index, score: s.score }))
-    .sort((a, b) => b.score - a.score || a.index - b.index);
-  return { payload: ranked, model, inputs: count, tokenizeMs, timing: r.timing };
+  return client.withSlots(model, count, callOptions(client, opts, body), async (call) => {
+    const t0 = nowMs();
+    const encodings = await client.encodePairs(model, body.query, body.texts, body.truncate ?? false);
+    const tokenizeMs = nowMs() - t0;
+    const r = await client.rerankEncoded(model, encodings, { ...call, rawScores: body.raw_scores ?? false });
+    const ranked = r.scores
+      .map((s) => (body.return_text ? { index: s.index, score: s.score, text: body.texts[s.index]! } : { index: s.index, score: s.score }))
+      .sort((a, b) => b.score - a.score || a.index - b.index);
+    return { payload: ranked, model, inputs: count, tokenizeMs, timing: r.timing };
+  });
 };
 
 /** Most characters one tokenize request may hold: about 0.1 s of the gateway's event loop. */

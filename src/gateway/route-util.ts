@@ -3,6 +3,7 @@
  * (operations.ts) over HTTP, timing headers, and request metrics.
  */
 import { NotReadyError } from '../shared/errors.js';
+import type { Task } from '../shared/model-config.js';
 import type { InferenceClient, Timing } from './inference-client.js';
 import { statusOf, type RequestContext } from './http.js';
 import type { Operation } from './operations.js';
@@ -42,14 +43,35 @@ export interface ServeOptions {
   route: string;
   /** Needs the inference thread: refused with 503 while not ready or draining. */
   inference: boolean;
+  /** The task of the models it runs on: refused with 429 before its body is read while none of them has a free slot. */
+  task?: Task;
   pathModel?: string;
+}
+
+/**
+ * What an inference request is refused with before its body is read: 503 while
+ * not ready, 429 while the models it may use have no free slot (or, with a
+ * latency target, their queues alone would miss it). Call it in the route's
+ * synchronous part, before reading the body: answering then costs no body
+ * reading, parsing or tokenizing. uWS reads and drops the body that follows,
+ * and the keep-alive connection serves the next request. Sets `label.model`
+ * when the refusal concerns one known model.
+ */
+export function refuseBeforeBody(deps: RouteDeps, task: Task | null, pathModel: string | undefined, label: { model: string }): void {
+  if (!deps.ready()) throw new NotReadyError();
+  const refusal = deps.client.refusalBeforeBody(task, pathModel);
+  if (!refusal) return;
+  if (refusal.model !== undefined) label.model = refusal.model;
+  throw refusal.error;
 }
 
 /** Serves one operation (src/gateway/operations.ts) over HTTP, errors in our `{error, type, code}` shape. */
 export async function serveOperation(ctx: RequestContext, deps: RouteDeps, op: Operation, opts: ServeOptions): Promise<void> {
-  let model = 'unknown'; // a model name becomes a label only once it is known to exist
+  const label = { model: 'unknown' }; // a model name becomes a label only once it is known to exist
+  let model = 'unknown';
   try {
     if (opts.inference && !deps.ready()) throw new NotReadyError();
+    if (opts.task !== undefined) refuseBeforeBody(deps, opts.task, opts.pathModel, label);
     const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
     const r = await op(deps.client, deps.limits, raw, {
       signal: ctx.abort.signal,
@@ -66,6 +88,7 @@ export async function serveOperation(ctx: RequestContext, deps: RouteDeps, op: O
     ctx.send(200, r.payload, opts.inference ? timingHeaders(ctx, r.tokenizeMs, r.timing) : {});
     observe(deps, ctx, opts.route, model, 200);
   } catch (err) {
+    if (model === 'unknown') model = label.model;
     observe(deps, ctx, opts.route, model, statusOf(err), err);
     ctx.fail(err);
   }

@@ -31,7 +31,7 @@
 import { NotReadyError, ValidationError } from '../shared/errors.js';
 import type { ClientModel } from './inference-client.js';
 import { HttpError, type RequestContext } from './http.js';
-import { errorInfo, headerCall, observe, timingHeaders } from './route-util.js';
+import { errorInfo, headerCall, observe, refuseBeforeBody, timingHeaders } from './route-util.js';
 import type { Route, RouteDeps } from './routes.js';
 import { KServeInferRequest, parseBody, type KServeTensor } from './schemas.js';
 
@@ -214,9 +214,11 @@ function fromTokens(tensors: Map<string, KServeTensor>): Encoded {
 }
 
 async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version: string | undefined): Promise<void> {
+  const label = { model: 'unknown' };
   let modelName = 'unknown'; // not the path's name: a metrics label must not take any value a client sends
   try {
-    if (!deps.ready()) throw new NotReadyError();
+    // Not ready, or the path's model has no free slot: refused before the body is read.
+    refuseBeforeBody(deps, null, name, label);
     const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
     const model = deps.client.byName(name);
     checkVersion(version);
@@ -238,14 +240,18 @@ async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version
     const truncate = booleanParam(body.parameters, 'truncate') ?? false;
     const normalize = booleanParam(body.parameters, 'normalize');
 
-    const t0 = performance.now();
-    let encodings: Encoded;
+    const call = headerCall(ctx, deps.client);
+    // How many inputs, and how to tokenize them once their slots are held (client.withSlots).
+    let count: number;
+    let encode: (signal: AbortSignal | undefined) => Encoded | Promise<Encoded>;
     if (tensors.has('input_ids')) {
       const extra = [...tensors.keys()].filter((k) => !TOKEN_INPUTS.includes(k));
       if (extra.length) throw invalid(`unexpected input ${extra.join(', ')} beside input_ids; token inputs are ${TOKEN_INPUTS.join(', ')}`);
-      encodings = fromTokens(tensors);
-      if (encodings.length > deps.limits.maxClientBatchSize) throw tooMany(encodings.length, deps);
-      deps.client.checkTokens(model, encodings);
+      const tokens = fromTokens(tensors);
+      if (tokens.length > deps.limits.maxClientBatchSize) throw tooMany(tokens.length, deps);
+      deps.client.checkTokens(model, tokens);
+      count = tokens.length;
+      encode = () => tokens;
     } else if (spec.task === 'rerank') {
       const q = tensors.get('query');
       const t = tensors.get('text');
@@ -254,39 +260,43 @@ async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version
       const docs = texts(t);
       if (queries.length !== 1 && queries.length !== docs.length) throw invalid(`query holds ${queries.length} texts: give one, or one per text (${docs.length})`);
       if (docs.length > deps.limits.maxClientBatchSize) throw tooMany(docs.length, deps);
-      encodings =
+      count = docs.length;
+      encode = async () =>
         queries.length === 1
-          ? await deps.client.encodePairs(model, queries[0]!, docs, truncate)
+          ? deps.client.encodePairs(model, queries[0]!, docs, truncate)
           : (await Promise.all(docs.map((d, i) => deps.client.encodePairs(model, queries[i]!, [d], truncate)))).flat();
     } else {
       const only = [...tensors.values()];
       if (only.length !== 1) throw invalid(`model ${spec.name} takes one BYTES input (text) or input_ids; got ${[...tensors.keys()].join(', ')}`);
       const list = texts(only[0]!);
       if (list.length > deps.limits.maxClientBatchSize) throw tooMany(list.length, deps);
-      encodings = await deps.client.encode(model, list, truncate);
+      count = list.length;
+      encode = (signal) => deps.client.encode(model, list, truncate, signal);
     }
-    const tokenizeMs = performance.now() - t0;
-    deps.metrics.inputs.inc({ model: modelName, route: ROUTE }, encodings.length);
 
-    const call = headerCall(ctx, deps.client);
-    const B = encodings.length;
     const produced = new Map<string, { shape: number[]; data: Float32Array[] }>();
-    let timing;
-    if (spec.task === 'embed') {
-      const r = await deps.client.embed(model, encodings, { ...call, ...(normalize !== undefined ? { normalize } : {}) });
-      produced.set('embedding', { shape: [B, spec.hiddenSize], data: r.vectors });
-      timing = r.timing;
-    } else if (spec.task === 'classify') {
-      const r = await deps.client.classify(model, encodings, call);
-      produced.set('probabilities', { shape: [B, spec.labels.length], data: r.classes.map((c) => c.probabilities) });
-      produced.set('logits', { shape: [B, spec.labels.length], data: r.classes.map((c) => c.logits) });
-      timing = r.timing;
-    } else {
+    const { timing, tokenizeMs } = await deps.client.withSlots(model, count, call, async (call) => {
+      const t0 = performance.now();
+      const encodings = await encode(call.signal);
+      const tokenizeMs = performance.now() - t0;
+      deps.metrics.inputs.inc({ model: modelName, route: ROUTE }, encodings.length);
+      const B = encodings.length;
+      if (spec.task === 'embed') {
+        const r = await deps.client.embed(model, encodings, { ...call, ...(normalize !== undefined ? { normalize } : {}) });
+        produced.set('embedding', { shape: [B, spec.hiddenSize], data: r.vectors });
+        return { timing: r.timing, tokenizeMs };
+      }
+      if (spec.task === 'classify') {
+        const r = await deps.client.classify(model, encodings, call);
+        produced.set('probabilities', { shape: [B, spec.labels.length], data: r.classes.map((c) => c.probabilities) });
+        produced.set('logits', { shape: [B, spec.labels.length], data: r.classes.map((c) => c.logits) });
+        return { timing: r.timing, tokenizeMs };
+      }
       const r = await deps.client.run(model, encodings, call);
       produced.set('score', { shape: [B, 1], data: r.rows.map((row) => row.output.subarray(0, 1)) });
       produced.set('logits', { shape: [B, 1], data: r.rows.map((row) => row.output.subarray(1, 2)) });
-      timing = r.timing;
-    }
+      return { timing: r.timing, tokenizeMs };
+    });
     const outputs = wanted.map((w) => {
       const p = produced.get(w)!;
       const data: number[] = [];
@@ -301,6 +311,7 @@ async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version
     );
     observe(deps, ctx, ROUTE, modelName, 200);
   } catch (err) {
+    if (modelName === 'unknown') modelName = label.model;
     observe(deps, ctx, ROUTE, modelName, errorInfo(err).status, err);
     failKServe(ctx, err);
   }

@@ -21,10 +21,10 @@
  * `model_not_found`; overload 429 (Retry-After), not ready 503.
  */
 import { statSync } from 'node:fs';
-import { ModelNotFoundError, NotReadyError, ValidationError } from '../shared/errors.js';
+import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
 import { inputCount, type ClientModel } from './inference-client.js';
 import type { RequestContext } from './http.js';
-import { errorInfo, headerCall, observe, timingHeaders, type ErrorInfo } from './route-util.js';
+import { errorInfo, headerCall, observe, refuseBeforeBody, timingHeaders, type ErrorInfo } from './route-util.js';
 import type { Route, RouteDeps } from './routes.js';
 import { FieldValidationError, OpenAIEmbeddingRequest, parseBody } from './schemas.js';
 import { InvalidModelNameError } from './security.js';
@@ -68,9 +68,11 @@ function modelObject(m: ClientModel): { id: string; object: 'model'; created: nu
 }
 
 async function embeddings(ctx: RequestContext, deps: RouteDeps): Promise<void> {
+  const label = { model: 'unknown' };
   let modelName = 'unknown';
   try {
-    if (!deps.ready()) throw new NotReadyError();
+    // Not ready, or no embedding model with a free slot: refused before the body is read.
+    refuseBeforeBody(deps, 'embed', undefined, label);
     const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
     const body = parseBody(OpenAIEmbeddingRequest, raw);
     const count = inputCount(body.input);
@@ -89,10 +91,13 @@ async function embeddings(ctx: RequestContext, deps: RouteDeps): Promise<void> {
     }
     deps.metrics.inputs.inc({ model: modelName, route: ROUTE }, count);
 
-    const t0 = performance.now();
-    const encodings = await deps.client.encodeInputs(model, body.input, false);
-    const tokenizeMs = performance.now() - t0;
-    const r = await deps.client.embed(model, encodings, headerCall(ctx, deps.client));
+    // Slots first (429 at once when they are not free), then tokenizing.
+    const { r, encodings, tokenizeMs } = await deps.client.withSlots(model, count, headerCall(ctx, deps.client), async (call) => {
+      const t0 = performance.now();
+      const encodings = await deps.client.encodeInputs(model, body.input, false, call.signal);
+      const tokenizeMs = performance.now() - t0;
+      return { r: await deps.client.embed(model, encodings, call), encodings, tokenizeMs };
+    });
     let tokens = 0;
     for (const e of encodings) tokens += e.ids.length;
     const base64 = body.encoding_format === 'base64';
@@ -104,6 +109,7 @@ async function embeddings(ctx: RequestContext, deps: RouteDeps): Promise<void> {
     ctx.send(200, { object: 'list', data, model: modelName, usage: { prompt_tokens: tokens, total_tokens: tokens } }, timingHeaders(ctx, tokenizeMs, r.timing));
     observe(deps, ctx, ROUTE, modelName, 200);
   } catch (err) {
+    if (modelName === 'unknown') modelName = label.model;
     observe(deps, ctx, ROUTE, modelName, openaiStatus(errorInfo(err)), err);
     failOpenAI(ctx, err, err instanceof ValidationError ? 'input' : null);
   }

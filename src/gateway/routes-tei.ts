@@ -16,13 +16,13 @@ import { serveOperation } from './route-util.js';
 import type { Route } from './routes.js';
 
 export const teiRoutes: Route[] = [
-  { method: 'post', path: '/rerank', handle: (ctx, deps) => serveOperation(ctx, deps, rerankOperation, { route: '/rerank', inference: true }) },
+  { method: 'post', path: '/rerank', handle: (ctx, deps) => serveOperation(ctx, deps, rerankOperation, { route: '/rerank', inference: true, task: 'rerank' }) },
   { method: 'post', path: '/tokenize', handle: (ctx, deps) => serveOperation(ctx, deps, tokenizeOperation, { route: '/tokenize', inference: false }) },
   { method: 'post', path: '/decode', handle: (ctx, deps) => serveOperation(ctx, deps, decodeOperation, { route: '/decode', inference: false }) },
   {
     method: 'post',
     path: '/models/:name/rerank',
-    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, rerankOperation, { route: '/rerank', inference: true, pathModel: name! }),
+    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, rerankOperation, { route: '/rerank', inference: true, task: 'rerank', pathModel: name! }),
   },
   {
     method: 'post',

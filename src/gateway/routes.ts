@@ -74,17 +74,17 @@ const ourFail = (ctx: RequestContext, err: unknown) => ctx.fail(err);
 
 /** The core API: TEI-style /embed and /predict, health, info, metrics. */
 export const coreRoutes: Route[] = [
-  { method: 'post', path: '/embed', handle: (ctx, deps) => serveOperation(ctx, deps, embedOperation, { route: '/embed', inference: true }) },
-  { method: 'post', path: '/predict', handle: (ctx, deps) => serveOperation(ctx, deps, predictOperation, { route: '/predict', inference: true }) },
+  { method: 'post', path: '/embed', handle: (ctx, deps) => serveOperation(ctx, deps, embedOperation, { route: '/embed', inference: true, task: 'embed' }) },
+  { method: 'post', path: '/predict', handle: (ctx, deps) => serveOperation(ctx, deps, predictOperation, { route: '/predict', inference: true, task: 'classify' }) },
   {
     method: 'post',
     path: '/models/:name/embed',
-    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, embedOperation, { route: '/embed', inference: true, pathModel: name! }),
+    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, embedOperation, { route: '/embed', inference: true, task: 'embed', pathModel: name! }),
   },
   {
     method: 'post',
     path: '/models/:name/predict',
-    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, predictOperation, { route: '/predict', inference: true, pathModel: name! }),
+    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, predictOperation, { route: '/predict', inference: true, task: 'classify', pathModel: name! }),
   },
   { method: 'get', path: '/info', handle: (ctx, deps) => ctx.send(200, deps.info()) },
   { method: 'get', path: '/livez', access: 'open', handle: (ctx) => ctx.send(200, { status: 'alive' }) },
