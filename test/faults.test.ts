@@ -127,6 +127,8 @@ interface StormTally {
   http: Record<string, number>;
   ws: Record<string, number>;
   answers: number;
+  /** Well-formed 429 / overloaded answers: right when the storm fills every slot (slots are held while a request is tokenized). */
+  refused: number;
   wrong: string[];
   errors: string[];
 }
@@ -174,6 +176,7 @@ async function httpClient(port: number, rand: () => number, kind: HttpKind, tall
     };
     const check = async (r: ReturnType<typeof request>, got: { status: number; body: string } | null, what: string) => {
       if (!got) return tally.errors.push(`${what}: no answer on an open keep-alive connection`);
+      if (got.status === 429 && (JSON.parse(got.body) as { type?: string }).type === 'overloaded') return tally.refused++;
       if (got.status !== 200) return tally.errors.push(`${what}: status ${got.status}: ${got.body.slice(0, 200)}`);
       tally.answers++;
       const wrong = await wrongAnswer(r.route, r.texts, JSON.parse(got.body));
@@ -234,7 +237,8 @@ async function wsClient(port: number, rand: () => number, kind: WsKind, tally: S
     if (!req) return tally.errors.push(`ws ${kind}: an answer to no request: ${JSON.stringify(f).slice(0, 200)}`);
     answered++;
     if (f.error) {
-      if (f.error.type !== 'cancelled') tally.errors.push(`ws ${kind}: ${JSON.stringify(f.error)}`);
+      if (f.error.type === 'overloaded') tally.refused++;
+      else if (f.error.type !== 'cancelled') tally.errors.push(`ws ${kind}: ${JSON.stringify(f.error)}`);
       return;
     }
     tally.answers++;
@@ -303,7 +307,7 @@ describe('disconnect storm', () => {
   it('400 clients (HTTP keep-alive and WebSocket) go away at random points: no slot leaks, no thread error, every answer right, and the server answers correctly after', { timeout: 90_000 }, async () => {
     const rand = makeRandom('faults storm');
     const before = await server.scrape();
-    const tally: StormTally = { http: {}, ws: {}, answers: 0, wrong: [], errors: [] };
+    const tally: StormTally = { http: {}, ws: {}, answers: 0, refused: 0, wrong: [], errors: [] };
     const clients: (() => Promise<void>)[] = [];
     for (let i = 0; i < 240; i++) {
       const kind = HTTP_KINDS[i % HTTP_KINDS.length]!;
@@ -322,7 +326,7 @@ describe('disconnect storm', () => {
     const t0 = Date.now();
     const results = await Promise.allSettled(clients.map((c, i) => sleep(starts[i]!).then(c)));
     const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected').map((r) => String(r.reason));
-    console.log(`faults storm: ${clients.length} clients in ${Date.now() - t0} ms; http ${JSON.stringify(tally.http)}; ws ${JSON.stringify(tally.ws)}; ${tally.answers} answers received`);
+    console.log(`faults storm: ${clients.length} clients in ${Date.now() - t0} ms; http ${JSON.stringify(tally.http)}; ws ${JSON.stringify(tally.ws)}; ${tally.answers} answers received, ${tally.refused} refused (429, all slots taken)`);
     server.assertAlive();
     expect(failed, 'clients that could not even connect').toEqual([]);
     expect(tally.errors.slice(0, 10)).toEqual([]);

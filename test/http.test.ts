@@ -517,12 +517,13 @@ describe('routes, JSON and msgpack (one gateway thread)', () => {
     //    request (one inference thread runs the oldest batch first); once all 64 are seen in use, it disconnects.
     const before = await scrape(client);
     const blocker = client.post('/embed', { inputs: list(64, 600), truncate: true });
-    await eventually('the blocker queued', () => scrape(client), (m) => slotsInUse(m)['tiny-embed'] > 0);
+    // Queued on the device (slots in use alone may be slots held while the request is tokenized).
+    await eventually('the blocker queued', () => scrape(client), (m) => m.sum('slabserve_queue_depth', { model: 'tiny-embed' }) > 0);
     const victim = await RawConnection.open(server.port);
     try {
       const body = JSON.stringify({ inputs: list(64, 20) });
       await victim.write(requestHead('POST', '/predict', { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }) + body);
-      await eventually('the victim\'s 64 slots in use', () => scrape(client), (m) => slotsInUse(m)['tiny-intent'] === 64 || victim.received > 0);
+      await eventually('the victim\'s 64 inputs queued', () => scrape(client), (m) => m.sum('slabserve_queue_depth', { model: 'tiny-intent' }) === 64 || victim.received > 0);
       expect(victim.received, 'the victim was answered before it could disconnect: make the blocker longer').toBe(0);
     } finally {
       victim.destroy();

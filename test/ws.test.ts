@@ -338,7 +338,8 @@ function blocker(rand: () => number, n = 64): string[] {
 async function startBlockers(c: WsConn, rand: () => number, count: number): Promise<string[]> {
   const ids = Array.from({ length: count }, (_, k) => `block${k}`);
   for (const id of ids) c.send({ id, op: 'embed', inputs: blocker(rand), truncate: true });
-  await eventually('the blockers queued', scrape, (m) => slotsInUse(m)['tiny-embed']! > 0 || ids.some((id) => c.answersTo(id).length > 0) || c.closed !== null);
+  // Queued on the device (slots in use alone may be slots held while a request is tokenized).
+  await eventually('the blockers queued', scrape, (m) => m.sum('slabserve_queue_depth', { model: 'tiny-embed' }) > 0 || ids.some((id) => c.answersTo(id).length > 0) || c.closed !== null);
   expect(c.closed).toBeNull();
   const early = ids.flatMap((id) => c.answersTo(id)).map((i) => JSON.stringify(c.frames[i]).slice(0, 300));
   expect(early, 'a blocker was answered before its slots were seen').toEqual([]);
@@ -874,7 +875,9 @@ describe('/ws', () => {
         v.send({ id: `p${k}`, op: 'predict', inputs: blocker(rand), truncate: true });
       }
       const results = () => v.frames.filter((f) => f.result !== undefined).length;
-      full = await eventually('many slots taken', scrape, (m) => slotsInUse(m)['tiny-embed']! + slotsInUse(m)['tiny-intent']! >= 128 || results() > 0 || v.closed !== null);
+      // Queued on the device, not only held while tokenized (slots are taken before tokenizing).
+      const queued = (m: Metrics) => m.sum('slabserve_queue_depth', { model: 'tiny-embed' }) + m.sum('slabserve_queue_depth', { model: 'tiny-intent' });
+      full = await eventually('many inputs queued', scrape, (m) => queued(m) >= 128 || results() > 0 || v.closed !== null);
       expect(v.closed).toBeNull();
       expect(results(), 'a request was answered before the socket could be closed: send more').toBe(0);
     } finally {
