@@ -57,6 +57,8 @@ export interface ServerConfig {
   inferenceTimeoutMs: number;
   drainTimeoutMs: number;
   tokenizerThreads: number;
+  /** Requests waiting for the tokenizer pool, per gateway, past which 429 at once (--tokenizer-queue; default 256 per pool thread). */
+  tokenizerQueue?: number;
   inlineTokenizeChars: number;
   /** WebSocket: most requests in flight per socket (--ws-max-inflight). */
   wsMaxInflight: number;
@@ -284,6 +286,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       requestTimeoutMs: config.requestTimeoutMs,
       heartbeatTimeoutMs: config.heartbeatTimeoutMs,
       tokenizerThreads: config.tokenizerThreads,
+      ...(config.tokenizerQueue !== undefined ? { tokenizerQueue: config.tokenizerQueue } : {}),
       inlineTokenizeChars: config.inlineTokenizeChars,
       ws: {
         maxInflight: config.wsMaxInflight,

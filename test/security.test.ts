@@ -740,3 +740,38 @@ describe('--metrics-auth, and --log-level warn', () => {
     expect(lines.filter((l) => l.includes('"msg":"request"'))).toEqual([]);
   });
 });
+
+// ------------------------------------------------------------------ --tokenizer-queue
+
+describe('--tokenizer-queue: requests waiting for the tokenizer pool', () => {
+  let third: Server;
+
+  beforeAll(async () => {
+    // one pool thread, one request allowed to wait: the third concurrent pooled request is refused
+    third = await startServer(testServerConfig({ models: ['tiny-embed'], tokenizerThreads: 1, tokenizerQueue: 1, inlineTokenizeChars: 16, log: () => {} }));
+    await third.ready;
+  }, 120_000);
+
+  afterAll(async () => {
+    await third?.close();
+  });
+
+  it('past the bound, 429 overloaded at once; the others are answered', async () => {
+    // long texts (tokenized on the pool, not inline), many at once
+    const inputs = Array.from({ length: 32 }, (_, i) => `request ${i} `.repeat(60).trim());
+    const replies = await Promise.all(
+      Array.from({ length: 12 }, () =>
+        fetch(third.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs, truncate: true }) }).then(async (r) => ({
+          status: r.status,
+          body: (await r.json()) as { type?: string; error?: string },
+        })),
+      ),
+    );
+    const refused = replies.filter((r) => r.status === 429);
+    expect(refused.length).toBeGreaterThan(0);
+    for (const r of refused) expect(r.body.type).toBe('overloaded');
+    expect(refused.some((r) => /tokenizer pool already has 1 requests waiting/.test(r.body.error ?? ''))).toBe(true);
+    expect(replies.filter((r) => r.status === 200).length).toBeGreaterThan(0);
+    expect(replies.every((r) => r.status === 200 || r.status === 429)).toBe(true);
+  });
+});
