@@ -80,19 +80,8 @@ afterAll(async () => {
 
 // ------------------------------------------------------------------ reference rows
 
-const refCache = new Map<string, Float32Array>();
-async function refRow(ref: Reference, tok: TextTokenizer, text: string): Promise<Float32Array> {
-  const key = `${ref.spec.name}\0${text}`;
-  let row = refCache.get(key);
-  if (!row) {
-    const enc = tok.encode(text, { maxLength: ref.spec.maxLength, truncate: false });
-    row = await ref.row(enc.ids, enc.typeIds);
-    refCache.set(key, row);
-  }
-  return row;
-}
-const refEmbedding = async (text: string) => (await refRow(embedRef, embedTok, text)).slice(0, dim);
-const refProbabilities = async (text: string) => (await refRow(intentRef, intentTok, text)).slice(0, labels.length);
+const refEmbedding = async (text: string) => (await embedRef.rowOfText(embedTok, text)).slice(0, dim);
+const refProbabilities = async (text: string) => (await intentRef.rowOfText(intentTok, text)).slice(0, labels.length);
 
 /** A /predict answer for one input as probabilities by class id. */
 function byClassId(got: { label: string; score: number }[]): Float32Array {

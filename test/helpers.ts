@@ -66,6 +66,20 @@ export class Reference {
     return new Reference(spec, session, prepared.outputs);
   }
 
+  private readonly textRows = new Map<string, Float32Array>();
+
+  /** The slot row for `text` as `tok` encodes it (cached: tests often check the same text twice). */
+  async rowOfText(tok: { encode(text: string, o: { maxLength: number; truncate: boolean }): { ids: Int32Array; typeIds: Int32Array } }, text: string, truncate = false): Promise<Float32Array> {
+    const key = `${truncate}\0${text}`;
+    let row = this.textRows.get(key);
+    if (!row) {
+      const enc = tok.encode(text, { maxLength: this.spec.maxLength, truncate });
+      row = await this.row(enc.ids, enc.typeIds);
+      this.textRows.set(key, row);
+    }
+    return row;
+  }
+
   /** The slot row the server would return for these ids (outputs side by side). */
   async row(ids: ArrayLike<number>, typeIds?: ArrayLike<number>, mask?: ArrayLike<number>): Promise<Float32Array> {
     const n = ids.length;

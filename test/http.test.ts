@@ -51,23 +51,10 @@ const config = testServerConfig;
 
 // ------------------------------------------------------------------ reference results
 
-const refCache = new Map<string, Float32Array>();
-
-/** The reference slot row of `text` (cached: the same text is often checked twice). */
-async function refRow(ref: Reference, tok: TextTokenizer, text: string, truncate: boolean): Promise<Float32Array> {
-  const key = `${ref.spec.name}\0${truncate}\0${text}`;
-  let row = refCache.get(key);
-  if (!row) {
-    const enc = tok.encode(text, { maxLength: MAX_LENGTH, truncate });
-    row = await ref.row(enc.ids, enc.typeIds);
-    refCache.set(key, row);
-  }
-  return row;
-}
 
 /** The embedding the server must return for `text` (normalised, or scaled back by the norm). */
 async function refEmbedding(text: string, opts: { normalize?: boolean; truncate?: boolean } = {}): Promise<Float32Array> {
-  const row = await refRow(embedRef, embedTok, text, opts.truncate ?? false);
+  const row = await embedRef.rowOfText(embedTok, text, opts.truncate ?? false);
   const unit = row.slice(0, DIM);
   if (opts.normalize === false) for (let i = 0; i < DIM; i++) unit[i]! *= row[DIM]!;
   return unit;
@@ -75,7 +62,7 @@ async function refEmbedding(text: string, opts: { normalize?: boolean; truncate?
 
 /** Probabilities and logits of `text`, by class id. */
 async function refClasses(text: string, truncate = false): Promise<{ probabilities: Float32Array; logits: Float32Array }> {
-  const row = await refRow(intentRef, intentTok, text, truncate);
+  const row = await intentRef.rowOfText(intentTok, text, truncate);
   return { probabilities: row.slice(0, labels.length), logits: row.slice(labels.length, 2 * labels.length) };
 }
 

@@ -160,17 +160,9 @@ class ReadinessPoller {
 
 // ------------------------------------------------------------------ reference results
 
-const refCache = new Map<string, Float32Array>();
-
 /** The embedding the server must return for `text` (unbatched, unpadded onnxruntime). */
 async function refEmbedding(text: string): Promise<Float32Array> {
-  let row = refCache.get(text);
-  if (!row) {
-    const enc = tok.encode(text, { maxLength: MAX_LENGTH, truncate: false });
-    row = (await ref.row(enc.ids, enc.typeIds)).slice(0, DIM);
-    refCache.set(text, row);
-  }
-  return row;
+  return (await ref.rowOfText(tok, text)).slice(0, DIM);
 }
 
 /** Every 200 of `outcomes` holds, for each of its texts, the reference embedding. */

@@ -243,29 +243,17 @@ function expectErrorFrame(f: Frame, id: Id | null, type: string, code?: string):
 
 // ------------------------------------------------------------------ reference results
 
-const refCache = new Map<string, Float32Array>();
-
-async function refRow(ref: Reference, tok: TextTokenizer, text: string): Promise<Float32Array> {
-  const key = `${ref.spec.name}\0${text}`;
-  let row = refCache.get(key);
-  if (!row) {
-    const enc = tok.encode(text, { maxLength: ref.spec.maxLength, truncate: false });
-    row = await ref.row(enc.ids, enc.typeIds);
-    refCache.set(key, row);
-  }
-  return row;
-}
 
 /** The embedding the server must return for `text` (normalised, or scaled back by the norm). */
 async function refEmbedding(text: string, normalize = true): Promise<Float32Array> {
-  const row = await refRow(embedRef, embedTok, text);
+  const row = await embedRef.rowOfText(embedTok, text);
   const unit = row.slice(0, dim);
   if (!normalize) for (let i = 0; i < dim; i++) unit[i]! *= row[dim]!;
   return unit;
 }
 
 async function refProbabilities(text: string): Promise<Float32Array> {
-  return (await refRow(intentRef, intentTok, text)).slice(0, labels.length);
+  return (await intentRef.rowOfText(intentTok, text)).slice(0, labels.length);
 }
 
 type Scored = { label: string; score: number };

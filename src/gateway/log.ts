@@ -65,13 +65,7 @@ const PIPE_BUF = 4096;
  */
 export function turnBatchedFd(fd: number): { stream: DestinationStream; flush: () => void } {
   const dest = logDestination(fd);
-  let lines: string[] = [];
-  let scheduled = false;
-  const flush = () => {
-    scheduled = false;
-    if (lines.length === 0) return;
-    const out = lines;
-    lines = [];
+  const batched = batchedLines((out) => {
     let chunk = '';
     let bytes = 0;
     for (const line of out) {
@@ -85,17 +79,8 @@ export function turnBatchedFd(fd: number): { stream: DestinationStream; flush: (
       bytes += n;
     }
     if (bytes > 0) dest.write(chunk);
-  };
-  const stream = {
-    write: (s: string) => {
-      lines.push(s);
-      if (!scheduled) {
-        scheduled = true;
-        setImmediate(flush);
-      }
-    },
-  };
-  return { stream, flush };
+  });
+  return { stream: { write: batched.write }, flush: batched.flush };
 }
 
 /**
