@@ -344,42 +344,71 @@ export async function closedLoop(o: LoadOptions): Promise<LoadResult> {
 /** What a load loop measures around its window, whatever the transport. */
 export type WindowMeasures = Pick<LoadResult, 'windowMs' | 'clientCpuMs' | 'clientElu' | 'serverCpuMs' | 'before' | 'after' | 'countersMs'>;
 
+/** A server measured around a window: its CPU, and (slabserve) its counters. */
+export interface MeasuredTarget {
+  cpuMs(): number | null;
+  counters?(model: string): Promise<ServerCounters>;
+}
+
+/** The same, for any server: the counters are there only where the server has them. */
+export type OpenWindowMeasures = Omit<WindowMeasures, 'before' | 'after'> & { before?: ServerCounters; after?: ServerCounters };
+
 /**
- * The measured window every load loop shares: after the warm-up, scrape the
- * server's counters, open the window (`open`: requests answered from now on
- * count), run for durationMs, close it, and take client CPU, event-loop use,
- * server CPU and the counters again.
+ * Opens a measured window now: scrapes the server's counters, then notes this
+ * process's CPU and event-loop use, the server's CPU and the start time.
+ * close() ends the window (`onEnd` is called at its end, before the second
+ * scrape, so answers during the scrape do not count) and takes them again.
+ */
+export async function openWindow(
+  target: MeasuredTarget,
+  model: string,
+): Promise<{ start: number; close(onEnd?: (end: number) => void): Promise<OpenWindowMeasures> }> {
+  const scrape = async () => {
+    const t0 = performance.now();
+    const c = target.counters ? await target.counters(model) : undefined;
+    return { c, at: (t0 + performance.now()) / 2 };
+  };
+  const before = await scrape();
+  const cpu0 = process.cpuUsage();
+  const elu0 = performance.eventLoopUtilization();
+  const s0 = target.cpuMs();
+  const start = performance.now();
+  return {
+    start,
+    close: async (onEnd) => {
+      const end = performance.now();
+      onEnd?.(end);
+      const s1 = target.cpuMs();
+      const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
+      const clientElu = performance.eventLoopUtilization(elu0).utilization;
+      const after = await scrape();
+      return {
+        windowMs: end - start,
+        clientCpuMs,
+        clientElu,
+        serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
+        ...(before.c ? { before: before.c } : {}),
+        ...(after.c ? { after: after.c } : {}),
+        countersMs: after.at - before.at,
+      };
+    },
+  };
+}
+
+/**
+ * The measured window of the quick bench's load loops: after the warm-up, open
+ * the window (`open`: requests answered from now on count), run for
+ * durationMs, close it (`close`), with the measures openWindow takes.
  */
 export async function measureWindow(
   o: { server: ServerProcess; model: string; warmupMs: number; durationMs: number },
   window: { open(at: number): void; close(at: number): void },
 ): Promise<WindowMeasures> {
   await sleep(o.warmupMs);
-  const scrape = async () => {
-    const t0 = performance.now();
-    const c = await o.server.counters(o.model);
-    return { c, at: (t0 + performance.now()) / 2 };
-  };
-  const before = await scrape();
-  const cpu0 = process.cpuUsage();
-  const elu0 = performance.eventLoopUtilization();
-  const s0 = o.server.cpuMs();
-  const start = performance.now();
-  window.open(start);
+  const w = await openWindow(o.server, o.model);
+  window.open(w.start);
   await sleep(o.durationMs);
-  const end = performance.now();
-  window.close(end);
-  const s1 = o.server.cpuMs();
-  const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
-  const clientElu = performance.eventLoopUtilization(elu0).utilization;
-  const after = await scrape();
-  return {
-    windowMs: end - start,
-    clientCpuMs,
-    clientElu,
-    serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
-    before: before.c,
-    after: after.c,
-    countersMs: after.at - before.at,
-  };
+  const { before, after, ...m } = await w.close((end) => window.close(end));
+  // a slabserve server process always has its counters
+  return { ...m, before: before!, after: after! };
 }

@@ -33,15 +33,13 @@ import { performance } from 'node:perf_hooks';
 import hdr, { type Histogram } from 'hdr-histogram-js';
 import { pack, unpack } from 'msgpackr';
 import type WebSocket from 'ws';
-import { createLoadClient, type LoadClient, type ServerCounters } from './http-load.js';
+import { createLoadClient, openWindow, type LoadClient, type MeasuredTarget, type OpenWindowMeasures, type ServerCounters } from './http-load.js';
 import { closeSocket, openSocket } from './ws-load.js';
 import { requestSize, type Workload } from './workloads.js';
 
 /** A server under load: where it listens, its CPU, and (slabserve) its counters. */
-export interface LoadTarget {
+export interface LoadTarget extends MeasuredTarget {
   readonly origin: string;
-  cpuMs(): number | null;
-  counters?(model: string): Promise<ServerCounters>;
 }
 
 export interface Bursts {
@@ -109,7 +107,6 @@ interface Channel {
 }
 
 const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
-const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
 
 export function newHistogram(): Histogram {
   return hdr.build({ numberOfSignificantValueDigits: 3, lowestDiscernibleValue: 1 });
@@ -274,32 +271,16 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
       }, 250)
     : undefined;
 
-  const scrape = async () => {
-    const t0 = performance.now();
-    const c = spec.target.counters ? await spec.target.counters(spec.model) : undefined;
-    return { c, at: (t0 + performance.now()) / 2 };
-  };
-
   const started = performance.now();
-  let before: Awaited<ReturnType<typeof scrape>> | undefined;
-  let after: Awaited<ReturnType<typeof scrape>> | undefined;
-  let cpu0 = process.cpuUsage();
-  let s0: number | null = null;
-  let clientCpuMs = 0;
-  let serverCpuMs: number | null = null;
-
-  const openWindow = async () => {
-    before = await scrape();
-    cpu0 = process.cpuUsage();
-    s0 = spec.target.cpuMs();
-    windowStart = performance.now();
+  type Window = Awaited<ReturnType<typeof openWindow>>;
+  let window: Window | undefined;
+  let measures: OpenWindowMeasures | undefined;
+  const startWindow = async () => {
+    window = await openWindow(spec.target, spec.model);
+    windowStart = window.start;
   };
-  const closeWindow = async () => {
-    windowEnd = performance.now();
-    const s1 = spec.target.cpuMs();
-    clientCpuMs = cpuMs(process.cpuUsage(cpu0));
-    serverCpuMs = s0 !== null && s1 !== null ? s1 - s0 : null;
-    after = await scrape();
+  const endWindow = async () => {
+    measures = await window!.close((end) => (windowEnd = end));
   };
 
   try {
@@ -317,9 +298,9 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
       };
       const callers = Array.from({ length: connections }, caller);
       await sleep(spec.warmupMs);
-      await openWindow();
+      await startWindow();
       await sleep(spec.durationMs);
-      await closeWindow();
+      await endWindow();
       stop = true;
       await Promise.all(callers); // bounded: every request has its timeout
     } else {
@@ -332,7 +313,7 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
       let k = 0;
       while (k < times.length) {
         const now = performance.now() - t0;
-        if (!opening && now >= spec.warmupMs) opening = openWindow(); // not awaited: arrivals keep their schedule
+        if (!opening && now >= spec.warmupMs) opening = startWindow(); // not awaited: arrivals keep their schedule
         for (; k < times.length && times[k]! <= now; k++) {
           const scheduled = t0 + times[k]!;
           const counts = times[k]! >= spec.warmupMs;
@@ -349,10 +330,10 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
         }
         if (k < times.length) await sleep(Math.max(1, times[k]! - (performance.now() - t0)));
       }
-      await (opening ?? openWindow());
+      await (opening ?? startWindow());
       const end = t0 + totalMs;
       if (performance.now() < end) await sleep(end - performance.now());
-      await closeWindow();
+      await endWindow();
       // the window's arrivals are counted when answered, however late (each has its timeout)
       await Promise.all(inFlight);
     }
@@ -360,6 +341,7 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
     if (progress) clearInterval(progress);
     await channel.close();
   }
+  const m = measures!; // both loops end their window before returning
   return {
     // open loop: the window is the scheduled span whose arrivals count
     windowMs: open ? spec.durationMs : windowEnd - windowStart,
@@ -370,10 +352,10 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
     errors,
     ...(firstError !== undefined ? { firstError } : {}),
     histogram,
-    clientCpuMs,
-    serverCpuMs,
-    ...(before?.c ? { before: before.c } : {}),
-    ...(after?.c ? { after: after.c } : {}),
-    countersMs: before && after ? after.at - before.at : 0,
+    clientCpuMs: m.clientCpuMs,
+    serverCpuMs: m.serverCpuMs,
+    ...(m.before ? { before: m.before } : {}),
+    ...(m.after ? { after: m.after } : {}),
+    countersMs: m.countersMs,
   };
 }

@@ -23,7 +23,7 @@ import { performance } from 'node:perf_hooks';
 import { pack, unpack } from 'msgpackr';
 import WebSocket from 'ws';
 import type { Histogram } from 'hdr-histogram-js';
-import { measureWindow, type ServerCounters, type ServerProcess } from './http-load.js';
+import { measureWindow, type LoadResult, type ServerProcess } from './http-load.js';
 
 export interface WsLoadOptions {
   server: ServerProcess;
@@ -41,19 +41,8 @@ export interface WsLoadOptions {
   timeoutMs?: number;
 }
 
-export interface WsLoadResult {
-  done: number;
-  errors: number;
-  firstError: string | undefined;
-  windowMs: number;
-  clientCpuMs: number;
-  clientElu: number;
-  serverCpuMs: number | null;
-  before: ServerCounters;
-  after: ServerCounters;
-  countersMs: number;
-  connections: number;
-}
+/** closedLoop's result (http-load.ts), with the sockets opened as its connections. */
+export type WsLoadResult = Omit<LoadResult, 'connections'> & { connections: number };
 
 interface Answer {
   id?: number | string | null;
