@@ -51,6 +51,7 @@ import { bucketFor } from '../src/gpu-worker/scheduler.js';
 import { loadModelSpec, type ModelSpec } from '../src/shared/model-config.js';
 import { bertUncasedVocab } from '../src/modelgen/tokenizer-json.js';
 import { mulberry32 as rng } from '../src/modelgen/rng.js';
+import { num, numList } from './args.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // dist/bench/quick.js -> the repo root is two levels up
@@ -116,14 +117,6 @@ if (args.help) {
   process.exit(0);
 }
 
-function num(name: string, v: string, min: number, integer = false): number {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n < min || (integer && !Number.isInteger(n))) {
-    console.error(`--${name}: expected ${integer ? 'an integer' : 'a number'} >= ${min}, got "${v}"`);
-    process.exit(2);
-  }
-  return n;
-}
 
 const MODEL = args.model!;
 const MODELS_DIR = resolve(args['models-dir']!);
@@ -135,10 +128,7 @@ const INTRA = num('intra-op-threads', args['intra-op-threads']!, 0, true);
 /** Intra-op thread counts of the extra table: --intra-op-threads first, then the others. */
 const INTRAS = [
   INTRA,
-  ...args['extra-intra']!
-    .split(',')
-    .filter((x) => x.trim() !== '')
-    .map((x) => num('extra-intra', x.trim(), 0, true)),
+  ...numList('extra-intra', args['extra-intra']!, 0, true),
 ].filter((v, i, a) => a.indexOf(v) === i);
 const DEVICE = args.device!;
 const N_SEQS = num('requests', args.requests!, 64, true);
@@ -162,11 +152,7 @@ const HTTP_ONLY = args['http-only']!;
 const HTTP = !args['skip-http'] && !IDS;
 const ENGINES = !HTTP_ONLY;
 const EXTRA = !args['skip-extra'] && !HTTP_ONLY;
-const HTTP_CLIENTS = args['http-clients']!
-  .split(',')
-  .filter((x) => x.trim() !== '')
-  .map((x) => num('http-clients', x.trim(), 1, true))
-  .filter((v, i, a) => a.indexOf(v) === i);
+const HTTP_CLIENTS = numList('http-clients', args['http-clients']!, 1, true).filter((v, i, a) => a.indexOf(v) === i);
 const HTTP_CLIENT = args['http-client']! as ClientKind;
 if (HTTP_CLIENT !== 'http' && HTTP_CLIENT !== 'undici') {
   console.error(`--http-client: expected http or undici, got "${HTTP_CLIENT}"`);

@@ -51,6 +51,7 @@ import { createEngine, type Engine, type ModelStats } from '../src/engine.js';
 import { batchCapacity, bucketFor, type BatchingOptions } from '../src/gpu-worker/scheduler.js';
 import { SlabserveError } from '../src/shared/errors.js';
 import { mulberry32 } from '../src/modelgen/rng.js';
+import { fail, num, numList } from './args.js';
 
 type Histogram = ReturnType<typeof hdr.build>;
 
@@ -118,34 +119,13 @@ if (args.help) {
   process.exit(0);
 }
 
-function fail(msg: string): never {
-  console.error(msg);
-  process.exit(2);
-}
-
-function num(name: string, v: string, min: number, integer = false): number {
-  const n = Number(v);
-  if (v.trim() === '' || !Number.isFinite(n) || n < min || (integer && !Number.isInteger(n))) {
-    fail(`--${name}: expected ${integer ? 'an integer' : 'a number'} >= ${min}, got "${v}"`);
-  }
-  return n;
-}
-
-function list(name: string, v: string): number[] {
-  return v
-    .split(',')
-    .map((x) => x.trim())
-    .filter((x) => x !== '')
-    .map((x) => num(name, x, 1));
-}
-
 const QUICK = args.quick!;
 const MODEL = args.model!;
 const MODELS_DIR = resolve(args['models-dir']!);
 const DEVICE = args.device!;
 const INTRA = num('intra-op-threads', args['intra-op-threads']!, 0, true);
-const LOADS = list('loads', args.loads ?? (QUICK ? '60,120' : '30,60,90,120'));
-const BURST_LOADS = list('burst-loads', args['burst-loads'] ?? (QUICK ? '60' : '30,60'));
+const LOADS = numList('loads', args.loads ?? (QUICK ? '60,120' : '30,60,90,120'), 1);
+const BURST_LOADS = numList('burst-loads', args['burst-loads'] ?? (QUICK ? '60' : '30,60'), 1);
 const BURST_FACTOR = num('burst-factor', args['burst-factor']!, 1);
 const BURST_DUTY = num('burst-duty', args['burst-duty']!, 0.01);
 if (BURST_DUTY > 1 || BURST_FACTOR * BURST_DUTY > 1 + 1e-9) fail(`--burst-factor x --burst-duty must be at most 1 (the burst alone would exceed the mean), got ${BURST_FACTOR} x ${BURST_DUTY}`);

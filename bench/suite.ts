@@ -56,6 +56,7 @@ import {
   type SuiteResults,
 } from './suite-results.js';
 import { makeWorkload, summarizeWorkload, type Workload, type WorkloadName } from './workloads.js';
+import { fail, num, numList } from './args.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repoRoot = resolve(here, '..', '..'); // dist/bench/suite.js -> the repository
@@ -110,27 +111,17 @@ if (args.help) {
   process.exit(0);
 }
 
-function fail(msg: string): never {
-  process.stderr.write(`bench: ${msg}\n`);
-  process.exit(2);
-}
-function num(name: string, v: string, min: number): number {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n < min) fail(`--${name} must be a number >= ${min}, got "${v}"`);
-  return n;
-}
-
 const QUICK = args.quick!;
 const CASES = new Set((args.cases ?? ALL_CASES.join(',')).split(',').map((s) => s.trim()) as CaseName[]);
 for (const c of CASES) if (!ALL_CASES.includes(c)) fail(`unknown case "${c}" (cases: ${ALL_CASES.join(', ')})`);
 const MODELS = (args.models ?? (QUICK ? 'tiny-embed' : 'tiny-embed,minilm-l6')).split(',').map((s) => s.trim());
-const ROUNDS = num('rounds', args.rounds ?? (QUICK ? '1' : '3'), 1);
+const ROUNDS = num('rounds', args.rounds ?? (QUICK ? '1' : '3'), 1, true);
 const DURATION_MS = num('duration-s', args['duration-s'] ?? (QUICK ? '1.5' : '3'), 0.1) * 1000;
 const WARMUP_MS = num('warmup-s', args['warmup-s'] ?? (QUICK ? '0.3' : '0.5'), 0) * 1000;
 const POINT_MS = num('curve-point-s', args['curve-point-s'] ?? (QUICK ? '1.5' : '2.5'), 0.1) * 1000;
-const LOADS = (args.loads ?? (QUICK ? '25,75,100,120' : '10,25,50,75,90,100,120')).split(',').map((s) => num('loads', s, 1) / 100);
+const LOADS = numList('loads', args.loads ?? (QUICK ? '25,75,100,120' : '10,25,50,75,90,100,120'), 1).map((pct) => pct / 100);
 const SLO_MS = num('slo-p99-ms', args['slo-p99-ms']!, 1);
-const SEED = num('seed', args.seed!, 0);
+const SEED = num('seed', args.seed!, 0, true);
 const DEVICE = args.device!;
 const MODELS_DIR = resolve(args['models-dir'] ?? join(repoRoot, 'models'));
 const BENCH_MODELS_DIR = resolve(args['bench-models-dir'] ?? join(process.env.HOME ?? '/tmp', '.cache', 'slabserve', 'bench-models'));
