@@ -15,10 +15,9 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { makeRandom, modelsDir, randomTexts, vocabularyWords } from './helpers.js';
+import { makeRandom, modelsDir, randomTexts, sleep, vocabularyWords } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 // ------------------------------------------------------------------ a keep-alive connection
 

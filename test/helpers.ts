@@ -125,3 +125,16 @@ export function testServerConfig(over: Partial<ServerConfig> = {}): ServerConfig
     ...over,
   };
 }
+
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Polls `read` until `ok`; bounded, so a state that never comes fails with what was last seen (through `show`). */
+export async function eventually<T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, limitMs = 20_000, show: (v: T) => unknown = (v) => v): Promise<T> {
+  const deadline = Date.now() + limitMs;
+  for (;;) {
+    const v = await read();
+    if (ok(v)) return v;
+    if (Date.now() > deadline) throw new Error(`${what}: never happened; last seen ${JSON.stringify(show(v))?.slice(0, 2000)}`);
+    await sleep(10);
+  }
+}

@@ -18,7 +18,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer
 import { pickFreePort, SERVER_DEFAULTS, startServer, type Server } from '../dist/src/main.js';
 import { VERSION } from '../dist/src/version.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
-import { makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 /** Rows of different texts differ by far more than this: what makes the comparison able to catch a wrong row. */
@@ -106,18 +106,6 @@ async function scrape(c: HttpClient, close = false): Promise<Metrics> {
   return parseMetrics(r.text);
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
-/** Polls until `ok`; bounded, so a state that never comes fails with what was last seen. */
-async function eventually<T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, limitMs = 20_000): Promise<T> {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    const v = await read();
-    if (ok(v)) return v;
-    if (Date.now() > deadline) throw new Error(`${what}: never happened; last seen ${JSON.stringify(v)}`);
-    await sleep(10);
-  }
-}
 
 const slotsInUse = (m: Metrics) => ({
   'tiny-embed': m.sum('slabserve_slots_in_use', { model: 'tiny-embed' }),

@@ -22,7 +22,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer
 import type { InferenceFault } from '../dist/src/gpu-worker/worker.js';
 import { pickFreePort, startServer, type Server } from '../dist/src/main.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 // Read by startServer: the servers of this file carry the test hooks.
 process.env.SLABSERVE_TEST_HOOKS = '1';
@@ -100,24 +100,12 @@ function request(
   });
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
 async function scrape(port: number): Promise<Metrics> {
   const r = await request(port, 'GET', '/metrics');
   if (!('status' in r) || r.status !== 200) throw new Error(`/metrics: ${JSON.stringify(r)}`);
   return parseMetrics(r.text);
 }
 
-/** Polls until `ok`; bounded, so a state that never comes fails with what was last seen. */
-async function eventually<T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, limitMs = 20_000): Promise<T> {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    const v = await read();
-    if (ok(v)) return v;
-    if (Date.now() > deadline) throw new Error(`${what}: never happened; last seen ${JSON.stringify(v).slice(0, 300)}`);
-    await sleep(20);
-  }
-}
 
 const slotsInUse = (m: Metrics) => m.sum('slabserve_slots_in_use');
 

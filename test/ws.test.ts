@@ -30,7 +30,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer
 import { SERVER_DEFAULTS, startServer, type Server, type ServerConfig } from '../dist/src/main.js';
 import { VERSION } from '../dist/src/version.js';
 import { HttpClient, parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually as pollUntil, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 /** Rows of different texts differ by far more than this: what makes a comparison able to catch a swapped answer. */
@@ -281,18 +281,10 @@ async function scrape(): Promise<Metrics> {
   return parseMetrics(r.text);
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-/** Polls until `ok`; bounded, so a state that never comes fails with what was last seen. */
-async function eventually<T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, limitMs = 30_000): Promise<T> {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    const v = await read();
-    if (ok(v)) return v;
-    if (Date.now() > deadline) throw new Error(`${what}: never happened; last seen ${JSON.stringify(isMetrics(v) ? summary(v) : v)}`);
-    await sleep(10);
-  }
-}
+/** Polls until `ok` (30 s at most); a scrape that never got there is printed as its slabserve gauges. */
+const eventually = <T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, limitMs = 30_000) =>
+  pollUntil(what, read, ok, limitMs, (v) => (isMetrics(v) ? summary(v) : v));
 
 const isMetrics = (v: unknown): v is Metrics => typeof v === 'object' && v !== null && 'samples' in v && 'sum' in v;
 /** The slabserve per-model gauges and counters of a scrape: what a failed wait prints. */
