@@ -75,49 +75,67 @@ export function procCpuMs(pid: number): number | null {
   }
 }
 
-/** Starts `node <cli> serve <args>` with no SLABSERVE_* variables from this environment; resolves when it is ready. */
-export async function startServerProcess(opts: ServerOptions): Promise<ServerProcess> {
-  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SLABSERVE_')));
-  const child: ChildProcess = spawn(process.execPath, [opts.cliPath, 'serve', ...opts.args], { stdio: ['ignore', 'ignore', 'pipe'], env });
+/** A server in a child process: where it listens, its start-up lines, and how to stop it. */
+export interface ChildServer {
+  readonly pid: number;
+  readonly origin: string;
+  readonly startLines: string[];
+  /** SIGTERM, then SIGKILL after `graceMs`. */
+  stop(graceMs?: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+/**
+ * Runs `node <args>` and resolves once `ready` recognizes, in the lines of
+ * `stream`, the server's origin (it sees each line and may keep state). The
+ * child is killed if this process exits, and on a start-up timeout.
+ */
+export async function startChildServer(opts: {
+  args: string[];
+  env?: NodeJS.ProcessEnv;
+  stream: 'stdout' | 'stderr';
+  ready: (line: string) => string | null;
+  startTimeoutMs: number;
+  what: string;
+}): Promise<ChildServer> {
+  const stdio: ('ignore' | 'pipe')[] = opts.stream === 'stdout' ? ['ignore', 'pipe', 'pipe'] : ['ignore', 'ignore', 'pipe'];
+  const child: ChildProcess = spawn(process.execPath, opts.args, { stdio: stdio as ['ignore', 'pipe', 'pipe'], env: opts.env ?? process.env });
   const kill = () => child.kill('SIGKILL');
   process.once('exit', kill); // never leave a server behind
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((res) => child.once('exit', (code, signal) => res({ code, signal })));
   const lines: string[] = [];
+  let pending = '';
   let stderr = '';
+  if (opts.stream === 'stdout') child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+  const out = opts.stream === 'stdout' ? child.stdout! : child.stderr!;
   const origin = await new Promise<string>((resolve, reject) => {
-    let port: number | null = null;
     const timer = setTimeout(() => {
       kill();
-      reject(new Error(`slabserve serve ${opts.args.join(' ')}: not ready after ${opts.startTimeoutMs ?? 60_000} ms\n${stderr}`));
-    }, opts.startTimeoutMs ?? 60_000);
-    child.stderr!.setEncoding('utf8');
-    child.stderr!.on('data', (d: string) => {
-      stderr += d;
+      reject(new Error(`${opts.what}: not ready after ${opts.startTimeoutMs} ms\n${lines.join('\n')}\n${pending}${stderr}`));
+    }, opts.startTimeoutMs);
+    out.setEncoding('utf8');
+    out.on('data', (d: string) => {
+      pending += d;
       let nl: number;
-      while ((nl = stderr.indexOf('\n')) >= 0) {
-        const line = stderr.slice(0, nl);
-        stderr = stderr.slice(nl + 1);
+      while ((nl = pending.indexOf('\n')) >= 0) {
+        const line = pending.slice(0, nl);
+        pending = pending.slice(nl + 1);
         lines.push(line);
-        const m = /listening on http:\/\/[^\s:]+:(\d+)/.exec(line);
-        if (m) port = Number(m[1]);
-        if (/ready at /.test(line) && port !== null) {
+        const found = opts.ready(line);
+        if (found) {
           clearTimeout(timer);
-          resolve(`http://127.0.0.1:${port}`);
+          resolve(found);
         }
       }
     });
     void exited.then(({ code, signal }) => {
       clearTimeout(timer);
-      reject(new Error(`slabserve serve exited during start-up (code ${code}, signal ${signal}):\n${lines.join('\n')}\n${stderr}`));
+      reject(new Error(`${opts.what} exited during start-up (code ${code}, signal ${signal}):\n${lines.join('\n')}\n${pending}${stderr}`));
     });
   });
-  const pid = child.pid!;
   return {
-    pid,
+    pid: child.pid!,
     origin,
     startLines: lines,
-    cpuMs: () => procCpuMs(pid),
-    counters: async (model: string) => parseCounters(await getText(`${origin}/metrics`), model),
     stop: async (graceMs = 10_000) => {
       child.kill('SIGTERM');
       const timer = setTimeout(kill, graceMs);
@@ -126,6 +144,30 @@ export async function startServerProcess(opts: ServerOptions): Promise<ServerPro
       process.removeListener('exit', kill);
       return r;
     },
+  };
+}
+
+/** Starts `node <cli> serve <args>` with no SLABSERVE_* variables from this environment; resolves when it is ready. */
+export async function startServerProcess(opts: ServerOptions): Promise<ServerProcess> {
+  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SLABSERVE_')));
+  let port: number | null = null;
+  const child = await startChildServer({
+    args: [opts.cliPath, 'serve', ...opts.args],
+    env,
+    stream: 'stderr',
+    // the port from the `listening on` line, ready at the `ready at` line
+    ready: (line) => {
+      const m = /listening on http:\/\/[^\s:]+:(\d+)/.exec(line);
+      if (m) port = Number(m[1]);
+      return /ready at /.test(line) && port !== null ? `http://127.0.0.1:${port}` : null;
+    },
+    startTimeoutMs: opts.startTimeoutMs ?? 60_000,
+    what: `slabserve serve ${opts.args.join(' ')}`,
+  });
+  return {
+    ...child,
+    cpuMs: () => procCpuMs(child.pid),
+    counters: async (model: string) => parseCounters(await getText(`${child.origin}/metrics`), model),
   };
 }
 

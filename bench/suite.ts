@@ -25,7 +25,7 @@
  * (`node dist/src/cli.js serve ...`); the load generator (bench/load.ts) and the
  * raw onnxruntime session run in this process, never at the same time.
  */
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, hostname, loadavg, release, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -39,7 +39,7 @@ import { defaultBuckets } from '../src/gpu-worker/scheduler.js';
 import { mulberry32 } from '../src/modelgen/rng.js';
 import { loadModelSpec, type ModelSpec } from '../src/shared/model-config.js';
 import { VERSION } from '../src/version.js';
-import { procCpuMs, startServerProcess, type ServerCounters, type ServerProcess } from './http-load.js';
+import { procCpuMs, startChildServer, startServerProcess, type ServerCounters, type ServerProcess } from './http-load.js';
 import { newHistogram, runLoad, type Arrivals, type LoadOutcome, type LoadTarget } from './load.js';
 import { openRawSession, rawBatches, runRawLoop } from './raw-ort.js';
 import { renderReport, summaryTable } from './report.js';
@@ -287,39 +287,16 @@ async function startSlabserve(label: string, modelsDir: string, model: string, e
   };
 }
 
-/** The transformers.js peer (bench/peer-transformers.ts) as a child process; ready when it prints its address. */
+/** The transformers.js peer (bench/peer-transformers.ts) as a child process; ready when it prints its address on stdout. */
 async function startPeer(modelDir: string): Promise<Target> {
-  const child = spawn(process.execPath, [PEER, '--model-dir', modelDir, '--port', '0', '--host', '127.0.0.1'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  const kill = () => child.kill('SIGKILL');
-  process.once('exit', kill);
-  const exited = new Promise<void>((res) => child.once('exit', () => res()));
-  let out = '';
-  let err = '';
-  child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
-  const origin = await new Promise<string>((res, rej) => {
-    const timer = setTimeout(() => rej(new Error(`peer not ready in 120 s\n${err}`)), 120_000);
-    child.stdout!.on('data', (d: Buffer) => {
-      out += d.toString();
-      const m = /listening on (http:\/\/\S+)/.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        res(m[1]!.replace(/\/$/, ''));
-      }
-    });
-    void exited.then(() => rej(new Error(`peer exited during start-up:\n${out}\n${err}`)));
+  const child = await startChildServer({
+    args: [PEER, '--model-dir', modelDir, '--port', '0', '--host', '127.0.0.1'],
+    stream: 'stdout',
+    ready: (line) => /listening on (http:\/\/\S+)/.exec(line)?.[1]!.replace(/\/$/, '') ?? null,
+    startTimeoutMs: 120_000,
+    what: 'transformers.js peer',
   });
-  return {
-    label: 'transformers.js',
-    origin,
-    cpuMs: () => procCpuMs(child.pid!),
-    stop: async () => {
-      child.kill('SIGTERM');
-      const t = setTimeout(kill, 10_000);
-      await exited;
-      clearTimeout(t);
-      process.removeListener('exit', kill);
-    },
-  };
+  return { label: 'transformers.js', origin: child.origin, cpuMs: () => procCpuMs(child.pid), stop: () => child.stop() };
 }
 
 // ---------------------------------------------------------------- correctness before timing
