@@ -1,7 +1,8 @@
 /**
- * HTTP side of the quick bench (bench/quick.ts): a slabserve server in a child
- * process (`node dist/src/cli.js serve`), and a closed-loop keep-alive load
- * generator in the bench's own process.
+ * The servers of the benches (bench/quick.ts, bench/suite.ts) and what is
+ * measured around them: a slabserve server in a child process (`node
+ * dist/src/cli.js serve`) and its /metrics counters, the HTTP clients the load
+ * generator (bench/load.ts) drives them with, and the measured window.
  *
  * Why a child process for the server: client and server CPU are then measured
  * apart (process.cpuUsage() here, /proc/<pid>/stat there), the server runs
@@ -26,7 +27,6 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import { performance } from 'node:perf_hooks';
-import type { Histogram } from 'hdr-histogram-js';
 
 // ---------------------------------------------------------------- server process
 
@@ -293,98 +293,9 @@ export async function createLoadClient(kind: ClientKind, origin: string, connect
   return undiciClient(origin, connections, timeoutMs);
 }
 
-// ---------------------------------------------------------------- closed-loop load
+// ---------------------------------------------------------------- the measured window
 
-export interface LoadResult {
-  /** Requests answered 200 inside the window. */
-  done: number;
-  errors: number;
-  firstError: string | undefined;
-  windowMs: number;
-  /** Client (this process) CPU ms and event-loop utilization over the window. */
-  clientCpuMs: number;
-  clientElu: number;
-  /** Server process CPU ms over the window (null without /proc). */
-  serverCpuMs: number | null;
-  before: ServerCounters;
-  after: ServerCounters;
-  /** Ms between the midpoints of the two /metrics scrapes: the window the counter deltas cover. */
-  countersMs: number;
-  connections: number | null;
-}
-
-export interface LoadOptions {
-  server: ServerProcess;
-  client: LoadClient;
-  model: string;
-  path: string;
-  /** Request bodies, sent round-robin from a shared cursor. */
-  bodies: Buffer[];
-  concurrency: number;
-  warmupMs: number;
-  durationMs: number;
-  histogram: Histogram;
-}
-
-const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
 const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
-
-/**
- * `concurrency` callers, each sending its next request when the previous one is
- * answered, over the client's keep-alive connections. Latency (send to last
- * byte of the answer) and completions count only inside the measured window.
- */
-export async function closedLoop(o: LoadOptions): Promise<LoadResult> {
-  let cursor = 0;
-  let stop = false;
-  let windowStart = Infinity;
-  let windowEnd = Infinity;
-  let done = 0;
-  let errors = 0;
-  let firstError: string | undefined;
-  const caller = async () => {
-    while (!stop) {
-      const body = o.bodies[cursor++ % o.bodies.length]!;
-      const t0 = performance.now();
-      try {
-        const r = await o.client.post(o.path, body);
-        if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${r.body.toString('utf8').slice(0, 200)}`);
-      } catch (err) {
-        errors++;
-        firstError ??= (err as Error).message ?? String(err);
-        await sleep(1); // no hot loop against a failing server
-        continue;
-      }
-      const t1 = performance.now();
-      if (t1 >= windowStart && t1 < windowEnd) {
-        o.histogram.recordValue(Math.max(1, Math.round((t1 - t0) * 1000)));
-        done++;
-      }
-    }
-  };
-  const callers = Array.from({ length: o.concurrency }, caller);
-  let errorsBefore = 0;
-  const window = await measureWindow(o, {
-    open: (t) => {
-      errorsBefore = errors;
-      windowStart = t;
-    },
-    close: (t) => (windowEnd = t),
-  });
-  stop = true;
-  // Bounded: every request has its own timeout, and this gives up on stragglers after 15 s.
-  let timer: NodeJS.Timeout | undefined;
-  const settled = await Promise.race([Promise.all(callers).then(() => true), new Promise<boolean>((res) => (timer = setTimeout(res, 15_000, false)))]);
-  clearTimeout(timer);
-  if (!settled) {
-    errors++;
-    firstError ??= 'callers still waiting 15 s after the window closed';
-  }
-  return { done, errors: errors - errorsBefore, firstError, ...window, connections: o.client.connections() };
-}
-
-/** What a load loop measures around its window, whatever the transport. */
-export type WindowMeasures = Pick<LoadResult, 'windowMs' | 'clientCpuMs' | 'clientElu' | 'serverCpuMs' | 'before' | 'after' | 'countersMs'>;
 
 /** A server measured around a window: its CPU, and (slabserve) its counters. */
 export interface MeasuredTarget {
@@ -392,8 +303,19 @@ export interface MeasuredTarget {
   counters?(model: string): Promise<ServerCounters>;
 }
 
-/** The same, for any server: the counters are there only where the server has them. */
-export type OpenWindowMeasures = Omit<WindowMeasures, 'before' | 'after'> & { before?: ServerCounters; after?: ServerCounters };
+/** What a load loop measures around its window; the counters only where the server has them (slabserve). */
+export interface WindowMeasures {
+  windowMs: number;
+  /** This process's CPU ms and event-loop utilization over the window. */
+  clientCpuMs: number;
+  clientElu: number;
+  /** Server process CPU ms over the window (null without /proc). */
+  serverCpuMs: number | null;
+  before?: ServerCounters;
+  after?: ServerCounters;
+  /** Ms between the midpoints of the two /metrics scrapes: the window the counter deltas cover. */
+  countersMs: number;
+}
 
 /**
  * Opens a measured window now: scrapes the server's counters, then notes this
@@ -404,7 +326,7 @@ export type OpenWindowMeasures = Omit<WindowMeasures, 'before' | 'after'> & { be
 export async function openWindow(
   target: MeasuredTarget,
   model: string,
-): Promise<{ start: number; close(onEnd?: (end: number) => void): Promise<OpenWindowMeasures> }> {
+): Promise<{ start: number; close(onEnd?: (end: number) => void): Promise<WindowMeasures> }> {
   const scrape = async () => {
     const t0 = performance.now();
     const c = target.counters ? await target.counters(model) : undefined;
@@ -435,22 +357,4 @@ export async function openWindow(
       };
     },
   };
-}
-
-/**
- * The measured window of the quick bench's load loops: after the warm-up, open
- * the window (`open`: requests answered from now on count), run for
- * durationMs, close it (`close`), with the measures openWindow takes.
- */
-export async function measureWindow(
-  o: { server: ServerProcess; model: string; warmupMs: number; durationMs: number },
-  window: { open(at: number): void; close(at: number): void },
-): Promise<WindowMeasures> {
-  await sleep(o.warmupMs);
-  const w = await openWindow(o.server, o.model);
-  window.open(w.start);
-  await sleep(o.durationMs);
-  const { before, after, ...m } = await w.close((end) => window.close(end));
-  // a slabserve server process always has its counters
-  return { ...m, before: before!, after: after! };
 }

@@ -33,7 +33,7 @@ import { performance } from 'node:perf_hooks';
 import hdr, { type Histogram } from 'hdr-histogram-js';
 import { pack, unpack } from 'msgpackr';
 import type WebSocket from 'ws';
-import { createLoadClient, openWindow, type LoadClient, type MeasuredTarget, type OpenWindowMeasures, type ServerCounters } from './http-load.js';
+import { createLoadClient, openWindow, type ClientKind, type LoadClient, type MeasuredTarget, type WindowMeasures, type ServerCounters } from './http-load.js';
 import { closeSocket, openSocket } from './ws-load.js';
 import { requestSize, type Workload } from './workloads.js';
 
@@ -66,6 +66,12 @@ export interface LoadSpec {
   maxOutstanding?: number;
   /** Open loop: HTTP connections, or WebSocket sockets. Default 256 HTTP, 4 WS. */
   connections?: number;
+  /** HTTP client (default node:http; undici when installed). */
+  client?: ClientKind;
+  /** Closed loop over WebSocket: sockets and requests in flight on each (default: one socket per 64 callers). */
+  ws?: { sockets: number; depth: number };
+  /** WebSocket: bytes each f32 answer row must have (4 x dimension); a row of another size is an error. */
+  rowBytes?: number;
   /** Called about every 250 ms. */
   onProgress?(p: Progress): void;
   seed?: number;
@@ -91,7 +97,11 @@ export interface LoadOutcome {
   /** Latencies of the answered requests, microseconds. The caller destroys it. */
   histogram: Histogram;
   clientCpuMs: number;
+  /** This process's event-loop utilization over the window. */
+  clientElu: number;
   serverCpuMs: number | null;
+  /** TCP connections opened (HTTP; null where the client does not say) or sockets (WebSocket). */
+  connections: number | null;
   before?: ServerCounters;
   after?: ServerCounters;
   /** Ms between the midpoints of the two /metrics scrapes. */
@@ -103,6 +113,7 @@ type Outcome = 'ok' | 'rejected' | string;
 /** Sends request i of the workload and says how it ended. */
 interface Channel {
   send(i: number): Promise<Outcome>;
+  connections(): number | null;
   close(): Promise<void>;
 }
 
@@ -126,6 +137,7 @@ function httpChannel(client: LoadClient, w: Workload): Channel {
         return (err as Error).message ?? String(err);
       }
     },
+    connections: () => client.connections(),
     close: () => client.close(),
   };
 }
@@ -140,7 +152,9 @@ interface WsAnswer {
  * `sockets` WebSockets, each with `credit` requests in flight at most; requests
  * beyond the credit wait in a local queue (their wait counts in the latency).
  */
-async function wsChannel(origin: string, w: Workload, sockets: number, credit: number, timeoutMs: number): Promise<Channel> {
+async function wsChannel(origin: string, w: Workload, sockets: number, credit: number, timeoutMs: number, rowBytes?: number): Promise<Channel> {
+  const rightRows = (result: unknown) =>
+    Array.isArray(result) && (rowBytes === undefined || result.every((row) => (row as Uint8Array).byteLength === rowBytes));
   const open = await Promise.all(Array.from({ length: sockets }, () => openSocket(origin, credit)));
   let nextId = 1;
   let rr = 0;
@@ -155,7 +169,7 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
       pending.delete(m.id!);
       inflight--;
       queue.shift()?.();
-      if (!m.error) done(Array.isArray(m.result) ? 'ok' : `ws: unexpected result ${JSON.stringify(m).slice(0, 200)}`);
+      if (!m.error) done(rightRows(m.result) ? 'ok' : `ws: unexpected result ${JSON.stringify(m).slice(0, 200)}`);
       else if (m.error.type === 'overloaded' || m.error.type === 'unavailable') done('rejected');
       else done(`ws ${m.error.type} ${m.error.code}: ${m.error.message}`);
     });
@@ -192,6 +206,7 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
   });
   return {
     send: (i) => lanes[rr++ % lanes.length]!.send(i),
+    connections: () => lanes.length,
     close: async () => {
       await Promise.all(lanes.map((l) => closeSocket(l.ws as WebSocket)));
     },
@@ -199,12 +214,12 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
 }
 
 async function openChannel(spec: LoadSpec, connections: number, timeoutMs: number): Promise<Channel> {
-  if (spec.transport === 'http') return httpChannel(await createLoadClient('http', spec.target.origin, connections, timeoutMs), spec.workload);
+  if (spec.transport === 'http') return httpChannel(await createLoadClient(spec.client ?? 'http', spec.target.origin, connections, timeoutMs), spec.workload);
   const closed = spec.arrivals.kind === 'closed';
-  // closed loop: one socket per 64 callers, each with exactly its callers' share in flight
-  const sockets = closed ? Math.max(1, Math.ceil(connections / 64)) : connections;
-  const credit = closed ? Math.ceil(connections / sockets) : 256;
-  return wsChannel(spec.target.origin, spec.workload, sockets, credit, timeoutMs);
+  // closed loop: one socket per 64 callers (or as asked), each with exactly its callers' share in flight
+  const sockets = spec.ws?.sockets ?? (closed ? Math.max(1, Math.ceil(connections / 64)) : connections);
+  const credit = spec.ws?.depth ?? (closed ? Math.ceil(connections / sockets) : 256);
+  return wsChannel(spec.target.origin, spec.workload, sockets, credit, timeoutMs, spec.rowBytes);
 }
 
 // ---------------------------------------------------------------- arrivals
@@ -271,10 +286,11 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
       }, 250)
     : undefined;
 
+  let connectionsOpened: number | null = null;
   const started = performance.now();
   type Window = Awaited<ReturnType<typeof openWindow>>;
   let window: Window | undefined;
-  let measures: OpenWindowMeasures | undefined;
+  let measures: WindowMeasures | undefined;
   const startWindow = async () => {
     window = await openWindow(spec.target, spec.model);
     windowStart = window.start;
@@ -339,6 +355,7 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
     }
   } finally {
     if (progress) clearInterval(progress);
+    connectionsOpened = channel.connections(); // before close() forgets them
     await channel.close();
   }
   const m = measures!; // both loops end their window before returning
@@ -353,7 +370,9 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
     ...(firstError !== undefined ? { firstError } : {}),
     histogram,
     clientCpuMs: m.clientCpuMs,
+    clientElu: m.clientElu,
     serverCpuMs: m.serverCpuMs,
+    connections: connectionsOpened,
     ...(m.before ? { before: m.before } : {}),
     ...(m.after ? { after: m.after } : {}),
     countersMs: m.countersMs,

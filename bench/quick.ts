@@ -42,8 +42,10 @@ import { parseArgs } from 'node:util';
 import hdr from 'hdr-histogram-js';
 import * as ort from 'onnxruntime-node';
 import { createEngine, ENGINE_DEFAULTS, resolveBatching, type Engine } from '../src/engine.js';
-import { closedLoop, createLoadClient, startServerProcess, type ClientKind, type ServerProcess } from './http-load.js';
-import { embedOnce, wsClosedLoop } from './ws-load.js';
+import { createLoadClient, startServerProcess, type ClientKind, type ServerProcess } from './http-load.js';
+import { runLoad } from './load.js';
+import type { Workload } from './workloads.js';
+import { embedOnce } from './ws-load.js';
 import { loadTokenizer } from '../src/gateway/tokenizer.js';
 import { prepareModel } from '../src/gpu-worker/graph.js';
 import { openRawSession, rawBatches, runRawLoop, type RawBatch } from './raw-ort.js';
@@ -374,73 +376,63 @@ async function runEngine(config: string, round: number, engine: Engine, seqs: Se
 
 // ---------------------------------------------------------------- http
 
-async function runHttp(config: string, round: number, server: ServerProcess, bodies: Buffer[], clients: number): Promise<PhaseResult> {
-  // A fresh client (and connections) per phase: uWS closes connections idle for 10 s, and the
-  // other phases in between take longer than that. Connecting happens during the warm-up.
-  const client = await createLoadClient(HTTP_CLIENT, server.origin, clients);
-  const h = histogram();
+/**
+ * One closed-loop phase against a server over HTTP keep-alive (`clients`
+ * callers, one connection each) or /ws (`ws.sockets` sockets x `ws.depth` in
+ * flight), through the suite's load generator (bench/load.ts). A fresh client
+ * per phase: uWS closes connections idle for 10 s, and the other phases in
+ * between take longer than that; connecting happens during the warm-up.
+ */
+async function runServer(
+  config: string,
+  round: number,
+  server: ServerProcess,
+  workload: Workload,
+  clients: number,
+  ws?: { sockets: number; depth: number; rowBytes: number },
+): Promise<PhaseResult> {
+  const r = await runLoad(
+    {
+      target: server,
+      model: MODEL,
+      transport: ws ? 'ws' : 'http',
+      workload,
+      arrivals: { kind: 'closed', concurrency: clients },
+      warmupMs: WARMUP_MS,
+      durationMs: DURATION_MS,
+      client: HTTP_CLIENT,
+      ...(ws ? { ws: { sockets: ws.sockets, depth: ws.depth }, rowBytes: ws.rowBytes } : {}),
+    },
+    rng(SEED + round),
+  );
+  const h = r.histogram;
   try {
-    const r = await closedLoop({ server, client, model: MODEL, path: '/embed', bodies, concurrency: clients, warmupMs: WARMUP_MS, durationMs: DURATION_MS, histogram: h });
-    if (r.errors > 0) console.error(`  ${config}: ${r.errors} requests failed, first: ${r.firstError}`);
-    const batches = r.after.batches - r.before.batches;
-    const rows = r.after.rows - r.before.rows;
+    const errors = r.errors + r.rejected;
+    if (errors > 0) console.error(`  ${config}: ${errors} requests failed, first: ${r.firstError ?? 'refused (429/503)'}`);
+    const before = r.before!; // a slabserve server process always has its counters
+    const after = r.after!;
+    const batches = after.batches - before.batches;
+    const rows = after.rows - before.rows;
     const serverCpu = r.serverCpuMs ?? NaN;
     return {
       config,
       round,
-      kind: 'http',
+      kind: ws ? 'ws' : 'http',
       concurrency: clients,
-      seqPerSec: (r.done / r.windowMs) * 1000,
+      seqPerSec: (r.requests / r.windowMs) * 1000,
       p50Ms: h.getValueAtPercentile(50) / 1000,
       p99Ms: h.getValueAtPercentile(99) / 1000,
       meanBatch: rows / batches,
-      paddingEfficiency: (r.after.realTokens - r.before.realTokens) / (r.after.paddedTokens - r.before.paddedTokens),
+      paddingEfficiency: (after.realTokens - before.realTokens) / (after.paddedTokens - before.paddedTokens),
       msPerBatch: r.countersMs / batches,
-      ortMsPerBatch: ((r.after.runSeconds - r.before.runSeconds) * 1000) / batches,
+      ortMsPerBatch: ((after.runSeconds - before.runSeconds) * 1000) / batches,
       cores: serverCpu / r.windowMs,
-      cpuUsPerSeq: (serverCpu * 1000) / r.done,
-      client: { cores: r.clientCpuMs / r.windowMs, elu: r.clientElu, cpuUsPerReq: (r.clientCpuMs * 1000) / r.done, connections: r.connections },
-      sequences: r.done,
+      cpuUsPerSeq: (serverCpu * 1000) / r.requests,
+      client: { cores: r.clientCpuMs / r.windowMs, elu: r.clientElu, cpuUsPerReq: (r.clientCpuMs * 1000) / r.requests, connections: r.connections },
+      ...(ws ? { ws: { sockets: ws.sockets, depth: ws.depth } } : {}),
+      sequences: r.requests,
       batches,
-      errors: r.errors,
-      windowMs: r.windowMs,
-    };
-  } finally {
-    h.destroy();
-    await client.close();
-  }
-}
-
-// ---------------------------------------------------------------- ws
-
-async function runWs(config: string, round: number, server: ServerProcess, texts: string[], sockets: number, depth: number, rowBytes: number): Promise<PhaseResult> {
-  // Fresh sockets per phase, opened (hello, credit = depth) before the warm-up starts.
-  const h = histogram();
-  try {
-    const r = await wsClosedLoop({ server, model: MODEL, texts, sockets, depth, warmupMs: WARMUP_MS, durationMs: DURATION_MS, histogram: h, rowBytes });
-    if (r.errors > 0) console.error(`  ${config}: ${r.errors} requests failed, first: ${r.firstError}`);
-    const batches = r.after.batches - r.before.batches;
-    const rows = r.after.rows - r.before.rows;
-    const serverCpu = r.serverCpuMs ?? NaN;
-    return {
-      config,
-      round,
-      kind: 'ws',
-      concurrency: sockets * depth,
-      seqPerSec: (r.done / r.windowMs) * 1000,
-      p50Ms: h.getValueAtPercentile(50) / 1000,
-      p99Ms: h.getValueAtPercentile(99) / 1000,
-      meanBatch: rows / batches,
-      paddingEfficiency: (r.after.realTokens - r.before.realTokens) / (r.after.paddedTokens - r.before.paddedTokens),
-      msPerBatch: r.countersMs / batches,
-      ortMsPerBatch: ((r.after.runSeconds - r.before.runSeconds) * 1000) / batches,
-      cores: serverCpu / r.windowMs,
-      cpuUsPerSeq: (serverCpu * 1000) / r.done,
-      client: { cores: r.clientCpuMs / r.windowMs, elu: r.clientElu, cpuUsPerReq: (r.clientCpuMs * 1000) / r.done, connections: r.connections },
-      ws: { sockets, depth },
-      sequences: r.done,
-      batches,
-      errors: r.errors,
+      errors,
       windowMs: r.windowMs,
     };
   } finally {
@@ -637,7 +629,13 @@ async function main(): Promise<void> {
   const serverChecks: Record<string, string> = {};
   let serverReadyMs = 0;
   let wsRowBytes = 0;
-  const bodies = seqs.map((s) => Buffer.from(JSON.stringify({ inputs: s.text })));
+  /** The HTTP and WebSocket rows' requests: one text each, bodies serialized before timing. */
+  const workload: Workload = {
+    name: 'short',
+    description: 'quick.ts texts',
+    requests: seqs.map((s) => [{ text: s.text!, ids: s.ids, typeIds: s.typeIds }]),
+    bodies: seqs.map((s) => Buffer.from(JSON.stringify({ inputs: s.text }))),
+  };
   if (HTTP) {
     try {
       for (const [name, p] of starting) servers.set(name, await p);
@@ -665,7 +663,6 @@ async function main(): Promise<void> {
   const engineAt = (c: number) => (c === CONCURRENCY ? 'engine batched' : `engine batched c=${c}`);
   const httpAt = (name: string, c: number) => `${name} c=${c}`;
   const wsName = (sockets: number, depth: number) => `ws ${sockets}x${depth}`;
-  const texts = seqs.map((s) => s.text!);
   type Phase = { name: string; run: (round: number) => Promise<PhaseResult> };
   const phases: Phase[] = [
     ...RAW_BATCHES.map((b) => ({ name: `raw b=${b}`, run: (round: number) => runRaw(`raw b=${b}`, round, rawSession, rawSets.get(b)!) })),
@@ -682,12 +679,12 @@ async function main(): Promise<void> {
         }))
       : []),
     ...HTTP_CLIENTS.flatMap((c) =>
-      [...servers].map(([name, server]) => ({ name: httpAt(name, c), run: (round: number) => runHttp(httpAt(name, c), round, server, bodies, c) })),
+      [...servers].map(([name, server]) => ({ name: httpAt(name, c), run: (round: number) => runServer(httpAt(name, c), round, server, workload, c) })),
     ),
     ...(WS
       ? WS_CONFIGS.map(({ sockets, depth }) => ({
           name: wsName(sockets, depth),
-          run: (round: number) => runWs(wsName(sockets, depth), round, servers.get(HTTP_BATCHED)!, texts, sockets, depth, wsRowBytes),
+          run: (round: number) => runServer(wsName(sockets, depth), round, servers.get(HTTP_BATCHED)!, workload, sockets * depth, { sockets, depth, rowBytes: wsRowBytes }),
         }))
       : []),
   ];
