@@ -6,6 +6,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as ort from 'onnxruntime-node';
+import { expect } from 'vitest';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/main.js';
@@ -137,4 +138,17 @@ export async function eventually<T>(what: string, read: () => Promise<T>, ok: (v
     if (Date.now() > deadline) throw new Error(`${what}: never happened; last seen ${JSON.stringify(show(v))?.slice(0, 2000)}`);
     await sleep(10);
   }
+}
+
+/**
+ * Checks one /predict answer's shape (every label once, sorted by score,
+ * highest first) and returns its scores by class id.
+ */
+export function scoresByClassId(got: { label: string; score: number }[], labels: readonly string[]): Float32Array {
+  expect(got).toHaveLength(labels.length);
+  expect(got.map((g) => g.label).sort()).toEqual([...labels].sort());
+  for (let i = 1; i < got.length; i++) expect(got[i - 1]!.score).toBeGreaterThanOrEqual(got[i]!.score);
+  const out = new Float32Array(labels.length);
+  for (const g of got) out[labels.indexOf(g.label)] = g.score;
+  return out;
 }

@@ -18,7 +18,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer
 import { pickFreePort, SERVER_DEFAULTS, startServer, type Server } from '../dist/src/main.js';
 import { VERSION } from '../dist/src/version.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
-import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 /** Rows of different texts differ by far more than this: what makes the comparison able to catch a wrong row. */
@@ -68,15 +68,7 @@ async function refClasses(text: string, truncate = false): Promise<{ probabiliti
 
 type Scored = { label: string; score: number };
 
-/** Checks one /predict answer's shape (every label once, sorted by score, highest first); returns it by class id. */
-function byClassId(got: Scored[]): Float32Array {
-  expect(got).toHaveLength(labels.length);
-  expect(got.map((g) => g.label).sort()).toEqual([...labels].sort());
-  for (let i = 1; i < got.length; i++) expect(got[i - 1]!.score).toBeGreaterThanOrEqual(got[i]!.score);
-  const out = new Float32Array(labels.length);
-  for (const g of got) out[labels.indexOf(g.label)] = g.score;
-  return out;
-}
+const byClassId = (got: Scored[]) => scoresByClassId(got, labels);
 
 function expectTimingHeaders(r: Reply): void {
   for (const h of ['x-queue-time', 'x-inference-time', 'x-tokenization-time', 'x-total-time']) {

@@ -30,7 +30,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer
 import { SERVER_DEFAULTS, startServer, type Server, type ServerConfig } from '../dist/src/main.js';
 import { VERSION } from '../dist/src/version.js';
 import { HttpClient, parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { eventually as pollUntil, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually as pollUntil, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 /** Rows of different texts differ by far more than this: what makes a comparison able to catch a swapped answer. */
@@ -258,15 +258,7 @@ async function refProbabilities(text: string): Promise<Float32Array> {
 
 type Scored = { label: string; score: number };
 
-/** Checks one predict answer's shape (every label once, sorted by score); returns the scores by class id. */
-function byClassId(got: Scored[]): Float32Array {
-  expect(got).toHaveLength(labels.length);
-  expect(got.map((g) => g.label).sort()).toEqual([...labels].sort());
-  for (let i = 1; i < got.length; i++) expect(got[i - 1]!.score).toBeGreaterThanOrEqual(got[i]!.score);
-  const out = new Float32Array(labels.length);
-  for (const g of got) out[labels.indexOf(g.label)] = g.score;
-  return out;
-}
+const byClassId = (got: Scored[]) => scoresByClassId(got, labels);
 
 /** A text of `n` random vocabulary words. */
 function wordsText(rand: () => number, n: number): string {
