@@ -35,7 +35,7 @@ import { pack, unpack } from 'msgpackr';
 import type WebSocket from 'ws';
 import { createLoadClient, openWindow, type ClientKind, type LoadClient, type MeasuredTarget, type WindowMeasures, type ServerCounters } from './http-load.js';
 import { closeSocket, openSocket } from './ws-load.js';
-import { requestSize, type Workload } from './workloads.js';
+import { requestInputs, requestSize, type Workload } from './workloads.js';
 
 /** A server under load: where it listens, its CPU, and (slabserve) its counters. */
 export interface LoadTarget extends MeasuredTarget {
@@ -196,8 +196,7 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
             clearTimeout(timer);
             resolve(o);
           });
-          const inputs = w.requests[i]!;
-          ws.send(pack({ id, op: 'embed', inputs: inputs.length === 1 ? inputs[0]!.text : inputs.map((x) => x.text), encoding: 'f32' }));
+          ws.send(pack({ id, op: 'embed', inputs: requestInputs(w.requests[i]!, w.form), encoding: 'f32' }));
         };
         if (inflight < credit) go();
         else queue.push(go);

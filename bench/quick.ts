@@ -635,6 +635,7 @@ async function main(): Promise<void> {
     description: 'quick.ts texts',
     requests: seqs.map((s) => [{ text: s.text!, ids: s.ids, typeIds: s.typeIds }]),
     bodies: seqs.map((s) => Buffer.from(JSON.stringify({ inputs: s.text }))),
+    form: 'text',
   };
   if (HTTP) {
     try {

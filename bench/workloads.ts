@@ -34,6 +34,8 @@ export interface Workload {
   requests: Input[][];
   /** JSON bodies for POST /embed, serialized once, before any timing. */
   bodies: Buffer[];
+  /** What is sent: the texts (the server tokenizes), or their token ids (pre-tokenized, as TEI takes them). */
+  form: 'text' | 'ids';
 }
 
 export const WORKLOAD_DESCRIPTIONS: Record<WorkloadName, string> = {
@@ -112,9 +114,21 @@ export async function makeWorkload(name: WorkloadName, spec: ModelSpec, seed: nu
     const flat = drawInputs(requests * CLIENT_BATCH, SHORT_MAX, () => randInt(r, MIN_TOKENS, SHORT_MAX), maker, tok, max);
     reqs = Array.from({ length: requests }, (_, i) => flat.slice(i * CLIENT_BATCH, (i + 1) * CLIENT_BATCH));
   }
-  const bodies = reqs.map((inputs) => Buffer.from(JSON.stringify({ inputs: inputs.length === 1 ? inputs[0]!.text : inputs.map((i) => i.text) })));
-  return { name, description: WORKLOAD_DESCRIPTIONS[name], requests: reqs, bodies };
+  return { name, description: WORKLOAD_DESCRIPTIONS[name], requests: reqs, bodies: reqs.map((inputs) => jsonBody(requestInputs(inputs, 'text'))), form: 'text' };
 }
+
+/** The same workload sent as token ids ([CLS] ... [SEP] included), so the server does not tokenize. */
+export function preTokenized(w: Workload): Workload {
+  return { ...w, bodies: w.requests.map((inputs) => jsonBody(requestInputs(inputs, 'ids'))), form: 'ids' };
+}
+
+/** A request's `inputs` field: one input alone, several as a list; texts, or ids as plain number lists. */
+export function requestInputs(inputs: Input[], form: Workload['form']): string | number[] | (string | number[])[] {
+  const one = (x: Input) => (form === 'text' ? x.text : Array.from(x.ids));
+  return inputs.length === 1 ? one(inputs[0]!) : inputs.map(one);
+}
+
+const jsonBody = (inputs: unknown) => Buffer.from(JSON.stringify({ inputs }));
 
 function hash(s: string): number {
   let h = 2166136261;

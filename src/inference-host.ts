@@ -13,7 +13,7 @@ import type { Registry } from 'prom-client';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
 import { batchCapacity, bucketFor, DEFAULT_BATCHING, defaultBuckets, PAD_TO, type BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inference-loop.js';
-import type { InferenceFault, InferenceTestHooks, InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
+import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
 import { WorkerState, type ControlBlock } from './shared/control.js';
 import { ModelNotFoundError, SlabserveError, ValidationError } from './shared/errors.js';
 import { listModelDirs, loadModelSpec, type ModelSpec } from './shared/model-config.js';
@@ -132,6 +132,8 @@ export interface InferenceThread {
   worker: Worker;
   /** Resolves with the device once every model is loaded and warmed up. */
   ready: Promise<DeviceInfo>;
+  /** Its kernel thread ids, once ready (per-thread CPU metrics). */
+  threads: InferenceThreadIds;
 }
 
 /** Starts the inference thread; `ready` settles when warm-up ends (or start-up fails). */
@@ -151,6 +153,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     ...(opts.testHooks ? { testHooks: opts.testHooks } : {}),
   };
   const worker = new Worker(new URL('./gpu-worker/worker.js', import.meta.url), { workerData, name: 'slabserve-inference' });
+  const threads: InferenceThreadIds = { inference: null, pool: [] };
   const ready = new Promise<DeviceInfo>((res, rej) => {
     const onExit = (code: number) => rej(new Error(`inference thread exited during start-up (code ${code})`));
     worker.once('exit', onExit);
@@ -158,6 +161,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     worker.on('message', (m: InferenceWorkerMessage) => {
       if (m.type === 'ready') {
         worker.off('exit', onExit);
+        Object.assign(threads, m.threads);
         if (opts.logStart !== false) {
           if (m.note) opts.log(`slabserve: ${m.note}`);
           opts.log(`slabserve: device ${describeDevice(m.device)}`);
@@ -181,7 +185,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
       }
     });
   });
-  return { worker, ready };
+  return { worker, ready, threads };
 }
 
 // =================================================================== supervision
@@ -213,6 +217,7 @@ interface ThreadRecord {
   worker: Worker;
   rpc: RpcPeer;
   epoch: number;
+  threads: InferenceThreadIds;
   ready: Promise<DeviceInfo>;
   isReady: boolean;
   exited: boolean;
@@ -300,6 +305,11 @@ export class InferenceSupervisor {
     return this.abandonedThreads.size;
   }
 
+  /** The live thread's kernel thread ids (none until it is ready). */
+  get threads(): InferenceThreadIds {
+    return this.current.threads;
+  }
+
   /** The live thread's metrics registry, as JSON ([] while none is ready). */
   metrics(): Promise<MetricsJson> {
     const t = this.current;
@@ -361,6 +371,7 @@ export class InferenceSupervisor {
       worker: t.worker,
       rpc: new RpcPeer(t.worker),
       epoch,
+      threads: t.threads,
       ready: t.ready,
       isReady: false,
       exited: false,

@@ -35,6 +35,7 @@ import { ValidationError } from './shared/errors.js';
 import { processMetrics, supervisionMetrics } from './shared/metrics.js';
 import { RpcPeer } from './shared/rpc.js';
 import { Counter, Slab } from './shared/slab.js';
+import { threadCpuSeconds } from './shared/threads.js';
 import { VERSION } from './version.js';
 
 export interface ServerConfig {
@@ -160,6 +161,8 @@ type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 interface GatewayHandle {
   worker: Worker;
   rpc: RpcPeer;
+  /** Its kernel thread id, once listening (per-thread CPU metrics). */
+  tid?: number | null;
   exited: Promise<void>;
   /** Listening: from then on an exit is a death (unless the server is closing). */
   started: boolean;
@@ -255,6 +258,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       }),
     ready: () => control.workerState === WorkerState.READY && !control.draining,
     heartbeatAgeSeconds: () => (control.heartbeat ? (nowMs() - control.heartbeat) / 1000 : 0),
+    threadCpuSeconds: () => threadCpuSeconds(namedThreads()),
     deviceMemory: () => {
       if (!device || device.kind !== 'cuda') return null;
       const d = describeCuda(device.id);
@@ -264,6 +268,17 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   /** By gateway id; a restarted gateway takes its predecessor's place. */
   const gateways: GatewayHandle[] = [];
+  /** Kernel thread id -> name, for slabserve_thread_cpu_seconds_total. */
+  const namedThreads = (): Map<number, string> => {
+    const named = new Map<number, string>([[process.pid, 'main']]);
+    const { inference: tid, pool } = inference.threads;
+    for (const t of pool) named.set(t, 'onnxruntime');
+    if (tid !== null) named.set(tid, 'inference');
+    gateways.forEach((g, i) => {
+      if (g.tid) named.set(g.tid, `gateway-${i}`); // after the pool: a gateway started while the sessions opened is still a gateway
+    });
+    return named;
+  };
   const localParts = async (): Promise<MetricsJson[]> => {
     const parts: MetricsJson[] = [await registry.getMetricsAsJSON()];
     const others = await Promise.allSettled([...gateways.map((g) => g.rpc.call<MetricsJson>('metrics', undefined, 2000)), inference.metrics()]);
@@ -323,6 +338,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       worker.on('message', (m: GatewayMessage) => {
         if (m.type === 'listening') {
           handle.started = true;
+          handle.tid = m.tid;
           res({ handle, port: m.port });
         } else if (m.type === 'fatal' && handle.started) {
           // It reported an uncaught error and is closing its sockets: it ends by itself; make sure it does.

@@ -319,7 +319,7 @@ function declaredLabels(): Map<string, Set<string>> {
   const registry = new Registry();
   gatewayMetrics(registry);
   inferenceMetrics(registry);
-  processMetrics(registry, { models: () => [], ready: () => true, heartbeatAgeSeconds: () => 0, deviceMemory: () => null });
+  processMetrics(registry, { models: () => [], ready: () => true, heartbeatAgeSeconds: () => 0, deviceMemory: () => null, threadCpuSeconds: () => new Map() });
   const out = new Map<string, Set<string>>();
   for (const m of registry.getMetricsAsArray()) {
     const names = (m as unknown as { labelNames?: unknown }).labelNames;

@@ -23,6 +23,7 @@ import { gatewayMetrics } from '../shared/metrics.js';
 import { RpcPeer } from '../shared/rpc.js';
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
+import { currentThreadId } from '../shared/threads.js';
 import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
 import { InferenceClient, type ClientModel } from './inference-client.js';
 import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogLevel } from './log.js';
@@ -61,7 +62,7 @@ export interface GatewayWorkerData {
   log?: { level: LogLevel; accessFd?: number };
 }
 
-export type GatewayMessage = { type: 'listening'; port: number } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
+export type GatewayMessage = { type: 'listening'; port: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
 
 const data = workerData as GatewayWorkerData;
 const post = (m: GatewayMessage) => parentPort!.postMessage(m);
@@ -191,7 +192,7 @@ async function main(): Promise<void> {
       return;
     }
     listenSocket = socket;
-    post({ type: 'listening', port: uws.us_socket_local_port(socket) });
+    post({ type: 'listening', port: uws.us_socket_local_port(socket), tid: currentThreadId() });
   });
 }
 

@@ -28,6 +28,7 @@ import { inferenceMetrics } from '../shared/metrics.js';
 import { RpcPeer } from '../shared/rpc.js';
 import type { ModelSpec } from '../shared/model-config.js';
 import { H_LENGTH, Slab, type SlabLayout } from '../shared/slab.js';
+import { currentThreadId, processThreadIds } from '../shared/threads.js';
 import { cudaProviderInstalled, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
 import { InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
 import { ModelRunner } from './runner.js';
@@ -61,11 +62,17 @@ export interface InferenceTestHooks {
 export type InferenceFault = 'throw' | 'exit' | 'hang' | 'stall';
 
 export type InferenceWorkerMessage =
-  | { type: 'ready'; device: DeviceInfo; note?: string }
+  | { type: 'ready'; device: DeviceInfo; note?: string; threads: InferenceThreadIds }
   | { type: 'batch-error'; model: string; message: string }
   | { type: 'split'; model: string; failed: number; ran: number; runs: number }
   | { type: 'fatal'; message: string }
   | { type: 'stopped' };
+
+/** Kernel thread ids: this thread, and the threads that appeared while its sessions opened (onnxruntime's intra-op pool, mostly). */
+export interface InferenceThreadIds {
+  inference: number | null;
+  pool: number[];
+}
 
 const data = workerData as InferenceWorkerData;
 const post = (m: InferenceWorkerMessage) => parentPort!.postMessage(m);
@@ -109,7 +116,9 @@ async function main(): Promise<void> {
   let runners: ModelRunner[];
   let loop: InferenceLoop;
   try {
+    const before = new Set(processThreadIds());
     const opened = await openRunners();
+    const threads: InferenceThreadIds = { inference: currentThreadId(), pool: processThreadIds().filter((t) => !before.has(t)) };
     runners = opened.runners;
     loop = createLoop(data.testHooks ? runners.map(hooked) : runners);
     for (const [m, r] of runners.entries()) {
@@ -119,7 +128,7 @@ async function main(): Promise<void> {
       control.heartbeat = Date.now();
       control.workerState = WorkerState.READY;
     }
-    post({ type: 'ready', device: opened.device, ...(opened.note ? { note: opened.note } : {}) });
+    post({ type: 'ready', device: opened.device, threads, ...(opened.note ? { note: opened.note } : {}) });
   } catch (err) {
     if (live()) control.workerState = WorkerState.FAILED;
     post({ type: 'fatal', message: (err as Error).message });

@@ -139,6 +139,8 @@ export interface ProcessState {
   heartbeatAgeSeconds(): number;
   /** Device memory, where the provider exposes it (nvidia-smi for CUDA); null on CPU. */
   deviceMemory(): { device: string; totalBytes?: number; usedBytes?: number } | null;
+  /** CPU seconds per thread of the process (main, gateway-N, inference, onnxruntime, other); empty where /proc is missing. */
+  threadCpuSeconds(): Map<string, number>;
 }
 
 /** Gauges and counters the main thread computes from shared memory on each scrape. */
@@ -217,6 +219,16 @@ export function processMetrics(registry: Registry, state: ProcessState): void {
     registers,
     collect() {
       this.set(state.heartbeatAgeSeconds());
+    },
+  });
+  new Gauge({
+    name: 'slabserve_thread_cpu_seconds_total',
+    help: 'CPU time per thread of the process: main, gateway-N, inference, onnxruntime (its intra-op pool), other (V8 and libuv helpers, the tokenizer pool). Linux only.',
+    labelNames: ['thread'],
+    registers,
+    collect() {
+      this.reset();
+      for (const [thread, s] of state.threadCpuSeconds()) this.set({ thread }, s);
     },
   });
   new Gauge({

@@ -1,0 +1,314 @@
+/**
+ * The floor case: `slabserve serve` side by side with the floor server
+ * (bench/floor-server.ts: read the body, tokenize, serialise a row; no
+ * batching, no model), under the same closed-loop load, and the CPU each
+ * spends per request, thread by thread:
+ *
+ *   slabserve  gateway (gateway-0), inference, onnxruntime (its intra-op pool),
+ *              main, other (V8/libuv helpers), from slabserve_thread_cpu_seconds_total
+ *   floor      main (its only JavaScript thread), other, from /proc/PID/task/STAT
+ *
+ * The gateway thread's CPU per request against the floor's is the price of
+ * slabserve's request path around the batcher; issue 12's target is 1.5x.
+ * Phases: HTTP and WebSocket x text and pre-tokenized ids x 1 and 64 clients
+ * (64 over WebSocket: one socket, 64 in flight); sides alternate round by
+ * round (slabserve first in even rounds); the median round is reported.
+ *
+ *   node dist/bench/floor.js [--rounds 3] [--duration-s 2] [--clients 1,64] [--transports http,ws] [--forms text,ids]
+ *                            [--server-arg=--max-batch-size=1 ...] [--json PATH]
+ * bench/quick.ts and bench/suite.ts run it as one of their cases (runFloorCase).
+ */
+import { writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { loadModelSpec } from '../src/shared/model-config.js';
+import { processThreadIds, threadCpuNs } from '../src/shared/threads.js';
+import { mulberry32 } from '../src/modelgen/rng.js';
+import { fail, num, numList } from './args.js';
+import { procCpuMs, startChildServer, startServerProcess, type ServerCounters } from './http-load.js';
+import { runLoad, type LoadTarget } from './load.js';
+import { makeWorkload, preTokenized, type Workload } from './workloads.js';
+
+export interface FloorCaseOptions {
+  cliPath: string;
+  modelsDir: string;
+  model: string;
+  rounds: number;
+  warmupMs: number;
+  durationMs: number;
+  clients: number[];
+  transports: ('http' | 'ws')[];
+  forms: Workload['form'][];
+  /** Extra `slabserve serve` flags. */
+  serverArgs?: string[];
+  seed?: number;
+  onPhase?: (line: string) => void;
+}
+
+export type Side = 'slabserve' | 'floor';
+
+export interface FloorPhase {
+  side: Side;
+  transport: 'http' | 'ws';
+  form: Workload['form'];
+  clients: number;
+  round: number;
+  requests: number;
+  reqPerS: number;
+  p50Ms: number;
+  p99Ms: number;
+  errors: number;
+  /** CPU microseconds per answered request, by thread name. */
+  cpuUsPerRequest: Record<string, number>;
+  /** The load generator's own CPU per request (this process). */
+  clientUsPerRequest: number;
+}
+
+const us = (seconds: number) => Math.round(seconds * 1e6 * 10) / 10;
+
+/** The floor server's thread CPU: its main thread (the pid) and every other thread. */
+function floorThreadCpu(pid: number): Map<string, number> {
+  const out = new Map<string, number>([
+    ['main', 0],
+    ['other', 0],
+  ]);
+  for (const tid of processThreadIds(pid)) {
+    const ns = threadCpuNs(tid, pid);
+    if (ns === null) continue;
+    const name = tid === pid ? 'main' : 'other';
+    out.set(name, out.get(name)! + ns / 1e9);
+  }
+  return out;
+}
+
+function onlyThreads(threadCpuS: Map<string, number>): ServerCounters {
+  return { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, failures: 0, batchSizeLe: new Map(), threadCpuS };
+}
+
+async function startFloor(cliDir: string, modelsDir: string, model: string): Promise<LoadTarget & { stop(): Promise<unknown> }> {
+  const child = await startChildServer({
+    args: [join(cliDir, 'floor-server.js'), '--models-dir', modelsDir, '--model', model],
+    stream: 'stdout',
+    ready: (line) => /floor: listening on (\S+)/.exec(line)?.[1] ?? null,
+    startTimeoutMs: 30_000,
+    what: 'floor server',
+  });
+  return {
+    origin: child.origin,
+    cpuMs: () => procCpuMs(child.pid),
+    counters: async () => onlyThreads(floorThreadCpu(child.pid)),
+    stop: () => child.stop(),
+  };
+}
+
+/** Per-request CPU by thread, from two samples of the server's thread counters. */
+function perRequest(before: Map<string, number>, after: Map<string, number>, requests: number): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [name, s] of after) out[name] = us((s - (before.get(name) ?? 0)) / Math.max(1, requests));
+  return out;
+}
+
+export async function runFloorCase(opts: FloorCaseOptions): Promise<FloorPhase[]> {
+  const spec = loadModelSpec(join(opts.modelsDir, opts.model));
+  const text = await makeWorkload('short', spec, opts.seed ?? 1, 2048);
+  const workloads = { text, ids: preTokenized(text) };
+  const slab = await startServerProcess({
+    cliPath: opts.cliPath,
+    args: ['--host', '127.0.0.1', '--port', '0', '--models-dir', opts.modelsDir, '--model', opts.model, '--device', 'cpu', ...(opts.serverArgs ?? [])],
+  });
+  const floor = await startFloor(dirname(opts.cliPath).replace(/src$/, 'bench'), opts.modelsDir, opts.model);
+  const targets: Record<Side, LoadTarget> = { slabserve: { origin: slab.origin, cpuMs: slab.cpuMs, counters: slab.counters }, floor };
+  const phases: FloorPhase[] = [];
+  const r = mulberry32(opts.seed ?? 1);
+  try {
+    for (let round = 0; round < opts.rounds; round++) {
+      for (const transport of opts.transports) {
+        for (const form of opts.forms) {
+          for (const clients of opts.clients) {
+            const sides: Side[] = round % 2 === 0 ? ['slabserve', 'floor'] : ['floor', 'slabserve'];
+            for (const side of sides) {
+              const o = await runLoad(
+                {
+                  target: targets[side],
+                  model: opts.model,
+                  transport,
+                  workload: workloads[form],
+                  arrivals: { kind: 'closed', concurrency: clients },
+                  warmupMs: opts.warmupMs,
+                  durationMs: opts.durationMs,
+                  ...(transport === 'ws' ? { ws: { sockets: 1, depth: clients }, rowBytes: spec.hiddenSize * 4 } : {}),
+                },
+                r,
+              );
+              const phase: FloorPhase = {
+                side,
+                transport,
+                form,
+                clients,
+                round,
+                requests: o.requests,
+                reqPerS: Math.round((o.requests / o.windowMs) * 1000),
+                p50Ms: o.histogram.getValueAtPercentile(50) / 1000,
+                p99Ms: o.histogram.getValueAtPercentile(99) / 1000,
+                errors: o.errors,
+                cpuUsPerRequest: perRequest(o.before!.threadCpuS, o.after!.threadCpuS, o.requests),
+                clientUsPerRequest: us(o.clientCpuMs / 1000 / Math.max(1, o.requests)),
+              };
+              o.histogram.destroy();
+              if (o.errors > 0) throw new Error(`${side} ${transport} ${form} x${clients}: ${o.errors} errors, first: ${o.firstError}`);
+              phases.push(phase);
+              opts.onPhase?.(describePhase(phase));
+            }
+          }
+        }
+      }
+    }
+  } finally {
+    await Promise.allSettled([slab.stop(), floor.stop()]);
+  }
+  return phases;
+}
+
+function describePhase(p: FloorPhase): string {
+  const cpu = Object.entries(p.cpuUsPerRequest)
+    .map(([k, v]) => `${k} ${v}`)
+    .join(', ');
+  return `round ${p.round + 1} ${p.side} ${p.transport} ${p.form} x${p.clients}: ${p.reqPerS} req/s, P50 ${p.p50Ms.toFixed(2)} ms; us/request: ${cpu}`;
+}
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
+
+export interface FloorRow {
+  transport: 'http' | 'ws';
+  form: Workload['form'];
+  clients: number;
+  /** Medians over rounds. */
+  slabserve: { reqPerS: number; p50Ms: number; cpu: Record<string, number> };
+  floor: { reqPerS: number; p50Ms: number; cpu: Record<string, number> };
+  /** slabserve's gateway thread CPU per request over the floor's main thread's. */
+  gatewayOverFloor: number;
+}
+
+/** One row per (transport, form, clients): the median round of each side. */
+export function floorRows(phases: FloorPhase[]): FloorRow[] {
+  const rows: FloorRow[] = [];
+  const keys = new Set(phases.map((p) => `${p.transport}|${p.form}|${p.clients}`));
+  for (const key of keys) {
+    const [transport, form, clients] = key.split('|') as ['http' | 'ws', Workload['form'], string];
+    const side = (s: Side) => {
+      const ps = phases.filter((p) => p.side === s && `${p.transport}|${p.form}|${p.clients}` === key);
+      const names = new Set(ps.flatMap((p) => Object.keys(p.cpuUsPerRequest)));
+      const cpu: Record<string, number> = {};
+      for (const n of names) cpu[n] = median(ps.map((p) => p.cpuUsPerRequest[n] ?? 0));
+      return { reqPerS: median(ps.map((p) => p.reqPerS)), p50Ms: median(ps.map((p) => p.p50Ms)), cpu };
+    };
+    const slabserve = side('slabserve');
+    const floor = side('floor');
+    const gateway = Object.entries(slabserve.cpu)
+      .filter(([k]) => k.startsWith('gateway'))
+      .reduce((a, [, v]) => a + v, 0);
+    rows.push({ transport, form, clients: Number(clients), slabserve, floor, gatewayOverFloor: Math.round((gateway / (floor.cpu.main ?? NaN)) * 100) / 100 });
+  }
+  return rows;
+}
+
+/** The floor table (Markdown). */
+export function floorTable(rows: FloorRow[]): string {
+  const head = [
+    'transport',
+    'input',
+    'clients',
+    'slabserve req/s',
+    'floor req/s',
+    'gateway us/req',
+    'floor us/req',
+    'gateway / floor',
+    'inference us/req',
+    'onnxruntime us/req',
+    'main us/req',
+    'other us/req (slabserve / floor)',
+    'P50 ms (slabserve / floor)',
+  ];
+  const f = (v: number | undefined) => (v === undefined || Number.isNaN(v) ? '-' : String(Math.round(v)));
+  const lines = rows.map((r) => {
+    const gw = Object.entries(r.slabserve.cpu)
+      .filter(([k]) => k.startsWith('gateway'))
+      .reduce((a, [, v]) => a + v, 0);
+    return [
+      r.transport,
+      r.form,
+      String(r.clients),
+      f(r.slabserve.reqPerS),
+      f(r.floor.reqPerS),
+      f(gw),
+      f(r.floor.cpu.main),
+      `${r.gatewayOverFloor.toFixed(2)}x`,
+      f(r.slabserve.cpu.inference),
+      f(r.slabserve.cpu.onnxruntime),
+      f(r.slabserve.cpu.main),
+      `${f(r.slabserve.cpu.other)} / ${f(r.floor.cpu.other)}`,
+      `${r.slabserve.p50Ms.toFixed(2)} / ${r.floor.p50Ms.toFixed(2)}`,
+    ];
+  });
+  return [`| ${head.join(' | ')} |`, `|${head.map((_, i) => (i < 3 ? '---' : '---:')).join('|')}|`, ...lines.map((l) => `| ${l.join(' | ')} |`)].join('\n');
+}
+
+// ---------------------------------------------------------------- command line
+
+async function main(): Promise<void> {
+  const here = dirname(fileURLToPath(import.meta.url));
+  const repoRoot = resolve(here, '..', '..');
+  const { values: a } = parseArgs({
+    options: {
+      'models-dir': { type: 'string', default: join(repoRoot, 'models') },
+      model: { type: 'string', default: 'tiny-embed' },
+      rounds: { type: 'string', default: '3' },
+      'duration-s': { type: 'string', default: '2' },
+      'warmup-s': { type: 'string', default: '0.5' },
+      clients: { type: 'string', default: '1,64' },
+      transports: { type: 'string', default: 'http,ws' },
+      forms: { type: 'string', default: 'text,ids' },
+      'server-arg': { type: 'string', multiple: true, default: [] },
+      json: { type: 'string' },
+      help: { type: 'boolean', default: false },
+    },
+  });
+  if (a.help) {
+    console.log(
+      'node dist/bench/floor.js [--rounds 3] [--duration-s 2] [--warmup-s 0.5] [--clients 1,64] [--transports http,ws] [--forms text,ids] [--server-arg=--flag=value ...] [--json PATH]',
+    );
+    return;
+  }
+  const list = <T extends string>(name: string, v: string, allowed: readonly T[]): T[] => {
+    const xs = v.split(',').filter(Boolean) as T[];
+    for (const x of xs) if (!allowed.includes(x)) fail(`--${name}: ${x} is not one of ${allowed.join(', ')}`);
+    return xs;
+  };
+  const phases = await runFloorCase({
+    cliPath: join(repoRoot, 'dist', 'src', 'cli.js'),
+    modelsDir: a['models-dir']!,
+    model: a.model!,
+    rounds: num('rounds', a.rounds!, 1, true),
+    warmupMs: num('warmup-s', a['warmup-s']!, 0) * 1000,
+    durationMs: num('duration-s', a['duration-s']!, 0.2) * 1000,
+    clients: numList('clients', a.clients!, 1, true),
+    transports: list('transports', a.transports!, ['http', 'ws'] as const),
+    forms: list('forms', a.forms!, ['text', 'ids'] as const),
+    serverArgs: a['server-arg']!.flatMap((x) => x.split('=').length > 1 && x.startsWith('--') ? [x.slice(0, x.indexOf('=')), x.slice(x.indexOf('=') + 1)] : [x]),
+    onPhase: (line) => console.error(line),
+  });
+  const rows = floorRows(phases);
+  console.log(floorTable(rows));
+  if (a.json) writeFileSync(a.json, JSON.stringify({ phases, rows }, null, 2));
+}
+
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  main().catch((err: unknown) => {
+    console.error(err);
+    process.exit(1);
+  });
+}
