@@ -9,7 +9,8 @@
  *   const [top] = await engine.classify('I want my money back');
  *   await engine.close();
  */
-import { InferenceClient, type Classification, type ClientModel } from './gateway/inference-client.js';
+import { classifications, embeddings, InferenceClient, rowOf, type CallInputs, type Classification, type ClientModel, type InferResult } from './gateway/inference-client.js';
+import { Cancellation } from './shared/cancel.js';
 import { loadTokenizer, type Encoding } from './gateway/tokenizer.js';
 import type { DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
@@ -180,16 +181,16 @@ export class Engine {
   async embed(inputs: string | string[], opts: EmbedOptions = {}): Promise<Float32Array[]> {
     this.assertOpen();
     const model = this.client.resolve('embed', opts.model);
-    const encodings = await this.client.encode(model, inputs, opts.truncate ?? false);
-    return (await this.client.embed(model, encodings, this.call(opts))).vectors;
+    const r = await this.infer(model, { kind: 'inputs', inputs: typeof inputs === 'string' ? [inputs] : inputs, truncate: opts.truncate ?? false }, opts);
+    return embeddings(model, r.rows, opts.normalize);
   }
 
   /** Classifies each text; one Classification per input, in order. */
   async classify(inputs: string | string[], opts: RequestOptions = {}): Promise<Classification[]> {
     this.assertOpen();
     const model = this.client.resolve('classify', opts.model);
-    const encodings = await this.client.encode(model, inputs, opts.truncate ?? false);
-    return (await this.client.classify(model, encodings, this.call(opts))).classes;
+    const r = await this.infer(model, { kind: 'inputs', inputs: typeof inputs === 'string' ? [inputs] : inputs, truncate: opts.truncate ?? false }, opts);
+    return classifications(model, r.rows);
   }
 
   /**
@@ -199,8 +200,8 @@ export class Engine {
   async runTokens(modelName: string, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: RequestOptions = {}): Promise<SlotResult[]> {
     this.assertOpen();
     const model = this.client.byName(modelName);
-    this.client.checkTokens(model, encodings);
-    return (await this.client.run(model, encodings, this.call(opts))).rows;
+    const r = await this.infer(model, { kind: 'tokens', tokens: encodings }, opts);
+    return encodings.map((_, i) => ({ output: rowOf(r.rows, i), queueMs: r.timing.queueMs, inferenceMs: r.timing.inferenceMs }));
   }
 
   stats(): Record<string, ModelStats> {
@@ -218,10 +219,20 @@ export class Engine {
     return this.closing;
   }
 
-  /** Request options as the client takes them (the priority by index). */
-  private call<T extends RequestOptions>(opts: T): Omit<T, 'priority'> & { priority?: number } {
-    const { priority, ...rest } = opts;
-    return priority === undefined ? rest : { ...rest, priority: this.client.priorityIndex(priority) };
+  /** One request through the client, cancelled by the caller's AbortSignal. */
+  private async infer(model: ClientModel, inputs: CallInputs, opts: RequestOptions): Promise<InferResult> {
+    const { cancellation, stop } = Cancellation.following(opts.signal);
+    try {
+      return await this.client.infer({
+        model,
+        inputs,
+        timeoutMs: opts.timeoutMs,
+        priority: opts.priority === undefined ? undefined : this.client.priorityIndex(opts.priority),
+        cancel: cancellation,
+      });
+    } finally {
+      stop();
+    }
   }
 
   private assertOpen(): void {

@@ -48,6 +48,7 @@ import WebSocket from 'ws';
 import { createTokenizePool } from '../dist/src/gateway/tokenize-pool.js';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { CancelledError, OverloadedError } from '../dist/src/shared/errors.js';
+import { Cancellation } from '../dist/src/shared/cancel.js';
 import { ChildServer, eventually, sleep } from './fixtures/child-server.js';
 import { chunk, requestHead, type Metrics } from './fixtures/http-client.js';
 import { makeRandom, maxAbsDiff, Reference, testServerConfig, vocabularyWords } from './helpers.js';
@@ -668,15 +669,15 @@ describe("the tokenizer pool's queue", () => {
       const opts = { maxLength: embedRef.spec.maxLength, truncate: true };
       const batch = () => Array.from({ length: 64 }, () => textOf(rand, 60));
       const batches = Array.from({ length: 4 }, batch);
-      const gone = new AbortController();
+      const gone = new Cancellation();
       // All in one turn: the first runs, the next two wait (the bound), the fourth is refused at once.
       const running = pool.tokenize(model, batches[0]!, opts);
-      const leaving = pool.tokenize(model, batches[1]!, opts, gone.signal);
+      const leaving = pool.tokenize(model, batches[1]!, opts, gone);
       const waiting = pool.tokenize(model, batches[2]!, opts);
       const refused = pool.tokenize(model, batches[3]!, opts);
       expect([pool.running, pool.waiting]).toEqual([1, 2]);
       await expect(refused).rejects.toBeInstanceOf(OverloadedError);
-      gone.abort('client_disconnect');
+      gone.cancel('client_disconnect');
       await expect(leaving).rejects.toBeInstanceOf(CancelledError);
       expect(pool.waiting).toBe(1);
       for (const [i, p] of [[0, running] as const, [2, waiting] as const]) {

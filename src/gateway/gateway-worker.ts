@@ -27,7 +27,6 @@ import { currentThreadId } from '../shared/threads.js';
 import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
 import { InferenceClient, type ClientModel } from './inference-client.js';
 import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogLevel } from './log.js';
-import { teiOperations } from './operations.js';
 import { registerRoutes, type GatewayLimits } from './routes.js';
 import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize-pool.js';
@@ -72,7 +71,6 @@ const thread = `gateway-${data.gatewayId}`;
 const level = data.log?.level ?? 'info';
 const logger = createLogger(level, thread, { write: toMain.write });
 const accessOut = data.log?.accessFd !== undefined ? turnBatchedFd(data.log.accessFd) : null;
-const accessLogger = accessOut ? createLogger(level, thread, { stream: accessOut.stream }) : logger;
 /** Writes every log line gathered so far (before closing, dying, or exiting). */
 const flushLogs = () => {
   accessOut?.flush();
@@ -115,7 +113,8 @@ async function main(): Promise<void> {
 
   const ready = () =>
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
-  const access = new AccessLog(accessLogger);
+  // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
+  const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) });
   const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access);
   for (const m of data.models) {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
@@ -123,7 +122,7 @@ async function main(): Promise<void> {
   const app = uws.App();
   const closeWebSockets = registerWebSocket(
     app,
-    { client, limits: data.limits, metrics, ready, version: data.version, operations: teiOperations, gate, log: access },
+    { client, limits: data.limits, metrics, ready, version: data.version, gate, log: access },
     data.ws,
   );
 

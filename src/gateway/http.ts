@@ -11,6 +11,7 @@
  */
 import { pack } from 'msgpackr';
 import { CancelledError, OverloadedError, SlabserveError, ValidationError, type ErrorType } from '../shared/errors.js';
+import { Cancellation } from '../shared/cancel.js';
 import { decodeMsgpack, requestId } from './security.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
 
@@ -73,6 +74,17 @@ export interface RequestObserver {
   finished(ctx: RequestContext, status: number): void;
 }
 
+/** An answer body that knows how to serialise itself (JSON text or bytes, msgpack bytes). */
+export interface Answer {
+  json(): string | Uint8Array;
+  msgpack(): Uint8Array;
+}
+
+const NO_HEADERS: Record<string, string> = Object.freeze({}) as Record<string, string>;
+
+/** "200 OK", ... formatted once. */
+const STATUS_LINE: Record<number, string> = Object.fromEntries(Object.entries(REASON).map(([k, v]) => [k, `${k} ${v}`]));
+
 /** Statuses after which the connection is closed: the client may still be sending a body nobody reads. */
 const CLOSE_AFTER = new Set([413, 414, 431]);
 
@@ -99,11 +111,9 @@ export class RequestContext {
   /** An unexpected error's message and stack: logged, never sent. */
   internalError: string | undefined;
   private readonly observer: RequestObserver | undefined;
-  /** Aborted when the client disconnects: cancels the request's slots. */
-  readonly abort = new AbortController();
+  /** Cancelled when the client disconnects: a body read in progress fails, the request's slots are cancelled. */
+  readonly cancel = new Cancellation();
   private done = false;
-  /** Rejects a body read in progress when the client goes away. */
-  private onBodyAbort: (() => void) | undefined;
 
   constructor(res: HttpResponse, req: HttpRequest, observer?: RequestObserver, route = '') {
     this.res = res;
@@ -112,8 +122,9 @@ export class RequestContext {
     this.requestId = requestId(req.getHeader('x-request-id'));
     this.method = req.getCaseSensitiveMethod?.() ?? req.getMethod().toUpperCase();
     this.url = req.getUrl();
-    this.contentType = req.getHeader('content-type').split(';')[0]!.trim().toLowerCase();
-    this.accept = req.getHeader('accept').toLowerCase();
+    const type = req.getHeader('content-type');
+    this.contentType = type === 'application/json' ? type : type.split(';')[0]!.trim().toLowerCase();
+    this.accept = req.getHeader('accept');
     const cl = req.getHeader('content-length');
     this.contentLength = cl === '' ? undefined : Number(cl);
     this.deadlineHeader = req.getHeader('x-deadline-ms');
@@ -121,10 +132,9 @@ export class RequestContext {
     res.onAborted(() => {
       if (this.done) return;
       this.done = true;
-      this.abort.abort('client_disconnect');
+      this.cancel.cancel('client_disconnect');
       this.observer?.finished(this, 499);
     });
-    this.abort.signal.addEventListener('abort', () => this.onBodyAbort?.(), { once: true });
   }
 
   get finished(): boolean {
@@ -145,7 +155,10 @@ export class RequestContext {
 
   /** Whether the client asked for msgpack back. */
   get wantsMsgpack(): boolean {
-    return this.accept.includes(MSGPACK) || this.accept.includes('application/x-msgpack');
+    const a = this.accept;
+    if (a === '' || a === '*/*' || a === 'application/json') return false;
+    const lower = a.toLowerCase();
+    return lower.includes(MSGPACK) || lower.includes('application/x-msgpack');
   }
 
   /**
@@ -160,7 +173,8 @@ export class RequestContext {
       return Promise.reject(payloadTooLarge(this.contentLength, limit));
     }
     return new Promise((resolve, reject) => {
-      this.onBodyAbort = () => reject(new CancelledError('the client went away while sending its body'));
+      const onCancel = () => reject(new CancelledError('the client went away while sending its body'));
+      this.cancel.listen(onCancel);
       const chunks: Buffer[] = [];
       let size = 0;
       let refused = false;
@@ -169,11 +183,15 @@ export class RequestContext {
         size += chunk.byteLength;
         if (size > limit) {
           refused = true;
+          this.cancel.unlisten(onCancel);
           reject(payloadTooLarge(size, limit));
           return;
         }
-        chunks.push(Buffer.from(chunk.slice(0))); // uWS reuses the chunk's memory after this call
-        if (isLast) resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
+        // uWS reuses the chunk's memory after this call: copy it (one copy: Buffer.from(ArrayBuffer) is a view)
+        chunks.push(Buffer.from(chunk.slice(0)));
+        if (!isLast) return;
+        this.cancel.unlisten(onCancel);
+        resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
       });
     });
   }
@@ -197,18 +215,25 @@ export class RequestContext {
   }
 
   /** Sends `payload` as JSON or msgpack (per Accept), with extra headers. No-op if the client is gone. */
-  send(status: number, payload: unknown, headers: Record<string, string> = {}): void {
+  send(status: number, payload: unknown, headers: Record<string, string> = NO_HEADERS): void {
     const msgpack = this.wantsMsgpack;
     const body = msgpack ? pack(payload) : JSON.stringify(payload);
     this.write(status, msgpack ? MSGPACK : 'application/json', body, headers);
   }
 
+  /** Sends an answer that serialises itself (the hot routes' rows, without a general serialiser). */
+  answer(status: number, answer: Answer, headers: Record<string, string> = NO_HEADERS): void {
+    if (this.done) return;
+    const msgpack = this.wantsMsgpack;
+    this.write(status, msgpack ? MSGPACK : 'application/json', msgpack ? answer.msgpack() : answer.json(), headers);
+  }
+
   /** Sends a body as is. */
-  write(status: number, contentType: string, body: string | Uint8Array, headers: Record<string, string> = {}, closeConnection = false): void {
+  write(status: number, contentType: string, body: string | Uint8Array, headers: Record<string, string> = NO_HEADERS, closeConnection = false): void {
     if (this.done) return;
     this.done = true;
     this.res.cork(() => {
-      this.res.writeStatus(`${status} ${REASON[status] ?? ''}`.trimEnd());
+      this.res.writeStatus(STATUS_LINE[status] ?? String(status));
       this.res.writeHeader('content-type', contentType);
       this.res.writeHeader('x-request-id', this.requestId);
       for (const k in headers) this.res.writeHeader(k, headers[k]!);
@@ -222,10 +247,12 @@ export class RequestContext {
    * an HttpError's own headers (Allow), and the connection closed after a
    * refused body (the client may still be sending it). The body is ours,
    * `{error, type, code}`, unless `shape` gives another protocol's (OpenAI's, KServe's).
+   * Returns the status it answered with (or would have, had the client stayed).
    */
-  fail(err: unknown, shape: (info: ErrorInfo) => unknown = ourErrorShape, status?: (info: ErrorInfo) => number): void {
-    if (this.done) return;
+  fail(err: unknown, shape: (info: ErrorInfo) => unknown = ourErrorShape, status?: (info: ErrorInfo) => number): number {
     const info = errorInfo(err);
+    const code = status ? status(info) : info.status;
+    if (this.done) return code;
     const headers: Record<string, string> = err instanceof HttpError ? { ...err.headers } : {};
     if (err instanceof OverloadedError) headers['retry-after'] = String(Math.max(1, Math.ceil(err.retryAfterSeconds)));
     this.errorCode = info.code;
@@ -233,7 +260,8 @@ export class RequestContext {
     const body = shape(info);
     const msgpack = this.wantsMsgpack;
     const close = CLOSE_AFTER.has(info.status) || info.code === 'SLABSERVE_TOO_MANY_CONNECTIONS';
-    this.write(status ? status(info) : info.status, msgpack ? MSGPACK : 'application/json', msgpack ? pack(body) : JSON.stringify(body), headers, close);
+    this.write(code, msgpack ? MSGPACK : 'application/json', msgpack ? pack(body) : JSON.stringify(body), headers, close);
+    return code;
   }
 }
 

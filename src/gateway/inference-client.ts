@@ -1,17 +1,29 @@
 /**
  * The request side of inference, shared by every owner thread (each gateway
- * thread, and the in-process engine): validate inputs, tokenize, submit one
- * slot per input through the slabs, and turn result rows into embeddings or
- * class scores. Transport-free: the HTTP layer and the engine both call it.
+ * thread, and the in-process engine): one call per request, `infer()`, as
+ * text-embeddings-inference's `Infer::embed_pooled` is one call. It takes the
+ * whole request and, in order:
+ *
+ *   1. holds its slots (all of them or 429 at once), and refuses it (429) if
+ *      the work already queued would make it miss its deadline or the target;
+ *   2. tokenizes its texts (inline when small, on the pool when large) or
+ *      checks its token ids;
+ *   3. refuses it (429) if its own tokens would make it miss the deadline;
+ *   4. submits every input through the slabs and awaits all their rows (one
+ *      promise; a failing input fails the request and cancels the others);
+ *   5. answers rows, timing and token counts; a late answer is a 504.
+ *
+ * What the rows mean per task (embeddings, class scores, rerank scores) is
+ * read by the functions at the end of this file; answer shapes are the
+ * dialects' business (routes*.ts, ws.ts, the engine). Transport-free.
  */
-import { setMaxListeners } from 'node:events';
 import type { ModelPlan } from '../inference-host.js';
-import { nowMs } from '../shared/clock.js';
 import { admission } from '../shared/admission.js';
+import type { Cancellation } from '../shared/cancel.js';
+import { nowMs } from '../shared/clock.js';
 import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
 import type { Task } from '../shared/model-config.js';
-import { INTERLEAVE_CHUNK } from '../shared/slab.js';
-import type { SlabSubmitter, SlotReservation, SlotResult } from '../shared/submitter.js';
+import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
 import type { EncodeOptions, Encoding, TextTokenizer } from './tokenizer.js';
 import { checkModelName } from './security.js';
 
@@ -25,20 +37,13 @@ export interface ClientModel {
 
 /**
  * Tokenizes a list of texts off the event loop (a piscina pool); absent, batches are tokenized inline.
- * Rejects with OverloadedError when its queue is full, CancelledError when `signal` aborts while the
+ * Rejects with OverloadedError when its queue is full, CancelledError when `cancel` fires while the
  * texts still wait their turn.
  */
-export type BatchTokenizer = (model: ClientModel, texts: string[], opts: EncodeOptions, signal?: AbortSignal) => Promise<Encoding[]>;
+export type BatchTokenizer = (model: ClientModel, texts: string[], opts: EncodeOptions, cancel?: Cancellation) => Promise<Encoding[]>;
 
-export interface CallOptions {
-  signal?: AbortSignal;
-  /** Ms from now after which a request still queued fails instead of running. */
-  timeoutMs?: number;
-  /** Priority class index (0 = interactive, the default). */
-  priority?: number;
-  /** Slots taken for this request beforehand ({@link InferenceClient.hold}); run() fills them and gives back any left over. */
-  slots?: SlotReservation;
-}
+/** Token ids (special tokens included) and their type ids: what one slot holds. */
+export type Tokens = Pick<Encoding, 'ids'> & { typeIds: Int32Array | null };
 
 export interface Timing {
   /** Longest any of the request's inputs waited for its batch, ms. */
@@ -55,6 +60,12 @@ export interface Classification {
   probabilities: Float32Array;
   /** Raw logits, by class id. */
   logits: Float32Array;
+}
+
+export interface RerankScore {
+  /** Position of the text in the request. */
+  index: number;
+  score: number;
 }
 
 /** One input: a text, or token ids with the special tokens included (TEI's and OpenAI's pre-tokenized form). */
@@ -77,24 +88,37 @@ export function inputCount(inputs: Inputs): number {
   return isSingleInput(inputs) ? 1 : Array.isArray(inputs) ? inputs.length : 0;
 }
 
-export interface RerankOptions extends CallOptions {
-  /** Cut pairs longer than the model's max length (longest_first) instead of refusing them. */
-  truncate?: boolean;
-  /** Scores are the raw logits instead of their sigmoid. */
-  rawScores?: boolean;
+/** What one request runs, one input per slot. */
+export type CallInputs =
+  /** Texts and/or pre-tokenized ids (TEI's /embed and /predict, OpenAI's input). */
+  | { kind: 'inputs'; inputs: readonly Input[]; truncate: boolean }
+  /** (query, text) pairs for a cross-encoder: one query for every text, or one per text. */
+  | { kind: 'pairs'; queries: readonly string[]; texts: readonly string[]; truncate: boolean }
+  /** Tokens built outside the tokenizer (KServe tensors), checked against the model's limits here. */
+  | { kind: 'tokens'; tokens: readonly Tokens[] };
+
+export interface InferCall {
+  model: ClientModel;
+  inputs: CallInputs;
+  /** Ms from now after which a request still queued fails instead of running (default: requestTimeoutMs). */
+  timeoutMs?: number | undefined;
+  /** Priority class index (0 = interactive, the default). */
+  priority?: number | undefined;
+  /** Cancels the request wherever it is (waiting for the tokenizer pool, queued, running). */
+  cancel?: Cancellation | undefined;
 }
 
-export interface RerankScore {
-  /** Position of the text in the request. */
-  index: number;
-  score: number;
+export interface InferResult {
+  /** One row per input, in order: `rows.rows.subarray(i * rows.width, ...)`. */
+  rows: RequestRows;
+  /** Real tokens of every input (special tokens included): usage. */
+  tokens: number;
+  tokenizeMs: number;
+  timing: Timing;
 }
 
 /** Pairs tokenized inline yield the event loop after this many ms of work. */
 const YIELD_EVERY_MS = 4;
-
-/** No inputs of its own: the predicted wait of the work already queued (a lower bound on any request's). */
-const NO_LENGTHS: readonly number[] = [];
 
 export class InferenceClient {
   private readonly models: ClientModel[];
@@ -172,13 +196,123 @@ export class InferenceClient {
     return this.models.map((m) => m.plan.spec.name);
   }
 
+  /** The index of a priority class by name ("interactive", "bulk", ...). */
+  priorityIndex(name: string): number {
+    const i = this.priorityNames.indexOf(name);
+    if (i < 0) throw new ValidationError(`unknown priority "${name}"; classes: ${this.priorityNames.join(', ')}`);
+    return i;
+  }
+
+  /** Runs one request (see the header): its rows, tokens and timing. */
+  async infer(call: InferCall): Promise<InferResult> {
+    const model = call.model;
+    const timeoutMs = call.timeoutMs ?? this.requestTimeoutMs;
+    if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
+    const deadline = nowMs() + timeoutMs;
+    const held = this.hold(model, callCount(call.inputs), timeoutMs);
+    try {
+      const t0 = nowMs();
+      const pending = this.tokenize(model, call.inputs, call.cancel);
+      const tokens = pending instanceof Promise ? await pending : pending; // no extra turn when inline
+      const tokenizeMs = nowMs() - t0;
+      this.admitWait(this.submitter.predictedWaitMs(model.plan.index, tokens), timeoutMs);
+      const rows = await this.submitter.submitRequest(model.plan.index, tokens, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
+      let count = 0;
+      for (const t of tokens) count += t.ids.length;
+      // Checked again before the answer is serialised: a late answer is a timeout, not a success.
+      if (nowMs() > deadline) {
+        this.onLate?.(model.plan.index, count);
+        throw new DeadlineExceededError('the request ran but finished after its deadline');
+      }
+      return { rows, tokens: count, tokenizeMs, timing: { queueMs: rows.queueMs, inferenceMs: rows.inferenceMs } };
+    } finally {
+      held.release();
+    }
+  }
+
+  /**
+   * A refusal that needs no request body (so the body need not even be read):
+   * 429 when none of the models the request may use (the one named in the
+   * path, else every model of `task`: the body may name any; `task` null:
+   * any task) has a free slot, or, with a latency target, when each one's
+   * queued work alone would miss it. Null when the request may go on, or when
+   * the path names no loaded model of `task` (the request then fails as usual,
+   * for its own reason). Reads a few shared counters: no allocation unless refused.
+   */
+  refusalBeforeBody(task: Task | null, pathModel?: string): { error: OverloadedError; model: string | undefined } | null {
+    let candidates: ClientModel[];
+    if (pathModel !== undefined) {
+      const m = this.models.find((x) => x.plan.spec.name === pathModel);
+      if (!m || (task !== null && m.plan.spec.task !== task)) return null;
+      candidates = [m];
+    } else {
+      candidates = task === null ? this.models : this.models.filter((x) => x.plan.spec.task === task);
+      if (candidates.length === 0) return null;
+    }
+    const label = candidates.length === 1 ? candidates[0]!.plan.spec.name : undefined;
+    if (candidates.every((m) => this.submitter.freeSlots(m.plan.index) === 0)) {
+      return { error: new OverloadedError('every request slot of the model is in use; retry shortly'), model: label };
+    }
+    if (this.sloP99Ms === undefined) return null; // the limit is the request's deadline, which its body may set
+    let refusal: OverloadedError | null = null;
+    for (const m of candidates) {
+      const d = admission({ predictedWaitMs: this.submitter.predictedWaitMs(m.plan.index), remainingMs: Infinity, targetMs: this.sloP99Ms });
+      if (d.admit) return null;
+      refusal ??= new OverloadedError(`predicted wait ${Math.round(d.predictedWaitMs)} ms exceeds the latency target; retry later`, d.retryAfterSeconds);
+    }
+    return refusal ? { error: refusal, model: label } : null;
+  }
+
+  /**
+   * Takes `count` slots of `model` for one request before its inputs are
+   * tokenized, and refuses it at once (429) when fewer are free, or when the
+   * work already queued, without its own inputs (whose token counts are not
+   * known yet), would make it miss its deadline or the latency target. So a
+   * request that will be refused never waits for the tokenizer pool, and one
+   * admitted cannot lose its slots while it is tokenized.
+   */
+  private hold(model: ClientModel, count: number, timeoutMs: number): SlotReservation {
+    if (!(count >= 1)) throw new ValidationError('inputs must not be empty');
+    const held = this.submitter.reserve(model.plan.index, count);
+    try {
+      this.admitWait(this.submitter.predictedWaitMs(model.plan.index), timeoutMs);
+    } catch (err) {
+      held.release();
+      throw err;
+    }
+    return held;
+  }
+
+  /** Refuses at once (429) a request the queue ahead of it would make miss its deadline or the latency target. */
+  private admitWait(predictedWaitMs: number, timeoutMs: number): void {
+    const d = admission({ predictedWaitMs, remainingMs: timeoutMs, ...(this.sloP99Ms !== undefined ? { targetMs: this.sloP99Ms } : {}) });
+    if (!d.admit) {
+      throw new OverloadedError(
+        `predicted wait ${Math.round(d.predictedWaitMs)} ms exceeds the ${this.sloP99Ms !== undefined ? 'latency target' : "request's deadline"}; retry later`,
+        d.retryAfterSeconds,
+      );
+    }
+  }
+
+  /** The tokens of a request's inputs: synchronous when they are tokenized inline or already tokens. */
+  private tokenize(model: ClientModel, inputs: CallInputs, cancel: Cancellation | undefined): Tokens[] | Promise<Tokens[]> {
+    switch (inputs.kind) {
+      case 'inputs':
+        return this.encodeInputs(model, inputs.inputs, inputs.truncate, cancel);
+      case 'pairs':
+        return this.encodePairs(model, inputs.queries, inputs.texts, inputs.truncate);
+      case 'tokens':
+        this.checkTokens(model, inputs.tokens);
+        return inputs.tokens as Tokens[];
+    }
+  }
+
   /**
    * Validates and tokenizes texts: inline when small, on the batch tokenizer (if any) when large.
-   * `signal` drops texts still waiting for the batch tokenizer (the client went away).
+   * `cancel` drops texts still waiting for the batch tokenizer (the client went away).
    */
-  async encode(model: ClientModel, inputs: string | string[], truncate: boolean, signal?: AbortSignal): Promise<Encoding[]> {
-    const texts = typeof inputs === 'string' ? [inputs] : inputs;
-    if (!Array.isArray(texts) || texts.length === 0) throw new ValidationError('inputs must be a string or a non-empty list of strings');
+  encodeTexts(model: ClientModel, texts: readonly string[], truncate: boolean, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
+    if (texts.length === 0) throw new ValidationError('inputs must be a string or a non-empty list of strings');
     let chars = 0;
     for (const t of texts) {
       if (typeof t !== 'string') throw new ValidationError('every input must be a string');
@@ -187,25 +321,26 @@ export class InferenceClient {
     }
     const opts = { maxLength: model.plan.maxLength, truncate };
     if (texts.length === 1 && chars <= this.inlineTokenizeChars) return [model.tokenizer.encode(texts[0]!, opts)];
-    if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts, opts, signal);
-    return model.tokenizer.encodeBatch(texts, opts);
+    if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts as string[], opts, cancel);
+    return model.tokenizer.encodeBatch(texts as string[], opts);
   }
 
   /**
-   * {@link encode}, also taking pre-tokenized inputs (token ids with the
+   * {@link encodeTexts}, also taking pre-tokenized inputs (token ids with the
    * special tokens, checked by {@link encodeIds}, not tokenized): what the
    * HTTP APIs accept as `inputs` / `input`.
    */
-  async encodeInputs(model: ClientModel, inputs: Inputs, truncate: boolean, signal?: AbortSignal): Promise<Encoding[]> {
-    const list = inputList(inputs);
-    if (!Array.isArray(list) || list.length === 0) throw new ValidationError('inputs must be a string, a list of token ids, or a non-empty list of those');
-    if (list.every((x) => typeof x === 'string')) return this.encode(model, list as string[], truncate, signal);
+  encodeInputs(model: ClientModel, list: readonly Input[], truncate: boolean, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
+    if (list.length === 0) throw new ValidationError('inputs must be a string, a list of token ids, or a non-empty list of those');
+    let texts = 0;
+    for (const x of list) if (typeof x === 'string') texts++;
+    if (texts === list.length) return this.encodeTexts(model, list as string[], truncate, cancel);
     const out: Encoding[] = new Array(list.length);
-    const texts: string[] = [];
+    const textList: string[] = [];
     const at: number[] = [];
     list.forEach((x, i) => {
       if (typeof x === 'string') {
-        texts.push(x);
+        textList.push(x);
         at.push(i);
       } else if (Array.isArray(x)) {
         out[i] = this.encodeIds(model, x, truncate);
@@ -213,8 +348,13 @@ export class InferenceClient {
         throw new ValidationError('every input must be a string or a list of token ids');
       }
     });
-    if (texts.length > 0) (await this.encode(model, texts, truncate, signal)).forEach((e, k) => (out[at[k]!] = e));
-    return out;
+    if (textList.length === 0) return out;
+    const fill = (encoded: Encoding[]) => {
+      encoded.forEach((e, k) => (out[at[k]!] = e));
+      return out;
+    };
+    const encoded = this.encodeTexts(model, textList, truncate, cancel);
+    return encoded instanceof Promise ? encoded.then(fill) : fill(encoded);
   }
 
   /**
@@ -250,7 +390,7 @@ export class InferenceClient {
    * range may reach the device: an out-of-range id would fail the whole
    * batch, other requests' inputs with it.
    */
-  checkTokens(model: ClientModel, encodings: (Pick<Encoding, 'ids'> & { typeIds?: Int32Array })[]): void {
+  checkTokens(model: ClientModel, encodings: readonly (Pick<Encoding, 'ids'> & { typeIds?: Int32Array | null })[]): void {
     if (encodings.length === 0) throw new ValidationError('inputs must not be empty');
     const vocab = model.tokenizer.vocabSize;
     const types = model.plan.spec.typeVocabSize ?? 2;
@@ -275,12 +415,14 @@ export class InferenceClient {
 
   /**
    * Tokenizes (query, text) pairs for a cross-encoder: [CLS] query [SEP] text
-   * [SEP], type ids 0 then 1; too long and `truncate`: longest_first.
-   * Inline, yielding the event loop every few ms on long lists.
+   * [SEP], type ids 0 then 1; too long and `truncate`: longest_first. One
+   * query for every text, or one per text. Inline, yielding the event loop
+   * every few ms on long lists.
    */
-  async encodePairs(model: ClientModel, query: string, texts: string[], truncate: boolean): Promise<Encoding[]> {
-    if (typeof query !== 'string' || query.length === 0) throw new ValidationError('query must be a non-empty string');
-    if (!Array.isArray(texts) || texts.length === 0) throw new ValidationError('texts must be a non-empty list of strings');
+  async encodePairs(model: ClientModel, queries: readonly string[], texts: readonly string[], truncate: boolean): Promise<Encoding[]> {
+    if (queries.length !== 1 && queries.length !== texts.length) throw new ValidationError(`${queries.length} queries for ${texts.length} texts: give one, or one per text`);
+    for (const q of queries) if (typeof q !== 'string' || q.length === 0) throw new ValidationError('query must be a non-empty string');
+    if (texts.length === 0) throw new ValidationError('texts must be a non-empty list of strings');
     for (const t of texts) {
       if (typeof t !== 'string' || t.length === 0) throw new ValidationError('every text must be a non-empty string');
     }
@@ -290,7 +432,7 @@ export class InferenceClient {
     const out: Encoding[] = new Array(texts.length);
     let slice = performance.now();
     for (let i = 0; i < texts.length; i++) {
-      out[i] = tok.encodePair(query, texts[i]!, opts);
+      out[i] = tok.encodePair(queries.length === 1 ? queries[0]! : queries[i]!, texts[i]!, opts);
       if (performance.now() - slice > YIELD_EVERY_MS && i + 1 < texts.length) {
         await new Promise<void>((resolve) => setImmediate(resolve));
         slice = performance.now();
@@ -298,215 +440,67 @@ export class InferenceClient {
     }
     return out;
   }
+}
 
-  /**
-   * Submits one slot per input: in the slots `opts.slots` holds, else in slots
-   * taken now, all of them or none (429 at once). Admission (the predicted
-   * wait, from the inputs' token counts) comes first. If any input fails, the
-   * others are cancelled at once: a request is answered whole or not at all,
-   * and never leaves work behind. Slots of `opts.slots` left unfilled are given back.
-   */
-  async run(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: CallOptions = {}): Promise<{ rows: SlotResult[]; timing: Timing }> {
-    const timeoutMs = opts.timeoutMs ?? this.requestTimeoutMs;
-    const deadline = nowMs() + timeoutMs;
-    let held = opts.slots;
-    try {
-      if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
-      if (held && (held.model !== model.plan.index || held.size < encodings.length)) {
-        throw new Error(`the request's reserved slots (${held.size} of model ${held.model}) do not fit its ${encodings.length} inputs of model ${model.plan.index}`);
-      }
-      held ??= this.submitter.reserve(model.plan.index, encodings.length);
-      this.admit(model, encodings, timeoutMs);
-      return await this.submitAll(model, encodings, held, deadline, opts);
-    } finally {
-      held?.release();
+/** Slots a request needs: one per input. */
+function callCount(inputs: CallInputs): number {
+  switch (inputs.kind) {
+    case 'inputs':
+      return inputs.inputs.length;
+    case 'pairs':
+      return inputs.texts.length;
+    case 'tokens':
+      return inputs.tokens.length;
+  }
+}
+
+// ------------------------------------------------------------ what the rows mean, per task
+
+/** Row i of a request's rows (a view). */
+export function rowOf(r: RequestRows, i: number): Float32Array {
+  return r.rows.subarray(i * r.width, (i + 1) * r.width);
+}
+
+/**
+ * The embeddings of an embed model's rows (views into them): L2-normalised as
+ * the graph leaves them, or scaled back by the norm the graph keeps beside
+ * each row (`normalize` false; default: the model's own setting).
+ */
+export function embeddings(model: ClientModel, r: RequestRows, normalize?: boolean): Float32Array[] {
+  const dim = model.plan.spec.hiddenSize;
+  const keep = normalize ?? model.plan.spec.normalize;
+  const out: Float32Array[] = new Array(r.rows.length / r.width);
+  for (let i = 0; i < out.length; i++) {
+    const row = rowOf(r, i);
+    const v = row.subarray(0, dim);
+    if (!keep) {
+      const norm = row[dim]!; // the graph's second output: undo the normalisation
+      for (let k = 0; k < dim; k++) v[k]! *= norm;
     }
+    out[i] = v;
   }
+  return out;
+}
 
-  private async submitAll(
-    model: ClientModel,
-    encodings: Pick<Encoding, 'ids' | 'typeIds'>[],
-    held: SlotReservation,
-    deadline: number,
-    opts: CallOptions,
-  ): Promise<{ rows: SlotResult[]; timing: Timing }> {
-    const group = new AbortController();
-    setMaxListeners(encodings.length + 10, group.signal); // one listener per slot: not a leak
-    const onAbort = () => group.abort(opts.signal?.reason); // keeps the reason (client gone, cancel, ...) for the metrics
-    opts.signal?.addEventListener('abort', onAbort, { once: true });
-    if (opts.signal?.aborted) onAbort();
-    try {
-      const priority = opts.priority ?? 0;
-      const rows = await Promise.all(
-        encodings.map((e, i) =>
-          this.submitter.submit(model.plan.index, e.ids, e.typeIds, { deadline, priority, chunk: Math.floor(i / INTERLEAVE_CHUNK), signal: group.signal, reservation: held }),
-        ),
-      );
-      // Checked again before the answer is serialised: a late answer is a timeout, not a success.
-      if (nowMs() > deadline) {
-        let tokens = 0;
-        for (const e of encodings) tokens += e.ids.length;
-        this.onLate?.(model.plan.index, tokens);
-        throw new DeadlineExceededError('the request ran but finished after its deadline');
-      }
-      let queueMs = 0;
-      let inferenceMs = 0;
-      for (const r of rows) {
-        queueMs = Math.max(queueMs, r.queueMs);
-        inferenceMs = Math.max(inferenceMs, r.inferenceMs);
-      }
-      return { rows, timing: { queueMs, inferenceMs } };
-    } catch (err) {
-      group.abort('request_failed'); // cancel whatever of this request is still queued or running
-      throw err;
-    } finally {
-      opts.signal?.removeEventListener('abort', onAbort);
-    }
+/** The classes of a classifier's rows: probabilities then logits, side by side in each row. */
+export function classifications(model: ClientModel, r: RequestRows): Classification[] {
+  const labels = model.plan.spec.labels;
+  const n = labels.length;
+  const out: Classification[] = new Array(r.rows.length / r.width);
+  for (let i = 0; i < out.length; i++) {
+    const row = rowOf(r, i);
+    const probabilities = row.subarray(0, n);
+    let best = 0;
+    for (let k = 1; k < n; k++) if (probabilities[k]! > probabilities[best]!) best = k;
+    out[i] = { label: labels[best]!, score: probabilities[best]!, probabilities, logits: row.subarray(n, 2 * n) };
   }
+  return out;
+}
 
-  /** The index of a priority class by name ("interactive", "bulk", ...). */
-  priorityIndex(name: string): number {
-    const i = this.priorityNames.indexOf(name);
-    if (i < 0) throw new ValidationError(`unknown priority "${name}"; classes: ${this.priorityNames.join(', ')}`);
-    return i;
-  }
-
-  /**
-   * Takes `count` slots of `model` for one request before its inputs are
-   * tokenized, and refuses it at once (429) when fewer are free, or when the
-   * work already queued, without its own inputs (whose token counts are not
-   * known yet), would make it miss its deadline or the latency target. So a
-   * request that will be refused never waits for the tokenizer pool, and one
-   * admitted cannot lose its slots while it is tokenized. Pass the result as
-   * `slots` to run() (embed, classify, ...), and release() it in any case.
-   */
-  hold(model: ClientModel, count: number, opts: Pick<CallOptions, 'timeoutMs'> = {}): SlotReservation {
-    const timeoutMs = opts.timeoutMs ?? this.requestTimeoutMs;
-    if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
-    const held = this.submitter.reserve(model.plan.index, count);
-    try {
-      this.admitWait(this.submitter.predictedWaitMs(model.plan.index, NO_LENGTHS), timeoutMs);
-    } catch (err) {
-      held.release();
-      throw err;
-    }
-    return held;
-  }
-
-  /** {@link hold}, then `fn` with the slots in the call options; they are given back when it settles. */
-  async withSlots<T>(model: ClientModel, count: number, opts: CallOptions, fn: (call: CallOptions) => Promise<T>): Promise<T> {
-    if (!(count >= 1)) return fn(opts); // no inputs: refused by their validation, not here
-    const slots = this.hold(model, count, opts);
-    try {
-      return await fn({ ...opts, slots });
-    } finally {
-      slots.release();
-    }
-  }
-
-  /**
-   * A refusal that needs no request body (so the body need not even be read):
-   * 429 when none of the models the request may use (the one named in the
-   * path, else every model of `task`: the body may name any; `task` null:
-   * any task) has a free slot, or, with a latency target, when each one's
-   * queued work alone would miss it. Null when the request may go on, or when
-   * the path names no loaded model of `task` (the request then fails as usual,
-   * for its own reason). Reads a few shared counters: no allocation unless refused.
-   */
-  refusalBeforeBody(task: Task | null, pathModel?: string): { error: OverloadedError; model: string | undefined } | null {
-    let candidates: ClientModel[];
-    if (pathModel !== undefined) {
-      const m = this.models.find((x) => x.plan.spec.name === pathModel);
-      if (!m || (task !== null && m.plan.spec.task !== task)) return null;
-      candidates = [m];
-    } else {
-      candidates = task === null ? this.models : this.models.filter((x) => x.plan.spec.task === task);
-      if (candidates.length === 0) return null;
-    }
-    const label = candidates.length === 1 ? candidates[0]!.plan.spec.name : undefined;
-    if (candidates.every((m) => this.submitter.freeSlots(m.plan.index) === 0)) {
-      return { error: new OverloadedError('every request slot of the model is in use; retry shortly'), model: label };
-    }
-    if (this.sloP99Ms === undefined) return null; // the limit is the request's deadline, which its body may set
-    let refusal: OverloadedError | null = null;
-    for (const m of candidates) {
-      const d = admission({ predictedWaitMs: this.submitter.predictedWaitMs(m.plan.index, NO_LENGTHS), remainingMs: Infinity, targetMs: this.sloP99Ms });
-      if (d.admit) return null;
-      refusal ??= new OverloadedError(`predicted wait ${Math.round(d.predictedWaitMs)} ms exceeds the latency target; retry later`, d.retryAfterSeconds);
-    }
-    return refusal ? { error: refusal, model: label } : null;
-  }
-
-  /** Refuses at once (429) a request the queue ahead of it would make miss its deadline or the latency target. */
-  private admit(model: ClientModel, encodings: Pick<Encoding, 'ids'>[], timeoutMs: number): void {
-    this.admitWait(
-      this.submitter.predictedWaitMs(
-        model.plan.index,
-        encodings.map((e) => e.ids.length),
-      ),
-      timeoutMs,
-    );
-  }
-
-  private admitWait(predictedWaitMs: number, timeoutMs: number): void {
-    const d = admission({
-      predictedWaitMs,
-      remainingMs: timeoutMs,
-      ...(this.sloP99Ms !== undefined ? { targetMs: this.sloP99Ms } : {}),
-    });
-    if (!d.admit) {
-      throw new OverloadedError(
-        `predicted wait ${Math.round(d.predictedWaitMs)} ms exceeds the ${this.sloP99Ms !== undefined ? 'latency target' : "request's deadline"}; retry later`,
-        d.retryAfterSeconds,
-      );
-    }
-  }
-
-  async embed(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: CallOptions & { normalize?: boolean } = {}): Promise<{ vectors: Float32Array[]; timing: Timing }> {
-    const { rows, timing } = await this.run(model, encodings, opts);
-    const dim = model.plan.spec.hiddenSize;
-    const normalize = opts.normalize ?? model.plan.spec.normalize;
-    const vectors = rows.map((r) => {
-      const v = r.output.subarray(0, dim);
-      if (!normalize) {
-        const norm = r.output[dim]!; // the graph's second output: undo the normalisation
-        for (let i = 0; i < dim; i++) v[i]! *= norm;
-      }
-      return v;
-    });
-    return { vectors, timing };
-  }
-
-  async classify(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: CallOptions = {}): Promise<{ classes: Classification[]; timing: Timing }> {
-    const { rows, timing } = await this.run(model, encodings, opts);
-    const labels = model.plan.spec.labels;
-    const n = labels.length;
-    const classes = rows.map((r) => {
-      const probabilities = r.output.subarray(0, n);
-      let best = 0;
-      for (let i = 1; i < n; i++) if (probabilities[i]! > probabilities[best]!) best = i;
-      return { label: labels[best]!, score: probabilities[best]!, probabilities, logits: r.output.subarray(n, 2 * n) };
-    });
-    return { classes, timing };
-  }
-
-  /**
-   * Scores each (query, text) pair with a cross-encoder (a `rerank` model):
-   * the sigmoid of its logit, or the logit with `rawScores`. Scores come in
-   * input order; sorting is the caller's business.
-   */
-  async rerank(model: ClientModel, query: string, texts: string[], opts: RerankOptions = {}): Promise<{ scores: RerankScore[]; timing: Timing; tokens: number }> {
-    if (model.plan.spec.task !== 'rerank') throw new ValidationError(`model "${model.plan.spec.name}" is a ${model.plan.spec.task} model, not rerank`);
-    const encodings = await this.encodePairs(model, query, texts, opts.truncate ?? false);
-    return this.rerankEncoded(model, encodings, opts);
-  }
-
-  /** {@link rerank} on pairs already tokenized (encodePairs, or token tensors). */
-  async rerankEncoded(model: ClientModel, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: RerankOptions = {}): Promise<{ scores: RerankScore[]; timing: Timing; tokens: number }> {
-    const { rows, timing } = await this.run(model, encodings, opts);
-    const column = opts.rawScores ? 1 : 0; // the row is [sigmoid(logit), logit]
-    let tokens = 0;
-    for (const e of encodings) tokens += e.ids.length;
-    return { scores: rows.map((r, index) => ({ index, score: r.output[column]! })), timing, tokens };
-  }
+/** A reranker's score of each pair, in input order: the sigmoid of its logit, or the logit (`raw`). The row is [sigmoid(logit), logit]. */
+export function rerankScores(r: RequestRows, raw: boolean): RerankScore[] {
+  const column = raw ? 1 : 0;
+  const out: RerankScore[] = new Array(r.rows.length / r.width);
+  for (let i = 0; i < out.length; i++) out[i] = { index: i, score: r.rows[i * r.width + column]! };
+  return out;
 }

@@ -126,36 +126,41 @@ export interface AccessEntry {
   wsId?: string | number;
 }
 
-/** The access log of one thread: one line per finished request. */
+/** pino's numeric levels (a line is written when its level is at least the logger's). */
+const LEVEL_VALUE: Record<LogLevel, number> = { fatal: 60, error: 50, warn: 40, info: 30, debug: 20, trace: 10, silent: Infinity };
+
+/**
+ * The access log of one thread: one line per finished request, in the same
+ * JSON shape as pino's lines (level, time, pid, thread, the fields, msg), but
+ * formatted here in one template: pino's object serialisation and its time
+ * function were 7% of a gateway thread's CPU under load.
+ */
 export class AccessLog {
-  private readonly logger: Logger;
   /** Whether access lines are written at all (checked before building one). */
   readonly enabled: boolean;
+  private readonly errorsEnabled: boolean;
+  private readonly out: DestinationStream;
+  /** `"pid":N,"thread":"gateway-0"`, formatted once. */
+  private readonly base: string;
 
-  constructor(logger: Logger) {
-    this.logger = logger;
-    this.enabled = logger.isLevelEnabled('info');
+  constructor(level: LogLevel, thread: string, out: DestinationStream) {
+    this.enabled = LEVEL_VALUE[level] <= LEVEL_VALUE.info;
+    this.errorsEnabled = LEVEL_VALUE[level] <= LEVEL_VALUE.error;
+    this.out = out;
+    this.base = `"pid":${process.pid},"thread":${JSON.stringify(thread)}`;
   }
 
   record(e: AccessEntry): void {
     const internal = e.error !== undefined;
-    if (!this.enabled && !(internal && this.logger.isLevelEnabled('error'))) return;
-    const line: Record<string, unknown> = {
-      req_id: e.reqId,
-      method: e.method,
-      route: e.route,
-      path: e.path.length > 256 ? `${e.path.slice(0, 256)}...` : e.path,
-      model: e.model,
-      status: e.status,
-      duration_ms: Math.round(e.ms * 1000) / 1000,
-    };
-    if (e.wsId !== undefined) line.ws_id = typeof e.wsId === 'string' && e.wsId.length > 128 ? `${e.wsId.slice(0, 128)}...` : e.wsId;
-    if (e.code !== undefined) line.code = e.code;
-    if (internal) {
-      line.error = e.error;
-      this.logger.error(line, 'request');
-    } else {
-      this.logger.info(line, 'request');
-    }
+    if (internal ? !this.errorsEnabled : !this.enabled) return;
+    const path = e.path.length > 256 ? `${e.path.slice(0, 256)}...` : e.path;
+    let line =
+      `{"level":"${internal ? 'error' : 'info'}","time":"${new Date().toISOString()}",${this.base},` +
+      `"req_id":${JSON.stringify(e.reqId)},"method":${JSON.stringify(e.method)},"route":${JSON.stringify(e.route)},"path":${JSON.stringify(path)},` +
+      `"model":${JSON.stringify(e.model)},"status":${e.status},"duration_ms":${Math.round(e.ms * 1000) / 1000}`;
+    if (e.wsId !== undefined) line += `,"ws_id":${JSON.stringify(typeof e.wsId === 'string' && e.wsId.length > 128 ? `${e.wsId.slice(0, 128)}...` : e.wsId)}`;
+    if (e.code !== undefined) line += `,"code":${JSON.stringify(e.code)}`;
+    if (internal) line += `,"error":${JSON.stringify(e.error)}`;
+    this.out.write(`${line},"msg":"request"}\n`);
   }
 }

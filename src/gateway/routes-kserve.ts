@@ -28,20 +28,20 @@
  * supported: Triton's binary tensor extension (application/octet-stream
  * bodies are refused with 415), model repository and statistics extensions.
  */
-import { NotReadyError, ValidationError } from '../shared/errors.js';
-import type { ClientModel } from './inference-client.js';
+import { ValidationError } from '../shared/errors.js';
+import { classifications, embeddings, rowOf, type CallInputs, type ClientModel } from './inference-client.js';
 import { HttpError, type RequestContext } from './http.js';
-import { errorInfo, headerCall, observe, refuseBeforeBody, timingHeaders } from './route-util.js';
-import type { Route, RouteDeps } from './routes.js';
+import type { Route, RouteDeps } from './route-types.js';
 import { KServeInferRequest, parseBody, type KServeTensor } from './schemas.js';
+import { serveInference, type Endpoint, type EndpointContext } from './serving.js';
 
 const MODEL_VERSION = '1';
 const ROUTE = '/v2/infer';
 const PLATFORM = 'onnxruntime_onnx';
 
 /** Fails with KServe's `{error: message}` and our status. */
-function failKServe(ctx: RequestContext, err: unknown): void {
-  ctx.fail(err, (info) => ({ error: info.message }));
+function failKServe(ctx: RequestContext, err: unknown): number {
+  return ctx.fail(err, (info) => ({ error: info.message }));
 }
 
 /** Runs a handler, answering any error in KServe's shape. */
@@ -74,7 +74,7 @@ const modelReadyHandler = kserve((ctx, deps, [name, version]) => {
   ctx.send(ready ? 200 : 503, { name: model.plan.spec.name, ready });
 });
 
-const inferHandler: Route['handle'] = (ctx, deps, [name, version]) => infer(ctx, deps, name!, version);
+const inferHandler: Route['handle'] = (ctx, deps, params) => serveInference(ctx, deps, inferEndpoint, failKServe, params);
 
 const fail = failKServe;
 
@@ -213,20 +213,45 @@ function fromTokens(tensors: Map<string, KServeTensor>): Encoded {
   return out;
 }
 
-async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version: string | undefined): Promise<void> {
-  const label = { model: 'unknown' };
-  let modelName = 'unknown'; // not the path's name: a metrics label must not take any value a client sends
-  try {
-    // Not ready, or the path's model has no free slot: refused before the body is read.
-    refuseBeforeBody(deps, null, name, label);
-    const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
-    const model = deps.client.byName(name);
-    checkVersion(version);
-    const spec = model.plan.spec;
-    modelName = spec.name;
-    ctx.model = modelName;
-    const body = parseBody(KServeInferRequest, raw);
+/** The inputs of an infer request: token tensors, or BYTES texts (a reranker: query and text). */
+function callInputs(model: ClientModel, tensors: Map<string, KServeTensor>, truncate: boolean, ec: EndpointContext): CallInputs {
+  const spec = model.plan.spec;
+  const max = ec.limits.maxClientBatchSize;
+  const tooMany = (n: number) => invalid(`${n} inputs exceed the limit of ${max} per request (--max-client-batch-size)`);
+  if (tensors.has('input_ids')) {
+    const extra = [...tensors.keys()].filter((k) => !TOKEN_INPUTS.includes(k));
+    if (extra.length) throw invalid(`unexpected input ${extra.join(', ')} beside input_ids; token inputs are ${TOKEN_INPUTS.join(', ')}`);
+    const tokens = fromTokens(tensors);
+    if (tokens.length > max) throw tooMany(tokens.length);
+    ec.client.checkTokens(model, tokens); // before any slot is taken
+    return { kind: 'tokens', tokens };
+  }
+  if (spec.task === 'rerank') {
+    const q = tensors.get('query');
+    const t = tensors.get('text');
+    if (!q || !t || tensors.size !== 2) throw invalid(`model ${spec.name} takes BYTES inputs query and text (or input_ids); got ${[...tensors.keys()].join(', ')}`);
+    const queries = texts(q);
+    const docs = texts(t);
+    if (queries.length !== 1 && queries.length !== docs.length) throw invalid(`query holds ${queries.length} texts: give one, or one per text (${docs.length})`);
+    if (docs.length > max) throw tooMany(docs.length);
+    return { kind: 'pairs', queries, texts: docs, truncate };
+  }
+  const only = [...tensors.values()];
+  if (only.length !== 1) throw invalid(`model ${spec.name} takes one BYTES input (text) or input_ids; got ${[...tensors.keys()].join(', ')}`);
+  const list = texts(only[0]!);
+  if (list.length > max) throw tooMany(list.length);
+  return { kind: 'inputs', inputs: list, truncate };
+}
 
+/** POST /v2/models/{name}[/versions/{v}]/infer. */
+const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normalize: boolean | undefined }> = {
+  route: ROUTE,
+  task: null,
+  parse(raw, ec) {
+    const model = ec.client.byName(ec.pathModel!);
+    ec.label.model = model.plan.spec.name; // not the path's name: a metrics label must not take any value a client sends
+    checkVersion(ec.params?.[1]);
+    const body = parseBody(KServeInferRequest, raw);
     const tensors = new Map<string, KServeTensor>();
     for (const t of body.inputs) {
       if (tensors.has(t.name)) throw invalid(`input ${t.name} is given twice`);
@@ -235,88 +260,40 @@ async function infer(ctx: RequestContext, deps: RouteDeps, name: string, version
     const available = outputsOf(model);
     const wanted = body.outputs?.map((o) => o.name) ?? available.map((o) => o.name);
     for (const w of wanted) {
-      if (!available.some((o) => o.name === w)) throw invalid(`unknown output ${w}; model ${spec.name} gives ${available.map((o) => o.name).join(', ')}`);
+      if (!available.some((o) => o.name === w)) throw invalid(`unknown output ${w}; model ${model.plan.spec.name} gives ${available.map((o) => o.name).join(', ')}`);
     }
     const truncate = booleanParam(body.parameters, 'truncate') ?? false;
     const normalize = booleanParam(body.parameters, 'normalize');
-
-    const call = headerCall(ctx, deps.client);
-    // How many inputs, and how to tokenize them once their slots are held (client.withSlots).
-    let count: number;
-    let encode: (signal: AbortSignal | undefined) => Encoded | Promise<Encoded>;
-    if (tensors.has('input_ids')) {
-      const extra = [...tensors.keys()].filter((k) => !TOKEN_INPUTS.includes(k));
-      if (extra.length) throw invalid(`unexpected input ${extra.join(', ')} beside input_ids; token inputs are ${TOKEN_INPUTS.join(', ')}`);
-      const tokens = fromTokens(tensors);
-      if (tokens.length > deps.limits.maxClientBatchSize) throw tooMany(tokens.length, deps);
-      deps.client.checkTokens(model, tokens);
-      count = tokens.length;
-      encode = () => tokens;
-    } else if (spec.task === 'rerank') {
-      const q = tensors.get('query');
-      const t = tensors.get('text');
-      if (!q || !t || tensors.size !== 2) throw invalid(`model ${spec.name} takes BYTES inputs query and text (or input_ids); got ${[...tensors.keys()].join(', ')}`);
-      const queries = texts(q);
-      const docs = texts(t);
-      if (queries.length !== 1 && queries.length !== docs.length) throw invalid(`query holds ${queries.length} texts: give one, or one per text (${docs.length})`);
-      if (docs.length > deps.limits.maxClientBatchSize) throw tooMany(docs.length, deps);
-      count = docs.length;
-      encode = async () =>
-        queries.length === 1
-          ? deps.client.encodePairs(model, queries[0]!, docs, truncate)
-          : (await Promise.all(docs.map((d, i) => deps.client.encodePairs(model, queries[i]!, [d], truncate)))).flat();
-    } else {
-      const only = [...tensors.values()];
-      if (only.length !== 1) throw invalid(`model ${spec.name} takes one BYTES input (text) or input_ids; got ${[...tensors.keys()].join(', ')}`);
-      const list = texts(only[0]!);
-      if (list.length > deps.limits.maxClientBatchSize) throw tooMany(list.length, deps);
-      count = list.length;
-      encode = (signal) => deps.client.encode(model, list, truncate, signal);
-    }
-
+    const call = {
+      model,
+      inputs: callInputs(model, tensors, truncate, ec),
+      timeoutMs: ec.timeoutMs,
+      priority: ec.priority === undefined ? undefined : ec.client.priorityIndex(ec.priority),
+      cancel: ec.cancel,
+    };
+    return { call, state: { wanted, id: body.id, normalize } };
+  },
+  answer(r, call, state) {
+    const spec = call.model.plan.spec;
+    const B = r.rows.rows.length / r.rows.width;
     const produced = new Map<string, { shape: number[]; data: Float32Array[] }>();
-    const { timing, tokenizeMs } = await deps.client.withSlots(model, count, call, async (call) => {
-      const t0 = performance.now();
-      const encodings = await encode(call.signal);
-      const tokenizeMs = performance.now() - t0;
-      deps.metrics.inputs.inc({ model: modelName, route: ROUTE }, encodings.length);
-      const B = encodings.length;
-      if (spec.task === 'embed') {
-        const r = await deps.client.embed(model, encodings, { ...call, ...(normalize !== undefined ? { normalize } : {}) });
-        produced.set('embedding', { shape: [B, spec.hiddenSize], data: r.vectors });
-        return { timing: r.timing, tokenizeMs };
-      }
-      if (spec.task === 'classify') {
-        const r = await deps.client.classify(model, encodings, call);
-        produced.set('probabilities', { shape: [B, spec.labels.length], data: r.classes.map((c) => c.probabilities) });
-        produced.set('logits', { shape: [B, spec.labels.length], data: r.classes.map((c) => c.logits) });
-        return { timing: r.timing, tokenizeMs };
-      }
-      const r = await deps.client.run(model, encodings, call);
-      produced.set('score', { shape: [B, 1], data: r.rows.map((row) => row.output.subarray(0, 1)) });
-      produced.set('logits', { shape: [B, 1], data: r.rows.map((row) => row.output.subarray(1, 2)) });
-      return { timing: r.timing, tokenizeMs };
-    });
-    const outputs = wanted.map((w) => {
+    if (spec.task === 'embed') {
+      produced.set('embedding', { shape: [B, spec.hiddenSize], data: embeddings(call.model, r.rows, state.normalize) });
+    } else if (spec.task === 'classify') {
+      const classes = classifications(call.model, r.rows);
+      produced.set('probabilities', { shape: [B, spec.labels.length], data: classes.map((c) => c.probabilities) });
+      produced.set('logits', { shape: [B, spec.labels.length], data: classes.map((c) => c.logits) });
+    } else {
+      const rows = Array.from({ length: B }, (_, i) => rowOf(r.rows, i));
+      produced.set('score', { shape: [B, 1], data: rows.map((row) => row.subarray(0, 1)) });
+      produced.set('logits', { shape: [B, 1], data: rows.map((row) => row.subarray(1, 2)) });
+    }
+    const outputs = state.wanted.map((w) => {
       const p = produced.get(w)!;
       const data: number[] = [];
       for (const row of p.data) for (let i = 0; i < row.length; i++) data.push(row[i]!);
       return { name: w, datatype: 'FP32', shape: p.shape, data };
     });
-    deps.metrics.queueDuration.observe({ model: modelName }, timing.queueMs / 1000);
-    ctx.send(
-      200,
-      { model_name: spec.name, model_version: MODEL_VERSION, ...(body.id !== undefined ? { id: body.id } : {}), outputs },
-      timingHeaders(ctx, tokenizeMs, timing),
-    );
-    observe(deps, ctx, ROUTE, modelName, 200);
-  } catch (err) {
-    if (modelName === 'unknown') modelName = label.model;
-    observe(deps, ctx, ROUTE, modelName, errorInfo(err).status, err);
-    failKServe(ctx, err);
-  }
-}
-
-function tooMany(count: number, deps: RouteDeps): ValidationError {
-  return invalid(`${count} inputs exceed the limit of ${deps.limits.maxClientBatchSize} per request (--max-client-batch-size)`);
-}
+    return { model_name: spec.name, model_version: MODEL_VERSION, ...(state.id !== undefined ? { id: state.id } : {}), outputs };
+  },
+};

@@ -22,20 +22,54 @@
  */
 import { statSync } from 'node:fs';
 import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
-import { inputCount, type ClientModel } from './inference-client.js';
-import type { RequestContext } from './http.js';
-import { errorInfo, headerCall, observe, refuseBeforeBody, timingHeaders, type ErrorInfo } from './route-util.js';
-import type { Route, RouteDeps } from './routes.js';
+import { embeddings, inputCount, inputList, type ClientModel } from './inference-client.js';
+import type { ErrorInfo, RequestContext } from './http.js';
+import type { Route } from './route-types.js';
 import { FieldValidationError, OpenAIEmbeddingRequest, parseBody } from './schemas.js';
 import { InvalidModelNameError } from './security.js';
-
-const ROUTE = '/v1/embeddings';
+import { serveInference, type Endpoint } from './serving.js';
 
 /** Errors before a route runs (no key, too many connections, ...) in OpenAI's shape too. */
-const fail = (ctx: RequestContext, err: unknown) => failOpenAI(ctx, err);
+const fail = (ctx: RequestContext, err: unknown) => failOpenAI(ctx, err, err instanceof ValidationError ? 'input' : null);
+
+/**
+ * POST /v1/embeddings. The transport's deadline and priority (x-deadline-ms,
+ * x-priority) apply; OpenAI's body has no such fields.
+ */
+const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undefined }> = {
+  route: '/v1/embeddings',
+  task: 'embed',
+  parse(raw, ec) {
+    const body = parseBody(OpenAIEmbeddingRequest, raw);
+    const count = inputCount(body.input);
+    if (count > ec.limits.maxClientBatchSize) {
+      throw new FieldValidationError(`${count} inputs exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`, 'input');
+    }
+    const model = ec.client.byName(body.model);
+    const name = (ec.label.model = model.plan.spec.name);
+    if (model.plan.spec.task !== 'embed') throw new FieldValidationError(`model "${name}" is a ${model.plan.spec.task} model, not an embedding model`, 'model');
+    const dim = model.plan.spec.hiddenSize;
+    if (body.dimensions !== undefined && body.dimensions > dim) throw new FieldValidationError(`dimensions ${body.dimensions} exceeds model "${name}"'s ${dim}`, 'dimensions');
+    const call = {
+      model,
+      inputs: { kind: 'inputs' as const, inputs: inputList(body.input), truncate: false },
+      timeoutMs: ec.timeoutMs,
+      priority: ec.priority === undefined ? undefined : ec.client.priorityIndex(ec.priority),
+      cancel: ec.cancel,
+    };
+    return { call, state: { base64: body.encoding_format === 'base64', dimensions: body.dimensions } };
+  },
+  answer(r, call, state) {
+    const data = embeddings(call.model, r.rows).map((full, index) => {
+      const v = state.dimensions !== undefined ? shorten(full, state.dimensions) : full;
+      return { object: 'embedding' as const, index, embedding: state.base64 ? float32Base64(v) : Array.from(v) };
+    });
+    return { object: 'list', data, model: call.model.plan.spec.name, usage: { prompt_tokens: r.tokens, total_tokens: r.tokens } };
+  },
+};
 
 export const openaiRoutes: Route[] = [
-  { method: 'post', path: '/v1/embeddings', fail, handle: (ctx, deps) => embeddings(ctx, deps) },
+  { method: 'post', path: '/v1/embeddings', fail, handle: (ctx, deps) => serveInference(ctx, deps, embeddingsEndpoint, fail) },
   { method: 'get', path: '/v1/models', fail, handle: (ctx, deps) => ctx.send(200, { object: 'list', data: deps.client.list().map(modelObject) }) },
   {
     method: 'get',
@@ -65,54 +99,6 @@ function modelObject(m: ClientModel): { id: string; object: 'model'; created: nu
     created.set(name, t);
   }
   return { id: name, object: 'model', created: t, owned_by: 'slabserve' };
-}
-
-async function embeddings(ctx: RequestContext, deps: RouteDeps): Promise<void> {
-  const label = { model: 'unknown' };
-  let modelName = 'unknown';
-  try {
-    // Not ready, or no embedding model with a free slot: refused before the body is read.
-    refuseBeforeBody(deps, 'embed', undefined, label);
-    const raw = await ctx.readPayload(deps.limits.maxBodyBytes);
-    const body = parseBody(OpenAIEmbeddingRequest, raw);
-    const count = inputCount(body.input);
-    if (count > deps.limits.maxClientBatchSize) {
-      throw new FieldValidationError(`${count} inputs exceed the limit of ${deps.limits.maxClientBatchSize} per request (--max-client-batch-size)`, 'input');
-    }
-    const model = deps.client.byName(body.model);
-    modelName = model.plan.spec.name;
-    ctx.model = modelName;
-    if (model.plan.spec.task !== 'embed') {
-      throw new FieldValidationError(`model "${modelName}" is a ${model.plan.spec.task} model, not an embedding model`, 'model');
-    }
-    const dim = model.plan.spec.hiddenSize;
-    if (body.dimensions !== undefined && body.dimensions > dim) {
-      throw new FieldValidationError(`dimensions ${body.dimensions} exceeds model "${modelName}"'s ${dim}`, 'dimensions');
-    }
-    deps.metrics.inputs.inc({ model: modelName, route: ROUTE }, count);
-
-    // Slots first (429 at once when they are not free), then tokenizing.
-    const { r, encodings, tokenizeMs } = await deps.client.withSlots(model, count, headerCall(ctx, deps.client), async (call) => {
-      const t0 = performance.now();
-      const encodings = await deps.client.encodeInputs(model, body.input, false, call.signal);
-      const tokenizeMs = performance.now() - t0;
-      return { r: await deps.client.embed(model, encodings, call), encodings, tokenizeMs };
-    });
-    let tokens = 0;
-    for (const e of encodings) tokens += e.ids.length;
-    const base64 = body.encoding_format === 'base64';
-    const data = r.vectors.map((full, index) => {
-      const v = body.dimensions !== undefined ? shorten(full, body.dimensions) : full;
-      return { object: 'embedding' as const, index, embedding: base64 ? float32Base64(v) : Array.from(v) };
-    });
-    deps.metrics.queueDuration.observe({ model: modelName }, r.timing.queueMs / 1000);
-    ctx.send(200, { object: 'list', data, model: modelName, usage: { prompt_tokens: tokens, total_tokens: tokens } }, timingHeaders(ctx, tokenizeMs, r.timing));
-    observe(deps, ctx, ROUTE, modelName, 200);
-  } catch (err) {
-    if (modelName === 'unknown') modelName = label.model;
-    observe(deps, ctx, ROUTE, modelName, openaiStatus(errorInfo(err)), err);
-    failOpenAI(ctx, err, err instanceof ValidationError ? 'input' : null);
-  }
 }
 
 /** The first `n` components, L2-normalised again. */
@@ -163,8 +149,8 @@ function openaiParam(info: ErrorInfo, fallback: string | null): string | null {
 }
 
 /** Answers `err` as OpenAI does: `{error: {message, type, param, code}}`. */
-export function failOpenAI(ctx: RequestContext, err: unknown, param: string | null = null): void {
-  ctx.fail(
+export function failOpenAI(ctx: RequestContext, err: unknown, param: string | null = null): number {
+  return ctx.fail(
     err,
     (info) => {
       const status = openaiStatus(info);

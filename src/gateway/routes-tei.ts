@@ -7,31 +7,18 @@
  *   POST /decode    {ids, skip_special_tokens? (true), model?}     -> string, or string[] for a list of id lists
  *   POST /models/{name}/rerank, /models/{name}/tokenize, /models/{name}/decode: the model named in the path
  *
- * The work is done by the transport-free operations (src/gateway/operations.ts),
- * so the WebSocket API can answer the same requests. Errors are ours:
- * `{error, type, code}`.
+ * The endpoints are tei.ts's (the WebSocket API serves them too). Errors are
+ * ours: `{error, type, code}`.
  */
-import { decodeOperation, rerankOperation, tokenizeOperation } from './operations.js';
-import { serveOperation } from './route-util.js';
-import type { Route } from './routes.js';
+import type { Route } from './route-types.js';
+import { ourFail, serveInference, serveLocal } from './serving.js';
+import { decodeEndpoint, rerankEndpoint, tokenizeEndpoint } from './tei.js';
 
 export const teiRoutes: Route[] = [
-  { method: 'post', path: '/rerank', handle: (ctx, deps) => serveOperation(ctx, deps, rerankOperation, { route: '/rerank', inference: true, task: 'rerank' }) },
-  { method: 'post', path: '/tokenize', handle: (ctx, deps) => serveOperation(ctx, deps, tokenizeOperation, { route: '/tokenize', inference: false }) },
-  { method: 'post', path: '/decode', handle: (ctx, deps) => serveOperation(ctx, deps, decodeOperation, { route: '/decode', inference: false }) },
-  {
-    method: 'post',
-    path: '/models/:name/rerank',
-    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, rerankOperation, { route: '/rerank', inference: true, task: 'rerank', pathModel: name! }),
-  },
-  {
-    method: 'post',
-    path: '/models/:name/tokenize',
-    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, tokenizeOperation, { route: '/tokenize', inference: false, pathModel: name! }),
-  },
-  {
-    method: 'post',
-    path: '/models/:name/decode',
-    handle: (ctx, deps, [name]) => serveOperation(ctx, deps, decodeOperation, { route: '/decode', inference: false, pathModel: name! }),
-  },
+  { method: 'post', path: '/rerank', handle: (ctx, deps) => serveInference(ctx, deps, rerankEndpoint) },
+  { method: 'post', path: '/tokenize', handle: (ctx, deps) => serveLocal(ctx, deps, tokenizeEndpoint) },
+  { method: 'post', path: '/decode', handle: (ctx, deps) => serveLocal(ctx, deps, decodeEndpoint) },
+  { method: 'post', path: '/models/:name/rerank', handle: (ctx, deps, params) => serveInference(ctx, deps, rerankEndpoint, ourFail, params) },
+  { method: 'post', path: '/models/:name/tokenize', handle: (ctx, deps, params) => serveLocal(ctx, deps, tokenizeEndpoint, ourFail, params) },
+  { method: 'post', path: '/models/:name/decode', handle: (ctx, deps, params) => serveLocal(ctx, deps, decodeEndpoint, ourFail, params) },
 ];

@@ -17,12 +17,16 @@ export const Inputs = z.union([z.string(), tokenIds, z.array(z.union([z.string()
 });
 const inputs = Inputs;
 
+/** The longest `timeout` a request may ask for (an hour), and the longest priority class name. */
+const MAX_TIMEOUT_MS = 3_600_000;
+const MAX_PRIORITY_CHARS = 64;
+
 /** Per-request scheduling fields, on every inference request (headers x-deadline-ms / x-priority do the same). */
 const scheduling = {
   /** Ms from now after which the request must not run (it is answered 504, or 429 at once if it cannot make it). */
-  timeout: z.number().positive().max(3_600_000).optional(),
+  timeout: z.number().positive().max(MAX_TIMEOUT_MS).optional(),
   /** Priority class: "interactive" (default) or "bulk" (or the classes of --priority-weights). */
-  priority: z.string().max(64).optional(),
+  priority: z.string().max(MAX_PRIORITY_CHARS).optional(),
 };
 
 export const EmbedRequest = z.object({
@@ -100,6 +104,69 @@ export const KServeInferRequest = z.object({
   outputs: z.array(z.object({ name: z.string(), parameters: z.record(z.string(), z.unknown()).optional() })).optional(),
 });
 export type KServeInferRequest = z.infer<typeof KServeInferRequest>;
+
+// ------------------------------------------------------------ the hot bodies without zod
+
+/**
+ * /embed and /predict bodies (and their WebSocket ops) of the common shape,
+ * checked by hand: a general schema library costs more per request than the
+ * rest of the gateway's parsing. `inputs` a text, token ids, or a list of
+ * those; the optional fields of the right types. Anything else, valid or not,
+ * is null here and goes to the zod schema, which owns the error messages; a
+ * result here is exactly what the schema would have produced (fuzzed against
+ * it in test/schemas.test.ts).
+ */
+export function quickEmbedRequest(body: unknown): EmbedRequest | null {
+  return quickInputsBody(body, EMBED_FLAGS) as EmbedRequest | null;
+}
+
+export function quickPredictRequest(body: unknown): PredictRequest | null {
+  return quickInputsBody(body, PREDICT_FLAGS) as PredictRequest | null;
+}
+
+const EMBED_FLAGS = ['normalize', 'truncate'] as const;
+const PREDICT_FLAGS = ['raw_scores', 'truncate'] as const;
+
+function quickInputsBody(raw: unknown, flags: readonly string[]): Record<string, unknown> | null {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
+  const b = raw as Record<string, unknown>;
+  if (!quickInputs(b.inputs)) return null;
+  const out: Record<string, unknown> = { inputs: b.inputs };
+  for (const k of flags) {
+    const v = b[k];
+    if (v === undefined) continue;
+    if (typeof v !== 'boolean') return null;
+    out[k] = v;
+  }
+  const { model, timeout, priority } = b;
+  if (model !== undefined) {
+    if (typeof model !== 'string') return null;
+    out.model = model;
+  }
+  if (timeout !== undefined) {
+    if (typeof timeout !== 'number' || !Number.isFinite(timeout) || !(timeout > 0) || timeout > MAX_TIMEOUT_MS) return null;
+    out.timeout = timeout;
+  }
+  if (priority !== undefined) {
+    if (typeof priority !== 'string' || priority.length > MAX_PRIORITY_CHARS) return null;
+    out.priority = priority;
+  }
+  return out;
+}
+
+/** A text, one list of token ids, or a non-empty list of texts and non-empty id lists. */
+function quickInputs(x: unknown): boolean {
+  if (typeof x === 'string') return true;
+  if (!Array.isArray(x) || x.length === 0) return false;
+  if (typeof x[0] === 'number') return isTokenIds(x);
+  for (const e of x) if (typeof e !== 'string' && !(Array.isArray(e) && e.length > 0 && isTokenIds(e))) return false;
+  return true;
+}
+
+function isTokenIds(a: unknown[]): boolean {
+  for (const v of a) if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) return false;
+  return true;
+}
 
 /** Parses `body` with `schema` or throws a ValidationError listing every problem. */
 export function parseBody<T>(schema: z.ZodType<T>, body: unknown): T {

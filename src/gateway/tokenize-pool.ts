@@ -8,11 +8,12 @@
  * requests wait here in arrival order, and a request that finds the queue full
  * is refused at once (OverloadedError: 429) instead of waiting behind work it
  * cannot see the end of. A waiting request whose client goes away (its
- * signal) leaves the queue without costing a pool thread anything; one
+ * cancellation) leaves the queue without costing a pool thread anything; one
  * already running finishes (piscina would terminate the thread to stop it,
  * and the next task would pay for a new one and its tokenizer load).
  */
 import { Piscina } from 'piscina';
+import type { Cancellation } from '../shared/cancel.js';
 import { CancelledError, EngineClosedError, InputTooLongError, OverloadedError } from '../shared/errors.js';
 import type { BatchTokenizer } from './inference-client.js';
 import type { TokenizeResult, TokenizeTask } from './tokenize-task.js';
@@ -65,8 +66,8 @@ export function createTokenizePool(threads: number, opts: { maxQueue?: number } 
     }
   };
 
-  const tokenize: BatchTokenizer = (model, texts, encodeOpts: EncodeOptions, signal?: AbortSignal) => {
-    if (signal?.aborted) return Promise.reject(new CancelledError('the client went away before its texts were tokenized'));
+  const tokenize: BatchTokenizer = (model, texts, encodeOpts: EncodeOptions, cancel?: Cancellation) => {
+    if (cancel?.cancelled) return Promise.reject(new CancelledError('the client went away before its texts were tokenized'));
     const task: TokenizeTask = { tokenizerPath: model.plan.spec.tokenizerPath, texts, maxLength: encodeOpts.maxLength, truncate: encodeOpts.truncate };
     if (running < threads && waiting.length === 0) return runTask(task);
     if (waiting.length >= maxQueue) {
@@ -74,7 +75,7 @@ export function createTokenizePool(threads: number, opts: { maxQueue?: number } 
     }
     return new Promise<Encoding[]>((resolve, reject) => {
       const leave = (err: Error) => {
-        signal?.removeEventListener('abort', onAbort);
+        cancel?.unlisten(onAbort);
         const i = waiting.indexOf(entry);
         if (i >= 0) waiting.splice(i, 1);
         reject(err);
@@ -82,12 +83,12 @@ export function createTokenizePool(threads: number, opts: { maxQueue?: number } 
       const onAbort = () => leave(new CancelledError('the client went away while its texts waited for the tokenizer pool'));
       const entry = {
         start: () => {
-          signal?.removeEventListener('abort', onAbort);
+          cancel?.unlisten(onAbort);
           runTask(task).then(resolve, reject);
         },
         leave,
       };
-      signal?.addEventListener('abort', onAbort, { once: true });
+      cancel?.listen(onAbort);
       waiting.push(entry);
     });
   };

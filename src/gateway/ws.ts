@@ -15,15 +15,16 @@
  * ordinary HTTP answer (401, 414, 431, 503) in our error shape.
  */
 import { pack } from 'msgpackr';
+import { Cancellation } from '../shared/cancel.js';
 import { CancelledError, NotReadyError, OverloadedError, SlabserveError, ValidationError } from '../shared/errors.js';
 import type { GatewayMetrics } from '../shared/metrics.js';
 import { unauthorized, type Gate } from './gate.js';
 import { statusOf } from './http.js';
 import type { InferenceClient } from './inference-client.js';
 import type { AccessLog } from './log.js';
-import { embedOperation, predictOperation, type Operation } from './operations.js';
-import type { GatewayLimits } from './routes.js';
 import { chooseProtocol, decodeMsgpack, requestId, shown } from './security.js';
+import { isAnswer, metricsOf, runEndpoint, type Endpoint, type EndpointContext, type GatewayLimits, type Served } from './serving.js';
+import { TEI_ENDPOINTS, TEI_LOCAL_ENDPOINTS } from './tei.js';
 import type { TemplatedApp, WebSocket } from './uws.js';
 
 export interface WsOptions {
@@ -43,8 +44,6 @@ export interface WsDeps {
   metrics: GatewayMetrics;
   ready(): boolean;
   version: string;
-  /** Extra operations (rerank, tokenize, ...) by op name. */
-  operations?: Record<string, Operation>;
   /** Head size, connections and API key, checked at the upgrade. */
   gate: Gate;
   /** One line per request (op) answered. */
@@ -57,7 +56,7 @@ interface SocketState {
   /** The upgrade's x-request-id (or a new one): every access line of the socket carries it. */
   reqId: string;
   credit: number;
-  inflight: Map<RequestId, AbortController>;
+  inflight: Map<RequestId, Cancellation>;
   /** Frames received while held back (copies: uWS reuses the message memory). */
   held: ArrayBuffer[];
   /** A drain has scheduled taking up the held frames. */
@@ -93,7 +92,7 @@ function isCancel(frame: ArrayBuffer): boolean {
 /** Registers /ws; returns a function that closes every open socket (code 1001) for shutdown. */
 export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptions): () => void {
   const open = new Set<WebSocket<SocketState>>();
-  const operations: Record<string, Operation> = { embed: embedOperation, predict: predictOperation, ...deps.operations };
+  const opNames = [...TEI_ENDPOINTS.keys(), ...TEI_LOCAL_ENDPOINTS.keys()];
 
   const send = (ws: WebSocket<SocketState>, message: unknown) => {
     const state = ws.getUserData();
@@ -159,18 +158,20 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     }
     if (msg.op === 'cancel') {
       const running = state.inflight.get(id);
-      if (running) running.abort('ws_cancel'); // its operation rejects with CancelledError and answers
+      if (running) running.cancel('ws_cancel'); // its request rejects with CancelledError and answers
       else if (dropHeld(state, id)) sendError(ws, id, new CancelledError()); // still an unparsed held frame: it never runs
       return;
     }
-    // Own properties only: an op named "toString" or "__proto__" must not reach Object.prototype.
-    const operation = typeof msg.op === 'string' && Object.hasOwn(operations, msg.op) ? operations[msg.op] : undefined;
-    if (!operation) {
-      const op = typeof msg.op === 'string' ? shown(msg.op) : typeof msg.op;
-      sendError(ws, id, new ValidationError(`unknown op ${op}; expected one of hello, cancel, ${Object.keys(operations).join(', ')}`));
+    // A Map: an op named "toString" or "__proto__" is just unknown.
+    const op = typeof msg.op === 'string' ? msg.op : '';
+    const endpoint = TEI_ENDPOINTS.get(op);
+    const local = endpoint ? undefined : TEI_LOCAL_ENDPOINTS.get(op);
+    if (!endpoint && !local) {
+      const shownOp = typeof msg.op === 'string' ? shown(msg.op) : typeof msg.op;
+      sendError(ws, id, new ValidationError(`unknown op ${shownOp}; expected one of hello, cancel, ${opNames.join(', ')}`));
       return;
     }
-    const route = `ws:${msg.op as string}`;
+    const route = `ws:${op}`;
     if (state.inflight.has(id)) {
       sendError(ws, id, new ValidationError(`request id ${JSON.stringify(id)} is already in flight on this socket`));
       return;
@@ -190,33 +191,43 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
       sendError(ws, id, new ValidationError('deadline_ms must be a number of milliseconds >= 0'), route);
       return;
     }
-    const abort = new AbortController();
-    state.inflight.set(id, abort);
-    const started = performance.now();
-    let model = 'unknown';
-    operation(deps.client, deps.limits, msg, {
-      signal: abort.signal,
-      onModel: (m) => (model = m.plan.spec.name),
-      ...(deadline !== undefined ? { timeoutMs: deadline as number } : {}),
-      ...(typeof msg.priority === 'string' ? { priority: msg.priority } : {}),
+    const cancel = new Cancellation();
+    const ec: EndpointContext = {
+      client: deps.client,
+      limits: deps.limits,
+      timeoutMs: deadline as number | undefined,
+      priority: typeof msg.priority === 'string' ? msg.priority : undefined,
+      cancel,
       f32: msg.encoding === 'f32',
-    }).then(
-      (r) => {
-        state.inflight.delete(id);
-        model = r.model.plan.spec.name;
-        deps.metrics.inputs.inc({ model, route }, r.inputs);
-        deps.metrics.queueDuration.observe({ model }, r.timing.queueMs / 1000);
-        const ms = performance.now() - started;
-        deps.metrics.requestDuration.observe({ model, route, status: '200' }, ms / 1000);
-        send(ws, { id, result: r.payload });
-        if (deps.log.enabled) deps.log.record({ reqId: state.reqId, wsId: id, method: 'WS', route, path: '/ws', model, status: 200, ms });
-      },
-      (err: unknown) => {
-        state.inflight.delete(id);
-        deps.metrics.requestDuration.observe({ model, route, status: 'error' }, (performance.now() - started) / 1000);
-        sendError(ws, id, abort.signal.aborted && !(err instanceof SlabserveError) ? new CancelledError() : err, route, started, model);
-      },
-    );
+      label: { model: 'unknown' },
+    };
+    const started = performance.now();
+    const done = (served: Served) => answered(ws, id, route, served, started);
+    const failed = (err: unknown) => {
+      state.inflight.delete(id);
+      metricsOf(deps.metrics, route).failed(ec.label.model, 'error', (performance.now() - started) / 1000); // sendError counts the failure
+      sendError(ws, id, cancel.cancelled && !(err instanceof SlabserveError) ? new CancelledError() : err, route, started, ec.label.model);
+    };
+    if (local) {
+      try {
+        done(local.run(msg, ec));
+      } catch (err) {
+        failed(err);
+      }
+      return;
+    }
+    state.inflight.set(id, cancel);
+    runEndpoint(endpoint as Endpoint<unknown>, msg, ec).then(done, failed);
+  };
+
+  /** Sends a request's answer, counts and logs it. */
+  const answered = (ws: WebSocket<SocketState>, id: RequestId, route: string, served: Served, started: number) => {
+    const state = ws.getUserData();
+    state.inflight.delete(id);
+    const ms = performance.now() - started;
+    metricsOf(deps.metrics, route).ok(served, ms / 1000);
+    send(ws, { id, result: isAnswer(served.payload) ? served.payload.value() : served.payload });
+    if (deps.log.enabled) deps.log.record({ reqId: state.reqId, wsId: id, method: 'WS', route, path: '/ws', model: served.model, status: 200, ms });
   };
 
   app.ws<SocketState>('/ws', {
@@ -302,7 +313,7 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
       const state = ws.getUserData();
       state.closed = true;
       state.held.length = 0;
-      for (const abort of state.inflight.values()) abort.abort('ws_close'); // frees every slot of a client that is gone
+      for (const cancel of state.inflight.values()) cancel.cancel('ws_close'); // frees every slot of a client that is gone
       state.inflight.clear();
     },
   });

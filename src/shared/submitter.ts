@@ -19,7 +19,8 @@
  * after its result was written, or one of a previous thread with this owner
  * index that died (the main thread starts a new one; src/main.ts).
  */
-import { predictedWaitMs } from './admission.js';
+import { predictedWaitMs, type BucketCost } from './admission.js';
+import { Cancellation } from './cancel.js';
 import { nowMs } from './clock.js';
 import type { ControlBlock } from './control.js';
 import type { Doorbell } from './doorbell.js';
@@ -60,6 +61,7 @@ import {
   H_OWNER,
   H_PRIORITY,
   HEADER_I32,
+  INTERLEAVE_CHUNK,
   Slab,
   SlotError,
   SlotState,
@@ -81,11 +83,33 @@ export interface SubmitOptions {
   reservation?: SlotReservation;
 }
 
+/** How one request (all its inputs) is submitted: {@link SlabSubmitter.submitRequest}. */
+export interface RequestSubmitOptions {
+  /** Epoch ms after which the request must not run. */
+  deadline: number;
+  /** Priority class index (0 = interactive). */
+  priority?: number;
+  /** Cancels every input of the request still queued or running. */
+  cancel?: Cancellation | undefined;
+  /** Fill these slots (taken by {@link SlabSubmitter.reserve}) instead of taking free ones. */
+  reservation?: SlotReservation | undefined;
+}
+
+/** One request's rows: input i's row is `rows.subarray(i * width, (i + 1) * width)` (a copy, out of the slab). */
+export interface RequestRows {
+  rows: Float32Array;
+  width: number;
+  /** Longest any of its inputs waited for its batch, ms. */
+  queueMs: number;
+  /** Longest batch run among its inputs, ms. */
+  inferenceMs: number;
+}
+
 /**
  * Slots one request took before its inputs were ready: FILLING, owned by
  * this thread, on no queue, so no other request can take them (and a dead
  * gateway's are freed by the main thread as slots it left FILLING).
- * `submit({reservation})` fills them one by one; `release()` gives back those
+ * `submitRequest({reservation})` fills them; `release()` gives back those
  * not filled (a request that failed before submitting, or submitted fewer).
  */
 export class SlotReservation {
@@ -102,7 +126,7 @@ export class SlotReservation {
 
   /** Slots still held. */
   get size(): number {
-    return this.slots.length;
+    return this.released ? 0 : this.slots.length;
   }
 
   /** One held slot, now the caller's to fill; -1 when none is left (or after release). */
@@ -135,12 +159,32 @@ export interface SlotResult {
   inferenceMs: number;
 }
 
-interface Pending {
-  generation: number;
-  resolve: (r: SlotResult) => void;
-  reject: (e: Error) => void;
-  signal?: AbortSignal;
-  onAbort?: () => void;
+/** One submitted request: its slots, and the promise of all their rows. Settled once: rows, or the first error. */
+class Ticket {
+  readonly model: number;
+  readonly slots: Int32Array;
+  readonly generations: Int32Array;
+  readonly result: RequestRows;
+  /** Inputs not yet answered. */
+  remaining: number;
+  settled = false;
+  resolve!: (r: RequestRows) => void;
+  reject!: (e: Error) => void;
+  readonly promise: Promise<RequestRows>;
+  cancel: Cancellation | undefined;
+  onCancel: ((reason: string) => void) | undefined;
+
+  constructor(model: number, count: number, width: number) {
+    this.model = model;
+    this.slots = new Int32Array(count);
+    this.generations = new Int32Array(count);
+    this.result = { rows: new Float32Array(count * width), width, queueMs: 0, inferenceMs: 0 };
+    this.remaining = count;
+    this.promise = new Promise<RequestRows>((resolve, reject) => {
+      this.resolve = resolve;
+      this.reject = reject;
+    });
+  }
 }
 
 export class SlabSubmitter {
@@ -148,8 +192,10 @@ export class SlabSubmitter {
   private readonly owner: number;
   private readonly control: ControlBlock;
   private readonly bell: Doorbell;
-  /** pending[model][slot]: the request waiting on that slot, if any. */
-  private readonly pending: (Pending | undefined)[][];
+  /** pending[model][slot]: the request waiting on that slot, if any, and which of its inputs the slot holds. */
+  private readonly pending: (Ticket | undefined)[][];
+  private readonly pendingInput: Int32Array[];
+  /** Inputs submitted and not yet settled. */
   private inFlight = 0;
   /** Slots held by reservations, not yet filled or given back. */
   private reserved = 0;
@@ -160,6 +206,8 @@ export class SlabSubmitter {
 
   /** Per model: bucket lengths and the batch capacity of each (for the queued-work tallies and admission). */
   private readonly buckets: { lengths: number[]; capacities: number[] }[];
+  /** Per model: scratch for predictedWaitMs (no allocation per request). */
+  private readonly waitScratch: { request: Int32Array; queued: Int32Array; costs: BucketCost[] }[];
   private readonly onCancel: ((r: CancelReport) => void) | undefined;
 
   constructor(
@@ -172,31 +220,44 @@ export class SlabSubmitter {
     this.control = control;
     this.owner = owner;
     this.bell = control.ownerBell(owner);
-    this.pending = slabs.map((s) => new Array<Pending | undefined>(s.layout.slotCount));
+    this.pending = slabs.map((s) => new Array<Ticket | undefined>(s.layout.slotCount));
+    this.pendingInput = slabs.map((s) => new Int32Array(s.layout.slotCount));
     this.buckets = slabs.map((s, m) => opts.buckets?.[m] ?? { lengths: [s.layout.maxLength], capacities: [1] });
+    this.waitScratch = this.buckets.map((b) => ({
+      request: new Int32Array(b.lengths.length),
+      queued: new Int32Array(b.lengths.length),
+      costs: b.capacities.map((capacity) => ({ capacity, fixedMs: 0, perRowMs: 0 })),
+    }));
     this.onCancel = opts.onCancel;
     this.drain(); // completions left for a previous thread with this owner index (it died): free them
   }
 
+  /** The bucket an input of `length` tokens is queued in (the last for anything longer: lengths are checked before). */
   private bucketOf(model: number, length: number): number {
     const lengths = this.buckets[model]!.lengths;
-    const b = lengths.findIndex((l) => l >= length);
-    return b < 0 ? lengths.length - 1 : b;
+    for (let b = 0; b < lengths.length; b++) if (length <= lengths[b]!) return b;
+    return lengths.length - 1;
   }
 
   /**
-   * Predicted ms for the device to drain `model`'s queue with inputs of
-   * `lengths` added, in full batches, from the cost model the inference
-   * thread publishes; 0 before it has measured anything.
+   * Predicted ms for the device to drain `model`'s queue with `inputs` added,
+   * in full batches, from the cost model the inference thread publishes; 0
+   * before it has measured anything.
    */
-  predictedWaitMs(model: number, lengths: readonly number[]): number {
+  predictedWaitMs(model: number, inputs: readonly { ids: ArrayLike<number> }[] = []): number {
     const slab = this.slabs[model]!;
-    const { lengths: bucketLengths, capacities } = this.buckets[model]!;
-    const request = new Array<number>(bucketLengths.length).fill(0);
-    for (const len of lengths) request[this.bucketOf(model, len)]! += 1;
-    const queued = bucketLengths.map((_, b) => Atomics.load(slab.accounts, Account.QUEUED_BY_BUCKET + b));
-    const costs = bucketLengths.map((_, b) => ({ capacity: capacities[b]!, ...slab.cost(b) }));
-    if (costs.every((c) => c.samples === 0)) return 0;
+    const { request, queued, costs } = this.waitScratch[model]!;
+    let measured = false;
+    for (let b = 0; b < costs.length; b++) {
+      const c = slab.cost(b);
+      costs[b]!.fixedMs = c.fixedMs;
+      costs[b]!.perRowMs = c.perRowMs;
+      if (c.samples > 0) measured = true;
+      queued[b] = Atomics.load(slab.accounts, Account.QUEUED_BY_BUCKET + b);
+      request[b] = 0;
+    }
+    if (!measured) return 0;
+    for (const x of inputs) request[this.bucketOf(model, x.ids.length)]! += 1;
     // Plus what is left of the batch running now.
     return predictedWaitMs(queued, request, costs) + Math.max(0, slab.counters[Counter.BUSY_UNTIL]! - nowMs());
   }
@@ -259,56 +320,65 @@ export class SlabSubmitter {
   }
 
   /**
-   * Queues one input (token ids with [CLS]/[SEP], at most the slab's maxLength)
-   * for `model`: in a slot of `opts.reservation` when given, else in a free
-   * one (rejects with OverloadedError at once when none is free).
+   * Queues one request: an input per slot (token ids with [CLS]/[SEP], at most
+   * the slab's maxLength each), in the slots of `opts.reservation` when given,
+   * else in free ones taken now (all or none: OverloadedError at once). One
+   * promise for all its rows; the first input that fails fails the request
+   * and cancels the others, so a request never leaves work behind.
    */
-  submit(model: number, ids: ArrayLike<number>, typeIds: ArrayLike<number> | null, opts: SubmitOptions): Promise<SlotResult> {
+  submitRequest(model: number, inputs: readonly { ids: ArrayLike<number>; typeIds: ArrayLike<number> | null }[], opts: RequestSubmitOptions): Promise<RequestRows> {
     if (this.closed) return Promise.reject(new EngineClosedError());
     const slab = this.slabs[model];
     if (!slab) return Promise.reject(new ValidationError(`no model with index ${model}`));
-    const len = ids.length;
-    if (len < 1 || len > slab.layout.maxLength) {
-      return Promise.reject(new ValidationError(`input of ${len} tokens does not fit a slot of ${slab.layout.maxLength}`));
+    const n = inputs.length;
+    if (n < 1) return Promise.reject(new ValidationError('a request needs at least one input'));
+    for (const x of inputs) {
+      const len = x.ids.length;
+      if (len < 1 || len > slab.layout.maxLength) return Promise.reject(new ValidationError(`input of ${len} tokens does not fit a slot of ${slab.layout.maxLength}`));
     }
-    if (opts.signal?.aborted) return Promise.reject(new CancelledError());
-
-    let slot: number;
-    let generation: number;
+    if (opts.cancel?.cancelled) return Promise.reject(new CancelledError());
     const held = opts.reservation;
-    if (held) {
-      if (held.model !== model) return Promise.reject(new Error(`a reservation of model ${held.model} used for model ${model}`));
-      slot = held.take();
-      if (slot === -1) return Promise.reject(new Error('the reservation holds no slot for this input (released, or fewer slots than inputs)'));
-      this.reserved--;
-      generation = slab.header(slot, H_GENERATION);
-    } else {
-      slot = slab.free.pop();
-      if (slot === -1) {
-        return Promise.reject(new OverloadedError(`all ${slab.layout.slotCount} request slots are in use; retry shortly`));
-      }
-      generation = this.acquire(slab, slot);
+    if (held && (held.model !== model || held.size < n)) {
+      return Promise.reject(new Error(`the request's reserved slots (${held.size} of model ${held.model}) do not fit its ${n} inputs of model ${model}`));
     }
-    slab.slotIds(slot).set(ids);
+    let own: SlotReservation | undefined;
+    try {
+      own = held ? undefined : this.reserve(model, n);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const slots = held ?? own!;
+    const t = new Ticket(model, n, slab.layout.outputWidth);
+    for (let i = 0; i < n; i++) this.fill(slab, model, t, i, slots.take(), inputs[i]!, opts);
+    own?.release(); // nothing is left in it
+    this.control.workerBell.ring(); // once per request, however many inputs
+    if (opts.cancel) {
+      t.cancel = opts.cancel;
+      t.onCancel = (reason) => this.cancelTicket(t, reason);
+      opts.cancel.listen(t.onCancel);
+    }
+    this.listen();
+    return t.promise;
+  }
+
+  /** Writes input `i` of ticket `t` into `slot` (FILLING, this owner's) and queues it. */
+  private fill(slab: Slab, model: number, t: Ticket, i: number, slot: number, x: { ids: ArrayLike<number>; typeIds: ArrayLike<number> | null }, opts: RequestSubmitOptions): void {
+    this.reserved--;
+    const len = x.ids.length;
+    slab.slotIds(slot).set(x.ids);
     const types = slab.slotTypeIds(slot);
-    if (typeIds) types.set(typeIds);
+    if (x.typeIds) types.set(x.typeIds);
     else types.fill(0, 0, len);
     slab.setHeader(slot, H_LENGTH, len);
     slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
-    slab.setHeader(slot, H_CHUNK, opts.chunk ?? 0);
+    slab.setHeader(slot, H_CHUNK, Math.floor(i / INTERLEAVE_CHUNK));
     slab.setHeader(slot, H_ERROR, SlotError.NONE);
     slab.setTime(slot, T_ENQUEUED, nowMs());
     slab.setTime(slot, T_DEADLINE, opts.deadline);
-
-    const promise = new Promise<SlotResult>((resolve, reject) => {
-      const p: Pending = { generation, resolve, reject };
-      if (opts.signal) {
-        p.signal = opts.signal;
-        p.onAbort = () => this.cancel(model, slot, p);
-        opts.signal.addEventListener('abort', p.onAbort, { once: true });
-      }
-      this.pending[model]![slot] = p;
-    });
+    t.slots[i] = slot;
+    t.generations[i] = slab.header(slot, H_GENERATION);
+    this.pending[model]![slot] = t;
+    this.pendingInput[model]![slot] = i;
     this.inFlight++;
     slab.transition(slot, SlotState.FILLING, SlotState.QUEUED);
     const bucket = this.bucketOf(model, len);
@@ -316,14 +386,37 @@ export class SlabSubmitter {
     Atomics.add(slab.accounts, Account.QUEUED_BY_BUCKET + bucket, 1);
     // The ring holds slotCount entries and a slot index is in it at most once: it cannot be full.
     if (!slab.submit.push(slot)) throw new Error('submit ring full: a slot index was queued twice');
-    this.control.workerBell.ring();
-    this.listen();
-    return promise;
   }
 
-  /** Moves a waiting request to CANCELLED and rejects it. */
-  private cancel(model: number, slot: number, p: Pending): void {
-    if (this.pending[model]![slot] !== p) return; // already settled
+  /**
+   * Queues one input (token ids with [CLS]/[SEP], at most the slab's
+   * maxLength) for `model`: {@link submitRequest} for a request of one input,
+   * cancelled by an AbortSignal. Its row is a copy.
+   */
+  async submit(model: number, ids: ArrayLike<number>, typeIds: ArrayLike<number> | null, opts: SubmitOptions): Promise<SlotResult> {
+    const { cancellation, stop } = Cancellation.following(opts.signal);
+    try {
+      const r = await this.submitRequest(model, [{ ids, typeIds }], { deadline: opts.deadline, priority: opts.priority ?? 0, cancel: cancellation, reservation: opts.reservation });
+      return { output: r.rows, queueMs: r.queueMs, inferenceMs: r.inferenceMs };
+    } finally {
+      stop();
+    }
+  }
+
+  /** Cancels every input of `t` still waiting and rejects it (the client went away, or a sibling failed). */
+  private cancelTicket(t: Ticket, reason: string, err: Error = new CancelledError()): void {
+    if (t.settled) return;
+    t.settled = true;
+    t.cancel?.unlisten(t.onCancel!);
+    for (let i = 0; i < t.slots.length; i++) {
+      const slot = t.slots[i]!;
+      if (this.pending[t.model]![slot] === t) this.cancelSlot(t.model, slot, reason);
+    }
+    t.reject(err);
+  }
+
+  /** Moves one waiting input to CANCELLED (the inference thread frees it), or marks its finished result abandoned. */
+  private cancelSlot(model: number, slot: number, reason: string): void {
     const slab = this.slabs[model]!;
     const tokens = slab.header(slot, H_LENGTH); // before the slot can be freed and reused
     // Queued or running: the inference thread will see CANCELLED and free the slot.
@@ -337,16 +430,9 @@ export class SlabSubmitter {
       // yet, so keep listening until drain() has freed it.
       this.abandoned.add(abandonKey(model, slot));
     }
-    this.settle(model, slot, p);
-    const reason = p.signal?.reason;
-    this.onCancel?.({ model, reason: typeof reason === 'string' ? reason : 'aborted', ran, tokens });
-    p.reject(new CancelledError());
-  }
-
-  private settle(model: number, slot: number, p: Pending): void {
     this.pending[model]![slot] = undefined;
     this.inFlight--;
-    if (p.signal && p.onAbort) p.signal.removeEventListener('abort', p.onAbort);
+    this.onCancel?.({ model, reason, ran, tokens });
   }
 
   /** Keeps one loop draining this owner's completions while requests are in flight. */
@@ -377,27 +463,33 @@ export class SlabSubmitter {
 
   private complete(model: number, slab: Slab, slot: number): void {
     const state = slab.state(slot);
-    const p = this.pending[model]![slot];
-    if (!p || p.generation !== slab.header(slot, H_GENERATION)) {
+    const t = this.pending[model]![slot];
+    const i = this.pendingInput[model]![slot]!;
+    if (!t || t.generations[i] !== slab.header(slot, H_GENERATION)) {
       // Its caller cancelled after the result was written, or it was a dead
       // predecessor's (this owner index, an earlier thread): nobody wants it.
-      if (!p) this.abandoned.delete(abandonKey(model, slot));
+      if (!t) this.abandoned.delete(abandonKey(model, slot));
       this.release(slab, slot, state);
       return;
     }
-    this.settle(model, slot, p);
-    if (state === SlotState.DONE) {
-      const result: SlotResult = {
-        output: slab.slotOutput(slot).slice(),
-        queueMs: slab.time(slot, T_STARTED) - slab.time(slot, T_ENQUEUED),
-        inferenceMs: slab.time(slot, T_FINISHED) - slab.time(slot, T_STARTED),
-      };
-      this.release(slab, slot, state);
-      p.resolve(result);
-    } else {
+    this.pending[model]![slot] = undefined;
+    this.inFlight--;
+    if (state !== SlotState.DONE) {
       const err = slotError(slab.header(slot, H_ERROR));
       this.release(slab, slot, state);
-      p.reject(err);
+      this.cancelTicket(t, 'request_failed', err); // its other inputs are cancelled
+      return;
+    }
+    const r = t.result;
+    r.rows.set(slab.slotOutput(slot), i * r.width);
+    const started = slab.time(slot, T_STARTED);
+    r.queueMs = Math.max(r.queueMs, started - slab.time(slot, T_ENQUEUED));
+    r.inferenceMs = Math.max(r.inferenceMs, slab.time(slot, T_FINISHED) - started);
+    this.release(slab, slot, state);
+    if (--t.remaining === 0 && !t.settled) {
+      t.settled = true;
+      t.cancel?.unlisten(t.onCancel!);
+      t.resolve(r);
     }
   }
 
@@ -414,10 +506,14 @@ export class SlabSubmitter {
     this.drain();
     for (let m = 0; m < this.slabs.length; m++) {
       for (let slot = 0; slot < this.pending[m]!.length; slot++) {
-        const p = this.pending[m]![slot];
-        if (!p) continue;
-        this.settle(m, slot, p);
-        p.reject(reason);
+        const t = this.pending[m]![slot];
+        if (!t) continue;
+        this.pending[m]![slot] = undefined;
+        this.inFlight--;
+        if (t.settled) continue;
+        t.settled = true;
+        t.cancel?.unlisten(t.onCancel!);
+        t.reject(reason);
       }
     }
     this.bell.ring(); // wake the listen loop so it sees nothing is in flight

@@ -1,0 +1,251 @@
+/**
+ * The serving skeleton: one path for every inference request, whatever its
+ * dialect (TEI's /embed, /predict, /rerank; OpenAI's /v1/embeddings;
+ * KServe's infer) and transport (HTTP here, WebSocket in ws.ts):
+ *
+ *   HTTP: refuse before the body (not ready 503; no free slot for its models 429)
+ *         read and decode the body (JSON or msgpack)
+ *   endpoint.parse(body)   the call (model, inputs, deadline, priority) and what the answer needs
+ *   client.infer(call)     slots, tokens, rows, timing (inference-client.ts)
+ *   endpoint.answer(...)   the body in the dialect's shape
+ *   HTTP: timing headers; request metrics; the gate writes the access line
+ *
+ * A dialect is a set of endpoints (a body parser and an answer shaper each)
+ * and an error shape; it never repeats the steps above. Endpoints that do not
+ * run the model (/tokenize, /decode) are LocalEndpoints: parse and answer in one.
+ */
+import type { Cancellation } from '../shared/cancel.js';
+import { NotReadyError } from '../shared/errors.js';
+import type { GatewayMetrics } from '../shared/metrics.js';
+import type { Task } from '../shared/model-config.js';
+import { statusOf, type Answer, type RequestContext } from './http.js';
+import type { InferCall, InferenceClient, InferResult } from './inference-client.js';
+
+export interface GatewayLimits {
+  /** Most bytes in a request body (--max-body-bytes). */
+  maxBodyBytes: number;
+  /** Most inputs in one request (--max-client-batch-size). */
+  maxClientBatchSize: number;
+}
+
+/** What a body parser may use beside the body. */
+export interface EndpointContext {
+  client: InferenceClient;
+  limits: GatewayLimits;
+  /** A model named outside the body (the URL path); must agree with the body's. */
+  pathModel?: string | undefined;
+  /** The route's path parameters, in order (the model name first, where it has one). */
+  params?: readonly string[] | undefined;
+  /** The transport's deadline (x-deadline-ms, a frame's deadline_ms) and priority class (x-priority): the body's own fields win. */
+  timeoutMs?: number | undefined;
+  priority?: string | undefined;
+  cancel: Cancellation;
+  /** WebSocket: embedding rows as little-endian float32 bytes. */
+  f32?: boolean;
+  /** The model the request turned out to use, set by the parser as soon as it is known (metrics, access log; 'unknown' until then). */
+  label: { model: string };
+}
+
+/** One inference endpoint of a dialect. */
+export interface Endpoint<S = unknown> {
+  /** The metrics label (never the raw URL). */
+  route: string;
+  /** The task of the models it runs on: with none of them free, refused before its body is read (null: any model). */
+  task: Task | null;
+  /** The call a body asks for, and what its answer needs (`state`). Throws the dialect's validation errors. */
+  parse(body: unknown, ec: EndpointContext): { call: InferCall; state: S };
+  /** The answer's payload: a plain value, or an Answer that serialises itself. */
+  answer(r: InferResult, call: InferCall, state: S, ec: EndpointContext): unknown;
+}
+
+/** An endpoint that does not run the model (tokenize, decode). */
+export interface LocalEndpoint {
+  route: string;
+  run(body: unknown, ec: EndpointContext): { payload: unknown; model: string; inputs: number };
+}
+
+/** What a request produced: its payload and what the metrics need. */
+export interface Served {
+  payload: unknown;
+  model: string;
+  inputs: number;
+  result?: InferResult;
+}
+
+/** Whether a payload serialises itself. */
+export function isAnswer(x: unknown): x is Answer & { value(): unknown } {
+  return typeof x === 'object' && x !== null && typeof (x as Answer).json === 'function' && typeof (x as { value?: unknown }).value === 'function';
+}
+
+/**
+ * The pipeline without its transport: parse, infer, answer. `ec.label`
+ * names the model as soon as the body names a loaded one (a failure later
+ * is still counted and logged under it).
+ */
+export async function runEndpoint<S>(ep: Endpoint<S>, body: unknown, ec: EndpointContext): Promise<Served> {
+  const { call, state } = ep.parse(body, ec);
+  const model = (ec.label.model = call.model.plan.spec.name);
+  const result = await ec.client.infer(call);
+  return { payload: ep.answer(result, call, state, ec), model, inputs: result.rows.rows.length / result.rows.width, result };
+}
+
+// ---------------------------------------------------------------- metrics, bound once per model
+
+/** A route's request metrics, their label children bound once per model (no label hashing per request). */
+export class RouteMetrics {
+  private readonly m: GatewayMetrics;
+  private readonly route: string;
+  private readonly bound = new Map<string, { inputs: { inc(n: number): void }; queue: { observe(v: number): void }; ok: { observe(v: number): void } }>();
+
+  constructor(metrics: GatewayMetrics, route: string) {
+    this.m = metrics;
+    this.route = route;
+  }
+
+  private children(model: string) {
+    let c = this.bound.get(model);
+    if (!c) {
+      c = {
+        inputs: this.m.inputs.labels({ model, route: this.route }),
+        queue: this.m.queueDuration.labels({ model }),
+        ok: this.m.requestDuration.labels({ model, route: this.route, status: '200' }),
+      };
+      this.bound.set(model, c);
+    }
+    return c;
+  }
+
+  /** An answered request (status 200). */
+  ok(s: Served, seconds: number): void {
+    const c = this.children(s.model);
+    if (s.result) {
+      c.inputs.inc(s.inputs);
+      c.queue.observe(s.result.timing.queueMs / 1000);
+    }
+    c.ok.observe(seconds);
+  }
+
+  /** A request answered with an error (`status` as its dialect answers it; `error` over WebSocket): its duration. */
+  failed(model: string, status: number | 'error', seconds: number): void {
+    this.m.requestDuration.observe({ model, route: this.route, status: String(status) }, seconds);
+  }
+
+  /** An error answered, by reason (its type). */
+  countFailure(err: unknown): void {
+    this.m.failures.inc({ reason: (err as { type?: string })?.type ?? 'backend' });
+  }
+}
+
+const routeMetrics = new WeakMap<GatewayMetrics, Map<string, RouteMetrics>>();
+
+/** The RouteMetrics of `route` over `metrics` (made once, then shared by HTTP and WebSocket). */
+export function metricsOf(metrics: GatewayMetrics, route: string): RouteMetrics {
+  let byRoute = routeMetrics.get(metrics);
+  if (!byRoute) routeMetrics.set(metrics, (byRoute = new Map()));
+  let m = byRoute.get(route);
+  if (!m) byRoute.set(route, (m = new RouteMetrics(metrics, route)));
+  return m;
+}
+
+// ---------------------------------------------------------------- HTTP
+
+/** Routes' dependencies. */
+export interface ServeDeps {
+  client: InferenceClient;
+  limits: GatewayLimits;
+  metrics: GatewayMetrics;
+  /** Warmed up, inference alive, not draining. */
+  ready(): boolean;
+}
+
+/** Answers an error in a dialect's shape (ours, OpenAI's, KServe's) and says which status it used. */
+export type Fail = (ctx: RequestContext, err: unknown) => number;
+
+/** ms with three decimals, by integer arithmetic: x-*-time headers as TEI sends them. */
+export function ms(v: number): string {
+  const us = Math.round(Math.max(0, v) * 1000);
+  const frac = us % 1000;
+  return `${(us - frac) / 1000}.${frac < 10 ? '00' : frac < 100 ? '0' : ''}${frac}`;
+}
+
+function timingHeaders(ctx: RequestContext, r: InferResult | undefined): Record<string, string> {
+  const total = ms(performance.now() - ctx.startedAt);
+  if (!r) return { 'x-total-time': total };
+  return {
+    'x-tokenization-time': ms(r.tokenizeMs),
+    'x-queue-time': ms(r.timing.queueMs),
+    'x-inference-time': ms(r.timing.inferenceMs),
+    'x-total-time': total,
+  };
+}
+
+/**
+ * What an inference request is refused with before its body is read: 503
+ * while not ready, 429 while the models it may use have no free slot (or,
+ * with a latency target, their queues alone would miss it). Answering then
+ * costs no body reading, parsing or tokenizing; uWS reads and drops the body
+ * that follows, and the keep-alive connection serves the next request. Sets
+ * `label.model` when the refusal concerns one known model.
+ */
+export function refuseBeforeBody(deps: ServeDeps, task: Task | null, pathModel: string | undefined, label: { model: string }): void {
+  if (!deps.ready()) throw new NotReadyError();
+  const refusal = deps.client.refusalBeforeBody(task, pathModel);
+  if (!refusal) return;
+  if (refusal.model !== undefined) label.model = refusal.model;
+  throw refusal.error;
+}
+
+/** The context a parser gets for an HTTP request. */
+function httpContext(ctx: RequestContext, deps: ServeDeps, params: readonly string[] | undefined, label: { model: string }): EndpointContext {
+  const h = ctx.scheduling();
+  return { client: deps.client, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label };
+}
+
+/** Serves one inference endpoint over HTTP (see the header). */
+export function serveInference<S>(ctx: RequestContext, deps: ServeDeps, ep: Endpoint<S>, fail: Fail = ourFail, params?: readonly string[]): Promise<void> {
+  return serveHttp(ctx, deps, ep.route, fail, params, ep.task, (body, ec) => runEndpoint(ep, body, ec));
+}
+
+/** Serves an endpoint that does not run the model over HTTP (never refused before its body: it needs no slot). */
+export function serveLocal(ctx: RequestContext, deps: ServeDeps, ep: LocalEndpoint, fail: Fail = ourFail, params?: readonly string[]): Promise<void> {
+  return serveHttp(ctx, deps, ep.route, fail, params, undefined, (body, ec) => ep.run(body, ec));
+}
+
+/** The HTTP skeleton: refuse before the body (when `refuse` names a task), read it, run, answer, count. */
+async function serveHttp(
+  ctx: RequestContext,
+  deps: ServeDeps,
+  route: string,
+  fail: Fail,
+  params: readonly string[] | undefined,
+  refuse: Task | null | undefined,
+  run: (body: unknown, ec: EndpointContext) => Served | Promise<Served>,
+): Promise<void> {
+  const metrics = metricsOf(deps.metrics, route);
+  const label = { model: 'unknown' }; // a model name becomes a label only once it is known to exist
+  try {
+    if (refuse !== undefined) refuseBeforeBody(deps, refuse, params?.[0], label);
+    const body = await ctx.readPayload(deps.limits.maxBodyBytes);
+    const pending = run(body, httpContext(ctx, deps, params, label));
+    const served = pending instanceof Promise ? await pending : pending;
+    ctx.model = served.model;
+    sendServed(ctx, served);
+    metrics.ok(served, (performance.now() - ctx.startedAt) / 1000);
+  } catch (err) {
+    ctx.model = label.model;
+    metrics.countFailure(err);
+    metrics.failed(label.model, fail(ctx, err), (performance.now() - ctx.startedAt) / 1000);
+  }
+}
+
+function sendServed(ctx: RequestContext, s: Served): void {
+  const headers = s.result ? timingHeaders(ctx, s.result) : undefined;
+  if (isAnswer(s.payload)) ctx.answer(200, s.payload, headers);
+  else ctx.send(200, s.payload, headers);
+}
+
+/** Our error shape, `{error, type, code}`, with our status. */
+export const ourFail: Fail = (ctx, err) => ctx.fail(err);
+
+/** An error's status as we answer it (metrics of routes that answer errors their own way). */
+export { statusOf };

@@ -1,0 +1,158 @@
+/**
+ * text-embeddings-inference's API as endpoints of the serving skeleton
+ * (serving.ts): /embed, /predict and /rerank run the model; /tokenize and
+ * /decode do not. The HTTP routes (routes.ts, routes-tei.ts) and the
+ * WebSocket ops (ws.ts) serve these same endpoints, so `/embed` over HTTP
+ * and `{op: "embed"}` over /ws answer the same thing.
+ */
+import { ValidationError } from '../shared/errors.js';
+import type { Task } from '../shared/model-config.js';
+import { rowsAnswer } from './answers.js';
+import {
+  classifications,
+  embeddings,
+  inputCount,
+  inputList,
+  isSingleInput,
+  rerankScores,
+  type ClientModel,
+  type Inputs,
+  type Classification,
+} from './inference-client.js';
+import { DecodeRequest, EmbedRequest, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest, RerankRequest, TokenizeRequest } from './schemas.js';
+import type { Endpoint, EndpointContext, LocalEndpoint } from './serving.js';
+
+/** Checks the request's size and picks its model: the path's and the body's names must agree. */
+function pickModel(ec: EndpointContext, task: Task | null, count: number, bodyModel: string | undefined): ClientModel {
+  if (ec.pathModel !== undefined && bodyModel !== undefined && bodyModel !== ec.pathModel) {
+    throw new ValidationError(`the path names model "${ec.pathModel}" but the body names "${bodyModel}"`);
+  }
+  if (count > ec.limits.maxClientBatchSize) {
+    throw new ValidationError(`${count} inputs exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`);
+  }
+  const name = ec.pathModel ?? bodyModel;
+  const model = task === null ? ec.client.anyModel(name) : ec.client.resolve(task, name);
+  ec.label.model = model.plan.spec.name;
+  return model;
+}
+
+/** The call's deadline and priority: the body's `timeout` / `priority` win over the transport's. */
+function scheduling(ec: EndpointContext, body: { timeout?: number | undefined; priority?: string | undefined }) {
+  const priority = body.priority ?? ec.priority;
+  return { timeoutMs: body.timeout ?? ec.timeoutMs, priority: priority === undefined ? undefined : ec.client.priorityIndex(priority), cancel: ec.cancel };
+}
+
+function inputsCall(ec: EndpointContext, task: Task, body: { inputs: Inputs; truncate?: boolean | undefined; model?: string | undefined; timeout?: number; priority?: string }) {
+  const model = pickModel(ec, task, inputCount(body.inputs), body.model);
+  return { model, inputs: { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? false }, ...scheduling(ec, body) };
+}
+
+/** POST /embed `{inputs, normalize?, truncate?, model?}` -> one row per input (f32 bytes over WebSocket when asked). */
+export const embedEndpoint: Endpoint<{ normalize: boolean | undefined }> = {
+  route: '/embed',
+  task: 'embed',
+  parse(raw, ec) {
+    const body = quickEmbedRequest(raw) ?? parseBody(EmbedRequest, raw);
+    return { call: inputsCall(ec, 'embed', body), state: { normalize: body.normalize } };
+  },
+  answer(r, call, state, ec) {
+    const rows = embeddings(call.model, r.rows, state.normalize);
+    return ec.f32 ? rows.map((v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : rowsAnswer(rows);
+  },
+};
+
+/** [{label, score}] sorted by score, highest first: probabilities, or logits with raw_scores. */
+export function labelScores(model: ClientModel, c: Classification, raw: boolean): { label: string; score: number }[] {
+  const values = raw ? c.logits : c.probabilities;
+  return model.plan.spec.labels.map((label, i) => ({ label, score: values[i]! })).sort((a, b) => b.score - a.score);
+}
+
+/** POST /predict `{inputs, raw_scores?, truncate?, model?}` -> [{label, score}] (a list of those for a list of inputs). */
+export const predictEndpoint: Endpoint<{ raw: boolean; single: boolean }> = {
+  route: '/predict',
+  task: 'classify',
+  parse(raw, ec) {
+    const body = quickPredictRequest(raw) ?? parseBody(PredictRequest, raw);
+    return { call: inputsCall(ec, 'classify', body), state: { raw: body.raw_scores ?? false, single: isSingleInput(body.inputs) } };
+  },
+  answer(r, call, state) {
+    const lists = classifications(call.model, r.rows).map((c) => labelScores(call.model, c, state.raw));
+    return state.single ? lists[0] : lists;
+  },
+};
+
+/**
+ * POST /rerank `{query, texts, raw_scores?, return_text?, truncate?, model?}`
+ * -> `[{index, score, text?}]`, highest score first. Each (query, text) pair
+ * is one input of a cross-encoder (a `rerank` model).
+ */
+export const rerankEndpoint: Endpoint<{ texts: string[]; returnText: boolean; raw: boolean }> = {
+  route: '/rerank',
+  task: 'rerank',
+  parse(raw, ec) {
+    const body = parseBody(RerankRequest, raw);
+    const model = pickModel(ec, 'rerank', body.texts.length, body.model);
+    const call = { model, inputs: { kind: 'pairs' as const, queries: [body.query], texts: body.texts, truncate: body.truncate ?? false }, ...scheduling(ec, body) };
+    return { call, state: { texts: body.texts, returnText: body.return_text ?? false, raw: body.raw_scores ?? false } };
+  },
+  answer(r, _call, state) {
+    return rerankScores(r.rows, state.raw)
+      .map((s) => (state.returnText ? { index: s.index, score: s.score, text: state.texts[s.index]! } : { index: s.index, score: s.score }))
+      .sort((a, b) => b.score - a.score || a.index - b.index);
+  },
+};
+
+/** Most characters one tokenize request may hold: about 0.1 s of the gateway's event loop. */
+export const MAX_TOKENIZE_CHARS = 65_536;
+
+/**
+ * POST /tokenize `{inputs, add_special_tokens?, model?}` -> per input, a list
+ * of `{id, text, special, start, stop}` (offsets in code points; null for
+ * the special tokens). Always a list of lists, as TEI answers.
+ */
+export const tokenizeEndpoint: LocalEndpoint = {
+  route: '/tokenize',
+  run(raw, ec) {
+    const body = parseBody(TokenizeRequest, raw);
+    const texts = typeof body.inputs === 'string' ? [body.inputs] : body.inputs;
+    const model = pickModel(ec, null, texts.length, body.model);
+    const tok = model.tokenizer;
+    if (!tok.tokenize) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot report tokens`);
+    const chars = texts.reduce((n, t) => n + t.length, 0);
+    if (chars > MAX_TOKENIZE_CHARS) {
+      throw new ValidationError(`${chars} characters to tokenize; at most ${MAX_TOKENIZE_CHARS} per request (tokens and offsets are computed on the gateway's event loop)`);
+    }
+    const payload = texts.map((t) => tok.tokenize!(t, body.add_special_tokens ?? true));
+    return { payload, model: model.plan.spec.name, inputs: texts.length };
+  },
+};
+
+/** POST /decode `{ids, skip_special_tokens?, model?}` -> a string for one list of ids, a list of strings for a list of lists. */
+export const decodeEndpoint: LocalEndpoint = {
+  route: '/decode',
+  run(raw, ec) {
+    const body = parseBody(DecodeRequest, raw);
+    const single = body.ids.length === 0 || typeof body.ids[0] === 'number';
+    const lists = (single ? [body.ids] : body.ids) as number[][];
+    const model = pickModel(ec, null, lists.length, body.model);
+    const vocab = model.tokenizer.vocabSize;
+    for (const list of lists) {
+      for (const id of list) if (id >= vocab) throw new ValidationError(`token id ${id} is not in [0, ${vocab})`);
+    }
+    const texts = lists.map((l) => model.tokenizer.decode(l, body.skip_special_tokens ?? true));
+    return { payload: single ? texts[0] : texts, model: model.plan.spec.name, inputs: lists.length };
+  },
+};
+
+/** The WebSocket ops that run the model, by name. */
+export const TEI_ENDPOINTS: ReadonlyMap<string, Endpoint<never>> = new Map<string, Endpoint<never>>([
+  ['embed', embedEndpoint as Endpoint<never>],
+  ['predict', predictEndpoint as Endpoint<never>],
+  ['rerank', rerankEndpoint as Endpoint<never>],
+]);
+
+/** The WebSocket ops that do not. */
+export const TEI_LOCAL_ENDPOINTS: ReadonlyMap<string, LocalEndpoint> = new Map([
+  ['tokenize', tokenizeEndpoint],
+  ['decode', decodeEndpoint],
+]);
