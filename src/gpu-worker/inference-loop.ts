@@ -110,6 +110,8 @@ export class InferenceLoop {
   /** Start times of the batches in flight: the oldest is published for the main thread's watchdog. */
   private readonly runStarts: number[] = [];
   private readonly epoch: number;
+  /** Resolves the loop's wait when a batch ends (set while the loop waits with batches running). */
+  private wakeLoop: (() => void) | null = null;
   /** Owners to wake after the current completion pass (bit per owner index). */
   private readonly ownersToWake = new Set<number>();
 
@@ -180,8 +182,16 @@ export class InferenceLoop {
         break;
       }
       this.publishQueueDepth();
-      // A submit or a finished batch rings the bell; otherwise wake when a batch window closes.
-      await bell.wait(seen, timeout);
+      if (this.inflight >= this.options.maxInflightBatches) {
+        // As many batches running as may be: wait for one to end, not on the bell, so submits meanwhile ring nobody.
+        await new Promise<void>((resolve) => (this.wakeLoop = resolve));
+      } else if (this.inflight > 0) {
+        await Promise.race([bell.wait(seen, timeout), new Promise<void>((resolve) => (this.wakeLoop = resolve))]);
+      } else {
+        // Idle: a submit rings the bell; otherwise wake when a batch window closes (or to refresh the heartbeat).
+        await bell.wait(seen, timeout);
+      }
+      this.wakeLoop = null;
     }
     if (this.alive()) await this.shutdown();
   }
@@ -302,7 +312,11 @@ export class InferenceLoop {
       this.control.heartbeat = nowMs(); // before the run start is cleared: the watchdog never sees a stale heartbeat and no run
       this.publishRunStart();
       if (this.inflight === 0) slab.counters[Counter.BUSY_UNTIL] = 0; // nothing running: admission adds no remainder
-      this.control.workerBell.ring(); // the loop may now launch the next batch
+      // The loop may now launch the next batch: wake it directly (ringing its own bell costs as much as waking another thread).
+      const wake = this.wakeLoop;
+      this.wakeLoop = null;
+      if (wake) wake();
+      else this.control.workerBell.ring(); // shutdown() waits on the bell
     });
   }
 
