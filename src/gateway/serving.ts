@@ -17,6 +17,7 @@
 import type { Cancellation } from '../shared/cancel.js';
 import { NotReadyError } from '../shared/errors.js';
 import type { GatewayMetrics } from '../shared/metrics.js';
+import type { CounterCell, HistogramCell } from '../shared/metric-cells.js';
 import type { Task } from '../shared/model-config.js';
 import { statusOf, type Answer, type RequestContext } from './http.js';
 import type { InferCall, InferenceClient, InferResult } from './inference-client.js';
@@ -95,7 +96,7 @@ export async function runEndpoint<S>(ep: Endpoint<S>, body: unknown, ec: Endpoin
 export class RouteMetrics {
   private readonly m: GatewayMetrics;
   private readonly route: string;
-  private readonly bound = new Map<string, { inputs: { inc(n: number): void }; queue: { observe(v: number): void }; ok: { observe(v: number): void } }>();
+  private readonly bound = new Map<string, { inputs: CounterCell; queue: HistogramCell; ok: HistogramCell }>();
 
   constructor(metrics: GatewayMetrics, route: string) {
     this.m = metrics;
@@ -106,9 +107,9 @@ export class RouteMetrics {
     let c = this.bound.get(model);
     if (!c) {
       c = {
-        inputs: this.m.inputs.labels({ model, route: this.route }),
-        queue: this.m.queueDuration.labels({ model }),
-        ok: this.m.requestDuration.labels({ model, route: this.route, status: '200' }),
+        inputs: this.m.inputs.cell({ model, route: this.route }),
+        queue: this.m.queueDuration.cell({ model }),
+        ok: this.m.requestDuration.cell({ model, route: this.route, status: '200' }),
       };
       this.bound.set(model, c);
     }

@@ -6,38 +6,43 @@
  * units, `_seconds`, `_total`. docs/metrics.md lists them.
  */
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import { CellCounter, CellHistogram } from './metric-cells.js';
 
 const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 const RATIO_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1];
 
-/** Recorded by each gateway thread, per HTTP request. */
+/**
+ * Recorded by each gateway thread, per request. The per-request ones are
+ * cell metrics (metric-cells.ts): a label set is bound once per route and
+ * model, and an observation costs a bucket search.
+ */
 export function gatewayMetrics(registry: Registry) {
   const registers = [registry];
   return {
-    requestDuration: new Histogram({
+    requestDuration: new CellHistogram({
       name: 'slabserve_request_duration_seconds',
       help: 'End-to-end request latency in the gateway: body read to response written.',
-      labelNames: ['model', 'route', 'status'] as const,
+      labelNames: ['model', 'route', 'status'],
       buckets: LATENCY_BUCKETS,
       registers,
     }),
-    queueDuration: new Histogram({
+    queueDuration: new CellHistogram({
       name: 'slabserve_request_queue_duration_seconds',
       help: 'Time a request waited in the queue before its batch started (longest of its inputs).',
-      labelNames: ['model'] as const,
+      labelNames: ['model'],
       buckets: LATENCY_BUCKETS,
       registers,
     }),
-    inputs: new Counter({
+    inputs: new CellCounter({
       name: 'slabserve_request_inputs_total',
       help: 'Inputs (texts or token sequences) received, one slot each.',
-      labelNames: ['model', 'route'] as const,
+      labelNames: ['model', 'route'],
       registers,
     }),
-    failures: new Counter({
+    failures: new CellCounter({
       name: 'slabserve_request_failures_total',
       help: 'Requests answered with an error, by reason (the error type).',
-      labelNames: ['reason'] as const,
+      labelNames: ['reason'],
       registers,
     }),
     cancellations: new Counter({
