@@ -74,7 +74,7 @@ export interface RequestObserver {
   finished(ctx: RequestContext, status: number): void;
 }
 
-/** An answer body that knows how to serialise itself (JSON text or bytes, msgpack bytes). */
+/** An answer body that knows how to serialise itself (JSON text or bytes, msgpack bytes), used at once: the bytes may be a scratch view. */
 export interface Answer {
   json(): string | Uint8Array;
   msgpack(): Uint8Array;
@@ -162,20 +162,27 @@ export class RequestContext {
   }
 
   /**
-   * Reads the whole body, at most `limit` bytes. A declared Content-Length
-   * over the limit is refused before a byte is read; a body that grows past
-   * it is refused as soon as it does. Must be called during the route
-   * handler's synchronous part: uWS drops body chunks that arrive before
-   * onData is attached.
+   * Reads the whole body, at most `limit` bytes, and parses it as JSON or
+   * msgpack by Content-Type. A declared Content-Length over the limit is
+   * refused before a byte is read; a body that grows past it is refused as
+   * soon as it does. Must be called during the route handler's synchronous
+   * part: uWS drops body chunks that arrive before onData is attached.
    */
-  readBody(limit: number): Promise<Buffer> {
+  readPayload(limit: number): Promise<unknown> {
+    const type = this.contentType;
+    const isMsgpack = type !== 'application/json' && MSGPACK_TYPES.has(type);
+    if (!isMsgpack && type !== '' && type !== 'application/json') {
+      return Promise.reject(
+        new HttpError(415, 'unsupported_media_type', 'SLABSERVE_UNSUPPORTED_MEDIA_TYPE', `unsupported Content-Type "${type}": send application/json or ${MSGPACK}`),
+      );
+    }
     if (this.contentLength !== undefined && this.contentLength > limit) {
       return Promise.reject(payloadTooLarge(this.contentLength, limit));
     }
     return new Promise((resolve, reject) => {
       const onCancel = () => reject(new CancelledError('the client went away while sending its body'));
       this.cancel.listen(onCancel);
-      const chunks: Buffer[] = [];
+      let chunks: Buffer[] | null = null;
       let size = 0;
       let refused = false;
       this.res.onData((chunk, isLast) => {
@@ -187,31 +194,20 @@ export class RequestContext {
           reject(payloadTooLarge(size, limit));
           return;
         }
-        // uWS reuses the chunk's memory after this call: copy it (one copy: Buffer.from(ArrayBuffer) is a view)
-        chunks.push(Buffer.from(chunk.slice(0)));
+        if (isLast && chunks === null && !isMsgpack) {
+          // The whole body in one chunk, parsed before uWS reuses its memory: no copy (the usual case).
+          this.cancel.unlisten(onCancel);
+          settle(resolve, reject, () => parseBody(Buffer.from(chunk), false));
+          return;
+        }
+        // uWS reuses the chunk's memory after this call: copy it (msgpack values may point into it).
+        (chunks ??= []).push(Buffer.from(chunk.slice(0)));
         if (!isLast) return;
         this.cancel.unlisten(onCancel);
-        resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
+        const all = chunks;
+        settle(resolve, reject, () => parseBody(all.length === 1 ? all[0]! : Buffer.concat(all, size), isMsgpack));
       });
     });
-  }
-
-  /** Parses the body as JSON or msgpack, by Content-Type. */
-  async readPayload(limit: number): Promise<unknown> {
-    const type = this.contentType;
-    const isMsgpack = MSGPACK_TYPES.has(type);
-    if (!isMsgpack && type !== '' && type !== 'application/json') {
-      throw new HttpError(415, 'unsupported_media_type', 'SLABSERVE_UNSUPPORTED_MEDIA_TYPE', `unsupported Content-Type "${type}": send application/json or ${MSGPACK}`);
-    }
-    const body = await this.readBody(limit);
-    if (body.length === 0) throw new HttpError(400, 'validation', 'SLABSERVE_MALFORMED_BODY', 'the request body is empty');
-    try {
-      // JSON.parse makes "__proto__" an own property (never a prototype), msgpack decoding renames it;
-      // every route then reads the body through a zod schema, which copies only the fields it knows.
-      return isMsgpack ? decodeMsgpack(body) : JSON.parse(body.toString('utf8'));
-    } catch (err) {
-      throw new HttpError(400, 'validation', 'SLABSERVE_MALFORMED_BODY', `the body is not valid ${isMsgpack ? 'msgpack' : 'JSON'}: ${(err as Error).message}`);
-    }
   }
 
   /** Sends `payload` as JSON or msgpack (per Accept), with extra headers. No-op if the client is gone. */
@@ -262,6 +258,32 @@ export class RequestContext {
     const close = CLOSE_AFTER.has(info.status) || info.code === 'SLABSERVE_TOO_MANY_CONNECTIONS';
     this.write(code, msgpack ? MSGPACK : 'application/json', msgpack ? pack(body) : JSON.stringify(body), headers, close);
     return code;
+  }
+}
+
+/** Resolves with `f()`, or rejects with what it throws. */
+function settle<T>(resolve: (v: T) => void, reject: (e: unknown) => void, f: () => T): void {
+  let v: T;
+  try {
+    v = f();
+  } catch (err) {
+    reject(err);
+    return;
+  }
+  resolve(v);
+}
+
+/**
+ * A request body as JSON or msgpack. JSON.parse makes "__proto__" an own
+ * property (never a prototype), msgpack decoding renames it; every route then
+ * reads the body through its schema, which copies only the fields it knows.
+ */
+function parseBody(body: Buffer, isMsgpack: boolean): unknown {
+  if (body.length === 0) throw new HttpError(400, 'validation', 'SLABSERVE_MALFORMED_BODY', 'the request body is empty');
+  try {
+    return isMsgpack ? decodeMsgpack(body) : JSON.parse(body.toString('utf8'));
+  } catch (err) {
+    throw new HttpError(400, 'validation', 'SLABSERVE_MALFORMED_BODY', `the body is not valid ${isMsgpack ? 'msgpack' : 'JSON'}: ${(err as Error).message}`);
   }
 }
 
