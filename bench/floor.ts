@@ -28,7 +28,10 @@ import { mulberry32 } from '../src/modelgen/rng.js';
 import { fail, num, numList } from './args.js';
 import { procCpuMs, startChildServer, startServerProcess, type ServerCounters } from './http-load.js';
 import { runLoad, type LoadTarget } from './load.js';
+import { floorRows, floorTable, type FloorPhase, type Side } from './floor-report.js';
 import { makeWorkload, preTokenized, type Workload } from './workloads.js';
+
+export { floorRows, floorTable, type FloorPhase, type FloorRow } from './floor-report.js';
 
 export interface FloorCaseOptions {
   cliPath: string;
@@ -44,25 +47,6 @@ export interface FloorCaseOptions {
   serverArgs?: string[];
   seed?: number;
   onPhase?: (line: string) => void;
-}
-
-export type Side = 'slabserve' | 'floor';
-
-export interface FloorPhase {
-  side: Side;
-  transport: 'http' | 'ws';
-  form: Workload['form'];
-  clients: number;
-  round: number;
-  requests: number;
-  reqPerS: number;
-  p50Ms: number;
-  p99Ms: number;
-  errors: number;
-  /** CPU microseconds per answered request, by thread name. */
-  cpuUsPerRequest: Record<string, number>;
-  /** The load generator's own CPU per request (this process). */
-  clientUsPerRequest: number;
 }
 
 const us = (seconds: number) => Math.round(seconds * 1e6 * 10) / 10;
@@ -175,86 +159,6 @@ function describePhase(p: FloorPhase): string {
     .map(([k, v]) => `${k} ${v}`)
     .join(', ');
   return `round ${p.round + 1} ${p.side} ${p.transport} ${p.form} x${p.clients}: ${p.reqPerS} req/s, P50 ${p.p50Ms.toFixed(2)} ms; us/request: ${cpu}`;
-}
-
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
-
-export interface FloorRow {
-  transport: 'http' | 'ws';
-  form: Workload['form'];
-  clients: number;
-  /** Medians over rounds. */
-  slabserve: { reqPerS: number; p50Ms: number; cpu: Record<string, number> };
-  floor: { reqPerS: number; p50Ms: number; cpu: Record<string, number> };
-  /** slabserve's gateway thread CPU per request over the floor's main thread's. */
-  gatewayOverFloor: number;
-}
-
-/** One row per (transport, form, clients): the median round of each side. */
-export function floorRows(phases: FloorPhase[]): FloorRow[] {
-  const rows: FloorRow[] = [];
-  const keys = new Set(phases.map((p) => `${p.transport}|${p.form}|${p.clients}`));
-  for (const key of keys) {
-    const [transport, form, clients] = key.split('|') as ['http' | 'ws', Workload['form'], string];
-    const side = (s: Side) => {
-      const ps = phases.filter((p) => p.side === s && `${p.transport}|${p.form}|${p.clients}` === key);
-      const names = new Set(ps.flatMap((p) => Object.keys(p.cpuUsPerRequest)));
-      const cpu: Record<string, number> = {};
-      for (const n of names) cpu[n] = median(ps.map((p) => p.cpuUsPerRequest[n] ?? 0));
-      return { reqPerS: median(ps.map((p) => p.reqPerS)), p50Ms: median(ps.map((p) => p.p50Ms)), cpu };
-    };
-    const slabserve = side('slabserve');
-    const floor = side('floor');
-    const gateway = Object.entries(slabserve.cpu)
-      .filter(([k]) => k.startsWith('gateway'))
-      .reduce((a, [, v]) => a + v, 0);
-    rows.push({ transport, form, clients: Number(clients), slabserve, floor, gatewayOverFloor: Math.round((gateway / (floor.cpu.main ?? NaN)) * 100) / 100 });
-  }
-  return rows;
-}
-
-/** The floor table (Markdown). */
-export function floorTable(rows: FloorRow[]): string {
-  const head = [
-    'transport',
-    'input',
-    'clients',
-    'slabserve req/s',
-    'floor req/s',
-    'gateway us/req',
-    'floor us/req',
-    'gateway / floor',
-    'inference us/req',
-    'onnxruntime us/req',
-    'main us/req',
-    'other us/req (slabserve / floor)',
-    'P50 ms (slabserve / floor)',
-  ];
-  const f = (v: number | undefined) => (v === undefined || Number.isNaN(v) ? '-' : String(Math.round(v)));
-  const lines = rows.map((r) => {
-    const gw = Object.entries(r.slabserve.cpu)
-      .filter(([k]) => k.startsWith('gateway'))
-      .reduce((a, [, v]) => a + v, 0);
-    return [
-      r.transport,
-      r.form,
-      String(r.clients),
-      f(r.slabserve.reqPerS),
-      f(r.floor.reqPerS),
-      f(gw),
-      f(r.floor.cpu.main),
-      `${r.gatewayOverFloor.toFixed(2)}x`,
-      f(r.slabserve.cpu.inference),
-      f(r.slabserve.cpu.onnxruntime),
-      f(r.slabserve.cpu.main),
-      `${f(r.slabserve.cpu.other)} / ${f(r.floor.cpu.other)}`,
-      `${r.slabserve.p50Ms.toFixed(2)} / ${r.floor.p50Ms.toFixed(2)}`,
-    ];
-  });
-  return [`| ${head.join(' | ')} |`, `|${head.map((_, i) => (i < 3 ? '---' : '---:')).join('|')}|`, ...lines.map((l) => `| ${l.join(' | ')} |`)].join('\n');
 }
 
 // ---------------------------------------------------------------- command line

@@ -43,6 +43,7 @@ import hdr from 'hdr-histogram-js';
 import * as ort from 'onnxruntime-node';
 import { createEngine, ENGINE_DEFAULTS, resolveBatching, type Engine } from '../src/engine.js';
 import { createLoadClient, startServerProcess, type ClientKind, type ServerProcess } from './http-load.js';
+import { floorRows, floorTable, runFloorCase, type FloorRow } from './floor.js';
 import { runLoad } from './load.js';
 import type { Workload } from './workloads.js';
 import { embedOnce } from './ws-load.js';
@@ -84,6 +85,7 @@ const HELP = `usage: node dist/bench/quick.js [options]
   --http-client KIND       http (node:http keep-alive Agent, default) or undici (undici Pool, if installed)
   --ws LIST                WebSocket rows against the batched server, SOCKETSxIN_FLIGHT each (default 1x64,4x16)
   --skip-ws                no WebSocket rows
+  --skip-floor             no floor table (slabserve beside the floor server: bench/floor.ts)
   --json PATH              also write every round's raw results as JSON`;
 
 const { values: args } = parseArgs({
@@ -107,6 +109,7 @@ const { values: args } = parseArgs({
     'http-client': { type: 'string', default: 'http' },
     ws: { type: 'string', default: '1x64,4x16' },
     'skip-ws': { type: 'boolean', default: false },
+    'skip-floor': { type: 'boolean', default: false },
     'extra-intra': { type: 'string', default: '1,2' },
     'skip-extra': { type: 'boolean', default: false },
     json: { type: 'string' },
@@ -941,6 +944,28 @@ async function main(): Promise<void> {
   vs engine     (HTTP table) this row / the in-process engine with the same batching and the same number of callers
   vs raw best   this row / the best raw row (${rawBestName}): how close the engine (or the server) gets to calling onnxruntime directly
   vs default    this row / the default engine (maxInflightBatches ${DEFAULT_INFLIGHT}, intraOpThreads ${INTRA})`);
+  let floor: FloorRow[] | null = null;
+  if (HTTP && !args['skip-floor']) {
+    // The floor (bench/floor.ts): the gateway's CPU per request against a server doing only its unavoidable work.
+    floor = floorRows(
+      await runFloorCase({
+        cliPath: join(repoRoot, 'dist', 'src', 'cli.js'),
+        modelsDir: MODELS_DIR,
+        model: MODEL,
+        rounds: ROUNDS,
+        warmupMs: WARMUP_MS,
+        durationMs: DURATION_MS,
+        clients: HTTP_CLIENTS,
+        transports: WS ? ['http', 'ws'] : ['http'],
+        forms: ['text', 'ids'],
+        seed: SEED,
+      }),
+    );
+    console.log('');
+    console.log(`## ${MODEL}: CPU per request by thread, slabserve beside the floor (read, tokenize, serialise; no batching, no model), median of ${ROUNDS} rounds`);
+    console.log('');
+    console.log(floorTable(floor));
+  }
   console.log(`total time ${((performance.now() - started) / 1000).toFixed(0)}s`);
 
   if (args.json) {
@@ -967,6 +992,7 @@ async function main(): Promise<void> {
       reported: Object.fromEntries(best),
       derived: { batchingGain: gain, engineVsRaw: vsRaw, rawBest: rawBestName, http: httpDerived, ws: wsDerived },
       rounds: all,
+      floor,
     };
     writeFileSync(args.json, JSON.stringify(out, null, 2) + '\n');
     console.log(`wrote ${args.json}`);

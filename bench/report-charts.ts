@@ -50,9 +50,10 @@ export const CASE_TITLES: Record<CaseName, string> = {
   curve: 'Latency against throughput',
   peer: 'Against transformers.js',
   models: 'Model sizes',
+  floor: 'The request path against the floor',
 };
 
-export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'models'];
+export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'floor', 'models'];
 
 export function median(xs: number[]): number {
   if (xs.length === 0) return NaN;
@@ -90,6 +91,7 @@ export const METRIC_UNITS: Record<Comparison['metric'], string> = {
   p50: 'ms P50',
   p99: 'ms P99',
   paddingEfficiency: 'padding efficiency',
+  cpuUsPerRequest: 'us CPU/request',
 };
 
 /** A comparison side's value with its unit, as the tables and the plots print it. */

@@ -28,6 +28,7 @@ import {
 import { RESULTS_VERSION, type CaseName, type Comparison, type Curve, type PhaseResult, type SuiteResults } from './suite-results.js';
 
 export { fmtNum, fmtPct, fmtRatio } from './report-charts.js';
+import { floorTable } from './floor-report.js';
 
 // ---------------------------------------------------------------- Markdown helpers
 
@@ -165,6 +166,8 @@ const CASE_INTROS: Record<CaseName, string> = {
   curve: '',
   peer: 'The same model behind a plain `node:http` server on the transformers.js pipeline (bench/peer-transformers.ts), which runs every request on its own, without batching across requests.',
   models: 'The same comparisons on models of different sizes.',
+  floor:
+    "slabserve's gateway thread against the floor server (bench/floor-server.ts: one uWebSockets.js thread that reads the body, tokenizes with the same tokenizer and serialises a row the same way; no batching, no model), CPU per answered request by thread, under the same closed-loop load; the median of the rounds.",
 };
 
 /** One row per configuration: the median round by req/s, every round's req/s, errors and rejections over all rounds. */
@@ -352,6 +355,7 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
   if (charts.throughput) out.push(image(charts.throughput), '');
 
   const present = new Set<CaseName>([...r.phases.map((p) => p.case), ...r.comparisons.map((c) => c.case)]);
+  if (r.floor?.length) present.add('floor');
   const hasCurves = (r.curves ?? []).some((c) => c.points.length > 0);
   if (hasCurves) present.add('curve');
   for (const k of CASE_ORDER) {
@@ -369,6 +373,7 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
     if (comps.length) out.push(comps.map(comparisonLine).join('\n'), '');
     const phases = r.phases.filter((p) => p.case === k);
     if (phases.length) out.push(phaseTables(phases), '');
+    if (k === 'floor' && r.floor?.length) out.push(floorTable(r.floor), '');
     if (k === 'batching' && charts.batchSizes) out.push(image(charts.batchSizes), '');
     if (k === 'bucketing' && charts.padding) out.push(image(charts.padding), '');
   }

@@ -9,6 +9,8 @@
 
 export const RESULTS_VERSION = 1;
 
+import type { FloorRow } from './floor-report.js';
+
 export interface SuiteResults {
   version: typeof RESULTS_VERSION;
   /** ISO times. */
@@ -32,6 +34,8 @@ export interface SuiteResults {
   curves: Curve[];
   /** Figures from a GPU run of bench/gpu/run.sh, when its output folder was given (--gpu-results). */
   gpu?: GpuSection;
+  /** The floor case (bench/floor.ts): CPU per request by thread, slabserve beside the floor server. */
+  floor?: FloorRow[];
 }
 
 export interface MachineInfo {
@@ -87,7 +91,7 @@ export interface WorkloadSummary {
   bucketShares: Record<string, number>;
 }
 
-export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'peer' | 'models';
+export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'peer' | 'models' | 'floor';
 
 export interface LatencySummary {
   p50: number;
@@ -163,7 +167,7 @@ export interface Comparison {
   workload: string;
   transport: PhaseResult['transport'];
   /** What is compared: requests/s, inputs/s, tokens/s, or a latency. */
-  metric: 'rps' | 'inputsPerS' | 'tokensPerS' | 'p50' | 'p99' | 'paddingEfficiency';
+  metric: 'rps' | 'inputsPerS' | 'tokensPerS' | 'p50' | 'p99' | 'paddingEfficiency' | 'cpuUsPerRequest';
   a: { label: string; value: number };
   b: { label: string; value: number };
   /** a / b (median over rounds). */

@@ -57,12 +57,13 @@ import {
 } from './suite-results.js';
 import { makeWorkload, summarizeWorkload, type Workload, type WorkloadName } from './workloads.js';
 import { fail, num, numList } from './args.js';
+import { floorRows, runFloorCase, type FloorPhase, type FloorRow } from './floor.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repoRoot = resolve(here, '..', '..'); // dist/bench/suite.js -> the repository
 const CLI = join(repoRoot, 'dist', 'src', 'cli.js');
 const PEER = join(repoRoot, 'dist', 'bench', 'peer-transformers.js');
-const ALL_CASES: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'models'];
+const ALL_CASES: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'floor', 'models'];
 
 const HELP = `usage: npm run bench [-- options]        (node dist/bench/suite.js [options])
 
@@ -689,6 +690,47 @@ async function main(): Promise<void> {
       }
     }
   }
+
+  // ---- the floor: the gateway's CPU per request against a server doing only its unavoidable work
+  let floor: FloorRow[] | undefined;
+  if (CASES.has('floor')) {
+    const m = models[0]!;
+    progress.log(`${m.name}: the floor (bench/floor.ts), ${ROUNDS} round${ROUNDS > 1 ? 's' : ''}`);
+    const floorPhases = await runFloorCase({
+      cliPath: CLI,
+      modelsDir: m.dir,
+      model: m.name,
+      rounds: ROUNDS,
+      warmupMs: WARMUP_MS,
+      durationMs: DURATION_MS,
+      clients: [1, 64],
+      transports: ['http', 'ws'],
+      forms: ['text', 'ids'],
+      seed: SEED,
+      onPhase: (line) => progress.log(line),
+    });
+    floor = floorRows(floorPhases);
+    for (const form of ['text', 'ids'] as const) {
+      const gateway = (p: FloorPhase) => Object.entries(p.cpuUsPerRequest).reduce((a, [k, v]) => a + (k.startsWith('gateway') ? v : 0), 0);
+      const pick = (side: FloorPhase['side']) => floorPhases.filter((p) => p.side === side && p.transport === 'http' && p.form === form && p.clients === 64);
+      const [a, b] = [pick('slabserve'), pick('floor')];
+      const roundRatios = a.map((p, i) => round(gateway(p) / (b[i]?.cpuUsPerRequest.main ?? NaN), 3));
+      comparisons.push({
+        id: `floor/${m.name}/${form}`,
+        case: 'floor',
+        question: `Gateway CPU per request against the floor (${form === 'ids' ? 'pre-tokenized' : 'texts'})`,
+        model: m.name,
+        workload: 'short',
+        transport: 'http',
+        metric: 'cpuUsPerRequest',
+        a: { label: 'slabserve gateway thread', value: round(median(a.map(gateway)), 1) },
+        b: { label: 'floor server', value: round(median(b.map((p) => p.cpuUsPerRequest.main ?? NaN)), 1) },
+        ratio: round(median(roundRatios), 3),
+        roundRatios,
+        note: '64 HTTP keep-alive clients; lower is better',
+      });
+    }
+  }
   progress.stop();
 
   // ---- results
@@ -709,6 +751,7 @@ async function main(): Promise<void> {
     comparisons,
     curves,
     ...(args['gpu-results'] ? { gpu: readGpuResults(resolve(args['gpu-results'])) } : {}),
+    ...(floor ? { floor } : {}),
   };
   const day = startedAt.toISOString().slice(0, 10);
   const out = resolve(args.out ?? join(repoRoot, 'bench', 'results', `${day}-${hostname()}`));
@@ -741,6 +784,7 @@ function planSeconds(nModels: number): number {
   if (CASES.has('bucketing')) s += ROUNDS * 3 * phase + 9;
   if (CASES.has('curve')) s += (QUICK ? 2 : 3) * ((LOADS.length + (QUICK ? 0 : 1)) * point + 3);
   if (CASES.has('peer')) s += ROUNDS * 2 * 2 * phase + 8;
+  if (CASES.has('floor')) s += ROUNDS * 16 * phase + 6;
   s += (nModels - 1) * (ROUNDS * 2 * phase + RAW_BATCH_SIZES.length * phase + ROUNDS * 2 * phase + 40);
   return s;
 }

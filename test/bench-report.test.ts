@@ -307,6 +307,16 @@ function fullResults(): SuiteResults {
       summaryMarkdown: '| model | batch | inputs/s |\n|---|---:|---:|\n| minilm-l6 | 64 | 41230 |\n',
       folder: 'bench/gpu/results/2026-03-13-h200',
     },
+    floor: [
+      {
+        transport: 'http',
+        form: 'ids',
+        clients: 64,
+        slabserve: { reqPerS: 2100, p50Ms: 30.2, cpu: { 'gateway-0': 96, inference: 455, main: 3, other: 9 } },
+        floor: { reqPerS: 9000, p50Ms: 6.5, cpu: { main: 60, other: 1 } },
+        gatewayOverFloor: 1.6,
+      },
+    ],
   };
 }
 
@@ -321,6 +331,7 @@ function quickResults(): SuiteResults {
     comparisons: full.comparisons.filter((c) => c.case === 'batching'),
     curves: [],
     gpu: undefined,
+    floor: undefined,
   };
 }
 
@@ -460,6 +471,12 @@ describe('bench report', () => {
 
   it('models table: layers, width and weights of each model', () => {
     expect(rowsStartingWith(md, 'minilm-l6').find((r) => r[1] === '6')).toEqual(['minilm-l6', '6', '384', '12', '22.7 M', '512']);
+  });
+
+  it('the floor: CPU per request by thread, slabserve beside the floor server', () => {
+    expect(md).toContain('## The request path against the floor');
+    const [row] = rowsStartingWith(md, 'http').filter((r) => r[1] === 'ids' && r[2] === '64');
+    expect(row).toEqual(['http', 'ids', '64', '2100', '9000', '96', '60', '1.60x', '455', '-', '3', '9 / 1', '30.20 / 6.50']);
   });
 
   it('workloads table, GPU section, settings', () => {
