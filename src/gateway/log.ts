@@ -126,6 +126,14 @@ export interface AccessEntry {
   wsId?: string | number;
 }
 
+/** Printable ASCII without `"` and `\\`: such a string is its own JSON text (request ids, routes, model names, codes, most paths). */
+const JSON_SAFE = /^[\x20\x21\x23-\x5b\x5d-\x7e]*$/;
+
+/** `s` as the inside of a JSON string literal. */
+function jsonText(s: string): string {
+  return JSON_SAFE.test(s) ? s : JSON.stringify(s).slice(1, -1);
+}
+
 /** pino's numeric levels (a line is written when its level is at least the logger's). */
 const LEVEL_VALUE: Record<LogLevel, number> = { fatal: 60, error: 50, warn: 40, info: 30, debug: 20, trace: 10, silent: Infinity };
 
@@ -164,10 +172,10 @@ export class AccessLog {
     }
     let line =
       `{"level":"${internal ? 'error' : 'info'}","time":"${this.iso}",${this.base},` +
-      `"req_id":${JSON.stringify(e.reqId)},"method":${JSON.stringify(e.method)},"route":${JSON.stringify(e.route)},"path":${JSON.stringify(path)},` +
-      `"model":${JSON.stringify(e.model)},"status":${e.status},"duration_ms":${Math.round(e.ms * 1000) / 1000}`;
+      `"req_id":"${jsonText(e.reqId)}","method":"${jsonText(e.method)}","route":"${jsonText(e.route)}","path":"${jsonText(path)}",` +
+      `"model":"${jsonText(e.model)}","status":${e.status},"duration_ms":${Math.round(e.ms * 1000) / 1000}`;
     if (e.wsId !== undefined) line += `,"ws_id":${JSON.stringify(typeof e.wsId === 'string' && e.wsId.length > 128 ? `${e.wsId.slice(0, 128)}...` : e.wsId)}`;
-    if (e.code !== undefined) line += `,"code":${JSON.stringify(e.code)}`;
+    if (e.code !== undefined) line += `,"code":"${jsonText(e.code)}"`;
     if (internal) line += `,"error":${JSON.stringify(e.error)}`;
     this.out.write(`${line},"msg":"request"}\n`);
   }
