@@ -126,6 +126,8 @@ export interface InferenceThreadOptions {
   testHooks?: InferenceTestHooks;
   /** Log the device and models once ready (default true; a restart logs one line of its own). */
   logStart?: boolean;
+  /** The longest the inference loop sleeps when idle (it refreshes the heartbeat then); default the loop's (1 s). */
+  idleWakeMs?: number;
 }
 
 export interface InferenceThread {
@@ -150,6 +152,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
     models: models.map((m) => ({ spec: m.spec, slab: m.slab, layout: m.layout, batching: m.batching })),
     epoch: opts.epoch ?? control.epoch,
+    ...(opts.idleWakeMs !== undefined ? { idleWakeMs: opts.idleWakeMs } : {}),
     ...(opts.testHooks ? { testHooks: opts.testHooks } : {}),
   };
   const worker = new Worker(new URL('./gpu-worker/worker.js', import.meta.url), { workerData, name: 'slabserve-inference' });
@@ -227,8 +230,14 @@ interface ThreadRecord {
   exitedPromise: Promise<void>;
 }
 
-/** How often the watchdog reads the heartbeat and the run start (shared memory; no message). */
-const WATCH_MS = 100;
+/**
+ * How often the watchdog reads the heartbeat and the run start (shared memory; no message):
+ * a twentieth of the shorter timeout, between 50 ms and a second (a second with the 30 s defaults,
+ * so an idle process does not wake for it ten times a second).
+ */
+function watchMs(o: Pick<SupervisionOptions, 'inferenceTimeoutMs' | 'heartbeatTimeoutMs'>): number {
+  return Math.min(1000, Math.max(50, Math.min(o.inferenceTimeoutMs, o.heartbeatTimeoutMs) / 20));
+}
 /** Backoff between failed starts of a replacement thread: doubles from this, up to MAX_BACKOFF_MS. */
 const FIRST_BACKOFF_MS = 500;
 const MAX_BACKOFF_MS = 10_000;
@@ -288,7 +297,7 @@ export class InferenceSupervisor {
     this.hooks = opts.enableTestHooks ? { poisonToken: -1 } : undefined;
     this.current = this.start(true);
     this.ready = this.current.ready.then((device) => {
-      this.watchdog = setInterval(() => this.watch(), WATCH_MS);
+      this.watchdog = setInterval(() => this.watch(), watchMs(this.opts));
       this.watchdog.unref();
       return device;
     });
@@ -363,6 +372,8 @@ export class InferenceSupervisor {
     const epoch = this.control.epoch;
     const t = startInferenceThread(this.plans, this.control, {
       ...this.opts,
+      // a quarter of the heartbeat timeout, at most a second: readiness never sees a stale heartbeat at rest
+      idleWakeMs: Math.min(1000, this.opts.heartbeatTimeoutMs / 4),
       epoch,
       logStart: first,
       ...(this.hooks ? { testHooks: { ...this.hooks } } : {}),

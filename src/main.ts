@@ -215,7 +215,8 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const slabs = plans.map((p) => new Slab(p.slab, p.layout));
   // Metrics: this thread's share, computed from shared memory at scrape time.
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry });
+  // The event-loop delay of the main thread once a second (prom-client's default is every 10 ms: 100 wake-ups a second at rest).
+  collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: 1000 });
   const supervision = supervisionMetrics(registry, { abandonedInferenceThreads: () => inference.abandoned });
   const inference = new InferenceSupervisor(plans, control, {
     device: config.device,

@@ -62,12 +62,15 @@ export class Gate {
   wsOpen = 0;
   private readonly metrics: GatewayMetrics;
   private readonly access: AccessLog;
+  /** Told of every request and WebSocket frame (the event-loop delay is measured while there are some). */
+  readonly touch: () => void;
 
-  constructor(opts: GateOptions, metrics: GatewayMetrics, access: AccessLog) {
+  constructor(opts: GateOptions, metrics: GatewayMetrics, access: AccessLog, touch: () => void = () => {}) {
     this.opts = opts;
     this.keys = new ApiKeys(opts.apiKeys);
     this.metrics = metrics;
     this.access = access;
+    this.touch = touch;
   }
 
   /** Sets the connection gauge (at scrape time: nothing is counted per request but two integers). */
@@ -135,6 +138,7 @@ export class Gate {
    */
   admit(ctx: RequestContext, req: HttpRequest, access: RouteAccess, fail: (ctx: RequestContext, err: unknown) => void): boolean {
     this.httpActive++;
+    this.touch();
     const err =
       this.checkHead(req, ctx.method, ctx.url) ??
       (access === 'key' ? this.checkConnections('http') : null) ??

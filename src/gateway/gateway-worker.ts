@@ -13,7 +13,6 @@
  *                                thread's events, and its access lines unless they go
  *                                straight to a file descriptor (log.ts)
  */
-import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { parentPort, workerData } from 'node:worker_threads';
 import { Registry } from 'prom-client';
 import type { ModelPlan } from '../inference-host.js';
@@ -26,6 +25,7 @@ import { SlabSubmitter } from '../shared/submitter.js';
 import { currentThreadId } from '../shared/threads.js';
 import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
 import { InferenceClient, type ClientModel } from './inference-client.js';
+import { BusyLag } from './lag.js';
 import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogLevel } from './log.js';
 import { registerRoutes, type GatewayLimits } from './routes.js';
 import { isValidModelName } from './security.js';
@@ -106,8 +106,7 @@ async function main(): Promise<void> {
     inlineTokenizeChars: data.inlineTokenizeChars,
   });
 
-  const lag = monitorEventLoopDelay({ resolution: 10 });
-  lag.enable();
+  const lag = new BusyLag();
   let info: unknown = { status: 'starting' };
   let listenSocket: us_listen_socket | null = null;
 
@@ -115,7 +114,7 @@ async function main(): Promise<void> {
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
   // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
   const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) });
-  const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access);
+  const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access, () => lag.touch());
   for (const m of data.models) {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
   }
@@ -128,7 +127,7 @@ async function main(): Promise<void> {
 
   const rpc = new RpcPeer(parentPort!, {
     metrics: () => {
-      metrics.eventLoopLag.set({ gateway: String(data.gatewayId) }, lag.percentile(99) / 1e9);
+      metrics.eventLoopLag.set({ gateway: String(data.gatewayId) }, lag.p99Seconds());
       gate.updateMetrics();
       lag.reset();
       return registry.getMetricsAsJSON();
@@ -144,7 +143,7 @@ async function main(): Promise<void> {
       closeWebSockets();
       (app as typeof app & { close(): void }).close();
       await pool.close();
-      lag.disable();
+      lag.stop();
       flushLogs(); // before the answer: the main thread stops listening once every gateway has closed
       // Once this answer is out, let the thread end by itself when uWS has released its sockets.
       setImmediate(() => parentPort!.close());

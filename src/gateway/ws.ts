@@ -266,6 +266,7 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
       deps.gate.wsOpened();
     },
     message: (ws, message, isBinary) => {
+      deps.gate.touch();
       const state = ws.getUserData();
       if (message.byteLength > opts.maxFrameBytes) {
         state.closed = true;

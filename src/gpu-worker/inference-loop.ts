@@ -82,6 +82,12 @@ export interface LoopOptions {
   splitFailedBatches?: boolean;
   /** Called once a split batch is settled: how many of its inputs failed alone, how many ran, in how many extra runs. */
   onSplit?: (model: string, outcome: { failed: number; ran: number; runs: number }) => void;
+  /**
+   * The longest the loop sleeps with nothing queued (default 1000 ms): it refreshes the heartbeat
+   * readiness needs, so keep it well under --heartbeat-timeout-ms. Work wakes it on its own
+   * (a submit, a batch's end, a batch window).
+   */
+  idleWakeMs?: number;
   /** This thread's epoch (default: the control block's at construction); the loop stops touching slots once the block's moves on. */
   epoch?: number;
   /**
@@ -92,8 +98,8 @@ export interface LoopOptions {
   sharedSlabs?: Slab[];
 }
 
-/** Wake at least this often to refresh the heartbeat and sweep expired requests. */
-const IDLE_WAKE_MS = 250;
+/** Wake at least this often when idle, to refresh the heartbeat (default; LoopOptions.idleWakeMs). */
+const IDLE_WAKE_MS = 1000;
 
 export class InferenceLoop {
   private readonly runners: LoopRunner[];
@@ -165,7 +171,7 @@ export class InferenceLoop {
       const now = nowMs(); // after intake, so nothing taken in is judged by a stale clock
       this.control.heartbeat = now;
       this.sweep(now);
-      let timeout = IDLE_WAKE_MS;
+      let timeout = this.options.idleWakeMs ?? IDLE_WAKE_MS;
       while (this.inflight < this.options.maxInflightBatches) {
         const d = decide(this.queues, {
           nowMs: nowMs(),
@@ -505,7 +511,7 @@ export class InferenceLoop {
   private async shutdown(): Promise<void> {
     while (this.inflight > 0) {
       const seen = this.control.workerBell.read();
-      if (this.inflight > 0) await this.control.workerBell.wait(seen, IDLE_WAKE_MS);
+      if (this.inflight > 0) await this.control.workerBell.wait(seen, this.options.idleWakeMs ?? IDLE_WAKE_MS);
       if (!this.alive()) return;
     }
     this.intake();

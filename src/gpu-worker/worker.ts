@@ -44,6 +44,8 @@ export interface InferenceWorkerData {
   models: { spec: ModelSpec; slab: SharedArrayBuffer; layout: SlabLayout; batching: BatchingOptions }[];
   /** The control block's epoch when this thread was started: it is the live thread while the block holds it. */
   epoch: number;
+  /** The longest its loop sleeps when idle (LoopOptions.idleWakeMs). */
+  idleWakeMs?: number;
   /** Test hooks, present only when the server runs with SLABSERVE_TEST_HOOKS=1. */
   testHooks?: InferenceTestHooks;
 }
@@ -209,6 +211,7 @@ function createLoop(runners: LoopRunner[]): InferenceLoop {
     maxInflightBatches: data.maxInflightBatches,
     scheduling: data.scheduling,
     epoch: data.epoch,
+    ...(data.idleWakeMs !== undefined ? { idleWakeMs: data.idleWakeMs } : {}),
     splitFailedBatches: true,
     sharedSlabs,
     onSplit: (model, outcome) => post({ type: 'split', model, ...outcome }),
