@@ -22,6 +22,7 @@ import { RpcPeer } from './shared/rpc.js';
 import {
   Account,
   Counter,
+  MAX_BUCKETS,
   H_ERROR,
   H_GENERATION,
   H_HOLDER,
@@ -99,6 +100,9 @@ export function resolveBatching(spec: ModelSpec, given: Partial<BatchingOptions>
     throw new ValidationError(`maxBatchDelayMs must be a number >= 0, got ${opts.maxBatchDelayMs}`);
   }
   if (opts.buckets.length === 0) throw new ValidationError('buckets must not be empty');
+  if (opts.buckets.length > MAX_BUCKETS) {
+    throw new ValidationError(`at most ${MAX_BUCKETS} buckets (--buckets), got ${opts.buckets.length}: the slab keeps a cost model and a queue tally for each`);
+  }
   opts.buckets.forEach((b, i) => {
     positiveInt('bucket length', b);
     if (i > 0 && b <= opts.buckets[i - 1]!) throw new ValidationError(`buckets must be ascending, got ${opts.buckets.join(',')}`);

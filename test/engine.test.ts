@@ -245,6 +245,9 @@ describe('limits', () => {
     await expect(
       createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { padTo: 'shortest' as 'longest' }, log: () => {} }),
     ).rejects.toThrow(/padTo must be one of auto, bucket, longest/);
+    await expect(
+      createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { buckets: Array.from({ length: 65 }, (_, i) => 8 + i) }, log: () => {} }),
+    ).rejects.toThrow(/at most 64 buckets \(--buckets\), got 65/);
     await expect(createEngine({ device: 'tpu', models: ['tiny-embed'], log: () => {} })).rejects.toThrow(/invalid device "tpu"/);
   });
 });

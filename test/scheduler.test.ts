@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { MAX_BUCKETS } from '../dist/src/shared/slab.js';
 import {
   batchCapacity,
   bucketFor,
@@ -57,8 +58,9 @@ function take(qs: ModelQueue[], d: Decision): QueuedRequest[] {
 
 describe('buckets', () => {
   it('defaults to powers of two up to the max length', () => {
-    expect(defaultBuckets(512)).toEqual([8, 16, 32, 64, 128, 256, 512]);
-    expect(defaultBuckets(100)).toEqual([8, 16, 32, 64, 100]);
+    expect(defaultBuckets(512)).toEqual([8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512]);
+    expect(defaultBuckets(100)).toEqual([8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 100]);
+    expect(defaultBuckets(32768).length).toBeLessThanOrEqual(MAX_BUCKETS); // the slab's limit, for the longest contexts
   });
   it('files a length under the smallest bucket that holds it', () => {
     expect(bucketFor([8, 16, 32], 1)).toBe(0);

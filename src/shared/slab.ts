@@ -107,7 +107,7 @@ export const Counter = {
 const COUNTERS = 16;
 
 /** Cost model, per bucket: [fixed ms, ms per row, samples]. */
-export const MAX_BUCKETS = 32;
+export const MAX_BUCKETS = 64;
 export const COST_FIXED = 0;
 export const COST_PER_ROW = 1;
 export const COST_SAMPLES = 2;
