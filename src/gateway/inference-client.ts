@@ -122,6 +122,7 @@ const YIELD_EVERY_MS = 4;
 
 export class InferenceClient {
   private readonly models: ClientModel[];
+  private readonly byTask = new Map<Task, readonly ClientModel[]>();
   private readonly submitter: SlabSubmitter;
   private readonly requestTimeoutMs: number;
   /** Latency target (--slo-p99-ms): admission refuses work that cannot meet it. */
@@ -160,6 +161,13 @@ export class InferenceClient {
     return this.models;
   }
 
+  /** The models of `task`, in order (made once per task: asked on every request). */
+  private modelsOf(task: Task): readonly ClientModel[] {
+    let list = this.byTask.get(task);
+    if (!list) this.byTask.set(task, (list = this.models.filter((x) => x.plan.spec.task === task)));
+    return list;
+  }
+
   /** The named model, or the first of the right task; checks the task matches. */
   resolve(task: Task, name?: string): ClientModel {
     if (name !== undefined) {
@@ -167,7 +175,7 @@ export class InferenceClient {
       if (m.plan.spec.task !== task) throw new ValidationError(`model "${name}" is a ${m.plan.spec.task} model, not ${task}`);
       return m;
     }
-    const m = this.models.find((x) => x.plan.spec.task === task);
+    const m = this.modelsOf(task)[0];
     if (!m) throw new ModelNotFoundError(`(any ${task} model)`, this.names());
     return m;
   }
@@ -240,13 +248,13 @@ export class InferenceClient {
    * for its own reason). Reads a few shared counters: no allocation unless refused.
    */
   refusalBeforeBody(task: Task | null, pathModel?: string): { error: OverloadedError; model: string | undefined } | null {
-    let candidates: ClientModel[];
+    let candidates: readonly ClientModel[];
     if (pathModel !== undefined) {
       const m = this.models.find((x) => x.plan.spec.name === pathModel);
       if (!m || (task !== null && m.plan.spec.task !== task)) return null;
       candidates = [m];
     } else {
-      candidates = task === null ? this.models : this.models.filter((x) => x.plan.spec.task === task);
+      candidates = task === null ? this.models : this.modelsOf(task);
       if (candidates.length === 0) return null;
     }
     const label = candidates.length === 1 ? candidates[0]!.plan.spec.name : undefined;
