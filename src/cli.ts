@@ -179,7 +179,7 @@ program
   .addOption(flag('--max-inflight-batches <n>', 'batches handed to the device before the first ends', 'MAX_INFLIGHT_BATCHES', int(1), D.maxInflightBatches))
   .addOption(flag('--slots-per-model <n>', 'requests queued or running per model; beyond it, 429 at once', 'SLOTS_PER_MODEL', int(1), D.slotsPerModel))
   .addOption(flag('--request-timeout-ms <ms>', 'a request not run by then is answered 504 and never runs', 'REQUEST_TIMEOUT_MS', int(1), D.requestTimeoutMs))
-  .addOption(flag('--intra-op-threads <n>', 'onnxruntime intra-op threads (0: half the cores, at least 1)', 'INTRA_OP_THREADS', int(0), D.intraOpThreads))
+  .addOption(flag('--intra-op-threads <n>', 'onnxruntime intra-op threads (0: every core; they sleep between runs)', 'INTRA_OP_THREADS', int(0), D.intraOpThreads))
   .addOption(flag('--max-client-batch-size <n>', 'most inputs in one request', 'MAX_CLIENT_BATCH_SIZE', int(1), D.maxClientBatchSize))
   .addOption(flag('--max-body-bytes <n>', 'largest request body accepted', 'MAX_BODY_BYTES', int(1), D.maxBodyBytes))
   .addOption(flag('--heartbeat-timeout-ms <ms>', 'readiness fails when the inference thread has not gone round its loop for this long', 'HEARTBEAT_TIMEOUT_MS', int(1), D.heartbeatTimeoutMs))

@@ -47,7 +47,7 @@ export interface EngineOptions {
   slotsPerModel?: number;
   /** Deadline of a request that names none, ms. Default 30000. */
   requestTimeoutMs?: number;
-  /** onnxruntime intra-op threads; 0 (default): half the cores, at least 1 (src/gpu-worker/runner.ts). */
+  /** onnxruntime intra-op threads; 0 (default): every core, asleep between runs (src/gpu-worker/runner.ts). */
   intraOpThreads?: number;
   /** Priority classes in order (the first is the default) with their fair-share weights. Default interactive 4, bulk 1. */
   priorities?: { name: string; weight: number }[];
