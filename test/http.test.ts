@@ -266,7 +266,8 @@ describe('routes, JSON and msgpack (one gateway thread)', () => {
       const r = await client.get('/info', { accept: fmt });
       expect(r.status).toBe(200);
       expect(r.contentType).toBe(fmt === 'json' ? 'application/json' : MSGPACK);
-      const buckets = [8, 16, 32, 64, 128, 256, 512];
+      // The documented default: four buckets to each doubling of the length, up to maxLength.
+      const buckets = [8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512];
       const batching = { maxBatchSize: 32, maxBatchDelayMs: 5, maxBatchTokens: 4096, buckets };
       // toMatchObject: these fields exactly, more may be added.
       expect(r.body).toMatchObject({
@@ -729,7 +730,10 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
   let readyzDuringWarmUp: Reply | undefined;
 
   beforeAll(async () => {
-    server = await startServer(config({ port: await freePort(), gatewayThreads: 2 }));
+    // Large batches make warm-up (which times a quarter of each bucket's capacity) long enough to be
+    // polled on a fast machine too: a warm-up over before the first poll would show no 503.
+    const batching = { maxBatchSize: 128, maxBatchTokens: 16_384 };
+    server = await startServer(config({ port: await freePort(), gatewayThreads: 2, batching }));
     // startServer resolves once the gateways listen, before warm-up ends: poll from now.
     let readyResolved = false;
     const ready = server.ready.then(() => {
@@ -760,6 +764,7 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
   });
 
   it('/readyz is 503 until warm-up ends, then 200 for good; /embed answers 503 unavailable meanwhile; /livez answers at once', () => {
+    console.log(`readiness: ${samples.filter((s) => s.readyz === 503).length} polls during warm-up, ${samples.length} in all`);
     expect(samples.length).toBeGreaterThan(3);
     // Each sample is (readyz, then embed); as one timeline, readiness goes false -> true once and never back.
     const timeline = samples.flatMap((s) => [s.readyz, s.embed]);
