@@ -7,6 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { createEngine, type Engine } from '../dist/src/index.js';
+import { CPU_RUN_TOKENS } from '../dist/src/gpu-worker/runner.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, randomTokenSequences, Reference, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
@@ -116,6 +117,30 @@ describe('padding to the longest input instead of the bucket', () => {
       expect(worst).toBeLessThan(TOLERANCE);
     } finally {
       await fifo.close();
+    }
+  }, 60_000);
+
+  it(`a CPU batch of more than ${CPU_RUN_TOKENS} tokens runs as several onnxruntime runs, longest first, each padded to its own longest: same results`, async () => {
+    // One bucket, a large token budget: batches of up to 32 rows of 20-300 tokens, several times CPU_RUN_TOKENS.
+    const big = await createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { buckets: [512], padTo: 'longest', maxBatchTokens: 16_384 }, log: () => {} });
+    try {
+      const rand = makeRandom('cpu runs');
+      const seqs = randomTokenSequences(rand, 96, 20, 300);
+      const before = big.stats()['tiny-embed']!;
+      const results = await big.runTokens('tiny-embed', seqs);
+      const after = big.stats()['tiny-embed']!;
+      const rows = after.rows - before.rows;
+      const real = after.realTokens - before.realTokens;
+      const padded = after.paddedTokens - before.paddedTokens;
+      expect(rows / (after.batches - before.batches)).toBeGreaterThan(8); // batches far over CPU_RUN_TOKENS
+      // One run per batch would pad each row to the batch's longest, near 300 against a mean of 160
+      // (padded/real about 1.8); runs of similar lengths, longest first, waste little.
+      expect(padded / real).toBeLessThan(1.25);
+      let worst = 0;
+      for (let i = 0; i < seqs.length; i++) worst = Math.max(worst, maxAbsDiff(results[i]!.output, await embedRef.row(seqs[i]!.ids)));
+      expect(worst).toBeLessThan(TOLERANCE);
+    } finally {
+      await big.close();
     }
   }, 60_000);
 });

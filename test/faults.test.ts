@@ -664,7 +664,6 @@ describe("the tokenizer pool's queue", () => {
     const rand = makeRandom('faults tokenizer queue');
     const pool = createTokenizePool(1, { maxQueue: 2 });
     try {
-      await pool.warmUp([embedRef.spec.tokenizerPath]);
       const model = { plan: { spec: { tokenizerPath: embedRef.spec.tokenizerPath } } } as unknown as Parameters<typeof pool.tokenize>[0];
       const opts = { maxLength: embedRef.spec.maxLength, truncate: true };
       const batch = () => Array.from({ length: 64 }, () => textOf(rand, 60));

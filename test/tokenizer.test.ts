@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -269,42 +269,43 @@ describe('encodeBatch', () => {
   });
 });
 
-describe('other BERT-style tokenizer.json files', () => {
-  /** A toy WordPiece tokenizer with its own special ids and the older BertProcessing post-processor. */
-  function toy(post: 'bert' | 'template'): object {
-    const tokens = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'hello', 'world', 'un', '##believ', '##able', ',', '!'];
-    const v = Object.fromEntries(tokens.map((t, i) => [t, i]));
-    const special = (id: number, content: string) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
-    return {
-      version: '1.0',
-      truncation: { direction: 'Right', max_length: 512, strategy: 'LongestFirst', stride: 0 }, // ignored: we truncate per call
-      padding: null,
-      added_tokens: tokens.slice(0, 5).map((t, i) => special(i, t)),
-      normalizer: { type: 'BertNormalizer', clean_text: true, handle_chinese_chars: true, strip_accents: null, lowercase: false },
-      pre_tokenizer: { type: 'BertPreTokenizer' },
-      post_processor:
-        post === 'bert'
-          ? { type: 'BertProcessing', sep: ['[SEP]', 3], cls: ['[CLS]', 2] }
-          : {
-              type: 'TemplateProcessing',
-              single: [{ SpecialToken: { id: '[CLS]', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '[SEP]', type_id: 0 } }],
-              pair: [
-                { SpecialToken: { id: '[CLS]', type_id: 0 } },
-                { Sequence: { id: 'A', type_id: 0 } },
-                { SpecialToken: { id: '[SEP]', type_id: 0 } },
-                { Sequence: { id: 'B', type_id: 1 } },
-                { SpecialToken: { id: '[SEP]', type_id: 1 } },
-              ],
-              special_tokens: { '[CLS]': { id: '[CLS]', ids: [2], tokens: ['[CLS]'] }, '[SEP]': { id: '[SEP]', ids: [3], tokens: ['[SEP]'] } },
-            },
-      decoder: { type: 'WordPiece', prefix: '##', cleanup: true },
-      model: { type: 'WordPiece', unk_token: '[UNK]', continuing_subword_prefix: '##', max_input_chars_per_word: 100, vocab: v },
-    };
-  }
+/** A toy WordPiece tokenizer with its own special ids and the older BertProcessing post-processor. */
+function toyTokenizer(post: 'bert' | 'template'): object {
+  const tokens = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'hello', 'world', 'un', '##believ', '##able', ',', '!'];
+  const v = Object.fromEntries(tokens.map((t, i) => [t, i]));
+  const special = (id: number, content: string) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
+  return {
+    version: '1.0',
+    truncation: { direction: 'Right', max_length: 512, strategy: 'LongestFirst', stride: 0 }, // ignored: we truncate per call
+    padding: null,
+    added_tokens: tokens.slice(0, 5).map((t, i) => special(i, t)),
+    normalizer: { type: 'BertNormalizer', clean_text: true, handle_chinese_chars: true, strip_accents: null, lowercase: false },
+    pre_tokenizer: { type: 'BertPreTokenizer' },
+    post_processor:
+      post === 'bert'
+        ? { type: 'BertProcessing', sep: ['[SEP]', 3], cls: ['[CLS]', 2] }
+        : {
+            type: 'TemplateProcessing',
+            single: [{ SpecialToken: { id: '[CLS]', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '[SEP]', type_id: 0 } }],
+            pair: [
+              { SpecialToken: { id: '[CLS]', type_id: 0 } },
+              { Sequence: { id: 'A', type_id: 0 } },
+              { SpecialToken: { id: '[SEP]', type_id: 0 } },
+              { Sequence: { id: 'B', type_id: 1 } },
+              { SpecialToken: { id: '[SEP]', type_id: 1 } },
+            ],
+            special_tokens: { '[CLS]': { id: '[CLS]', ids: [2], tokens: ['[CLS]'] }, '[SEP]': { id: '[SEP]', ids: [3], tokens: ['[SEP]'] } },
+          },
+    decoder: { type: 'WordPiece', prefix: '##', cleanup: true },
+    model: { type: 'WordPiece', unk_token: '[UNK]', continuing_subword_prefix: '##', max_input_chars_per_word: 100, vocab: v },
+  };
+}
 
+
+describe('other BERT-style tokenizer.json files', () => {
   for (const post of ['bert', 'template'] as const) {
     it(`uses the file's own special ids (${post} post-processor), cased`, () => {
-      const t = createTokenizer(toy(post));
+      const t = createTokenizer(toyTokenizer(post));
       expect(t.vocabSize).toBe(12);
       expect(Array.from(t.encode('hello, unbelievable world!', long).ids)).toEqual([2, 5, 10, 7, 8, 9, 6, 11, 3]);
       expect(Array.from(t.encode('Hello', long).ids)).toEqual([2, 1, 3]); // cased: "Hello" is unknown
@@ -316,6 +317,35 @@ describe('other BERT-style tokenizer.json files', () => {
       expect(t.decode(t.encode('hello unbelievable', long).ids, true)).toBe('hello unbelievable');
     });
   }
+});
+
+describe('loadTokenizer shares one instance per tokenizer', () => {
+  it('the same tokenizer.json in two folders gives one instance; another file or another clean-up flag gives its own', async () => {
+    const root = mkdtempSync(join(tmpdir(), 'slabserve-tok-share-'));
+    try {
+      const write = (dir: string, json: object, cleanUp?: boolean) => {
+        const path = join(root, dir);
+        mkdirSync(path);
+        writeFileSync(join(path, 'tokenizer.json'), JSON.stringify(json));
+        if (cleanUp !== undefined) writeFileSync(join(path, 'tokenizer_config.json'), JSON.stringify({ clean_up_tokenization_spaces: cleanUp }));
+        return join(path, 'tokenizer.json');
+      };
+      const [a, b, other, cleaned] = [write('a', toyTokenizer('bert')), write('b', toyTokenizer('bert')), write('c', toyTokenizer('template')), write('d', toyTokenizer('bert'), true)];
+      const [ta, tb, tOther, tCleaned] = await Promise.all([a, b, other, cleaned].map((p) => loadTokenizer(p)));
+      expect(tb).toBe(ta);
+      expect(tOther).not.toBe(ta);
+      expect(tCleaned).not.toBe(ta);
+      // A shared instance encodes as its own copy would: the max length is each call's.
+      const fresh = createTokenizer(toyTokenizer('bert'));
+      for (const opts of [long, { maxLength: 4, truncate: true }]) {
+        expect(Array.from(tb.encode('hello hello world unbelievable', opts).ids)).toEqual(Array.from(fresh.encode('hello hello world unbelievable', opts).ids));
+      }
+      // Loaded again later, from a folder not seen before: still the one instance.
+      expect(await loadTokenizer(write('e', toyTokenizer('bert')))).toBe(ta);
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
 });
 
 // Cross-check against the Rust library when it is installed (a devDependency).

@@ -93,7 +93,6 @@ async function main(): Promise<void> {
   });
   const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadTokenizer(plan.spec.tokenizerPath) })));
   const pool = createTokenizePool(data.tokenizerThreads, data.tokenizerQueue !== undefined ? { maxQueue: data.tokenizerQueue } : {});
-  await pool.warmUp([...new Set(data.models.map((m) => m.spec.tokenizerPath))]);
   const client = new InferenceClient(models, submitter, {
     requestTimeoutMs: data.requestTimeoutMs,
     priorityNames: data.priorityNames,

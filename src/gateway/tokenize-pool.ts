@@ -30,9 +30,18 @@ import type { EncodeOptions, Encoding } from './tokenizer.js';
  */
 export const TOKENIZER_QUEUE_PER_THREAD = 256;
 
+/**
+ * A pool thread idle this long exits; the next batch that needs one starts it
+ * again. A thread costs about 20 MB of RSS (its V8 heap and its tokenizer
+ * copies: docs/tuning.md, Memory) and starting one about 0.2 s (its first
+ * batch waits for it), so a gateway whose requests stay inline never pays the
+ * memory, and one that tokenizes a large batch now and then pays the start
+ * at most every few minutes.
+ */
+export const TOKENIZER_IDLE_MS = 300_000;
+
 export interface TokenizePool {
   tokenize: BatchTokenizer;
-  warmUp(paths: string[]): Promise<void>;
   close(): Promise<void>;
   /** Requests tokenizing now, and waiting for a thread. */
   readonly running: number;
@@ -41,11 +50,12 @@ export interface TokenizePool {
 
 export function createTokenizePool(threads: number, opts: { maxQueue?: number } = {}): TokenizePool {
   const maxQueue = opts.maxQueue ?? TOKENIZER_QUEUE_PER_THREAD * threads;
+  // minThreads 0: no thread starts with the gateway; the first batch that needs one starts it, and idle ones exit.
   const pool = new Piscina<TokenizeTask, TokenizeResult>({
     filename: new URL('./tokenize-task.js', import.meta.url).href,
-    minThreads: threads,
+    minThreads: 0,
     maxThreads: threads,
-    idleTimeout: 60_000,
+    idleTimeout: TOKENIZER_IDLE_MS,
   });
   let running = 0;
   /** Requests waiting for a thread, oldest first. */
@@ -95,10 +105,6 @@ export function createTokenizePool(threads: number, opts: { maxQueue?: number } 
 
   return {
     tokenize,
-    // Loads each tokenizer in the pool threads before the first request needs it.
-    async warmUp(paths) {
-      await Promise.all(paths.flatMap((p) => Array.from({ length: threads }, () => pool.run({ tokenizerPath: p, texts: ['warm up'], maxLength: 16, truncate: true }))));
-    },
     async close() {
       for (const w of [...waiting]) w.leave(new EngineClosedError('the gateway closed before these texts were tokenized'));
       await pool.destroy();

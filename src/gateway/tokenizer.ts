@@ -14,6 +14,7 @@
  * RobertaProcessing, truncation strategy longest_first, direction right, stride 0),
  * because the JS library does not truncate.
  */
+import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
@@ -322,14 +323,28 @@ export function createTokenizer(tokenizerJson: object, options: { cleanUpTokeniz
 }
 
 /**
+ * Tokenizers loaded in this thread, by what they are built from: the tokenizer.json's content
+ * (its hash) and the clean-up flag. Models that ship the same tokenizer.json (fine-tunes of one
+ * base model: the three default models do) share one instance instead of a copy each; a copy of
+ * the default 30522-token WordPiece vocabulary costs 6-17 MB of RSS in each thread that loads it
+ * (docs/tuning.md, Memory). Sharing is safe: encoding depends on the tokenizer alone, the max
+ * length is each call's. Held weakly, so a tokenizer nobody uses any more (a closed engine) is
+ * still collected.
+ */
+const loaded = new Map<string, WeakRef<TextTokenizer>>();
+const unloaded = new FinalizationRegistry<string>((key) => {
+  if (loaded.get(key)?.deref() === undefined) loaded.delete(key);
+});
+
+/**
  * Load a Hugging Face tokenizer.json. A tokenizer_config.json next to it is read
  * for `clean_up_tokenization_spaces` only (decode: "don ' t" -> "don't", as
  * transformers does); without one, decode matches the Rust library (no clean-up
- * beyond the decoder's own).
+ * beyond the decoder's own). A tokenizer.json identical to one already loaded
+ * in this thread (with the same clean-up flag) gives that same instance.
  */
 export async function loadTokenizer(tokenizerJsonPath: string): Promise<TextTokenizer> {
-  const json: unknown = JSON.parse(await readFile(tokenizerJsonPath, 'utf8'));
-  if (!isObj(json)) throw new Error(`${tokenizerJsonPath}: not a tokenizer.json object`);
+  const text = await readFile(tokenizerJsonPath, 'utf8');
   let cleanUp = false;
   const configPath = join(dirname(tokenizerJsonPath), 'tokenizer_config.json');
   if (existsSync(configPath)) {
@@ -340,9 +355,18 @@ export async function loadTokenizer(tokenizerJsonPath: string): Promise<TextToke
       // a broken config only affects decode spacing: ignore it
     }
   }
+  const key = `${createHash('sha256').update(text).digest('hex')} ${cleanUp}`;
+  const shared = loaded.get(key)?.deref();
+  if (shared) return shared;
+  const json: unknown = JSON.parse(text);
+  if (!isObj(json)) throw new Error(`${tokenizerJsonPath}: not a tokenizer.json object`);
+  let tokenizer: TextTokenizer;
   try {
-    return createTokenizer(json, { cleanUpTokenizationSpaces: cleanUp });
+    tokenizer = createTokenizer(json, { cleanUpTokenizationSpaces: cleanUp });
   } catch (err) {
     throw new Error(`${tokenizerJsonPath}: ${(err as Error).message}`, { cause: err });
   }
+  loaded.set(key, new WeakRef(tokenizer));
+  unloaded.register(tokenizer, key);
+  return tokenizer;
 }

@@ -41,6 +41,31 @@ export function autoIntraOpThreads(): number {
  */
 const NO_SPINNING = { session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } };
 
+/**
+ * onnxruntime's CPU memory arena is off. With it, each session keeps the
+ * largest working set it has ever run, for good: after warm-up (every bucket
+ * at its largest batch) the three default models held 1119 MB of RSS, against
+ * 320 MB without it, and every batch after warm-up was as fast within 2%
+ * (docs/tuning.md, Memory). What a run allocates now goes back to malloc when
+ * it ends, and {@link CPU_RUN_TOKENS} keeps that small.
+ */
+const SESSION_MEMORY = { enableCpuMemArena: false } as const;
+
+/**
+ * Most padded tokens in one onnxruntime run on CPU: a larger batch runs as
+ * consecutive runs of at most this many tokens (at least one row each), its
+ * rows grouped longest first when padding to the longest. A CPU gains nothing
+ * from bigger runs (tiny-embed, 32 rows of 512 tokens: 427 ms as runs of 4
+ * rows, 596 ms as one; over HTTP, client batches of short texts 1.07x the
+ * req/s of unsplit runs, mixed lengths the same), and the memory a run needs
+ * grows with its tokens (and with the square of its length): this bounds it,
+ * whatever --max-batch-tokens allows a batch. On CUDA a batch is one run.
+ */
+export const CPU_RUN_TOKENS = 1024;
+
+/** A prepared model without its bytes. */
+type PreparedIo = Omit<PreparedModel, 'bytes'>;
+
 /** Padded input tensors for one bucket shape, reused batch after batch. */
 class InputBuffers {
   readonly ids: BigInt64Array | Int32Array;
@@ -77,22 +102,25 @@ export class ModelRunner {
   readonly slab: Slab;
   readonly options: BatchingOptions;
   private readonly session: ort.InferenceSession;
-  private readonly prepared: PreparedModel;
+  /** What the runs need of the prepared model; not its bytes (onnxruntime holds its own copy of the weights). */
+  private readonly prepared: PreparedIo;
   /** Free input-buffer sets per bucket index (one per batch that may be in flight). */
   private readonly pools: InputBuffers[][];
   /** padTo resolved for this device ('auto': the longest input on CPU, the bucket on CUDA). */
   readonly padToLongest: boolean;
+  private readonly onCuda: boolean;
 
   private constructor(
     spec: ModelSpec,
     slab: Slab,
     options: BatchingOptions,
     session: ort.InferenceSession,
-    prepared: PreparedModel,
+    prepared: PreparedIo,
     inflight: number,
     device: DeviceInfo,
   ) {
-    this.padToLongest = options.padTo === 'longest' || (options.padTo === 'auto' && device.kind !== 'cuda');
+    this.onCuda = device.kind === 'cuda';
+    this.padToLongest = options.padTo === 'longest' || (options.padTo === 'auto' && !this.onCuda);
     this.spec = spec;
     this.slab = slab;
     this.options = options;
@@ -111,14 +139,17 @@ export class ModelRunner {
     session: SessionOptions,
     maxInflight: number,
   ): Promise<ModelRunner> {
-    const prepared = prepareModel(readFileSync(spec.onnxPath), spec);
+    // The file and the serialized model (17.5 MB each for a tiny model) are garbage once the session
+    // holds the weights: only their input and output facts are kept.
+    const { bytes, ...prepared } = prepareModel(readFileSync(spec.onnxPath), spec);
     const providers: ort.InferenceSession.ExecutionProviderConfig[] =
       device.kind === 'cuda' ? [{ name: 'cuda', deviceId: device.id }] : ['cpu'];
-    const sess = await ort.InferenceSession.create(prepared.bytes, {
+    const sess = await ort.InferenceSession.create(bytes, {
       executionProviders: providers,
       graphOptimizationLevel: 'all',
       intraOpNumThreads: session.intraOpThreads === 0 ? autoIntraOpThreads() : session.intraOpThreads,
       extra: NO_SPINNING,
+      ...SESSION_MEMORY,
       logSeverityLevel: 3,
     });
     return new ModelRunner(spec, slab, options, sess, prepared, maxInflight, device);
@@ -126,38 +157,54 @@ export class ModelRunner {
 
   /**
    * Runs the requests in `slots` (all in bucket `bucket`) as one padded batch
-   * and writes each result row into its slot. Throws if the run fails; the
-   * caller decides what the slots become.
+   * (on CPU, as runs of at most {@link CPU_RUN_TOKENS} tokens) and writes each
+   * result row into its slot. Throws if a run fails; the caller decides what
+   * the slots become.
    */
   async run(slots: readonly number[], bucket: number): Promise<BatchStats> {
-    const T = this.padToLongest ? this.longest(slots) : this.options.buckets[bucket]!;
     const pool = this.pools[bucket]!;
     const buf = pool.pop();
     if (!buf) throw new Error('no free input buffer: more batches in flight than configured');
     try {
-      const realTokens = this.fill(buf, slots, T);
-      const B = slots.length;
-      const type = this.prepared.inputType;
-      const feeds: Record<string, ort.Tensor> = {
-        input_ids: new ort.Tensor(type, buf.ids.subarray(0, B * T), [B, T]),
-        attention_mask: new ort.Tensor(type, buf.mask.subarray(0, B * T), [B, T]),
-      };
-      if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, buf.types.subarray(0, B * T), [B, T]);
-      const started = performance.now();
-      const out = await this.session.run(feeds, this.prepared.outputs.map((o) => o.name));
-      const runMs = performance.now() - started;
-      this.scatter(out, slots);
-      return { rows: B, realTokens, paddedTokens: B * T, runMs };
+      const bucketLength = this.options.buckets[bucket]!;
+      const length = (slot: number) => this.slab.header(slot, H_LENGTH);
+      // Longest first, so that each run pads to its own longest input.
+      const order = this.padToLongest && slots.length > 1 ? [...slots].sort((a, b) => length(b) - length(a)) : slots;
+      const outputs = this.prepared.outputs.map((o) => o.name);
+      let realTokens = 0;
+      let paddedTokens = 0;
+      let runMs = 0;
+      for (let at = 0; at < order.length; ) {
+        const T = this.padToLongest ? Math.max(1, length(order[at]!)) : bucketLength;
+        const part = order.slice(at, at + this.rowsPerRun(T, order.length));
+        realTokens += this.fill(buf, part, T);
+        const started = performance.now();
+        const out = await this.session.run(this.feeds(buf, part.length, T), outputs);
+        runMs += performance.now() - started;
+        this.scatter(out, part);
+        paddedTokens += part.length * T;
+        at += part.length;
+      }
+      return { rows: slots.length, realTokens, paddedTokens, runMs };
     } finally {
       pool.push(buf);
     }
   }
 
-  /** The longest input among `slots` (never more than their bucket's length). */
-  private longest(slots: readonly number[]): number {
-    let T = 1;
-    for (const slot of slots) T = Math.max(T, this.slab.header(slot, H_LENGTH));
-    return T;
+  /** Rows of `T` tokens in one onnxruntime run: all of them on CUDA, at most {@link CPU_RUN_TOKENS} tokens' worth on CPU. */
+  private rowsPerRun(T: number, rows: number): number {
+    return this.onCuda ? rows : Math.max(1, Math.min(rows, Math.floor(CPU_RUN_TOKENS / T)));
+  }
+
+  /** The first `B` rows of `buf` as [B, T] input tensors. */
+  private feeds(buf: InputBuffers, B: number, T: number): Record<string, ort.Tensor> {
+    const type = this.prepared.inputType;
+    const feeds: Record<string, ort.Tensor> = {
+      input_ids: new ort.Tensor(type, buf.ids.subarray(0, B * T), [B, T]),
+      attention_mask: new ort.Tensor(type, buf.mask.subarray(0, B * T), [B, T]),
+    };
+    if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, buf.types.subarray(0, B * T), [B, T]);
+    return feeds;
   }
 
   /** Copies each slot's tokens into row r of the padded buffers; returns the real token count. */
@@ -199,27 +246,43 @@ export class ModelRunner {
   }
 
   /**
-   * Runs every bucket shape at its largest batch, so no request pays for
-   * first-run allocation, then times one row and a quarter of the capacity:
-   * two points that seed the cost model (the first, untimed run would
-   * overstate the cost several times over).
+   * Runs every bucket shape before the first request, and times one row and a
+   * quarter of the capacity of each: two points that seed the cost model (the
+   * scheduler's and admission's run-time predictions, refitted online from the
+   * real batches), run as {@link run} runs them. Each bucket's first run is
+   * untimed: a first run overstates the cost.
+   *
+   * On CUDA that first run is the bucket's largest batch, so the device's
+   * arena is grown before a request needs it (and a batch that cannot fit in
+   * device memory fails here, not in service). On CPU it is one row: without
+   * onnxruntime's CPU arena nothing a run allocates outlives it, so a run at
+   * capacity would warm nothing; it would only leave this thread's malloc
+   * arena holding the largest working set at rest (with the 512 bucket at 32
+   * rows in one run, up to 280 MB more RSS for the three default models) and
+   * add 3.6 s to start-up.
    */
   async warmUp(): Promise<{ bucket: number; rows: number; ms: number }[]> {
     const timings: { bucket: number; rows: number; ms: number }[] = [];
+    const type = this.prepared.inputType;
     for (let b = 0; b < this.options.buckets.length; b++) {
       const T = this.options.buckets[b]!;
       const capacity = batchCapacity(this.options, T);
-      for (const [B, timed] of [[capacity, false], [1, true], [Math.max(2, Math.ceil(capacity / 4)), true]] as const) {
-        const type = this.prepared.inputType;
-        const make = (v: number) => (type === 'int64' ? new BigInt64Array(B * T).fill(BigInt(v)) : new Int32Array(B * T).fill(v));
-        const feeds: Record<string, ort.Tensor> = {
-          input_ids: new ort.Tensor(type, make(100), [B, T]),
-          attention_mask: new ort.Tensor(type, make(1), [B, T]),
-        };
-        if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, make(0), [B, T]);
-        const started = performance.now();
-        await this.session.run(feeds);
-        if (timed) timings.push({ bucket: b, rows: B, ms: performance.now() - started });
+      for (const [B, timed] of [[this.onCuda ? capacity : 1, false], [1, true], [Math.max(2, Math.ceil(capacity / 4)), true]] as const) {
+        const per = this.rowsPerRun(T, B);
+        const make = (n: number, v: number) => (type === 'int64' ? new BigInt64Array(n * T).fill(BigInt(v)) : new Int32Array(n * T).fill(v));
+        let ms = 0;
+        for (let at = 0; at < B; at += per) {
+          const n = Math.min(per, B - at);
+          const feeds: Record<string, ort.Tensor> = {
+            input_ids: new ort.Tensor(type, make(n, 100), [n, T]),
+            attention_mask: new ort.Tensor(type, make(n, 1), [n, T]),
+          };
+          if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, make(n, 0), [n, T]);
+          const started = performance.now();
+          await this.session.run(feeds);
+          ms += performance.now() - started;
+        }
+        if (timed) timings.push({ bucket: b, rows: B, ms });
       }
     }
     return timings;
