@@ -13,19 +13,16 @@ import { clusterRole, clusterWorker, runClusterPrimary } from './cluster.js';
 import { createEngine, type Engine, type EngineOptions } from './engine.js';
 import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './main.js';
 import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
-import { MAX_BUSY_POLL_US } from './inference-host.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
 import { PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 
 /** An integer option parser with a clear message on bad values. */
-function int(min: number, max = Infinity) {
+function int(min: number) {
   return (value: string): number => {
     const n = Number(value);
-    if (!Number.isInteger(n) || n < min || n > max) {
-      throw new InvalidArgumentError(max === Infinity ? `expected an integer >= ${min}, got "${value}"` : `expected an integer from ${min} to ${max}, got "${value}"`);
-    }
+    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`expected an integer >= ${min}, got "${value}"`);
     return n;
   };
 }
@@ -183,7 +180,6 @@ program
   .addOption(flag('--slots-per-model <n>', 'requests queued or running per model; beyond it, 429 at once', 'SLOTS_PER_MODEL', int(1), D.slotsPerModel))
   .addOption(flag('--request-timeout-ms <ms>', 'a request not run by then is answered 504 and never runs', 'REQUEST_TIMEOUT_MS', int(1), D.requestTimeoutMs))
   .addOption(flag('--intra-op-threads <n>', 'onnxruntime intra-op threads (0: every core; they sleep between runs)', 'INTRA_OP_THREADS', int(0), D.intraOpThreads))
-  .addOption(flag('--busy-poll-us <n>', 'after a batch, the inference thread polls this long for the next request before it sleeps (0-10000; 0: off)', 'BUSY_POLL_US', int(0, MAX_BUSY_POLL_US), D.busyPollUs))
   .addOption(flag('--max-client-batch-size <n>', 'most inputs in one request', 'MAX_CLIENT_BATCH_SIZE', int(1), D.maxClientBatchSize))
   .addOption(flag('--max-body-bytes <n>', 'largest request body accepted', 'MAX_BODY_BYTES', int(1), D.maxBodyBytes))
   .addOption(flag('--heartbeat-timeout-ms <ms>', 'readiness fails when the inference thread has not gone round its loop for this long', 'HEARTBEAT_TIMEOUT_MS', int(1), D.heartbeatTimeoutMs))

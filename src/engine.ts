@@ -49,13 +49,6 @@ export interface EngineOptions {
   requestTimeoutMs?: number;
   /** onnxruntime intra-op threads; 0 (default): every core, asleep between runs (src/gpu-worker/runner.ts). */
   intraOpThreads?: number;
-  /**
-   * After a batch ends with nothing queued, the inference thread polls for new work this many
-   * microseconds before it sleeps (0 to 10000). Default 1000: a caller that sends again at once
-   * (a lone client, a chat turn) skips waking a sleeping thread and finds its core warm, at the
-   * cost of up to 1 ms of CPU after each batch at low load; nothing at rest or under load.
-   */
-  busyPollUs?: number;
   /** Priority classes in order (the first is the default) with their fair-share weights. Default interactive 4, bulk 1. */
   priorities?: { name: string; weight: number }[];
   /** A class whose oldest request has waited this long goes first. Default 2000. */
@@ -80,7 +73,6 @@ export const ENGINE_DEFAULTS = {
   slotsPerModel: 1024,
   requestTimeoutMs: 30_000,
   intraOpThreads: 0,
-  busyPollUs: 1000,
   inferenceTimeoutMs: 30_000,
   heartbeatTimeoutMs: 30_000,
 } as const;
@@ -265,7 +257,6 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     device: options.device ?? ENGINE_DEFAULTS.device,
     intraOpThreads: options.intraOpThreads ?? ENGINE_DEFAULTS.intraOpThreads,
     maxInflightBatches: options.maxInflightBatches ?? ENGINE_DEFAULTS.maxInflightBatches,
-    busyPollUs: options.busyPollUs ?? ENGINE_DEFAULTS.busyPollUs,
     scheduling: {
       priorityWeights: priorities.map((p) => p.weight),
       priorityAgeingMs: options.priorityAgeingMs ?? DEFAULT_SCHEDULING.priorityAgeingMs,

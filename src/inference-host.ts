@@ -117,15 +117,10 @@ export function resolveBatching(spec: ModelSpec, given: Partial<BatchingOptions>
   return opts;
 }
 
-/** The longest busy poll: the inference thread's event loop (messages from the main thread) waits it out. */
-export const MAX_BUSY_POLL_US = 10_000;
-
 export interface InferenceThreadOptions {
   device: string;
   intraOpThreads: number;
   maxInflightBatches: number;
-  /** How long the idle loop polls for work after a batch before it sleeps, µs (LoopOptions.busyPollUs). */
-  busyPollUs: number;
   /** Priority classes, their ageing, and the latency target. Default: DEFAULT_SCHEDULING. */
   scheduling?: SchedulingOptions;
   log: (line: string) => void;
@@ -152,16 +147,12 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
   if (!Number.isInteger(opts.maxInflightBatches) || opts.maxInflightBatches < 1) {
     throw new ValidationError('maxInflightBatches must be a positive integer');
   }
-  if (!Number.isInteger(opts.busyPollUs) || opts.busyPollUs < 0 || opts.busyPollUs > MAX_BUSY_POLL_US) {
-    throw new ValidationError(`busyPollUs must be an integer from 0 to ${MAX_BUSY_POLL_US}, got ${opts.busyPollUs}`);
-  }
   const workerData: InferenceWorkerData = {
     control: control.buffer,
     owners: control.owners,
     device: opts.device,
     intraOpThreads: opts.intraOpThreads,
     maxInflightBatches: opts.maxInflightBatches,
-    busyPollUs: opts.busyPollUs,
     scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
     models: models.map((m) => ({ spec: m.spec, slab: m.slab, layout: m.layout, batching: m.batching })),
     epoch: opts.epoch ?? control.epoch,

@@ -51,8 +51,6 @@ export interface ServerConfig {
   slotsPerModel: number;
   requestTimeoutMs: number;
   intraOpThreads: number;
-  /** µs the inference thread polls for work after a batch before it sleeps (--busy-poll-us; EngineOptions.busyPollUs). */
-  busyPollUs: number;
   maxClientBatchSize: number;
   maxBodyBytes: number;
   heartbeatTimeoutMs: number;
@@ -115,7 +113,6 @@ export const SERVER_DEFAULTS = {
   slotsPerModel: ENGINE_DEFAULTS.slotsPerModel,
   requestTimeoutMs: ENGINE_DEFAULTS.requestTimeoutMs,
   intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
-  busyPollUs: ENGINE_DEFAULTS.busyPollUs,
   maxClientBatchSize: 64,
   maxBodyBytes: 2 * 1024 * 1024,
   heartbeatTimeoutMs: 30_000,
@@ -225,7 +222,6 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     device: config.device,
     intraOpThreads: config.intraOpThreads,
     maxInflightBatches: config.maxInflightBatches,
-    busyPollUs: config.busyPollUs,
     scheduling: {
       priorityWeights: config.priorities.map((p) => p.weight),
       priorityAgeingMs: config.priorityAgeingMs,

@@ -274,8 +274,5 @@ describe('limits', () => {
       createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { buckets: Array.from({ length: 65 }, (_, i) => 8 + i) }, log: () => {} }),
     ).rejects.toThrow(/at most 64 buckets \(--buckets\), got 65/);
     await expect(createEngine({ device: 'tpu', models: ['tiny-embed'], log: () => {} })).rejects.toThrow(/invalid device "tpu"/);
-    for (const busyPollUs of [-1, 10_001, 0.5]) {
-      await expect(createEngine({ device: 'cpu', models: ['tiny-embed'], busyPollUs, log: () => {} })).rejects.toThrow(/busyPollUs must be an integer from 0 to 10000/);
-    }
   });
 });

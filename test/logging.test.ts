@@ -132,16 +132,3 @@ describe('slabserve serve: bad security flags stop it at once with a clear messa
     }
   });
 });
-
-describe('slabserve serve: a limit out of its range stops it at once with a clear message', () => {
-  const run = (args: string[], extra: Record<string, string> = {}) =>
-    spawnSync(process.execPath, [CLI, 'serve', '--port', '0', '--device', 'cpu', ...args], { env: env(extra), encoding: 'utf8', timeout: 30_000 });
-
-  it('--busy-poll-us and SLABSERVE_BUSY_POLL_US take 0 to 10000', () => {
-    for (const [args, extra] of [[['--busy-poll-us', '10001'], {}], [[], { SLABSERVE_BUSY_POLL_US: '-1' }], [['--busy-poll-us', '0.5'], {}]] as const) {
-      const r = run([...args], extra);
-      expect(r.status, `${args.join(' ')} ${JSON.stringify(extra)}: ${r.stderr}`).toBe(1);
-      expect(r.stderr).toMatch(/busy-poll-us.*expected an integer from 0 to 10000/);
-    }
-  });
-});

@@ -88,14 +88,6 @@ export interface LoopOptions {
    * (a submit, a batch's end, a batch window).
    */
   idleWakeMs?: number;
-  /**
-   * After a batch ends with nothing queued, the loop polls its bell this long
-   * before it sleeps (default 0: sleeps at once; the server's default is
-   * --busy-poll-us). A caller that sends its next request within the window
-   * finds the thread awake and its core warm, instead of paying for waking a
-   * sleeping thread; the cost is up to this much CPU after each batch at low load.
-   */
-  busyPollUs?: number;
   /** This thread's epoch (default: the control block's at construction); the loop stops touching slots once the block's moves on. */
   epoch?: number;
   /**
@@ -115,8 +107,6 @@ export class InferenceLoop {
   private readonly options: LoopOptions;
   private readonly scheduling: SchedulingOptions;
   private readonly queues: ModelQueue[];
-  /** When the last batch ended (epoch ms): the idle loop busy-polls for LoopOptions.busyPollUs after it. */
-  private lastBatchEndMs = -Infinity;
   readonly costs: CostModel[];
   private readonly rates: ArrivalRate[][];
   private readonly fair: FairShare;
@@ -205,9 +195,7 @@ export class InferenceLoop {
         await Promise.race([bell.wait(seen, timeout), new Promise<void>((resolve) => (this.wakeLoop = resolve))]);
       } else {
         // Idle: a submit rings the bell; otherwise wake when a batch window closes (or to refresh the heartbeat).
-        // Right after a batch, poll first (busyPollUs).
-        const pollUntil = Math.min(this.lastBatchEndMs + (this.options.busyPollUs ?? 0) / 1000, nowMs() + timeout);
-        if (!bell.pollUntil(seen, pollUntil)) await bell.wait(seen, timeout);
+        await bell.wait(seen, timeout);
       }
       this.wakeLoop = null;
     }
@@ -452,7 +440,6 @@ export class InferenceLoop {
     const slab = this.runners[model]!.slab;
     const shared = this.options.sharedSlabs?.[model];
     const finished = nowMs();
-    this.lastBatchEndMs = finished;
     slots.forEach((slot, i) => {
       if (slab.header(slot, H_GENERATION) !== generations[i]) return;
       if (shared && state === SlotState.DONE) shared.slotOutput(slot).set(slab.slotOutput(slot));

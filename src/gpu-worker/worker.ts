@@ -46,8 +46,6 @@ export interface InferenceWorkerData {
   epoch: number;
   /** The longest its loop sleeps when idle (LoopOptions.idleWakeMs). */
   idleWakeMs?: number;
-  /** How long its loop polls for work after a batch before it sleeps (LoopOptions.busyPollUs). */
-  busyPollUs: number;
   /** Test hooks, present only when the server runs with SLABSERVE_TEST_HOOKS=1. */
   testHooks?: InferenceTestHooks;
 }
@@ -214,7 +212,6 @@ function createLoop(runners: LoopRunner[]): InferenceLoop {
     scheduling: data.scheduling,
     epoch: data.epoch,
     ...(data.idleWakeMs !== undefined ? { idleWakeMs: data.idleWakeMs } : {}),
-    busyPollUs: data.busyPollUs,
     splitFailedBatches: true,
     sharedSlabs,
     onSplit: (model, outcome) => post({ type: 'split', model, ...outcome }),

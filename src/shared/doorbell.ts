@@ -4,8 +4,6 @@
  * requests behind it: the inference thread rings an owner's bell once per
  * finished batch, a gateway rings the inference thread's bell once per submit.
  */
-import { nowMs } from './clock.js';
-
 export class Doorbell {
   private readonly a: Int32Array;
   private readonly index: number;
@@ -23,18 +21,6 @@ export class Doorbell {
   ring(): void {
     Atomics.add(this.a, this.index, 1);
     Atomics.notify(this.a, this.index);
-  }
-
-  /**
-   * Polls the bell, without sleeping, until it has been rung since `seen` was
-   * read (true) or the clock passes `untilMs` (false, at once if it has).
-   * Blocks the thread meanwhile: only for windows well under a millisecond or two.
-   */
-  pollUntil(seen: number, untilMs: number): boolean {
-    while (Atomics.load(this.a, this.index) === seen) {
-      if (nowMs() >= untilMs) return false;
-    }
-    return true;
   }
 
   /**
