@@ -90,6 +90,15 @@ class InputBuffers {
   }
 }
 
+/** The first `elems` tokens of `buf` as warm-up input: id 100, attended, type 0. */
+function fillConstant(buf: InputBuffers, elems: number): void {
+  for (let i = 0, at = 0; i < elems; i++, at += buf.stride) {
+    buf.ids32[at] = 100;
+    buf.mask32[at] = 1;
+    buf.types32[at] = 0;
+  }
+}
+
 export interface BatchStats {
   rows: number;
   realTokens: number;
@@ -263,26 +272,25 @@ export class ModelRunner {
    */
   async warmUp(): Promise<{ bucket: number; rows: number; ms: number }[]> {
     const timings: { bucket: number; rows: number; ms: number }[] = [];
-    const type = this.prepared.inputType;
     for (let b = 0; b < this.options.buckets.length; b++) {
       const T = this.options.buckets[b]!;
       const capacity = batchCapacity(this.options, T);
-      for (const [B, timed] of [[this.onCuda ? capacity : 1, false], [1, true], [Math.max(2, Math.ceil(capacity / 4)), true]] as const) {
-        const per = this.rowsPerRun(T, B);
-        const make = (n: number, v: number) => (type === 'int64' ? new BigInt64Array(n * T).fill(BigInt(v)) : new Int32Array(n * T).fill(v));
-        let ms = 0;
-        for (let at = 0; at < B; at += per) {
-          const n = Math.min(per, B - at);
-          const feeds: Record<string, ort.Tensor> = {
-            input_ids: new ort.Tensor(type, make(n, 100), [n, T]),
-            attention_mask: new ort.Tensor(type, make(n, 1), [n, T]),
-          };
-          if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, make(n, 0), [n, T]);
-          const started = performance.now();
-          await this.session.run(feeds);
-          ms += performance.now() - started;
+      const pool = this.pools[b]!;
+      const buf = pool.pop()!; // no batch runs before warm-up ends: every buffer is free
+      try {
+        for (const [B, timed] of [[this.onCuda ? capacity : 1, false], [1, true], [Math.max(2, Math.ceil(capacity / 4)), true]] as const) {
+          const per = this.rowsPerRun(T, B);
+          fillConstant(buf, per * T);
+          let ms = 0;
+          for (let at = 0; at < B; at += per) {
+            const started = performance.now();
+            await this.session.run(this.feeds(buf, Math.min(per, B - at), T));
+            ms += performance.now() - started;
+          }
+          if (timed) timings.push({ bucket: b, rows: B, ms });
         }
-        if (timed) timings.push({ bucket: b, rows: B, ms });
+      } finally {
+        pool.push(buf);
       }
     }
     return timings;
