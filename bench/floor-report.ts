@@ -30,7 +30,6 @@ export interface FloorPhase {
   clientUsPerRequest: number;
 }
 
-
 export interface FloorRow {
   transport: 'http' | 'ws';
   form: Form;
@@ -40,6 +39,13 @@ export interface FloorRow {
   floor: { reqPerS: number; p50Ms: number; cpu: Record<string, number> };
   /** slabserve's gateway thread CPU per request over the floor's main thread's. */
   gatewayOverFloor: number;
+}
+
+/** slabserve's CPU per request on all its gateway threads together (gateway-0, gateway-1, ...). */
+function gatewayUs(cpu: Record<string, number>): number {
+  let sum = 0;
+  for (const [thread, us] of Object.entries(cpu)) if (thread.startsWith('gateway')) sum += us;
+  return sum;
 }
 
 /** One row per (transport, form, clients): the median round of each side. */
@@ -57,10 +63,8 @@ export function floorRows(phases: FloorPhase[]): FloorRow[] {
     };
     const slabserve = side('slabserve');
     const floor = side('floor');
-    const gateway = Object.entries(slabserve.cpu)
-      .filter(([k]) => k.startsWith('gateway'))
-      .reduce((a, [, v]) => a + v, 0);
-    rows.push({ transport, form, clients: Number(clients), slabserve, floor, gatewayOverFloor: Math.round((gateway / (floor.cpu.main ?? NaN)) * 100) / 100 });
+    const gatewayOverFloor = Math.round((gatewayUs(slabserve.cpu) / (floor.cpu.main ?? NaN)) * 100) / 100;
+    rows.push({ transport, form, clients: Number(clients), slabserve, floor, gatewayOverFloor });
   }
   return rows;
 }
@@ -84,16 +88,13 @@ export function floorTable(rows: FloorRow[]): string {
   ];
   const f = (v: number | undefined) => (v === undefined || Number.isNaN(v) ? '-' : String(Math.round(v)));
   const lines = rows.map((r) => {
-    const gw = Object.entries(r.slabserve.cpu)
-      .filter(([k]) => k.startsWith('gateway'))
-      .reduce((a, [, v]) => a + v, 0);
     return [
       r.transport,
       r.form,
       String(r.clients),
       f(r.slabserve.reqPerS),
       f(r.floor.reqPerS),
-      f(gw),
+      f(gatewayUs(r.slabserve.cpu)),
       f(r.floor.cpu.main),
       `${r.gatewayOverFloor.toFixed(2)}x`,
       f(r.slabserve.cpu.inference),
