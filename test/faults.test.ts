@@ -433,7 +433,7 @@ describe('overload at three times capacity', () => {
    * row equal to the reference, refusals answered well before admitted requests as the server timed them,
    * RSS bounded. Prints the figures.
    */
-  async function overload(name: string, request: () => string[], during: (stopAt: number) => Promise<void> = async () => {}): Promise<OverloadRun> {
+  async function overload(name: string, request: () => string[], during: (stopAt: number) => Promise<number> = async () => 0): Promise<OverloadRun> {
     const closedLoop = async (ms: number) => {
       const outs: Outcome[] = [];
       const t0 = Date.now();
@@ -480,13 +480,16 @@ describe('overload at three times capacity', () => {
       }
       const offeredSeconds = (performance.now() - t0) / 1000;
       const outs = await Promise.all(pending);
-      await beside;
+      const besideInputs = await beside;
       const spanSeconds = (Math.max(...outs.map((o) => o.at + o.ms)) - t0) / 1000;
       rssMax = Math.max(rssMax, server.rssBytes());
       clearInterval(sampler);
-      const metricsAfter = await server.scrape();
-
       const ok = outs.filter((o) => o.status === 200);
+      const admittedInputs = ok.length * INPUTS + besideInputs;
+      const rowsRun = (m: Metrics) => m.sum('slabserve_batch_size_sum', { model: 'tiny-embed' }) - metricsBefore.sum('slabserve_batch_size_sum', { model: 'tiny-embed' });
+      // The inference thread counts a batch as it finishes it, beside the answers: wait for the count to catch up.
+      const metricsAfter = await eventually('the batch count caught up with the answers', () => server.scrape(), (m) => rowsRun(m) >= admittedInputs);
+
       const refused = outs.filter((o) => o.status === 429 || o.status === 503);
       const other = outs.filter((o) => o.status !== 200 && o.status !== 429 && o.status !== 503);
       const admittedPerS = ok.length / spanSeconds;
@@ -536,9 +539,10 @@ describe('overload at three times capacity', () => {
       expect(figures.serverMedian429Ms).toBeLessThan(figures.serverMedian200Ms / 2);
       // Memory stays bounded: nothing piles up per refused or queued request.
       expect(rssMax - rssBefore).toBeLessThan(256 * 2 ** 20);
-      // Refusing the excess leaves the admitted work its throughput: a generous floor (on 2 shared cores
-      // the load generator itself competes for them; measured 0.47-1.19 of capacity over 5 runs).
-      expect(figures.admittedShareOfCapacity).toBeGreaterThan(0.25);
+      // Refused requests never reached the model, and no admitted input ran twice: the rows it ran during
+      // the overload are exactly the admitted ones. (How much of the capacity the admitted work kept is a
+      // throughput figure: printed above, measured in bench/, not asserted.)
+      expect(rowsRun(metricsAfter)).toBe(admittedInputs);
       return { figures, ok, refused };
     } finally {
       clearInterval(sampler);
@@ -594,7 +598,8 @@ describe('overload at three times capacity', () => {
       socket.once('error', rej);
     });
     const probe = { early: 0, afterBody: { 200: 0, 429: 0 } as Record<number, number>, errors: [] as string[] };
-    const headFirst = async (stopAt: number) => {
+    /** Sends head-first requests until `stopAt`; returns how many inputs were answered 200. */
+    const headFirst = async (stopAt: number): Promise<number> => {
       while (performance.now() < stopAt && probe.errors.length === 0) {
         const texts = request();
         const body = JSON.stringify({ inputs: texts });
@@ -621,6 +626,7 @@ describe('overload at three times capacity', () => {
         }
         await sleep(10);
       }
+      return (probe.afterBody[200] ?? 0) * INPUTS;
     };
     try {
       const run = await overload('pooled tokenizing', request, headFirst);
