@@ -19,10 +19,12 @@ import { VERSION } from './version.js';
 import { PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 
 /** An integer option parser with a clear message on bad values. */
-function int(min: number) {
+function int(min: number, max = Infinity) {
   return (value: string): number => {
     const n = Number(value);
-    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`expected an integer >= ${min}, got "${value}"`);
+    if (!Number.isInteger(n) || n < min || n > max) {
+      throw new InvalidArgumentError(`expected an integer ${max === Infinity ? `>= ${min}` : `from ${min} to ${max}`}, got "${value}"`);
+    }
     return n;
   };
 }
@@ -179,7 +181,8 @@ program
   .addOption(flag('--max-inflight-batches <n>', 'batches handed to the device before the first ends', 'MAX_INFLIGHT_BATCHES', int(1), D.maxInflightBatches))
   .addOption(flag('--slots-per-model <n>', 'requests queued or running per model; beyond it, 429 at once', 'SLOTS_PER_MODEL', int(1), D.slotsPerModel))
   .addOption(flag('--request-timeout-ms <ms>', 'a request not run by then is answered 504 and never runs', 'REQUEST_TIMEOUT_MS', int(1), D.requestTimeoutMs))
-  .addOption(flag('--intra-op-threads <n>', 'onnxruntime intra-op threads (0: every core; they sleep between runs)', 'INTRA_OP_THREADS', int(0), D.intraOpThreads))
+  .addOption(flag('--intra-op-threads <n>', 'onnxruntime intra-op threads (0: every core; on CPU they spin while a run lasts and sleep between runs)', 'INTRA_OP_THREADS', int(0), D.intraOpThreads))
+  .addOption(flag('--intra-op-nice <n>', 'nice value (0-19) of the intra-op threads on CPU, so that a gateway with a request to answer goes first (0: the process\'s own)', 'INTRA_OP_NICE', int(0, 19), D.intraOpNice))
   .addOption(flag('--max-client-batch-size <n>', 'most inputs in one request', 'MAX_CLIENT_BATCH_SIZE', int(1), D.maxClientBatchSize))
   .addOption(flag('--max-body-bytes <n>', 'largest request body accepted', 'MAX_BODY_BYTES', int(1), D.maxBodyBytes))
   .addOption(flag('--heartbeat-timeout-ms <ms>', 'readiness fails when the inference thread has not gone round its loop for this long', 'HEARTBEAT_TIMEOUT_MS', int(1), D.heartbeatTimeoutMs))

@@ -49,6 +49,8 @@ export interface EngineOptions {
   requestTimeoutMs?: number;
   /** onnxruntime intra-op threads; 0 (default): every core, asleep between runs (src/gpu-worker/runner.ts). */
   intraOpThreads?: number;
+  /** Nice value (0-19) of the intra-op threads on CPU, Linux only; 0: the process's own. Default 10 (src/gpu-worker/runner.ts). */
+  intraOpNice?: number;
   /** Priority classes in order (the first is the default) with their fair-share weights. Default interactive 4, bulk 1. */
   priorities?: { name: string; weight: number }[];
   /** A class whose oldest request has waited this long goes first. Default 2000. */
@@ -73,6 +75,7 @@ export const ENGINE_DEFAULTS = {
   slotsPerModel: 1024,
   requestTimeoutMs: 30_000,
   intraOpThreads: 0,
+  intraOpNice: 10,
   inferenceTimeoutMs: 30_000,
   heartbeatTimeoutMs: 30_000,
 } as const;
@@ -256,6 +259,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   const inference = new InferenceSupervisor(plans, control, {
     device: options.device ?? ENGINE_DEFAULTS.device,
     intraOpThreads: options.intraOpThreads ?? ENGINE_DEFAULTS.intraOpThreads,
+    intraOpNice: options.intraOpNice ?? ENGINE_DEFAULTS.intraOpNice,
     maxInflightBatches: options.maxInflightBatches ?? ENGINE_DEFAULTS.maxInflightBatches,
     scheduling: {
       priorityWeights: priorities.map((p) => p.weight),

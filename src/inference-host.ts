@@ -120,6 +120,8 @@ export function resolveBatching(spec: ModelSpec, given: Partial<BatchingOptions>
 export interface InferenceThreadOptions {
   device: string;
   intraOpThreads: number;
+  /** Nice value (0-19) of onnxruntime's intra-op threads on CPU; 0: the process's own. */
+  intraOpNice: number;
   maxInflightBatches: number;
   /** Priority classes, their ageing, and the latency target. Default: DEFAULT_SCHEDULING. */
   scheduling?: SchedulingOptions;
@@ -147,11 +149,15 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
   if (!Number.isInteger(opts.maxInflightBatches) || opts.maxInflightBatches < 1) {
     throw new ValidationError('maxInflightBatches must be a positive integer');
   }
+  if (!Number.isInteger(opts.intraOpNice) || opts.intraOpNice < 0 || opts.intraOpNice > 19) {
+    throw new ValidationError(`intraOpNice must be an integer from 0 to 19, got ${opts.intraOpNice}`);
+  }
   const workerData: InferenceWorkerData = {
     control: control.buffer,
     owners: control.owners,
     device: opts.device,
     intraOpThreads: opts.intraOpThreads,
+    intraOpNice: opts.intraOpNice,
     maxInflightBatches: opts.maxInflightBatches,
     scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
     models: models.map((m) => ({ spec: m.spec, slab: m.slab, layout: m.layout, batching: m.batching })),

@@ -51,6 +51,7 @@ export interface ServerConfig {
   slotsPerModel: number;
   requestTimeoutMs: number;
   intraOpThreads: number;
+  intraOpNice: number;
   maxClientBatchSize: number;
   maxBodyBytes: number;
   heartbeatTimeoutMs: number;
@@ -113,6 +114,7 @@ export const SERVER_DEFAULTS = {
   slotsPerModel: ENGINE_DEFAULTS.slotsPerModel,
   requestTimeoutMs: ENGINE_DEFAULTS.requestTimeoutMs,
   intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
+  intraOpNice: ENGINE_DEFAULTS.intraOpNice,
   maxClientBatchSize: 64,
   maxBodyBytes: 2 * 1024 * 1024,
   heartbeatTimeoutMs: 30_000,
@@ -221,6 +223,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const inference = new InferenceSupervisor(plans, control, {
     device: config.device,
     intraOpThreads: config.intraOpThreads,
+    intraOpNice: config.intraOpNice,
     maxInflightBatches: config.maxInflightBatches,
     scheduling: {
       priorityWeights: config.priorities.map((p) => p.weight),

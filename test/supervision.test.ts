@@ -14,7 +14,8 @@
  * Every 200 is compared with the unbatched, unpadded onnxruntime reference
  * (test/helpers.ts), before, during and after each fault.
  */
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
 import http from 'node:http';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -31,6 +32,9 @@ const DIM = 128;
 const MAX_LENGTH = 64;
 const TOLERANCE = 1e-5;
 const BATCHING = { buckets: [16, 64], maxBatchSize: 16 };
+/** onnxruntime threads of this file's server: two per session (so a pool thread exists on any machine), run at this nice value. */
+const INTRA_OP_THREADS = 2;
+const INTRA_OP_NICE = 7;
 /** [unused0]: a valid id no text tokenizes to; the poison hook makes onnxruntime fail on inputs holding it. */
 const POISON = 1;
 /** Longest any client waits for an answer: past it the request counts as hung. */
@@ -51,6 +55,33 @@ beforeAll(async () => {
 afterAll(async () => {
   await ref?.close();
 });
+
+// ------------------------------------------------------------------ threads
+
+interface ThreadInfo {
+  tid: number;
+  nice: number;
+}
+
+/** Nice value of a thread of this process (/proc/self/task/TID/stat, field 19), or of the process. */
+function niceOf(tid: number | 'self'): number {
+  const stat = readFileSync(tid === 'self' ? '/proc/self/stat' : `/proc/self/task/${tid}/stat`, 'latin1');
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16]);
+}
+
+/** This process's threads by kernel name (comm). */
+function threadsByName(): Map<string, ThreadInfo[]> {
+  const out = new Map<string, ThreadInfo[]>();
+  for (const tid of readdirSync('/proc/self/task').map(Number)) {
+    try {
+      const name = readFileSync(`/proc/self/task/${tid}/comm`, 'latin1').trimEnd();
+      out.set(name, [...(out.get(name) ?? []), { tid, nice: niceOf(tid) }]);
+    } catch {
+      /* exited meanwhile */
+    }
+  }
+  return out;
+}
 
 // ------------------------------------------------------------------ HTTP over node:http
 
@@ -190,6 +221,8 @@ describe('inference thread supervision (startServer, real onnxruntime, test hook
       testServerConfig({
         models: ['tiny-embed'],
         batching: BATCHING,
+        intraOpThreads: INTRA_OP_THREADS,
+        intraOpNice: INTRA_OP_NICE,
         inferenceTimeoutMs: 2000,
         heartbeatTimeoutMs: 2000,
         log: (line) => logs.push(line),
@@ -261,6 +294,24 @@ describe('inference thread supervision (startServer, real onnxruntime, test hook
     }
   }
 
+  /**
+   * The server's threads as the kernel knows them: one "inference" and one
+   * "gateway-0" at this process's priority, and onnxruntime's intra-op pool
+   * (INTRA_OP_THREADS - 1 per session, at least) named "onnxruntime" at
+   * INTRA_OP_NICE: what top -H shows, and what lets a gateway go before a
+   * pool thread spinning through a run.
+   */
+  function expectThreadRoles(threads: Map<string, ThreadInfo[]>): void {
+    const own = niceOf('self');
+    const show = JSON.stringify(Object.fromEntries(threads));
+    expect(threads.get('inference')?.map((t) => t.nice), show).toEqual([own]);
+    expect(threads.get('gateway-0')?.map((t) => t.nice), show).toEqual([own]);
+    const pool = threads.get('onnxruntime') ?? [];
+    expect(pool.length, show).toBeGreaterThanOrEqual(INTRA_OP_THREADS - 1);
+    for (const t of pool) expect(t.nice, show).toBe(Math.max(own, INTRA_OP_NICE));
+    expect([...threads.keys()].filter((n) => n.startsWith('opening-')), show).toEqual([]); // every thread that opened sessions renamed itself
+  }
+
   /** What every fault must leave: each request answered 200 (the reference row) or 503, slots back, a restart counted, later requests served. */
   async function expectRecovered(run: Run, reason: string, label: string): Promise<void> {
     const counts = tally(run.outcomes);
@@ -307,9 +358,17 @@ describe('inference thread supervision (startServer, real onnxruntime, test hook
     await expectRecovered(run, 'crash', 'throw');
   });
 
-  it('the inference thread exits under load: the same', { timeout: 40_000 }, async () => {
+  it('the inference thread exits under load: the same; its replacement names its onnxruntime threads and lowers their priority as the first did', { timeout: 40_000 }, async () => {
+    const first = threadsByName();
+    expectThreadRoles(first);
     const run = await faultUnderLoad('exit');
     await expectRecovered(run, 'exit', 'exit');
+    const now = threadsByName();
+    expectThreadRoles(now);
+    // New threads: the exited thread's pool went with it.
+    const tids = (m: Map<string, ThreadInfo[]>, name: string) => (m.get(name) ?? []).map((t) => t.tid);
+    expect(tids(now, 'inference')).not.toEqual(tids(first, 'inference'));
+    for (const t of tids(now, 'onnxruntime')) expect(tids(first, 'onnxruntime')).not.toContain(t);
   });
 
   it('a batch run hangs past --inference-timeout-ms: the thread is terminated and replaced, the same outcome', { timeout: 40_000 }, async () => {
@@ -424,6 +483,20 @@ async function serveCli(args: string[]): Promise<Child & { port: number }> {
   );
   return { port, exited, stderr: () => stderr, kill };
 }
+
+describe('--intra-op-nice (a child process)', () => {
+  it('out of 0-19, as a flag or SLABSERVE_INTRA_OP_NICE, stops the CLI at once with the range', () => {
+    for (const [args, env] of [
+      [['--intra-op-nice', '20'], {}],
+      [['--intra-op-nice', '-1'], {}],
+      [[], { SLABSERVE_INTRA_OP_NICE: 'low' }],
+    ] as [string[], Record<string, string>][]) {
+      const r = spawnSync(process.execPath, [CLI, 'serve', '--port', '0', '--device', 'cpu', ...args], { env: { ...process.env, ...env }, encoding: 'utf8', timeout: 30_000 });
+      expect(r.status, `${args.join(' ')} ${JSON.stringify(env)}: ${r.stderr}`).toBe(1);
+      expect(r.stderr).toMatch(/--intra-op-nice .*expected an integer from 0 to 19/);
+    }
+  });
+});
 
 describe('SIGTERM and SIGINT on `slabserve serve` (a child process)', () => {
   it('SIGTERM under load: every request sent before it is answered 200 or 503 (none reset), the process exits 0', { timeout: 60_000 }, async () => {

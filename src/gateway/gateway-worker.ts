@@ -22,7 +22,7 @@ import { gatewayMetrics } from '../shared/metrics.js';
 import { RpcPeer } from '../shared/rpc.js';
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
-import { currentThreadId } from '../shared/threads.js';
+import { currentThreadId, nameThread } from '../shared/threads.js';
 import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
 import { InferenceClient, type ClientModel } from './inference-client.js';
 import { BusyLag } from './lag.js';
@@ -68,6 +68,7 @@ const post = (m: GatewayMessage) => parentPort!.postMessage(m);
 
 const toMain = batchedLines((lines) => post({ type: 'log', lines }));
 const thread = `gateway-${data.gatewayId}`;
+nameThread(thread); // what top -H shows
 const level = data.log?.level ?? 'info';
 const logger = createLogger(level, thread, { write: toMain.write });
 const accessOut = data.log?.accessFd !== undefined ? turnBatchedFd(data.log.accessFd) : null;

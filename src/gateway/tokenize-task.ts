@@ -5,7 +5,10 @@
  * request on that gateway for 60 ms). Returns flat typed arrays.
  */
 import { InputTooLongError } from '../shared/errors.js';
+import { nameThread } from '../shared/threads.js';
 import { loadTokenizer, type TextTokenizer } from './tokenizer.js';
+
+nameThread('tokenizer'); // for top -H: it would otherwise show its gateway's name, inherited
 
 export interface TokenizeTask {
   tokenizerPath: string;

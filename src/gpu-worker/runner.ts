@@ -23,8 +23,9 @@ export interface SessionOptions {
 
 /**
  * Intra-op threads when 0 is asked: every core. They sleep between runs
- * (NO_SPINNING), so they take only the CPU the gateways leave idle. Measured
- * on 2 cores against one thread, two servers side by side: minilm-l6 at 16
+ * (INTRA_OP_SPINNING) and give way to the gateways (--intra-op-nice), so they
+ * take mostly the CPU the gateways leave idle. Measured (asleep through runs
+ * then) on 2 cores against one thread, two servers side by side: minilm-l6 at 16
  * HTTP clients 1.25-1.4x the req/s; tiny-embed 1.2x over WebSocket (64 in
  * flight), 1.15-1.2x at one client (P50 1.6 against 1.9 ms), equal over HTTP
  * at 64 clients (0.97-1.10 by round), where the gateway has no CPU to spare.
@@ -34,11 +35,22 @@ export function autoIntraOpThreads(): number {
 }
 
 /**
- * Pool threads that wait for work sleep instead of spinning. onnxruntime's
- * default spins them between runs: on 2 cores its one pool thread burned a
+ * On CPU, pool threads spin while a run lasts and sleep between runs
+ * (force_spinning_stop ends the spin when a run returns). onnxruntime's
+ * default spins them between runs too: on 2 cores its one pool thread burned a
  * whole core (1999 ms of CPU in 2000 ms of single-row runs 1 ms apart) that
- * the gateway needed; asleep, 336 ms.
+ * the gateway needed. Never spinning, every parallel section of a run waits for
+ * a sleeping thread to wake: a one-row tiny-embed run took 470-590 µs back to
+ * back and 600-740 µs after a 0.7 ms gap, against 280 and 430-510 µs spinning
+ * inside the run, for the same CPU per run after a gap (0.89-0.91 ms). Over
+ * HTTP, one client: P50 1.32x lower (1.05 against 1.39 ms). A thread spinning
+ * through a run still holds a core a gateway may need (at 64 HTTP clients on 2
+ * cores 0.92x the req/s), so the pool runs at a lower priority (--intra-op-nice,
+ * worker.ts), which gives most of that back: 0.99-1.06x over HTTP, 0.92-0.94x
+ * over WebSocket (docs/tuning.md). On CUDA the pool has next to nothing to do
+ * while the device computes, and spinning would only burn the cores.
  */
+const INTRA_OP_SPINNING = { session: { intra_op: { allow_spinning: '1' }, inter_op: { allow_spinning: '0' }, force_spinning_stop: '1' } };
 const NO_SPINNING = { session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } };
 
 /**
@@ -157,7 +169,7 @@ export class ModelRunner {
       executionProviders: providers,
       graphOptimizationLevel: 'all',
       intraOpNumThreads: session.intraOpThreads === 0 ? autoIntraOpThreads() : session.intraOpThreads,
-      extra: NO_SPINNING,
+      extra: device.kind === 'cpu' ? INTRA_OP_SPINNING : NO_SPINNING,
       ...SESSION_MEMORY,
       logSeverityLevel: 3,
     });

@@ -28,7 +28,7 @@ import { inferenceMetrics } from '../shared/metrics.js';
 import { RpcPeer } from '../shared/rpc.js';
 import type { ModelSpec } from '../shared/model-config.js';
 import { H_LENGTH, Slab, type SlabLayout } from '../shared/slab.js';
-import { currentThreadId, processThreadIds } from '../shared/threads.js';
+import { currentThreadId, lowerThreadPriority, nameThread, threadsNamed } from '../shared/threads.js';
 import { cudaProviderInstalled, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
 import { InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
 import { ModelRunner } from './runner.js';
@@ -39,6 +39,8 @@ export interface InferenceWorkerData {
   owners: number;
   device: string;
   intraOpThreads: number;
+  /** Nice value of onnxruntime's intra-op pool threads on CPU (0: the process's own). */
+  intraOpNice: number;
   maxInflightBatches: number;
   scheduling: SchedulingOptions;
   models: { spec: ModelSpec; slab: SharedArrayBuffer; layout: SlabLayout; batching: BatchingOptions }[];
@@ -70,13 +72,21 @@ export type InferenceWorkerMessage =
   | { type: 'fatal'; message: string }
   | { type: 'stopped' };
 
-/** Kernel thread ids: this thread, and the threads that appeared while its sessions opened (onnxruntime's intra-op pool, mostly). */
+/** Kernel thread ids: this thread, and onnxruntime's intra-op pool threads (the ones it created while its sessions opened). */
 export interface InferenceThreadIds {
   inference: number | null;
   pool: number[];
 }
 
 const data = workerData as InferenceWorkerData;
+/**
+ * This thread's kernel name while it opens its sessions: onnxruntime's pool
+ * threads inherit it when they are created, and no other thread has it (an
+ * abandoned predecessor has another epoch). Once they are found, this thread
+ * is called "inference" and they "onnxruntime" (what top -H shows).
+ */
+const OPENING_THREAD_NAME = `opening-${data.epoch}`;
+nameThread(OPENING_THREAD_NAME);
 const post = (m: InferenceWorkerMessage) => parentPort!.postMessage(m);
 const control = new ControlBlock(data.control, data.owners);
 /** Whether this thread is still the live one (the main thread has not given it up). */
@@ -111,6 +121,22 @@ async function openRunners(): Promise<{ runners: ModelRunner[]; device: DeviceIn
 const registry = new Registry();
 const metrics = inferenceMetrics(registry);
 
+/**
+ * Finds onnxruntime's intra-op pool threads, names them, and on CPU gives them
+ * the nice value `data.intraOpNice`. Run once the sessions are open: they are
+ * the threads named like this one (OPENING_THREAD_NAME).
+ * Reniced, a pool thread spinning through a run (runner.ts, INTRA_OP_SPINNING)
+ * gives way to a gateway thread that has a request to answer.
+ */
+function claimPoolThreads(device: DeviceInfo): InferenceThreadIds {
+  const inference = currentThreadId();
+  const pool = threadsNamed(OPENING_THREAD_NAME).filter((t) => t !== inference);
+  nameThread('inference', inference);
+  for (const t of pool) nameThread('onnxruntime', t);
+  if (device.kind === 'cpu' && data.intraOpNice > 0) lowerThreadPriority(pool, data.intraOpNice);
+  return { inference, pool };
+}
+
 async function main(): Promise<void> {
   // Answers metrics scrapes; its port listener also keeps this thread alive
   // while the loop sleeps in Atomics.waitAsync.
@@ -118,9 +144,8 @@ async function main(): Promise<void> {
   let runners: ModelRunner[];
   let loop: InferenceLoop;
   try {
-    const before = new Set(processThreadIds());
     const opened = await openRunners();
-    const threads: InferenceThreadIds = { inference: currentThreadId(), pool: processThreadIds().filter((t) => !before.has(t)) };
+    const threads = claimPoolThreads(opened.device);
     runners = opened.runners;
     loop = createLoop(data.testHooks ? runners.map(hooked) : runners);
     for (const [m, r] of runners.entries()) {
