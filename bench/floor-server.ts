@@ -3,7 +3,9 @@
  * else. One uWebSockets.js app on one thread, no batching, no model run, no
  * slots, no metrics, no logs: read the body, parse it, tokenize the text (or
  * check the token ids) with slabserve's own tokenizer, and answer one
- * 128-float row serialised exactly as slabserve's gateway serialises rows.
+ * 128-float row serialised exactly as slabserve's gateway serialises rows,
+ * reading and writing bodies as it does (no copy of a one-chunk body, the row
+ * written from the serialiser's scratch buffer).
  * `bench/floor.ts` runs it side by side with `slabserve serve` and compares
  * CPU per request, thread by thread: whatever slabserve's gateway thread
  * spends beyond this is the price of its path around the batcher.
@@ -21,7 +23,7 @@ import { loadUws, type us_listen_socket } from '../src/gateway/uws.js';
 import { loadModelSpec } from '../src/shared/model-config.js';
 import { mulberry32 } from '../src/modelgen/rng.js';
 import { join } from 'node:path';
-import { embeddingsJson } from '../src/gateway/answers.js';
+import { float32RowsJsonView } from '../src/gateway/float-json.js';
 
 const { values } = parseArgs({
   options: { 'models-dir': { type: 'string', default: 'models' }, model: { type: 'string', default: 'tiny-embed' }, port: { type: 'string', default: '0' } },
@@ -62,17 +64,23 @@ app.post('/embed', (res, req) => {
   const contentType = req.getHeader('content-type');
   let aborted = false;
   res.onAborted(() => (aborted = true));
-  const chunks: Buffer[] = [];
+  let chunks: Buffer[] | null = null;
   res.onData((chunk, isLast) => {
-    chunks.push(Buffer.from(chunk.slice(0)));
-    if (!isLast) return;
+    // As the gateway reads a body (RequestContext.readPayload): a body in one chunk is parsed where
+    // uWS holds it, before it reuses the memory; only a body in several chunks is copied.
+    if (!isLast || chunks !== null) {
+      (chunks ??= []).push(Buffer.from(chunk.slice(0)));
+      if (!isLast) return;
+    }
     let status = '200 OK';
     let body: string | Uint8Array;
     try {
       if (contentType !== 'application/json') throw new Error('send JSON');
-      const msg = JSON.parse(Buffer.concat(chunks).toString('utf8')) as { inputs?: unknown };
+      const bytes = chunks === null ? Buffer.from(chunk) : Buffer.concat(chunks);
+      const msg = JSON.parse(bytes.toString('utf8')) as { inputs?: unknown };
       encode(msg.inputs);
-      body = embeddingsJson([nextRow()]);
+      // A view of the serialiser's scratch buffer, written out by end() at once: what the gateway sends.
+      body = float32RowsJsonView([nextRow()]);
     } catch (err) {
       status = '422 Unprocessable Entity';
       body = JSON.stringify({ error: (err as Error).message });

@@ -6,13 +6,8 @@
  * JSON.stringify of the doubles they widen to, and 42% fewer bytes).
  */
 import { pack } from 'msgpackr';
-import { float32RowsJson, float32RowsJsonView } from './float-json.js';
+import { float32RowsJsonView } from './float-json.js';
 import type { Answer } from './http.js';
-
-/** Embedding rows as JSON: `[[x, ...], ...]`. */
-export function embeddingsJson(rows: readonly Float32Array[]): Uint8Array {
-  return float32RowsJson(rows);
-}
 
 /** Rows as number lists (msgpack answers, and frames that enclose them). */
 export function rowLists(rows: readonly Float32Array[]): number[][] {
