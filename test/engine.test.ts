@@ -257,6 +257,21 @@ describe('limits', () => {
     await expect(small.embed('after close')).rejects.toMatchObject({ code: 'SLABSERVE_ENGINE_CLOSED' });
   }, 60_000);
 
+  it('maxBatchSize 1 (no batching): starts (its warm-up fits one row), runs every request alone, with the reference rows', async () => {
+    const alone = await createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { maxBatchSize: 1 }, log: () => {} });
+    try {
+      const seqs = randomTokenSequences(makeRandom('max batch size 1'), 24, 3, 60);
+      const before = alone.stats()['tiny-embed']!;
+      const rows = await Promise.all(seqs.map((s) => alone.runTokens('tiny-embed', [s])));
+      const after = alone.stats()['tiny-embed']!;
+      expect(after.rows - before.rows).toBe(seqs.length);
+      expect(after.batches - before.batches).toBe(seqs.length); // one request a batch
+      for (let i = 0; i < seqs.length; i++) expect(maxAbsDiff(rows[i]![0]!.output, await embedRef.row(seqs[i]!.ids))).toBeLessThan(TOLERANCE);
+    } finally {
+      await alone.close();
+    }
+  }, 60_000);
+
   it('refuses batching options that cannot work, with a clear message', async () => {
     await expect(createEngine({ device: 'cpu', models: ['tiny-embed'], batching: { maxBatchSize: 0 }, log: () => {} })).rejects.toThrow(
       /maxBatchSize must be a positive integer/,

@@ -290,7 +290,11 @@ export class ModelRunner {
       const pool = this.pools[b]!;
       const buf = pool.pop()!; // no batch runs before warm-up ends: every buffer is free
       try {
-        for (const [B, timed] of [[this.onCuda ? capacity : 1, false], [1, true], [Math.max(2, Math.ceil(capacity / 4)), true]] as const) {
+        // Untimed first (on CUDA at capacity, to grow the device arena), then the cost model's two timed
+        // points: one row, and a quarter of the capacity (at least 2 rows; none where only one fits).
+        const runs: [rows: number, timed: boolean][] = [[this.onCuda ? capacity : 1, false], [1, true]];
+        if (capacity >= 2) runs.push([Math.max(2, Math.ceil(capacity / 4)), true]);
+        for (const [B, timed] of runs) {
           const per = this.rowsPerRun(T, B);
           fillConstant(buf, per * T);
           let ms = 0;
