@@ -153,7 +153,8 @@ function send(res: http.ServerResponse, status: number, body: string, type = 'ap
 export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
   const spec = loadModelSpec(resolve(opts.modelDir));
   if (spec.task !== 'embed') throw new Error(`model ${spec.name} is a ${spec.task} model; the peer serves embedding models only`);
-  const pooling: Pooling = opts.pooling ?? spec.pooling;
+  const pooling = opts.pooling ?? spec.pooling;
+  if (pooling !== 'mean' && pooling !== 'cls') throw new Error(`peer-transformers: pooling ${pooling} is not one transformers.js computes as sentence-transformers does (mean or cls)`);
   const defaultNormalize = opts.normalize ?? spec.normalize;
   const maxBodyBytes = opts.maxBodyBytes ?? 4 * 1024 * 1024;
 

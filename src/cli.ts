@@ -17,6 +17,7 @@ import { apiKeyProblem } from './gateway/security.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
 import { PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
+import { POOLINGS } from './shared/model-config.js';
 
 /** An integer option parser with a clear message on bad values. */
 function int(min: number, max = Infinity) {
@@ -168,7 +169,9 @@ program
   .addOption(flag('--host <host>', 'address to listen on', 'HOST', undefined, D.host))
   .addOption(flag('--port <port>', 'port to listen on (0: any free port)', 'PORT', int(0), D.port))
   .addOption(flag('--models-dir <dir>', 'model repository folder (default: the package models/)', 'MODELS_DIR'))
-  .addOption(flag('--model <name>', 'serve only this model (repeatable, or comma-separated; default: all)', 'MODEL', collect))
+  .addOption(flag('--model <name>', 'serve only this model: a name under --models-dir or a folder path (repeatable, or comma-separated; default: all)', 'MODEL', collect))
+  .addOption(flag('--pooling <mode>', "pooling of every embedding model served, over its folder's (1_Pooling/config.json) and serve.json", 'POOLING').choices(POOLINGS as unknown as string[]))
+  .addOption(flag('--max-input-length <n>', "longest input in tokens of every model served, over its folder's (sentence_bert_config.json) and serve.json; at most the model's positions", 'MAX_INPUT_LENGTH', int(1)))
   .addOption(flag('--device <device>', 'auto, cpu, cuda or cuda:N', 'DEVICE', undefined, D.device))
   .addOption(flag('--processes <n>', 'run a cluster of N server processes on one port, restarted if they exit (each on --device; cpu when that is auto): docs/cluster.md', 'PROCESSES', int(1)))
   .addOption(flag('--devices <list>', 'run a cluster of one server process per device on one port, e.g. cuda:0,cuda:1: docs/cluster.md', 'DEVICES', collect))

@@ -18,7 +18,7 @@ import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { bucketPlans, InferenceSupervisor, loadModels } from './inference-host.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
-import type { Task } from './shared/model-config.js';
+import type { Pooling, SettingSources, Task } from './shared/model-config.js';
 import { Counter, Slab } from './shared/slab.js';
 import { SlabSubmitter, type SlotResult } from './shared/submitter.js';
 
@@ -28,8 +28,12 @@ export { resolveBatching } from './inference-host.js';
 export interface EngineOptions {
   /** Model repository folder. Default: the package's models/ folder. */
   modelsDir?: string;
-  /** Model folder names to load. Default: every model in modelsDir. */
+  /** Model folder names to load, or folder paths. Default: every model in modelsDir. */
   models?: string[];
+  /** Pooling of every embedding model, over its folder's and serve.json's (model-config.ts). */
+  pooling?: Pooling;
+  /** Longest input of every model in tokens, over its folder's and serve.json's. */
+  maxInputLength?: number;
   /** 'auto' (default), 'cpu', 'cuda' or 'cuda:N'. */
   device?: string;
   /** Batching knobs; see src/gpu-worker/scheduler.ts. Buckets default to powers of two up to each model's max length. */
@@ -104,6 +108,11 @@ export interface ModelInfo {
   maxLength: number;
   dimension: number;
   labels: string[];
+  /** Embedding models: how token states become one vector, and whether it is L2-normalised by default. */
+  pooling?: Pooling;
+  normalize?: boolean;
+  /** Which flag, file of the model's folder, or default decided task, pooling, normalize and maxLength. */
+  sources: SettingSources;
   batching: BatchingOptions;
 }
 
@@ -129,6 +138,8 @@ export function describeModel(m: ClientModel['plan']): ModelInfo {
     maxLength: m.maxLength,
     dimension: m.spec.task === 'embed' ? m.spec.hiddenSize : m.spec.labels.length,
     labels: m.spec.labels,
+    ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize } : {}),
+    sources: m.spec.sources,
     batching: m.batching,
   };
 }
@@ -250,6 +261,8 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     ...(options.modelsDir ? { modelsDir: options.modelsDir } : {}),
     ...(options.models ? { models: options.models } : {}),
     ...(options.batching ? { batching: options.batching } : {}),
+    overrides: { ...(options.pooling ? { pooling: options.pooling } : {}), ...(options.maxInputLength ? { maxLength: options.maxInputLength } : {}) },
+    warn: log,
     slotsPerModel: options.slotsPerModel ?? ENGINE_DEFAULTS.slotsPerModel,
     owners,
   });

@@ -6,7 +6,7 @@
  * same slabs. Everything here runs on the main thread.
  */
 import { existsSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import type { Registry } from 'prom-client';
@@ -16,7 +16,7 @@ import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inferen
 import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
 import { WorkerState, type ControlBlock } from './shared/control.js';
 import { ModelNotFoundError, SlabserveError, ValidationError } from './shared/errors.js';
-import { listModelDirs, loadModelSpec, type ModelSpec } from './shared/model-config.js';
+import { isValidModelName, listModelDirs, loadModelSpec, type ModelOverrides, type ModelSpec } from './shared/model-config.js';
 import { nowMs } from './shared/clock.js';
 import { RpcPeer } from './shared/rpc.js';
 import {
@@ -53,7 +53,12 @@ export interface ModelPlan {
 
 export interface LoadModelsOptions {
   modelsDir?: string;
+  /** Names under modelsDir, or folder paths (with a "/", or an existing folder): the model is then named after its folder. */
   models?: string[];
+  /** Settings the server's flags impose on every model (pooling, max input length). */
+  overrides?: ModelOverrides;
+  /** Where a model's start-up warnings go (a pooling left to the default). */
+  warn?: (line: string) => void;
   batching?: Partial<BatchingOptions>;
   slotsPerModel: number;
   /** Threads that submit requests (each gets its own completion queue). */
@@ -64,16 +69,50 @@ export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
   const modelsDir = resolve(opts.modelsDir ?? join(packageRoot, 'models'));
   const names = opts.models && opts.models.length > 0 ? opts.models : listModelDirs(modelsDir);
   if (names.length === 0) throw new Error(`no models in ${modelsDir}: run \`npm run models\` to generate the defaults`);
-  return names.map((name, index) => {
-    const dir = join(modelsDir, name);
-    if (!existsSync(join(dir, 'config.json'))) throw new ModelNotFoundError(name, listModelDirs(modelsDir));
-    const spec = loadModelSpec(dir, name);
+  const folders = names.map((given) => modelFolder(modelsDir, given));
+  const seen = new Set<string>();
+  for (const f of folders) {
+    if (seen.has(f.name)) throw new ValidationError(`two models named "${f.name}" (${names.join(', ')}): a model is named after its folder`);
+    seen.add(f.name);
+  }
+  return folders.map(({ name, dir }, index) => {
+    const spec = loadModelSpec(dir, name, opts.overrides);
+    for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
     const batching = resolveBatching(spec, opts.batching);
     const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
     const slab = Slab.create({ slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners });
     const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
     return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
   });
+}
+
+/**
+ * Where `given` (a --model value) is: a folder path when it holds a "/" or is a
+ * folder as it stands (relative to the working directory), else a name under
+ * modelsDir. The model is named after its folder.
+ */
+function modelFolder(modelsDir: string, given: string): { name: string; dir: string } {
+  const isPath = given.includes('/') || given.includes('\\') || given === '.' || given === '..';
+  if (isPath || (!isValidModelName(given) && existsSync(given))) {
+    const dir = resolve(given);
+    if (!existsSync(join(dir, 'config.json'))) {
+      throw new ValidationError(existsSync(dir) ? `model folder ${dir} has no config.json` : `model folder ${dir} does not exist`);
+    }
+    return { name: basename(dir), dir };
+  }
+  const dir = join(modelsDir, given);
+  if (!existsSync(join(dir, 'config.json'))) throw new ModelNotFoundError(given, listModelDirs(modelsDir));
+  return { name: given, dir };
+}
+
+/** "task=embed pooling=cls (1_Pooling/config.json) normalize=true (modules.json) maxLength=128 (sentence_bert_config.json)". */
+export function describeSettings(plan: ModelPlan): string {
+  const { spec } = plan;
+  const parts = [`task=${spec.task} (${spec.sources.task})`];
+  if (spec.task === 'embed') parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
+  const cut = plan.maxLength < spec.maxLength ? `, cut to the longest bucket` : '';
+  parts.push(`maxLength=${plan.maxLength} (${spec.sources.maxLength}${cut})`);
+  return parts.join(' ');
 }
 
 /** Each model's bucket lengths and batch capacities, as owners need them for admission. */
@@ -179,10 +218,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
           if (m.note) opts.log(`slabserve: ${m.note}`);
           opts.log(`slabserve: device ${describeDevice(m.device)}`);
           for (const plan of models) {
-            opts.log(
-              `slabserve: model ${plan.spec.name} task=${plan.spec.task} device=${m.device.label} ` +
-                `buckets=${plan.batching.buckets.join(',')} maxBatchSize=${plan.batching.maxBatchSize}`,
-            );
+            opts.log(`slabserve: model ${plan.spec.name} ${describeSettings(plan)} device=${m.device.label} buckets=${plan.batching.buckets.join(',')} maxBatchSize=${plan.batching.maxBatchSize}`);
           }
         }
         res(m.device);

@@ -34,6 +34,7 @@ import { ControlBlock, WorkerState } from './shared/control.js';
 import { ValidationError } from './shared/errors.js';
 import { processMetrics, supervisionMetrics } from './shared/metrics.js';
 import { RpcPeer } from './shared/rpc.js';
+import type { Pooling } from './shared/model-config.js';
 import { Counter, Slab } from './shared/slab.js';
 import { threadCpuSeconds } from './shared/threads.js';
 import { VERSION } from './version.js';
@@ -43,7 +44,12 @@ export interface ServerConfig {
   /** 0 picks a free port. */
   port: number;
   modelsDir?: string;
+  /** Names under modelsDir, or folder paths. */
   models?: string[];
+  /** Pooling of every embedding model served, over its folder's and serve.json's. */
+  pooling?: Pooling;
+  /** Longest input of every model served, in tokens, over its folder's and serve.json's. */
+  maxInputLength?: number;
   device: string;
   gatewayThreads: number;
   batching: Partial<BatchingOptions>;
@@ -209,6 +215,8 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
     ...(config.models && config.models.length ? { models: config.models } : {}),
     batching: config.batching,
+    overrides: { ...(config.pooling ? { pooling: config.pooling } : {}), ...(config.maxInputLength ? { maxLength: config.maxInputLength } : {}) },
+    warn: log,
     slotsPerModel: config.slotsPerModel,
     owners,
   });

@@ -275,7 +275,17 @@ describe('routes, JSON and msgpack (one gateway thread)', () => {
         device: { label: 'cpu', name: expect.any(String), provider: 'CPUExecutionProvider' },
         models: [
           { name: 'tiny-intent', task: 'classify', maxLength: 512, dimension: 8, labels, batching },
-          { name: 'tiny-embed', task: 'embed', maxLength: 512, dimension: 128, labels: [], batching },
+          {
+            name: 'tiny-embed',
+            task: 'embed',
+            maxLength: 512,
+            dimension: 128,
+            labels: [],
+            pooling: 'mean',
+            normalize: true,
+            sources: { task: 'serve.json', pooling: 'serve.json', normalize: 'serve.json', maxLength: 'config.json' },
+            batching,
+          },
         ],
         limits: {
           maxClientBatchSize: SERVER_DEFAULTS.maxClientBatchSize,

@@ -3,7 +3,8 @@
  * so that only [batch, width] floats leave the device (never the
  * [batch, sequence, hidden] token states):
  *
- *   embed:    last_hidden_state -> masked mean (or CLS) pooling -> L2 norm
+ *   embed:    last_hidden_state -> pooling (the model's mode: cls, mean, max,
+ *             mean_sqrt_len, weightedmean, lasttoken) -> L2 norm
  *             outputs `slabserve_embedding` [B, H] (normalised) and
  *             `slabserve_norm` [B, 1]
  *   classify: logits -> softmax
@@ -14,7 +15,7 @@
  * It works on any Hugging Face BERT-style export (optimum or torch.onnx) whose
  * outputs are `last_hidden_state` or `logits`, and on ours from `npm run models`.
  */
-import type { ModelSpec } from '../shared/model-config.js';
+import type { ModelSpec, Pooling } from '../shared/model-config.js';
 import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/onnx-graph.js';
 
 export interface PreparedModel {
@@ -50,7 +51,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
 
   if (spec.task === 'embed') {
     const hidden = findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec);
-    const pooled = spec.pooling === 'cls' ? clsPool(b, hidden) : meanPool(b, hidden);
+    const pooled = pool(b, hidden, spec.pooling, opset);
     // L2 normalisation, with the norm kept so the caller can undo it.
     const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [pooled, pooled]), axes(b, 1)], { keepdims: 1 })]);
     const safeNorm = b.op('Max', [norm, scalar(b, 'slabserve_eps_norm', 1e-12)]);
@@ -117,16 +118,46 @@ function scalar(b: GraphBuilder, name: string, value: number): string {
   return b.has(name) ? name : b.addInitializer(name, 'float', [value], []);
 }
 
-/** Mean of the token states the attention mask keeps: padding never counts. */
-function meanPool(b: GraphBuilder, hidden: string): string {
+/**
+ * One vector per row from the token states [B,T,H], as sentence-transformers'
+ * Pooling module computes it; padding (attention mask 0) never counts.
+ */
+function pool(b: GraphBuilder, hidden: string, mode: Pooling, opset: number): string {
+  if (mode === 'cls') {
+    const zero = b.addInitializer('slabserve_index_0', 'int64', [0], []);
+    return b.op('Gather', [hidden, zero], { axis: 1 }); // the first token's state ([CLS])
+  }
   const mask = b.op('Unsqueeze', [b.op('Cast', ['attention_mask'], { to: onnx.TensorProto.DataType.FLOAT }), axes(b, 2)]); // [B,T,1]
-  const summed = b.op('ReduceSum', [b.op('Mul', [hidden, mask]), axes(b, 1)], { keepdims: 0 }); // [B,H]
-  const count = b.op('ReduceSum', [mask, axes(b, 1)], { keepdims: 0 }); // [B,1]
-  return b.op('Div', [summed, b.op('Max', [count, scalar(b, 'slabserve_eps_count', 1e-9)])]);
+  const sumOver = (x: string) => b.op('ReduceSum', [x, axes(b, 1)], { keepdims: 0 }); // over T
+  const atLeast = (x: string, eps: number, name: string) => b.op('Max', [x, scalar(b, name, eps)]);
+  switch (mode) {
+    case 'mean':
+      return b.op('Div', [sumOver(b.op('Mul', [hidden, mask])), atLeast(sumOver(mask), 1e-9, 'slabserve_eps_count')]);
+    case 'mean_sqrt_len':
+      return b.op('Div', [sumOver(b.op('Mul', [hidden, mask])), b.op('Sqrt', [atLeast(sumOver(mask), 1e-9, 'slabserve_eps_count')])]);
+    case 'max': {
+      // Padding set to -1e9 first, as sentence-transformers does: h*m + (m-1)*1e9.
+      const masked = b.op('Add', [b.op('Mul', [hidden, mask]), b.op('Mul', [b.op('Sub', [mask, scalar(b, 'slabserve_one', 1)]), scalar(b, 'slabserve_big', 1e9)])]);
+      // ReduceMax takes its axes as an input from opset 18, as an attribute before.
+      return opset >= 18 ? b.op('ReduceMax', [masked, axes(b, 1)], { keepdims: 0 }) : b.op('ReduceMax', [masked], { axes: [1], keepdims: 0 });
+    }
+    case 'weightedmean': {
+      // Weights 1..n along the row (sentence-transformers: arange(1, T+1), masked); with right padding
+      // that is the running count of the mask.
+      const weights = b.op('Mul', [positionsCounted(b, mask), mask]);
+      return b.op('Div', [sumOver(b.op('Mul', [hidden, weights])), atLeast(sumOver(weights), 1e-9, 'slabserve_eps_count')]);
+    }
+    case 'lasttoken': {
+      // The last token the mask keeps: where the running count of the mask reaches its total.
+      const total = b.op('ReduceSum', [mask, axes(b, 1)], { keepdims: 1 }); // [B,1,1]
+      const isLast = b.op('Mul', [b.op('Cast', [b.op('Equal', [positionsCounted(b, mask), total])], { to: onnx.TensorProto.DataType.FLOAT }), mask]);
+      return sumOver(b.op('Mul', [hidden, isLast]));
+    }
+  }
 }
 
-/** The first token's state ([CLS]). */
-function clsPool(b: GraphBuilder, hidden: string): string {
-  const zero = b.addInitializer('slabserve_index_0', 'int64', [0], []);
-  return b.op('Gather', [hidden, zero], { axis: 1 });
+/** The running count of the mask along each row, [B,T,1]: 1, 2, ... n over the real tokens. */
+function positionsCounted(b: GraphBuilder, mask: string): string {
+  const axis = b.has('slabserve_axis_1') ? 'slabserve_axis_1' : b.addInitializer('slabserve_axis_1', 'int64', [1], []);
+  return b.op('CumSum', [mask, axis]);
 }

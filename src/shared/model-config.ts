@@ -1,10 +1,13 @@
 /**
  * The model repository: one folder per model, laid out as a Hugging Face
- * export (optimum's, or ours from `npm run models`):
+ * export (optimum's, a sentence-transformers folder, or ours from
+ * `npm run models`):
  *
  *   <dir>/config.json       Hugging Face config (architectures, hidden_size, id2label, ...)
  *   <dir>/tokenizer.json    Hugging Face tokenizer
  *   <dir>/model.onnx        or <dir>/onnx/model.onnx (optimum's layout)
+ *   <dir>/modules.json, 1_Pooling/config.json, sentence_bert_config.json, tokenizer_config.json
+ *                           what a sentence-transformers folder says (hf-folder.ts)
  *   <dir>/serve.json        optional: { task, pooling, normalize, maxLength }
  *
  * Tasks: `embed` (a BertModel: pooled, normalised vectors), `classify` (a
@@ -14,15 +17,36 @@
  * inferred: a ForSequenceClassification config with one label is a
  * reranker, with more a classifier, anything else an embedding model.
  *
+ * Precedence, for pooling, normalize and the max input length: the server's
+ * flags (ModelOverrides), then serve.json, then the folder's own files, then
+ * the defaults (mean pooling, with a warning; normalised; the model's
+ * positions). `sources` says which one decided each.
+ *
  * This module turns a folder into a ModelSpec: everything the threads need to
  * agree on (task, lengths, the width of a result row), read once at start.
  */
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
+import { POOLINGS, readFolderSettings, readJsonFile, type Pooling, type Sourced } from './hf-folder.js';
+
+export { POOLINGS, type Pooling } from './hf-folder.js';
 
 export type Task = 'embed' | 'classify' | 'rerank';
 export const TASKS: readonly Task[] = ['embed', 'classify', 'rerank'];
-export type Pooling = 'mean' | 'cls';
+
+/** Settings the server's flags impose on every model it serves (pooling on embedding models only). */
+export interface ModelOverrides {
+  pooling?: Pooling;
+  maxLength?: number;
+}
+
+/** Where each served setting came from: 'flag', 'serve.json', a file of the folder, or 'default'. */
+export interface SettingSources {
+  task: string;
+  pooling: string;
+  normalize: string;
+  maxLength: string;
+}
 
 export interface ModelSpec {
   name: string;
@@ -41,6 +65,10 @@ export interface ModelSpec {
   labels: string[];
   /** Token type ids the model knows (config.json type_vocab_size; 2 for BERT). */
   typeVocabSize?: number;
+  /** Which flag, file or default decided task, pooling, normalize and maxLength. */
+  sources: SettingSources;
+  /** What start-up should warn about (a setting left to its default where a folder usually says). */
+  warnings: string[];
   /**
    * Floats per result row in the slab. embed: the normalised vector then its
    * norm (so an unnormalised vector is one multiply away); classify:
@@ -66,8 +94,10 @@ export function listModelDirs(modelsDir: string): string[] {
 
 interface HfConfig {
   architectures?: string[];
+  model_type?: string;
   hidden_size?: number;
   max_position_embeddings?: number;
+  pad_token_id?: number;
   id2label?: Record<string, string>;
   num_labels?: number;
   type_vocab_size?: number;
@@ -80,23 +110,16 @@ interface ServeJson {
   maxLength?: number;
 }
 
-function readJson<T>(path: string): T {
-  try {
-    return JSON.parse(readFileSync(path, 'utf8')) as T;
-  } catch (err) {
-    throw new Error(`cannot read ${path}: ${(err as Error).message}`);
-  }
-}
-
-export function loadModelSpec(dir: string, name = basename(dir)): ModelSpec {
+export function loadModelSpec(dir: string, name = basename(dir), overrides: ModelOverrides = {}): ModelSpec {
   if (!isValidModelName(name)) throw new Error(`invalid model name "${name}"`);
-  const config = readJson<HfConfig>(join(dir, 'config.json'));
-  const serve: ServeJson = existsSync(join(dir, 'serve.json')) ? readJson<ServeJson>(join(dir, 'serve.json')) : {};
+  const config = readJsonFile<HfConfig>(join(dir, 'config.json'));
+  const serve: ServeJson = existsSync(join(dir, 'serve.json')) ? readJsonFile<ServeJson>(join(dir, 'serve.json')) : {};
 
   const onnxPath = [join(dir, 'model.onnx'), join(dir, 'onnx', 'model.onnx')].find((p) => existsSync(p));
   if (!onnxPath) throw new Error(`model ${name}: no model.onnx or onnx/model.onnx in ${dir}`);
   const tokenizerPath = join(dir, 'tokenizer.json');
   if (!existsSync(tokenizerPath)) throw new Error(`model ${name}: no tokenizer.json in ${dir}`);
+  const folder = readFolderSettings(dir, config, tokenizerLowercases(readJsonFile(tokenizerPath)));
 
   const isClassifier = (config.architectures ?? []).some((a) => a.endsWith('ForSequenceClassification'));
   const labelCount = config.id2label ? Object.keys(config.id2label).length : (config.num_labels ?? 0);
@@ -105,8 +128,15 @@ export function loadModelSpec(dir: string, name = basename(dir)): ModelSpec {
 
   const hiddenSize = config.hidden_size;
   if (!Number.isInteger(hiddenSize) || hiddenSize! < 1) throw new Error(`model ${name}: config.json lacks hidden_size`);
-  const maxPositions = config.max_position_embeddings ?? 512;
-  const maxLength = Math.min(serve.maxLength ?? maxPositions, maxPositions);
+
+  const warnings: string[] = [];
+  const pooling = first<Pooling>(sourced(overrides.pooling, 'flag'), sourced(serve.pooling, 'serve.json'), folder.pooling) ?? { value: 'mean', source: 'default' };
+  if (!POOLINGS.includes(pooling.value)) throw new Error(`model ${name}: unknown pooling "${String(pooling.value)}" (${pooling.source}); expected one of ${POOLINGS.join(', ')}`);
+  if (task === 'embed' && pooling.source === 'default') {
+    warnings.push(`model ${name}: the folder names no pooling (no 1_Pooling/config.json): mean pooling; --pooling or serve.json to choose`);
+  }
+  const normalize = first<boolean>(sourced(serve.normalize, 'serve.json'), folder.normalize) ?? { value: true, source: 'default' };
+  const maxLength = inputLimit(name, folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
 
   const labels: string[] = [];
   if (task === 'classify') {
@@ -125,12 +155,54 @@ export function loadModelSpec(dir: string, name = basename(dir)): ModelSpec {
     onnxPath,
     tokenizerPath,
     task,
-    pooling: serve.pooling ?? 'mean',
-    normalize: serve.normalize ?? true,
-    maxLength,
+    pooling: pooling.value,
+    normalize: normalize.value,
+    maxLength: maxLength.value,
     hiddenSize: hiddenSize!,
     labels,
     typeVocabSize: config.type_vocab_size ?? 2,
+    sources: { task: serve.task ? 'serve.json' : 'config.json', pooling: pooling.source, normalize: normalize.source, maxLength: maxLength.source },
+    warnings,
     outputWidth: task === 'embed' ? hiddenSize! + 1 : 2 * labels.length,
   };
+}
+
+function sourced<T>(value: T | undefined, source: string): Sourced<T> | undefined {
+  return value === undefined ? undefined : { value, source };
+}
+
+/** The first setting given, in order of precedence. */
+function first<T>(...candidates: (Sourced<T> | undefined)[]): Sourced<T> | undefined {
+  return candidates.find((c) => c !== undefined);
+}
+
+/**
+ * Longest input in tokens: a flag, serve.json or sentence_bert_config.json's
+ * max_seq_length, else the model's positions capped by the tokenizer's
+ * model_max_length. Asked for more than the model has positions, it refuses.
+ */
+function inputLimit(name: string, folder: ReturnType<typeof readFolderSettings>, flag?: Sourced<number>, serve?: Sourced<number>): Sourced<number> {
+  const positions = folder.positions;
+  const asked = first(flag, serve, folder.maxSeqLength);
+  if (asked) {
+    if (!Number.isInteger(asked.value) || asked.value < 1) throw new Error(`model ${name}: max input length must be a positive integer, got ${String(asked.value)} (${asked.source})`);
+    if (asked.value > positions.value) {
+      throw new Error(`model ${name}: max input length ${asked.value} (${asked.source}) exceeds the model's ${positions.value} positions (${positions.source})`);
+    }
+    return asked;
+  }
+  const tok = folder.tokenizerMaxLength;
+  return tok && tok.value < positions.value ? tok : positions;
+}
+
+/** Whether tokenizer.json's normalizer lowercases (BertNormalizer's lowercase, or a Lowercase step). */
+function tokenizerLowercases(tokenizerJson: unknown): boolean {
+  const lowers = (n: unknown): boolean => {
+    if (typeof n !== 'object' || n === null) return false;
+    const o = n as { type?: unknown; lowercase?: unknown; normalizers?: unknown };
+    if (o.type === 'Lowercase') return true;
+    if (o.type === 'BertNormalizer') return o.lowercase !== false;
+    return o.type === 'Sequence' && Array.isArray(o.normalizers) && o.normalizers.some(lowers);
+  };
+  return lowers((tokenizerJson as { normalizer?: unknown } | null)?.normalizer);
 }

@@ -1,0 +1,152 @@
+/**
+ * What a Hugging Face / sentence-transformers model folder says about how it
+ * is to be served, read as sentence-transformers and text-embeddings-inference
+ * read it:
+ *
+ *   modules.json                  the module chain: Transformer, Pooling, Normalize (Dense and
+ *                                 others change the vectors and are refused)
+ *   <pooling>/config.json         the pooling mode (1_Pooling/config.json in every export seen)
+ *   sentence_bert_config.json     max_seq_length, do_lower_case
+ *   config.json                   model_type, max_position_embeddings, pad_token_id
+ *   tokenizer_config.json         model_max_length
+ *
+ * Each setting comes with the file it came from (`source`), so that start-up
+ * and /info can say why a model is served as it is. Nothing here knows about
+ * flags or serve.json: model-config.ts puts those on top.
+ */
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+/** Pooling modes, as sentence-transformers names them (its Pooling module's `pooling_mode_*` keys). */
+export const POOLINGS = ['cls', 'mean', 'max', 'mean_sqrt_len', 'weightedmean', 'lasttoken'] as const;
+export type Pooling = (typeof POOLINGS)[number];
+
+/** A value and the file (or 'default') it came from. */
+export interface Sourced<T> {
+  value: T;
+  source: string;
+}
+
+export interface FolderSettings {
+  /** From the Pooling module's config.json; absent when the folder has none. */
+  pooling?: Sourced<Pooling>;
+  /** Whether modules.json ends in a Normalize module; absent without modules.json. */
+  normalize?: Sourced<boolean>;
+  /** sentence_bert_config.json's max_seq_length. */
+  maxSeqLength?: Sourced<number>;
+  /** Positions the model has for tokens: max_position_embeddings, less the RoBERTa family's offset. */
+  positions: Sourced<number>;
+  /** tokenizer_config.json's model_max_length, where it is a real limit. */
+  tokenizerMaxLength?: Sourced<number>;
+}
+
+/** config.json's fields this module reads. */
+interface HfConfigFields {
+  model_type?: string;
+  max_position_embeddings?: number;
+  pad_token_id?: number;
+}
+
+interface StModule {
+  idx?: number;
+  name?: string;
+  path?: string;
+  type?: string;
+}
+
+/** The RoBERTa family numbers positions from pad_token_id + 1: 514 position embeddings are 512 tokens. */
+const PADDING_OFFSET_FAMILIES = new Set(['roberta', 'xlm-roberta', 'camembert', 'xlm-roberta-xl', 'mpnet']);
+
+/** Transformers' "no limit" value of model_max_length (int(1e30)) and anything like it. */
+const NO_TOKENIZER_LIMIT = 1e9;
+
+export function readJsonFile<T>(path: string): T {
+  try {
+    return JSON.parse(readFileSync(path, 'utf8')) as T;
+  } catch (err) {
+    throw new Error(`cannot read ${path}: ${(err as Error).message}`);
+  }
+}
+
+function readOptional<T>(dir: string, file: string): T | undefined {
+  const path = join(dir, file);
+  return existsSync(path) ? readJsonFile<T>(path) : undefined;
+}
+
+/** Reads what the folder says; throws, naming the file, on what it says that cannot be served as it asks. */
+export function readFolderSettings(dir: string, config: HfConfigFields, tokenizerLowercases: boolean): FolderSettings {
+  const modules = readOptional<StModule[]>(dir, 'modules.json');
+  if (modules !== undefined && !Array.isArray(modules)) throw new Error(`${join(dir, 'modules.json')}: expected a list of modules`);
+  checkModules(dir, modules ?? []);
+  const poolingDir = modules?.find((m) => moduleKind(m) === 'Pooling')?.path ?? '1_Pooling';
+  const settings: FolderSettings = { positions: modelPositions(config) };
+
+  const poolingFile = `${poolingDir}/config.json`;
+  const poolingConfig = readOptional<Record<string, unknown>>(dir, poolingFile);
+  if (poolingConfig) settings.pooling = { value: poolingMode(poolingConfig, join(dir, poolingFile)), source: poolingFile };
+  if (modules) settings.normalize = { value: modules.some((m) => moduleKind(m) === 'Normalize'), source: 'modules.json' };
+
+  const sbert = readOptional<{ max_seq_length?: unknown; do_lower_case?: unknown }>(dir, 'sentence_bert_config.json');
+  if (sbert?.max_seq_length !== undefined) {
+    const n = sbert.max_seq_length;
+    if (!Number.isInteger(n) || (n as number) < 1) throw new Error(`${join(dir, 'sentence_bert_config.json')}: max_seq_length must be a positive integer, got ${String(n)}`);
+    settings.maxSeqLength = { value: n as number, source: 'sentence_bert_config.json' };
+  }
+  if (sbert?.do_lower_case === true && !tokenizerLowercases) {
+    throw new Error(
+      `${join(dir, 'sentence_bert_config.json')}: do_lower_case is true but tokenizer.json does not lowercase; ` +
+        'lowercasing before the tokenizer is not supported: add a Lowercase normalizer to tokenizer.json',
+    );
+  }
+
+  const tokenizerConfig = readOptional<{ model_max_length?: unknown }>(dir, 'tokenizer_config.json');
+  const limit = tokenizerConfig?.model_max_length;
+  if (typeof limit === 'number' && Number.isInteger(limit) && limit > 0 && limit < NO_TOKENIZER_LIMIT) {
+    settings.tokenizerMaxLength = { value: limit, source: 'tokenizer_config.json' };
+  }
+  return settings;
+}
+
+/** "sentence_transformers.models.Pooling" -> "Pooling". */
+function moduleKind(m: StModule): string {
+  return String(m.type ?? '').split('.').pop() ?? '';
+}
+
+/** Modules that leave the vectors as the Transformer, Pooling and Normalize modules make them. */
+const SERVED_MODULES = new Set(['Transformer', 'Pooling', 'Normalize']);
+
+function checkModules(dir: string, modules: StModule[]): void {
+  for (const m of modules) {
+    const kind = moduleKind(m);
+    if (!SERVED_MODULES.has(kind)) {
+      throw new Error(
+        `${join(dir, 'modules.json')}: module ${m.path ?? m.name ?? '?'} (${m.type ?? 'no type'}) is not supported: ` +
+          `slabserve serves Transformer, Pooling and Normalize modules only, and the vectors would not be the model's without it`,
+      );
+    }
+  }
+}
+
+/** The one pooling mode a sentence-transformers Pooling config turns on. */
+function poolingMode(config: Record<string, unknown>, path: string): Pooling {
+  const keys: Record<Pooling, string> = {
+    cls: 'pooling_mode_cls_token',
+    mean: 'pooling_mode_mean_tokens',
+    max: 'pooling_mode_max_tokens',
+    mean_sqrt_len: 'pooling_mode_mean_sqrt_len_tokens',
+    weightedmean: 'pooling_mode_weightedmean_tokens',
+    lasttoken: 'pooling_mode_lasttoken',
+  };
+  const on = POOLINGS.filter((p) => config[keys[p]] === true);
+  if (on.length === 0) throw new Error(`${path}: no pooling mode is on (expected one of ${Object.values(keys).join(', ')})`);
+  if (on.length > 1) throw new Error(`${path}: ${on.join(' and ')} pooling together (their vectors concatenated) is not supported`);
+  return on[0]!;
+}
+
+function modelPositions(config: HfConfigFields): Sourced<number> {
+  const positions = config.max_position_embeddings;
+  if (positions === undefined) return { value: 512, source: 'default' };
+  if (!Number.isInteger(positions) || positions < 1) throw new Error(`config.json: max_position_embeddings must be a positive integer, got ${String(positions)}`);
+  const offset = PADDING_OFFSET_FAMILIES.has(String(config.model_type)) ? (config.pad_token_id ?? 1) + 1 : 0;
+  return { value: positions - offset, source: 'config.json' };
+}

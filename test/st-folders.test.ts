@@ -1,0 +1,249 @@
+/**
+ * sentence-transformers folders, served as sentence-transformers computes
+ * them: the pooling its 1_Pooling/config.json names, the Normalize module
+ * or its absence, sentence_bert_config.json's max_seq_length, a folder path
+ * as --model. Each folder is the generated tiny-embed graph (random weights)
+ * with the files a sentence-transformers export carries.
+ *
+ * The reference is independent of the server's graph: a plain onnxruntime
+ * session of the unmodified model.onnx, one input at a time, unpadded, whose
+ * last_hidden_state is pooled and normalised here, by this file's own code.
+ * The server answers the same inputs sent all at once (batched and padded).
+ */
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import * as ort from 'onnxruntime-node';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { startServer, type Server } from '../dist/src/main.js';
+import { loadModelSpec, type Pooling } from '../dist/src/shared/model-config.js';
+import { parseMetrics } from './fixtures/http-client.js';
+import { makeRandom, maxAbsDiff, modelsDir, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
+
+const TOLERANCE = 1e-5;
+const HIDDEN = 128;
+const MAX_SEQ_LENGTH = 48;
+const POOLINGS: Pooling[] = ['cls', 'mean', 'max', 'mean_sqrt_len', 'weightedmean', 'lasttoken'];
+const POOLING_KEYS: Record<Pooling, string> = {
+  cls: 'pooling_mode_cls_token',
+  mean: 'pooling_mode_mean_tokens',
+  max: 'pooling_mode_max_tokens',
+  mean_sqrt_len: 'pooling_mode_mean_sqrt_len_tokens',
+  weightedmean: 'pooling_mode_weightedmean_tokens',
+  lasttoken: 'pooling_mode_lasttoken',
+};
+const MODULE = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
+
+let root: string;
+/** Folders served with a Normalize module: all but mean_sqrt_len, which normalised is mean's direction. */
+const NORMALIZED = (p: Pooling) => p !== 'mean_sqrt_len';
+
+/** A sentence-transformers folder around tiny-embed's graph and tokenizer; `files` add to or replace its files. */
+function stFolder(name: string, opts: { pooling?: Pooling | Pooling[]; normalize?: boolean; files?: Record<string, unknown> } = {}): string {
+  const dir = join(root, name);
+  mkdirSync(join(dir, '1_Pooling'), { recursive: true });
+  for (const f of ['config.json', 'model.onnx', 'tokenizer.json', 'tokenizer_config.json']) cpSync(join(modelsDir, 'tiny-embed', f), join(dir, f));
+  const modules = [MODULE('Transformer', 0, ''), MODULE('Pooling', 1, '1_Pooling')];
+  if (opts.normalize !== false) modules.push(MODULE('Normalize', 2, '2_Normalize'));
+  writeFileSync(join(dir, 'modules.json'), JSON.stringify(modules));
+  const on = opts.pooling === undefined ? [] : Array.isArray(opts.pooling) ? opts.pooling : [opts.pooling];
+  if (opts.pooling !== undefined) {
+    const config: Record<string, unknown> = { word_embedding_dimension: HIDDEN, include_prompt: true };
+    for (const p of POOLINGS) config[POOLING_KEYS[p]] = on.includes(p);
+    writeFileSync(join(dir, '1_Pooling', 'config.json'), JSON.stringify(config));
+  } else {
+    rmSync(join(dir, '1_Pooling'), { recursive: true });
+    writeFileSync(join(dir, 'modules.json'), JSON.stringify(modules.filter((m) => !m.type.endsWith('Pooling'))));
+  }
+  for (const [file, content] of Object.entries(opts.files ?? {})) {
+    mkdirSync(join(dir, file, '..'), { recursive: true });
+    writeFileSync(join(dir, file), typeof content === 'string' ? content : JSON.stringify(content));
+  }
+  return dir;
+}
+
+// ------------------------------------------------------------------ the independent reference
+
+let plain: ort.InferenceSession;
+let tok: TextTokenizer;
+
+/** last_hidden_state of one input alone ([T, H] rows), from the unmodified graph. */
+async function tokenStates(ids: Int32Array): Promise<Float32Array[]> {
+  const n = ids.length;
+  const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
+  const out = await plain.run({ input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1), token_type_ids: i64(() => 0) });
+  const data = out.last_hidden_state!.data as Float32Array;
+  return Array.from({ length: n }, (_, t) => data.slice(t * HIDDEN, (t + 1) * HIDDEN));
+}
+
+/** sentence-transformers' Pooling module over every token of one unpadded input, then Normalize if asked. */
+function pooled(states: Float32Array[], mode: Pooling, normalize: boolean): Float32Array {
+  const out = new Float32Array(HIDDEN);
+  const n = states.length;
+  for (let h = 0; h < HIDDEN; h++) {
+    const col = states.map((s) => s[h]!);
+    const sum = col.reduce((a, v) => a + v, 0);
+    if (mode === 'cls') out[h] = col[0]!;
+    else if (mode === 'lasttoken') out[h] = col[n - 1]!;
+    else if (mode === 'mean') out[h] = sum / n;
+    else if (mode === 'mean_sqrt_len') out[h] = sum / Math.sqrt(n);
+    else if (mode === 'max') out[h] = Math.max(...col);
+    else out[h] = col.reduce((a, v, t) => a + v * (t + 1), 0) / ((n * (n + 1)) / 2); // weightedmean: weights 1..n
+  }
+  if (!normalize) return out;
+  const norm = Math.hypot(...out);
+  return out.map((v) => v / Math.max(norm, 1e-12));
+}
+
+// ------------------------------------------------------------------ the server
+
+let server: Server;
+const logs: string[] = [];
+const base = () => `http://127.0.0.1:${server.port}`;
+
+async function post(path: string, body: unknown): Promise<{ status: number; body: any }> {
+  const r = await fetch(base() + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  return { status: r.status, body: await r.json() };
+}
+
+beforeAll(async () => {
+  root = mkdtempSync(join(tmpdir(), 'slabserve-st-'));
+  for (const p of POOLINGS) stFolder(`st-${p}`, { pooling: p, normalize: NORMALIZED(p) });
+  stFolder('st-mean-unnormalised', { pooling: 'mean', normalize: false });
+  stFolder('st-short', { pooling: 'cls', files: { 'sentence_bert_config.json': { max_seq_length: MAX_SEQ_LENGTH, do_lower_case: false } } });
+  stFolder('st-no-pooling');
+  const spec = loadModelSpec(join(modelsDir, 'tiny-embed'), 'tiny-embed');
+  plain = await ort.InferenceSession.create(readFileSync(spec.onnxPath), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+  tok = await loadTokenizer(spec.tokenizerPath);
+  const models = [...POOLINGS.map((p) => `st-${p}`), 'st-mean-unnormalised', 'st-short', 'st-no-pooling'].map((m) => join(root, m));
+  server = await startServer(testServerConfig({ models, batching: { maxBatchTokens: 4096 }, log: (l) => logs.push(l) }));
+  await server.ready;
+}, 120_000);
+
+afterAll(async () => {
+  await server?.close();
+  await plain?.release();
+  if (root) rmSync(root, { recursive: true, force: true });
+});
+
+describe('a sentence-transformers folder is served with its own pooling and normalisation', () => {
+  it('every pooling mode: batched rows equal the unmodified graph pooled by hand, one input at a time', async () => {
+    const rand = makeRandom('st pooling');
+    const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'st-mean'))), 24, 40);
+    const before = parseMetrics(await (await fetch(base() + '/metrics')).text());
+    const refs = await Promise.all(texts.map(async (t) => tokenStates(tok.encode(t, { maxLength: 512, truncate: false }).ids)));
+    const cases = [...POOLINGS.map((p) => ({ model: `st-${p}`, mode: p, normalize: NORMALIZED(p) })), { model: 'st-mean-unnormalised', mode: 'mean' as Pooling, normalize: false }];
+    // All at once, every model: the server batches and pads them.
+    const answers = await Promise.all(cases.flatMap((c) => texts.map((t) => post('/embed', { model: c.model, inputs: t }))));
+    const after = parseMetrics(await (await fetch(base() + '/metrics')).text());
+    for (const [ci, c] of cases.entries()) {
+      let worst = 0;
+      for (const [i, t] of texts.entries()) {
+        const a = answers[ci * texts.length + i]!;
+        expect(a.status, `${c.model} ${t}: ${JSON.stringify(a.body)}`).toBe(200);
+        worst = Math.max(worst, maxAbsDiff(a.body[0], pooled(refs[i]!, c.mode, c.normalize)));
+      }
+      expect(worst, c.model).toBeLessThan(TOLERANCE);
+      // Batched: fewer batches than requests for this model.
+      const d = (name: string) => after.sum(name, { model: c.model }) - before.sum(name, { model: c.model });
+      expect(d('slabserve_batch_size_sum')).toBe(texts.length);
+      expect(d('slabserve_batch_size_count')).toBeLessThan(texts.length);
+    }
+  });
+
+  it('the comparison is sharp: the rows of every two of those folders are far apart', async () => {
+    const states = await tokenStates(tok.encode('where is my parcel it was due yesterday', { maxLength: 512, truncate: false }).ids);
+    const served = POOLINGS.map((p) => ({ p, row: pooled(states, p, NORMALIZED(p)) }));
+    for (const a of served) for (const b of served) if (a.p < b.p) expect(maxAbsDiff(a.row, b.row), `${a.p} vs ${b.p}`).toBeGreaterThan(1e-3);
+    expect(maxAbsDiff(pooled(states, 'mean', true), pooled(states, 'mean', false))).toBeGreaterThan(1e-3);
+  });
+
+  it('/info and the start-up lines say what was chosen and from which file', async () => {
+    const info = (await (await fetch(base() + '/info')).json()) as { models: { name: string; pooling?: string; normalize?: boolean; maxLength: number; sources: Record<string, string> }[] };
+    const m = (name: string) => info.models.find((x) => x.name === name)!;
+    expect(m('st-lasttoken')).toMatchObject({ pooling: 'lasttoken', normalize: true, maxLength: 512, sources: { pooling: '1_Pooling/config.json', normalize: 'modules.json', maxLength: 'config.json' } });
+    expect(m('st-mean-unnormalised')).toMatchObject({ pooling: 'mean', normalize: false, sources: { normalize: 'modules.json' } });
+    expect(m('st-short')).toMatchObject({ pooling: 'cls', maxLength: MAX_SEQ_LENGTH, sources: { maxLength: 'sentence_bert_config.json' } });
+    expect(m('st-no-pooling')).toMatchObject({ pooling: 'mean', sources: { pooling: 'default' } });
+    expect(logs.some((l) => /model st-max .*pooling=max \(1_Pooling\/config\.json\)/.test(l))).toBe(true);
+    expect(logs.filter((l) => /warning: model st-no-pooling: the folder names no pooling/.test(l))).toHaveLength(1);
+    expect(logs.filter((l) => /warning/.test(l) && !l.includes('st-no-pooling'))).toEqual([]);
+  });
+});
+
+describe("sentence_bert_config.json's max_seq_length is the limit", () => {
+  it('longer inputs: 413 without truncate; with it, cut to max_seq_length as the tokenizer cuts ([SEP] kept)', async () => {
+    const rand = makeRandom('st max_seq_length');
+    const words = vocabularyWords(loadModelSpec(join(root, 'st-short')));
+    const long = Array.from({ length: 6 }, () => Array.from({ length: 50 + Math.floor(rand() * 80) }, () => words[Math.floor(rand() * words.length)]).join(' '));
+    for (const text of long) {
+      const full = tok.encode(text, { maxLength: 512, truncate: false }).ids;
+      expect(full.length).toBeGreaterThan(MAX_SEQ_LENGTH);
+      const refused = await post('/embed', { model: 'st-short', inputs: text });
+      expect(refused.status, JSON.stringify(refused.body)).toBe(413);
+      const cut = await post('/embed', { model: 'st-short', inputs: text, truncate: true });
+      expect(cut.status).toBe(200);
+      const ids = tok.encode(text, { maxLength: MAX_SEQ_LENGTH, truncate: true }).ids;
+      expect(ids.length).toBe(MAX_SEQ_LENGTH);
+      expect(ids[ids.length - 1]).toBe(full[full.length - 1]); // [SEP] kept
+      expect(maxAbsDiff(cut.body[0], pooled(await tokenStates(ids), 'cls', true))).toBeLessThan(TOLERANCE);
+    }
+    // At the limit exactly: answered.
+    const fits = words.slice(0, MAX_SEQ_LENGTH - 2).join(' ');
+    expect(tok.encode(fits, { maxLength: 512, truncate: false }).ids.length).toBeLessThanOrEqual(MAX_SEQ_LENGTH);
+    expect((await post('/embed', { model: 'st-short', inputs: fits })).status).toBe(200);
+  });
+});
+
+describe('reading a folder: precedence, limits, and what is refused', () => {
+  const spec = (dir: string, overrides = {}) => loadModelSpec(dir, undefined, overrides);
+
+  it('flags over serve.json over the folder over the defaults', () => {
+    const dir = stFolder('prec', { pooling: 'cls', files: { 'sentence_bert_config.json': { max_seq_length: 64 } } });
+    expect(spec(dir)).toMatchObject({ pooling: 'cls', maxLength: 64, sources: { pooling: '1_Pooling/config.json', maxLength: 'sentence_bert_config.json' } });
+    writeFileSync(join(dir, 'serve.json'), JSON.stringify({ pooling: 'max', maxLength: 100, normalize: false }));
+    expect(spec(dir)).toMatchObject({ pooling: 'max', maxLength: 100, normalize: false, sources: { pooling: 'serve.json', maxLength: 'serve.json', normalize: 'serve.json' } });
+    expect(spec(dir, { pooling: 'lasttoken', maxLength: 32 })).toMatchObject({ pooling: 'lasttoken', maxLength: 32, sources: { pooling: 'flag', maxLength: 'flag' } });
+    expect(() => spec(dir, { maxLength: 600 })).toThrow(/max input length 600 \(flag\) exceeds the model's 512 positions \(config\.json\)/);
+  });
+
+  it("the max input length: the RoBERTa family's position offset, the tokenizer's model_max_length", () => {
+    const config = JSON.parse(readFileSync(join(modelsDir, 'tiny-embed', 'config.json'), 'utf8')) as Record<string, unknown>;
+    const noLimit = { 'tokenizer_config.json': { model_max_length: 1e30 } }; // transformers' "unset"
+    const xlmr = stFolder('xlmr', { pooling: 'mean', files: { ...noLimit, 'config.json': { ...config, model_type: 'xlm-roberta', max_position_embeddings: 514, pad_token_id: 1 } } });
+    expect(spec(xlmr)).toMatchObject({ maxLength: 512, sources: { maxLength: 'config.json' } });
+    const bert = stFolder('bert-514', { pooling: 'mean', files: { ...noLimit, 'config.json': { ...config, model_type: 'bert', max_position_embeddings: 514 } } });
+    expect(spec(bert)).toMatchObject({ maxLength: 514, sources: { maxLength: 'config.json' } }); // no offset outside the RoBERTa family
+    const capped = stFolder('capped', { pooling: 'mean', files: { 'tokenizer_config.json': { model_max_length: 256 } } });
+    expect(spec(capped)).toMatchObject({ maxLength: 256, sources: { maxLength: 'tokenizer_config.json' } });
+    const unset = stFolder('unset', { pooling: 'mean', files: noLimit });
+    expect(spec(unset)).toMatchObject({ maxLength: 512, sources: { maxLength: 'config.json' } });
+  });
+
+  it('refuses, naming the file, what it cannot serve as the folder asks', () => {
+    const dense = stFolder('dense', { pooling: 'mean' });
+    const modules = JSON.parse(readFileSync(join(dense, 'modules.json'), 'utf8')) as unknown[];
+    writeFileSync(join(dense, 'modules.json'), JSON.stringify([...modules, MODULE('Dense', 3, '2_Dense')]));
+    expect(() => spec(dense)).toThrow(/modules\.json: module 2_Dense \(sentence_transformers\.models\.Dense\) is not supported/);
+    expect(() => spec(stFolder('two', { pooling: ['cls', 'mean'] }))).toThrow(/1_Pooling\/config\.json: cls and mean pooling together .* not supported/);
+    const none = stFolder('none', { pooling: 'mean' });
+    writeFileSync(join(none, '1_Pooling', 'config.json'), JSON.stringify({ word_embedding_dimension: HIDDEN, pooling_mode_mean_tokens: false }));
+    expect(() => spec(none)).toThrow(/no pooling mode is on/);
+    const tokenizer = JSON.parse(readFileSync(join(modelsDir, 'tiny-embed', 'tokenizer.json'), 'utf8')) as { normalizer: Record<string, unknown> };
+    const cased = stFolder('cased', {
+      pooling: 'mean',
+      files: { 'sentence_bert_config.json': { do_lower_case: true }, 'tokenizer.json': { ...tokenizer, normalizer: { ...tokenizer.normalizer, lowercase: false } } },
+    });
+    expect(() => spec(cased)).toThrow(/do_lower_case is true but tokenizer\.json does not lowercase/);
+    // The same flag with a lowercasing tokenizer (the generated one) changes nothing, and is served.
+    expect(spec(stFolder('uncased', { pooling: 'mean', files: { 'sentence_bert_config.json': { do_lower_case: true } } })).pooling).toBe('mean');
+  });
+
+  it('a --model folder that is missing, or has no config.json, is reported before anything starts', async () => {
+    await expect(startServer(testServerConfig({ models: [join(root, 'nowhere')] }))).rejects.toThrow(/model folder .*nowhere does not exist/);
+    mkdirSync(join(root, 'empty-folder'));
+    await expect(startServer(testServerConfig({ models: [join(root, 'empty-folder')] }))).rejects.toThrow(/model folder .*empty-folder has no config\.json/);
+    await expect(startServer(testServerConfig({ models: [join(root, 'st-cls'), join(root, 'prec', '..', 'st-cls')] }))).rejects.toThrow(/two models named "st-cls"/);
+  });
+});
