@@ -171,6 +171,8 @@ program
   .addOption(flag('--models-dir <dir>', 'model repository folder (default: the package models/)', 'MODELS_DIR'))
   .addOption(flag('--model <name>', 'serve only this model: a name under --models-dir or a folder path (repeatable, or comma-separated; default: all)', 'MODEL', collect))
   .addOption(flag('--pooling <mode>', "pooling of every embedding model served, over its folder's (1_Pooling/config.json) and serve.json", 'POOLING').choices(POOLINGS as unknown as string[]))
+  .addOption(flag('--default-prompt-name <name>', "prompt put before every text whose request names none, by its name in the model's config_sentence_transformers.json (every embedding model served)", 'DEFAULT_PROMPT_NAME'))
+  .addOption(flag('--default-prompt <text>', 'prompt text put before every text whose request names none (every embedding model served)', 'DEFAULT_PROMPT'))
   .addOption(flag('--max-input-length <n>', "longest input in tokens of every model served, over its folder's (sentence_bert_config.json) and serve.json; at most the model's positions", 'MAX_INPUT_LENGTH', int(1)))
   .addOption(flag('--device <device>', 'auto, cpu, cuda or cuda:N', 'DEVICE', undefined, D.device))
   .addOption(flag('--processes <n>', 'run a cluster of N server processes on one port, restarted if they exit (each on --device; cpu when that is auto): docs/cluster.md', 'PROCESSES', int(1)))

@@ -18,7 +18,7 @@ import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { bucketPlans, InferenceSupervisor, loadModels } from './inference-host.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
-import type { Pooling, SettingSources, Task } from './shared/model-config.js';
+import type { ModelOverrides, Pooling, SettingSources, Task } from './shared/model-config.js';
 import { Counter, Slab } from './shared/slab.js';
 import { SlabSubmitter, type SlotResult } from './shared/submitter.js';
 
@@ -34,6 +34,9 @@ export interface EngineOptions {
   pooling?: Pooling;
   /** Longest input of every model in tokens, over its folder's and serve.json's. */
   maxInputLength?: number;
+  /** The prompt before every text that names none, for every embedding model: one of its prompts by name, or a text (prompts.ts). */
+  defaultPromptName?: string;
+  defaultPrompt?: string;
   /** 'auto' (default), 'cpu', 'cuda' or 'cuda:N'. */
   device?: string;
   /** Batching knobs; see src/gpu-worker/scheduler.ts. Buckets default to powers of two up to each model's max length. */
@@ -111,6 +114,9 @@ export interface ModelInfo {
   /** Embedding models: how token states become one vector, and whether it is L2-normalised by default. */
   pooling?: Pooling;
   normalize?: boolean;
+  /** Embedding models: their prompts by name, and the one a text gets when its request names none. */
+  prompts?: Record<string, string>;
+  defaultPrompt?: { name?: string; text: string };
   /** Which flag, file of the model's folder, or default decided task, pooling, normalize and maxLength. */
   sources: SettingSources;
   batching: BatchingOptions;
@@ -130,6 +136,16 @@ export interface ModelStats {
   runMs: number;
 }
 
+/** The settings the server's (or engine's) options impose on every model: ModelOverrides. */
+export function modelOverrides(o: { pooling?: Pooling | undefined; maxInputLength?: number | undefined; defaultPromptName?: string | undefined; defaultPrompt?: string | undefined }): ModelOverrides {
+  return {
+    ...(o.pooling !== undefined ? { pooling: o.pooling } : {}),
+    ...(o.maxInputLength !== undefined ? { maxLength: o.maxInputLength } : {}),
+    ...(o.defaultPromptName !== undefined ? { defaultPromptName: o.defaultPromptName } : {}),
+    ...(o.defaultPrompt !== undefined ? { defaultPrompt: o.defaultPrompt } : {}),
+  };
+}
+
 /** What a result row of each model looks like, for info() and the HTTP /info route. */
 export function describeModel(m: ClientModel['plan']): ModelInfo {
   return {
@@ -138,7 +154,8 @@ export function describeModel(m: ClientModel['plan']): ModelInfo {
     maxLength: m.maxLength,
     dimension: m.spec.task === 'embed' ? m.spec.hiddenSize : m.spec.labels.length,
     labels: m.spec.labels,
-    ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize } : {}),
+    ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize, prompts: m.spec.prompts } : {}),
+    ...(m.spec.defaultPrompt ? { defaultPrompt: m.spec.defaultPrompt } : {}),
     sources: m.spec.sources,
     batching: m.batching,
   };
@@ -261,7 +278,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     ...(options.modelsDir ? { modelsDir: options.modelsDir } : {}),
     ...(options.models ? { models: options.models } : {}),
     ...(options.batching ? { batching: options.batching } : {}),
-    overrides: { ...(options.pooling ? { pooling: options.pooling } : {}), ...(options.maxInputLength ? { maxLength: options.maxInputLength } : {}) },
+    overrides: modelOverrides(options),
     warn: log,
     slotsPerModel: options.slotsPerModel ?? ENGINE_DEFAULTS.slotsPerModel,
     owners,

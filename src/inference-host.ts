@@ -110,6 +110,7 @@ export function describeSettings(plan: ModelPlan): string {
   const { spec } = plan;
   const parts = [`task=${spec.task} (${spec.sources.task})`];
   if (spec.task === 'embed') parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
+  if (spec.defaultPrompt) parts.push(`defaultPrompt=${JSON.stringify(spec.defaultPrompt.name ?? spec.defaultPrompt.text)} (${spec.sources.defaultPrompt})`);
   const cut = plan.maxLength < spec.maxLength ? `, cut to the longest bucket` : '';
   parts.push(`maxLength=${plan.maxLength} (${spec.sources.maxLength}${cut})`);
   return parts.join(' ');

@@ -20,7 +20,7 @@ import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { cpus } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
-import { DEFAULT_PRIORITIES, describeModel, slabStats, ENGINE_DEFAULTS } from './engine.js';
+import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DEFAULTS } from './engine.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
@@ -50,6 +50,9 @@ export interface ServerConfig {
   pooling?: Pooling;
   /** Longest input of every model served, in tokens, over its folder's and serve.json's. */
   maxInputLength?: number;
+  /** The prompt before every text that names none, for every embedding model: one of its prompts by name, or a text. */
+  defaultPromptName?: string;
+  defaultPrompt?: string;
   device: string;
   gatewayThreads: number;
   batching: Partial<BatchingOptions>;
@@ -215,7 +218,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
     ...(config.models && config.models.length ? { models: config.models } : {}),
     batching: config.batching,
-    overrides: { ...(config.pooling ? { pooling: config.pooling } : {}), ...(config.maxInputLength ? { maxLength: config.maxInputLength } : {}) },
+    overrides: modelOverrides(config),
     warn: log,
     slotsPerModel: config.slotsPerModel,
     owners,

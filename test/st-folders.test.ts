@@ -36,6 +36,7 @@ const POOLING_KEYS: Record<Pooling, string> = {
 const MODULE = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
 
 let root: string;
+const E5_PROMPTS = { query: 'query: ', passage: 'passage: ' };
 /** Folders served with a Normalize module: all but mean_sqrt_len, which normalised is mean's direction. */
 const NORMALIZED = (p: Pooling) => p !== 'mean_sqrt_len';
 
@@ -113,10 +114,11 @@ beforeAll(async () => {
   stFolder('st-mean-unnormalised', { pooling: 'mean', normalize: false });
   stFolder('st-short', { pooling: 'cls', files: { 'sentence_bert_config.json': { max_seq_length: MAX_SEQ_LENGTH, do_lower_case: false } } });
   stFolder('st-no-pooling');
+  stFolder('st-e5', { pooling: 'mean', files: { 'config_sentence_transformers.json': { prompts: E5_PROMPTS, default_prompt_name: 'query' } } });
   const spec = loadModelSpec(join(modelsDir, 'tiny-embed'), 'tiny-embed');
   plain = await ort.InferenceSession.create(readFileSync(spec.onnxPath), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
   tok = await loadTokenizer(spec.tokenizerPath);
-  const models = [...POOLINGS.map((p) => `st-${p}`), 'st-mean-unnormalised', 'st-short', 'st-no-pooling'].map((m) => join(root, m));
+  const models = [...POOLINGS.map((p) => `st-${p}`), 'st-mean-unnormalised', 'st-short', 'st-no-pooling', 'st-e5'].map((m) => join(root, m));
   server = await startServer(testServerConfig({ models, batching: { maxBatchTokens: 4096 }, log: (l) => logs.push(l) }));
   await server.ready;
 }, 120_000);
@@ -193,6 +195,77 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
     const fits = words.slice(0, MAX_SEQ_LENGTH - 2).join(' ');
     expect(tok.encode(fits, { maxLength: 512, truncate: false }).ids.length).toBeLessThanOrEqual(MAX_SEQ_LENGTH);
     expect((await post('/embed', { model: 'st-short', inputs: fits })).status).toBe(200);
+  });
+});
+
+describe("prompts (config_sentence_transformers.json's, or the request's own)", () => {
+  /** The reference row of `text` as the tokenizer sees it (the prompt is part of the string). */
+  const ref = async (text: string) => pooled(await tokenStates(tok.encode(text, { maxLength: 512, truncate: false }).ids), 'mean', true);
+
+  it('prompt_name gives the prompt put before the text by hand; with none named, the default prompt; prompt gives its own text', async () => {
+    const rand = makeRandom('st prompts');
+    const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'st-e5'))), 8, 30);
+    for (const t of texts) {
+      const [named, plain, literal, viaOpenAI] = await Promise.all([
+        post('/embed', { model: 'st-e5', inputs: t, prompt_name: 'passage' }),
+        post('/embed', { model: 'st-e5', inputs: [t, t] }),
+        post('/embed', { model: 'st-e5', inputs: t, prompt: 'search_document: ' }),
+        post('/v1/embeddings', { model: 'st-e5', input: t, prompt_name: 'passage' }),
+      ]);
+      expect(maxAbsDiff(named.body[0], await ref(`passage: ${t}`))).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(plain.body[1], await ref(`query: ${t}`))).toBeLessThan(TOLERANCE); // the default: query
+      expect(maxAbsDiff(literal.body[0], await ref(`search_document: ${t}`))).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(viaOpenAI.body.data[0].embedding, await ref(`passage: ${t}`))).toBeLessThan(TOLERANCE);
+      // Sharp: the prompt changes the row.
+      expect(maxAbsDiff(named.body[0], plain.body[0])).toBeGreaterThan(1e-3);
+    }
+    // An empty prompt turns the default off; a model without prompts takes a literal one.
+    const t = texts[0]!;
+    expect(maxAbsDiff((await post('/embed', { model: 'st-e5', inputs: t, prompt: '' })).body[0], await ref(t))).toBeLessThan(TOLERANCE);
+    expect(maxAbsDiff((await post('/embed', { model: 'st-mean', inputs: t, prompt: 'query: ' })).body[0], await ref(`query: ${t}`))).toBeLessThan(TOLERANCE);
+  });
+
+  it('over WebSocket too: {op: "embed", prompt_name}', async () => {
+    const { WebSocket } = await import('ws');
+    const { pack, unpack } = await import('msgpackr');
+    const ws = new WebSocket(`ws://127.0.0.1:${server.port}/ws`);
+    await new Promise((res, rej) => (ws.once('open', res), ws.once('error', rej)));
+    const answer = new Promise<{ id: string; result: number[][] }>((res) => ws.on('message', (d: Buffer) => res(unpack(d) as { id: string; result: number[][] })));
+    ws.send(pack({ id: 'p1', op: 'embed', model: 'st-e5', inputs: 'where is my parcel', prompt_name: 'passage' }));
+    const frame = await answer;
+    ws.close();
+    expect(frame.id).toBe('p1');
+    expect(maxAbsDiff(frame.result[0]!, await ref('passage: where is my parcel'))).toBeLessThan(TOLERANCE);
+  });
+
+  it('an unknown prompt name is a 422 naming the known ones; both fields, or a prompt with token ids, are 422s too', async () => {
+    const unknown = await post('/embed', { model: 'st-e5', inputs: 'x', prompt_name: 'document' });
+    expect(unknown.status).toBe(422);
+    expect(unknown.body.error).toMatch(/no prompt "document" \(its prompts: query, passage\)/);
+    expect((await post('/embed', { model: 'st-mean', inputs: 'x', prompt_name: 'query' })).body.error).toMatch(/has no prompt "query" \(it has no prompts\)/);
+    expect((await post('/embed', { model: 'st-e5', inputs: 'x', prompt_name: 'query', prompt: 'q: ' })).status).toBe(422);
+    const ids = await post('/embed', { model: 'st-e5', inputs: [101, 2000, 102], prompt_name: 'query' });
+    expect(ids.status).toBe(422);
+    expect(ids.body.error).toMatch(/token ids are taken as they are sent/);
+    // Token ids with only the default prompt: taken as sent.
+    const asSent = await post('/embed', { model: 'st-e5', inputs: [101, 2000, 102] });
+    expect(maxAbsDiff(asSent.body[0], pooled(await tokenStates(Int32Array.from([101, 2000, 102])), 'mean', true))).toBeLessThan(TOLERANCE);
+  });
+
+  it('/info lists the prompts and the default; the flags choose another default; a default the model lacks stops it at start', async () => {
+    const info = (await (await fetch(base() + '/info')).json()) as { models: { name: string; prompts?: object; defaultPrompt?: object; sources: Record<string, string> }[] };
+    expect(info.models.find((m) => m.name === 'st-e5')).toMatchObject({ prompts: E5_PROMPTS, defaultPrompt: { name: 'query', text: 'query: ' }, sources: { defaultPrompt: 'config_sentence_transformers.json' } });
+    const dir = join(root, 'st-e5');
+    expect(loadModelSpec(dir, undefined, { defaultPromptName: 'passage' })).toMatchObject({ defaultPrompt: { name: 'passage', text: 'passage: ' }, sources: { defaultPrompt: 'flag' } });
+    expect(loadModelSpec(dir, undefined, { defaultPrompt: 'q: ' })).toMatchObject({ defaultPrompt: { text: 'q: ' }, sources: { defaultPrompt: 'flag' } });
+    expect(() => loadModelSpec(dir, undefined, { defaultPromptName: 'document' })).toThrow(/default prompt name "document" \(flag\) is not one of its prompts \(query, passage\)/);
+    const noPrompt = stFolder('e5-no-include', {
+      pooling: 'mean',
+      files: { 'config_sentence_transformers.json': { prompts: E5_PROMPTS, default_prompt_name: 'query' } },
+    });
+    const pool = JSON.parse(readFileSync(join(noPrompt, '1_Pooling', 'config.json'), 'utf8')) as object;
+    writeFileSync(join(noPrompt, '1_Pooling', 'config.json'), JSON.stringify({ ...pool, include_prompt: false }));
+    expect(() => loadModelSpec(noPrompt)).toThrow(/include_prompt false .* not supported/);
   });
 });
 

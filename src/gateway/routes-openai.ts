@@ -27,6 +27,7 @@ import type { ErrorInfo, RequestContext } from './http.js';
 import type { Route } from './route-types.js';
 import { FieldValidationError, OpenAIEmbeddingRequest, parseBody } from './schemas.js';
 import { InvalidModelNameError } from './security.js';
+import { prompted } from './prompts.js';
 import { serveInference, type Endpoint } from './serving.js';
 
 /** Errors before a route runs (no key, too many connections, ...) in OpenAI's shape too. */
@@ -50,13 +51,16 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     if (model.plan.spec.task !== 'embed') throw new FieldValidationError(`model "${name}" is a ${model.plan.spec.task} model, not an embedding model`, 'model');
     const dim = model.plan.spec.hiddenSize;
     if (body.dimensions !== undefined && body.dimensions > dim) throw new FieldValidationError(`dimensions ${body.dimensions} exceeds model "${name}"'s ${dim}`, 'dimensions');
-    const call = {
-      model,
-      inputs: { kind: 'inputs' as const, inputs: inputList(body.input), truncate: false },
-      timeoutMs: ec.timeoutMs,
-      priority: ec.priority === undefined ? undefined : ec.client.priorityIndex(ec.priority),
-      cancel: ec.cancel,
-    };
+    const call = prompted(
+      {
+        model,
+        inputs: { kind: 'inputs' as const, inputs: inputList(body.input), truncate: false },
+        timeoutMs: ec.timeoutMs,
+        priority: ec.priority === undefined ? undefined : ec.client.priorityIndex(ec.priority),
+        cancel: ec.cancel,
+      },
+      body,
+    );
     return { call, state: { base64: body.encoding_format === 'base64', dimensions: body.dimensions } };
   },
   answer(r, call, state) {

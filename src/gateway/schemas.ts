@@ -29,12 +29,19 @@ const scheduling = {
   priority: z.string().max(MAX_PRIORITY_CHARS).optional(),
 };
 
+/** Prompts (prompts.ts): a name of the model's prompts, or a text, put before each text input. */
+const prompts = {
+  prompt_name: z.string().optional(),
+  prompt: z.string().optional(),
+};
+
 export const EmbedRequest = z.object({
   ...scheduling,
   inputs,
   normalize: z.boolean().optional(),
   truncate: z.boolean().optional(),
   model: z.string().optional(),
+  ...prompts,
 });
 export type EmbedRequest = z.infer<typeof EmbedRequest>;
 
@@ -83,6 +90,7 @@ export const OpenAIEmbeddingRequest = z.object({
   encoding_format: z.enum(['float', 'base64'], { error: 'must be "float" or "base64"' }).optional(),
   dimensions: z.number().int().positive().optional(),
   user: z.string().optional(),
+  ...prompts,
 });
 export type OpenAIEmbeddingRequest = z.infer<typeof OpenAIEmbeddingRequest>;
 
@@ -131,6 +139,7 @@ function quickInputsBody(raw: unknown, flags: readonly string[]): Record<string,
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
   const b = raw as Record<string, unknown>;
   if (!quickInputs(b.inputs)) return null;
+  if (b.prompt_name !== undefined || b.prompt !== undefined) return null; // the schema's: rare, and its errors
   const out: Record<string, unknown> = { inputs: b.inputs };
   for (const k of flags) {
     const v = b[k];

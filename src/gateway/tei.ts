@@ -20,6 +20,7 @@ import {
   type Classification,
 } from './inference-client.js';
 import { DecodeRequest, EmbedRequest, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest, RerankRequest, TokenizeRequest } from './schemas.js';
+import { prompted } from './prompts.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from './serving.js';
 
 /** Checks the request's size and picks its model: the path's and the body's names must agree. */
@@ -47,13 +48,13 @@ function inputsCall(ec: EndpointContext, task: Task, body: { inputs: Inputs; tru
   return { model, inputs: { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? false }, ...scheduling(ec, body) };
 }
 
-/** POST /embed `{inputs, normalize?, truncate?, model?}` -> one row per input (f32 bytes over WebSocket when asked). */
+/** POST /embed `{inputs, normalize?, truncate?, model?, prompt_name?, prompt?}` -> one row per input (f32 bytes over WebSocket when asked). */
 export const embedEndpoint: Endpoint<{ normalize: boolean | undefined }> = {
   route: '/embed',
   task: 'embed',
   parse(raw, ec) {
     const body = quickEmbedRequest(raw) ?? parseBody(EmbedRequest, raw);
-    return { call: inputsCall(ec, 'embed', body), state: { normalize: body.normalize } };
+    return { call: prompted(inputsCall(ec, 'embed', body), body), state: { normalize: body.normalize } };
   },
   answer(r, call, state, ec) {
     const rows = embeddings(call.model, r.rows, state.normalize);

@@ -9,6 +9,7 @@
  *   sentence_bert_config.json     max_seq_length, do_lower_case
  *   config.json                   model_type, max_position_embeddings, pad_token_id
  *   tokenizer_config.json         model_max_length
+ *   config_sentence_transformers.json   prompts, default_prompt_name
  *
  * Each setting comes with the file it came from (`source`), so that start-up
  * and /info can say why a model is served as it is. Nothing here knows about
@@ -38,6 +39,11 @@ export interface FolderSettings {
   positions: Sourced<number>;
   /** tokenizer_config.json's model_max_length, where it is a real limit. */
   tokenizerMaxLength?: Sourced<number>;
+  /** config_sentence_transformers.json's prompts by name (texts put before an input), and the default one's name. */
+  prompts: Record<string, string>;
+  defaultPromptName?: Sourced<string>;
+  /** The Pooling module's include_prompt: false means the prompt's tokens are left out of the pooling. */
+  includePrompt: boolean;
 }
 
 /** config.json's fields this module reads. */
@@ -79,11 +85,15 @@ export function readFolderSettings(dir: string, config: HfConfigFields, tokenize
   if (modules !== undefined && !Array.isArray(modules)) throw new Error(`${join(dir, 'modules.json')}: expected a list of modules`);
   checkModules(dir, modules ?? []);
   const poolingDir = modules?.find((m) => moduleKind(m) === 'Pooling')?.path ?? '1_Pooling';
-  const settings: FolderSettings = { positions: modelPositions(config) };
+  const settings: FolderSettings = { positions: modelPositions(config), prompts: {}, includePrompt: true };
 
   const poolingFile = `${poolingDir}/config.json`;
   const poolingConfig = readOptional<Record<string, unknown>>(dir, poolingFile);
-  if (poolingConfig) settings.pooling = { value: poolingMode(poolingConfig, join(dir, poolingFile)), source: poolingFile };
+  if (poolingConfig) {
+    settings.pooling = { value: poolingMode(poolingConfig, join(dir, poolingFile)), source: poolingFile };
+    settings.includePrompt = poolingConfig.include_prompt !== false;
+  }
+  readPrompts(dir, settings);
   if (modules) settings.normalize = { value: modules.some((m) => moduleKind(m) === 'Normalize'), source: 'modules.json' };
 
   const sbert = readOptional<{ max_seq_length?: unknown; do_lower_case?: unknown }>(dir, 'sentence_bert_config.json');
@@ -105,6 +115,22 @@ export function readFolderSettings(dir: string, config: HfConfigFields, tokenize
     settings.tokenizerMaxLength = { value: limit, source: 'tokenizer_config.json' };
   }
   return settings;
+}
+
+/** config_sentence_transformers.json: `prompts` (name -> text) and `default_prompt_name`. */
+function readPrompts(dir: string, settings: FolderSettings): void {
+  const file = 'config_sentence_transformers.json';
+  const st = readOptional<{ prompts?: unknown; default_prompt_name?: unknown }>(dir, file);
+  if (!st) return;
+  const path = join(dir, file);
+  if (st.prompts !== undefined && st.prompts !== null) {
+    if (typeof st.prompts !== 'object' || Array.isArray(st.prompts)) throw new Error(`${path}: prompts must be an object of name: text`);
+    for (const [name, text] of Object.entries(st.prompts)) {
+      if (typeof text !== 'string') throw new Error(`${path}: prompt "${name}" must be a text`);
+      settings.prompts[name] = text;
+    }
+  }
+  if (typeof st.default_prompt_name === 'string') settings.defaultPromptName = { value: st.default_prompt_name, source: file };
 }
 
 /** "sentence_transformers.models.Pooling" -> "Pooling". */

@@ -27,7 +27,7 @@
  */
 import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
-import { POOLINGS, readFolderSettings, readJsonFile, type Pooling, type Sourced } from './hf-folder.js';
+import { POOLINGS, readFolderSettings, readJsonFile, type FolderSettings, type Pooling, type Sourced } from './hf-folder.js';
 
 export { POOLINGS, type Pooling } from './hf-folder.js';
 
@@ -38,6 +38,9 @@ export const TASKS: readonly Task[] = ['embed', 'classify', 'rerank'];
 export interface ModelOverrides {
   pooling?: Pooling;
   maxLength?: number;
+  /** The prompt put before every text that names none: one of the model's prompts by name, or a literal text. */
+  defaultPromptName?: string;
+  defaultPrompt?: string;
 }
 
 /** Where each served setting came from: 'flag', 'serve.json', a file of the folder, or 'default'. */
@@ -46,6 +49,8 @@ export interface SettingSources {
   pooling: string;
   normalize: string;
   maxLength: string;
+  /** Absent when there is no default prompt. */
+  defaultPrompt?: string;
 }
 
 export interface ModelSpec {
@@ -65,6 +70,12 @@ export interface ModelSpec {
   labels: string[];
   /** Token type ids the model knows (config.json type_vocab_size; 2 for BERT). */
   typeVocabSize?: number;
+  /** embed only: texts put before an input by name (config_sentence_transformers.json's prompts). */
+  prompts: Record<string, string>;
+  /** embed only: the prompt put before a text when the request names none, and its name when it has one. */
+  defaultPrompt?: { name?: string; text: string };
+  /** false: the prompt's tokens are left out of the pooling (1_Pooling/config.json include_prompt). */
+  includePrompt: boolean;
   /** Which flag, file or default decided task, pooling, normalize and maxLength. */
   sources: SettingSources;
   /** What start-up should warn about (a setting left to its default where a folder usually says). */
@@ -108,6 +119,8 @@ interface ServeJson {
   pooling?: Pooling;
   normalize?: boolean;
   maxLength?: number;
+  defaultPromptName?: string;
+  defaultPrompt?: string;
 }
 
 export function loadModelSpec(dir: string, name = basename(dir), overrides: ModelOverrides = {}): ModelSpec {
@@ -137,6 +150,10 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   }
   const normalize = first<boolean>(sourced(serve.normalize, 'serve.json'), folder.normalize) ?? { value: true, source: 'default' };
   const maxLength = inputLimit(name, folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
+  const defaultPrompt = task === 'embed' ? chooseDefaultPrompt(name, folder, overrides, serve) : undefined;
+  if (defaultPrompt && !folder.includePrompt) {
+    throw new Error(`model ${name}: a default prompt (${defaultPrompt.source}) with include_prompt false in its pooling config: pooling without the prompt's tokens is not supported`);
+  }
 
   const labels: string[] = [];
   if (task === 'classify') {
@@ -161,10 +178,40 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     hiddenSize: hiddenSize!,
     labels,
     typeVocabSize: config.type_vocab_size ?? 2,
-    sources: { task: serve.task ? 'serve.json' : 'config.json', pooling: pooling.source, normalize: normalize.source, maxLength: maxLength.source },
+    prompts: task === 'embed' ? folder.prompts : {},
+    ...(defaultPrompt ? { defaultPrompt: defaultPrompt.value } : {}),
+    includePrompt: folder.includePrompt,
+    sources: {
+      task: serve.task ? 'serve.json' : 'config.json',
+      pooling: pooling.source,
+      normalize: normalize.source,
+      maxLength: maxLength.source,
+      ...(defaultPrompt ? { defaultPrompt: defaultPrompt.source } : {}),
+    },
     warnings,
     outputWidth: task === 'embed' ? hiddenSize! + 1 : 2 * labels.length,
   };
+}
+
+/**
+ * The default prompt: a literal text or a name of the model's prompts, from the
+ * flags, then serve.json, then config_sentence_transformers.json's
+ * default_prompt_name. A name the model does not have is an error.
+ */
+function chooseDefaultPrompt(name: string, folder: FolderSettings, overrides: ModelOverrides, serve: ServeJson): Sourced<{ name?: string; text: string }> | undefined {
+  const literal = first(sourced(overrides.defaultPrompt, 'flag'), sourced(serve.defaultPrompt, 'serve.json'));
+  const named = first(sourced(overrides.defaultPromptName, 'flag'), sourced(serve.defaultPromptName, 'serve.json'), folder.defaultPromptName);
+  // A literal text given at a level outranks a name given below it.
+  const order = ['flag', 'serve.json', 'config_sentence_transformers.json'];
+  const rank = (s: Sourced<unknown> | undefined) => (s === undefined ? order.length : order.indexOf(s.source));
+  if (literal && rank(literal) <= rank(named)) return { value: { text: literal.value }, source: literal.source };
+  if (!named) return undefined;
+  const text = folder.prompts[named.value];
+  if (text === undefined) {
+    const known = Object.keys(folder.prompts);
+    throw new Error(`model ${name}: default prompt name "${named.value}" (${named.source}) is not one of its prompts (${known.length ? known.join(', ') : 'it has none'})`);
+  }
+  return { value: { name: named.value, text }, source: named.source };
 }
 
 function sourced<T>(value: T | undefined, source: string): Sourced<T> | undefined {
@@ -181,7 +228,7 @@ function first<T>(...candidates: (Sourced<T> | undefined)[]): Sourced<T> | undef
  * max_seq_length, else the model's positions capped by the tokenizer's
  * model_max_length. Asked for more than the model has positions, it refuses.
  */
-function inputLimit(name: string, folder: ReturnType<typeof readFolderSettings>, flag?: Sourced<number>, serve?: Sourced<number>): Sourced<number> {
+function inputLimit(name: string, folder: FolderSettings, flag?: Sourced<number>, serve?: Sourced<number>): Sourced<number> {
   const positions = folder.positions;
   const asked = first(flag, serve, folder.maxSeqLength);
   if (asked) {

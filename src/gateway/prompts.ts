@@ -1,0 +1,51 @@
+/**
+ * Prompts: a text put before each text input, as sentence-transformers'
+ * encode(prompt_name=...) / encode(prompt=...) does (the prompt and the text
+ * are one string to the tokenizer, so the prompt counts towards the max input
+ * length). A request names one of the model's prompts (`prompt_name`, a key
+ * of config_sentence_transformers.json's prompts) or gives one (`prompt`);
+ * without either, the model's default prompt applies (--default-prompt-name,
+ * --default-prompt, default_prompt_name). Token-id inputs are taken as sent.
+ */
+import { ValidationError } from '../shared/errors.js';
+import type { ClientModel, Input } from './inference-client.js';
+
+export interface PromptFields {
+  prompt_name?: string | undefined;
+  prompt?: string | undefined;
+}
+
+/** The prompt a request's texts get ('' for none); a 422 for a name the model lacks or a prompt it cannot pool without. */
+export function requestPrompt(model: ClientModel, body: PromptFields): string {
+  const spec = model.plan.spec;
+  if (body.prompt_name !== undefined && body.prompt !== undefined) throw new ValidationError('give prompt_name or prompt, not both');
+  let text: string;
+  if (body.prompt !== undefined) text = body.prompt;
+  else if (body.prompt_name !== undefined) {
+    const named = spec.prompts[body.prompt_name];
+    if (named === undefined) {
+      const known = Object.keys(spec.prompts);
+      throw new ValidationError(`model ${spec.name} has no prompt "${body.prompt_name}" (${known.length ? `its prompts: ${known.join(', ')}` : 'it has no prompts'})`);
+    }
+    text = named;
+  } else return spec.defaultPrompt?.text ?? '';
+  if (text !== '' && !spec.includePrompt) {
+    throw new ValidationError(`model ${spec.name} pools without its prompt's tokens (include_prompt false), which slabserve does not do: send the text without a prompt`);
+  }
+  return text;
+}
+
+/** The inputs with `prompt` before each text; an explicit prompt with token-id inputs is a 422. */
+export function withPrompt(inputs: readonly Input[], prompt: string, explicit: boolean): readonly Input[] {
+  if (prompt === '') return inputs;
+  if (explicit && inputs.some((x) => typeof x !== 'string')) throw new ValidationError('a prompt applies to texts: token ids are taken as they are sent');
+  return inputs.map((x) => (typeof x === 'string' ? prompt + x : x));
+}
+
+/** The call with the request's prompt (or the model's default one) before each text input. */
+export function prompted<C extends { model: ClientModel; inputs: { kind: 'inputs'; inputs: readonly Input[]; truncate: boolean } }>(call: C, body: PromptFields): C {
+  const prompt = requestPrompt(call.model, body);
+  if (prompt === '') return call;
+  const explicit = body.prompt_name !== undefined || body.prompt !== undefined;
+  return { ...call, inputs: { ...call.inputs, inputs: withPrompt(call.inputs.inputs, prompt, explicit) } };
+}
