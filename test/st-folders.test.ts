@@ -175,7 +175,7 @@ describe('a sentence-transformers folder is served with its own pooling and norm
 });
 
 describe("sentence_bert_config.json's max_seq_length is the limit", () => {
-  it('longer inputs: 413 without truncate; with it, cut to max_seq_length as the tokenizer cuts ([SEP] kept)', async () => {
+  it('longer inputs: 413 without truncate; with it, cut to max_seq_length on the side asked ([CLS] and [SEP] kept)', async () => {
     const rand = makeRandom('st max_seq_length');
     const words = vocabularyWords(loadModelSpec(join(root, 'st-short')));
     const long = Array.from({ length: 6 }, () => Array.from({ length: 50 + Math.floor(rand() * 80) }, () => words[Math.floor(rand() * words.length)]).join(' '));
@@ -191,6 +191,29 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
       expect(ids[ids.length - 1]).toBe(full[full.length - 1]); // [SEP] kept
       expect(maxAbsDiff(cut.body[0], pooled(await tokenStates(ids), 'cls', true))).toBeLessThan(TOLERANCE);
     }
+    // truncation_direction left (TEI's "Left" too): the last tokens stay, [CLS] and [SEP] around them;
+    // a client batch over --inline-tokenize-chars goes through the tokenizer pool, the same way.
+    const fromLeft = (text: string) => {
+      const body = tok.encode(text, { maxLength: 512, truncate: false }).ids;
+      return Int32Array.from([body[0]!, ...body.subarray(body.length - (MAX_SEQ_LENGTH - 1), body.length - 1), body[body.length - 1]!]);
+    };
+    const left = await post('/embed', { model: 'st-short', inputs: long, truncate: true, truncation_direction: 'Left' });
+    expect(long.join('').length).toBeGreaterThan(1024);
+    expect(left.status, JSON.stringify(left.body)).toBe(200);
+    for (const [i, text] of long.entries()) {
+      const ids = fromLeft(text);
+      expect(tok.encode(text, { maxLength: MAX_SEQ_LENGTH, truncate: true, direction: 'left' }).ids).toEqual(ids);
+      expect(maxAbsDiff(left.body[i], pooled(await tokenStates(ids), 'cls', true))).toBeLessThan(TOLERANCE);
+      const one = await post('/embed', { model: 'st-short', inputs: text, truncate: true, truncation_direction: 'left' });
+      expect(maxAbsDiff(one.body[0], left.body[i])).toBeLessThan(TOLERANCE);
+    }
+    // Token ids cut from the left are the last ones sent.
+    const sent = Array.from(tok.encode(long[0]!, { maxLength: 512, truncate: false }).ids);
+    const idsLeft = await post('/embed', { model: 'st-short', inputs: sent, truncate: true, truncation_direction: 'left' });
+    expect(maxAbsDiff(idsLeft.body[0], pooled(await tokenStates(Int32Array.from(sent.slice(-MAX_SEQ_LENGTH))), 'cls', true))).toBeLessThan(TOLERANCE);
+    const bad = await post('/embed', { model: 'st-short', inputs: 'x', truncation_direction: 'middle' });
+    expect(bad.status).toBe(422);
+    expect(bad.body.error).toMatch(/truncation_direction: must be "right" or "left"/);
     // At the limit exactly: answered.
     const fits = words.slice(0, MAX_SEQ_LENGTH - 2).join(' ');
     expect(tok.encode(fits, { maxLength: 512, truncate: false }).ids.length).toBeLessThanOrEqual(MAX_SEQ_LENGTH);

@@ -24,7 +24,7 @@ import { nowMs } from '../shared/clock.js';
 import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
 import type { Task } from '../shared/model-config.js';
 import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
-import type { EncodeOptions, Encoding, TextTokenizer } from './tokenizer.js';
+import type { EncodeOptions, Encoding, TextTokenizer, TruncationDirection } from './tokenizer.js';
 import { checkModelName } from './security.js';
 
 /** Priority classes when none are configured: index 0 is the default. */
@@ -88,10 +88,16 @@ export function inputCount(inputs: Inputs): number {
   return isSingleInput(inputs) ? 1 : Array.isArray(inputs) ? inputs.length : 0;
 }
 
+/** Whether an input longer than the model's max length is cut (else refused, 413), and on which side. */
+export interface Truncation {
+  truncate: boolean;
+  direction?: TruncationDirection | undefined;
+}
+
 /** What one request runs, one input per slot. */
 export type CallInputs =
   /** Texts and/or pre-tokenized ids (TEI's /embed and /predict, OpenAI's input). */
-  | { kind: 'inputs'; inputs: readonly Input[]; truncate: boolean }
+  | { kind: 'inputs'; inputs: readonly Input[]; truncate: boolean; direction?: TruncationDirection | undefined }
   /** (query, text) pairs for a cross-encoder: one query for every text, or one per text. */
   | { kind: 'pairs'; queries: readonly string[]; texts: readonly string[]; truncate: boolean }
   /** Tokens built outside the tokenizer (KServe tensors), checked against the model's limits here. */
@@ -306,7 +312,7 @@ export class InferenceClient {
   private tokenize(model: ClientModel, inputs: CallInputs, cancel: Cancellation | undefined): Tokens[] | Promise<Tokens[]> {
     switch (inputs.kind) {
       case 'inputs':
-        return this.encodeInputs(model, inputs.inputs, inputs.truncate, cancel);
+        return this.encodeInputs(model, inputs.inputs, inputs, cancel);
       case 'pairs':
         return this.encodePairs(model, inputs.queries, inputs.texts, inputs.truncate);
       case 'tokens':
@@ -319,7 +325,7 @@ export class InferenceClient {
    * Validates and tokenizes texts: inline when small, on the batch tokenizer (if any) when large.
    * `cancel` drops texts still waiting for the batch tokenizer (the client went away).
    */
-  encodeTexts(model: ClientModel, texts: readonly string[], truncate: boolean, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
+  encodeTexts(model: ClientModel, texts: readonly string[], cut: Truncation, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
     if (texts.length === 0) throw new ValidationError('inputs must be a string or a non-empty list of strings');
     let chars = 0;
     for (const t of texts) {
@@ -327,7 +333,7 @@ export class InferenceClient {
       if (t.length === 0) throw new ValidationError('inputs must not be empty strings');
       chars += t.length;
     }
-    const opts = { maxLength: model.plan.maxLength, truncate };
+    const opts = { maxLength: model.plan.maxLength, truncate: cut.truncate, direction: cut.direction };
     if (texts.length === 1 && chars <= this.inlineTokenizeChars) return [model.tokenizer.encode(texts[0]!, opts)];
     if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts as string[], opts, cancel);
     return model.tokenizer.encodeBatch(texts as string[], opts);
@@ -338,11 +344,11 @@ export class InferenceClient {
    * special tokens, checked by {@link encodeIds}, not tokenized): what the
    * HTTP APIs accept as `inputs` / `input`.
    */
-  encodeInputs(model: ClientModel, list: readonly Input[], truncate: boolean, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
+  encodeInputs(model: ClientModel, list: readonly Input[], cut: Truncation, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
     if (list.length === 0) throw new ValidationError('inputs must be a string, a list of token ids, or a non-empty list of those');
     let texts = 0;
     for (const x of list) if (typeof x === 'string') texts++;
-    if (texts === list.length) return this.encodeTexts(model, list as string[], truncate, cancel);
+    if (texts === list.length) return this.encodeTexts(model, list as string[], cut, cancel);
     const out: Encoding[] = new Array(list.length);
     const textList: string[] = [];
     const at: number[] = [];
@@ -351,7 +357,7 @@ export class InferenceClient {
         textList.push(x);
         at.push(i);
       } else if (Array.isArray(x)) {
-        out[i] = this.encodeIds(model, x, truncate);
+        out[i] = this.encodeIds(model, x, cut);
       } else {
         throw new ValidationError('every input must be a string or a list of token ids');
       }
@@ -361,7 +367,7 @@ export class InferenceClient {
       encoded.forEach((e, k) => (out[at[k]!] = e));
       return out;
     };
-    const encoded = this.encodeTexts(model, textList, truncate, cancel);
+    const encoded = this.encodeTexts(model, textList, cut, cancel);
     return encoded instanceof Promise ? encoded.then(fill) : fill(encoded);
   }
 
@@ -369,22 +375,24 @@ export class InferenceClient {
    * One pre-tokenized input: token ids as the model takes them, special tokens
    * ([CLS] ... [SEP]) included, as TEI takes them. Every id must be an integer
    * in [0, vocabulary size). Longer than the model's max length: refused, or
-   * with `truncate` cut to it (the last ids go, a final [SEP] with them).
-   * Type ids are all 0.
+   * with `truncate` cut to it: the last ids go, a final [SEP] with them (or,
+   * with direction left, the first ids, a [CLS] with them: the ids are taken
+   * as sent). Type ids are all 0.
    */
-  encodeIds(model: ClientModel, ids: ArrayLike<number>, truncate: boolean): Encoding {
+  encodeIds(model: ClientModel, ids: ArrayLike<number>, cut: Truncation): Encoding {
     if (!Array.isArray(ids) && !ArrayBuffer.isView(ids)) throw new ValidationError('token ids must be a list of integers');
     const n = ids.length;
     if (n === 0) throw new ValidationError('a token sequence must not be empty');
     const max = model.plan.maxLength;
-    if (n > max && !truncate) throw new InputTooLongError(n, max);
+    if (n > max && !cut.truncate) throw new InputTooLongError(n, max);
     const keep = Math.min(n, max);
+    const from = cut.direction === 'left' ? n - keep : 0;
     const vocab = model.tokenizer.vocabSize;
     const out = new Int32Array(keep);
     for (let i = 0; i < keep; i++) {
-      const id = ids[i];
+      const id = ids[from + i];
       if (typeof id !== 'number' || !Number.isInteger(id) || id < 0 || id >= vocab) {
-        throw new ValidationError(`token id ${JSON.stringify(id)} at position ${i} is not an integer in [0, ${vocab})`);
+        throw new ValidationError(`token id ${JSON.stringify(id)} at position ${from + i} is not an integer in [0, ${vocab})`);
       }
       out[i] = id;
     }

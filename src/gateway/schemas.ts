@@ -29,6 +29,12 @@ const scheduling = {
   priority: z.string().max(MAX_PRIORITY_CHARS).optional(),
 };
 
+/** Which side a too-long input is cut on with `truncate`: TEI's "Right" / "Left" (either case). */
+const truncation_direction = z
+  .enum(['right', 'left', 'Right', 'Left'], { error: 'must be "right" or "left"' })
+  .optional()
+  .transform((v) => v?.toLowerCase() as 'right' | 'left' | undefined);
+
 /** Prompts (prompts.ts): a name of the model's prompts, or a text, put before each text input. */
 const prompts = {
   prompt_name: z.string().optional(),
@@ -40,6 +46,7 @@ export const EmbedRequest = z.object({
   inputs,
   normalize: z.boolean().optional(),
   truncate: z.boolean().optional(),
+  truncation_direction,
   model: z.string().optional(),
   ...prompts,
 });
@@ -50,6 +57,7 @@ export const PredictRequest = z.object({
   inputs,
   raw_scores: z.boolean().optional(),
   truncate: z.boolean().optional(),
+  truncation_direction,
   model: z.string().optional(),
 });
 export type PredictRequest = z.infer<typeof PredictRequest>;
@@ -139,7 +147,8 @@ function quickInputsBody(raw: unknown, flags: readonly string[]): Record<string,
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
   const b = raw as Record<string, unknown>;
   if (!quickInputs(b.inputs)) return null;
-  if (b.prompt_name !== undefined || b.prompt !== undefined) return null; // the schema's: rare, and its errors
+  // Rare fields: the schema's, and its errors.
+  if (b.prompt_name !== undefined || b.prompt !== undefined || b.truncation_direction !== undefined) return null;
   const out: Record<string, unknown> = { inputs: b.inputs };
   for (const k of flags) {
     const v = b[k];

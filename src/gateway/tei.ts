@@ -43,9 +43,14 @@ function scheduling(ec: EndpointContext, body: { timeout?: number | undefined; p
   return { timeoutMs: body.timeout ?? ec.timeoutMs, priority: priority === undefined ? undefined : ec.client.priorityIndex(priority), cancel: ec.cancel };
 }
 
-function inputsCall(ec: EndpointContext, task: Task, body: { inputs: Inputs; truncate?: boolean | undefined; model?: string | undefined; timeout?: number; priority?: string }) {
+function inputsCall(
+  ec: EndpointContext,
+  task: Task,
+  body: { inputs: Inputs; truncate?: boolean | undefined; truncation_direction?: 'right' | 'left' | undefined; model?: string | undefined; timeout?: number; priority?: string },
+) {
   const model = pickModel(ec, task, inputCount(body.inputs), body.model);
-  return { model, inputs: { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? false }, ...scheduling(ec, body) };
+  const inputs = { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? false, direction: body.truncation_direction };
+  return { model, inputs, ...scheduling(ec, body) };
 }
 
 /** POST /embed `{inputs, normalize?, truncate?, model?, prompt_name?, prompt?}` -> one row per input (f32 bytes over WebSocket when asked). */

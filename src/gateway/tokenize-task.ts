@@ -15,6 +15,7 @@ export interface TokenizeTask {
   texts: string[];
   maxLength: number;
   truncate: boolean;
+  direction?: 'right' | 'left' | undefined;
 }
 
 export type TokenizeResult =
@@ -36,7 +37,7 @@ export default async function tokenize(task: TokenizeTask): Promise<TokenizeResu
   let total = 0;
   try {
     for (let i = 0; i < task.texts.length; i++) {
-      const e = tokenizer.encode(task.texts[i]!, { maxLength: task.maxLength, truncate: task.truncate });
+      const e = tokenizer.encode(task.texts[i]!, { maxLength: task.maxLength, truncate: task.truncate, direction: task.direction });
       parts.push(e);
       lengths[i] = e.ids.length;
       truncated[i] = e.truncated ? 1 : 0;

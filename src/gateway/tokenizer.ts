@@ -43,10 +43,14 @@ export interface TokenSpan {
   stop: number | null;
 }
 
-/** `maxLength` counts special tokens. Too long and `!truncate` -> InputTooLongError. */
+/** Which end of a too-long input is cut: the end (`right`, the default, as in HF tokenizers) or the start. */
+export type TruncationDirection = 'right' | 'left';
+
+/** `maxLength` counts special tokens. Too long and `!truncate` -> InputTooLongError; with it, cut on `direction`'s side. */
 export interface EncodeOptions {
   maxLength: number;
   truncate: boolean;
+  direction?: TruncationDirection | undefined;
 }
 
 export interface TextTokenizer {
@@ -280,7 +284,8 @@ class HfJsTokenizer implements TextTokenizer {
     if (!opts.truncate) throw new InputTooLongError(total, opts.maxLength);
     const budget = opts.maxLength - this.#singleSpecials;
     if (budget < 0) throw new RangeError(`maxLength ${opts.maxLength} is shorter than the ${this.#singleSpecials} special tokens`);
-    return assemble(this.#template.single, [a], [budget], true);
+    // Cut from the left: the last tokens stay, the special tokens go around them as ever.
+    return assemble(this.#template.single, [opts.direction === 'left' ? a.slice(a.length - budget) : a], [budget], true);
   }
 
   encodePair(first: string, second: string, opts: EncodeOptions): Encoding {
