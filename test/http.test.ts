@@ -242,6 +242,21 @@ describe('routes, JSON and msgpack (one gateway thread)', () => {
     expect(maxAbsDiff(byClassId(listOfOne.body[0]), refs[0]!.probabilities)).toBeLessThan(TOLERANCE);
   });
 
+  it("POST / answers as the named model's task does (TEI's root route): /predict for a classifier, /embed for an embedding model", async () => {
+    const rand = makeRandom('http root route');
+    const texts = randomTexts(rand, words, 3, 30);
+    // No model named: the first served (tiny-intent here), a classifier.
+    const first = await client.post('/', { inputs: texts });
+    expect(first.status, first.text).toBe(200);
+    for (let i = 0; i < texts.length; i++) expect(maxAbsDiff(byClassId(first.body[i]), (await refClasses(texts[i]!)).probabilities)).toBeLessThan(TOLERANCE);
+    const embed = await client.post('/', { inputs: texts, model: 'tiny-embed', normalize: false });
+    expect(embed.status, embed.text).toBe(200);
+    expectTimingHeaders(embed);
+    for (let i = 0; i < texts.length; i++) expect(maxAbsDiff(embed.body[i], await refEmbedding(texts[i]!, { normalize: false }))).toBeLessThan(TOLERANCE);
+    expectError(await client.post('/', { inputs: 'x', model: 'nope' }), 404, 'not_found', 'SLABSERVE_MODEL_NOT_FOUND');
+    expectError(await client.post('/', { inputs: 'x', model: 'tiny-embed', normalize: 'yes' }), 422, 'validation', 'SLABSERVE_INVALID_INPUT');
+  });
+
   it('POST /models/{name}/embed and /models/{name}/predict: the named model, same results; body model must agree', async () => {
     const rand = makeRandom('http path form');
     const texts = randomTexts(rand, words, 3, 30);

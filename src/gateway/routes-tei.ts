@@ -5,6 +5,7 @@
  *   POST /rerank    {query, texts, raw_scores?, return_text?, truncate?, model?} -> [{index, score, text?}], best first
  *   POST /tokenize  {inputs, add_special_tokens? (true), model?}  -> per input [{id, text, special, start, stop}]
  *   POST /decode    {ids, skip_special_tokens? (true), model?}     -> string, or string[] for a list of id lists
+ *   POST /          the body of /embed, /predict or /rerank, answered by the task of the model named (or the first)
  *   POST /models/{name}/rerank, /models/{name}/tokenize, /models/{name}/decode: the model named in the path
  *
  * The endpoints are tei.ts's (the WebSocket API serves them too). Errors are
@@ -12,9 +13,10 @@
  */
 import type { Route } from './route-types.js';
 import { ourFail, serveInference, serveLocal } from './serving.js';
-import { decodeEndpoint, rerankEndpoint, tokenizeEndpoint } from './tei.js';
+import { decodeEndpoint, rerankEndpoint, rootEndpoint, tokenizeEndpoint } from './tei.js';
 
 export const teiRoutes: Route[] = [
+  { method: 'post', path: '/', handle: (ctx, deps) => serveInference(ctx, deps, rootEndpoint) },
   { method: 'post', path: '/rerank', handle: (ctx, deps) => serveInference(ctx, deps, rerankEndpoint) },
   { method: 'post', path: '/tokenize', handle: (ctx, deps) => serveLocal(ctx, deps, tokenizeEndpoint) },
   { method: 'post', path: '/decode', handle: (ctx, deps) => serveLocal(ctx, deps, decodeEndpoint) },

@@ -108,6 +108,32 @@ export const rerankEndpoint: Endpoint<{ texts: string[]; returnText: boolean; ra
   },
 };
 
+/** The endpoint that serves each task: what POST / answers with for a model of that task. */
+const BY_TASK: Record<Task, Endpoint<unknown>> = {
+  embed: embedEndpoint as Endpoint<unknown>,
+  classify: predictEndpoint as Endpoint<unknown>,
+  rerank: rerankEndpoint as Endpoint<unknown>,
+};
+
+/**
+ * POST / as text-embeddings-inference's root route: the body of /embed,
+ * /predict or /rerank, answered by the task of the model it names (the
+ * body's `model`, else the first model served).
+ */
+export const rootEndpoint: Endpoint<{ inner: Endpoint<unknown>; state: unknown }> = {
+  route: '/',
+  task: null,
+  parse(raw, ec) {
+    const named = typeof raw === 'object' && raw !== null && typeof (raw as { model?: unknown }).model === 'string' ? (raw as { model: string }).model : undefined;
+    const inner = BY_TASK[ec.client.anyModel(ec.pathModel ?? named).plan.spec.task];
+    const { call, state } = inner.parse(raw, ec);
+    return { call, state: { inner, state } };
+  },
+  answer(r, call, s, ec) {
+    return s.inner.answer(r, call, s.state, ec);
+  },
+};
+
 /** Most characters one tokenize request may hold: about 0.1 s of the gateway's event loop. */
 export const MAX_TOKENIZE_CHARS = 65_536;
 
