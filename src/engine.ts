@@ -119,6 +119,8 @@ export interface ModelInfo {
   defaultPrompt?: { name?: string; text: string };
   /** Which flag, file of the model's folder, or default decided task, pooling, normalize and maxLength. */
   sources: SettingSources;
+  /** The graph's token inputs (no token_type_ids where the graph takes none). */
+  inputs: string[];
   batching: BatchingOptions;
 }
 
@@ -157,6 +159,7 @@ export function describeModel(m: ClientModel['plan']): ModelInfo {
     ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize, prompts: m.spec.prompts } : {}),
     ...(m.spec.defaultPrompt ? { defaultPrompt: m.spec.defaultPrompt } : {}),
     sources: m.spec.sources,
+    inputs: m.spec.graphInputs,
     batching: m.batching,
   };
 }

@@ -18,6 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { startServer, type Server } from '../dist/src/main.js';
 import { loadModelSpec, type Pooling } from '../dist/src/shared/model-config.js';
+import { decodeModel, encodeModel, makeTensor } from '../dist/src/shared/onnx-graph.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { makeRandom, maxAbsDiff, modelsDir, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
 
@@ -62,6 +63,21 @@ function stFolder(name: string, opts: { pooling?: Pooling | Pooling[]; normalize
     writeFileSync(join(dir, file), typeof content === 'string' ? content : JSON.stringify(content));
   }
   return dir;
+}
+
+/**
+ * tiny-embed's graph without a token_type_ids input (as DistilBERT and most
+ * XLM-RoBERTa exports are): its uses read zeros made from input_ids instead,
+ * so its token states are tiny-embed's with type ids 0.
+ */
+function withoutTokenTypes(onnxPath: string): Uint8Array {
+  const model = decodeModel(readFileSync(onnxPath));
+  const g = model.graph!;
+  g.input = g.input!.filter((i) => i.name !== 'token_type_ids');
+  g.initializer!.push(makeTensor('test_zero', 'int64', [0], []));
+  g.node!.unshift({ name: 'test_zero_types', opType: 'Mul', input: ['input_ids', 'test_zero'], output: ['test_token_type_ids'] });
+  for (const n of g.node!) n.input = n.input!.map((x) => (x === 'token_type_ids' ? 'test_token_type_ids' : x));
+  return encodeModel(model);
 }
 
 // ------------------------------------------------------------------ the independent reference
@@ -114,11 +130,12 @@ beforeAll(async () => {
   stFolder('st-mean-unnormalised', { pooling: 'mean', normalize: false });
   stFolder('st-short', { pooling: 'cls', files: { 'sentence_bert_config.json': { max_seq_length: MAX_SEQ_LENGTH, do_lower_case: false } } });
   stFolder('st-no-pooling');
+  writeFileSync(join(stFolder('st-no-types', { pooling: 'mean' }), 'model.onnx'), withoutTokenTypes(join(modelsDir, 'tiny-embed', 'model.onnx')));
   stFolder('st-e5', { pooling: 'mean', files: { 'config_sentence_transformers.json': { prompts: E5_PROMPTS, default_prompt_name: 'query' } } });
   const spec = loadModelSpec(join(modelsDir, 'tiny-embed'), 'tiny-embed');
   plain = await ort.InferenceSession.create(readFileSync(spec.onnxPath), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
   tok = await loadTokenizer(spec.tokenizerPath);
-  const models = [...POOLINGS.map((p) => `st-${p}`), 'st-mean-unnormalised', 'st-short', 'st-no-pooling', 'st-e5'].map((m) => join(root, m));
+  const models = [...POOLINGS.map((p) => `st-${p}`), 'st-mean-unnormalised', 'st-short', 'st-no-pooling', 'st-e5', 'st-no-types'].map((m) => join(root, m));
   server = await startServer(testServerConfig({ models, batching: { maxBatchTokens: 4096 }, log: (l) => logs.push(l) }));
   await server.ready;
 }, 120_000);
@@ -171,6 +188,42 @@ describe('a sentence-transformers folder is served with its own pooling and norm
     expect(logs.some((l) => /model st-max .*pooling=max \(1_Pooling\/config\.json\)/.test(l))).toBe(true);
     expect(logs.filter((l) => /warning: model st-no-pooling: the folder names no pooling/.test(l))).toHaveLength(1);
     expect(logs.filter((l) => /warning/.test(l) && !l.includes('st-no-pooling'))).toEqual([]);
+  });
+});
+
+describe('a graph without token_type_ids (the DistilBERT / XLM-RoBERTa layout)', () => {
+  it('is fed only the inputs it has: batched rows equal the reference; /info and KServe metadata list its real inputs', async () => {
+    const rand = makeRandom('st no token types');
+    const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'st-no-types'))), 16, 40);
+    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'st-no-types', inputs: t })));
+    for (const [i, t] of texts.entries()) {
+      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
+      expect(maxAbsDiff(answers[i]!.body[0], pooled(await tokenStates(tok.encode(t, { maxLength: 512, truncate: false }).ids), 'mean', true))).toBeLessThan(TOLERANCE);
+    }
+    const info = (await (await fetch(base() + '/info')).json()) as { models: { name: string; inputs: string[] }[] };
+    expect(info.models.find((m) => m.name === 'st-no-types')!.inputs).toEqual(['input_ids', 'attention_mask']);
+    expect(info.models.find((m) => m.name === 'st-mean')!.inputs).toEqual(['input_ids', 'attention_mask', 'token_type_ids']);
+    const meta = (await (await fetch(base() + '/v2/models/st-no-types')).json()) as { inputs: { name: string }[] };
+    expect(meta.inputs.map((i) => i.name)).toEqual(['input_ids', 'attention_mask', 'text']);
+  });
+
+  it('a graph without input_ids, or one that takes position_ids, is refused at start naming its inputs', () => {
+    const model = decodeModel(readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx')));
+    const rename = (from: string, to: string) => {
+      const copy = decodeModel(encodeModel(model));
+      for (const i of copy.graph!.input!) if (i.name === from) i.name = to;
+      for (const n of copy.graph!.node!) n.input = n.input!.map((x) => (x === from ? to : x));
+      return encodeModel(copy);
+    };
+    const noIds = stFolder('no-ids', { pooling: 'mean' });
+    writeFileSync(join(noIds, 'model.onnx'), rename('input_ids', 'ids'));
+    expect(() => loadModelSpec(noIds)).toThrow(/the graph has no input "input_ids" \(its inputs: ids, attention_mask, token_type_ids\)/);
+    const positions = stFolder('positions', { pooling: 'mean' });
+    writeFileSync(join(positions, 'model.onnx'), rename('token_type_ids', 'position_ids'));
+    expect(() => loadModelSpec(positions)).toThrow(/takes position_ids, which slabserve does not feed yet/);
+    const notOnnx = stFolder('not-onnx', { pooling: 'mean' });
+    writeFileSync(join(notOnnx, 'model.onnx'), 'this is not a model');
+    expect(() => loadModelSpec(notOnnx)).toThrow(/model\.onnx: an unknown protobuf wire type \d: not an ONNX model/);
   });
 });
 

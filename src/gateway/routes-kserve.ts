@@ -120,11 +120,12 @@ function outputsOf(model: ClientModel): TensorMeta[] {
   }
 }
 
+/** The token tensors a request may send: the graph's own (position_ids are the server's to compute). */
 const TOKEN_INPUTS = ['input_ids', 'attention_mask', 'token_type_ids'];
 
 function modelMetadata(model: ClientModel) {
   const spec = model.plan.spec;
-  const inputs: TensorMeta[] = TOKEN_INPUTS.map((name) => ({ name, datatype: 'INT64', shape: [-1, -1] }));
+  const inputs: TensorMeta[] = TOKEN_INPUTS.filter((name) => spec.graphInputs.includes(name)).map((name) => ({ name, datatype: 'INT64', shape: [-1, -1] }));
   if (spec.task === 'rerank') inputs.push({ name: 'query', datatype: 'BYTES', shape: [-1] }, { name: 'text', datatype: 'BYTES', shape: [-1] });
   else inputs.push({ name: 'text', datatype: 'BYTES', shape: [-1] });
   return { name: spec.name, versions: [MODEL_VERSION], platform: PLATFORM, inputs, outputs: outputsOf(model) };

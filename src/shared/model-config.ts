@@ -27,6 +27,7 @@
  */
 import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
+import { onnxInputNames } from './onnx-inputs.js';
 import { POOLINGS, readFolderSettings, readJsonFile, type FolderSettings, type Pooling, type Sourced } from './hf-folder.js';
 
 export { POOLINGS, type Pooling } from './hf-folder.js';
@@ -68,6 +69,8 @@ export interface ModelSpec {
   hiddenSize: number;
   /** classify: label names by class id; rerank: the one label of its logit; embed: empty. */
   labels: string[];
+  /** The graph's token inputs, in its order (input_ids, attention_mask, and token_type_ids / position_ids where it takes them). */
+  graphInputs: string[];
   /** Token type ids the model knows (config.json type_vocab_size; 2 for BERT). */
   typeVocabSize?: number;
   /** embed only: texts put before an input by name (config_sentence_transformers.json's prompts). */
@@ -130,6 +133,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
 
   const onnxPath = [join(dir, 'model.onnx'), join(dir, 'onnx', 'model.onnx')].find((p) => existsSync(p));
   if (!onnxPath) throw new Error(`model ${name}: no model.onnx or onnx/model.onnx in ${dir}`);
+  const graphInputs = tokenInputs(name, onnxPath);
   const tokenizerPath = join(dir, 'tokenizer.json');
   if (!existsSync(tokenizerPath)) throw new Error(`model ${name}: no tokenizer.json in ${dir}`);
   const folder = readFolderSettings(dir, config, tokenizerLowercases(readJsonFile(tokenizerPath)));
@@ -177,6 +181,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     maxLength: maxLength.value,
     hiddenSize: hiddenSize!,
     labels,
+    graphInputs,
     typeVocabSize: config.type_vocab_size ?? 2,
     prompts: task === 'embed' ? folder.prompts : {},
     ...(defaultPrompt ? { defaultPrompt: defaultPrompt.value } : {}),
@@ -240,6 +245,24 @@ function inputLimit(name: string, folder: FolderSettings, flag?: Sourced<number>
   }
   const tok = folder.tokenizerMaxLength;
   return tok && tok.value < positions.value ? tok : positions;
+}
+
+/** Inputs a token graph may take; anything else it lists is an initializer (older exports list those too). */
+const TOKEN_INPUTS = ['input_ids', 'attention_mask', 'token_type_ids', 'position_ids'];
+
+/** The graph's token inputs, read from the file's header; input_ids and attention_mask are required. */
+function tokenInputs(name: string, onnxPath: string): string[] {
+  let all: string[];
+  try {
+    all = onnxInputNames(onnxPath);
+  } catch (err) {
+    throw new Error(`model ${name}: ${onnxPath}: ${(err as Error).message}`);
+  }
+  for (const need of ['input_ids', 'attention_mask']) {
+    if (!all.includes(need)) throw new Error(`model ${name}: the graph has no input "${need}" (its inputs: ${all.join(', ') || 'none'})`);
+  }
+  if (all.includes('position_ids')) throw new Error(`model ${name}: the graph takes position_ids, which slabserve does not feed yet`);
+  return all.filter((i) => TOKEN_INPUTS.includes(i));
 }
 
 /** Whether tokenizer.json's normalizer lowercases (BertNormalizer's lowercase, or a Lowercase step). */
