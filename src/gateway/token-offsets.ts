@@ -28,7 +28,14 @@ type Json = Record<string, unknown>;
 const isObj = (x: unknown): x is Json => typeof x === 'object' && x !== null && !Array.isArray(x);
 
 /** One character (code point) of input in, zero or more characters out. */
-type CharMap = (c: string) => string;
+/**
+ * A normalizer, one character at a time; `composes` when it also joins a
+ * character with the combining marks after it (NFC, NFKC: e + U+0301 is é),
+ * so it must see them together.
+ */
+type CharMap = ((c: string) => string) & { composes?: boolean };
+
+const COMBINING = /^\p{M}$/u;
 
 // The tests the JS library's BertNormalizer and BertPreTokenizer use, so the alignment sees what it saw.
 const CONTROL = /^(?:\p{Cc}|\p{Cf}|\p{Co}|\p{Cs})$/u;
@@ -86,7 +93,7 @@ function charMapOf(normalizer: unknown): CharMap | null {
     case 'NFC':
     case 'NFKC': {
       const form = normalizer.type;
-      return (c) => c.normalize(form);
+      return Object.assign((c: string) => c.normalize(form), { composes: form === 'NFC' || form === 'NFKC' });
     }
     case 'Strip':
       return (c) => c; // only trims the ends, which no token covers
@@ -94,11 +101,17 @@ function charMapOf(normalizer: unknown): CharMap | null {
       const parts = Array.isArray(normalizer.normalizers) ? normalizer.normalizers.map(charMapOf) : [null];
       if (parts.some((p) => p === null)) return null;
       const maps = parts as CharMap[];
-      return (c) => {
-        let chars = [c];
-        for (const m of maps) chars = chars.flatMap((x) => Array.from(m(x)));
-        return chars.join('');
-      };
+      const composes = maps.some((m) => m.composes);
+      // A composing sequence maps whole clusters: each part must take more than one character then.
+      if (composes && (normalizer.normalizers as unknown[]).some((n) => isObj(n) && n.type === 'BertNormalizer')) return null;
+      return Object.assign(
+        (c: string) => {
+          let text = c;
+          for (const m of maps) text = m.composes ? m(text) : Array.from(text, (x) => m(x)).join('');
+          return text;
+        },
+        { composes },
+      );
     }
     default:
       return null;
@@ -108,6 +121,10 @@ function charMapOf(normalizer: unknown): CharMap | null {
 /** The normalised text, one entry per normalised code point, with the input code point it came from. */
 interface Normalized {
   chars: string[];
+  /**
+   * For each normalised character, the code point of the text it came from
+   * (a composed character: its first, as the Rust library aligns it).
+   */
   from: Int32Array;
 }
 
@@ -126,10 +143,14 @@ export class TokenAligner {
   /** Normalisation of characters seen before: a text repeats few distinct characters. */
   readonly #cache = new Map<string, string[]>();
 
-  private constructor(map: CharMap, prefix: string, unk: string, added: string[]) {
+  /** Metaspace pre-tokenizers (SentencePiece layouts: XLM-RoBERTa's Unigram): the character that stands for a space. */
+  readonly #metaspace: string | null;
+
+  private constructor(map: CharMap, prefix: string, unk: string, added: string[], metaspace: string | null) {
     this.#map = map;
     this.#prefix = prefix;
     this.#unk = unk;
+    this.#metaspace = metaspace;
     for (const a of added) this.#added.set(a, this.#normalize(a).chars);
   }
 
@@ -139,32 +160,38 @@ export class TokenAligner {
     if (!map) return null;
     const model = isObj(json.model) ? json.model : {};
     const prefix = typeof model.continuing_subword_prefix === 'string' ? model.continuing_subword_prefix : '##';
-    const unk = typeof model.unk_token === 'string' ? model.unk_token : '[UNK]';
     const added = Array.isArray(json.added_tokens) ? json.added_tokens.filter(isObj).map((t) => String(t.content)) : [];
-    return new TokenAligner(map, prefix, unk, added);
+    const metaspace = metaspaceOf(json.pre_tokenizer);
+    if (metaspace === undefined) return null;
+    return new TokenAligner(map, prefix, unkTokenOf(model), added, metaspace);
   }
 
   #normalize(text: string): Normalized {
     const chars: string[] = [];
     const from: number[] = [];
-    let i = 0;
-    for (const c of text) {
-      let out = this.#cache.get(c);
+    const source = Array.from(text);
+    for (let i = 0; i < source.length; ) {
+      // One character, with the combining marks after it when the normalizer composes.
+      let j = i + 1;
+      if (this.#map.composes) while (j < source.length && COMBINING.test(source[j]!)) j++;
+      const unit = j === i + 1 ? source[i]! : source.slice(i, j).join('');
+      let out = this.#cache.get(unit);
       if (out === undefined) {
-        out = Array.from(this.#map(c));
-        if (this.#cache.size < CACHE_LIMIT) this.#cache.set(c, out);
+        out = Array.from(this.#map(unit));
+        if (this.#cache.size < CACHE_LIMIT) this.#cache.set(unit, out);
       }
       for (const n of out) {
         chars.push(n);
         from.push(i);
       }
-      i++;
+      i = j;
     }
     return { chars, from: Int32Array.from(from) };
   }
 
   /** Where each token of `tokens` (the tokenizer's output for `text`, no special tokens) lies in `text`. */
   align(text: string, tokens: readonly string[]): Span[] {
+    if (this.#metaspace !== null) return this.#alignMetaspace(text, tokens, this.#metaspace);
     const norm = this.#normalize(text);
     const { chars } = norm;
     const n = chars.length;
@@ -231,6 +258,80 @@ export class TokenAligner {
     }
     return spans;
   }
+
+  /**
+   * A SentencePiece-layout tokenizer's pieces: a space is a piece's leading
+   * `space` character, which covers the space it replaced (as the Rust
+   * library's offsets do) or nothing where it was prepended to the text; every
+   * other character is covered by exactly one piece. An unknown piece covers
+   * what lies before the next piece.
+   */
+  #alignMetaspace(text: string, tokens: readonly string[], space: string): Span[] {
+    const norm = this.#normalize(text);
+    const { chars } = norm;
+    const n = chars.length;
+    const span = (p: number, len: number): Span => (len > 0 ? [norm.from[p]!, norm.from[p + len - 1]! + 1] : null);
+    // Metaspace replaces the space character only (tabs and newlines stay text, often unknown).
+    const isSpace = (p: number) => chars[p] === ' ';
+    /** Where `token` matches at `p`: the characters it covers, or -1. */
+    const coverAt = (p: number, token: string): number => {
+      const piece = Array.from(token);
+      let at = p;
+      let k = 0;
+      if (piece[0] === space) {
+        if (isSpace(at)) at++;
+        k = 1;
+      }
+      for (; k < piece.length; k++, at++) if (at >= n || !sameChar(chars[at]!, piece[k]!)) return -1;
+      return at - p;
+    };
+    const spans: Span[] = [];
+    let pos = 0;
+    for (let t = 0; t < tokens.length; t++) {
+      const token = tokens[t]!;
+      if (token === this.#unk) {
+        // Up to where the next known piece matches (or the end).
+        const next = tokens.slice(t + 1).find((x) => x !== this.#unk);
+        let end = pos + 1;
+        if (next === undefined) end = n;
+        else while (end < n && coverAt(end, next) < 0) end++;
+        spans.push(span(pos, Math.min(end, n) - pos));
+        pos = Math.min(end, n);
+        continue;
+      }
+      const len = coverAt(pos, token);
+      if (len < 0) {
+        spans.push(null);
+        continue;
+      }
+      // A lone prepended space covers nothing: the Rust library gives it the next character's start.
+      spans.push(len === 0 ? span(pos, 1) : span(pos, len));
+      pos += len;
+    }
+    return spans;
+  }
+}
+
+/** A Metaspace pre-tokenizer's replacement character; null without one; undefined for one we do not model. */
+function metaspaceOf(pre: unknown): string | null | undefined {
+  if (pre === null || pre === undefined || !isObj(pre)) return null;
+  if (pre.type === 'Metaspace') return typeof pre.replacement === 'string' ? pre.replacement : '\u2581';
+  if (pre.type === 'Sequence' && Array.isArray(pre.pretokenizers)) {
+    const found = pre.pretokenizers.map(metaspaceOf);
+    if (found.includes(undefined)) return undefined;
+    return found.find((m) => typeof m === 'string') ?? null;
+  }
+  return null;
+}
+
+/** The unknown token's text: WordPiece's unk_token, Unigram's vocab[unk_id]. */
+function unkTokenOf(model: Json): string {
+  if (typeof model.unk_token === 'string') return model.unk_token;
+  if (typeof model.unk_id === 'number' && Array.isArray(model.vocab)) {
+    const entry: unknown = model.vocab[model.unk_id];
+    if (Array.isArray(entry) && typeof entry[0] === 'string') return entry[0];
+  }
+  return '[UNK]';
 }
 
 /** Equal, or the two lowercase sigmas (whole-text lowercasing picks the final form by context). */

@@ -44,6 +44,14 @@ export interface BertSpec {
   seed: number;
   /** LayerNorm epsilon; default 1e-12 as in BertConfig. */
   layerNormEps?: number;
+  /**
+   * The RoBERTa family's positions: numbered from padding_idx + 1 along the
+   * tokens that are not padding_idx (transformers' create_position_ids_from_input_ids),
+   * so 514 position embeddings serve 512 tokens. Absent: BERT's 0..T-1.
+   */
+  positionPaddingIdx?: number;
+  /** false: no token_type_ids input; every token gets type 0's embedding (XLM-RoBERTa, DistilBERT exports). Default true. */
+  tokenTypeIds?: boolean;
   /** Overrides of the init scales (see {@link DEFAULT_INIT}); for experiments. */
   init?: Partial<InitScales>;
 }
@@ -199,19 +207,17 @@ export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
   const dims = [BATCH_DIM, SEQUENCE_DIM];
   const inputIds = b.addInput('input_ids', 'int64', dims);
   const attentionMask = b.addInput('attention_mask', 'int64', dims);
-  const tokenTypeIds = b.addInput('token_type_ids', 'int64', dims);
+  const tokenTypeIds = spec.tokenTypeIds === false ? null : b.addInput('token_type_ids', 'int64', dims);
 
   // ---- embeddings ---------------------------------------------------------
   let x = b.scoped('embeddings', () => {
     const wordEmb = normal('embeddings.word_embeddings.weight', [spec.vocabSize, H], init.wordEmbedding);
     const posEmb = normal('embeddings.position_embeddings.weight', [spec.maxPositions, H], init.positionEmbedding);
     const typeEmb = normal('embeddings.token_type_embeddings.weight', [spec.typeVocabSize, H], init.tokenTypeEmbedding);
-    // position_ids = arange(T): Shape -> Gather(index 1) -> Range(0, T, 1)
-    const seqLen = b.op('Gather', [b.op('Shape', [inputIds]), one64], { axis: 0 });
-    const positionIds = b.op('Range', [zero, seqLen, one64]);
     const words = b.op('Gather', [wordEmb, inputIds], { axis: 0 }); // [B, T, H]
-    const types = b.op('Gather', [typeEmb, tokenTypeIds], { axis: 0 }); // [B, T, H]
-    const positions = b.op('Gather', [posEmb, positionIds], { axis: 0 }); // [T, H]
+    // No token_type_ids: type 0's row, broadcast over every token.
+    const types = b.op('Gather', [typeEmb, tokenTypeIds ?? zero], { axis: 0 }); // [B, T, H] or [H]
+    const positions = b.op('Gather', [posEmb, positionIdsOf(b, inputIds, spec.positionPaddingIdx, zero, one64)], { axis: 0 }); // [T, H] or [B, T, H]
     const sum = b.op('Add', [b.op('Add', [words, types]), positions]);
     return layerNorm(sum, 'embeddings.LayerNorm');
   });
@@ -272,6 +278,20 @@ export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
     b.addOutput('logits', 'float', [BATCH_DIM, spec.numLabels!]);
   }
   return b.graph();
+}
+
+/**
+ * BERT: arange(T) (Shape -> Gather(index 1) -> Range(0, T, 1)). The RoBERTa
+ * family: cumsum(ids != pad) * (ids != pad) + pad, per row.
+ */
+function positionIdsOf(b: GraphBuilder, inputIds: string, paddingIdx: number | undefined, zero: string, one64: string): string {
+  if (paddingIdx === undefined) {
+    const seqLen = b.op('Gather', [b.op('Shape', [inputIds]), one64], { axis: 0 });
+    return b.op('Range', [zero, seqLen, one64]);
+  }
+  const pad = b.addInitializer('/Constant_padding_idx', 'int64', [paddingIdx], []);
+  const real = b.op('Cast', [b.op('Not', [b.op('Equal', [inputIds, pad])])], { to: onnx.TensorProto.DataType.INT64 });
+  return b.op('Add', [b.op('Mul', [b.op('CumSum', [real, one64]), real]), pad]);
 }
 
 /** Builds the model and returns the serialised ONNX bytes. */

