@@ -37,12 +37,16 @@ const rustTokenizers = createRequire(import.meta.url)('tokenizers') as { Tokeniz
 
 let root: string;
 let dir: string;
+let distilDir: string;
 let tok: TextTokenizer;
+let distilTok: TextTokenizer;
 
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), 'slabserve-families-'));
   dir = writePreset('tiny-xlmr', root).dir;
+  distilDir = writePreset('tiny-distilbert', root).dir;
   tok = await loadTokenizer(join(dir, 'tokenizer.json'));
+  distilTok = await loadTokenizer(join(distilDir, 'tokenizer.json'));
 });
 
 afterAll(() => {
@@ -87,52 +91,77 @@ describe('tiny-xlmr: the XLM-RoBERTa tokenizer layout', () => {
   });
 });
 
-describe('tiny-xlmr served', () => {
+describe('tiny-xlmr and tiny-distilbert served', () => {
   let server: Server;
   let plain: ort.InferenceSession;
+  let plainDistil: ort.InferenceSession;
   const post = async (path: string, body: unknown) => {
     const r = await fetch(`http://127.0.0.1:${server.port}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
     return { status: r.status, body: (await r.json()) as any }; // eslint-disable-line @typescript-eslint/no-explicit-any
   };
 
-  /** The unmodified graph on one input, unpadded (input_ids and attention_mask: it takes no token_type_ids), mean-pooled and normalised here. */
-  async function reference(text: string): Promise<Float32Array> {
-    const ids = tok.encode(text, { maxLength: 512, truncate: false }).ids;
+  /**
+   * The unmodified graph on one input, unpadded (input_ids and attention_mask:
+   * neither family takes token_type_ids), pooled (mean, or the first token's
+   * state) and normalised here.
+   */
+  async function reference(text: string, family: 'xlmr' | 'distilbert' = 'xlmr'): Promise<Float32Array> {
+    const ids = (family === 'xlmr' ? tok : distilTok).encode(text, { maxLength: 512, truncate: false }).ids;
     const n = ids.length;
     const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
-    const out = await plain.run({ input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1) });
+    const out = await (family === 'xlmr' ? plain : plainDistil).run({ input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1) });
     const states = out.last_hidden_state!.data as Float32Array;
-    const mean = new Float32Array(HIDDEN);
-    for (let t = 0; t < n; t++) for (let h = 0; h < HIDDEN; h++) mean[h]! += states[t * HIDDEN + h]! / n;
-    const norm = Math.hypot(...mean);
-    return mean.map((v) => v / norm);
+    const pooled = new Float32Array(HIDDEN);
+    if (family === 'distilbert') pooled.set(states.subarray(0, HIDDEN));
+    else for (let t = 0; t < n; t++) for (let h = 0; h < HIDDEN; h++) pooled[h]! += states[t * HIDDEN + h]! / n;
+    const norm = Math.hypot(...pooled);
+    return pooled.map((v) => v / norm);
   }
 
   beforeAll(async () => {
     plain = await ort.InferenceSession.create(readFileSync(join(dir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
-    server = await startServer(testServerConfig({ models: [dir], batching: { maxBatchTokens: 4096 } }));
+    plainDistil = await ort.InferenceSession.create(readFileSync(join(distilDir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    server = await startServer(testServerConfig({ models: [dir, distilDir], batching: { maxBatchTokens: 4096 } }));
     await server.ready;
   }, 120_000);
 
   afterAll(async () => {
     await server?.close();
     await plain?.release();
+    await plainDistil?.release();
+  });
+
+  it('tiny-distilbert: its config.json (dim, n_layers) read, no token_type_ids fed, CLS-pooled rows equal the reference, batched', async () => {
+    const rand = makeRandom('distilbert served');
+    const texts = Array.from({ length: 24 }, () => multilingualText(rand));
+    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'tiny-distilbert', inputs: t })));
+    let worst = 0;
+    for (const [i, t] of texts.entries()) {
+      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
+      worst = Math.max(worst, maxAbsDiff(answers[i]!.body[0], await reference(t, 'distilbert')));
+    }
+    expect(worst).toBeLessThan(TOLERANCE);
+    const info = (await (await fetch(`http://127.0.0.1:${server.port}/info`)).json()) as { models: Record<string, unknown>[] };
+    expect(info.models.find((m) => m.name === 'tiny-distilbert')).toMatchObject({ dimension: HIDDEN, pooling: 'cls', maxLength: 512, inputs: ['input_ids', 'attention_mask'] });
+    const config = JSON.parse(readFileSync(join(distilDir, 'config.json'), 'utf8')) as Record<string, unknown>;
+    expect(config).toMatchObject({ model_type: 'distilbert', dim: HIDDEN, n_layers: 2 });
+    expect(config.hidden_size).toBeUndefined();
   });
 
   it('batched rows equal the unbatched reference; the prompts are the folder\'s; /info says what it read', async () => {
     const rand = makeRandom('xlmr served');
     const texts = Array.from({ length: 32 }, () => multilingualText(rand));
-    const answers = await Promise.all(texts.map((t) => post('/embed', { inputs: t })));
+    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'tiny-xlmr', inputs: t })));
     let worst = 0;
     for (const [i, t] of texts.entries()) {
       expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
       worst = Math.max(worst, maxAbsDiff(answers[i]!.body[0], await reference(t)));
     }
     expect(worst).toBeLessThan(TOLERANCE);
-    const query = await post('/embed', { inputs: texts[0], prompt_name: 'query' });
+    const query = await post('/embed', { model: 'tiny-xlmr', inputs: texts[0], prompt_name: 'query' });
     expect(maxAbsDiff(query.body[0], await reference(`query: ${texts[0]}`))).toBeLessThan(TOLERANCE);
     const info = (await (await fetch(`http://127.0.0.1:${server.port}/info`)).json()) as { models: Record<string, unknown>[] };
-    expect(info.models[0]).toMatchObject({
+    expect(info.models.find((m) => m.name === 'tiny-xlmr')).toMatchObject({
       name: 'tiny-xlmr',
       maxLength: 512,
       pooling: 'mean',

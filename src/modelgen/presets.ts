@@ -41,8 +41,12 @@ export interface Preset {
   name: string;
   description: string;
   spec: BertSpec;
-  /** BERT (WordPiece, a serve.json) or the XLM-RoBERTa layout (Unigram, a sentence-transformers folder: xlmrFiles). */
-  family?: 'bert' | 'xlm-roberta';
+  /**
+   * BERT (WordPiece, a serve.json), DistilBERT (WordPiece, no token_type_ids,
+   * its own config.json names) or the XLM-RoBERTa layout (Unigram, a
+   * sentence-transformers folder: xlmrFiles).
+   */
+  family?: 'bert' | 'distilbert' | 'xlm-roberta';
   serve: ServeJson;
   /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
@@ -86,6 +90,13 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     family: 'xlm-roberta',
     serve: { task: 'embed' },
   },
+  'tiny-distilbert': {
+    name: 'tiny-distilbert',
+    description: 'DistilBERT layout: WordPiece, no token_type_ids input, a DistilBertConfig (dim, n_layers, ...), CLS pooling',
+    spec: { ...encoder(2, 128, 2, 512), tokenTypeIds: false, task: 'embed', seed: 20_007 },
+    family: 'distilbert',
+    serve: { task: 'embed', pooling: 'cls', normalize: true },
+  },
   'minilm-l6': {
     name: 'minilm-l6',
     description: 'all-MiniLM-L6 shape (6 layers, hidden 384, 12 heads), sentence embeddings',
@@ -125,6 +136,7 @@ export function presetSpec(preset: Preset): BertSpec {
 export function buildConfigJson(preset: Preset): Record<string, unknown> {
   const s = presetSpec(preset);
   if (preset.family === 'xlm-roberta') return xlmrConfigJson(preset.name, s);
+  if (preset.family === 'distilbert') return distilbertConfigJson(preset.name, s);
   const classify = s.task === 'classify';
   const config: Record<string, unknown> = {
     _name_or_path: `slabserve/${preset.name}`,
@@ -206,6 +218,30 @@ function xlmrConfigJson(name: string, s: BertSpec): Record<string, unknown> {
     transformers_version: '4.44.2',
     type_vocab_size: s.typeVocabSize,
     use_cache: true,
+    vocab_size: s.vocabSize,
+    _slabserve: { generated: true, seed: s.seed, note: 'random weights' },
+  };
+}
+
+/** A DistilBertConfig: its own names for the sizes (dim, hidden_dim, n_heads, n_layers), no token types. */
+function distilbertConfigJson(name: string, s: BertSpec): Record<string, unknown> {
+  return {
+    _name_or_path: `slabserve/${name}`,
+    activation: 'gelu',
+    architectures: ['DistilBertModel'],
+    attention_dropout: 0.1,
+    dim: s.hidden,
+    dropout: 0.1,
+    hidden_dim: s.intermediate,
+    initializer_range: 0.02,
+    max_position_embeddings: s.maxPositions,
+    model_type: 'distilbert',
+    n_heads: s.heads,
+    n_layers: s.layers,
+    pad_token_id: 0,
+    sinusoidal_pos_embds: false,
+    torch_dtype: 'float32',
+    transformers_version: '4.44.2',
     vocab_size: s.vocabSize,
     _slabserve: { generated: true, seed: s.seed, note: 'random weights' },
   };

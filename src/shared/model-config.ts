@@ -110,6 +110,8 @@ interface HfConfig {
   architectures?: string[];
   model_type?: string;
   hidden_size?: number;
+  /** DistilBERT's name for hidden_size. */
+  dim?: number;
   max_position_embeddings?: number;
   pad_token_id?: number;
   id2label?: Record<string, string>;
@@ -143,8 +145,8 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   const task: Task = serve.task ?? (isClassifier ? (labelCount === 1 ? 'rerank' : 'classify') : 'embed');
   if (!TASKS.includes(task)) throw new Error(`model ${name}: unknown task "${String(task)}"`);
 
-  const hiddenSize = config.hidden_size;
-  if (!Number.isInteger(hiddenSize) || hiddenSize! < 1) throw new Error(`model ${name}: config.json lacks hidden_size`);
+  const hiddenSize = config.hidden_size ?? config.dim;
+  if (!Number.isInteger(hiddenSize) || hiddenSize! < 1) throw new Error(`model ${name}: config.json lacks hidden_size (or DistilBERT's dim)`);
 
   const warnings: string[] = [];
   const pooling = first<Pooling>(sourced(overrides.pooling, 'flag'), sourced(serve.pooling, 'serve.json'), folder.pooling) ?? { value: 'mean', source: 'default' };
