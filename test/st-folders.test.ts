@@ -80,6 +80,22 @@ function withoutTokenTypes(onnxPath: string): Uint8Array {
   return encodeModel(model);
 }
 
+/**
+ * tiny-embed's graph taking position_ids as an input (as decoders and some
+ * exports do) instead of computing arange(T): fed 0..n-1, its token states
+ * are tiny-embed's.
+ */
+function withPositionIdsInput(onnxPath: string): Uint8Array {
+  const model = decodeModel(readFileSync(onnxPath));
+  const g = model.graph!;
+  const range = g.node!.find((n) => n.opType === 'Range')!;
+  const computed = range.output![0]!;
+  const ids = g.input!.find((i) => i.name === 'input_ids')!;
+  g.input!.push({ ...ids, name: 'position_ids' });
+  for (const n of g.node!) n.input = n.input!.map((x) => (x === computed ? 'position_ids' : x));
+  return encodeModel(model);
+}
+
 // ------------------------------------------------------------------ the independent reference
 
 let plain: ort.InferenceSession;
@@ -131,11 +147,12 @@ beforeAll(async () => {
   stFolder('st-short', { pooling: 'cls', files: { 'sentence_bert_config.json': { max_seq_length: MAX_SEQ_LENGTH, do_lower_case: false } } });
   stFolder('st-no-pooling');
   writeFileSync(join(stFolder('st-no-types', { pooling: 'mean' }), 'model.onnx'), withoutTokenTypes(join(modelsDir, 'tiny-embed', 'model.onnx')));
+  writeFileSync(join(stFolder('st-positions', { pooling: 'mean' }), 'model.onnx'), withPositionIdsInput(join(modelsDir, 'tiny-embed', 'model.onnx')));
   stFolder('st-e5', { pooling: 'mean', files: { 'config_sentence_transformers.json': { prompts: E5_PROMPTS, default_prompt_name: 'query' } } });
   const spec = loadModelSpec(join(modelsDir, 'tiny-embed'), 'tiny-embed');
   plain = await ort.InferenceSession.create(readFileSync(spec.onnxPath), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
   tok = await loadTokenizer(spec.tokenizerPath);
-  const models = [...POOLINGS.map((p) => `st-${p}`), 'st-mean-unnormalised', 'st-short', 'st-no-pooling', 'st-e5', 'st-no-types'].map((m) => join(root, m));
+  const models = [...POOLINGS.map((p) => `st-${p}`), 'st-mean-unnormalised', 'st-short', 'st-no-pooling', 'st-e5', 'st-no-types', 'st-positions'].map((m) => join(root, m));
   server = await startServer(testServerConfig({ models, batching: { maxBatchTokens: 4096 }, log: (l) => logs.push(l) }));
   await server.ready;
 }, 120_000);
@@ -207,7 +224,19 @@ describe('a graph without token_type_ids (the DistilBERT / XLM-RoBERTa layout)',
     expect(meta.inputs.map((i) => i.name)).toEqual(['input_ids', 'attention_mask', 'text']);
   });
 
-  it('a graph without input_ids, or one that takes position_ids, is refused at start naming its inputs', () => {
+  it('a graph that takes position_ids is fed 0..n-1 on each right-padded row: batched rows equal the reference', async () => {
+    const rand = makeRandom('st position ids');
+    const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'st-positions'))), 16, 60);
+    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'st-positions', inputs: t })));
+    for (const [i, t] of texts.entries()) {
+      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
+      expect(maxAbsDiff(answers[i]!.body[0], pooled(await tokenStates(tok.encode(t, { maxLength: 512, truncate: false }).ids), 'mean', true))).toBeLessThan(TOLERANCE);
+    }
+    const info = (await (await fetch(base() + '/info')).json()) as { models: { name: string; inputs: string[] }[] };
+    expect(info.models.find((m) => m.name === 'st-positions')!.inputs).toEqual(['input_ids', 'attention_mask', 'token_type_ids', 'position_ids']);
+  });
+
+  it('a graph without input_ids, or a file that is not ONNX, is refused at start naming what is wrong', () => {
     const model = decodeModel(readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx')));
     const rename = (from: string, to: string) => {
       const copy = decodeModel(encodeModel(model));
@@ -218,9 +247,6 @@ describe('a graph without token_type_ids (the DistilBERT / XLM-RoBERTa layout)',
     const noIds = stFolder('no-ids', { pooling: 'mean' });
     writeFileSync(join(noIds, 'model.onnx'), rename('input_ids', 'ids'));
     expect(() => loadModelSpec(noIds)).toThrow(/the graph has no input "input_ids" \(its inputs: ids, attention_mask, token_type_ids\)/);
-    const positions = stFolder('positions', { pooling: 'mean' });
-    writeFileSync(join(positions, 'model.onnx'), rename('token_type_ids', 'position_ids'));
-    expect(() => loadModelSpec(positions)).toThrow(/takes position_ids, which slabserve does not feed yet/);
     const notOnnx = stFolder('not-onnx', { pooling: 'mean' });
     writeFileSync(join(notOnnx, 'model.onnx'), 'this is not a model');
     expect(() => loadModelSpec(notOnnx)).toThrow(/model\.onnx: an unknown protobuf wire type \d: not an ONNX model/);

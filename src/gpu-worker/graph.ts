@@ -27,6 +27,8 @@ export interface PreparedModel {
   inputType: 'int64' | 'int32';
   /** Whether the graph takes token_type_ids (some exports drop it). */
   hasTokenTypeIds: boolean;
+  /** Whether the graph takes position_ids (decoders, some exports): fed 0..T-1 per right-padded row. */
+  hasPositionIds: boolean;
 }
 
 const MIN_OPSET = 13; // ReduceSum/Unsqueeze with axes as inputs
@@ -86,7 +88,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
   }
   const width = outputs.reduce((s, o) => s + o.width, 0);
   if (width !== spec.outputWidth) throw new Error(`model ${spec.name}: output width ${width} != expected ${spec.outputWidth}`);
-  return { bytes: encodeModel(model), outputs, inputType, hasTokenTypeIds: inputNames.includes('token_type_ids') };
+  return { bytes: encodeModel(model), outputs, inputType, hasTokenTypeIds: inputNames.includes('token_type_ids'), hasPositionIds: inputNames.includes('position_ids') };
 }
 
 function findOutput(names: string[], wanted: string[], spec: ModelSpec): string {

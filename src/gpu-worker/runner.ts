@@ -83,22 +83,37 @@ class InputBuffers {
   readonly ids: BigInt64Array | Int32Array;
   readonly mask: BigInt64Array | Int32Array;
   readonly types: BigInt64Array | Int32Array;
+  /** Where the graph takes position_ids: 0..T-1 on every row (batches are right-padded), for the T of positionsT. */
+  readonly positions: BigInt64Array | Int32Array | null;
+  private positionsT = 0;
   /** int32 views of the above; int64 values are written as (low word, 0). */
   readonly ids32: Int32Array;
   readonly mask32: Int32Array;
   readonly types32: Int32Array;
   readonly stride: 1 | 2;
 
-  constructor(elems: number, type: 'int64' | 'int32') {
+  constructor(elems: number, type: 'int64' | 'int32', withPositions: boolean) {
     const make = () => (type === 'int64' ? new BigInt64Array(elems) : new Int32Array(elems));
     this.ids = make();
     this.mask = make();
     this.types = make();
     this.stride = type === 'int64' ? 2 : 1;
+    this.positions = withPositions ? make() : null;
     const view = (a: BigInt64Array | Int32Array) => new Int32Array(a.buffer, a.byteOffset, elems * this.stride);
     this.ids32 = view(this.ids);
     this.mask32 = view(this.mask);
     this.types32 = view(this.types);
+  }
+
+  /** position_ids for rows of length T (a run pads to its own longest, so T changes): rewritten only when it does. */
+  positionsFor(T: number): BigInt64Array | Int32Array {
+    const positions = this.positions!;
+    if (this.positionsT !== T) {
+      const p32 = new Int32Array(positions.buffer, positions.byteOffset, positions.length * this.stride);
+      for (let i = 0; i < positions.length; i++) p32[i * this.stride] = i % T;
+      this.positionsT = T;
+    }
+    return positions;
   }
 }
 
@@ -148,7 +163,7 @@ export class ModelRunner {
     this.session = session;
     this.prepared = prepared;
     this.pools = options.buckets.map((len) =>
-      Array.from({ length: inflight }, () => new InputBuffers(batchCapacity(options, len) * len, prepared.inputType)),
+      Array.from({ length: inflight }, () => new InputBuffers(batchCapacity(options, len) * len, prepared.inputType, prepared.hasPositionIds)),
     );
   }
 
@@ -225,6 +240,7 @@ export class ModelRunner {
       attention_mask: new ort.Tensor(type, buf.mask.subarray(0, B * T), [B, T]),
     };
     if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, buf.types.subarray(0, B * T), [B, T]);
+    if (buf.positions) feeds.position_ids = new ort.Tensor(type, buf.positionsFor(T).subarray(0, B * T), [B, T]);
     return feeds;
   }
 

@@ -263,7 +263,6 @@ function tokenInputs(name: string, onnxPath: string): string[] {
   for (const need of ['input_ids', 'attention_mask']) {
     if (!all.includes(need)) throw new Error(`model ${name}: the graph has no input "${need}" (its inputs: ${all.join(', ') || 'none'})`);
   }
-  if (all.includes('position_ids')) throw new Error(`model ${name}: the graph takes position_ids, which slabserve does not feed yet`);
   return all.filter((i) => TOKEN_INPUTS.includes(i));
 }
 
