@@ -18,7 +18,7 @@ import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { bucketPlans, InferenceSupervisor, loadModels } from './inference-host.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
-import type { ModelOverrides, Pooling, SettingSources, Task } from './shared/model-config.js';
+import { servedSources, type ModelOverrides, type Pooling, type SettingSources, type Task } from './shared/model-config.js';
 import { Counter, Slab } from './shared/slab.js';
 import { SlabSubmitter, type SlotResult } from './shared/submitter.js';
 
@@ -158,7 +158,7 @@ export function describeModel(m: ClientModel['plan']): ModelInfo {
     labels: m.spec.labels,
     ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize, prompts: m.spec.prompts } : {}),
     ...(m.spec.defaultPrompt ? { defaultPrompt: m.spec.defaultPrompt } : {}),
-    sources: m.spec.sources,
+    sources: servedSources(m.spec, m.maxLength),
     inputs: m.spec.graphInputs,
     batching: m.batching,
   };

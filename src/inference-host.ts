@@ -112,7 +112,7 @@ export function describeSettings(plan: ModelPlan): string {
   if (spec.task === 'embed') parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
   if (spec.defaultPrompt) parts.push(`defaultPrompt=${JSON.stringify(spec.defaultPrompt.name ?? spec.defaultPrompt.text)} (${spec.sources.defaultPrompt})`);
   const cut = plan.maxLength < spec.maxLength ? `, cut to the longest bucket` : '';
-  parts.push(`maxLength=${plan.maxLength} (${spec.sources.maxLength}${cut})`);
+  parts.push(`maxLength=${plan.maxLength} (${spec.sources.maxLength}${cut})`, `inputs=${spec.graphInputs.join(',')}`);
   return parts.join(' ');
 }
 

@@ -288,6 +288,18 @@ describe('KServe v2 / Triton', () => {
     expect(m.body.inputs).toContainEqual({ name: 'attention_mask', datatype: 'INT64', shape: [-1, -1] });
     expect(m.body.inputs).toContainEqual({ name: 'text', datatype: 'BYTES', shape: [-1] });
     expect(m.body.outputs).toEqual([{ name: 'embedding', datatype: 'FP32', shape: [-1, 128] }]);
+    // How it is served, and from where (an extension: KServe v2 has no field for it).
+    expect(m.body.parameters).toEqual({
+      task: 'embed',
+      max_input_length: 128, // this server's buckets end at 128
+      pooling: 'mean',
+      normalize: true,
+      prompts: {},
+      graph_inputs: ['input_ids', 'attention_mask', 'token_type_ids'],
+      sources: { task: 'serve.json', pooling: 'serve.json', normalize: 'serve.json', maxLength: 'buckets' },
+    });
+    expect((await get('/v2/models/tiny-intent')).body.parameters).toMatchObject({ task: 'classify', max_input_length: 128 });
+    expect((await get('/v2/models/tiny-intent')).body.parameters.pooling).toBeUndefined();
     expect((await get('/v2/models/tiny-intent')).body.outputs.map((o: { name: string }) => o.name)).toEqual(['probabilities', 'logits']);
     expect((await get('/v2/models/tiny-rerank')).body.outputs).toEqual([
       { name: 'score', datatype: 'FP32', shape: [-1, 1] },

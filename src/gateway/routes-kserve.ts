@@ -29,6 +29,7 @@
  * bodies are refused with 415), model repository and statistics extensions.
  */
 import { ValidationError } from '../shared/errors.js';
+import { servedSources } from '../shared/model-config.js';
 import { classifications, embeddings, rowOf, type CallInputs, type ClientModel } from './inference-client.js';
 import { HttpError, type RequestContext } from './http.js';
 import type { Route, RouteDeps } from './route-types.js';
@@ -128,7 +129,23 @@ function modelMetadata(model: ClientModel) {
   const inputs: TensorMeta[] = TOKEN_INPUTS.filter((name) => spec.graphInputs.includes(name)).map((name) => ({ name, datatype: 'INT64', shape: [-1, -1] }));
   if (spec.task === 'rerank') inputs.push({ name: 'query', datatype: 'BYTES', shape: [-1] }, { name: 'text', datatype: 'BYTES', shape: [-1] });
   else inputs.push({ name: 'text', datatype: 'BYTES', shape: [-1] });
-  return { name: spec.name, versions: [MODEL_VERSION], platform: PLATFORM, inputs, outputs: outputsOf(model) };
+  return { name: spec.name, versions: [MODEL_VERSION], platform: PLATFORM, inputs, outputs: outputsOf(model), parameters: settingsOf(model) };
+}
+
+/**
+ * How the model is served, and where each setting came from (KServe v2 allows
+ * `parameters` as an extension): what /info says of it too.
+ */
+function settingsOf(model: ClientModel): Record<string, unknown> {
+  const { spec, maxLength } = model.plan;
+  return {
+    task: spec.task,
+    max_input_length: maxLength,
+    ...(spec.task === 'embed' ? { pooling: spec.pooling, normalize: spec.normalize, prompts: spec.prompts } : {}),
+    ...(spec.defaultPrompt ? { default_prompt: spec.defaultPrompt } : {}),
+    graph_inputs: spec.graphInputs,
+    sources: servedSources(spec, maxLength),
+  };
 }
 
 // ------------------------------------------------------------ infer

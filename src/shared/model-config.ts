@@ -221,6 +221,15 @@ function chooseDefaultPrompt(name: string, folder: FolderSettings, overrides: Mo
   return { value: { name: named.value, text }, source: named.source };
 }
 
+/**
+ * Where each setting of a model as served came from: the spec's, but a max
+ * length cut to the longest bucket (`servedMaxLength` below the model's) is the
+ * buckets' ('buckets').
+ */
+export function servedSources(spec: ModelSpec, servedMaxLength: number): SettingSources {
+  return servedMaxLength < spec.maxLength ? { ...spec.sources, maxLength: 'buckets' } : spec.sources;
+}
+
 function sourced<T>(value: T | undefined, source: string): Sourced<T> | undefined {
   return value === undefined ? undefined : { value, source };
 }
