@@ -17,7 +17,7 @@ import { apiKeyProblem } from './gateway/security.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
 import { PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
-import { POOLINGS } from './shared/model-config.js';
+import { DTYPES, POOLINGS } from './shared/model-config.js';
 
 /** An integer option parser with a clear message on bad values. */
 function int(min: number, max = Infinity) {
@@ -171,6 +171,7 @@ program
   .addOption(flag('--models-dir <dir>', 'model repository folder (default: the package models/)', 'MODELS_DIR'))
   .addOption(flag('--model <name>', 'serve only this model: a name under --models-dir or a folder path (repeatable, or comma-separated; default: all)', 'MODEL', collect))
   .addOption(flag('--pooling <mode>', "pooling of every embedding model served, over its folder's (1_Pooling/config.json) and serve.json", 'POOLING').choices(POOLINGS as unknown as string[]))
+  .addOption(flag('--dtype <dtype>', "which of a model folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8.onnx or model_quantized.onnx), auto (fp16 on CUDA where the folder has it, else fp32)", 'DTYPE').choices(DTYPES as unknown as string[]))
   .addOption(flag('--default-prompt-name <name>', "prompt put before every text whose request names none, by its name in the model's config_sentence_transformers.json (every embedding model served)", 'DEFAULT_PROMPT_NAME'))
   .addOption(flag('--default-prompt <text>', 'prompt text put before every text whose request names none (every embedding model served)', 'DEFAULT_PROMPT'))
   .addOption(flag('--max-input-length <n>', "longest input in tokens of every model served, over its folder's (sentence_bert_config.json) and serve.json; at most the model's positions", 'MAX_INPUT_LENGTH', int(1)))

@@ -12,13 +12,13 @@
 import { classifications, embeddings, InferenceClient, rowOf, type CallInputs, type Classification, type ClientModel, type InferResult } from './gateway/inference-client.js';
 import { Cancellation } from './shared/cancel.js';
 import { loadTokenizer, type Encoding } from './gateway/tokenizer.js';
-import type { DeviceInfo } from './gpu-worker/device.js';
+import { cudaProviderInstalled, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { bucketPlans, InferenceSupervisor, loadModels } from './inference-host.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
-import { servedSources, type ModelOverrides, type Pooling, type SettingSources, type Task } from './shared/model-config.js';
+import { servedSources, type Dtype, type ModelOverrides, type Pooling, type SettingSources, type Task } from './shared/model-config.js';
 import { Counter, Slab } from './shared/slab.js';
 import { SlabSubmitter, type SlotResult } from './shared/submitter.js';
 
@@ -34,6 +34,8 @@ export interface EngineOptions {
   pooling?: Pooling;
   /** Longest input of every model in tokens, over its folder's and serve.json's. */
   maxInputLength?: number;
+  /** Which of a folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8 / model_quantized.onnx); auto (default): fp16 on CUDA where present. */
+  dtype?: Dtype;
   /** The prompt before every text that names none, for every embedding model: one of its prompts by name, or a text (prompts.ts). */
   defaultPromptName?: string;
   defaultPrompt?: string;
@@ -111,6 +113,8 @@ export interface ModelInfo {
   maxLength: number;
   dimension: number;
   labels: string[];
+  /** Which of the folder's graphs is served. */
+  dtype: string;
   /** Embedding models: how token states become one vector, and whether it is L2-normalised by default. */
   pooling?: Pooling;
   normalize?: boolean;
@@ -139,8 +143,19 @@ export interface ModelStats {
 }
 
 /** The settings the server's (or engine's) options impose on every model: ModelOverrides. */
-export function modelOverrides(o: { pooling?: Pooling | undefined; maxInputLength?: number | undefined; defaultPromptName?: string | undefined; defaultPrompt?: string | undefined }): ModelOverrides {
+export function modelOverrides(o: {
+  pooling?: Pooling | undefined;
+  maxInputLength?: number | undefined;
+  defaultPromptName?: string | undefined;
+  defaultPrompt?: string | undefined;
+  dtype?: Dtype | undefined;
+  device?: string | undefined;
+}): ModelOverrides {
+  const device = parseDevice(o.device ?? ENGINE_DEFAULTS.device);
   return {
+    ...(o.dtype !== undefined ? { dtype: o.dtype } : {}),
+    // dtype auto: fp16 where the model has it and the device will be CUDA
+    onCuda: device.kind === 'cuda' || (device.kind === 'auto' && cudaProviderInstalled()),
     ...(o.pooling !== undefined ? { pooling: o.pooling } : {}),
     ...(o.maxInputLength !== undefined ? { maxLength: o.maxInputLength } : {}),
     ...(o.defaultPromptName !== undefined ? { defaultPromptName: o.defaultPromptName } : {}),
@@ -156,6 +171,7 @@ export function describeModel(m: ClientModel['plan']): ModelInfo {
     maxLength: m.maxLength,
     dimension: m.spec.task === 'embed' ? m.spec.hiddenSize : m.spec.labels.length,
     labels: m.spec.labels,
+    dtype: m.spec.dtype,
     ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize, prompts: m.spec.prompts } : {}),
     ...(m.spec.defaultPrompt ? { defaultPrompt: m.spec.defaultPrompt } : {}),
     sources: servedSources(m.spec, m.maxLength),

@@ -108,7 +108,7 @@ function modelFolder(modelsDir: string, given: string): { name: string; dir: str
 /** "task=embed pooling=cls (1_Pooling/config.json) normalize=true (modules.json) maxLength=128 (sentence_bert_config.json)". */
 export function describeSettings(plan: ModelPlan): string {
   const { spec } = plan;
-  const parts = [`task=${spec.task} (${spec.sources.task})`];
+  const parts = [`task=${spec.task} (${spec.sources.task})`, `dtype=${spec.dtype} (${spec.sources.dtype})`];
   if (spec.task === 'embed') parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
   if (spec.defaultPrompt) parts.push(`defaultPrompt=${JSON.stringify(spec.defaultPrompt.name ?? spec.defaultPrompt.text)} (${spec.sources.defaultPrompt})`);
   const cut = plan.maxLength < spec.maxLength ? `, cut to the longest bucket` : '';

@@ -34,7 +34,7 @@ import { ControlBlock, WorkerState } from './shared/control.js';
 import { ValidationError } from './shared/errors.js';
 import { processMetrics, supervisionMetrics } from './shared/metrics.js';
 import { RpcPeer } from './shared/rpc.js';
-import type { Pooling } from './shared/model-config.js';
+import type { Dtype, Pooling } from './shared/model-config.js';
 import { Counter, Slab } from './shared/slab.js';
 import { threadCpuSeconds } from './shared/threads.js';
 import { VERSION } from './version.js';
@@ -50,6 +50,8 @@ export interface ServerConfig {
   pooling?: Pooling;
   /** Longest input of every model served, in tokens, over its folder's and serve.json's. */
   maxInputLength?: number;
+  /** Which of each folder's graphs (model-config.ts DTYPES); default auto. */
+  dtype?: Dtype;
   /** The prompt before every text that names none, for every embedding model: one of its prompts by name, or a text. */
   defaultPromptName?: string;
   defaultPrompt?: string;

@@ -291,12 +291,13 @@ describe('KServe v2 / Triton', () => {
     // How it is served, and from where (an extension: KServe v2 has no field for it).
     expect(m.body.parameters).toEqual({
       task: 'embed',
+      dtype: 'fp32',
       max_input_length: 128, // this server's buckets end at 128
       pooling: 'mean',
       normalize: true,
       prompts: {},
       graph_inputs: ['input_ids', 'attention_mask', 'token_type_ids'],
-      sources: { task: 'serve.json', pooling: 'serve.json', normalize: 'serve.json', maxLength: 'buckets' },
+      sources: { task: 'serve.json', dtype: 'default', pooling: 'serve.json', normalize: 'serve.json', maxLength: 'buckets' },
     });
     expect((await get('/v2/models/tiny-intent')).body.parameters).toMatchObject({ task: 'classify', max_input_length: 128 });
     expect((await get('/v2/models/tiny-intent')).body.parameters.pooling).toBeUndefined();

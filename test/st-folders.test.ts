@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { createEngine } from '../dist/src/engine.js';
 import { startServer, type Server } from '../dist/src/main.js';
 import { loadModelSpec, type Pooling } from '../dist/src/shared/model-config.js';
 import { decodeModel, encodeModel, makeTensor } from '../dist/src/shared/onnx-graph.js';
@@ -93,6 +94,16 @@ function withPositionIdsInput(onnxPath: string): Uint8Array {
   const ids = g.input!.find((i) => i.name === 'input_ids')!;
   g.input!.push({ ...ids, name: 'position_ids' });
   for (const n of g.node!) n.input = n.input!.map((x) => (x === computed ? 'position_ids' : x));
+  return encodeModel(model);
+}
+
+/** The graph with its output `name` cast to float16 (what an fp16 export's output is), as onnx/model_fp16.onnx. */
+function withFp16Output(onnxPath: string, name: string): Uint8Array {
+  const model = decodeModel(readFileSync(onnxPath));
+  const g = model.graph!;
+  for (const n of g.node!) n.output = n.output!.map((x) => (x === name ? `${name}_float` : x));
+  g.node!.push({ name: 'test_to_fp16', opType: 'Cast', input: [`${name}_float`], output: [name], attribute: [{ name: 'to', type: 2, i: 10 }] });
+  g.output!.find((o) => o.name === name)!.type!.tensorType!.elemType = 10; // FLOAT16
   return encodeModel(model);
 }
 
@@ -250,6 +261,43 @@ describe('a graph without token_type_ids (the DistilBERT / XLM-RoBERTa layout)',
     const notOnnx = stFolder('not-onnx', { pooling: 'mean' });
     writeFileSync(join(notOnnx, 'model.onnx'), 'this is not a model');
     expect(() => loadModelSpec(notOnnx)).toThrow(/model\.onnx: an unknown protobuf wire type \d: not an ONNX model/);
+  });
+});
+
+describe('--dtype: which of the folder\'s graphs', () => {
+  it('fp16 (onnx/model_fp16.onnx) is served with float32 rows, embeddings and logits; auto on CPU and fp32 take model.onnx; a missing one is named', async () => {
+    const embedDir = stFolder('st-dtypes', { pooling: 'mean' });
+    mkdirSync(join(embedDir, 'onnx'));
+    writeFileSync(join(embedDir, 'onnx', 'model_fp16.onnx'), withFp16Output(join(modelsDir, 'tiny-embed', 'model.onnx'), 'last_hidden_state'));
+    const intentDir = join(root, 'intent-dtypes');
+    cpSync(join(modelsDir, 'tiny-intent'), intentDir, { recursive: true });
+    writeFileSync(join(intentDir, 'model_fp16.onnx'), withFp16Output(join(modelsDir, 'tiny-intent', 'model.onnx'), 'logits'));
+    expect(loadModelSpec(embedDir)).toMatchObject({ dtype: 'fp32', sources: { dtype: 'default' } }); // auto, not on CUDA
+    expect(loadModelSpec(embedDir, undefined, { onCuda: true })).toMatchObject({ dtype: 'fp16', sources: { dtype: 'default (CUDA)' } });
+    expect(loadModelSpec(embedDir, undefined, { dtype: 'fp16' }).onnxPath).toBe(join(embedDir, 'onnx', 'model_fp16.onnx'));
+    expect(() => loadModelSpec(embedDir, undefined, { dtype: 'int8' })).toThrow(/--dtype int8 but .* has no model_int8\.onnx or model_quantized\.onnx .*; it has: fp32, fp16/);
+
+    const engine = await createEngine({ device: 'cpu', models: [embedDir, intentDir], dtype: 'fp16', log: () => {} });
+    try {
+      expect(engine.info().map((m) => m.dtype)).toEqual(['fp16', 'fp16']);
+      const rand = makeRandom('st fp16');
+      const texts = randomTexts(rand, vocabularyWords(loadModelSpec(embedDir)), 12, 40);
+      const rows = await Promise.all(texts.map((t) => engine.embed(t)));
+      let worst = 0;
+      for (const [i, t] of texts.entries()) {
+        expect(rows[i]![0]).toBeInstanceOf(Float32Array);
+        worst = Math.max(worst, maxAbsDiff(rows[i]![0]!, pooled(await tokenStates(tok.encode(t, { maxLength: 512, truncate: false }).ids), 'mean', true)));
+      }
+      // float16 keeps about 3 decimal digits of each token state
+      expect(worst).toBeLessThan(2e-3);
+      const classes = await engine.classify(texts.slice(0, 4));
+      for (const c of classes) {
+        expect(c.probabilities.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 5);
+        expect(Math.max(...c.logits.map((l, k) => Math.abs(Math.log(c.probabilities[k]!) - (l - Math.log(c.logits.reduce((a, x) => a + Math.exp(x), 0))))))).toBeLessThan(1e-4);
+      }
+    } finally {
+      await engine.close();
+    }
   });
 });
 

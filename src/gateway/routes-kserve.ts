@@ -140,6 +140,7 @@ function settingsOf(model: ClientModel): Record<string, unknown> {
   const { spec, maxLength } = model.plan;
   return {
     task: spec.task,
+    dtype: spec.dtype,
     max_input_length: maxLength,
     ...(spec.task === 'embed' ? { pooling: spec.pooling, normalize: spec.normalize, prompts: spec.prompts } : {}),
     ...(spec.defaultPrompt ? { default_prompt: spec.defaultPrompt } : {}),

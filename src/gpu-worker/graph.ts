@@ -52,7 +52,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
   let outputs: PreparedModel['outputs'];
 
   if (spec.task === 'embed') {
-    const hidden = findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec);
+    const hidden = asFloat(b, graph, findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec));
     const pooled = pool(b, hidden, spec.pooling, opset);
     // L2 normalisation, with the norm kept so the caller can undo it.
     const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [pooled, pooled]), axes(b, 1)], { keepdims: 1 })]);
@@ -67,19 +67,18 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
       { name: 'slabserve_norm', width: 1 },
     ];
   } else if (spec.task === 'rerank') {
-    const logits = findOutput(outputNames, ['logits'], spec);
-    checkLogitsWidth(graph, logits, 1, spec);
+    const raw = findOutput(outputNames, ['logits'], spec);
+    checkLogitsWidth(graph, raw, 1, spec);
+    const logits = floatLogits(b, graph, raw, outputNames, 1);
     b.node('Sigmoid', [logits], undefined, ['slabserve_score']);
-    for (const name of outputNames) if (name !== logits) b.removeOutput(name);
     b.addOutput('slabserve_score', 'float', ['batch_size', 1]);
     outputs = [
       { name: 'slabserve_score', width: 1 },
       { name: logits, width: 1 },
     ];
   } else {
-    const logits = findOutput(outputNames, ['logits'], spec);
+    const logits = floatLogits(b, graph, findOutput(outputNames, ['logits'], spec), outputNames, spec.labels.length);
     b.node('Softmax', [logits], { axis: -1 }, ['slabserve_probabilities']);
-    for (const name of outputNames) if (name !== logits) b.removeOutput(name);
     b.addOutput('slabserve_probabilities', 'float', ['batch_size', spec.labels.length]);
     outputs = [
       { name: 'slabserve_probabilities', width: spec.labels.length },
@@ -89,6 +88,25 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
   const width = outputs.reduce((s, o) => s + o.width, 0);
   if (width !== spec.outputWidth) throw new Error(`model ${spec.name}: output width ${width} != expected ${spec.outputWidth}`);
   return { bytes: encodeModel(model), outputs, inputType, hasTokenTypeIds: inputNames.includes('token_type_ids'), hasPositionIds: inputNames.includes('position_ids') };
+}
+
+/** `name` as float32: an fp16 graph's output (model_fp16.onnx) is cast, so rows are float32 whatever the graph computes in. */
+function asFloat(b: GraphBuilder, graph: onnx.IGraphProto, name: string): string {
+  const elem = (graph.output ?? []).find((o) => o.name === name)?.type?.tensorType?.elemType;
+  return elem === onnx.TensorProto.DataType.FLOAT16 ? b.op('Cast', [name], { to: onnx.TensorProto.DataType.FLOAT }) : name;
+}
+
+/**
+ * The graph's logits as a float32 output, the others removed: the graph's own
+ * output, or (an fp16 graph) `slabserve_logits`, its float32 cast.
+ */
+function floatLogits(b: GraphBuilder, graph: onnx.IGraphProto, raw: string, outputNames: string[], width: number): string {
+  const logits = asFloat(b, graph, raw);
+  for (const name of outputNames) if (name !== raw || logits !== raw) b.removeOutput(name);
+  if (logits === raw) return raw;
+  b.node('Identity', [logits], undefined, ['slabserve_logits']);
+  b.addOutput('slabserve_logits', 'float', ['batch_size', width]);
+  return 'slabserve_logits';
 }
 
 function findOutput(names: string[], wanted: string[], spec: ModelSpec): string {

@@ -35,8 +35,23 @@ export { POOLINGS, type Pooling } from './hf-folder.js';
 export type Task = 'embed' | 'classify' | 'rerank';
 export const TASKS: readonly Task[] = ['embed', 'classify', 'rerank'];
 
+/** Which of a folder's graphs to serve (transformers.js's names): `auto` picks fp16 on CUDA when the folder has one, else fp32. */
+export const DTYPES = ['auto', 'fp32', 'fp16', 'int8'] as const;
+export type Dtype = (typeof DTYPES)[number];
+
+/** Graph files by dtype, first found wins, in the folder and in onnx/ (optimum's and transformers.js's layout). */
+const DTYPE_FILES: Record<Exclude<Dtype, 'auto'>, string[]> = {
+  fp32: ['model.onnx'],
+  fp16: ['model_fp16.onnx'],
+  int8: ['model_int8.onnx', 'model_quantized.onnx'],
+};
+
 /** Settings the server's flags impose on every model it serves (pooling on embedding models only). */
 export interface ModelOverrides {
+  /** Which graph; default auto. */
+  dtype?: Dtype;
+  /** Whether the device is CUDA (for dtype auto). */
+  onCuda?: boolean;
   pooling?: Pooling;
   maxLength?: number;
   /** The prompt put before every text that names none: one of the model's prompts by name, or a literal text. */
@@ -47,6 +62,7 @@ export interface ModelOverrides {
 /** Where each served setting came from: 'flag', 'serve.json', a file of the folder, or 'default'. */
 export interface SettingSources {
   task: string;
+  dtype: string;
   pooling: string;
   normalize: string;
   maxLength: string;
@@ -58,6 +74,8 @@ export interface ModelSpec {
   name: string;
   dir: string;
   onnxPath: string;
+  /** Which of the folder's graphs onnxPath is. */
+  dtype: Exclude<Dtype, 'auto'>;
   tokenizerPath: string;
   task: Task;
   /** embed only: how token states become one vector. */
@@ -133,8 +151,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   const config = readJsonFile<HfConfig>(join(dir, 'config.json'));
   const serve: ServeJson = existsSync(join(dir, 'serve.json')) ? readJsonFile<ServeJson>(join(dir, 'serve.json')) : {};
 
-  const onnxPath = [join(dir, 'model.onnx'), join(dir, 'onnx', 'model.onnx')].find((p) => existsSync(p));
-  if (!onnxPath) throw new Error(`model ${name}: no model.onnx or onnx/model.onnx in ${dir}`);
+  const { path: onnxPath, dtype, source: dtypeSource } = chooseGraph(name, dir, overrides);
   const graphInputs = tokenInputs(name, onnxPath);
   const tokenizerPath = join(dir, 'tokenizer.json');
   if (!existsSync(tokenizerPath)) throw new Error(`model ${name}: no tokenizer.json in ${dir}`);
@@ -176,6 +193,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     name,
     dir,
     onnxPath,
+    dtype,
     tokenizerPath,
     task,
     pooling: pooling.value,
@@ -190,6 +208,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     includePrompt: folder.includePrompt,
     sources: {
       task: serve.task ? 'serve.json' : 'config.json',
+      dtype: dtypeSource,
       pooling: pooling.source,
       normalize: normalize.source,
       maxLength: maxLength.source,
@@ -219,6 +238,29 @@ function chooseDefaultPrompt(name: string, folder: FolderSettings, overrides: Mo
     throw new Error(`model ${name}: default prompt name "${named.value}" (${named.source}) is not one of its prompts (${known.length ? known.join(', ') : 'it has none'})`);
   }
   return { value: { name: named.value, text }, source: named.source };
+}
+
+/**
+ * The graph to serve: the dtype asked for (its file must be there), or with
+ * auto fp16 on CUDA where the folder has it, else fp32.
+ */
+function chooseGraph(name: string, dir: string, overrides: ModelOverrides): { path: string; dtype: Exclude<Dtype, 'auto'>; source: string } {
+  const find = (d: Exclude<Dtype, 'auto'>) => DTYPE_FILES[d].flatMap((f) => [join(dir, f), join(dir, 'onnx', f)]).find((p) => existsSync(p));
+  const asked = overrides.dtype ?? 'auto';
+  if (!DTYPES.includes(asked)) throw new Error(`unknown dtype "${String(asked)}"; expected one of ${DTYPES.join(', ')}`);
+  if (asked !== 'auto') {
+    const path = find(asked);
+    if (!path) {
+      const have = (['fp32', 'fp16', 'int8'] as const).filter((d) => find(d));
+      throw new Error(`model ${name}: --dtype ${asked} but ${dir} has no ${DTYPE_FILES[asked].join(' or ')} (in it or onnx/); it has: ${have.join(', ') || 'no graph'}`);
+    }
+    return { path, dtype: asked, source: 'flag' };
+  }
+  const fp16 = overrides.onCuda ? find('fp16') : undefined;
+  if (fp16) return { path: fp16, dtype: 'fp16', source: 'default (CUDA)' };
+  const fp32 = find('fp32');
+  if (!fp32) throw new Error(`model ${name}: no model.onnx or onnx/model.onnx in ${dir}`);
+  return { path: fp32, dtype: 'fp32', source: 'default' };
 }
 
 /**
