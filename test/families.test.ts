@@ -38,15 +38,19 @@ const rustTokenizers = createRequire(import.meta.url)('tokenizers') as { Tokeniz
 let root: string;
 let dir: string;
 let distilDir: string;
+let qwenDir: string;
 let tok: TextTokenizer;
 let distilTok: TextTokenizer;
+let qwenTok: TextTokenizer;
 
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), 'slabserve-families-'));
   dir = writePreset('tiny-xlmr', root).dir;
   distilDir = writePreset('tiny-distilbert', root).dir;
+  qwenDir = writePreset('tiny-qwen3', root).dir;
   tok = await loadTokenizer(join(dir, 'tokenizer.json'));
   distilTok = await loadTokenizer(join(distilDir, 'tokenizer.json'));
+  qwenTok = await loadTokenizer(join(qwenDir, 'tokenizer.json'));
 });
 
 afterAll(() => {
@@ -91,10 +95,30 @@ describe('tiny-xlmr: the XLM-RoBERTa tokenizer layout', () => {
   });
 });
 
-describe('tiny-xlmr and tiny-distilbert served', () => {
+describe('tiny-qwen3: the byte-level BPE layout', () => {
+  it("gives the Rust library's ids and truncation on random multilingual texts, <|endoftext|> appended; no offsets (bytes are not characters)", async () => {
+    const rust = rustTokenizers.Tokenizer.fromFile(join(qwenDir, 'tokenizer.json'));
+    const truncating = rustTokenizers.Tokenizer.fromFile(join(qwenDir, 'tokenizer.json'));
+    const eos = (JSON.parse(readFileSync(join(qwenDir, 'config.json'), 'utf8')) as { eos_token_id: number }).eos_token_id;
+    const rand = makeRandom('qwen tokenizer');
+    for (let i = 0; i < 300; i++) {
+      const text = multilingualText(rand);
+      const ids = Array.from(qwenTok.encode(text, { maxLength: 100_000, truncate: false }).ids);
+      expect(ids, JSON.stringify(text)).toEqual((await rust.encode(text)).getIds());
+      expect(ids[ids.length - 1]).toBe(eos);
+      const maxLength = 2 + Math.floor(rand() * 30);
+      truncating.setTruncation(maxLength);
+      expect(Array.from(qwenTok.encode(text, { maxLength, truncate: true }).ids), `${JSON.stringify(text)} at ${maxLength}`).toEqual((await truncating.encode(text)).getIds());
+    }
+    expect(qwenTok.tokenize!('hello world', false).every((t) => t.start === null && t.stop === null)).toBe(true);
+  });
+});
+
+describe('tiny-xlmr, tiny-distilbert and tiny-qwen3 served', () => {
   let server: Server;
   let plain: ort.InferenceSession;
   let plainDistil: ort.InferenceSession;
+  let plainQwen: ort.InferenceSession;
   const post = async (path: string, body: unknown) => {
     const r = await fetch(`http://127.0.0.1:${server.port}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
     return { status: r.status, body: (await r.json()) as any }; // eslint-disable-line @typescript-eslint/no-explicit-any
@@ -121,7 +145,8 @@ describe('tiny-xlmr and tiny-distilbert served', () => {
   beforeAll(async () => {
     plain = await ort.InferenceSession.create(readFileSync(join(dir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
     plainDistil = await ort.InferenceSession.create(readFileSync(join(distilDir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
-    server = await startServer(testServerConfig({ models: [dir, distilDir], batching: { maxBatchTokens: 4096 } }));
+    plainQwen = await ort.InferenceSession.create(readFileSync(join(qwenDir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    server = await startServer(testServerConfig({ models: [dir, distilDir, qwenDir], batching: { maxBatchTokens: 4096 } }));
     await server.ready;
   }, 120_000);
 
@@ -129,6 +154,37 @@ describe('tiny-xlmr and tiny-distilbert served', () => {
     await server?.close();
     await plain?.release();
     await plainDistil?.release();
+    await plainQwen?.release();
+  });
+
+  /** The decoder alone on one input: position_ids 0..n-1, the last token's state (<|endoftext|>), normalised here. */
+  async function qwenReference(text: string): Promise<Float32Array> {
+    const ids = qwenTok.encode(text, { maxLength: 1024, truncate: false }).ids;
+    const n = ids.length;
+    const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
+    const out = await plainQwen.run({ input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1), position_ids: i64((i) => i) });
+    const last = (out.last_hidden_state!.data as Float32Array).slice((n - 1) * HIDDEN, n * HIDDEN);
+    const norm = Math.hypot(...last);
+    return last.map((v) => v / norm);
+  }
+
+  it('tiny-qwen3: last-token pooling on right-padded batches, position_ids fed, the instruction prompt: rows equal the reference', async () => {
+    const rand = makeRandom('qwen served');
+    const texts = Array.from({ length: 24 }, () => multilingualText(rand));
+    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'tiny-qwen3', inputs: t })));
+    let worst = 0;
+    for (const [i, t] of texts.entries()) {
+      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
+      worst = Math.max(worst, maxAbsDiff(answers[i]!.body[0], await qwenReference(t)));
+    }
+    expect(worst).toBeLessThan(TOLERANCE);
+    // Sharp: causal attention makes the last token's state depend on every earlier one.
+    expect(maxAbsDiff(await qwenReference('where is my parcel'), await qwenReference('where is my order'))).toBeGreaterThan(1e-3);
+    const instruct = 'Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:';
+    const query = await post('/embed', { model: 'tiny-qwen3', inputs: texts[0], prompt_name: 'query' });
+    expect(maxAbsDiff(query.body[0], await qwenReference(instruct + texts[0]))).toBeLessThan(TOLERANCE);
+    const info = (await (await fetch(`http://127.0.0.1:${server.port}/info`)).json()) as { models: Record<string, unknown>[] };
+    expect(info.models.find((m) => m.name === 'tiny-qwen3')).toMatchObject({ pooling: 'lasttoken', maxLength: 1024, inputs: ['input_ids', 'attention_mask', 'position_ids'] });
   });
 
   it('tiny-distilbert: its config.json (dim, n_layers) read, no token_type_ids fed, CLS-pooled rows equal the reference, batched', async () => {

@@ -312,9 +312,13 @@ export class TokenAligner {
   }
 }
 
-/** A Metaspace pre-tokenizer's replacement character; null without one; undefined for one we do not model. */
+/**
+ * A Metaspace pre-tokenizer's replacement character; null without one;
+ * undefined for one we do not model (ByteLevel: its pieces are bytes, not characters).
+ */
 function metaspaceOf(pre: unknown): string | null | undefined {
   if (pre === null || pre === undefined || !isObj(pre)) return null;
+  if (pre.type === 'ByteLevel') return undefined;
   if (pre.type === 'Metaspace') return typeof pre.replacement === 'string' ? pre.replacement : '\u2581';
   if (pre.type === 'Sequence' && Array.isArray(pre.pretokenizers)) {
     const found = pre.pretokenizers.map(metaspaceOf);

@@ -52,6 +52,10 @@ export interface BertSpec {
   positionPaddingIdx?: number;
   /** false: no token_type_ids input; every token gets type 0's embedding (XLM-RoBERTa, DistilBERT exports). Default true. */
   tokenTypeIds?: boolean;
+  /** A position_ids input (as decoder exports take it) instead of positions computed in the graph. */
+  positionIdsInput?: boolean;
+  /** Causal attention (a decoder: each token attends to itself and the tokens before it). */
+  causal?: boolean;
   /** Overrides of the init scales (see {@link DEFAULT_INIT}); for experiments. */
   init?: Partial<InitScales>;
 }
@@ -208,6 +212,7 @@ export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
   const inputIds = b.addInput('input_ids', 'int64', dims);
   const attentionMask = b.addInput('attention_mask', 'int64', dims);
   const tokenTypeIds = spec.tokenTypeIds === false ? null : b.addInput('token_type_ids', 'int64', dims);
+  const positionIdsIn = spec.positionIdsInput ? b.addInput('position_ids', 'int64', dims) : null;
 
   // ---- embeddings ---------------------------------------------------------
   let x = b.scoped('embeddings', () => {
@@ -217,7 +222,8 @@ export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
     const words = b.op('Gather', [wordEmb, inputIds], { axis: 0 }); // [B, T, H]
     // No token_type_ids: type 0's row, broadcast over every token.
     const types = b.op('Gather', [typeEmb, tokenTypeIds ?? zero], { axis: 0 }); // [B, T, H] or [H]
-    const positions = b.op('Gather', [posEmb, positionIdsOf(b, inputIds, spec.positionPaddingIdx, zero, one64)], { axis: 0 }); // [T, H] or [B, T, H]
+    const positionIds = positionIdsIn ?? positionIdsOf(b, inputIds, spec.positionPaddingIdx, zero, one64);
+    const positions = b.op('Gather', [posEmb, positionIds], { axis: 0 }); // [T, H] or [B, T, H]
     const sum = b.op('Add', [b.op('Add', [words, types]), positions]);
     return layerNorm(sum, 'embeddings.LayerNorm');
   });
@@ -225,7 +231,15 @@ export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
   // ---- extended attention mask: (1 - mask[:, None, None, :]) * float32_min --
   const maskBias = b.scoped('extended_attention_mask', () => {
     const m = b.op('Cast', [b.op('Unsqueeze', [attentionMask, maskAxes])], { to: onnx.TensorProto.DataType.FLOAT });
-    return b.op('Mul', [b.op('Sub', [oneF, m]), minF]); // [B, 1, 1, T]
+    const padding = b.op('Mul', [b.op('Sub', [oneF, m]), minF]); // [B, 1, 1, T]
+    if (!spec.causal) return padding;
+    // Key j after query i: float32 min too ([T, T], broadcast to [B, 1, T, T]). Both at once
+    // sum to -inf, which Softmax turns into the same exact 0.
+    const seqLen = b.op('Gather', [b.op('Shape', [inputIds]), one64], { axis: 0 });
+    const t = b.op('Range', [zero, seqLen, one64]);
+    const axis = (k: number) => b.addInitializer(`/Constant_axes_${k}`, 'int64', [k], [1]);
+    const later = b.op('Greater', [b.op('Unsqueeze', [t, axis(0)]), b.op('Unsqueeze', [t, axis(1)])]); // [T, T]: j > i
+    return b.op('Add', [padding, b.op('Mul', [b.op('Cast', [later], { to: onnx.TensorProto.DataType.FLOAT }), minF])]);
   });
 
   // ---- encoder ------------------------------------------------------------

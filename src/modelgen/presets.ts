@@ -16,7 +16,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildBertModel, type BertSpec } from './bert-graph.js';
-import { buildBertTokenizerJson, buildUnigramTokenizerJson, XLMR_SPECIALS } from './tokenizer-json.js';
+import { buildBertTokenizerJson, buildByteBpeTokenizerJson, buildUnigramTokenizerJson, QWEN_SPECIALS, XLMR_SPECIALS } from './tokenizer-json.js';
 
 /** The 8 intents of the tiny-intent classifier, by class id. */
 export const INTENT_LABELS = [
@@ -44,9 +44,10 @@ export interface Preset {
   /**
    * BERT (WordPiece, a serve.json), DistilBERT (WordPiece, no token_type_ids,
    * its own config.json names) or the XLM-RoBERTa layout (Unigram, a
-   * sentence-transformers folder: xlmrFiles).
+   * sentence-transformers folder: xlmrFiles) or the Qwen3-Embedding decoder
+   * layout (byte-level BPE, position_ids, causal, last-token pooling: qwenFiles).
    */
-  family?: 'bert' | 'distilbert' | 'xlm-roberta';
+  family?: 'bert' | 'distilbert' | 'xlm-roberta' | 'qwen3';
   serve: ServeJson;
   /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
@@ -90,6 +91,16 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     family: 'xlm-roberta',
     serve: { task: 'embed' },
   },
+  'tiny-qwen3': {
+    name: 'tiny-qwen3',
+    description:
+      'Qwen3-Embedding layout: a decoder (causal attention, position_ids input, no token_type_ids), byte-level BPE that appends <|endoftext|>, ' +
+      'a sentence-transformers folder with last-token pooling, Normalize and an instruction prompt (its layers are BERT-style, not Qwen3\'s)',
+    // vocabSize: the BPE tokenizer's, filled in when built (presetSpec)
+    spec: { ...encoder(2, 128, 2, 512), vocabSize: 0, maxPositions: 1024, typeVocabSize: 1, tokenTypeIds: false, positionIdsInput: true, causal: true, layerNormEps: 1e-6, task: 'embed', seed: 20_008 },
+    family: 'qwen3',
+    serve: { task: 'embed' },
+  },
   'tiny-distilbert': {
     name: 'tiny-distilbert',
     description: 'DistilBERT layout: WordPiece, no token_type_ids input, a DistilBertConfig (dim, n_layers, ...), CLS pooling',
@@ -129,7 +140,16 @@ export function getPreset(name: string): Preset {
 
 /** The preset's model spec, with what depends on its tokenizer filled in. */
 export function presetSpec(preset: Preset): BertSpec {
-  return preset.family === 'xlm-roberta' ? { ...preset.spec, vocabSize: buildUnigramTokenizerJson().vocabSize } : preset.spec;
+  if (preset.family === 'xlm-roberta') return { ...preset.spec, vocabSize: buildUnigramTokenizerJson().vocabSize };
+  if (preset.family === 'qwen3') return { ...preset.spec, vocabSize: byteBpe().vocabSize };
+  return preset.spec;
+}
+
+let byteBpeCache: ReturnType<typeof buildByteBpeTokenizerJson> | undefined;
+/** The byte-level BPE tokenizer (its merges take about a second to learn: once per process). */
+function byteBpe(): ReturnType<typeof buildByteBpeTokenizerJson> {
+  byteBpeCache ??= buildByteBpeTokenizerJson();
+  return byteBpeCache;
 }
 
 /** A Hugging Face BertConfig (XLMRobertaConfig for that family) for the preset, with a `_slabserve` marker. */
@@ -137,6 +157,7 @@ export function buildConfigJson(preset: Preset): Record<string, unknown> {
   const s = presetSpec(preset);
   if (preset.family === 'xlm-roberta') return xlmrConfigJson(preset.name, s);
   if (preset.family === 'distilbert') return distilbertConfigJson(preset.name, s);
+  if (preset.family === 'qwen3') return qwenConfigJson(preset.name, s);
   const classify = s.task === 'classify';
   const config: Record<string, unknown> = {
     _name_or_path: `slabserve/${preset.name}`,
@@ -247,6 +268,61 @@ function distilbertConfigJson(name: string, s: BertSpec): Record<string, unknown
   };
 }
 
+/** A Qwen3Config, as Qwen3-Embedding's config.json has it (no pad_token_id: the tokenizer pads with <|endoftext|>). */
+function qwenConfigJson(name: string, s: BertSpec): Record<string, unknown> {
+  return {
+    _name_or_path: `slabserve/${name}`,
+    architectures: ['Qwen3Model'],
+    attention_bias: false,
+    bos_token_id: s.vocabSize - QWEN_SPECIALS.length,
+    eos_token_id: s.vocabSize - QWEN_SPECIALS.length,
+    head_dim: s.hidden / s.heads,
+    hidden_act: 'silu',
+    hidden_size: s.hidden,
+    intermediate_size: s.intermediate,
+    max_position_embeddings: s.maxPositions,
+    model_type: 'qwen3',
+    num_attention_heads: s.heads,
+    num_hidden_layers: s.layers,
+    num_key_value_heads: s.heads,
+    rms_norm_eps: s.layerNormEps,
+    tie_word_embeddings: true,
+    torch_dtype: 'float32',
+    transformers_version: '4.51.0',
+    use_cache: false,
+    vocab_size: s.vocabSize,
+    _slabserve: { generated: true, seed: s.seed, note: 'random weights; BERT-style layers with causal attention in the Qwen3-Embedding interface' },
+  };
+}
+
+/** The sentence-transformers files of a Qwen3-Embedding-layout folder. */
+function qwenFiles(s: BertSpec): Record<string, string> {
+  const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
+  const st = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
+  const eos = QWEN_SPECIALS[0];
+  return {
+    'tokenizer.json': JSON.stringify(byteBpe().json, null, 2),
+    'tokenizer_config.json': json({ eos_token: eos, pad_token: eos, model_max_length: s.maxPositions, padding_side: 'left', clean_up_tokenization_spaces: false, tokenizer_class: 'Qwen2Tokenizer' }),
+    'modules.json': json([st('Transformer', 0, ''), st('Pooling', 1, '1_Pooling'), st('Normalize', 2, '2_Normalize')]),
+    '1_Pooling/config.json': json({
+      word_embedding_dimension: s.hidden,
+      pooling_mode_cls_token: false,
+      pooling_mode_mean_tokens: false,
+      pooling_mode_max_tokens: false,
+      pooling_mode_mean_sqrt_len_tokens: false,
+      pooling_mode_weightedmean_tokens: false,
+      pooling_mode_lasttoken: true,
+      include_prompt: true,
+    }),
+    'sentence_bert_config.json': json({ max_seq_length: s.maxPositions, do_lower_case: false }),
+    'config_sentence_transformers.json': json({
+      prompts: { query: 'Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:', document: '' },
+      default_prompt_name: null,
+      similarity_fn_name: 'cosine',
+    }),
+  };
+}
+
 /** The sentence-transformers files of an XLM-RoBERTa-layout folder (multilingual-e5's). */
 function xlmrFiles(s: BertSpec): Record<string, string> {
   const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
@@ -297,6 +373,7 @@ export function buildPresetFiles(name: string): PresetFiles {
   const spec = presetSpec(preset);
   const config = JSON.stringify(buildConfigJson(preset), null, 2) + '\n';
   if (preset.family === 'xlm-roberta') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...xlmrFiles(spec) };
+  if (preset.family === 'qwen3') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...qwenFiles(spec) };
   return {
     'model.onnx': buildBertModel(spec),
     'config.json': config,

@@ -203,3 +203,96 @@ export function buildUnigramTokenizerJson(): { json: object; vocabSize: number }
   };
   return { json, vocabSize: maskId + 1 };
 }
+
+/** GPT-2's byte-to-character table: every byte a printable character, so byte-level BPE works on text. */
+function bytesToUnicode(): string[] {
+  const keep: number[] = [];
+  for (let b = 0x21; b <= 0x7e; b++) keep.push(b);
+  for (let b = 0xa1; b <= 0xac; b++) keep.push(b);
+  for (let b = 0xae; b <= 0xff; b++) keep.push(b);
+  const table: string[] = new Array(256);
+  let extra = 0;
+  for (let b = 0; b < 256; b++) table[b] = String.fromCodePoint(keep.includes(b) ? b : 256 + extra++);
+  return table;
+}
+
+/** The decoder embedder's special tokens (Qwen3-Embedding's), after the pieces. */
+export const QWEN_SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'] as const;
+
+/**
+ * A byte-level BPE tokenizer.json in the Qwen3-Embedding layout: GPT-2's
+ * byte-to-character map, a ByteLevel pre-tokenizer, and a post-processor that
+ * appends <|endoftext|> to every sequence (the token whose state last-token
+ * pooling reads). The merges are learned here, greedily by pair count, from
+ * bert-base-uncased's words (bare and with a leading space, lower-case and
+ * capitalised): Qwen's 151k-token vocabulary cannot be had offline, but the
+ * merges are real BPE merges, so encoding has real work to do.
+ */
+export function buildByteBpeTokenizerJson(merges = 1200): { json: object; vocabSize: number } {
+  const byteChar = bytesToUnicode();
+  const toChars = (s: string) => Array.from(Buffer.from(s, 'utf8'), (b) => byteChar[b]!);
+  const words = bertUncasedVocab().filter((w) => /^[a-z]{2,}$/.test(w)).slice(0, 4000);
+  const corpus = words.flatMap((w) => [w, ' ' + w, w[0]!.toUpperCase() + w.slice(1), ' ' + w[0]!.toUpperCase() + w.slice(1)]).map(toChars);
+  const vocab = new Map<string, number>(byteChar.map((c, i) => [c, i]));
+  const learned: string[] = [];
+  // Pair counts, and the words each pair occurs in, kept up to date merge by merge.
+  const counts = new Map<string, number>();
+  const where = new Map<string, Set<number>>();
+  const tally = (w: number, by: 1 | -1) => {
+    const symbols = corpus[w]!;
+    for (let i = 0; i + 1 < symbols.length; i++) {
+      const pair = symbols[i] + ' ' + symbols[i + 1];
+      counts.set(pair, (counts.get(pair) ?? 0) + by);
+      if (by > 0) (where.get(pair) ?? where.set(pair, new Set()).get(pair)!).add(w);
+    }
+  };
+  corpus.forEach((_, w) => tally(w, 1));
+  for (let m = 0; m < merges; m++) {
+    let best = '';
+    let bestCount = 1;
+    for (const [pair, c] of counts) if (c > bestCount) [best, bestCount] = [pair, c];
+    if (!best) break;
+    const [a, b] = best.split(' ') as [string, string];
+    learned.push(best);
+    vocab.set(a + b, vocab.size);
+    for (const w of where.get(best)!) {
+      tally(w, -1);
+      const symbols = corpus[w]!;
+      for (let i = 0; i + 1 < symbols.length; i++) if (symbols[i] === a && symbols[i + 1] === b) symbols.splice(i, 2, a + b);
+      tally(w, 1);
+    }
+    where.delete(best);
+    counts.delete(best);
+  }
+  const first = vocab.size;
+  const specials = QWEN_SPECIALS.map((s, i) => addedToken(first + i, s));
+  const eos = QWEN_SPECIALS[0];
+  const json = {
+    version: '1.0',
+    truncation: null,
+    padding: null,
+    added_tokens: specials,
+    normalizer: { type: 'NFC' },
+    pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
+    post_processor: {
+      type: 'TemplateProcessing',
+      single: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: eos, type_id: 0 } }],
+      pair: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: eos, type_id: 0 } }, { Sequence: { id: 'B', type_id: 0 } }, { SpecialToken: { id: eos, type_id: 0 } }],
+      special_tokens: { [eos]: { id: eos, ids: [first], tokens: [eos] } },
+    },
+    decoder: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
+    model: {
+      type: 'BPE',
+      dropout: null,
+      unk_token: null,
+      continuing_subword_prefix: null,
+      end_of_word_suffix: null,
+      fuse_unk: false,
+      byte_fallback: false,
+      ignore_merges: false,
+      vocab: Object.fromEntries(vocab),
+      merges: learned,
+    },
+  };
+  return { json, vocabSize: first + QWEN_SPECIALS.length };
+}
