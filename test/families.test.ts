@@ -39,15 +39,19 @@ let root: string;
 let dir: string;
 let distilDir: string;
 let qwenDir: string;
+let modernDir: string;
 let tok: TextTokenizer;
 let distilTok: TextTokenizer;
 let qwenTok: TextTokenizer;
+let modernTok: TextTokenizer;
 
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), 'slabserve-families-'));
   dir = writePreset('tiny-xlmr', root).dir;
   distilDir = writePreset('tiny-distilbert', root).dir;
   qwenDir = writePreset('tiny-qwen3', root).dir;
+  modernDir = writePreset('tiny-modernbert', root).dir;
+  modernTok = await loadTokenizer(join(modernDir, 'tokenizer.json'));
   tok = await loadTokenizer(join(dir, 'tokenizer.json'));
   distilTok = await loadTokenizer(join(distilDir, 'tokenizer.json'));
   qwenTok = await loadTokenizer(join(qwenDir, 'tokenizer.json'));
@@ -114,11 +118,30 @@ describe('tiny-qwen3: the byte-level BPE layout', () => {
   });
 });
 
-describe('tiny-xlmr, tiny-distilbert and tiny-qwen3 served', () => {
+describe('tiny-modernbert: byte-level BPE with [CLS] [SEP]', () => {
+  it("gives the Rust library's ids and truncation on random multilingual texts", async () => {
+    const rust = rustTokenizers.Tokenizer.fromFile(join(modernDir, 'tokenizer.json'));
+    const truncating = rustTokenizers.Tokenizer.fromFile(join(modernDir, 'tokenizer.json'));
+    const config = JSON.parse(readFileSync(join(modernDir, 'config.json'), 'utf8')) as { cls_token_id: number; sep_token_id: number };
+    const rand = makeRandom('modernbert tokenizer');
+    for (let i = 0; i < 200; i++) {
+      const text = multilingualText(rand);
+      const ids = Array.from(modernTok.encode(text, { maxLength: 100_000, truncate: false }).ids);
+      expect(ids, JSON.stringify(text)).toEqual((await rust.encode(text)).getIds());
+      expect([ids[0], ids[ids.length - 1]]).toEqual([config.cls_token_id, config.sep_token_id]);
+      const maxLength = 3 + Math.floor(rand() * 30);
+      truncating.setTruncation(maxLength);
+      expect(Array.from(modernTok.encode(text, { maxLength, truncate: true }).ids)).toEqual((await truncating.encode(text)).getIds());
+    }
+  });
+});
+
+describe('tiny-xlmr, tiny-distilbert, tiny-qwen3 and tiny-modernbert served', () => {
   let server: Server;
   let plain: ort.InferenceSession;
   let plainDistil: ort.InferenceSession;
   let plainQwen: ort.InferenceSession;
+  let plainModern: ort.InferenceSession;
   const post = async (path: string, body: unknown) => {
     const r = await fetch(`http://127.0.0.1:${server.port}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
     return { status: r.status, body: (await r.json()) as any }; // eslint-disable-line @typescript-eslint/no-explicit-any
@@ -146,7 +169,8 @@ describe('tiny-xlmr, tiny-distilbert and tiny-qwen3 served', () => {
     plain = await ort.InferenceSession.create(readFileSync(join(dir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
     plainDistil = await ort.InferenceSession.create(readFileSync(join(distilDir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
     plainQwen = await ort.InferenceSession.create(readFileSync(join(qwenDir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
-    server = await startServer(testServerConfig({ models: [dir, distilDir, qwenDir], batching: { maxBatchTokens: 4096 } }));
+    plainModern = await ort.InferenceSession.create(readFileSync(join(modernDir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    server = await startServer(testServerConfig({ models: [dir, distilDir, qwenDir, modernDir], batching: { maxBatchTokens: 4096 } }));
     await server.ready;
   }, 120_000);
 
@@ -155,6 +179,32 @@ describe('tiny-xlmr, tiny-distilbert and tiny-qwen3 served', () => {
     await plain?.release();
     await plainDistil?.release();
     await plainQwen?.release();
+    await plainModern?.release();
+  });
+
+  it('tiny-modernbert: inputs past 512 tokens are buckets of their own and answered right, beside short ones', async () => {
+    const rand = makeRandom('modernbert served');
+    const words = ['parcel', 'delivery', 'refund', 'naïve', 'café', 'order', 'yesterday', 'where', 'is', 'my'];
+    const long = Array.from({ length: 2 }, () => Array.from({ length: 200 + Math.floor(rand() * 150) }, () => words[Math.floor(rand() * words.length)]).join(' '));
+    const short = Array.from({ length: 8 }, () => multilingualText(rand));
+    const texts = [...long, ...short];
+    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'tiny-modernbert', inputs: t })));
+    for (const [i, t] of texts.entries()) {
+      const ids = modernTok.encode(t, { maxLength: 2048, truncate: false }).ids;
+      if (i < long.length) expect(ids.length).toBeGreaterThan(512);
+      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
+      const n = ids.length;
+      const i64 = (f: (k: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, k) => BigInt(f(k))), [1, n]);
+      const states = (await plainModern.run({ input_ids: i64((k) => ids[k]!), attention_mask: i64(() => 1) })).last_hidden_state!.data as Float32Array;
+      const mean = new Float32Array(HIDDEN);
+      for (let tk = 0; tk < n; tk++) for (let h = 0; h < HIDDEN; h++) mean[h]! += states[tk * HIDDEN + h]! / n;
+      const norm = Math.hypot(...mean);
+      expect(maxAbsDiff(answers[i]!.body[0], mean.map((v) => v / norm)), `text ${i} (${n} tokens)`).toBeLessThan(TOLERANCE);
+    }
+    const info = (await (await fetch(`http://127.0.0.1:${server.port}/info`)).json()) as { models: { name: string; maxLength: number; batching: { buckets: number[] } }[] };
+    const m = info.models.find((x) => x.name === 'tiny-modernbert')!;
+    expect(m.maxLength).toBe(2048);
+    expect(m.batching.buckets.filter((b) => b > 512).length).toBeGreaterThan(0);
   });
 
   /** The decoder alone on one input: position_ids 0..n-1, the last token's state (<|endoftext|>), normalised here. */

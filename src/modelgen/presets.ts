@@ -16,7 +16,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildBertModel, type BertSpec } from './bert-graph.js';
-import { buildBertTokenizerJson, buildByteBpeTokenizerJson, buildUnigramTokenizerJson, QWEN_SPECIALS, XLMR_SPECIALS } from './tokenizer-json.js';
+import { buildBertTokenizerJson, buildByteBpeTokenizerJson, buildModernBertTokenizerJson, buildUnigramTokenizerJson, MODERNBERT_SPECIALS, QWEN_SPECIALS, XLMR_SPECIALS } from './tokenizer-json.js';
 
 /** The 8 intents of the tiny-intent classifier, by class id. */
 export const INTENT_LABELS = [
@@ -45,9 +45,11 @@ export interface Preset {
    * BERT (WordPiece, a serve.json), DistilBERT (WordPiece, no token_type_ids,
    * its own config.json names) or the XLM-RoBERTa layout (Unigram, a
    * sentence-transformers folder: xlmrFiles) or the Qwen3-Embedding decoder
-   * layout (byte-level BPE, position_ids, causal, last-token pooling: qwenFiles).
+   * layout (byte-level BPE, position_ids, causal, last-token pooling: qwenFiles)
+   * or ModernBERT's (byte-level BPE with [CLS]/[SEP], no token_type_ids, a long
+   * context: modernbertFiles).
    */
-  family?: 'bert' | 'distilbert' | 'xlm-roberta' | 'qwen3';
+  family?: 'bert' | 'distilbert' | 'xlm-roberta' | 'qwen3' | 'modernbert';
   serve: ServeJson;
   /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
@@ -101,6 +103,16 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     family: 'qwen3',
     serve: { task: 'embed' },
   },
+  'tiny-modernbert': {
+    name: 'tiny-modernbert',
+    description:
+      'ModernBERT layout (modernbert-embed): byte-level BPE with [CLS] [SEP], no token_type_ids, 2048 positions (buckets past 512), ' +
+      'a sentence-transformers folder with mean pooling and search_query: / search_document: prompts (its layers are BERT-style)',
+    // vocabSize: the BPE tokenizer's, filled in when built (presetSpec)
+    spec: { ...encoder(2, 128, 2, 512), vocabSize: 0, maxPositions: 2048, typeVocabSize: 1, tokenTypeIds: false, layerNormEps: 1e-5, task: 'embed', seed: 20_009 },
+    family: 'modernbert',
+    serve: { task: 'embed' },
+  },
   'tiny-distilbert': {
     name: 'tiny-distilbert',
     description: 'DistilBERT layout: WordPiece, no token_type_ids input, a DistilBertConfig (dim, n_layers, ...), CLS pooling',
@@ -142,6 +154,7 @@ export function getPreset(name: string): Preset {
 export function presetSpec(preset: Preset): BertSpec {
   if (preset.family === 'xlm-roberta') return { ...preset.spec, vocabSize: buildUnigramTokenizerJson().vocabSize };
   if (preset.family === 'qwen3') return { ...preset.spec, vocabSize: byteBpe().vocabSize };
+  if (preset.family === 'modernbert') return { ...preset.spec, vocabSize: buildModernBertTokenizerJson().vocabSize };
   return preset.spec;
 }
 
@@ -158,6 +171,7 @@ export function buildConfigJson(preset: Preset): Record<string, unknown> {
   if (preset.family === 'xlm-roberta') return xlmrConfigJson(preset.name, s);
   if (preset.family === 'distilbert') return distilbertConfigJson(preset.name, s);
   if (preset.family === 'qwen3') return qwenConfigJson(preset.name, s);
+  if (preset.family === 'modernbert') return modernbertConfigJson(preset.name, s);
   const classify = s.task === 'classify';
   const config: Record<string, unknown> = {
     _name_or_path: `slabserve/${preset.name}`,
@@ -323,6 +337,55 @@ function qwenFiles(s: BertSpec): Record<string, string> {
   };
 }
 
+/** A ModernBertConfig: its special ids are the tokenizer's, after the pieces. */
+function modernbertConfigJson(name: string, s: BertSpec): Record<string, unknown> {
+  const id = (t: (typeof MODERNBERT_SPECIALS)[number]) => s.vocabSize - MODERNBERT_SPECIALS.length + MODERNBERT_SPECIALS.indexOf(t);
+  return {
+    _name_or_path: `slabserve/${name}`,
+    architectures: ['ModernBertModel'],
+    bos_token_id: id('[CLS]'),
+    cls_token_id: id('[CLS]'),
+    eos_token_id: id('[SEP]'),
+    sep_token_id: id('[SEP]'),
+    pad_token_id: id('[PAD]'),
+    hidden_activation: 'gelu',
+    hidden_size: s.hidden,
+    intermediate_size: s.intermediate,
+    max_position_embeddings: s.maxPositions,
+    model_type: 'modernbert',
+    norm_eps: s.layerNormEps,
+    num_attention_heads: s.heads,
+    num_hidden_layers: s.layers,
+    torch_dtype: 'float32',
+    transformers_version: '4.48.0',
+    vocab_size: s.vocabSize,
+    _slabserve: { generated: true, seed: s.seed, note: 'random weights; BERT-style layers in the ModernBERT interface' },
+  };
+}
+
+/** The sentence-transformers files of a ModernBERT-layout folder (modernbert-embed's). */
+function modernbertFiles(s: BertSpec): Record<string, string> {
+  const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
+  const st = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
+  return {
+    'tokenizer.json': JSON.stringify(buildModernBertTokenizerJson().json, null, 2),
+    'tokenizer_config.json': json({ cls_token: '[CLS]', sep_token: '[SEP]', pad_token: '[PAD]', unk_token: '[UNK]', mask_token: '[MASK]', model_max_length: s.maxPositions, clean_up_tokenization_spaces: true, tokenizer_class: 'PreTrainedTokenizerFast' }),
+    'modules.json': json([st('Transformer', 0, ''), st('Pooling', 1, '1_Pooling'), st('Normalize', 2, '2_Normalize')]),
+    '1_Pooling/config.json': json({
+      word_embedding_dimension: s.hidden,
+      pooling_mode_cls_token: false,
+      pooling_mode_mean_tokens: true,
+      pooling_mode_max_tokens: false,
+      pooling_mode_mean_sqrt_len_tokens: false,
+      pooling_mode_weightedmean_tokens: false,
+      pooling_mode_lasttoken: false,
+      include_prompt: true,
+    }),
+    'sentence_bert_config.json': json({ max_seq_length: s.maxPositions, do_lower_case: false }),
+    'config_sentence_transformers.json': json({ prompts: { query: 'search_query: ', document: 'search_document: ' }, default_prompt_name: null, similarity_fn_name: 'cosine' }),
+  };
+}
+
 /** The sentence-transformers files of an XLM-RoBERTa-layout folder (multilingual-e5's). */
 function xlmrFiles(s: BertSpec): Record<string, string> {
   const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
@@ -374,6 +437,7 @@ export function buildPresetFiles(name: string): PresetFiles {
   const config = JSON.stringify(buildConfigJson(preset), null, 2) + '\n';
   if (preset.family === 'xlm-roberta') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...xlmrFiles(spec) };
   if (preset.family === 'qwen3') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...qwenFiles(spec) };
+  if (preset.family === 'modernbert') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...modernbertFiles(spec) };
   return {
     'model.onnx': buildBertModel(spec),
     'config.json': config,

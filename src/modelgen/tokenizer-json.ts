@@ -219,23 +219,24 @@ function bytesToUnicode(): string[] {
 /** The decoder embedder's special tokens (Qwen3-Embedding's), after the pieces. */
 export const QWEN_SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'] as const;
 
+/** ModernBERT's special tokens, after the pieces. */
+export const MODERNBERT_SPECIALS = ['[UNK]', '[CLS]', '[SEP]', '[PAD]', '[MASK]'] as const;
+
 /**
- * A byte-level BPE tokenizer.json in the Qwen3-Embedding layout: GPT-2's
- * byte-to-character map, a ByteLevel pre-tokenizer, and a post-processor that
- * appends <|endoftext|> to every sequence (the token whose state last-token
- * pooling reads). The merges are learned here, greedily by pair count, from
+ * Byte-level BPE pieces and merges, learned here greedily by pair count from
  * bert-base-uncased's words (bare and with a leading space, lower-case and
- * capitalised): Qwen's 151k-token vocabulary cannot be had offline, but the
- * merges are real BPE merges, so encoding has real work to do.
+ * capitalised). Real vocabularies (Qwen's 151k tokens, ModernBERT's 50k)
+ * cannot be had offline, but these are real BPE merges, so encoding has real
+ * work to do. Pair counts are kept up to date merge by merge (0.7 s for 1,200).
  */
-export function buildByteBpeTokenizerJson(merges = 1200): { json: object; vocabSize: number } {
+function learnByteBpe(merges: number): { vocab: Map<string, number>; merges: string[] } {
   const byteChar = bytesToUnicode();
   const toChars = (s: string) => Array.from(Buffer.from(s, 'utf8'), (b) => byteChar[b]!);
   const words = bertUncasedVocab().filter((w) => /^[a-z]{2,}$/.test(w)).slice(0, 4000);
   const corpus = words.flatMap((w) => [w, ' ' + w, w[0]!.toUpperCase() + w.slice(1), ' ' + w[0]!.toUpperCase() + w.slice(1)]).map(toChars);
   const vocab = new Map<string, number>(byteChar.map((c, i) => [c, i]));
   const learned: string[] = [];
-  // Pair counts, and the words each pair occurs in, kept up to date merge by merge.
+  // Pair counts, and the words each pair occurs in.
   const counts = new Map<string, number>();
   const where = new Map<string, Set<number>>();
   const tally = (w: number, by: 1 | -1) => {
@@ -264,21 +265,39 @@ export function buildByteBpeTokenizerJson(merges = 1200): { json: object; vocabS
     where.delete(best);
     counts.delete(best);
   }
+  return { vocab, merges: learned };
+}
+
+let byteBpeCache: ReturnType<typeof learnByteBpe> | undefined;
+
+/**
+ * A byte-level BPE tokenizer.json: the learned pieces, `specials` after them,
+ * a ByteLevel pre-tokenizer, NFC, and a template that puts `before` and
+ * `after` (special tokens, by name) around each sequence.
+ */
+function byteBpeTokenizerJson(specials: readonly string[], before: string | null, after: string): { json: object; vocabSize: number } {
+  byteBpeCache ??= learnByteBpe(1200);
+  const { vocab, merges } = byteBpeCache;
   const first = vocab.size;
-  const specials = QWEN_SPECIALS.map((s, i) => addedToken(first + i, s));
-  const eos = QWEN_SPECIALS[0];
+  const idOf = (s: string) => first + specials.indexOf(s);
+  const around = (seq: 'A' | 'B') => [
+    ...(before ? [{ SpecialToken: { id: before, type_id: 0 } }] : []),
+    { Sequence: { id: seq, type_id: 0 } },
+    { SpecialToken: { id: after, type_id: 0 } },
+  ];
+  const used = before ? [before, after] : [after];
   const json = {
     version: '1.0',
     truncation: null,
     padding: null,
-    added_tokens: specials,
+    added_tokens: specials.map((s, i) => addedToken(first + i, s)),
     normalizer: { type: 'NFC' },
     pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
     post_processor: {
       type: 'TemplateProcessing',
-      single: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: eos, type_id: 0 } }],
-      pair: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: eos, type_id: 0 } }, { Sequence: { id: 'B', type_id: 0 } }, { SpecialToken: { id: eos, type_id: 0 } }],
-      special_tokens: { [eos]: { id: eos, ids: [first], tokens: [eos] } },
+      single: around('A'),
+      pair: [...around('A'), ...around('B').slice(before ? 1 : 0)],
+      special_tokens: Object.fromEntries(used.map((s) => [s, { id: s, ids: [idOf(s)], tokens: [s] }])),
     },
     decoder: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
     model: {
@@ -291,8 +310,18 @@ export function buildByteBpeTokenizerJson(merges = 1200): { json: object; vocabS
       byte_fallback: false,
       ignore_merges: false,
       vocab: Object.fromEntries(vocab),
-      merges: learned,
+      merges,
     },
   };
-  return { json, vocabSize: first + QWEN_SPECIALS.length };
+  return { json, vocabSize: first + specials.length };
+}
+
+/** The Qwen3-Embedding layout: byte-level BPE that appends <|endoftext|> (the token whose state last-token pooling reads). */
+export function buildByteBpeTokenizerJson(): { json: object; vocabSize: number } {
+  return byteBpeTokenizerJson(QWEN_SPECIALS, null, QWEN_SPECIALS[0]);
+}
+
+/** The ModernBERT layout: byte-level BPE with [CLS] $A [SEP] (pair: [CLS] A [SEP] B [SEP]). */
+export function buildModernBertTokenizerJson(): { json: object; vocabSize: number } {
+  return byteBpeTokenizerJson(MODERNBERT_SPECIALS, '[CLS]', '[SEP]');
 }
