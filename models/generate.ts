@@ -5,12 +5,14 @@
  *
  *   name ...    presets to generate (default: tiny-embed tiny-intent tiny-rerank);
  *               `all` means every preset
- *   --missing   skip folders that already hold model.onnx, config.json,
- *               tokenizer.json and serve.json
+ *   --missing   skip folders that already hold model.onnx, config.json and
+ *               tokenizer.json
  *   --out DIR   where the folders go (default: this repository's models/)
  *   --force     also overwrite a folder that holds a model we did not
  *               generate (a real Hugging Face export: its config.json lacks
  *               the "_slabserve" marker); without it such folders are refused
+ *   --int8      also write model_int8.onnx, the dynamically quantized graph
+ *               (src/modelgen/quantize.ts; served with --dtype int8)
  *   --list      print the presets and exit
  *
  * Exit status: 0 on success, 1 if a model could not be written, 2 on bad usage.
@@ -28,7 +30,7 @@ import {
   writePreset,
 } from '../src/modelgen/presets.js';
 
-const USAGE = `usage: node dist/models/generate.js [--missing] [--force] [--out DIR] [--list] [name ... | all]
+const USAGE = `usage: node dist/models/generate.js [--missing] [--force] [--int8] [--out DIR] [--list] [name ... | all]
 presets: ${presetNames().join(', ')} (default: ${DEFAULT_PRESETS.join(', ')})`;
 
 /** The repository's models/ folder: walk up from this file to package.json (works from src and dist). */
@@ -51,6 +53,7 @@ function main(argv: string[]): number {
       options: {
         missing: { type: 'boolean', default: false },
         force: { type: 'boolean', default: false },
+        int8: { type: 'boolean', default: false },
         out: { type: 'string' },
         list: { type: 'boolean', default: false },
         help: { type: 'boolean', short: 'h', default: false },
@@ -97,7 +100,7 @@ function main(argv: string[]): number {
       continue;
     }
     try {
-      const { modelBytes } = writePreset(name, outDir);
+      const { modelBytes } = writePreset(name, outDir, { int8: values.int8 });
       const s = PRESETS[name]!.spec;
       const mb = (modelBytes / 1e6).toFixed(1);
       console.log(

@@ -17,6 +17,7 @@ import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { createEngine } from '../dist/src/engine.js';
 import { startServer, type Server } from '../dist/src/main.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';
 import { makeRandom, maxAbsDiff, testServerConfig } from './helpers.js';
@@ -276,5 +277,40 @@ describe('tiny-xlmr, tiny-distilbert, tiny-qwen3 and tiny-modernbert served', ()
       prompts: { query: 'query: ', passage: 'passage: ' },
       sources: { pooling: '1_Pooling/config.json', normalize: 'modules.json', maxLength: 'sentence_bert_config.json' },
     });
+  });
+});
+
+describe('the int8 variant (generate --int8: model_int8.onnx, dynamically quantized)', () => {
+  it('is served with --dtype int8: rows close to the float graph\'s (cosine > 0.99), batched or alone', async () => {
+    const int8Dir = writePreset('tiny-embed', join(root, 'int8'), { int8: true }).dir;
+    const plainF32 = await ort.InferenceSession.create(readFileSync(join(int8Dir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    const bert = await loadTokenizer(join(int8Dir, 'tokenizer.json'));
+    const engine = await createEngine({ device: 'cpu', models: [int8Dir], dtype: 'int8', log: () => {} });
+    try {
+      expect(engine.info()[0]).toMatchObject({ dtype: 'int8', sources: { dtype: 'flag' } });
+      const rand = makeRandom('int8 served');
+      const texts = Array.from({ length: 24 }, () => multilingualText(rand));
+      const batched = await Promise.all(texts.map((t) => engine.embed(t)));
+      const alone: Float32Array[] = [];
+      for (const t of texts) alone.push((await engine.embed(t))[0]!);
+      const cosine = (a: Float32Array, b: Float32Array) => a.reduce((s, v, i) => s + v * b[i]!, 0) / Math.hypot(...a) / Math.hypot(...b);
+      let worst = 1;
+      for (const [i, t] of texts.entries()) {
+        const ids = bert.encode(t, { maxLength: 512, truncate: false }).ids;
+        const n = ids.length;
+        const i64 = (f: (k: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, k) => BigInt(f(k))), [1, n]);
+        const states = (await plainF32.run({ input_ids: i64((k) => ids[k]!), attention_mask: i64(() => 1), token_type_ids: i64(() => 0) })).last_hidden_state!.data as Float32Array;
+        const mean = new Float32Array(HIDDEN);
+        for (let tk = 0; tk < n; tk++) for (let h = 0; h < HIDDEN; h++) mean[h]! += states[tk * HIDDEN + h]! / n;
+        worst = Math.min(worst, cosine(batched[i]![0]!, mean), cosine(alone[i]!, mean));
+        // Quantized, not the float graph itself: the rows differ.
+        expect(maxAbsDiff(alone[i]!, mean.map((v) => v / Math.hypot(...mean)))).toBeGreaterThan(1e-6);
+      }
+      console.log(`int8 vs fp32: worst cosine ${worst.toFixed(5)} over ${texts.length} texts, batched and alone`);
+      expect(worst).toBeGreaterThan(0.99);
+    } finally {
+      await engine.close();
+      await plainF32.release();
+    }
   });
 });

@@ -1,0 +1,84 @@
+/**
+ * int8 against fp32 on the CPU: the same model's float graph (model.onnx) and
+ * its dynamically quantized one (model_int8.onnx, `generate --int8`), each
+ * behind an in-process engine with the default batching, side by side in one
+ * run: throughput under 64 concurrent callers (rounds alternating), and how
+ * close the int8 rows are to the fp32 ones (cosine, over every text).
+ *
+ *   node dist/bench/dtypes.js [--models tiny-embed,minilm-l6] [--rounds 4] [--duration-s 3] [--texts 512]
+ *
+ * The folders are generated (with their int8 graphs) into a temporary folder.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { createEngine, type Engine } from '../src/engine.js';
+import { writePreset } from '../src/modelgen/presets.js';
+import { loadModelSpec } from '../src/shared/model-config.js';
+import { num } from './args.js';
+import { makeWorkload } from './workloads.js';
+
+const { values } = parseArgs({
+  options: {
+    models: { type: 'string', default: 'tiny-embed,minilm-l6' },
+    rounds: { type: 'string', default: '4' },
+    'duration-s': { type: 'string', default: '3' },
+    texts: { type: 'string', default: '512' },
+  },
+});
+const ROUNDS = num('rounds', values.rounds!, 1, true);
+const DURATION_MS = num('duration-s', values['duration-s']!, 0.5) * 1000;
+const TEXTS = num('texts', values.texts!, 16, true);
+const CALLERS = 64;
+
+/** Sequences per second of `CALLERS` closed-loop callers over `texts` for DURATION_MS. */
+async function throughput(engine: Engine, texts: string[]): Promise<number> {
+  let done = 0;
+  let next = 0;
+  const end = performance.now() + DURATION_MS;
+  await Promise.all(
+    Array.from({ length: CALLERS }, async () => {
+      while (performance.now() < end) {
+        await engine.embed(texts[next++ % texts.length]!);
+        done++;
+      }
+    }),
+  );
+  return done / (DURATION_MS / 1000);
+}
+
+const cosine = (a: Float32Array, b: Float32Array) => a.reduce((s, v, i) => s + v * b[i]!, 0) / Math.hypot(...a) / Math.hypot(...b);
+
+const root = mkdtempSync(join(tmpdir(), 'slabserve-dtypes-'));
+try {
+  console.log('| model | fp32 seq/s | int8 seq/s | int8 / fp32 (by round) | cosine to fp32: mean, worst |');
+  console.log('|---|---:|---:|---:|---:|');
+  for (const name of values.models!.split(',').map((s) => s.trim())) {
+    const dir = writePreset(name, root, { int8: true }).dir;
+    const spec = loadModelSpec(dir);
+    const workload = await makeWorkload('short', spec, 1, TEXTS);
+    const texts = workload.requests.map((r) => r[0]!.text);
+    const engines = { fp32: await createEngine({ device: 'cpu', models: [dir], dtype: 'fp32', log: () => {} }), int8: await createEngine({ device: 'cpu', models: [dir], dtype: 'int8', log: () => {} }) };
+    try {
+      const f32 = await engines.fp32.embed(texts);
+      const i8 = await engines.int8.embed(texts);
+      const cos = f32.map((v, i) => cosine(v, i8[i]!));
+      const rates: Record<'fp32' | 'int8', number[]> = { fp32: [], int8: [] };
+      for (let r = 0; r < ROUNDS; r++) {
+        for (const d of r % 2 ? (['int8', 'fp32'] as const) : (['fp32', 'int8'] as const)) rates[d].push(await throughput(engines[d], texts));
+      }
+      const median = (v: number[]) => [...v].sort((a, b) => a - b)[v.length >> 1]!;
+      const ratios = rates.int8.map((v, i) => (v / rates.fp32[i]!).toFixed(2)).join(' ');
+      console.log(
+        `| ${name} | ${median(rates.fp32).toFixed(0)} | ${median(rates.int8).toFixed(0)} | ${(median(rates.int8) / median(rates.fp32)).toFixed(2)}x (${ratios}) | ` +
+          `${(cos.reduce((a, b) => a + b, 0) / cos.length).toFixed(5)}, ${Math.min(...cos).toFixed(5)} |`,
+      );
+    } finally {
+      await engines.fp32.close();
+      await engines.int8.close();
+    }
+  }
+} finally {
+  rmSync(root, { recursive: true, force: true });
+}
