@@ -314,3 +314,41 @@ describe('the int8 variant (generate --int8: model_int8.onnx, dynamically quanti
     }
   });
 });
+
+describe('tiny-bge and tiny-minilm: BERT as sentence-transformers folders (the bge and all-MiniLM layouts)', () => {
+  it('served with the pooling and max_seq_length their files name: CLS for bge, mean and 256 tokens for MiniLM', async () => {
+    const bge = writePreset('tiny-bge', join(root, 'st-bert')).dir;
+    const minilm = writePreset('tiny-minilm', join(root, 'st-bert')).dir;
+    const bertTok = await loadTokenizer(join(bge, 'tokenizer.json'));
+    const engine = await createEngine({ device: 'cpu', models: [bge, minilm], log: () => {} });
+    const sessions = await Promise.all([bge, minilm].map((d) => ort.InferenceSession.create(readFileSync(join(d, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 })));
+    try {
+      expect(engine.info().map((m) => [m.name, m.pooling, m.maxLength, m.sources.pooling, m.sources.maxLength])).toEqual([
+        ['tiny-bge', 'cls', 512, '1_Pooling/config.json', 'sentence_bert_config.json'],
+        ['tiny-minilm', 'mean', 256, '1_Pooling/config.json', 'sentence_bert_config.json'],
+      ]);
+      const rand = makeRandom('st bert presets');
+      const texts = Array.from({ length: 16 }, () => multilingualText(rand));
+      for (const [m, model] of ['tiny-bge', 'tiny-minilm'].entries()) {
+        const rows = await Promise.all(texts.map((t) => engine.embed(t, { model })));
+        for (const [i, t] of texts.entries()) {
+          const ids = bertTok.encode(t, { maxLength: 512, truncate: false }).ids;
+          const n = ids.length;
+          const i64 = (f: (k: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, k) => BigInt(f(k))), [1, n]);
+          const states = (await sessions[m]!.run({ input_ids: i64((k) => ids[k]!), attention_mask: i64(() => 1), token_type_ids: i64(() => 0) })).last_hidden_state!.data as Float32Array;
+          const pooled = new Float32Array(HIDDEN);
+          if (m === 0) pooled.set(states.subarray(0, HIDDEN));
+          else for (let tk = 0; tk < n; tk++) for (let h = 0; h < HIDDEN; h++) pooled[h]! += states[tk * HIDDEN + h]! / n;
+          const norm = Math.hypot(...pooled);
+          expect(maxAbsDiff(rows[i]![0]!, pooled.map((v) => v / norm)), `${model} ${JSON.stringify(t)}`).toBeLessThan(TOLERANCE);
+        }
+      }
+      const long = Array.from({ length: 300 }, () => 'parcel').join(' ');
+      await expect(engine.embed(long, { model: 'tiny-minilm' })).rejects.toMatchObject({ code: 'SLABSERVE_INPUT_TOO_LONG' });
+      expect((await engine.embed(long, { model: 'tiny-bge' }))[0]).toHaveLength(HIDDEN);
+    } finally {
+      await engine.close();
+      await Promise.all(sessions.map((x) => x.release()));
+    }
+  });
+});

@@ -38,6 +38,13 @@ export interface ServeJson {
   maxLength?: number;
 }
 
+/** What a generated sentence-transformers folder says of itself. */
+interface SentenceTransformersLayout {
+  pooling: 'cls' | 'mean' | 'lasttoken';
+  maxSeqLength: number;
+  prompts?: Record<string, string>;
+}
+
 export interface Preset {
   name: string;
   description: string;
@@ -51,6 +58,11 @@ export interface Preset {
    * context: modernbertFiles).
    */
   family?: 'bert' | 'distilbert' | 'xlm-roberta' | 'qwen3' | 'modernbert';
+  /**
+   * BERT presets written as sentence-transformers folders instead of with a
+   * serve.json: their pooling, max_seq_length and prompts (bge's, MiniLM's layouts).
+   */
+  sentenceTransformers?: SentenceTransformersLayout;
   serve: ServeJson;
   /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
@@ -113,6 +125,20 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     spec: { ...encoder(2, 128, 2, 512), vocabSize: 0, maxPositions: 2048, typeVocabSize: 1, tokenTypeIds: false, layerNormEps: 1e-5, task: 'embed', seed: 20_009 },
     family: 'modernbert',
     serve: { task: 'embed' },
+  },
+  'tiny-bge': {
+    name: 'tiny-bge',
+    description: 'bge layout: BERT WordPiece, a sentence-transformers folder with CLS pooling, Normalize, max_seq_length 512 and a query instruction prompt',
+    spec: { ...encoder(2, 128, 2, 512), task: 'embed', seed: 20_010 },
+    serve: { task: 'embed' },
+    sentenceTransformers: { pooling: 'cls', maxSeqLength: 512, prompts: { query: 'Represent this sentence for searching relevant passages: ' } },
+  },
+  'tiny-minilm': {
+    name: 'tiny-minilm',
+    description: 'all-MiniLM-L6-v2 layout: BERT WordPiece, a sentence-transformers folder with mean pooling, Normalize, max_seq_length 256',
+    spec: { ...encoder(2, 128, 2, 512), task: 'embed', seed: 20_011 },
+    serve: { task: 'embed' },
+    sentenceTransformers: { pooling: 'mean', maxSeqLength: 256 },
   },
   'tiny-distilbert': {
     name: 'tiny-distilbert',
@@ -310,31 +336,36 @@ function qwenConfigJson(name: string, s: BertSpec): Record<string, unknown> {
   };
 }
 
-/** The sentence-transformers files of a Qwen3-Embedding-layout folder. */
+/** The files of a Qwen3-Embedding-layout folder. */
 function qwenFiles(s: BertSpec): Record<string, string> {
   const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
-  const st = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
   const eos = QWEN_SPECIALS[0];
+  const query = 'Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:';
   return {
     'tokenizer.json': JSON.stringify(byteBpe().json, null, 2),
     'tokenizer_config.json': json({ eos_token: eos, pad_token: eos, model_max_length: s.maxPositions, padding_side: 'left', clean_up_tokenization_spaces: false, tokenizer_class: 'Qwen2Tokenizer' }),
-    'modules.json': json([st('Transformer', 0, ''), st('Pooling', 1, '1_Pooling'), st('Normalize', 2, '2_Normalize')]),
+    ...sentenceTransformersFiles(s.hidden, { pooling: 'lasttoken', maxSeqLength: s.maxPositions, prompts: { query, document: '' } }),
+  };
+}
+
+/** A sentence-transformers folder's own files: Transformer, Pooling (one mode), Normalize; max_seq_length; prompts. */
+function sentenceTransformersFiles(hidden: number, st: SentenceTransformersLayout): Record<string, string> {
+  const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
+  const module = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
+  return {
+    'modules.json': json([module('Transformer', 0, ''), module('Pooling', 1, '1_Pooling'), module('Normalize', 2, '2_Normalize')]),
     '1_Pooling/config.json': json({
-      word_embedding_dimension: s.hidden,
-      pooling_mode_cls_token: false,
-      pooling_mode_mean_tokens: false,
+      word_embedding_dimension: hidden,
+      pooling_mode_cls_token: st.pooling === 'cls',
+      pooling_mode_mean_tokens: st.pooling === 'mean',
       pooling_mode_max_tokens: false,
       pooling_mode_mean_sqrt_len_tokens: false,
       pooling_mode_weightedmean_tokens: false,
-      pooling_mode_lasttoken: true,
+      pooling_mode_lasttoken: st.pooling === 'lasttoken',
       include_prompt: true,
     }),
-    'sentence_bert_config.json': json({ max_seq_length: s.maxPositions, do_lower_case: false }),
-    'config_sentence_transformers.json': json({
-      prompts: { query: 'Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:', document: '' },
-      default_prompt_name: null,
-      similarity_fn_name: 'cosine',
-    }),
+    'sentence_bert_config.json': json({ max_seq_length: st.maxSeqLength, do_lower_case: false }),
+    'config_sentence_transformers.json': json({ prompts: st.prompts ?? {}, default_prompt_name: null, similarity_fn_name: 'cosine' }),
   };
 }
 
@@ -364,33 +395,19 @@ function modernbertConfigJson(name: string, s: BertSpec): Record<string, unknown
   };
 }
 
-/** The sentence-transformers files of a ModernBERT-layout folder (modernbert-embed's). */
+/** The files of a ModernBERT-layout folder (modernbert-embed's). */
 function modernbertFiles(s: BertSpec): Record<string, string> {
   const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
-  const st = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
   return {
     'tokenizer.json': JSON.stringify(buildModernBertTokenizerJson().json, null, 2),
     'tokenizer_config.json': json({ cls_token: '[CLS]', sep_token: '[SEP]', pad_token: '[PAD]', unk_token: '[UNK]', mask_token: '[MASK]', model_max_length: s.maxPositions, clean_up_tokenization_spaces: true, tokenizer_class: 'PreTrainedTokenizerFast' }),
-    'modules.json': json([st('Transformer', 0, ''), st('Pooling', 1, '1_Pooling'), st('Normalize', 2, '2_Normalize')]),
-    '1_Pooling/config.json': json({
-      word_embedding_dimension: s.hidden,
-      pooling_mode_cls_token: false,
-      pooling_mode_mean_tokens: true,
-      pooling_mode_max_tokens: false,
-      pooling_mode_mean_sqrt_len_tokens: false,
-      pooling_mode_weightedmean_tokens: false,
-      pooling_mode_lasttoken: false,
-      include_prompt: true,
-    }),
-    'sentence_bert_config.json': json({ max_seq_length: s.maxPositions, do_lower_case: false }),
-    'config_sentence_transformers.json': json({ prompts: { query: 'search_query: ', document: 'search_document: ' }, default_prompt_name: null, similarity_fn_name: 'cosine' }),
+    ...sentenceTransformersFiles(s.hidden, { pooling: 'mean', maxSeqLength: s.maxPositions, prompts: { query: 'search_query: ', document: 'search_document: ' } }),
   };
 }
 
-/** The sentence-transformers files of an XLM-RoBERTa-layout folder (multilingual-e5's). */
+/** The files of an XLM-RoBERTa-layout folder (multilingual-e5's). */
 function xlmrFiles(s: BertSpec): Record<string, string> {
   const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
-  const st = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
   return {
     'tokenizer.json': JSON.stringify(buildUnigramTokenizerJson().json, null, 2),
     'tokenizer_config.json': json({
@@ -405,19 +422,7 @@ function xlmrFiles(s: BertSpec): Record<string, string> {
       clean_up_tokenization_spaces: true,
       tokenizer_class: 'XLMRobertaTokenizer',
     }),
-    'modules.json': json([st('Transformer', 0, ''), st('Pooling', 1, '1_Pooling'), st('Normalize', 2, '2_Normalize')]),
-    '1_Pooling/config.json': json({
-      word_embedding_dimension: s.hidden,
-      pooling_mode_cls_token: false,
-      pooling_mode_mean_tokens: true,
-      pooling_mode_max_tokens: false,
-      pooling_mode_mean_sqrt_len_tokens: false,
-      pooling_mode_weightedmean_tokens: false,
-      pooling_mode_lasttoken: false,
-      include_prompt: true,
-    }),
-    'sentence_bert_config.json': json({ max_seq_length: s.maxPositions - 2, do_lower_case: false }),
-    'config_sentence_transformers.json': json({ prompts: { query: 'query: ', passage: 'passage: ' }, default_prompt_name: null, similarity_fn_name: 'cosine' }),
+    ...sentenceTransformersFiles(s.hidden, { pooling: 'mean', maxSeqLength: s.maxPositions - 2, prompts: { query: 'query: ', passage: 'passage: ' } }),
   };
 }
 
@@ -439,13 +444,14 @@ export function buildPresetFiles(name: string): PresetFiles {
   if (preset.family === 'xlm-roberta') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...xlmrFiles(spec) };
   if (preset.family === 'qwen3') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...qwenFiles(spec) };
   if (preset.family === 'modernbert') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...modernbertFiles(spec) };
-  return {
+  const bert = {
     'model.onnx': buildBertModel(spec),
     'config.json': config,
     'tokenizer.json': tokenizerJsonString(),
     'tokenizer_config.json': JSON.stringify(buildTokenizerConfigJson(), null, 2) + '\n',
-    'serve.json': JSON.stringify(preset.serve, null, 2) + '\n',
   };
+  if (preset.sentenceTransformers) return { ...bert, ...sentenceTransformersFiles(spec.hidden, preset.sentenceTransformers) };
+  return { ...bert, 'serve.json': JSON.stringify(preset.serve, null, 2) + '\n' };
 }
 
 /** Whether `dir` holds every file of {@link REQUIRED_FILES}. */
