@@ -73,6 +73,26 @@ function multilingualText(rand: () => number): string {
   return parts.map((w, i) => (i ? pick(gaps) : rand() < 0.2 ? pick(gaps) : '') + w).join('');
 }
 
+/**
+ * The unmodified graph on one input alone, unpadded: its token states pooled
+ * by this file's code (mean, the first token's, or the last token's state)
+ * and L2-normalised. `extra` adds token_type_ids (zeros) or position_ids (0..n-1).
+ */
+async function referenceRow(session: ort.InferenceSession, ids: Int32Array, pooling: 'mean' | 'cls' | 'last', extra: ('token_type_ids' | 'position_ids')[] = []): Promise<Float32Array> {
+  const n = ids.length;
+  const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
+  const feeds: Record<string, ort.Tensor> = { input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1) };
+  if (extra.includes('token_type_ids')) feeds.token_type_ids = i64(() => 0);
+  if (extra.includes('position_ids')) feeds.position_ids = i64((i) => i);
+  const states = (await session.run(feeds)).last_hidden_state!.data as Float32Array;
+  let row = new Float32Array(HIDDEN);
+  if (pooling === 'cls') row = states.slice(0, HIDDEN);
+  else if (pooling === 'last') row = states.slice((n - 1) * HIDDEN, n * HIDDEN);
+  else for (let t = 0; t < n; t++) for (let h = 0; h < HIDDEN; h++) row[h]! += states[t * HIDDEN + h]! / n;
+  const norm = Math.hypot(...row);
+  return row.map((v) => v / norm);
+}
+
 describe('tiny-xlmr: the XLM-RoBERTa tokenizer layout', () => {
   it('gives the Rust library\'s ids, truncation and offsets on random multilingual texts', async () => {
     const rust = rustTokenizers.Tokenizer.fromFile(join(dir, 'tokenizer.json'));
@@ -155,16 +175,9 @@ describe('tiny-xlmr, tiny-distilbert, tiny-qwen3 and tiny-modernbert served', ()
    */
   async function reference(text: string, family: 'xlmr' | 'distilbert' = 'xlmr'): Promise<Float32Array> {
     const ids = (family === 'xlmr' ? tok : distilTok).encode(text, { maxLength: 512, truncate: false }).ids;
-    const n = ids.length;
-    const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
-    const out = await (family === 'xlmr' ? plain : plainDistil).run({ input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1) });
-    const states = out.last_hidden_state!.data as Float32Array;
-    const pooled = new Float32Array(HIDDEN);
-    if (family === 'distilbert') pooled.set(states.subarray(0, HIDDEN));
-    else for (let t = 0; t < n; t++) for (let h = 0; h < HIDDEN; h++) pooled[h]! += states[t * HIDDEN + h]! / n;
-    const norm = Math.hypot(...pooled);
-    return pooled.map((v) => v / norm);
+    return referenceRow(family === 'xlmr' ? plain : plainDistil, ids, family === 'xlmr' ? 'mean' : 'cls');
   }
+
 
   beforeAll(async () => {
     plain = await ort.InferenceSession.create(readFileSync(join(dir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
@@ -194,13 +207,7 @@ describe('tiny-xlmr, tiny-distilbert, tiny-qwen3 and tiny-modernbert served', ()
       const ids = modernTok.encode(t, { maxLength: 2048, truncate: false }).ids;
       if (i < long.length) expect(ids.length).toBeGreaterThan(512);
       expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
-      const n = ids.length;
-      const i64 = (f: (k: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, k) => BigInt(f(k))), [1, n]);
-      const states = (await plainModern.run({ input_ids: i64((k) => ids[k]!), attention_mask: i64(() => 1) })).last_hidden_state!.data as Float32Array;
-      const mean = new Float32Array(HIDDEN);
-      for (let tk = 0; tk < n; tk++) for (let h = 0; h < HIDDEN; h++) mean[h]! += states[tk * HIDDEN + h]! / n;
-      const norm = Math.hypot(...mean);
-      expect(maxAbsDiff(answers[i]!.body[0], mean.map((v) => v / norm)), `text ${i} (${n} tokens)`).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(answers[i]!.body[0], await referenceRow(plainModern, ids, 'mean')), `text ${i} (${ids.length} tokens)`).toBeLessThan(TOLERANCE);
     }
     const info = (await (await fetch(`http://127.0.0.1:${server.port}/info`)).json()) as { models: { name: string; maxLength: number; batching: { buckets: number[] } }[] };
     const m = info.models.find((x) => x.name === 'tiny-modernbert')!;
@@ -210,25 +217,24 @@ describe('tiny-xlmr, tiny-distilbert, tiny-qwen3 and tiny-modernbert served', ()
 
   /** The decoder alone on one input: position_ids 0..n-1, the last token's state (<|endoftext|>), normalised here. */
   async function qwenReference(text: string): Promise<Float32Array> {
-    const ids = qwenTok.encode(text, { maxLength: 1024, truncate: false }).ids;
-    const n = ids.length;
-    const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
-    const out = await plainQwen.run({ input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1), position_ids: i64((i) => i) });
-    const last = (out.last_hidden_state!.data as Float32Array).slice((n - 1) * HIDDEN, n * HIDDEN);
-    const norm = Math.hypot(...last);
-    return last.map((v) => v / norm);
+    return referenceRow(plainQwen, qwenTok.encode(text, { maxLength: 1024, truncate: false }).ids, 'last', ['position_ids']);
+  }
+
+  /** `texts` sent to `model` all at once (batched, padded): each answer within TOLERANCE of `ref`'s row for it. */
+  async function expectServedAsReference(model: string, texts: string[], ref: (text: string) => Promise<Float32Array>): Promise<void> {
+    const answers = await Promise.all(texts.map((t) => post('/embed', { model, inputs: t })));
+    let worst = 0;
+    for (const [i, t] of texts.entries()) {
+      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
+      worst = Math.max(worst, maxAbsDiff(answers[i]!.body[0], await ref(t)));
+    }
+    expect(worst, model).toBeLessThan(TOLERANCE);
   }
 
   it('tiny-qwen3: last-token pooling on right-padded batches, position_ids fed, the instruction prompt: rows equal the reference', async () => {
     const rand = makeRandom('qwen served');
     const texts = Array.from({ length: 24 }, () => multilingualText(rand));
-    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'tiny-qwen3', inputs: t })));
-    let worst = 0;
-    for (const [i, t] of texts.entries()) {
-      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
-      worst = Math.max(worst, maxAbsDiff(answers[i]!.body[0], await qwenReference(t)));
-    }
-    expect(worst).toBeLessThan(TOLERANCE);
+    await expectServedAsReference('tiny-qwen3', texts, qwenReference);
     // Sharp: causal attention makes the last token's state depend on every earlier one.
     expect(maxAbsDiff(await qwenReference('where is my parcel'), await qwenReference('where is my order'))).toBeGreaterThan(1e-3);
     const instruct = 'Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:';
@@ -241,13 +247,7 @@ describe('tiny-xlmr, tiny-distilbert, tiny-qwen3 and tiny-modernbert served', ()
   it('tiny-distilbert: its config.json (dim, n_layers) read, no token_type_ids fed, CLS-pooled rows equal the reference, batched', async () => {
     const rand = makeRandom('distilbert served');
     const texts = Array.from({ length: 24 }, () => multilingualText(rand));
-    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'tiny-distilbert', inputs: t })));
-    let worst = 0;
-    for (const [i, t] of texts.entries()) {
-      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
-      worst = Math.max(worst, maxAbsDiff(answers[i]!.body[0], await reference(t, 'distilbert')));
-    }
-    expect(worst).toBeLessThan(TOLERANCE);
+    await expectServedAsReference('tiny-distilbert', texts, (t) => reference(t, 'distilbert'));
     const info = (await (await fetch(`http://127.0.0.1:${server.port}/info`)).json()) as { models: Record<string, unknown>[] };
     expect(info.models.find((m) => m.name === 'tiny-distilbert')).toMatchObject({ dimension: HIDDEN, pooling: 'cls', maxLength: 512, inputs: ['input_ids', 'attention_mask'] });
     const config = JSON.parse(readFileSync(join(distilDir, 'config.json'), 'utf8')) as Record<string, unknown>;
@@ -258,13 +258,7 @@ describe('tiny-xlmr, tiny-distilbert, tiny-qwen3 and tiny-modernbert served', ()
   it('batched rows equal the unbatched reference; the prompts are the folder\'s; /info says what it read', async () => {
     const rand = makeRandom('xlmr served');
     const texts = Array.from({ length: 32 }, () => multilingualText(rand));
-    const answers = await Promise.all(texts.map((t) => post('/embed', { model: 'tiny-xlmr', inputs: t })));
-    let worst = 0;
-    for (const [i, t] of texts.entries()) {
-      expect(answers[i]!.status, JSON.stringify(answers[i]!.body)).toBe(200);
-      worst = Math.max(worst, maxAbsDiff(answers[i]!.body[0], await reference(t)));
-    }
-    expect(worst).toBeLessThan(TOLERANCE);
+    await expectServedAsReference('tiny-xlmr', texts, (t) => reference(t));
     const query = await post('/embed', { model: 'tiny-xlmr', inputs: texts[0], prompt_name: 'query' });
     expect(maxAbsDiff(query.body[0], await reference(`query: ${texts[0]}`))).toBeLessThan(TOLERANCE);
     const info = (await (await fetch(`http://127.0.0.1:${server.port}/info`)).json()) as { models: Record<string, unknown>[] };
@@ -296,15 +290,10 @@ describe('the int8 variant (generate --int8: model_int8.onnx, dynamically quanti
       const cosine = (a: Float32Array, b: Float32Array) => a.reduce((s, v, i) => s + v * b[i]!, 0) / Math.hypot(...a) / Math.hypot(...b);
       let worst = 1;
       for (const [i, t] of texts.entries()) {
-        const ids = bert.encode(t, { maxLength: 512, truncate: false }).ids;
-        const n = ids.length;
-        const i64 = (f: (k: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, k) => BigInt(f(k))), [1, n]);
-        const states = (await plainF32.run({ input_ids: i64((k) => ids[k]!), attention_mask: i64(() => 1), token_type_ids: i64(() => 0) })).last_hidden_state!.data as Float32Array;
-        const mean = new Float32Array(HIDDEN);
-        for (let tk = 0; tk < n; tk++) for (let h = 0; h < HIDDEN; h++) mean[h]! += states[tk * HIDDEN + h]! / n;
-        worst = Math.min(worst, cosine(batched[i]![0]!, mean), cosine(alone[i]!, mean));
+        const f32 = await referenceRow(plainF32, bert.encode(t, { maxLength: 512, truncate: false }).ids, 'mean', ['token_type_ids']);
+        worst = Math.min(worst, cosine(batched[i]![0]!, f32), cosine(alone[i]!, f32));
         // Quantized, not the float graph itself: the rows differ.
-        expect(maxAbsDiff(alone[i]!, mean.map((v) => v / Math.hypot(...mean)))).toBeGreaterThan(1e-6);
+        expect(maxAbsDiff(alone[i]!, f32)).toBeGreaterThan(1e-6);
       }
       console.log(`int8 vs fp32: worst cosine ${worst.toFixed(5)} over ${texts.length} texts, batched and alone`);
       expect(worst).toBeGreaterThan(0.99);
@@ -332,15 +321,8 @@ describe('tiny-bge and tiny-minilm: BERT as sentence-transformers folders (the b
       for (const [m, model] of ['tiny-bge', 'tiny-minilm'].entries()) {
         const rows = await Promise.all(texts.map((t) => engine.embed(t, { model })));
         for (const [i, t] of texts.entries()) {
-          const ids = bertTok.encode(t, { maxLength: 512, truncate: false }).ids;
-          const n = ids.length;
-          const i64 = (f: (k: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, k) => BigInt(f(k))), [1, n]);
-          const states = (await sessions[m]!.run({ input_ids: i64((k) => ids[k]!), attention_mask: i64(() => 1), token_type_ids: i64(() => 0) })).last_hidden_state!.data as Float32Array;
-          const pooled = new Float32Array(HIDDEN);
-          if (m === 0) pooled.set(states.subarray(0, HIDDEN));
-          else for (let tk = 0; tk < n; tk++) for (let h = 0; h < HIDDEN; h++) pooled[h]! += states[tk * HIDDEN + h]! / n;
-          const norm = Math.hypot(...pooled);
-          expect(maxAbsDiff(rows[i]![0]!, pooled.map((v) => v / norm)), `${model} ${JSON.stringify(t)}`).toBeLessThan(TOLERANCE);
+          const ref = await referenceRow(sessions[m]!, bertTok.encode(t, { maxLength: 512, truncate: false }).ids, m === 0 ? 'cls' : 'mean', ['token_type_ids']);
+          expect(maxAbsDiff(rows[i]![0]!, ref), `${model} ${JSON.stringify(t)}`).toBeLessThan(TOLERANCE);
         }
       }
       const long = Array.from({ length: 300 }, () => 'parcel').join(' ');
