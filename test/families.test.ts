@@ -93,6 +93,13 @@ async function referenceRow(session: ort.InferenceSession, ids: Int32Array, pool
   return row.map((v) => v / norm);
 }
 
+/** TEI's /tokenize offsets of `text` (special tokens null), and the Rust library's in the same form. */
+const offsetsOf = (t: TextTokenizer, text: string) => t.tokenize!(text, true).map((s) => (s.start === null ? null : [s.start, s.stop]));
+const rustOffsets = (e: RustEncoding) => {
+  const special = e.getSpecialTokensMask();
+  return e.getOffsets().map((o, k) => (special[k] ? null : o));
+};
+
 describe('tiny-xlmr: the XLM-RoBERTa tokenizer layout', () => {
   it('gives the Rust library\'s ids, truncation and offsets on random multilingual texts', async () => {
     const rust = rustTokenizers.Tokenizer.fromFile(join(dir, 'tokenizer.json'));
@@ -102,10 +109,7 @@ describe('tiny-xlmr: the XLM-RoBERTa tokenizer layout', () => {
       const text = multilingualText(rand);
       const want = await rust.encode(text);
       expect(Array.from(tok.encode(text, { maxLength: 100_000, truncate: false }).ids), JSON.stringify(text)).toEqual(want.getIds());
-      const special = want.getSpecialTokensMask();
-      const offsets = want.getOffsets().map((o, k) => (special[k] ? null : o));
-      const spans = tok.tokenize!(text, true).map((t) => (t.start === null ? null : [t.start, t.stop]));
-      expect(spans, JSON.stringify(text)).toEqual(offsets);
+      expect(offsetsOf(tok, text), JSON.stringify(text)).toEqual(rustOffsets(want));
       const maxLength = 3 + Math.floor(rand() * 20);
       truncating.setTruncation(maxLength);
       expect(Array.from(tok.encode(text, { maxLength, truncate: true }).ids), `${JSON.stringify(text)} at ${maxLength}`).toEqual((await truncating.encode(text)).getIds());
@@ -121,7 +125,7 @@ describe('tiny-xlmr: the XLM-RoBERTa tokenizer layout', () => {
 });
 
 describe('tiny-qwen3: the byte-level BPE layout', () => {
-  it("gives the Rust library's ids and truncation on random multilingual texts, <|endoftext|> appended; no offsets (bytes are not characters)", async () => {
+  it("gives the Rust library's ids, truncation and offsets on random multilingual texts, <|endoftext|> appended", async () => {
     const rust = rustTokenizers.Tokenizer.fromFile(join(qwenDir, 'tokenizer.json'));
     const truncating = rustTokenizers.Tokenizer.fromFile(join(qwenDir, 'tokenizer.json'));
     const eos = (JSON.parse(readFileSync(join(qwenDir, 'config.json'), 'utf8')) as { eos_token_id: number }).eos_token_id;
@@ -129,18 +133,19 @@ describe('tiny-qwen3: the byte-level BPE layout', () => {
     for (let i = 0; i < 300; i++) {
       const text = multilingualText(rand);
       const ids = Array.from(qwenTok.encode(text, { maxLength: 100_000, truncate: false }).ids);
-      expect(ids, JSON.stringify(text)).toEqual((await rust.encode(text)).getIds());
+      const want = await rust.encode(text);
+      expect(ids, JSON.stringify(text)).toEqual(want.getIds());
       expect(ids[ids.length - 1]).toBe(eos);
+      expect(offsetsOf(qwenTok, text), JSON.stringify(text)).toEqual(rustOffsets(want));
       const maxLength = 2 + Math.floor(rand() * 30);
       truncating.setTruncation(maxLength);
       expect(Array.from(qwenTok.encode(text, { maxLength, truncate: true }).ids), `${JSON.stringify(text)} at ${maxLength}`).toEqual((await truncating.encode(text)).getIds());
     }
-    expect(qwenTok.tokenize!('hello world', false).every((t) => t.start === null && t.stop === null)).toBe(true);
   });
 });
 
 describe('tiny-modernbert: byte-level BPE with [CLS] [SEP]', () => {
-  it("gives the Rust library's ids and truncation on random multilingual texts", async () => {
+  it("gives the Rust library's ids, truncation and offsets on random multilingual texts", async () => {
     const rust = rustTokenizers.Tokenizer.fromFile(join(modernDir, 'tokenizer.json'));
     const truncating = rustTokenizers.Tokenizer.fromFile(join(modernDir, 'tokenizer.json'));
     const config = JSON.parse(readFileSync(join(modernDir, 'config.json'), 'utf8')) as { cls_token_id: number; sep_token_id: number };
@@ -148,7 +153,9 @@ describe('tiny-modernbert: byte-level BPE with [CLS] [SEP]', () => {
     for (let i = 0; i < 200; i++) {
       const text = multilingualText(rand);
       const ids = Array.from(modernTok.encode(text, { maxLength: 100_000, truncate: false }).ids);
-      expect(ids, JSON.stringify(text)).toEqual((await rust.encode(text)).getIds());
+      const want = await rust.encode(text);
+      expect(ids, JSON.stringify(text)).toEqual(want.getIds());
+      expect(offsetsOf(modernTok, text), JSON.stringify(text)).toEqual(rustOffsets(want));
       expect([ids[0], ids[ids.length - 1]]).toEqual([config.cls_token_id, config.sep_token_id]);
       const maxLength = 3 + Math.floor(rand() * 30);
       truncating.setTruncation(maxLength);

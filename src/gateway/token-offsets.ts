@@ -145,12 +145,15 @@ export class TokenAligner {
 
   /** Metaspace pre-tokenizers (SentencePiece layouts: XLM-RoBERTa's Unigram): the character that stands for a space. */
   readonly #metaspace: string | null;
+  /** ByteLevel pre-tokenizers (byte-level BPE): each piece's characters stand for bytes of the UTF-8 text. */
+  readonly #byteLevel: boolean;
 
-  private constructor(map: CharMap, prefix: string, unk: string, added: string[], metaspace: string | null) {
+  private constructor(map: CharMap, prefix: string, unk: string, added: string[], metaspace: string | null, byteLevel: boolean) {
     this.#map = map;
     this.#prefix = prefix;
     this.#unk = unk;
     this.#metaspace = metaspace;
+    this.#byteLevel = byteLevel;
     for (const a of added) this.#added.set(a, this.#normalize(a).chars);
   }
 
@@ -161,9 +164,10 @@ export class TokenAligner {
     const model = isObj(json.model) ? json.model : {};
     const prefix = typeof model.continuing_subword_prefix === 'string' ? model.continuing_subword_prefix : '##';
     const added = Array.isArray(json.added_tokens) ? json.added_tokens.filter(isObj).map((t) => String(t.content)) : [];
-    const metaspace = metaspaceOf(json.pre_tokenizer);
+    const byteLevel = usesByteLevel(json.pre_tokenizer);
+    const metaspace = byteLevel ? null : metaspaceOf(json.pre_tokenizer);
     if (metaspace === undefined) return null;
-    return new TokenAligner(map, prefix, unkTokenOf(model), added, metaspace);
+    return new TokenAligner(map, prefix, unkTokenOf(model), added, metaspace, byteLevel);
   }
 
   #normalize(text: string): Normalized {
@@ -191,6 +195,7 @@ export class TokenAligner {
 
   /** Where each token of `tokens` (the tokenizer's output for `text`, no special tokens) lies in `text`. */
   align(text: string, tokens: readonly string[]): Span[] {
+    if (this.#byteLevel) return this.#alignBytes(text, tokens);
     if (this.#metaspace !== null) return this.#alignMetaspace(text, tokens, this.#metaspace);
     const norm = this.#normalize(text);
     const { chars } = norm;
@@ -260,6 +265,32 @@ export class TokenAligner {
   }
 
   /**
+   * A byte-level tokenizer's pieces: their characters are, in order, the
+   * bytes of the normalised text's UTF-8 (GPT-2's byte-to-character table), so
+   * each piece covers the characters its bytes belong to (a piece holding part
+   * of a character covers that whole character, as the Rust library says).
+   */
+  #alignBytes(text: string, tokens: readonly string[]): Span[] {
+    const norm = this.#normalize(text);
+    const owner: number[] = []; // the source character of each byte
+    norm.chars.forEach((c, k) => {
+      for (let b = Buffer.byteLength(c, 'utf8'); b > 0; b--) owner.push(norm.from[k]!);
+    });
+    const spans: Span[] = [];
+    let at = 0;
+    for (const token of tokens) {
+      const bytes = Array.from(token).length; // one character per byte
+      if (bytes === 0 || at + bytes > owner.length) {
+        spans.push(null);
+        continue;
+      }
+      spans.push([owner[at]!, owner[at + bytes - 1]! + 1]);
+      at += bytes;
+    }
+    return spans;
+  }
+
+  /**
    * A SentencePiece-layout tokenizer's pieces: a space is a piece's leading
    * `space` character, which covers the space it replaced (as the Rust
    * library's offsets do) or nothing where it was prepended to the text; every
@@ -312,13 +343,16 @@ export class TokenAligner {
   }
 }
 
-/**
- * A Metaspace pre-tokenizer's replacement character; null without one;
- * undefined for one we do not model (ByteLevel: its pieces are bytes, not characters).
- */
+/** Whether a pre-tokenizer (or one of a Sequence's) is ByteLevel. */
+function usesByteLevel(pre: unknown): boolean {
+  if (!isObj(pre)) return false;
+  if (pre.type === 'ByteLevel') return true;
+  return pre.type === 'Sequence' && Array.isArray(pre.pretokenizers) && pre.pretokenizers.some(usesByteLevel);
+}
+
+/** A Metaspace pre-tokenizer's replacement character; null without one; undefined for one we do not model. */
 function metaspaceOf(pre: unknown): string | null | undefined {
   if (pre === null || pre === undefined || !isObj(pre)) return null;
-  if (pre.type === 'ByteLevel') return undefined;
   if (pre.type === 'Metaspace') return typeof pre.replacement === 'string' ? pre.replacement : '\u2581';
   if (pre.type === 'Sequence' && Array.isArray(pre.pretokenizers)) {
     const found = pre.pretokenizers.map(metaspaceOf);
