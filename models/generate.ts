@@ -13,6 +13,8 @@
  *               the "_slabserve" marker); without it such folders are refused
  *   --int8      also write model_int8.onnx, the dynamically quantized graph
  *               (src/modelgen/quantize.ts; served with --dtype int8)
+ *   --fp16      also write model_fp16.onnx: float16 weights and outputs
+ *               (served with --dtype fp16, and by auto on CUDA)
  *   --list      print the presets and exit
  *
  * Exit status: 0 on success, 1 if a model could not be written, 2 on bad usage.
@@ -30,7 +32,7 @@ import {
   writePreset,
 } from '../src/modelgen/presets.js';
 
-const USAGE = `usage: node dist/models/generate.js [--missing] [--force] [--int8] [--out DIR] [--list] [name ... | all]
+const USAGE = `usage: node dist/models/generate.js [--missing] [--force] [--int8] [--fp16] [--out DIR] [--list] [name ... | all]
 presets: ${presetNames().join(', ')} (default: ${DEFAULT_PRESETS.join(', ')})`;
 
 /** The repository's models/ folder: walk up from this file to package.json (works from src and dist). */
@@ -54,6 +56,7 @@ function main(argv: string[]): number {
         missing: { type: 'boolean', default: false },
         force: { type: 'boolean', default: false },
         int8: { type: 'boolean', default: false },
+        fp16: { type: 'boolean', default: false },
         out: { type: 'string' },
         list: { type: 'boolean', default: false },
         help: { type: 'boolean', short: 'h', default: false },
@@ -100,7 +103,7 @@ function main(argv: string[]): number {
       continue;
     }
     try {
-      const { modelBytes } = writePreset(name, outDir, { int8: values.int8 });
+      const { modelBytes } = writePreset(name, outDir, { int8: values.int8, fp16: values.fp16 });
       const s = PRESETS[name]!.spec;
       const mb = (modelBytes / 1e6).toFixed(1);
       console.log(

@@ -20,6 +20,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer
 import { createEngine } from '../dist/src/engine.js';
 import { startServer, type Server } from '../dist/src/main.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';
+import { toHalfBits } from '../dist/src/modelgen/quantize.js';
 import { makeRandom, maxAbsDiff, testServerConfig } from './helpers.js';
 
 const TOLERANCE = 1e-5;
@@ -338,6 +339,57 @@ describe('tiny-bge and tiny-minilm: BERT as sentence-transformers folders (the b
     } finally {
       await engine.close();
       await Promise.all(sessions.map((x) => x.release()));
+    }
+  });
+});
+
+describe('the fp16 variant (generate --fp16: model_fp16.onnx, float16 weights and outputs)', () => {
+  /** The value of IEEE half-precision bits. */
+  const fromHalf = (b: number) => {
+    const sign = b >> 15 ? -1 : 1;
+    const e = (b >> 10) & 31;
+    const f = b & 1023;
+    return e === 0 ? sign * f * 2 ** -24 : e === 31 ? (f ? NaN : sign * Infinity) : sign * (1 + f / 1024) * 2 ** (e - 15);
+  };
+
+  it('rounds each float to the nearest half (ties to even), specials included', () => {
+    const rand = makeRandom('fp16 rounding');
+    for (let i = 0; i < 20_000; i++) {
+      const v = Math.fround((rand() - 0.5) * 2 ** Math.floor(rand() * 40 - 24));
+      const h = fromHalf(toHalfBits(v));
+      // No half lies strictly closer to v than the one chosen.
+      for (const n of [toHalfBits(v) - 1, toHalfBits(v) + 1]) if ((n & 0x7c00) !== 0x7c00 && n >= 0) expect(Math.abs(fromHalf(n) - v)).toBeGreaterThanOrEqual(Math.abs(h - v) - 1e-30);
+    }
+    expect([0, 1, -2, 65504, 70000, -70000, Infinity, 2 ** -24, 2 ** -26].map((v) => fromHalf(toHalfBits(v)))).toEqual([0, 1, -2, 65504, Infinity, -Infinity, Infinity, 2 ** -24, 0]);
+    expect(Number.isNaN(fromHalf(toHalfBits(NaN)))).toBe(true);
+    expect(fromHalf(toHalfBits(1 + 2 ** -11))).toBe(1); // a tie goes to the even neighbour
+  });
+
+  it('is served with --dtype fp16: float32 rows within 2e-3 of the fp32 graph, and classifiers too', async () => {
+    const out = join(root, 'fp16');
+    const embedDir = writePreset('tiny-embed', out, { fp16: true }).dir;
+    const intentDir = writePreset('tiny-intent', out, { fp16: true }).dir;
+    const plainF32 = await ort.InferenceSession.create(readFileSync(join(embedDir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    const bert = await loadTokenizer(join(embedDir, 'tokenizer.json'));
+    const engine = await createEngine({ device: 'cpu', models: [embedDir, intentDir], dtype: 'fp16', log: () => {} });
+    try {
+      expect(engine.info().map((m) => m.dtype)).toEqual(['fp16', 'fp16']);
+      const rand = makeRandom('fp16 served');
+      const texts = Array.from({ length: 16 }, () => multilingualText(rand));
+      const rows = await Promise.all(texts.map((t) => engine.embed(t)));
+      let worst = 0;
+      for (const [i, t] of texts.entries()) {
+        const f32 = await referenceRow(plainF32, bert.encode(t, { maxLength: 512, truncate: false }).ids, 'mean', ['token_type_ids']);
+        expect(rows[i]![0]).toBeInstanceOf(Float32Array);
+        worst = Math.max(worst, maxAbsDiff(rows[i]![0]!, f32));
+      }
+      console.log(`fp16 vs fp32: worst component difference ${worst.toExponential(2)} over ${texts.length} texts`);
+      expect(worst).toBeLessThan(2e-3);
+      expect(worst).toBeGreaterThan(0); // the fp16 graph really ran
+      for (const c of await engine.classify(texts.slice(0, 4))) expect(c.probabilities.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 5);
+    } finally {
+      await engine.close();
+      await plainF32.release();
     }
   });
 });

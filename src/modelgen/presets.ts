@@ -16,7 +16,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildBertModel, type BertSpec } from './bert-graph.js';
-import { quantizeDynamicInt8 } from './quantize.js';
+import { quantizeDynamicInt8, toFloat16Variant } from './quantize.js';
 import { buildBertTokenizerJson, buildByteBpeTokenizerJson, buildModernBertTokenizerJson, buildUnigramTokenizerJson, MODERNBERT_SPECIALS, QWEN_SPECIALS, XLMR_SPECIALS } from './tokenizer-json.js';
 
 /** The 8 intents of the tiny-intent classifier, by class id. */
@@ -496,12 +496,13 @@ export interface WriteResult {
  * interrupted at any point leaves a folder that {@link isModelFolderComplete}
  * rejects (and `--missing` regenerates), never a mix that looks complete.
  */
-export function writePreset(name: string, outDir: string, opts: { int8?: boolean } = {}): WriteResult {
+export function writePreset(name: string, outDir: string, opts: { int8?: boolean; fp16?: boolean } = {}): WriteResult {
   const dir = join(outDir, name);
   mkdirSync(dir, { recursive: true });
   const files = buildPresetFiles(name);
   // The quantized graph beside the float one (transformers.js's name for it): --dtype int8 serves it.
   if (opts.int8) files['model_int8.onnx'] = quantizeDynamicInt8(files['model.onnx']);
+  if (opts.fp16) files['model_fp16.onnx'] = toFloat16Variant(files['model.onnx']);
   const modelPath = join(dir, 'model.onnx');
   if (existsSync(modelPath)) unlinkSync(modelPath);
   for (const [file, data] of Object.entries(files)) {

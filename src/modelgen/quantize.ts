@@ -62,3 +62,62 @@ export function quantizeDynamicInt8(modelBytes: Uint8Array): Uint8Array {
   g.initializer = g.initializer!.filter((t) => !drop.has(t.name!) || stillRead.has(t.name!));
   return encodeModel(model);
 }
+
+const FLOAT16 = onnx.TensorProto.DataType.FLOAT16;
+
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+
+/** The IEEE half-precision bits nearest to `value` (round to nearest even; overflow to infinity). */
+export function toHalfBits(value: number): number {
+  f32[0] = value;
+  const x = u32[0]!;
+  const sign = (x >>> 16) & 0x8000;
+  const exp = (x >>> 23) & 0xff;
+  let mant = x & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0); // infinity, NaN
+  let e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign; // below the smallest subnormal
+    mant |= 0x800000;
+    const shift = 14 - e;
+    const half = mant >>> shift;
+    const rest = mant & ((1 << shift) - 1);
+    const mid = 1 << (shift - 1);
+    return sign | (half + (rest > mid || (rest === mid && (half & 1)) ? 1 : 0));
+  }
+  const half = (e << 10) | (mant >>> 13);
+  const rest = mant & 0x1fff;
+  return sign | (half + (rest > 0x1000 || (rest === 0x1000 && (half & 1)) ? 1 : 0));
+}
+
+/**
+ * The fp16 variant (model_fp16.onnx) of a float32 model: every weight stored
+ * as float16 (half the file) and cast back to float32 inside the graph, and
+ * the outputs given as float16, as an fp16 export's are. onnxruntime folds
+ * the weight casts at load, so on a CPU it computes in float32 on
+ * float16-rounded weights; what it exercises is the file, its outputs'
+ * type and the server's handling of both.
+ */
+export function toFloat16Variant(modelBytes: Uint8Array): Uint8Array {
+  const model = decodeModel(modelBytes);
+  const g = model.graph!;
+  const casts: onnx.INodeProto[] = [];
+  g.initializer = (g.initializer ?? []).map((t) => {
+    const values = floats(t);
+    if (!values || values.length < 2) return t; // scalars (epsilons, constants) stay float32
+    const half = Uint16Array.from(values, toHalfBits);
+    casts.push({ name: `${t.name}_to_float`, opType: 'Cast', input: [`${t.name}_fp16`], output: [t.name!], attribute: [{ name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: FLOAT }] });
+    return { name: `${t.name}_fp16`, dataType: FLOAT16, dims: t.dims, rawData: new Uint8Array(half.buffer) };
+  });
+  const outputs: onnx.INodeProto[] = [];
+  for (const o of g.output ?? []) {
+    const name = o.name!;
+    for (const n of g.node ?? []) n.output = n.output!.map((x) => (x === name ? `${name}_float` : x));
+    outputs.push({ name: `${name}_to_fp16`, opType: 'Cast', input: [`${name}_float`], output: [name], attribute: [{ name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: FLOAT16 }] });
+    o.type!.tensorType!.elemType = FLOAT16;
+  }
+  g.node = [...casts, ...(g.node ?? []), ...outputs];
+  return encodeModel(model);
+}
