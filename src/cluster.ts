@@ -31,7 +31,7 @@ import cluster, { type Worker as ClusterWorker } from 'node:cluster';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client';
 import { parseDevice } from './gpu-worker/device.js';
-import { defaultGatewayThreads, pickFreePort, type Server, type ServerConfig } from './main.js';
+import { defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './main.js';
 import { ValidationError } from './shared/errors.js';
 import { RpcPeer } from './shared/rpc.js';
 
@@ -147,7 +147,7 @@ function sendToPrimary(m: { slabserve: string; [k: string]: unknown }): void {
 
 export interface ClusterWorkerHooks {
   /** Config fields that override the flags in this process (port, device, threads, log, scrape). */
-  overrides: Pick<ServerConfig, 'port' | 'device' | 'gatewayThreads' | 'intraOpThreads' | 'log' | 'scrape'>;
+  overrides: Pick<ServerConfig, 'port' | 'sharedPort' | 'device' | 'gatewayThreads' | 'intraOpThreads' | 'log' | 'scrape'>;
   /** Call once startServer() has returned: reports to the primary, drains when it asks. */
   started(server: Server): void;
 }
@@ -204,7 +204,7 @@ export function clusterWorker(log: (line: string) => void): ClusterWorkerHooks {
     return rpc.call<string>('scrape', undefined, SCRAPE_TIMEOUT_MS + 2_000);
   };
   return {
-    overrides: { port: plan.port, device: plan.device, gatewayThreads: plan.gatewayThreads, intraOpThreads: plan.intraOpThreads, log: prefixed, scrape },
+    overrides: { port: plan.port, sharedPort: true, device: plan.device, gatewayThreads: plan.gatewayThreads, intraOpThreads: plan.intraOpThreads, log: prefixed, scrape },
     started(s: Server) {
       server = s;
       sendToPrimary({ slabserve: 'listening', port: s.port });
@@ -259,6 +259,7 @@ export async function runClusterPrimary(config: ServerConfig, opts: ClusterOptio
   const plans = planProcesses(config, opts);
   // uSockets sets SO_REUSEPORT only on a fixed port: with --port 0, pick one for all.
   const port = config.port === 0 ? await pickFreePort(config.host) : config.port;
+  if (config.port !== 0) await ensurePortFree(config.host, port);
   const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
   const url = `http://${shownHost}:${port}`;
   const slots: Slot[] = plans.map((p) => ({

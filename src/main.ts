@@ -31,7 +31,7 @@ import type { InferenceFault } from './gpu-worker/worker.js';
 import { freeStuckFilling, InferenceSupervisor, loadModels, reclaimOwner, type ModelPlan } from './inference-host.js';
 import { nowMs } from './shared/clock.js';
 import { ControlBlock, WorkerState } from './shared/control.js';
-import { ValidationError } from './shared/errors.js';
+import { SlabserveError, ValidationError } from './shared/errors.js';
 import { processMetrics, supervisionMetrics } from './shared/metrics.js';
 import { RpcPeer } from './shared/rpc.js';
 import type { Dtype, Pooling } from './shared/model-config.js';
@@ -43,6 +43,8 @@ export interface ServerConfig {
   host: string;
   /** 0 picks a free port. */
   port: number;
+  /** The port is shared on purpose (a cluster's process): no check that nothing else listens on it. */
+  sharedPort?: boolean;
   modelsDir?: string;
   /** Names under modelsDir, or folder paths. */
   models?: string[];
@@ -194,6 +196,27 @@ parentPort.on('message', (m) => {
   if (m && m.slabserveTestFault === 'throw') setImmediate(() => { throw new Error('slabserve test hook: gateway thread fault'); });
 });
 import(${JSON.stringify(url.href)});`;
+}
+
+/**
+ * Refuses a fixed port something already listens on. uSockets binds a fixed
+ * port with SO_REUSEPORT (so a process's gateways, and a cluster's processes,
+ * share it), which also lets a second slabserve bind a port the first holds
+ * and take half its traffic without a word; a plain socket has no
+ * SO_REUSEPORT, so this probe fails wherever anything listens there.
+ */
+export function ensurePortFree(host: string, port: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const probe = createNetServer();
+    probe.once('error', (err: NodeJS.ErrnoException) =>
+      reject(
+        err.code === 'EADDRINUSE'
+          ? new SlabserveError(`port ${port} on ${host} is in use (another slabserve, or another program)`, 'SLABSERVE_PORT_IN_USE', 'unavailable')
+          : err,
+      ),
+    );
+    probe.listen({ port, host, exclusive: true }, () => probe.close(() => resolve()));
+  });
 }
 
 /** A port free right now on `host` (the kernel picks it). */
@@ -404,6 +427,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     // uSockets sets SO_REUSEPORT only for a fixed port, so with --port 0 pick a free port first:
     // the first gateway binds it, the others join, and a gateway restarted after a crash rejoins it.
     const wanted = config.port === 0 ? await pickFreePort(config.host) : config.port;
+    if (config.port !== 0 && !config.sharedPort) await ensurePortFree(config.host, config.port);
     const first = await startGateway(0, wanted);
     port = first.port;
     for (let g = 1; g < config.gatewayThreads; g++) await startGateway(g, port);

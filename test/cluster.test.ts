@@ -11,6 +11,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import net from 'node:net';
 import { join } from 'node:path';
+import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
@@ -364,19 +365,26 @@ describe('cluster start-up failures', () => {
     for (const o of [mismatch, bad, both]) expect(o.stderr).not.toMatch(/started, pid/);
   });
 
-  it('a process whose first start fails (port taken) stops the cluster: exit 1, no process left', async () => {
-    const taken = net.createServer(); // no SO_REUSEPORT: the workers cannot join it
+  it('a taken port stops the cluster before any process starts: exit 1, the port named', async () => {
+    const taken = net.createServer();
     await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
     const busy = (taken.address() as net.AddressInfo).port;
     try {
       const o = await run(['--processes', '2', '--host', '127.0.0.1', '--port', String(busy), '--model', 'tiny-embed', '--max-batch-size', '4']);
       expect(o.code, o.stderr.slice(-2000)).toBe(1);
-      expect(o.stderr).toMatch(/cluster: process \d \(cpu\) failed to start \(exit code 1\); stopping the cluster/);
-      const pids = [...o.stderr.matchAll(/started, pid (\d+)/g)].map((m) => Number(m[1]));
-      expect(pids.length).toBe(2);
-      expect(pids.filter(alive)).toEqual([]);
+      expect(o.stderr).toMatch(new RegExp(`port ${busy} on 127\\.0\\.0\\.1 is in use`));
+      expect(o.stderr).not.toMatch(/started, pid/);
     } finally {
       taken.close();
     }
+  });
+
+  it('a process whose first start fails (a bad model folder) stops the cluster: exit 1, no process left', async () => {
+    const o = await run(['--processes', '2', '--host', '127.0.0.1', '--port', '0', '--model', join(tmpdir(), 'slabserve-no-such-model'), '--max-batch-size', '4']);
+    expect(o.code, o.stderr.slice(-2000)).toBe(1);
+    expect(o.stderr).toMatch(/cluster: process \d \(cpu\) failed to start \(exit code 1\); stopping the cluster/);
+    const pids = [...o.stderr.matchAll(/started, pid (\d+)/g)].map((m) => Number(m[1]));
+    expect(pids.length).toBeGreaterThan(0);
+    expect(pids.filter(alive)).toEqual([]);
   });
 });
