@@ -419,6 +419,38 @@ describe("prompts (config_sentence_transformers.json's, or the request's own)", 
   });
 });
 
+describe("sentence_bert_config.json's do_lower_case", () => {
+  it('lowercases the texts before a tokenizer that does not, as sentence-transformers does', async () => {
+    const tokenizer = JSON.parse(readFileSync(join(modelsDir, 'tiny-embed', 'tokenizer.json'), 'utf8')) as { normalizer: Record<string, unknown> };
+    const casedTokenizer = { ...tokenizer, normalizer: { ...tokenizer.normalizer, lowercase: false, strip_accents: false } };
+    const files = (lower: boolean) => ({ 'sentence_bert_config.json': { do_lower_case: lower }, 'tokenizer.json': casedTokenizer });
+    const lowered = stFolder('cased-lowered', { pooling: 'mean', files: files(true) });
+    const asIs = stFolder('cased-as-is', { pooling: 'mean', files: files(false) });
+    expect(loadModelSpec(lowered).lowercase).toBe(true);
+    expect(loadModelSpec(asIs).lowercase).toBe(false);
+    // With a tokenizer that lowercases itself (the generated one) there is nothing to do.
+    expect(loadModelSpec(stFolder('uncased', { pooling: 'mean', files: { 'sentence_bert_config.json': { do_lower_case: true } } })).lowercase).toBe(false);
+
+    const casedTok = await loadTokenizer(join(asIs, 'tokenizer.json'));
+    const engine = await createEngine({ device: 'cpu', models: [lowered, asIs], log: () => {} });
+    try {
+      const rand = makeRandom('st do_lower_case');
+      const words = vocabularyWords(loadModelSpec(lowered));
+      const texts = randomTexts(rand, words, 8, 20).map((t) => t.replace(/\b\w/g, (c) => c.toUpperCase())); // Title Case
+      for (const t of texts) {
+        const ref = async (text: string) => pooled(await tokenStates(casedTok.encode(text, { maxLength: 512, truncate: false }).ids), 'mean', true);
+        const [low] = await engine.embed(t, { model: 'cased-lowered' });
+        const [kept] = await engine.embed(t, { model: 'cased-as-is' });
+        expect(maxAbsDiff(low!, await ref(t.toLowerCase()))).toBeLessThan(TOLERANCE);
+        expect(maxAbsDiff(kept!, await ref(t))).toBeLessThan(TOLERANCE);
+        expect(maxAbsDiff(low!, kept!)).toBeGreaterThan(1e-3); // the case reaches this tokenizer
+      }
+    } finally {
+      await engine.close();
+    }
+  });
+});
+
 describe('reading a folder: precedence, limits, and what is refused', () => {
   const spec = (dir: string, overrides = {}) => loadModelSpec(dir, undefined, overrides);
 
@@ -453,14 +485,6 @@ describe('reading a folder: precedence, limits, and what is refused', () => {
     const none = stFolder('none', { pooling: 'mean' });
     writeFileSync(join(none, '1_Pooling', 'config.json'), JSON.stringify({ word_embedding_dimension: HIDDEN, pooling_mode_mean_tokens: false }));
     expect(() => spec(none)).toThrow(/no pooling mode is on/);
-    const tokenizer = JSON.parse(readFileSync(join(modelsDir, 'tiny-embed', 'tokenizer.json'), 'utf8')) as { normalizer: Record<string, unknown> };
-    const cased = stFolder('cased', {
-      pooling: 'mean',
-      files: { 'sentence_bert_config.json': { do_lower_case: true }, 'tokenizer.json': { ...tokenizer, normalizer: { ...tokenizer.normalizer, lowercase: false } } },
-    });
-    expect(() => spec(cased)).toThrow(/do_lower_case is true but tokenizer\.json does not lowercase/);
-    // The same flag with a lowercasing tokenizer (the generated one) changes nothing, and is served.
-    expect(spec(stFolder('uncased', { pooling: 'mean', files: { 'sentence_bert_config.json': { do_lower_case: true } } })).pooling).toBe('mean');
   });
 
   it('a --model folder that is missing, or has no config.json, is reported before anything starts', async () => {

@@ -334,6 +334,8 @@ export class InferenceClient {
       chars += t.length;
     }
     const opts = { maxLength: model.plan.maxLength, truncate: cut.truncate, direction: cut.direction };
+    // sentence_bert_config.json's do_lower_case: what sentence-transformers does before its tokenizer.
+    if (model.plan.spec.lowercase) texts = texts.map((t) => t.toLowerCase());
     if (texts.length === 1 && chars <= this.inlineTokenizeChars) return [model.tokenizer.encode(texts[0]!, opts)];
     if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts as string[], opts, cancel);
     return model.tokenizer.encodeBatch(texts as string[], opts);
@@ -446,9 +448,10 @@ export class InferenceClient {
     if (!tok.encodePair) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot encode pairs`);
     const opts = { maxLength: model.plan.maxLength, truncate };
     const out: Encoding[] = new Array(texts.length);
+    const cased = (s: string) => (model.plan.spec.lowercase ? s.toLowerCase() : s);
     let slice = performance.now();
     for (let i = 0; i < texts.length; i++) {
-      out[i] = tok.encodePair(queries.length === 1 ? queries[0]! : queries[i]!, texts[i]!, opts);
+      out[i] = tok.encodePair(cased(queries.length === 1 ? queries[0]! : queries[i]!), cased(texts[i]!), opts);
       if (performance.now() - slice > YIELD_EVERY_MS && i + 1 < texts.length) {
         await new Promise<void>((resolve) => setImmediate(resolve));
         slice = performance.now();

@@ -6,7 +6,7 @@
  *   modules.json                  the module chain: Transformer, Pooling, Normalize (Dense and
  *                                 others change the vectors and are refused)
  *   <pooling>/config.json         the pooling mode (1_Pooling/config.json in every export seen)
- *   sentence_bert_config.json     max_seq_length, do_lower_case
+ *   sentence_bert_config.json     max_seq_length, do_lower_case (texts lowercased before the tokenizer)
  *   config.json                   model_type, max_position_embeddings, pad_token_id
  *   tokenizer_config.json         model_max_length
  *   config_sentence_transformers.json   prompts, default_prompt_name
@@ -44,6 +44,8 @@ export interface FolderSettings {
   defaultPromptName?: Sourced<string>;
   /** The Pooling module's include_prompt: false means the prompt's tokens are left out of the pooling. */
   includePrompt: boolean;
+  /** sentence_bert_config.json's do_lower_case, where the tokenizer does not lowercase by itself: texts are lowercased first. */
+  lowercase: boolean;
 }
 
 /** config.json's fields this module reads. */
@@ -85,7 +87,7 @@ export function readFolderSettings(dir: string, config: HfConfigFields, tokenize
   if (modules !== undefined && !Array.isArray(modules)) throw new Error(`${join(dir, 'modules.json')}: expected a list of modules`);
   checkModules(dir, modules ?? []);
   const poolingDir = modules?.find((m) => moduleKind(m) === 'Pooling')?.path ?? '1_Pooling';
-  const settings: FolderSettings = { positions: modelPositions(config), prompts: {}, includePrompt: true };
+  const settings: FolderSettings = { positions: modelPositions(config), prompts: {}, includePrompt: true, lowercase: false };
 
   const poolingFile = `${poolingDir}/config.json`;
   const poolingConfig = readOptional<Record<string, unknown>>(dir, poolingFile);
@@ -102,12 +104,9 @@ export function readFolderSettings(dir: string, config: HfConfigFields, tokenize
     if (!Number.isInteger(n) || (n as number) < 1) throw new Error(`${join(dir, 'sentence_bert_config.json')}: max_seq_length must be a positive integer, got ${String(n)}`);
     settings.maxSeqLength = { value: n as number, source: 'sentence_bert_config.json' };
   }
-  if (sbert?.do_lower_case === true && !tokenizerLowercases) {
-    throw new Error(
-      `${join(dir, 'sentence_bert_config.json')}: do_lower_case is true but tokenizer.json does not lowercase; ` +
-        'lowercasing before the tokenizer is not supported: add a Lowercase normalizer to tokenizer.json',
-    );
-  }
+  // sentence-transformers lowercases the texts itself before its tokenizer; where the tokenizer
+  // lowercases anyway, that changes nothing.
+  settings.lowercase = sbert?.do_lower_case === true && !tokenizerLowercases;
 
   const tokenizerConfig = readOptional<{ model_max_length?: unknown }>(dir, 'tokenizer_config.json');
   const limit = tokenizerConfig?.model_max_length;

@@ -97,6 +97,8 @@ export interface ModelSpec {
   defaultPrompt?: { name?: string; text: string };
   /** false: the prompt's tokens are left out of the pooling (1_Pooling/config.json include_prompt). */
   includePrompt: boolean;
+  /** Texts (a prompt with them) are lowercased before the tokenizer (sentence_bert_config.json do_lower_case). */
+  lowercase: boolean;
   /** Which flag, file or default decided task, pooling, normalize and maxLength. */
   sources: SettingSources;
   /** What start-up should warn about (a setting left to its default where a folder usually says). */
@@ -206,6 +208,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     prompts: task === 'embed' ? folder.prompts : {},
     ...(defaultPrompt ? { defaultPrompt: defaultPrompt.value } : {}),
     includePrompt: folder.includePrompt,
+    lowercase: folder.lowercase,
     sources: {
       task: serve.task ? 'serve.json' : 'config.json',
       dtype: dtypeSource,
