@@ -82,7 +82,7 @@ function readOptional<T>(dir: string, file: string): T | undefined {
 }
 
 /** Reads what the folder says; throws, naming the file, on what it says that cannot be served as it asks. */
-export function readFolderSettings(dir: string, config: HfConfigFields, tokenizerLowercases: boolean): FolderSettings {
+export function readFolderSettings(dir: string, config: HfConfigFields, tokenizerLowercases: () => boolean): FolderSettings {
   const modules = readOptional<StModule[]>(dir, 'modules.json');
   if (modules !== undefined && !Array.isArray(modules)) throw new Error(`${join(dir, 'modules.json')}: expected a list of modules`);
   checkModules(dir, modules ?? []);
@@ -106,7 +106,7 @@ export function readFolderSettings(dir: string, config: HfConfigFields, tokenize
   }
   // sentence-transformers lowercases the texts itself before its tokenizer; where the tokenizer
   // lowercases anyway, that changes nothing.
-  settings.lowercase = sbert?.do_lower_case === true && !tokenizerLowercases;
+  settings.lowercase = sbert?.do_lower_case === true && !tokenizerLowercases();
 
   const tokenizerConfig = readOptional<{ model_max_length?: unknown }>(dir, 'tokenizer_config.json');
   const limit = tokenizerConfig?.model_max_length;

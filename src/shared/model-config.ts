@@ -157,7 +157,8 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   const graphInputs = tokenInputs(name, onnxPath);
   const tokenizerPath = join(dir, 'tokenizer.json');
   if (!existsSync(tokenizerPath)) throw new Error(`model ${name}: no tokenizer.json in ${dir}`);
-  const folder = readFolderSettings(dir, config, tokenizerLowercases(readJsonFile(tokenizerPath)));
+  // tokenizer.json (often megabytes) is read only where do_lower_case asks what its normalizer does.
+  const folder = readFolderSettings(dir, config, () => tokenizerLowercases(readJsonFile(tokenizerPath)));
 
   const isClassifier = (config.architectures ?? []).some((a) => a.endsWith('ForSequenceClassification'));
   const labelCount = config.id2label ? Object.keys(config.id2label).length : (config.num_labels ?? 0);
