@@ -101,20 +101,38 @@ const rustOffsets = (e: RustEncoding) => {
   return e.getOffsets().map((o, k) => (special[k] ? null : o));
 };
 
+/**
+ * On `count` random multilingual texts: `mine`'s ids, /tokenize offsets and
+ * ids truncated to a random length in [minLength, minLength + spread) equal
+ * the Rust library's for the same tokenizer.json; `check` sees each text's ids.
+ */
+async function expectSameAsRust(
+  path: string,
+  mine: TextTokenizer,
+  label: string,
+  count: number,
+  lengths: { min: number; spread: number },
+  check: (ids: number[]) => void = () => {},
+): Promise<void> {
+  const rust = rustTokenizers.Tokenizer.fromFile(path);
+  const truncating = rustTokenizers.Tokenizer.fromFile(path);
+  const rand = makeRandom(label);
+  for (let i = 0; i < count; i++) {
+    const text = multilingualText(rand);
+    const ids = Array.from(mine.encode(text, { maxLength: 100_000, truncate: false }).ids);
+    const want = await rust.encode(text);
+    expect(ids, JSON.stringify(text)).toEqual(want.getIds());
+    check(ids);
+    expect(offsetsOf(mine, text), JSON.stringify(text)).toEqual(rustOffsets(want));
+    const maxLength = lengths.min + Math.floor(rand() * lengths.spread);
+    truncating.setTruncation(maxLength);
+    expect(Array.from(mine.encode(text, { maxLength, truncate: true }).ids), `${JSON.stringify(text)} at ${maxLength}`).toEqual((await truncating.encode(text)).getIds());
+  }
+}
+
 describe('tiny-xlmr: the XLM-RoBERTa tokenizer layout', () => {
   it('gives the Rust library\'s ids, truncation and offsets on random multilingual texts', async () => {
-    const rust = rustTokenizers.Tokenizer.fromFile(join(dir, 'tokenizer.json'));
-    const truncating = rustTokenizers.Tokenizer.fromFile(join(dir, 'tokenizer.json'));
-    const rand = makeRandom('xlmr tokenizer');
-    for (let i = 0; i < 300; i++) {
-      const text = multilingualText(rand);
-      const want = await rust.encode(text);
-      expect(Array.from(tok.encode(text, { maxLength: 100_000, truncate: false }).ids), JSON.stringify(text)).toEqual(want.getIds());
-      expect(offsetsOf(tok, text), JSON.stringify(text)).toEqual(rustOffsets(want));
-      const maxLength = 3 + Math.floor(rand() * 20);
-      truncating.setTruncation(maxLength);
-      expect(Array.from(tok.encode(text, { maxLength, truncate: true }).ids), `${JSON.stringify(text)} at ${maxLength}`).toEqual((await truncating.encode(text)).getIds());
-    }
+    await expectSameAsRust(join(dir, 'tokenizer.json'), tok, 'xlmr tokenizer', 300, { min: 3, spread: 20 });
   });
 
   it('uses <s> </s> and <pad> = 1, and numbers 514 positions as 512 tokens', () => {
@@ -127,41 +145,17 @@ describe('tiny-xlmr: the XLM-RoBERTa tokenizer layout', () => {
 
 describe('tiny-qwen3: the byte-level BPE layout', () => {
   it("gives the Rust library's ids, truncation and offsets on random multilingual texts, <|endoftext|> appended", async () => {
-    const rust = rustTokenizers.Tokenizer.fromFile(join(qwenDir, 'tokenizer.json'));
-    const truncating = rustTokenizers.Tokenizer.fromFile(join(qwenDir, 'tokenizer.json'));
     const eos = (JSON.parse(readFileSync(join(qwenDir, 'config.json'), 'utf8')) as { eos_token_id: number }).eos_token_id;
-    const rand = makeRandom('qwen tokenizer');
-    for (let i = 0; i < 300; i++) {
-      const text = multilingualText(rand);
-      const ids = Array.from(qwenTok.encode(text, { maxLength: 100_000, truncate: false }).ids);
-      const want = await rust.encode(text);
-      expect(ids, JSON.stringify(text)).toEqual(want.getIds());
-      expect(ids[ids.length - 1]).toBe(eos);
-      expect(offsetsOf(qwenTok, text), JSON.stringify(text)).toEqual(rustOffsets(want));
-      const maxLength = 2 + Math.floor(rand() * 30);
-      truncating.setTruncation(maxLength);
-      expect(Array.from(qwenTok.encode(text, { maxLength, truncate: true }).ids), `${JSON.stringify(text)} at ${maxLength}`).toEqual((await truncating.encode(text)).getIds());
-    }
+    await expectSameAsRust(join(qwenDir, 'tokenizer.json'), qwenTok, 'qwen tokenizer', 300, { min: 2, spread: 30 }, (ids) => expect(ids[ids.length - 1]).toBe(eos));
   });
 });
 
 describe('tiny-modernbert: byte-level BPE with [CLS] [SEP]', () => {
   it("gives the Rust library's ids, truncation and offsets on random multilingual texts", async () => {
-    const rust = rustTokenizers.Tokenizer.fromFile(join(modernDir, 'tokenizer.json'));
-    const truncating = rustTokenizers.Tokenizer.fromFile(join(modernDir, 'tokenizer.json'));
     const config = JSON.parse(readFileSync(join(modernDir, 'config.json'), 'utf8')) as { cls_token_id: number; sep_token_id: number };
-    const rand = makeRandom('modernbert tokenizer');
-    for (let i = 0; i < 200; i++) {
-      const text = multilingualText(rand);
-      const ids = Array.from(modernTok.encode(text, { maxLength: 100_000, truncate: false }).ids);
-      const want = await rust.encode(text);
-      expect(ids, JSON.stringify(text)).toEqual(want.getIds());
-      expect(offsetsOf(modernTok, text), JSON.stringify(text)).toEqual(rustOffsets(want));
-      expect([ids[0], ids[ids.length - 1]]).toEqual([config.cls_token_id, config.sep_token_id]);
-      const maxLength = 3 + Math.floor(rand() * 30);
-      truncating.setTruncation(maxLength);
-      expect(Array.from(modernTok.encode(text, { maxLength, truncate: true }).ids)).toEqual((await truncating.encode(text)).getIds());
-    }
+    await expectSameAsRust(join(modernDir, 'tokenizer.json'), modernTok, 'modernbert tokenizer', 200, { min: 3, spread: 30 }, (ids) =>
+      expect([ids[0], ids[ids.length - 1]]).toEqual([config.cls_token_id, config.sep_token_id]),
+    );
   });
 });
 
