@@ -11,7 +11,8 @@
  */
 import { classifications, embeddings, InferenceClient, rowOf, type CallInputs, type Classification, type ClientModel, type InferResult } from './gateway/inference-client.js';
 import { Cancellation } from './shared/cancel.js';
-import { loadTokenizer, type Encoding } from './gateway/tokenizer.js';
+import { prompted } from './gateway/prompts.js';
+import { loadModelTokenizer, type Encoding } from './gateway/tokenizer.js';
 import { cudaProviderInstalled, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
@@ -105,6 +106,10 @@ export interface RequestOptions {
 export interface EmbedOptions extends RequestOptions {
   /** L2-normalise (default: the model's serve.json, normally true). */
   normalize?: boolean;
+  /** One of the model's prompts by name, put before each text (default: the model's default prompt, if any). */
+  promptName?: string;
+  /** A prompt's text put before each text, instead of a named one ('' for none). */
+  prompt?: string;
 }
 
 export interface ModelInfo {
@@ -118,6 +123,8 @@ export interface ModelInfo {
   /** Embedding models: how token states become one vector, and whether it is L2-normalised by default. */
   pooling?: Pooling;
   normalize?: boolean;
+  /** Embedding models: false when a prompt's tokens are left out of the pooling (1_Pooling/config.json include_prompt). */
+  includePrompt?: boolean;
   /** Embedding models: their prompts by name, and the one a text gets when its request names none. */
   prompts?: Record<string, string>;
   defaultPrompt?: { name?: string; text: string };
@@ -172,7 +179,7 @@ export function describeModel(m: ClientModel['plan']): ModelInfo {
     dimension: m.spec.task === 'embed' ? m.spec.hiddenSize : m.spec.labels.length,
     labels: m.spec.labels,
     dtype: m.spec.dtype,
-    ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize, prompts: m.spec.prompts } : {}),
+    ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize, includePrompt: m.spec.includePrompt, prompts: m.spec.prompts } : {}),
     ...(m.spec.defaultPrompt ? { defaultPrompt: m.spec.defaultPrompt } : {}),
     sources: servedSources(m.spec, m.maxLength),
     inputs: m.spec.graphInputs,
@@ -231,7 +238,11 @@ export class Engine {
   async embed(inputs: string | string[], opts: EmbedOptions = {}): Promise<Float32Array[]> {
     this.assertOpen();
     const model = this.client.resolve('embed', opts.model);
-    const r = await this.infer(model, { kind: 'inputs', inputs: typeof inputs === 'string' ? [inputs] : inputs, truncate: opts.truncate ?? false }, opts);
+    const call = prompted(
+      { model, inputs: { kind: 'inputs', inputs: typeof inputs === 'string' ? [inputs] : inputs, truncate: opts.truncate ?? false } },
+      { prompt_name: opts.promptName, prompt: opts.prompt },
+    );
+    const r = await this.infer(model, call.inputs, opts);
     return embeddings(model, r.rows, opts.normalize);
   }
 
@@ -303,7 +314,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     owners,
   });
   const control = ControlBlock.create(owners);
-  const models: ClientModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadTokenizer(plan.spec.tokenizerPath) })));
+  const models: ClientModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
   const priorities = options.priorities ?? DEFAULT_PRIORITIES;
   const inference = new InferenceSupervisor(plans, control, {
     device: options.device ?? ENGINE_DEFAULTS.device,

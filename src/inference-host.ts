@@ -109,7 +109,10 @@ function modelFolder(modelsDir: string, given: string): { name: string; dir: str
 export function describeSettings(plan: ModelPlan): string {
   const { spec } = plan;
   const parts = [`task=${spec.task} (${spec.sources.task})`, `dtype=${spec.dtype} (${spec.sources.dtype})`];
-  if (spec.task === 'embed') parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
+  if (spec.task === 'embed') {
+    parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
+    if (!spec.includePrompt) parts.push('include_prompt=false (1_Pooling/config.json)');
+  }
   if (spec.defaultPrompt) parts.push(`defaultPrompt=${JSON.stringify(spec.defaultPrompt.name ?? spec.defaultPrompt.text)} (${spec.sources.defaultPrompt})`);
   const cut = plan.maxLength < spec.maxLength ? `, cut to the longest bucket` : '';
   parts.push(`maxLength=${plan.maxLength} (${spec.sources.maxLength}${cut})`, `inputs=${spec.graphInputs.join(',')}`);

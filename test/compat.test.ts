@@ -295,6 +295,7 @@ describe('KServe v2 / Triton', () => {
       max_input_length: 128, // this server's buckets end at 128
       pooling: 'mean',
       normalize: true,
+      include_prompt: true,
       prompts: {},
       graph_inputs: ['input_ids', 'attention_mask', 'token_type_ids'],
       sources: { task: 'serve.json', dtype: 'default', pooling: 'serve.json', normalize: 'serve.json', maxLength: 'buckets' },

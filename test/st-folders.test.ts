@@ -39,11 +39,19 @@ const MODULE = (kind: string, idx: number, path: string) => ({ idx, name: String
 
 let root: string;
 const E5_PROMPTS = { query: 'query: ', passage: 'passage: ' };
+/** The folders with include_prompt false: [CLS] (which ignores it) and modes that read the mask. */
+const INSTRUCT_POOLINGS: Pooling[] = ['mean', 'max', 'weightedmean', 'cls'];
+/** A folder with a tokenizer that keeps case, and sentence_bert_config.json's do_lower_case `lower`. */
+function casedFolder(name: string, lower: boolean): string {
+  const tokenizer = JSON.parse(readFileSync(join(modelsDir, 'tiny-embed', 'tokenizer.json'), 'utf8')) as { normalizer: Record<string, unknown> };
+  const casedTokenizer = { ...tokenizer, normalizer: { ...tokenizer.normalizer, lowercase: false, strip_accents: false } };
+  return stFolder(name, { pooling: 'mean', files: { 'sentence_bert_config.json': { do_lower_case: lower }, 'tokenizer.json': casedTokenizer } });
+}
 /** Folders served with a Normalize module: all but mean_sqrt_len, which normalised is mean's direction. */
 const NORMALIZED = (p: Pooling) => p !== 'mean_sqrt_len';
 
 /** A sentence-transformers folder around tiny-embed's graph and tokenizer; `files` add to or replace its files. */
-function stFolder(name: string, opts: { pooling?: Pooling | Pooling[]; normalize?: boolean; files?: Record<string, unknown> } = {}): string {
+function stFolder(name: string, opts: { pooling?: Pooling | Pooling[]; normalize?: boolean; includePrompt?: boolean; files?: Record<string, unknown> } = {}): string {
   const dir = join(root, name);
   mkdirSync(join(dir, '1_Pooling'), { recursive: true });
   for (const f of ['config.json', 'model.onnx', 'tokenizer.json', 'tokenizer_config.json']) cpSync(join(modelsDir, 'tiny-embed', f), join(dir, f));
@@ -52,7 +60,7 @@ function stFolder(name: string, opts: { pooling?: Pooling | Pooling[]; normalize
   writeFileSync(join(dir, 'modules.json'), JSON.stringify(modules));
   const on = opts.pooling === undefined ? [] : Array.isArray(opts.pooling) ? opts.pooling : [opts.pooling];
   if (opts.pooling !== undefined) {
-    const config: Record<string, unknown> = { word_embedding_dimension: HIDDEN, include_prompt: true };
+    const config: Record<string, unknown> = { word_embedding_dimension: HIDDEN, include_prompt: opts.includePrompt ?? true };
     for (const p of POOLINGS) config[POOLING_KEYS[p]] = on.includes(p);
     writeFileSync(join(dir, '1_Pooling', 'config.json'), JSON.stringify(config));
   } else {
@@ -121,19 +129,29 @@ async function tokenStates(ids: Int32Array): Promise<Float32Array[]> {
   return Array.from({ length: n }, (_, t) => data.slice(t * HIDDEN, (t + 1) * HIDDEN));
 }
 
-/** sentence-transformers' Pooling module over every token of one unpadded input, then Normalize if asked. */
-function pooled(states: Float32Array[], mode: Pooling, normalize: boolean): Float32Array {
+/**
+ * sentence-transformers' Pooling module over the tokens of one unpadded input
+ * from token `from` on (include_prompt false leaves the first ones out; [CLS]
+ * pooling takes token 0 regardless), then Normalize if asked.
+ */
+function pooled(states: Float32Array[], mode: Pooling, normalize: boolean, from = 0): Float32Array {
   const out = new Float32Array(HIDDEN);
   const n = states.length;
+  const kept = n - from;
   for (let h = 0; h < HIDDEN; h++) {
-    const col = states.map((s) => s[h]!);
+    const col = states.map((s) => s[h]!).slice(from);
     const sum = col.reduce((a, v) => a + v, 0);
-    if (mode === 'cls') out[h] = col[0]!;
-    else if (mode === 'lasttoken') out[h] = col[n - 1]!;
-    else if (mode === 'mean') out[h] = sum / n;
-    else if (mode === 'mean_sqrt_len') out[h] = sum / Math.sqrt(n);
+    if (mode === 'cls') out[h] = states[0]![h]!;
+    else if (mode === 'lasttoken') out[h] = col[kept - 1]!;
+    else if (mode === 'mean') out[h] = sum / kept;
+    else if (mode === 'mean_sqrt_len') out[h] = sum / Math.sqrt(kept);
     else if (mode === 'max') out[h] = Math.max(...col);
-    else out[h] = col.reduce((a, v, t) => a + v * (t + 1), 0) / ((n * (n + 1)) / 2); // weightedmean: weights 1..n
+    else {
+      // weightedmean: weight t + 1 at position t, over the kept positions
+      let weights = 0;
+      for (let t = from; t < n; t++) weights += t + 1;
+      out[h] = col.reduce((a, v, k) => a + v * (from + k + 1), 0) / weights;
+    }
   }
   if (!normalize) return out;
   const norm = Math.hypot(...out);
@@ -160,10 +178,20 @@ beforeAll(async () => {
   writeFileSync(join(stFolder('st-no-types', { pooling: 'mean' }), 'model.onnx'), withoutTokenTypes(join(modelsDir, 'tiny-embed', 'model.onnx')));
   writeFileSync(join(stFolder('st-positions', { pooling: 'mean' }), 'model.onnx'), withPositionIdsInput(join(modelsDir, 'tiny-embed', 'model.onnx')));
   stFolder('st-e5', { pooling: 'mean', files: { 'config_sentence_transformers.json': { prompts: E5_PROMPTS, default_prompt_name: 'query' } } });
+  casedFolder('cased-lowered', true);
+  casedFolder('cased-as-is', false);
+  for (const mode of INSTRUCT_POOLINGS) {
+    stFolder(`st-instruct-${mode}`, { pooling: mode, includePrompt: false, files: { 'config_sentence_transformers.json': { prompts: E5_PROMPTS, default_prompt_name: 'query' } } });
+  }
   const spec = loadModelSpec(join(modelsDir, 'tiny-embed'), 'tiny-embed');
   plain = await ort.InferenceSession.create(readFileSync(spec.onnxPath), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
   tok = await loadTokenizer(spec.tokenizerPath);
-  const models = [...POOLINGS.map((p) => `st-${p}`), 'st-mean-unnormalised', 'st-short', 'st-no-pooling', 'st-e5', 'st-no-types', 'st-positions'].map((m) => join(root, m));
+  const models = [
+    ...POOLINGS.map((p) => `st-${p}`),
+    ...['st-mean-unnormalised', 'st-short', 'st-no-pooling', 'st-e5', 'st-no-types', 'st-positions'],
+    ...INSTRUCT_POOLINGS.map((p) => `st-instruct-${p}`),
+    'cased-lowered',
+  ].map((m) => join(root, m));
   server = await startServer(testServerConfig({ models, batching: { maxBatchTokens: 4096 }, log: (l) => logs.push(l) }));
   await server.ready;
 }, 120_000);
@@ -409,23 +437,92 @@ describe("prompts (config_sentence_transformers.json's, or the request's own)", 
     expect(loadModelSpec(dir, undefined, { defaultPromptName: 'passage' })).toMatchObject({ defaultPrompt: { name: 'passage', text: 'passage: ' }, sources: { defaultPrompt: 'flag' } });
     expect(loadModelSpec(dir, undefined, { defaultPrompt: 'q: ' })).toMatchObject({ defaultPrompt: { text: 'q: ' }, sources: { defaultPrompt: 'flag' } });
     expect(() => loadModelSpec(dir, undefined, { defaultPromptName: 'document' })).toThrow(/default prompt name "document" \(flag\) is not one of its prompts \(query, passage\)/);
-    const noPrompt = stFolder('e5-no-include', {
-      pooling: 'mean',
-      files: { 'config_sentence_transformers.json': { prompts: E5_PROMPTS, default_prompt_name: 'query' } },
-    });
-    const pool = JSON.parse(readFileSync(join(noPrompt, '1_Pooling', 'config.json'), 'utf8')) as object;
-    writeFileSync(join(noPrompt, '1_Pooling', 'config.json'), JSON.stringify({ ...pool, include_prompt: false }));
-    expect(() => loadModelSpec(noPrompt)).toThrow(/include_prompt false .* not supported/);
+  });
+});
+
+describe("include_prompt false: the prompt's tokens are left out of the pooling, as sentence-transformers does", () => {
+  /** The reference row: prompt and text one string to the model; pooled from the prompt's token count on (the prompt alone, less its [SEP]). */
+  const ref = async (prompt: string, text: string, mode: Pooling) => {
+    const from = prompt === '' ? 0 : tok.encode(prompt, { maxLength: 512, truncate: false }).ids.length - 1;
+    return pooled(await tokenStates(tok.encode(prompt + text, { maxLength: 512, truncate: false }).ids), mode, true, from);
+  };
+
+  it('every mode: batched rows (named, default and literal prompts, mixed lengths) equal the graph run alone and pooled without the prompt', async () => {
+    const rand = makeRandom('st include_prompt');
+    const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'st-mean'))), 16, 40);
+    const before = parseMetrics(await (await fetch(base() + '/metrics')).text());
+    const asked = INSTRUCT_POOLINGS.flatMap((mode) =>
+      texts.map((t, i) => {
+        // Turn about: the default prompt (query), a named one, a literal one.
+        const [field, prompt] = [[{}, E5_PROMPTS.query], [{ prompt_name: 'passage' }, E5_PROMPTS.passage], [{ prompt: 'represent the text: ' }, 'represent the text: ']][i % 3]!;
+        return { mode, t, prompt, answer: post('/embed', { model: `st-instruct-${mode}`, inputs: t, ...(field as object) }) };
+      }),
+    );
+    const after = await Promise.all(asked.map((a) => a.answer)).then(async () => parseMetrics(await (await fetch(base() + '/metrics')).text()));
+    for (const mode of INSTRUCT_POOLINGS) {
+      let worst = 0;
+      let apart = 0;
+      for (const a of asked.filter((x) => x.mode === mode)) {
+        const got = await a.answer;
+        expect(got.status, JSON.stringify(got.body)).toBe(200);
+        worst = Math.max(worst, maxAbsDiff(got.body[0], await ref(a.prompt, a.t, mode)));
+        // Sharp: pooling the prompt too (include_prompt true) is another row, except for [CLS].
+        apart = Math.max(apart, maxAbsDiff(got.body[0], pooled(await tokenStates(tok.encode(a.prompt + a.t, { maxLength: 512, truncate: false }).ids), mode, true)));
+      }
+      expect(worst, mode).toBeLessThan(TOLERANCE);
+      if (mode === 'cls') expect(apart).toBeLessThan(TOLERANCE);
+      else expect(apart, mode).toBeGreaterThan(1e-3);
+      const d = (name: string) => after.sum(name, { model: `st-instruct-${mode}` }) - before.sum(name, { model: `st-instruct-${mode}` });
+      expect(d('slabserve_batch_size_sum')).toBe(texts.length);
+      expect(d('slabserve_batch_size_count')).toBeLessThan(texts.length);
+    }
+  });
+
+  it('the same over OpenAI\'s route, the WebSocket op and the in-process engine; token ids are pooled whole; a left cut through the prompt is a 422', async () => {
+    const t = 'where is my parcel';
+    const want = await ref(E5_PROMPTS.passage, t, 'mean');
+    const openai = await post('/v1/embeddings', { model: 'st-instruct-mean', input: t, prompt_name: 'passage' });
+    expect(maxAbsDiff(openai.body.data[0].embedding, want)).toBeLessThan(TOLERANCE);
+    const { WebSocket } = await import('ws');
+    const { pack, unpack } = await import('msgpackr');
+    const ws = new WebSocket(`ws://127.0.0.1:${server.port}/ws`);
+    await new Promise((res, rej) => (ws.once('open', res), ws.once('error', rej)));
+    const frame = new Promise<{ result: number[][] }>((res) => ws.on('message', (d: Buffer) => res(unpack(d) as { result: number[][] })));
+    ws.send(pack({ id: 'i1', op: 'embed', model: 'st-instruct-mean', inputs: t, prompt_name: 'passage' }));
+    expect(maxAbsDiff((await frame).result[0]!, want)).toBeLessThan(TOLERANCE);
+    ws.close();
+    const engine = await createEngine({ device: 'cpu', models: [join(root, 'st-instruct-mean')], log: () => {} });
+    try {
+      const [named] = await engine.embed(t, { promptName: 'passage' });
+      const [byDefault] = await engine.embed(t);
+      expect(maxAbsDiff(named!, want)).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(byDefault!, await ref(E5_PROMPTS.query, t, 'mean'))).toBeLessThan(TOLERANCE);
+    } finally {
+      await engine.close();
+    }
+    // Token ids are taken as sent, the default prompt not added: every token pooled.
+    const ids = [101, 2000, 2001, 102];
+    const asSent = await post('/embed', { model: 'st-instruct-mean', inputs: [ids] });
+    expect(maxAbsDiff(asSent.body[0], pooled(await tokenStates(Int32Array.from(ids)), 'mean', true))).toBeLessThan(TOLERANCE);
+    // Cut on the right, the prompt stays whole; cut on the left, it would not.
+    const long = Array.from({ length: 600 }, () => 'parcel').join(' ');
+    const right = await post('/embed', { model: 'st-instruct-mean', inputs: long, truncate: true });
+    expect(right.status).toBe(200);
+    const left = await post('/embed', { model: 'st-instruct-mean', inputs: long, truncate: true, truncation_direction: 'left' });
+    expect(left.status).toBe(422);
+    expect(left.body.error).toMatch(/would cut the prompt this model pools without/);
+    // /info and KServe metadata say so.
+    const info = (await (await fetch(base() + '/info')).json()) as { models: { name: string; includePrompt?: boolean }[] };
+    expect(info.models.find((m) => m.name === 'st-instruct-mean')?.includePrompt).toBe(false);
+    expect(info.models.find((m) => m.name === 'st-mean')?.includePrompt).toBe(true);
+    expect(logs.some((l) => l.includes('st-instruct-mean') && l.includes('include_prompt=false'))).toBe(true);
   });
 });
 
 describe("sentence_bert_config.json's do_lower_case", () => {
   it('lowercases the texts before a tokenizer that does not, as sentence-transformers does', async () => {
-    const tokenizer = JSON.parse(readFileSync(join(modelsDir, 'tiny-embed', 'tokenizer.json'), 'utf8')) as { normalizer: Record<string, unknown> };
-    const casedTokenizer = { ...tokenizer, normalizer: { ...tokenizer.normalizer, lowercase: false, strip_accents: false } };
-    const files = (lower: boolean) => ({ 'sentence_bert_config.json': { do_lower_case: lower }, 'tokenizer.json': casedTokenizer });
-    const lowered = stFolder('cased-lowered', { pooling: 'mean', files: files(true) });
-    const asIs = stFolder('cased-as-is', { pooling: 'mean', files: files(false) });
+    const lowered = join(root, 'cased-lowered');
+    const asIs = join(root, 'cased-as-is');
     expect(loadModelSpec(lowered).lowercase).toBe(true);
     expect(loadModelSpec(asIs).lowercase).toBe(false);
     // With a tokenizer that lowercases itself (the generated one) there is nothing to do.
@@ -448,6 +545,28 @@ describe("sentence_bert_config.json's do_lower_case", () => {
     } finally {
       await engine.close();
     }
+  });
+  it('on every path of a server: texts tokenized on the gateway or its tokenizer pool, a prompt with them, /tokenize', async () => {
+    const casedTok = await loadTokenizer(join(root, 'cased-as-is', 'tokenizer.json'));
+    const ref = async (text: string) => pooled(await tokenStates(casedTok.encode(text, { maxLength: 512, truncate: false }).ids), 'mean', true);
+    const rand = makeRandom('st do_lower_case server');
+    const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'cased-lowered'))), 48, 30).map((t) => t.toUpperCase());
+    expect(texts.join('').length).toBeGreaterThan(1024); // past inlineTokenizeChars: the pool thread tokenizes them
+    const [alone, many, prompted] = await Promise.all([
+      post('/embed', { model: 'cased-lowered', inputs: texts[0] }),
+      post('/embed', { model: 'cased-lowered', inputs: texts }),
+      post('/embed', { model: 'cased-lowered', inputs: texts[1], prompt: 'QUERY: ' }),
+    ]);
+    expect(maxAbsDiff(alone.body[0], await ref(texts[0]!.toLowerCase()))).toBeLessThan(TOLERANCE);
+    for (const [i, t] of texts.entries()) expect(maxAbsDiff(many.body[i], await ref(t.toLowerCase())), t).toBeLessThan(TOLERANCE);
+    expect(maxAbsDiff(prompted.body[0], await ref(`query: ${texts[1]!.toLowerCase()}`))).toBeLessThan(TOLERANCE);
+    // /tokenize: the lowercased text's tokens, each shown as the text sent has it, at the same offsets.
+    const word = texts[0]!.split(' ')[0]!;
+    const spans = (await post('/tokenize', { model: 'cased-lowered', inputs: `${word} ${word}`, add_special_tokens: false })).body[0] as { id: number; text: string; start: number }[];
+    const lowerIds = casedTok.encode(`${word} ${word}`.toLowerCase(), { maxLength: 512, truncate: false }).ids;
+    expect(spans.map((x) => x.id)).toEqual(Array.from(lowerIds.slice(1, -1)));
+    expect(spans.map((x) => x.text).join('')).toBe(`${word}${word}`);
+    expect(spans[0]!.start).toBe(0);
   });
 });
 

@@ -30,7 +30,7 @@ import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogLevel } f
 import { registerRoutes, type GatewayLimits } from './routes.js';
 import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize-pool.js';
-import { loadTokenizer } from './tokenizer.js';
+import { loadModelTokenizer } from './tokenizer.js';
 import { loadUws, type us_listen_socket } from './uws.js';
 import { registerWebSocket, type WsOptions } from './ws.js';
 
@@ -92,7 +92,7 @@ async function main(): Promise<void> {
       metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
     },
   });
-  const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadTokenizer(plan.spec.tokenizerPath) })));
+  const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
   const pool = createTokenizePool(data.tokenizerThreads, data.tokenizerQueue !== undefined ? { maxQueue: data.tokenizerQueue } : {});
   const client = new InferenceClient(models, submitter, {
     requestTimeoutMs: data.requestTimeoutMs,

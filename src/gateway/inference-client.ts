@@ -43,7 +43,11 @@ export interface ClientModel {
 export type BatchTokenizer = (model: ClientModel, texts: string[], opts: EncodeOptions, cancel?: Cancellation) => Promise<Encoding[]>;
 
 /** Token ids (special tokens included) and their type ids: what one slot holds. */
-export type Tokens = Pick<Encoding, 'ids'> & { typeIds: Int32Array | null };
+export type Tokens = Pick<Encoding, 'ids'> & {
+  typeIds: Int32Array | null;
+  /** Leading tokens the pooling leaves out (a prompt's, include_prompt false); default 0. */
+  poolFrom?: number;
+};
 
 export interface Timing {
   /** Longest any of the request's inputs waited for its batch, ms. */
@@ -97,7 +101,14 @@ export interface Truncation {
 /** What one request runs, one input per slot. */
 export type CallInputs =
   /** Texts and/or pre-tokenized ids (TEI's /embed and /predict, OpenAI's input). */
-  | { kind: 'inputs'; inputs: readonly Input[]; truncate: boolean; direction?: TruncationDirection | undefined }
+  | {
+      kind: 'inputs';
+      inputs: readonly Input[];
+      truncate: boolean;
+      direction?: TruncationDirection | undefined;
+      /** Leading tokens of each text input the pooling leaves out: its prompt's (prompts.ts, include_prompt false). */
+      poolFrom?: number | undefined;
+    }
   /** (query, text) pairs for a cross-encoder: one query for every text, or one per text. */
   | { kind: 'pairs'; queries: readonly string[]; texts: readonly string[]; truncate: boolean }
   /** Tokens built outside the tokenizer (KServe tensors), checked against the model's limits here. */
@@ -311,8 +322,12 @@ export class InferenceClient {
   /** The tokens of a request's inputs: synchronous when they are tokenized inline or already tokens. */
   private tokenize(model: ClientModel, inputs: CallInputs, cancel: Cancellation | undefined): Tokens[] | Promise<Tokens[]> {
     switch (inputs.kind) {
-      case 'inputs':
-        return this.encodeInputs(model, inputs.inputs, inputs, cancel);
+      case 'inputs': {
+        const encoded = this.encodeInputs(model, inputs.inputs, inputs, cancel);
+        if (!inputs.poolFrom) return encoded;
+        const mark = (e: Encoding[]) => poolingFrom(inputs.inputs, e, inputs.poolFrom!, inputs.direction);
+        return encoded instanceof Promise ? encoded.then(mark) : mark(encoded);
+      }
       case 'pairs':
         return this.encodePairs(model, inputs.queries, inputs.texts, inputs.truncate);
       case 'tokens':
@@ -334,8 +349,6 @@ export class InferenceClient {
       chars += t.length;
     }
     const opts = { maxLength: model.plan.maxLength, truncate: cut.truncate, direction: cut.direction };
-    // sentence_bert_config.json's do_lower_case: what sentence-transformers does before its tokenizer.
-    if (model.plan.spec.lowercase) texts = texts.map((t) => t.toLowerCase());
     if (texts.length === 1 && chars <= this.inlineTokenizeChars) return [model.tokenizer.encode(texts[0]!, opts)];
     if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts as string[], opts, cancel);
     return model.tokenizer.encodeBatch(texts as string[], opts);
@@ -448,10 +461,9 @@ export class InferenceClient {
     if (!tok.encodePair) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot encode pairs`);
     const opts = { maxLength: model.plan.maxLength, truncate };
     const out: Encoding[] = new Array(texts.length);
-    const cased = (s: string) => (model.plan.spec.lowercase ? s.toLowerCase() : s);
     let slice = performance.now();
     for (let i = 0; i < texts.length; i++) {
-      out[i] = tok.encodePair(cased(queries.length === 1 ? queries[0]! : queries[i]!), cased(texts[i]!), opts);
+      out[i] = tok.encodePair(queries.length === 1 ? queries[0]! : queries[i]!, texts[i]!, opts);
       if (performance.now() - slice > YIELD_EVERY_MS && i + 1 < texts.length) {
         await new Promise<void>((resolve) => setImmediate(resolve));
         slice = performance.now();
@@ -459,6 +471,22 @@ export class InferenceClient {
     }
     return out;
   }
+}
+
+/**
+ * The encodings with the first `poolFrom` tokens of each text input left out
+ * of the pooling (token-id inputs are taken as sent: pooled whole). A text cut
+ * on the left has lost the start of its prompt, and what is left of it is not
+ * known here: refused.
+ */
+function poolingFrom(inputs: readonly Input[], encoded: Encoding[], poolFrom: number, direction: TruncationDirection | undefined): Tokens[] {
+  return encoded.map((e, i) => {
+    if (typeof inputs[i] !== 'string') return e;
+    if (e.truncated && direction === 'left') {
+      throw new ValidationError('truncation_direction left would cut the prompt this model pools without (include_prompt false): truncate on the right, or send a shorter text');
+    }
+    return { ids: e.ids, typeIds: e.typeIds, poolFrom };
+  });
 }
 
 /** Slots a request needs: one per input. */

@@ -15,7 +15,7 @@ export interface PromptFields {
   prompt?: string | undefined;
 }
 
-/** The prompt a request's texts get ('' for none); a 422 for a name the model lacks or a prompt it cannot pool without. */
+/** The prompt a request's texts get ('' for none); a 422 for a name the model lacks. */
 export function requestPrompt(model: ClientModel, body: PromptFields): string {
   const spec = model.plan.spec;
   if (body.prompt_name !== undefined && body.prompt !== undefined) throw new ValidationError('give prompt_name or prompt, not both');
@@ -29,10 +29,17 @@ export function requestPrompt(model: ClientModel, body: PromptFields): string {
     }
     text = named;
   } else return spec.defaultPrompt?.text ?? '';
-  if (text !== '' && !spec.includePrompt) {
-    throw new ValidationError(`model ${spec.name} pools without its prompt's tokens (include_prompt false), which slabserve does not do: send the text without a prompt`);
-  }
   return text;
+}
+
+/**
+ * The leading tokens of a prompted text that a model with include_prompt
+ * false leaves out of its pooling, counted as sentence-transformers counts
+ * them: the prompt tokenized alone, less its closing special token ([CLS] and
+ * the prompt's own tokens, for BERT).
+ */
+export function promptTokens(model: ClientModel, prompt: string): number {
+  return model.tokenizer.encode(prompt, { maxLength: model.plan.maxLength, truncate: true }).ids.length - 1;
 }
 
 /** The inputs with `prompt` before each text; an explicit prompt with token-id inputs is a 422. */
@@ -42,10 +49,15 @@ export function withPrompt(inputs: readonly Input[], prompt: string, explicit: b
   return inputs.map((x) => (typeof x === 'string' ? prompt + x : x));
 }
 
-/** The call with the request's prompt (or the model's default one) before each text input. */
+/**
+ * The call with the request's prompt (or the model's default one) before each
+ * text input, and, for a model that pools without it, how many of its tokens to leave out.
+ */
 export function prompted<C extends { model: ClientModel; inputs: { kind: 'inputs'; inputs: readonly Input[]; truncate: boolean } }>(call: C, body: PromptFields): C {
   const prompt = requestPrompt(call.model, body);
   if (prompt === '') return call;
   const explicit = body.prompt_name !== undefined || body.prompt !== undefined;
-  return { ...call, inputs: { ...call.inputs, inputs: withPrompt(call.inputs.inputs, prompt, explicit) } };
+  const inputs = withPrompt(call.inputs.inputs, prompt, explicit);
+  const poolFrom = call.model.plan.spec.includePrompt ? undefined : promptTokens(call.model, prompt);
+  return { ...call, inputs: { ...call.inputs, inputs, poolFrom } };
 }

@@ -142,7 +142,7 @@ function settingsOf(model: ClientModel): Record<string, unknown> {
     task: spec.task,
     dtype: spec.dtype,
     max_input_length: maxLength,
-    ...(spec.task === 'embed' ? { pooling: spec.pooling, normalize: spec.normalize, prompts: spec.prompts } : {}),
+    ...(spec.task === 'embed' ? { pooling: spec.pooling, normalize: spec.normalize, include_prompt: spec.includePrompt, prompts: spec.prompts } : {}),
     ...(spec.defaultPrompt ? { default_prompt: spec.defaultPrompt } : {}),
     graph_inputs: spec.graphInputs,
     sources: servedSources(spec, maxLength),

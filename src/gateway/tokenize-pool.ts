@@ -78,7 +78,8 @@ export function createTokenizePool(threads: number, opts: { maxQueue?: number } 
 
   const tokenize: BatchTokenizer = (model, texts, encodeOpts: EncodeOptions, cancel?: Cancellation) => {
     if (cancel?.cancelled) return Promise.reject(new CancelledError('the client went away before its texts were tokenized'));
-    const task: TokenizeTask = { tokenizerPath: model.plan.spec.tokenizerPath, texts, maxLength: encodeOpts.maxLength, truncate: encodeOpts.truncate, direction: encodeOpts.direction };
+    const { tokenizerPath, lowercase } = model.plan.spec;
+    const task: TokenizeTask = { tokenizerPath, lowercase, texts, maxLength: encodeOpts.maxLength, truncate: encodeOpts.truncate, direction: encodeOpts.direction };
     if (running < threads && waiting.length === 0) return runTask(task);
     if (waiting.length >= maxQueue) {
       return Promise.reject(new OverloadedError(`the tokenizer pool already has ${maxQueue} requests waiting (${threads} thread${threads === 1 ? '' : 's'}); retry shortly`));

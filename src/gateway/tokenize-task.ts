@@ -6,12 +6,14 @@
  */
 import { InputTooLongError } from '../shared/errors.js';
 import { nameThread } from '../shared/threads.js';
-import { loadTokenizer, type TextTokenizer } from './tokenizer.js';
+import { loadModelTokenizer, type TextTokenizer } from './tokenizer.js';
 
 nameThread('tokenizer'); // for top -H: it would otherwise show its gateway's name, inherited
 
 export interface TokenizeTask {
   tokenizerPath: string;
+  /** Lowercase the texts first (the model's do_lower_case). */
+  lowercase: boolean;
   texts: string[];
   maxLength: number;
   truncate: boolean;
@@ -25,10 +27,11 @@ export type TokenizeResult =
 const tokenizers = new Map<string, Promise<TextTokenizer>>();
 
 export default async function tokenize(task: TokenizeTask): Promise<TokenizeResult> {
-  let tok = tokenizers.get(task.tokenizerPath);
+  const key = `${task.lowercase} ${task.tokenizerPath}`;
+  let tok = tokenizers.get(key);
   if (!tok) {
-    tok = loadTokenizer(task.tokenizerPath);
-    tokenizers.set(task.tokenizerPath, tok);
+    tok = loadModelTokenizer(task);
+    tokenizers.set(key, tok);
   }
   const tokenizer = await tok;
   const lengths = new Int32Array(task.texts.length);

@@ -20,6 +20,7 @@ import { readFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { InputTooLongError } from '../shared/errors.js';
+import type { ModelSpec } from '../shared/model-config.js';
 import { TokenAligner } from './token-offsets.js';
 
 /** One encoded input. Includes the special tokens ([CLS]/[SEP]); `ids.length` is the token count. */
@@ -237,8 +238,10 @@ class HfJsTokenizer implements TextTokenizer {
   readonly #pairSpecials: number;
   readonly #cleanUpSpaces: boolean;
   readonly #aligner: TokenAligner | null;
+  /** sentence_bert_config.json's do_lower_case: every text lowercased before the tokenizer, as sentence-transformers does. */
+  readonly #lowercase: boolean;
 
-  constructor(json: Json, cleanUpSpaces: boolean) {
+  constructor(json: Json, cleanUpSpaces: boolean, lowercase: boolean) {
     // config {}: encoding then depends only on tokenizer.json (as with the Rust library)
     this.#tok = new HfTokenizer(json, {});
     this.#template = templateFrom(json.post_processor);
@@ -247,18 +250,24 @@ class HfJsTokenizer implements TextTokenizer {
     this.#cleanUpSpaces = cleanUpSpaces;
     this.vocabSize = this.#tok.get_vocab(true).size;
     this.#aligner = TokenAligner.forTokenizerJson(json);
+    this.#lowercase = lowercase;
   }
 
   tokenize(text: string, addSpecialTokens: boolean): TokenSpan[] {
     if (typeof text !== 'string') throw new TypeError('text must be a string');
-    const enc = this.#tok.encode(text, { add_special_tokens: false }) as { ids: number[]; tokens: string[] };
+    const seen = this.#lowercase ? text.toLowerCase() : text;
+    const enc = this.#tok.encode(seen, { add_special_tokens: false }) as { ids: number[]; tokens: string[] };
     const { ids, tokens } = enc;
-    const spans = this.#aligner?.align(text, tokens) ?? tokens.map(() => null);
+    const spans = this.#aligner?.align(seen, tokens) ?? tokens.map(() => null);
+    // Offsets are into the text as the tokenizer saw it; lowercasing keeps them (and the text a
+    // token covers is shown as sent) unless it changed the length (İ -> i̇: then as seen).
     const chars = Array.from(text);
+    const seenChars = seen === text ? chars : Array.from(seen);
+    const shown = seenChars.length === chars.length ? chars : seenChars;
     const body: TokenSpan[] = ids.map((id, i) => {
       const span = spans[i] ?? null;
       return span
-        ? { id, text: chars.slice(span[0], span[1]).join(''), special: false, start: span[0], stop: span[1] }
+        ? { id, text: shown.slice(span[0], span[1]).join(''), special: false, start: span[0], stop: span[1] }
         : { id, text: tokens[i]!, special: false, start: null, stop: null };
     });
     if (!addSpecialTokens) return body;
@@ -273,7 +282,7 @@ class HfJsTokenizer implements TextTokenizer {
   /** Ids of one sequence, no special tokens. */
   #ids(text: string): number[] {
     if (typeof text !== 'string') throw new TypeError('text must be a string');
-    return this.#tok.encode(text, { add_special_tokens: false }).ids;
+    return this.#tok.encode(this.#lowercase ? text.toLowerCase() : text, { add_special_tokens: false }).ids;
   }
 
   encode(text: string, opts: EncodeOptions): Encoding {
@@ -321,15 +330,27 @@ class HfJsTokenizer implements TextTokenizer {
   }
 }
 
+export interface TokenizerOptions {
+  /** decode: transformers' clean-up of spaces before punctuation (tokenizer_config.json's clean_up_tokenization_spaces). */
+  cleanUpTokenizationSpaces?: boolean;
+  /** Lowercase every text first (sentence_bert_config.json's do_lower_case, over a tokenizer that does not itself). */
+  lowercase?: boolean;
+}
+
 /** Build a tokenizer from tokenizer.json content already in memory. */
-export function createTokenizer(tokenizerJson: object, options: { cleanUpTokenizationSpaces?: boolean } = {}): TextTokenizer {
+export function createTokenizer(tokenizerJson: object, options: TokenizerOptions = {}): TextTokenizer {
   if (!isObj(tokenizerJson) || !isObj(tokenizerJson.model)) throw new Error('tokenizer.json: no model');
-  return new HfJsTokenizer(tokenizerJson, options.cleanUpTokenizationSpaces ?? false);
+  return new HfJsTokenizer(tokenizerJson, options.cleanUpTokenizationSpaces ?? false, options.lowercase ?? false);
+}
+
+/** A model's tokenizer, as its folder asks for it (lowercasing with do_lower_case). */
+export function loadModelTokenizer(spec: Pick<ModelSpec, 'tokenizerPath' | 'lowercase'>): Promise<TextTokenizer> {
+  return loadTokenizer(spec.tokenizerPath, { lowercase: spec.lowercase });
 }
 
 /**
  * Tokenizers loaded in this thread, by what they are built from: the tokenizer.json's content
- * (its hash) and the clean-up flag. Models that ship the same tokenizer.json (fine-tunes of one
+ * (its hash) and the clean-up and lowercase flags. Models that ship the same tokenizer.json (fine-tunes of one
  * base model: the three default models do) share one instance instead of a copy each; a copy of
  * the default 30522-token WordPiece vocabulary costs 6-17 MB of RSS in each thread that loads it
  * (docs/tuning.md, Memory). Sharing is safe: encoding depends on the tokenizer alone, the max
@@ -346,9 +367,10 @@ const unloaded = new FinalizationRegistry<string>((key) => {
  * for `clean_up_tokenization_spaces` only (decode: "don ' t" -> "don't", as
  * transformers does); without one, decode matches the Rust library (no clean-up
  * beyond the decoder's own). A tokenizer.json identical to one already loaded
- * in this thread (with the same clean-up flag) gives that same instance.
+ * in this thread (with the same clean-up and lowercase flags) gives that same instance.
  */
-export async function loadTokenizer(tokenizerJsonPath: string): Promise<TextTokenizer> {
+export async function loadTokenizer(tokenizerJsonPath: string, options: Pick<TokenizerOptions, 'lowercase'> = {}): Promise<TextTokenizer> {
+  const lowercase = options.lowercase ?? false;
   const text = await readFile(tokenizerJsonPath, 'utf8');
   let cleanUp = false;
   const configPath = join(dirname(tokenizerJsonPath), 'tokenizer_config.json');
@@ -360,14 +382,14 @@ export async function loadTokenizer(tokenizerJsonPath: string): Promise<TextToke
       // a broken config only affects decode spacing: ignore it
     }
   }
-  const key = `${createHash('sha256').update(text).digest('hex')} ${cleanUp}`;
+  const key = `${createHash('sha256').update(text).digest('hex')} ${cleanUp} ${lowercase}`;
   const shared = loaded.get(key)?.deref();
   if (shared) return shared;
   const json: unknown = JSON.parse(text);
   if (!isObj(json)) throw new Error(`${tokenizerJsonPath}: not a tokenizer.json object`);
   let tokenizer: TextTokenizer;
   try {
-    tokenizer = createTokenizer(json, { cleanUpTokenizationSpaces: cleanUp });
+    tokenizer = createTokenizer(json, { cleanUpTokenizationSpaces: cleanUp, lowercase });
   } catch (err) {
     throw new Error(`${tokenizerJsonPath}: ${(err as Error).message}`, { cause: err });
   }

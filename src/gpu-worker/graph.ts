@@ -6,7 +6,10 @@
  *   embed:    last_hidden_state -> pooling (the model's mode: cls, mean, max,
  *             mean_sqrt_len, weightedmean, lasttoken) -> L2 norm
  *             outputs `slabserve_embedding` [B, H] (normalised) and
- *             `slabserve_norm` [B, 1]
+ *             `slabserve_norm` [B, 1]; a model that pools without its
+ *             prompt (include_prompt false) takes one more input,
+ *             `slabserve_pooling_mask` [B, T]: the attention mask with the
+ *             prompt's tokens off
  *   classify: logits -> softmax
  *             outputs `slabserve_probabilities` [B, L] and the model's logits
  *   rerank:   the single logit -> sigmoid (a cross-encoder's relevance score)
@@ -29,7 +32,12 @@ export interface PreparedModel {
   hasTokenTypeIds: boolean;
   /** Whether the graph takes position_ids (decoders, some exports): fed 0..T-1 per right-padded row. */
   hasPositionIds: boolean;
+  /** Whether the pooling takes its own mask ({@link POOLING_MASK}: include_prompt false). */
+  hasPoolingMask: boolean;
 }
+
+/** The input that tells the pooling which tokens count, where it is not the attention mask. */
+export const POOLING_MASK = 'slabserve_pooling_mask';
 
 const MIN_OPSET = 13; // ReduceSum/Unsqueeze with axes as inputs
 
@@ -50,10 +58,13 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
   const b = GraphBuilder.wrap(graph);
   const outputNames = b.outputNames();
   let outputs: PreparedModel['outputs'];
+  // [CLS] pooling takes the first token's state whatever the mask says, as sentence-transformers does.
+  const hasPoolingMask = spec.task === 'embed' && !spec.includePrompt && spec.pooling !== 'cls';
 
   if (spec.task === 'embed') {
     const hidden = asFloat(b, graph, findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec));
-    const pooled = pool(b, hidden, spec.pooling, opset);
+    const poolingMask = hasPoolingMask ? b.addInput(POOLING_MASK, inputType, ['batch_size', 'sequence_length']) : 'attention_mask';
+    const pooled = pool(b, hidden, spec.pooling, opset, poolingMask);
     // L2 normalisation, with the norm kept so the caller can undo it.
     const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [pooled, pooled]), axes(b, 1)], { keepdims: 1 })]);
     const safeNorm = b.op('Max', [norm, scalar(b, 'slabserve_eps_norm', 1e-12)]);
@@ -87,7 +98,14 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
   }
   const width = outputs.reduce((s, o) => s + o.width, 0);
   if (width !== spec.outputWidth) throw new Error(`model ${spec.name}: output width ${width} != expected ${spec.outputWidth}`);
-  return { bytes: encodeModel(model), outputs, inputType, hasTokenTypeIds: inputNames.includes('token_type_ids'), hasPositionIds: inputNames.includes('position_ids') };
+  return {
+    bytes: encodeModel(model),
+    outputs,
+    inputType,
+    hasTokenTypeIds: inputNames.includes('token_type_ids'),
+    hasPositionIds: inputNames.includes('position_ids'),
+    hasPoolingMask,
+  };
 }
 
 /** `name` as float32: an fp16 graph's output (model_fp16.onnx) is cast, so rows are float32 whatever the graph computes in. */
@@ -140,14 +158,16 @@ function scalar(b: GraphBuilder, name: string, value: number): string {
 
 /**
  * One vector per row from the token states [B,T,H], as sentence-transformers'
- * Pooling module computes it; padding (attention mask 0) never counts.
+ * Pooling module computes it over the tokens `maskInput` keeps (the attention
+ * mask, or the pooling mask that also leaves a prompt out); padding never counts.
  */
-function pool(b: GraphBuilder, hidden: string, mode: Pooling, opset: number): string {
+function pool(b: GraphBuilder, hidden: string, mode: Pooling, opset: number, maskInput: string): string {
   if (mode === 'cls') {
     const zero = b.addInitializer('slabserve_index_0', 'int64', [0], []);
     return b.op('Gather', [hidden, zero], { axis: 1 }); // the first token's state ([CLS])
   }
-  const mask = b.op('Unsqueeze', [b.op('Cast', ['attention_mask'], { to: onnx.TensorProto.DataType.FLOAT }), axes(b, 2)]); // [B,T,1]
+  const asMask = (input: string) => b.op('Unsqueeze', [b.op('Cast', [input], { to: onnx.TensorProto.DataType.FLOAT }), axes(b, 2)]); // [B,T,1]
+  const mask = asMask(maskInput);
   const sumOver = (x: string) => b.op('ReduceSum', [x, axes(b, 1)], { keepdims: 0 }); // over T
   const atLeast = (x: string, eps: number, name: string) => b.op('Max', [x, scalar(b, name, eps)]);
   switch (mode) {
@@ -163,8 +183,9 @@ function pool(b: GraphBuilder, hidden: string, mode: Pooling, opset: number): st
     }
     case 'weightedmean': {
       // Weights 1..n along the row (sentence-transformers: arange(1, T+1), masked); with right padding
-      // that is the running count of the mask.
-      const weights = b.op('Mul', [positionsCounted(b, mask), mask]);
+      // that is the running count of the attention mask (positions, whether or not a prompt is left out).
+      const positions = maskInput === 'attention_mask' ? mask : asMask('attention_mask');
+      const weights = b.op('Mul', [positionsCounted(b, positions), mask]);
       return b.op('Div', [sumOver(b.op('Mul', [hidden, weights])), atLeast(sumOver(weights), 1e-9, 'slabserve_eps_count')]);
     }
     case 'lasttoken': {

@@ -11,8 +11,8 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import type { ModelSpec } from '../shared/model-config.js';
-import { H_LENGTH, type Slab } from '../shared/slab.js';
-import { prepareModel, type PreparedModel } from './graph.js';
+import { H_LENGTH, H_POOL_FROM, type Slab } from '../shared/slab.js';
+import { POOLING_MASK, prepareModel, type PreparedModel } from './graph.js';
 import type { DeviceInfo } from './device.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
@@ -86,23 +86,28 @@ class InputBuffers {
   /** Where the graph takes position_ids: 0..T-1 on every row (batches are right-padded), for the T of positionsT. */
   readonly positions: BigInt64Array | Int32Array | null;
   private positionsT = 0;
+  /** Where the pooling has its own mask (include_prompt false): the attention mask less each row's H_POOL_FROM first tokens. */
+  readonly poolingMask: BigInt64Array | Int32Array | null;
   /** int32 views of the above; int64 values are written as (low word, 0). */
   readonly ids32: Int32Array;
   readonly mask32: Int32Array;
   readonly types32: Int32Array;
+  readonly poolingMask32: Int32Array | null;
   readonly stride: 1 | 2;
 
-  constructor(elems: number, type: 'int64' | 'int32', withPositions: boolean) {
+  constructor(elems: number, type: 'int64' | 'int32', io: Pick<PreparedIo, 'hasPositionIds' | 'hasPoolingMask'>) {
     const make = () => (type === 'int64' ? new BigInt64Array(elems) : new Int32Array(elems));
     this.ids = make();
     this.mask = make();
     this.types = make();
     this.stride = type === 'int64' ? 2 : 1;
-    this.positions = withPositions ? make() : null;
+    this.positions = io.hasPositionIds ? make() : null;
+    this.poolingMask = io.hasPoolingMask ? make() : null;
     const view = (a: BigInt64Array | Int32Array) => new Int32Array(a.buffer, a.byteOffset, elems * this.stride);
     this.ids32 = view(this.ids);
     this.mask32 = view(this.mask);
     this.types32 = view(this.types);
+    this.poolingMask32 = this.poolingMask && view(this.poolingMask);
   }
 
   /** position_ids for rows of length T (a run pads to its own longest, so T changes): rewritten only when it does. */
@@ -117,12 +122,13 @@ class InputBuffers {
   }
 }
 
-/** The first `elems` tokens of `buf` as warm-up input: id 100, attended, type 0. */
+/** The first `elems` tokens of `buf` as warm-up input: id 100, attended and pooled, type 0. */
 function fillConstant(buf: InputBuffers, elems: number): void {
   for (let i = 0, at = 0; i < elems; i++, at += buf.stride) {
     buf.ids32[at] = 100;
     buf.mask32[at] = 1;
     buf.types32[at] = 0;
+    if (buf.poolingMask32) buf.poolingMask32[at] = 1;
   }
 }
 
@@ -163,7 +169,7 @@ export class ModelRunner {
     this.session = session;
     this.prepared = prepared;
     this.pools = options.buckets.map((len) =>
-      Array.from({ length: inflight }, () => new InputBuffers(batchCapacity(options, len) * len, prepared.inputType, prepared.hasPositionIds)),
+      Array.from({ length: inflight }, () => new InputBuffers(batchCapacity(options, len) * len, prepared.inputType, prepared)),
     );
   }
 
@@ -241,6 +247,7 @@ export class ModelRunner {
     };
     if (this.prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, buf.types.subarray(0, B * T), [B, T]);
     if (buf.positions) feeds.position_ids = new ort.Tensor(type, buf.positionsFor(T).subarray(0, B * T), [B, T]);
+    if (buf.poolingMask) feeds[POOLING_MASK] = new ort.Tensor(type, buf.poolingMask.subarray(0, B * T), [B, T]);
     return feeds;
   }
 
@@ -267,7 +274,17 @@ export class ModelRunner {
       }
       real += len;
     }
+    if (buf.poolingMask32) this.fillPoolingMask(buf.poolingMask32, s, slots, T);
     return real;
+  }
+
+  /** Row r of the pooling mask: 1 on slot r's real tokens from its H_POOL_FROM on, 0 before and on padding. */
+  private fillPoolingMask(mask32: Int32Array, s: 1 | 2, slots: readonly number[], T: number): void {
+    for (let r = 0; r < slots.length; r++) {
+      const len = this.slab.header(slots[r]!, H_LENGTH);
+      const from = this.slab.header(slots[r]!, H_POOL_FROM);
+      for (let t = 0, at = r * T * s; t < T; t++, at += s) mask32[at] = t >= from && t < len ? 1 : 0;
+    }
   }
 
   /** Writes row r of every output into slot r's output region, outputs side by side. */

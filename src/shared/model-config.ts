@@ -177,9 +177,6 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   const normalize = first<boolean>(sourced(serve.normalize, 'serve.json'), folder.normalize) ?? { value: true, source: 'default' };
   const maxLength = inputLimit(name, folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
   const defaultPrompt = task === 'embed' ? chooseDefaultPrompt(name, folder, overrides, serve) : undefined;
-  if (defaultPrompt && !folder.includePrompt) {
-    throw new Error(`model ${name}: a default prompt (${defaultPrompt.source}) with include_prompt false in its pooling config: pooling without the prompt's tokens is not supported`);
-  }
 
   const labels: string[] = [];
   if (task === 'classify') {

@@ -74,7 +74,13 @@ export const INTERLEAVE_CHUNK = 8;
  * tells the main thread which slots were that thread's to answer.
  */
 export const H_HOLDER = 7;
-export const HEADER_I32 = 8;
+/**
+ * Leading tokens left out of the pooling (the model runs on them all): an
+ * instruction prompt's, [CLS] with it, for a model whose pooling config says
+ * include_prompt false. 0 for every other input.
+ */
+export const H_POOL_FROM = 8;
+export const HEADER_I32 = 9;
 
 /** H_HOLDER of a slot taken by the inference thread of `epoch`: queued there, or dequeued (in a batch, or leaving). */
 export function holderMark(epoch: number, dequeued: boolean): number {

@@ -59,6 +59,7 @@ import {
   H_HOLDER,
   H_LENGTH,
   H_OWNER,
+  H_POOL_FROM,
   H_PRIORITY,
   HEADER_I32,
   INTERLEAVE_CHUNK,
@@ -81,6 +82,14 @@ export interface SubmitOptions {
   signal?: AbortSignal;
   /** Fill one of these slots (taken by {@link SlabSubmitter.reserve}) instead of taking a free one. */
   reservation?: SlotReservation;
+}
+
+/** One input of a request: token ids with the special tokens, their type ids (null: all 0). */
+export interface SubmitInput {
+  ids: ArrayLike<number>;
+  typeIds: ArrayLike<number> | null;
+  /** Leading tokens the pooling leaves out (slab.ts H_POOL_FROM); default 0. */
+  poolFrom?: number | undefined;
 }
 
 /** How one request (all its inputs) is submitted: {@link SlabSubmitter.submitRequest}. */
@@ -326,7 +335,7 @@ export class SlabSubmitter {
    * promise for all its rows; the first input that fails fails the request
    * and cancels the others, so a request never leaves work behind.
    */
-  submitRequest(model: number, inputs: readonly { ids: ArrayLike<number>; typeIds: ArrayLike<number> | null }[], opts: RequestSubmitOptions): Promise<RequestRows> {
+  submitRequest(model: number, inputs: readonly SubmitInput[], opts: RequestSubmitOptions): Promise<RequestRows> {
     if (this.closed) return Promise.reject(new EngineClosedError());
     const slab = this.slabs[model];
     if (!slab) return Promise.reject(new ValidationError(`no model with index ${model}`));
@@ -362,7 +371,7 @@ export class SlabSubmitter {
   }
 
   /** Writes input `i` of ticket `t` into `slot` (FILLING, this owner's) and queues it. */
-  private fill(slab: Slab, model: number, t: Ticket, i: number, slot: number, x: { ids: ArrayLike<number>; typeIds: ArrayLike<number> | null }, opts: RequestSubmitOptions): void {
+  private fill(slab: Slab, model: number, t: Ticket, i: number, slot: number, x: SubmitInput, opts: RequestSubmitOptions): void {
     this.reserved--;
     const len = x.ids.length;
     slab.slotIds(slot).set(x.ids);
@@ -370,6 +379,7 @@ export class SlabSubmitter {
     if (x.typeIds) types.set(x.typeIds);
     else types.fill(0, 0, len);
     slab.setHeader(slot, H_LENGTH, len);
+    slab.setHeader(slot, H_POOL_FROM, x.poolFrom ?? 0);
     slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
     slab.setHeader(slot, H_CHUNK, Math.floor(i / INTERLEAVE_CHUNK));
     slab.setHeader(slot, H_ERROR, SlotError.NONE);
