@@ -387,3 +387,57 @@ describe('the fp16 variant (generate --fp16: model_fp16.onnx, float16 weights an
     }
   });
 });
+
+describe('every family as fp16 and int8 (generate --fp16 --int8): batched rows near the fp32 graph run alone', () => {
+  /** Each family's pooling, as its folder names it; the reference pools the same way. */
+  const FAMILIES: [name: string, pooling: 'mean' | 'cls' | 'last'][] = [
+    ['tiny-xlmr', 'mean'],
+    ['tiny-distilbert', 'cls'],
+    ['tiny-qwen3', 'last'],
+    ['tiny-modernbert', 'mean'],
+    ['tiny-bge', 'cls'],
+    ['tiny-minilm', 'mean'],
+  ];
+  /** The stated bounds: fp16 (float16 weights and outputs) within 2e-3 per component; int8 (dynamic) a cosine above 0.99. */
+  const FP16_MAX_DIFF = 2e-3;
+  const INT8_MIN_COSINE = 0.99;
+  const cosine = (a: Float32Array, b: Float32Array) => a.reduce((s, v, i) => s + v * b[i]!, 0) / Math.hypot(...a) / Math.hypot(...b);
+
+  it('each family, each variant: served batched with mixed lengths, within its bound of the unmodified fp32 graph pooled by the test', async () => {
+    const out = join(root, 'variants');
+    const dirs = FAMILIES.map(([name]) => writePreset(name, out, { fp16: true, int8: true }).dir);
+    const engines = { fp16: await createEngine({ device: 'cpu', models: dirs, dtype: 'fp16', log: () => {} }), int8: await createEngine({ device: 'cpu', models: dirs, dtype: 'int8', log: () => {} }) };
+    try {
+      const rand = makeRandom('family variants');
+      const texts = Array.from({ length: 16 }, () => multilingualText(rand));
+      for (const [f, [name, pooling]] of FAMILIES.entries()) {
+        const plainF32 = await ort.InferenceSession.create(readFileSync(join(dirs[f]!, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+        const familyTok = await loadTokenizer(join(dirs[f]!, 'tokenizer.json'));
+        const extra = (['token_type_ids', 'position_ids'] as const).filter((x) => plainF32.inputNames.includes(x));
+        try {
+          const refs = await Promise.all(texts.map(async (t) => referenceRow(plainF32, familyTok.encode(t, { maxLength: 512, truncate: false }).ids, pooling, [...extra])));
+          for (const dtype of ['fp16', 'int8'] as const) {
+            const engine = engines[dtype];
+            expect(engine.info()[f]).toMatchObject({ name, dtype });
+            const before = engine.stats()[name]!;
+            const rows = (await Promise.all(texts.map((t) => engine.embed(t, { model: name, prompt: '' })))).map((r) => r[0]!);
+            const after = engine.stats()[name]!;
+            expect(after.rows - before.rows).toBe(texts.length);
+            expect(after.batches - before.batches, `${name} ${dtype}: batched`).toBeLessThan(texts.length);
+            const worstDiff = Math.max(...rows.map((r, i) => maxAbsDiff(r, refs[i]!)));
+            const worstCosine = Math.min(...rows.map((r, i) => cosine(r, refs[i]!)));
+            console.log(`${name} ${dtype}: worst component difference ${worstDiff.toExponential(2)}, worst cosine ${worstCosine.toFixed(5)} over ${texts.length} texts`);
+            expect(worstDiff, `${name} ${dtype}: the variant really ran`).toBeGreaterThan(0);
+            if (dtype === 'fp16') expect(worstDiff, name).toBeLessThan(FP16_MAX_DIFF);
+            else expect(worstCosine, name).toBeGreaterThan(INT8_MIN_COSINE);
+          }
+        } finally {
+          await plainF32.release();
+        }
+      }
+    } finally {
+      await engines.fp16.close();
+      await engines.int8.close();
+    }
+  }, 120_000);
+});
