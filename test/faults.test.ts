@@ -16,17 +16,18 @@
  *    afterwards no slot is in use, nothing is queued, no thread error was
  *    logged, the disconnects were seen (cancellations by client_disconnect and
  *    ws_close, tokens saved), and a fresh request equals the reference.
- *  - Overload: capacity is measured first (a closed loop that keeps every slot
+ *  - Overload: capacity is estimated first (a closed loop that keeps every slot
  *    busy), then requests of 4 inputs arrive open-loop at three times that for
  *    5 s with 16 slots per model. Every request is answered within the client timeout:
  *    the admitted with the right row, the excess with 429 (or 503) in our
- *    error shape with Retry-After, and the refusals come back without waiting
- *    for inference (their median answer time, as the server's request-duration
- *    histogram has it, is well below the admitted ones' median: a relative
- *    comparison, no absolute time; this client's own medians are printed). The server's RSS stays
- *    within a generous bound of its level before the overload, admitted throughput stays above a
- *    generous share of capacity (printed), and afterwards it recovers fully (queue 0, slots 0, a
- *    normal request succeeds, correct). Run twice: with requests tokenized inline, and with
+ *    error shape with Retry-After. Refusals never reach inference, by the
+ *    server's own counters: it counted exactly the refusals this client
+ *    received, it queued for the device exactly the requests answered 200, and
+ *    the rows it ran are exactly their inputs. Timings (offered rate, medians,
+ *    admitted share of capacity) are printed, never asserted: bench/ measures
+ *    them. The server's RSS stays within a generous bound of its level before
+ *    the overload, and afterwards it recovers fully (queue 0, slots 0, a normal
+ *    request succeeds, correct). Run twice: with requests tokenized inline, and with
  *    requests over --inline-tokenize-chars, tokenized on the piscina pool (their slots are taken
  *    before tokenizing, so a refusal never waits in the pool's queue). Beside the second run, one
  *    keep-alive connection sends requests head first: while no slot is free the server answers
@@ -401,6 +402,12 @@ const median = (xs: number[]) => {
   return s.length ? s[Math.floor(s.length / 2)]! : NaN;
 };
 
+/** What ran beside an overload: its requests (INPUTS inputs each) answered 200, and those answered 429. */
+interface Beside {
+  admitted: number;
+  refused: number;
+}
+
 /** What an overload run measured: the figures printed, and every outcome. */
 interface OverloadRun {
   figures: Record<string, number>;
@@ -427,13 +434,15 @@ describe('overload at three times capacity', () => {
   });
 
   /**
-   * Capacity by a closed loop (every slot busy, nothing refused), then requests from `request` open-loop
-   * at three times that for 5 s while `during` runs. Checks what every overload must show: every request
-   * answered (200 or a refusal in our shape with Retry-After), offered well above capacity, every admitted
-   * row equal to the reference, refusals answered well before admitted requests as the server timed them,
-   * RSS bounded. Prints the figures.
+   * Capacity by a closed loop (every slot busy), then requests from `request` open-loop at three times
+   * that for 5 s while `during` runs (it returns how many of its requests, of INPUTS inputs each, were
+   * answered 200 and how many 429). Checks what every overload must show: every request answered (200 or
+   * a refusal in our shape with Retry-After), some refused and some admitted, every admitted row equal to
+   * the reference, refusals that never reached inference (the server's counters: refusals counted = 429s
+   * received, requests queued for the device = requests answered 200, rows run = their inputs), RSS
+   * bounded. Prints the figures (rates and times: printed only).
    */
-  async function overload(name: string, request: () => string[], during: (stopAt: number) => Promise<number> = async () => 0): Promise<OverloadRun> {
+  async function overload(name: string, request: () => string[], during: (stopAt: number) => Promise<Beside> = async () => ({ admitted: 0, refused: 0 })): Promise<OverloadRun> {
     const closedLoop = async (ms: number) => {
       const outs: Outcome[] = [];
       const t0 = Date.now();
@@ -452,7 +461,8 @@ describe('overload at three times capacity', () => {
     const cap = await closedLoop(2_500);
     const capacity = cap.outs.filter((o) => o.status === 200).length / cap.seconds;
     expect(cap.outs.filter((o) => o.status !== 200 && o.status !== 429).map((o) => `${o.status} ${o.error ?? ''}`)).toEqual([]);
-    expect(capacity).toBeGreaterThan(0);
+    // The closed loop was served (a count: the rate derived from it only sizes the load below).
+    expect(cap.outs.filter((o) => o.status === 200).length).toBeGreaterThan(0);
     await eventually('slots back after the capacity run', () => server.scrape(), (m) => m.sum('slabserve_slots_in_use', { model: 'tiny-embed' }) === 0);
     const rssBefore = server.rssBytes();
     const metricsBefore = await server.scrape();
@@ -480,17 +490,27 @@ describe('overload at three times capacity', () => {
       }
       const offeredSeconds = (performance.now() - t0) / 1000;
       const outs = await Promise.all(pending);
-      const besideInputs = await beside;
+      const besideRun = await beside;
       const spanSeconds = (Math.max(...outs.map((o) => o.at + o.ms)) - t0) / 1000;
       rssMax = Math.max(rssMax, server.rssBytes());
       clearInterval(sampler);
       const ok = outs.filter((o) => o.status === 200);
-      const admittedInputs = ok.length * INPUTS + besideInputs;
-      const rowsRun = (m: Metrics) => m.sum('slabserve_batch_size_sum', { model: 'tiny-embed' }) - metricsBefore.sum('slabserve_batch_size_sum', { model: 'tiny-embed' });
+      const admittedInputs = (ok.length + besideRun.admitted) * INPUTS;
+      const delta = (m: Metrics, name: string, labels: Record<string, string> = {}) => m.sum(name, labels) - metricsBefore.sum(name, labels);
+      const rowsRun = (m: Metrics) => delta(m, 'slabserve_batch_size_sum', { model: 'tiny-embed' });
       // The inference thread counts a batch as it finishes it, beside the answers: wait for the count to catch up.
       const metricsAfter = await eventually('the batch count caught up with the answers', () => server.scrape(), (m) => rowsRun(m) >= admittedInputs);
 
       const refused = outs.filter((o) => o.status === 429 || o.status === 503);
+      const received429 = refused.filter((o) => o.status === 429).length + besideRun.refused;
+      /** What the server itself counted during the overload: refusals, requests queued for the device, inputs served. */
+      const counted = {
+        refusedOverloaded: delta(metricsAfter, 'slabserve_request_failures_total', { reason: 'overloaded' }),
+        refusedUnavailable: delta(metricsAfter, 'slabserve_request_failures_total', { reason: 'unavailable' }),
+        queuedForDevice: delta(metricsAfter, 'slabserve_request_queue_duration_seconds_count', { model: 'tiny-embed' }),
+        inputsServed: delta(metricsAfter, 'slabserve_request_inputs_total', { model: 'tiny-embed' }),
+        rowsRun: rowsRun(metricsAfter),
+      };
       const other = outs.filter((o) => o.status !== 200 && o.status !== 429 && o.status !== 503);
       const admittedPerS = ok.length / spanSeconds;
       const figures = {
@@ -511,13 +531,13 @@ describe('overload at three times capacity', () => {
         rssBeforeMiB: Math.round(rssBefore / 2 ** 20),
         rssGrowthMiB: Math.round((rssMax - rssBefore) / 2 ** 20),
       };
-      console.log(`faults overload (${name}): ${JSON.stringify(figures)}`);
+      console.log(`faults overload (${name}): ${JSON.stringify(figures)}; the server counted ${JSON.stringify(counted)}`);
       server.assertAlive();
 
       // Every request was answered (none timed out, none lost), with 200 or a refusal.
       expect(other.map((o) => `${o.status} ${o.error ?? JSON.stringify(o.body).slice(0, 200)}`).slice(0, 10)).toEqual([]);
-      // The load really was an overload: offered well above capacity, and the excess was refused.
-      expect(figures.offeredPerS).toBeGreaterThan(2 * capacity);
+      // The load really was an overload: every slot was taken at some point (a 429 says so), and some
+      // requests were still admitted. (The offered rate over wall time is printed, not compared.)
       expect(refused.length).toBeGreaterThan(0);
       expect(ok.length).toBeGreaterThan(0);
       // Refusals in our error shape, with Retry-After.
@@ -532,17 +552,20 @@ describe('overload at three times capacity', () => {
         if (w) wrong.push(w);
       }
       expect(wrong.slice(0, 5)).toEqual([]);
-      // Refused without waiting for inference: a refusal's median answer time is well below an admitted
-      // request's, as the server timed them (request in to response written: tokenizing and admission
-      // included). This client's own times are printed, not compared: on a shared 2-core machine they are
-      // mostly the time this process and the kernel took to get each request to the server.
-      expect(figures.serverMedian429Ms).toBeLessThan(figures.serverMedian200Ms / 2);
+      // Refused without reaching inference, by the server's own counters (its medians are printed above,
+      // not compared: how long anything took is bench/'s to measure). It counted every refusal this client
+      // received, and no other; it queued for the device exactly the requests answered 200 (a refusal never
+      // entered the queue); and the rows it ran are exactly their inputs (none refused ran, none admitted
+      // ran twice).
+      expect({ refusedOverloaded: counted.refusedOverloaded, refusedUnavailable: counted.refusedUnavailable }).toEqual({
+        refusedOverloaded: received429,
+        refusedUnavailable: figures.refused503,
+      });
+      expect(counted.queuedForDevice).toBe(ok.length + besideRun.admitted);
+      expect(counted.inputsServed).toBe(admittedInputs);
+      expect(counted.rowsRun).toBe(admittedInputs);
       // Memory stays bounded: nothing piles up per refused or queued request.
       expect(rssMax - rssBefore).toBeLessThan(256 * 2 ** 20);
-      // Refused requests never reached the model, and no admitted input ran twice: the rows it ran during
-      // the overload are exactly the admitted ones. (How much of the capacity the admitted work kept is a
-      // throughput figure: printed above, measured in bench/, not asserted.)
-      expect(rowsRun(metricsAfter)).toBe(admittedInputs);
       return { figures, ok, refused };
     } finally {
       clearInterval(sampler);
@@ -560,7 +583,7 @@ describe('overload at three times capacity', () => {
     return pool;
   }
 
-  it('excess is refused at once (429 before inference), every admitted request is answered right, RSS stays bounded, and the server recovers', { timeout: 90_000 }, async () => {
+  it('excess is refused (429) without reaching inference, every admitted request is answered right, RSS stays bounded, and the server recovers', { timeout: 90_000 }, async () => {
     const rand = makeRandom('faults overload');
     // Requests under --inline-tokenize-chars (1024, all inputs together): tokenized on the gateway's
     // event loop. (The next test sends requests that go through the tokenizer pool.)
@@ -577,7 +600,7 @@ describe('overload at three times capacity', () => {
     expect(await wrongAnswer('/embed', texts, after.body)).toBeNull();
   });
 
-  it('requests tokenized on the pool are refused as fast as inline ones; a refusal sent before its body leaves the keep-alive connection serving', { timeout: 90_000 }, async () => {
+  it('requests tokenized on the pool are refused before inference too; a refusal sent before its body leaves the keep-alive connection serving', { timeout: 90_000 }, async () => {
     const rand = makeRandom('faults overload pooled');
     // Every request holds more than --inline-tokenize-chars (four texts of 280-400 characters, 35-60
     // tokens each): it is tokenized on the gateway's piscina pool, not on its event loop.
@@ -598,8 +621,8 @@ describe('overload at three times capacity', () => {
       socket.once('error', rej);
     });
     const probe = { early: 0, afterBody: { 200: 0, 429: 0 } as Record<number, number>, errors: [] as string[] };
-    /** Sends head-first requests until `stopAt`; returns how many inputs were answered 200. */
-    const headFirst = async (stopAt: number): Promise<number> => {
+    /** Sends head-first requests until `stopAt`; returns how many were answered 200, and how many 429 (before or after their body). */
+    const headFirst = async (stopAt: number): Promise<Beside> => {
       while (performance.now() < stopAt && probe.errors.length === 0) {
         const texts = request();
         const body = JSON.stringify({ inputs: texts });
@@ -626,7 +649,7 @@ describe('overload at three times capacity', () => {
         }
         await sleep(10);
       }
-      return (probe.afterBody[200] ?? 0) * INPUTS;
+      return { admitted: probe.afterBody[200] ?? 0, refused: probe.early + (probe.afterBody[429] ?? 0) };
     };
     try {
       const run = await overload('pooled tokenizing', request, headFirst);
