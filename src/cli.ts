@@ -194,6 +194,7 @@ program
   .addOption(flag('--heartbeat-timeout-ms <ms>', 'readiness fails when the inference thread has not gone round its loop for this long', 'HEARTBEAT_TIMEOUT_MS', int(1), D.heartbeatTimeoutMs))
   .addOption(flag('--inference-timeout-ms <ms>', 'a batch run longer than this (or a loop stalled past --heartbeat-timeout-ms) gets the inference thread replaced, its requests answered 503', 'INFERENCE_TIMEOUT_MS', int(1), D.inferenceTimeoutMs))
   .addOption(flag('--drain-timeout-ms <ms>', 'on SIGTERM, how long in-flight requests may take to finish', 'DRAIN_TIMEOUT_MS', int(0), D.drainTimeoutMs))
+  .addOption(flag('--drain-grace-ms <ms>', 'on SIGTERM, how long idle keep-alive connections stay open after the last request, so one a client is sending on is answered, not cut', 'DRAIN_GRACE_MS', int(0), D.drainGraceMs))
   .addOption(flag('--tokenizer-threads <n>', 'most tokenizer pool threads per gateway, for large client batches (started when needed)', 'TOKENIZER_THREADS', int(1), D.tokenizerThreads))
   .addOption(flag('--tokenizer-queue <n>', 'requests waiting for the tokenizer pool per gateway; past it, 429 at once (default: 256 per pool thread)', 'TOKENIZER_QUEUE', int(1)))
   .addOption(flag('--inline-tokenize-chars <n>', 'client batches up to this many characters are tokenized on the gateway thread itself', 'INLINE_TOKENIZE_CHARS', int(0), D.inlineTokenizeChars))

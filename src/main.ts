@@ -71,6 +71,12 @@ export interface ServerConfig {
   /** A batch run longer than this: the inference thread is replaced and its requests answered 503 (--inference-timeout-ms). */
   inferenceTimeoutMs: number;
   drainTimeoutMs: number;
+  /**
+   * After the drain's last request, how long idle keep-alive connections stay open before they are
+   * closed (--drain-grace-ms): a request a client sends on one meanwhile is answered (503, Connection:
+   * close) rather than lost to the close.
+   */
+  drainGraceMs: number;
   tokenizerThreads: number;
   /** Requests waiting for the tokenizer pool, per gateway, past which 429 at once (--tokenizer-queue; default 256 per pool thread). */
   tokenizerQueue?: number;
@@ -133,6 +139,7 @@ export const SERVER_DEFAULTS = {
   heartbeatTimeoutMs: 30_000,
   inferenceTimeoutMs: 30_000,
   drainTimeoutMs: 30_000,
+  drainGraceMs: 500,
   tokenizerThreads: 1,
   inlineTokenizeChars: 1024,
   wsMaxInflight: 256,
@@ -472,8 +479,10 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   const close = () =>
     (closing ??= (async () => {
-      control.draining = true; // /readyz 503 and new requests 503 from now on
+      control.draining = true; // /readyz 503, new requests 503, every answer Connection: close
       const deadline = Date.now() + config.drainTimeoutMs;
+      // New connections are refused from now on; the open ones are served until they close.
+      await Promise.all(gateways.map((g) => g.rpc.call('stopListening', undefined, 2000).catch(() => {})));
       // Twice idle in a row: a request that passed the readiness check just before draining began
       // may still be reading its body or tokenizing, not yet submitted, at the first look.
       for (let idle = 0; idle < 2 && Date.now() < deadline; ) {
@@ -481,6 +490,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
         idle = pending.every((n) => n === 0) ? idle + 1 : 0;
         await new Promise((r) => setTimeout(r, 20));
       }
+      // Connections that were answered while draining closed with their answer. An idle one that was
+      // not may carry a request its client is sending right now: give it the grace to be answered.
+      await new Promise((r) => setTimeout(r, Math.max(0, Math.min(config.drainGraceMs, deadline - Date.now()))));
       // Sockets must be closed before the threads go: uWS aborts the process otherwise. A gateway
       // ends by itself once its sockets are released; terminate only one that does not.
       await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));

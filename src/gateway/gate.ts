@@ -64,13 +64,21 @@ export class Gate {
   private readonly access: AccessLog;
   /** Told of every request and WebSocket frame (the event-loop delay is measured while there are some). */
   readonly touch: () => void;
+  /** Whether the server is draining: every answer then closes its connection (Connection: close). */
+  readonly draining: () => boolean;
 
-  constructor(opts: GateOptions, metrics: GatewayMetrics, access: AccessLog, touch: () => void = () => {}) {
+  constructor(opts: GateOptions, metrics: GatewayMetrics, access: AccessLog, hooks: { touch?: () => void; draining?: () => boolean } = {}) {
     this.opts = opts;
     this.keys = new ApiKeys(opts.apiKeys);
     this.metrics = metrics;
     this.access = access;
-    this.touch = touch;
+    this.touch = hooks.touch ?? (() => {});
+    this.draining = hooks.draining ?? (() => false);
+  }
+
+  /** Whether an answer must close its connection: while draining, so no client sends another request on it. */
+  closesConnection(): boolean {
+    return this.draining();
   }
 
   /** Sets the connection gauge (at scrape time: nothing is counted per request but two integers). */

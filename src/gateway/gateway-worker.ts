@@ -114,7 +114,7 @@ async function main(): Promise<void> {
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
   // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
   const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) });
-  const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access, () => lag.touch());
+  const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access, { touch: () => lag.touch(), draining: () => control.draining });
   for (const m of data.models) {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
   }
@@ -135,8 +135,14 @@ async function main(): Promise<void> {
     setInfo: (doc) => {
       info = doc;
     },
-    // Called once requests in flight have finished (or the drain timed out): stop listening and
-    // close every connection, so this thread holds no socket when it is stopped (uWS aborts otherwise).
+    // The drain's first step: new connections are refused (not accepted, then reset); the open ones
+    // are served, every answer closing its connection (Gate.closesConnection), until close().
+    stopListening: () => {
+      if (listenSocket) uws.us_listen_socket_close(listenSocket);
+      listenSocket = null;
+    },
+    // Called once requests in flight have finished (or the drain timed out): close every connection,
+    // so this thread holds no socket when it is stopped (uWS aborts otherwise).
     close: async () => {
       if (listenSocket) uws.us_listen_socket_close(listenSocket);
       listenSocket = null;

@@ -72,6 +72,8 @@ export function statusOf(err: unknown): number {
 /** Told once when a request ends: answered (its status) or abandoned by the client (499). */
 export interface RequestObserver {
   finished(ctx: RequestContext, status: number): void;
+  /** Whether every answer closes its connection now (the server is draining). */
+  closesConnection?(): boolean;
 }
 
 /** An answer body that knows how to serialise itself (JSON text or bytes, msgpack bytes), used at once: the bytes may be a scratch view. */
@@ -228,6 +230,7 @@ export class RequestContext {
   write(status: number, contentType: string, body: string | Uint8Array, headers: Record<string, string> = NO_HEADERS, closeConnection = false): void {
     if (this.done) return;
     this.done = true;
+    closeConnection ||= this.observer?.closesConnection?.() === true;
     this.res.cork(() => {
       this.res.writeStatus(STATUS_LINE[status] ?? String(status));
       this.res.writeHeader('content-type', contentType);
