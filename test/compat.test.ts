@@ -18,35 +18,37 @@ import { prepareModel } from '../dist/src/gpu-worker/graph.js';
 import { startServer, type Server } from '../dist/src/main.js';
 import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
-import { makeRandom, maxAbsDiff, modelsDir, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
+import { parseMetrics, type Metrics } from './fixtures/http-client.js';
+import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, sigmoid, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 const MODELS = ['tiny-embed', 'tiny-intent', 'tiny-rerank'];
+// short buckets: a quicker warm-up; nothing here needs long inputs
+const BUCKETS = [8, 16, 32, 64, 128];
 
+/** Padded to the longest input of each run (padTo 'auto' on CPU). */
 let server: Server;
+/** The same buckets, every row padded to its bucket's length (padTo 'bucket', as on a GPU). */
+let bucketServer: Server;
 let openai: OpenAI;
-let rerankRef: Reference;
+// The independent reference: the unmodified model.onnx, one input at a time, finished by the test's code.
+let rerankRef: PlainReference;
 let tok: TextTokenizer;
 let words: string[];
 
 beforeAll(async () => {
-  server = await startServer(
-    testServerConfig({
-      models: MODELS,
-      // short buckets: a quicker warm-up; nothing here needs long inputs
-      batching: { buckets: [8, 16, 32, 64, 128], maxBatchSize: 32 },
-    }),
-  );
-  await server.ready;
+  server = await startServer(testServerConfig({ models: MODELS, batching: { buckets: BUCKETS, maxBatchSize: 32 } }));
+  bucketServer = await startServer(testServerConfig({ models: ['tiny-rerank'], batching: { buckets: BUCKETS, maxBatchSize: 32, padTo: 'bucket' } }));
+  await Promise.all([server.ready, bucketServer.ready]);
   openai = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'unused', maxRetries: 0 });
-  rerankRef = await Reference.open('tiny-rerank');
+  rerankRef = await PlainReference.open('tiny-rerank');
   tok = await loadTokenizer(rerankRef.spec.tokenizerPath);
   words = vocabularyWords(rerankRef.spec);
 }, 120_000);
 
 afterAll(async () => {
   await rerankRef?.close();
-  await server?.close();
+  await Promise.all([server?.close(), bucketServer?.close()]);
 });
 
 // ------------------------------------------------------------ helpers
@@ -94,7 +96,43 @@ async function expectNoSlotsInUse(): Promise<void> {
   expect.fail(`slots still in use:\n${last}`);
 }
 
-const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
+async function metricsOf(srv: Server): Promise<Metrics> {
+  return parseMetrics(await (await fetch(srv.url + '/metrics')).text());
+}
+
+/** What `work` made `srv` run for `model`, from /metrics before and after: rows, batches, real and padded tokens. */
+async function ranFor<T>(srv: Server, model: string, work: () => Promise<T>): Promise<{ result: T; rows: number; batches: number; real: number; padded: number }> {
+  const before = await metricsOf(srv);
+  const result = await work();
+  const after = await metricsOf(srv);
+  const d = (name: string, labels: Record<string, string> = {}) => after.sum(name, { model, ...labels }) - before.sum(name, { model, ...labels });
+  return {
+    result,
+    rows: d('slabserve_batch_size_sum'),
+    batches: d('slabserve_batch_size_count'),
+    real: d('slabserve_tokens_total', { kind: 'real' }),
+    padded: d('slabserve_tokens_total', { kind: 'padded' }),
+  };
+}
+
+/** The length of the bucket an input of `length` tokens is padded to with padTo 'bucket'. */
+const bucketLength = (length: number) => BUCKETS.find((b) => length <= b)!;
+
+async function postTo(srv: Server, path: string, body: unknown): Promise<{ status: number; body: any }> {
+  const r = await fetch(srv.url + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const text = await r.text();
+  try {
+    return { status: r.status, body: JSON.parse(text) };
+  } catch {
+    return { status: r.status, body: text };
+  }
+}
+
+/** The two servers, by what they pad a batch to. */
+const PADDINGS = [
+  { padTo: 'longest', srv: () => server },
+  { padTo: 'bucket', srv: () => bucketServer },
+] as const;
 
 /** The BERT normaliser of the generated models: lowercase, accents stripped. */
 const normalise = (s: string) => s.toLowerCase().normalize('NFD').replace(/\p{Mn}/gu, '');
@@ -419,31 +457,56 @@ describe('KServe v2 / Triton', () => {
 
 // ------------------------------------------------------------ TEI: rerank, tokenize, decode, pre-tokenized
 
-describe('TEI /rerank', () => {
-  it('orders texts by score, each the sigmoid of its pair\'s logit run alone', async () => {
-    const rand = makeRandom('rerank');
-    const query = randomTexts(rand, words, 1, 8)[0]!;
-    const texts = randomTexts(rand, words, 12, 30);
-    const r = await post('/rerank', { query, texts, return_text: true });
-    expect(r.status).toBe(200);
-    const ranked = r.body as { index: number; score: number; text: string }[];
-    expect(ranked.map((x) => x.index).sort((a, b) => a - b)).toEqual(texts.map((_, i) => i));
-    for (let i = 1; i < ranked.length; i++) expect(ranked[i - 1]!.score).toBeGreaterThanOrEqual(ranked[i]!.score);
-
-    const raw = (await post('/rerank', { query, texts, raw_scores: true })).body as { index: number; score: number; text?: string }[];
-    const logitOf = new Map(raw.map((x) => [x.index, x.score]));
-    for (const { index, score, text } of ranked) {
-      expect(text).toBe(texts[index]);
-      const pair = tok.encodePair!(query, texts[index]!, { maxLength: 128, truncate: false });
-      expect(Array.from(pair.typeIds)).toContain(1);
-      const row = await rerankRef.row(pair.ids, pair.typeIds);
-      expect(Math.abs(score - sigmoid(row[1]!))).toBeLessThan(TOLERANCE);
-      expect(Math.abs(score - row[0]!)).toBeLessThan(TOLERANCE);
-      expect(Math.abs(logitOf.get(index)! - row[1]!)).toBeLessThan(TOLERANCE);
+for (const { padTo, srv } of PADDINGS) describe(`TEI /rerank, padded to the ${padTo}`, () => {
+  it('many requests at once are batched; each score is the sigmoid of its pair\'s logit from the unmodified graph run alone', async () => {
+    const rand = makeRandom(`rerank ${padTo}`);
+    const asked = Array.from({ length: 12 }, () => ({ query: randomTexts(rand, words, 1, 8)[0]!, texts: randomTexts(rand, words, 1 + Math.floor(rand() * 6), 30) }));
+    // All at once, scores and raw scores: the server batches them.
+    const ran = await ranFor(srv(), 'tiny-rerank', () =>
+      Promise.all([
+        Promise.all(asked.map((a) => postTo(srv(), '/rerank', { ...a, return_text: true }))),
+        Promise.all(asked.map((a) => postTo(srv(), '/rerank', { ...a, raw_scores: true }))),
+      ]),
+    );
+    const [scored, raw] = ran.result;
+    let worstScore = 0;
+    let worstLogit = 0;
+    let real = 0;
+    let bucketed = 0;
+    for (const [k, { query, texts }] of asked.entries()) {
+      expect(scored[k]!.status, JSON.stringify(scored[k]!.body)).toBe(200);
+      expect(raw[k]!.status, JSON.stringify(raw[k]!.body)).toBe(200);
+      const ranked = scored[k]!.body as { index: number; score: number; text: string }[];
+      expect(ranked.map((x) => x.index).sort((a, b) => a - b)).toEqual(texts.map((_, i) => i));
+      for (let i = 1; i < ranked.length; i++) expect(ranked[i - 1]!.score).toBeGreaterThanOrEqual(ranked[i]!.score);
+      const logitOf = new Map((raw[k]!.body as { index: number; score: number; text?: string }[]).map((x) => [x.index, x.score]));
+      expect((raw[k]!.body as { text?: string }[]).every((x) => x.text === undefined)).toBe(true);
+      for (const { index, score, text } of ranked) {
+        expect(text).toBe(texts[index]);
+        const pair = tok.encodePair!(query, texts[index]!, { maxLength: 128, truncate: false });
+        expect(Array.from(pair.typeIds)).toContain(1);
+        const want = await rerankRef.rerank(pair.ids, pair.typeIds);
+        worstScore = Math.max(worstScore, Math.abs(score - want.score));
+        worstLogit = Math.max(worstLogit, Math.abs(logitOf.get(index)! - want.logit));
+        real += 2 * pair.ids.length; // scored and raw: each pair ran twice
+        bucketed += 2 * bucketLength(pair.ids.length);
+      }
     }
-    expect(raw.every((x) => x.text === undefined)).toBe(true);
+    const pairs = asked.reduce((s, a) => s + a.texts.length, 0);
+    console.log(`rerank ${padTo}: ${pairs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |score - sigmoid(logit)| ${worstScore.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
+    expect(worstScore).toBeLessThan(TOLERANCE);
+    expect(worstLogit).toBeLessThan(TOLERANCE);
+    // Batched: every pair ran once per request, in fewer batches than requests.
+    expect(ran.rows).toBe(pairs * 2);
+    expect(ran.batches).toBeLessThan(asked.length * 2);
+    expect(ran.real).toBe(real);
+    // Padded as asked: to each row's bucket, or to no more than that (the longest of each run).
+    if (padTo === 'bucket') expect(ran.padded).toBe(bucketed);
+    else expect(ran.padded).toBeLessThan(bucketed);
   });
+});
 
+describe('TEI /rerank', () => {
   it('truncate cuts a long pair (longest_first), as encodePair does; without it, 413', async () => {
     const query = 'where is my parcel';
     const long = 'parcel delivery '.repeat(100);
@@ -451,9 +514,8 @@ describe('TEI /rerank', () => {
     const r = await post('/rerank', { query, texts: [long, 'short'], truncate: true, raw_scores: true });
     expect(r.status).toBe(200);
     const pair = tok.encodePair!(query, long, { maxLength: 128, truncate: true });
-    const row = await rerankRef.row(pair.ids, pair.typeIds);
     const got = (r.body as { index: number; score: number }[]).find((x) => x.index === 0)!;
-    expect(Math.abs(got.score - row[1]!)).toBeLessThan(TOLERANCE);
+    expect(Math.abs(got.score - (await rerankRef.rerank(pair.ids, pair.typeIds)).logit)).toBeLessThan(TOLERANCE);
   });
 
   it('bad requests get 4xx and leave no slot behind', async () => {

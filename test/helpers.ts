@@ -152,3 +152,82 @@ export function scoresByClassId(got: { label: string; score: number }[], labels:
   for (const g of got) out[labels.indexOf(g.label)] = g.score;
   return out;
 }
+
+// ------------------------------------------------------------------ the independent reference
+
+export const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
+
+/** Softmax computed here, in float64 (the maximum subtracted first). */
+export function softmax(logits: ArrayLike<number>): Float64Array {
+  const top = Math.max(...Array.from(logits));
+  const e = Float64Array.from(logits, (x) => Math.exp(x - top));
+  const sum = e.reduce((a, b) => a + b, 0);
+  return e.map((v) => v / sum);
+}
+
+/**
+ * The independent reference of the project's standard: a plain onnxruntime
+ * session of the model folder's unmodified model.onnx (not the graph the
+ * server prepares from it), one input at a time, unpadded ([1, n], mask all
+ * ones), its raw output finished by this code: last_hidden_state mean-pooled
+ * over the n tokens and L2-normalised, logits through softmax (classify) or
+ * sigmoid (rerank).
+ */
+export class PlainReference {
+  readonly spec: ModelSpec;
+  private constructor(
+    spec: ModelSpec,
+    private readonly session: ort.InferenceSession,
+  ) {
+    this.spec = spec;
+  }
+
+  /** `nameOrDir`: a model under models/, or a model folder's path. */
+  static async open(nameOrDir: string): Promise<PlainReference> {
+    const dir = nameOrDir.includes('/') ? nameOrDir : join(modelsDir, nameOrDir);
+    const spec = loadModelSpec(dir);
+    const session = await ort.InferenceSession.create(readFileSync(join(dir, 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    return new PlainReference(spec, session);
+  }
+
+  /** The graph's one output for one input alone: [n, hidden] token states flattened, or the logits. */
+  async raw(ids: ArrayLike<number>, typeIds?: ArrayLike<number>): Promise<Float32Array> {
+    const n = ids.length;
+    const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
+    const feeds: Record<string, ort.Tensor> = { input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1) };
+    if (this.session.inputNames.includes('token_type_ids')) feeds.token_type_ids = i64((i) => (typeIds ? typeIds[i]! : 0));
+    const out = await this.session.run(feeds);
+    const name = this.session.outputNames.includes('last_hidden_state') ? 'last_hidden_state' : 'logits';
+    return Float32Array.from(out[name]!.data as Float32Array);
+  }
+
+  /** Mean of the n token states (float64 sums), L2-normalised unless `normalize` is false. */
+  async embedding(ids: ArrayLike<number>, normalize = true): Promise<Float64Array> {
+    const states = await this.raw(ids);
+    const n = ids.length;
+    const hidden = states.length / n;
+    const row = new Float64Array(hidden);
+    for (let t = 0; t < n; t++) for (let h = 0; h < hidden; h++) row[h]! += states[t * hidden + h]!;
+    for (let h = 0; h < hidden; h++) row[h]! /= n;
+    if (!normalize) return row;
+    const norm = Math.hypot(...row);
+    return row.map((v) => v / Math.max(norm, 1e-12));
+  }
+
+  /** A classifier's logits and their softmax. */
+  async classification(ids: ArrayLike<number>, typeIds?: ArrayLike<number>): Promise<{ logits: Float32Array; probabilities: Float64Array }> {
+    const logits = await this.raw(ids, typeIds);
+    return { logits, probabilities: softmax(logits) };
+  }
+
+  /** A reranker's single logit for a (query, text) pair's ids, and its sigmoid. */
+  async rerank(ids: ArrayLike<number>, typeIds: ArrayLike<number>): Promise<{ logit: number; score: number }> {
+    const logits = await this.raw(ids, typeIds);
+    if (logits.length !== 1) throw new Error(`a reranker has one logit, this graph gives ${logits.length}`);
+    return { logit: logits[0]!, score: sigmoid(logits[0]!) };
+  }
+
+  async close(): Promise<void> {
+    await this.session.release();
+  }
+}
