@@ -8,10 +8,11 @@ import { type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { arrivalTimes, runLoad, type LoadTarget } from '../dist/bench/load.js';
 import { makeWorkload, summarizeWorkload } from '../dist/bench/workloads.js';
+import type { Histogram } from 'hdr-histogram-js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
 import { join } from 'node:path';
-import { modelsDir } from './helpers.js';
+import { makeRandom, modelsDir } from './helpers.js';
 
 let spec: ModelSpec;
 beforeAll(async () => {
@@ -64,68 +65,164 @@ describe('workloads', () => {
   });
 });
 
-/** A stand-in for a server: answers POST /embed after `delay()` ms, or with `status()`. */
-function standIn(delay: () => number, status: () => number = () => 200) {
-  const server = http.createServer((req, res) => {
+/**
+ * A stand-in for a server, in this process (one clock with the generator): answers POST /embed with
+ * `status` while it has `budget` answers left, and holds the rest until `allow` gives it more. It counts
+ * what it answered, and calls `onFirst` when the first request has come in.
+ */
+class StandIn {
+  status = 200;
+  budget = Infinity;
+  answered = 0;
+  onFirst: (() => void) | null = null;
+  private readonly held: (() => void)[] = [];
+  readonly server = http.createServer((req, res) => {
     req.resume();
-    req.on('end', () =>
-      setTimeout(() => {
-        const s = status();
-        res.writeHead(s, { 'content-type': 'application/json' });
-        res.end(s === 200 ? '[[0.1,0.2]]' : '{"error":"busy","type":"overloaded","code":"X"}');
-      }, delay()),
-    );
+    req.on('end', () => {
+      const first = this.onFirst;
+      this.onFirst = null;
+      first?.();
+      const answer = () => {
+        this.answered++;
+        res.writeHead(this.status, { 'content-type': 'application/json' });
+        res.end(this.status === 200 ? '[[0.1,0.2]]' : '{"error":"busy","type":"overloaded","code":"X"}');
+      };
+      if (this.budget > 0) {
+        this.budget--;
+        answer();
+      } else this.held.push(answer);
+    });
   });
-  return server;
+
+  /** Gives `budget` more answers (Infinity: answer everything from now on) and answers held requests with it. */
+  allow(budget: number): void {
+    this.budget = budget;
+    while (this.budget > 0 && this.held.length > 0) {
+      this.budget--;
+      this.held.shift()!();
+    }
+  }
+}
+
+/** The generator's draws, replayed: runLoad takes one draw for its starting request, then the arrival schedule. */
+function scheduleOf(seed: number, ratePerS: number, totalMs: number): number[] {
+  const r = mulberry32(seed);
+  r();
+  return arrivalTimes(ratePerS, totalMs, r);
+}
+
+/** The recorded latencies in ms, ascending (each as the histogram has it: the top of its bucket). */
+function recordedMs(h: Histogram): number[] {
+  return Array.from({ length: h.totalCount }, (_, i) => h.getValueAtPercentile((100 * (i + 0.5)) / h.totalCount) / 1000);
 }
 
 describe('the load generator against a stand-in server', () => {
-  let stall = false;
-  let refuse = false;
-  const server = standIn(
-    () => (stall ? 400 : 1),
-    () => (refuse ? 429 : 200),
-  );
+  const standIn = new StandIn();
   let target: LoadTarget;
   beforeAll(async () => {
-    await new Promise<void>((res) => server.listen(0, '127.0.0.1', res));
-    target = { origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, cpuMs: () => null };
+    await new Promise<void>((res) => standIn.server.listen(0, '127.0.0.1', res));
+    target = { origin: `http://127.0.0.1:${(standIn.server.address() as AddressInfo).port}`, cpuMs: () => null };
   });
-  afterAll(() => new Promise<void>((res) => server.close(() => res())));
+  afterAll(() => new Promise<void>((res) => standIn.server.close(() => res())));
 
-  it('open loop: a server stall shows in the latency of every arrival scheduled during it (coordinated omission corrected)', async () => {
+  it('open loop: every scheduled arrival is counted, and a stall shows in the latency of every arrival scheduled during it (coordinated omission corrected)', async () => {
+    const seed = Math.floor(makeRandom('bench-load open loop')() * 2 ** 31);
     const w = await makeWorkload('short', spec, 5, 64);
-    // the stand-in answers in ~1 ms, except that it holds answers 400 ms during 0.5..0.9 s
-    const t1 = setTimeout(() => (stall = true), 500);
-    const t2 = setTimeout(() => (stall = false), 900);
-    const o = await runLoad({ target, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'open', ratePerS: 200 }, warmupMs: 0, durationMs: 1500, connections: 4 }, mulberry32(9));
-    clearTimeout(t1);
-    clearTimeout(t2);
-    // ~300 arrivals; ~80 of them during the stall, and with 4 connections the ones queued behind
-    // the held answers wait too: measured from their scheduled time, well over 10% are slow
-    expect(o.requests).toBeGreaterThan(250);
-    expect(o.errors).toBe(0);
-    const slow = o.histogram.getValueAtPercentile(85) / 1000;
-    expect(slow).toBeGreaterThan(100);
-    expect(o.histogram.getValueAtPercentile(30) / 1000).toBeLessThan(100); // the rest is fast
-    expect(o.windowMs).toBe(1500);
-    o.histogram.destroy();
+    const RATE = 200;
+    const DURATION_MS = 1000;
+    const STALL_MS = 300;
+    // The stand-in holds every answer from the first request on, until STALL_MS after that request came in
+    // (by the clock, not by a timer's word: a timer may fire a little early).
+    standIn.status = 200;
+    standIn.answered = 0;
+    standIn.allow(0);
+    let release: ReturnType<typeof setTimeout> | undefined;
+    standIn.onFirst = () => {
+      const at = performance.now() + STALL_MS;
+      const tick = () => (performance.now() >= at ? standIn.allow(Infinity) : (release = setTimeout(tick, at - performance.now())));
+      release = setTimeout(tick, STALL_MS);
+    };
+    const o = await runLoad({ target, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'open', ratePerS: RATE }, warmupMs: 0, durationMs: DURATION_MS, connections: 4 }, mulberry32(seed));
+    clearTimeout(release);
+    standIn.onFirst = null;
+    standIn.allow(Infinity);
+    try {
+      const times = scheduleOf(seed, RATE, DURATION_MS);
+      const latencies = recordedMs(o.histogram);
+      // Each answer came after the release, which came STALL_MS after the first request reached the stand-in,
+      // which was sent no earlier than its schedule: so an arrival scheduled at t waited, from its schedule,
+      // at least times[0] + STALL_MS - t (a bound by causality: a slow machine only adds to it). Measured
+      // from the actual send, or with sends held back during the stall, the arrivals queued behind the held
+      // answers would show almost nothing.
+      const bounds = times.map((t) => Math.max(0, times[0]! + STALL_MS - t)).sort((a, b) => a - b);
+      const during = bounds.filter((b) => b > 0).length;
+      console.log(`bench-load open loop: ${times.length} arrivals scheduled, ${during} of them during the stall; p50 ${latencies[Math.floor(latencies.length / 2)]} ms, p90 ${latencies[Math.floor(latencies.length * 0.9)]} ms`);
+      // Every arrival of the schedule (the same seed's, replayed) was sent, answered and counted, once.
+      expect({ requests: o.requests, rejected: o.rejected, errors: o.errors, firstError: o.firstError }).toEqual({ requests: times.length, rejected: 0, errors: 0, firstError: undefined });
+      expect(o.histogram.totalCount).toBe(times.length);
+      expect(standIn.answered).toBe(times.length);
+      expect(o.windowMs).toBe(DURATION_MS);
+      expect(during).toBeGreaterThan(10);
+      // So the i-th smallest latency is at least the i-th smallest bound (0.01 ms: latencies are recorded in whole µs).
+      const under = latencies.flatMap((l, i) => (l < bounds[i]! - 0.01 ? [`#${i}: ${l} ms < ${bounds[i]!.toFixed(3)} ms`] : []));
+      expect(under.slice(0, 10)).toEqual([]);
+    } finally {
+      o.histogram.destroy();
+    }
   });
 
-  it('closed loop: counts answers inside the window, refusals apart from errors', async () => {
+  it('closed loop: counts the answers received inside the window (none before it, none after), refusals apart from errors', async () => {
     const w = await makeWorkload('short', spec, 6, 64);
-    refuse = true;
-    const refused = await runLoad({ target, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 4 }, warmupMs: 100, durationMs: 400 }, mulberry32(1));
-    refuse = false;
-    expect(refused.requests).toBe(0);
-    expect(refused.rejected).toBeGreaterThan(0);
-    expect(refused.errors).toBe(0);
-    refused.histogram.destroy();
-    const ok = await runLoad({ target, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 4 }, warmupMs: 100, durationMs: 400 }, mulberry32(1));
-    expect(ok.requests).toBeGreaterThan(20);
-    expect(ok.histogram.totalCount).toBe(ok.requests);
-    expect(ok.inputs).toBe(ok.requests);
-    expect(ok.tokens).toBeGreaterThanOrEqual(ok.requests * 8);
-    ok.histogram.destroy();
+    const IN_WINDOW = 40;
+    /**
+     * A closed loop of 4 callers whose stand-in holds every answer until the window opens, then gives
+     * exactly IN_WINDOW answers, then holds again until the window has closed. The window (1 s) is there
+     * for those IN_WINDOW instant answers to arrive: it is only too short if the process hangs.
+     */
+    const run = async (status: number) => {
+      standIn.status = status;
+      standIn.allow(0);
+      standIn.answered = 0;
+      let marks = 0;
+      let answeredBefore = -1;
+      let answeredInside = -1;
+      const windowTarget: LoadTarget = {
+        origin: target.origin,
+        // Called just before the window's start is taken, and just after its end: the stand-in follows it.
+        cpuMs: () => {
+          if (marks++ === 0) {
+            answeredBefore = standIn.answered;
+            setImmediate(() => standIn.allow(IN_WINDOW));
+          } else {
+            answeredInside = standIn.answered;
+            setImmediate(() => standIn.allow(Infinity));
+          }
+          return null;
+        },
+      };
+      const o = await runLoad({ target: windowTarget, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 4 }, warmupMs: 100, durationMs: 1000 }, mulberry32(1));
+      expect({ marks, answeredBefore, answeredInside }).toEqual({ marks: 2, answeredBefore: 0, answeredInside: IN_WINDOW });
+      // Callers kept sending after the window: answered, not counted.
+      expect(standIn.answered).toBeGreaterThan(IN_WINDOW);
+      return o;
+    };
+
+    const refused = await run(429);
+    try {
+      expect({ requests: refused.requests, rejected: refused.rejected, errors: refused.errors }).toEqual({ requests: 0, rejected: IN_WINDOW, errors: 0 });
+      expect(refused.histogram.totalCount).toBe(0);
+    } finally {
+      refused.histogram.destroy();
+    }
+    const ok = await run(200);
+    try {
+      expect({ requests: ok.requests, rejected: ok.rejected, errors: ok.errors }).toEqual({ requests: IN_WINDOW, rejected: 0, errors: 0 });
+      expect(ok.histogram.totalCount).toBe(IN_WINDOW);
+      expect(ok.inputs).toBe(IN_WINDOW); // 'short': one input per request
+      expect(ok.tokens).toBeGreaterThanOrEqual(IN_WINDOW * 8);
+      expect(ok.tokens).toBeLessThanOrEqual(IN_WINDOW * 32);
+    } finally {
+      ok.histogram.destroy();
+    }
   });
 });
