@@ -19,7 +19,7 @@ import { startServer, type Server } from '../dist/src/main.js';
 import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, sigmoid, testServerConfig, vocabularyWords } from './helpers.js';
+import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, scoresByClassId, sigmoid, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 const MODELS = ['tiny-embed', 'tiny-intent', 'tiny-rerank'];
@@ -31,23 +31,24 @@ let server: Server;
 /** The same buckets, every row padded to its bucket's length (padTo 'bucket', as on a GPU). */
 let bucketServer: Server;
 let openai: OpenAI;
-// The independent reference: the unmodified model.onnx, one input at a time, finished by the test's code.
+// The independent references: the unmodified model.onnx, one input at a time, finished by the test's code.
+let intentRef: PlainReference;
 let rerankRef: PlainReference;
 let tok: TextTokenizer;
 let words: string[];
 
 beforeAll(async () => {
   server = await startServer(testServerConfig({ models: MODELS, batching: { buckets: BUCKETS, maxBatchSize: 32 } }));
-  bucketServer = await startServer(testServerConfig({ models: ['tiny-rerank'], batching: { buckets: BUCKETS, maxBatchSize: 32, padTo: 'bucket' } }));
+  bucketServer = await startServer(testServerConfig({ models: ['tiny-intent', 'tiny-rerank'], batching: { buckets: BUCKETS, maxBatchSize: 32, padTo: 'bucket' } }));
   await Promise.all([server.ready, bucketServer.ready]);
   openai = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'unused', maxRetries: 0 });
-  rerankRef = await PlainReference.open('tiny-rerank');
+  [intentRef, rerankRef] = await Promise.all(['tiny-intent', 'tiny-rerank'].map((m) => PlainReference.open(m)));
   tok = await loadTokenizer(rerankRef.spec.tokenizerPath);
   words = vocabularyWords(rerankRef.spec);
 }, 120_000);
 
 afterAll(async () => {
-  await rerankRef?.close();
+  await Promise.all([intentRef?.close(), rerankRef?.close()]);
   await Promise.all([server?.close(), bucketServer?.close()]);
 });
 
@@ -452,6 +453,58 @@ describe('KServe v2 / Triton', () => {
     const tooLong = tokenTensors(['parcel '.repeat(200)]);
     expect((await post('/v2/models/tiny-embed/infer', { inputs: tooLong })).status).toBe(413);
     await expectNoSlotsInUse();
+  });
+});
+
+// ------------------------------------------------------------ classify, batched
+
+for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo}`, () => {
+  it('many KServe and /predict requests at once are batched; probabilities are the softmax of the unmodified graph\'s logits, run alone', async () => {
+    const rand = makeRandom(`classify ${padTo}`);
+    const labels = intentRef.spec.labels;
+    const asked = Array.from({ length: 12 }, () => randomTexts(rand, words, 1 + Math.floor(rand() * 4), 40));
+    // All at once, through both dialects: the server batches them.
+    const ran = await ranFor(srv(), 'tiny-intent', () =>
+      Promise.all([
+        Promise.all(asked.map((texts) => postTo(srv(), '/v2/models/tiny-intent/infer', { inputs: [{ name: 'text', shape: [texts.length], datatype: 'BYTES', data: texts }] }))),
+        Promise.all(asked.map((texts) => postTo(srv(), '/predict', { inputs: texts, model: 'tiny-intent' }))),
+      ]),
+    );
+    const [kserve, predict] = ran.result;
+    let worstProbability = 0;
+    let worstLogit = 0;
+    let real = 0;
+    let bucketed = 0;
+    const top = new Set<number>();
+    for (const [k, texts] of asked.entries()) {
+      expect(kserve[k]!.status, JSON.stringify(kserve[k]!.body)).toBe(200);
+      expect(predict[k]!.status, JSON.stringify(predict[k]!.body)).toBe(200);
+      const [probabilities, logits] = kserve[k]!.body.outputs as { name: string; shape: number[]; data: number[] }[];
+      expect(probabilities).toMatchObject({ name: 'probabilities', shape: [texts.length, labels.length] });
+      expect(logits).toMatchObject({ name: 'logits', shape: [texts.length, labels.length] });
+      expect(predict[k]!.body).toHaveLength(texts.length);
+      for (const [i, text] of texts.entries()) {
+        const ids = tok.encode(text, { maxLength: 128, truncate: false }).ids;
+        const want = await intentRef.classification(ids);
+        const at = (o: { data: number[] }) => o.data.slice(i * labels.length, (i + 1) * labels.length);
+        worstProbability = Math.max(worstProbability, maxAbsDiff(at(probabilities!), want.probabilities), maxAbsDiff(scoresByClassId(predict[k]!.body[i], labels), want.probabilities));
+        worstLogit = Math.max(worstLogit, maxAbsDiff(at(logits!), want.logits));
+        top.add(want.probabilities.indexOf(Math.max(...want.probabilities)));
+        real += 2 * ids.length; // each text ran twice: KServe and /predict
+        bucketed += 2 * bucketLength(ids.length);
+      }
+    }
+    const inputs = asked.reduce((s, t) => s + t.length, 0);
+    console.log(`classify ${padTo}: ${inputs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |probability| ${worstProbability.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
+    expect(worstProbability).toBeLessThan(TOLERANCE);
+    expect(worstLogit).toBeLessThan(TOLERANCE);
+    expect(top.size).toBeGreaterThan(1); // not one class for every text
+    // Batched: every text ran once per request, in fewer batches than requests.
+    expect(ran.rows).toBe(inputs * 2);
+    expect(ran.batches).toBeLessThan(asked.length * 2);
+    expect(ran.real).toBe(real);
+    if (padTo === 'bucket') expect(ran.padded).toBe(bucketed);
+    else expect(ran.padded).toBeLessThan(bucketed);
   });
 });
 
