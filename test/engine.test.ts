@@ -4,29 +4,35 @@
  * batch equals the same input run alone and unpadded (mask and padding must
  * not leak between rows), on fresh random inputs every run.
  */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { createEngine, type Engine } from '../dist/src/index.js';
 import { CPU_RUN_TOKENS } from '../dist/src/gpu-worker/runner.js';
-import { eventually, makeRandom, maxAbsDiff, randomTexts, randomTokenSequences, Reference, vocabularyWords } from './helpers.js';
+import { writePreset } from '../dist/src/modelgen/presets.js';
+import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, randomTokenSequences, Reference, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 
 let engine: Engine;
 let embedRef: Reference;
-let intentRef: Reference;
+// The independent references: each model's unmodified model.onnx, one input at a time, finished by the test's code.
+let embedPlain: PlainReference;
+let intentPlain: PlainReference;
 
 beforeAll(async () => {
   // padded to the bucket here (fixed shapes, as on a GPU); the padTo 'longest' path (CPU's default) has its own test below
   engine = await createEngine({ device: 'cpu', models: ['tiny-embed', 'tiny-intent'], batching: { padTo: 'bucket' }, log: () => {} });
   embedRef = await Reference.open('tiny-embed');
-  intentRef = await Reference.open('tiny-intent');
+  [embedPlain, intentPlain] = await Promise.all(['tiny-embed', 'tiny-intent'].map((m) => PlainReference.open(m)));
 }, 120_000);
 
 afterAll(async () => {
   await engine?.close();
   await embedRef?.close();
-  await intentRef?.close();
+  await Promise.all([embedPlain?.close(), intentPlain?.close()]);
 });
 
 function expectNoSlotsInUse() {
@@ -73,23 +79,35 @@ describe('batched results equal one-at-a-time results', () => {
     expect(maxAbsDiff(clean.subarray(0, 128), leaky.subarray(0, 128))).toBeGreaterThan(1e-3);
   });
 
-  it('class probabilities and logits, sent all at once', async () => {
+  it('class probabilities and logits, sent all at once: the unmodified graph\'s logits run alone, and their softmax', async () => {
     const rand = makeRandom('classify mask test');
-    const texts = randomTexts(rand, vocabularyWords(intentRef.spec), 80, 60);
-    const batched = await engine.classify(texts);
-    const tok = await loadTokenizer(intentRef.spec.tokenizerPath);
-    let worst = 0;
+    const texts = randomTexts(rand, vocabularyWords(intentPlain.spec), 80, 60);
+    const before = engine.stats()['tiny-intent']!;
+    // One request a text, all at once: the engine batches them (padded to the bucket).
+    const batched = (await Promise.all(texts.map((t) => engine.classify(t)))).map((r) => r[0]!);
+    const after = engine.stats()['tiny-intent']!;
+    expect(after.rows - before.rows).toBe(texts.length);
+    expect(after.batches - before.batches).toBeLessThan(texts.length); // really batched
+    expect(after.paddedTokens - before.paddedTokens).toBeGreaterThan(after.realTokens - before.realTokens); // really padded
+
+    const tok = await loadTokenizer(intentPlain.spec.tokenizerPath);
+    let worstProbability = 0;
+    let worstLogit = 0;
     const labels = new Set<string>();
     for (let i = 0; i < texts.length; i++) {
-      const ref = await intentRef.row(tok.encode(texts[i]!, { maxLength: 512, truncate: false }).ids);
+      const want = await intentPlain.classification(tok.encode(texts[i]!, { maxLength: 512, truncate: false }).ids);
       const got = batched[i]!;
-      worst = Math.max(worst, maxAbsDiff(got.probabilities, ref.subarray(0, 8)), maxAbsDiff(got.logits, ref.subarray(8, 16)));
+      worstProbability = Math.max(worstProbability, maxAbsDiff(got.probabilities, want.probabilities));
+      worstLogit = Math.max(worstLogit, maxAbsDiff(got.logits, want.logits));
       labels.add(got.label);
       const sum = got.probabilities.reduce((a, b) => a + b, 0);
       expect(sum).toBeCloseTo(1, 5);
       expect(got.score).toBe(Math.max(...got.probabilities));
+      expect(got.label).toBe(intentPlain.spec.labels[want.probabilities.indexOf(Math.max(...want.probabilities))]);
     }
-    expect(worst).toBeLessThan(TOLERANCE);
+    console.log(`engine classify: ${texts.length} rows in ${after.batches - before.batches} batches; worst |probability| ${worstProbability.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
+    expect(worstProbability).toBeLessThan(TOLERANCE);
+    expect(worstLogit).toBeLessThan(TOLERANCE);
     expect(labels.size).toBeGreaterThan(1);
   });
 });
