@@ -1,0 +1,118 @@
+/**
+ * Refusals a client can read while it is still sending its body. A 413 (or a
+ * 503 while draining) closes its connection; closing at once, with the
+ * client's body still arriving, resets the connection, and a client still
+ * writing sees EPIPE or ECONNRESET instead of the status. The server answers
+ * at once, reads and drops the rest of the body (up to --linger-bytes and
+ * --linger-ms, as nginx's lingering close does), and only then lets the
+ * connection close.
+ */
+import net from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startServer, type Server } from '../dist/src/main.js';
+import { parseMetrics } from './fixtures/http-client.js';
+import { eventually, testServerConfig } from './helpers.js';
+
+const MIB = 2 ** 20;
+let server: Server;
+let tight: Server;
+const url = (s: Server, path = '/embed') => `http://127.0.0.1:${s.port}${path}`;
+
+beforeAll(async () => {
+  server = await startServer(testServerConfig({ models: ['tiny-embed'], maxBodyBytes: 2 * MIB }));
+  tight = await startServer(testServerConfig({ models: ['tiny-embed'], maxBodyBytes: 2 * MIB, lingerBytes: 4 * MIB, lingerMs: 300 }));
+  await Promise.all([server.ready, tight.ready]);
+}, 120_000);
+
+afterAll(async () => {
+  await Promise.all([server?.close(), tight?.close()]);
+});
+
+/**
+ * A raw client: the request head, then up to `bodyBytes` of body written as
+ * fast as the socket takes it (or `trickle` bytes then silence). What it read,
+ * how much it wrote before the connection ended, and any error on the way.
+ */
+function rawPost(s: Server, head: string, bodyBytes: number, trickle?: number): Promise<{ read: string; written: number; error?: string; ms: number }> {
+  return new Promise((resolve) => {
+    const started = performance.now();
+    const sock = net.connect(s.port, '127.0.0.1');
+    let read = '';
+    let written = 0;
+    let error: string | undefined;
+    sock.on('data', (d) => (read += d.toString('latin1')));
+    sock.on('error', (e: NodeJS.ErrnoException) => (error = e.code));
+    sock.on('close', () => resolve({ read, written, ms: performance.now() - started, ...(error ? { error } : {}) }));
+    sock.write(head);
+    const chunk = Buffer.alloc(MIB, 0x20);
+    if (trickle !== undefined) {
+      sock.write(chunk.subarray(0, trickle));
+      written = trickle;
+      return;
+    }
+    const pump = () => {
+      while (written < bodyBytes && !sock.destroyed) {
+        const n = Math.min(chunk.length, bodyBytes - written);
+        written += n;
+        if (!sock.write(chunk.subarray(0, n))) return void sock.once('drain', pump);
+      }
+      if (written >= bodyBytes) sock.end();
+    };
+    pump();
+  });
+}
+
+describe('a body over --max-body-bytes', () => {
+  it('declared by Content-Length (64 MiB): fetch reads the 413, five times in five, and the server keeps serving', async () => {
+    for (let i = 0; i < 5; i++) {
+      const r = await fetch(url(server), { method: 'POST', headers: { 'content-type': 'application/json' }, body: Buffer.alloc(64 * MIB, 0x20) });
+      expect(r.status).toBe(413);
+      expect(r.headers.get('connection')).toBe('close');
+      expect(((await r.json()) as { code: string }).code).toBe('SLABSERVE_PAYLOAD_TOO_LARGE');
+    }
+    const ok = await fetch(url(server), { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: 'still here' }) });
+    expect(ok.status).toBe(200);
+  });
+
+  it('growing past the limit without a length (chunked): the 413 is read too', async () => {
+    let sent = 0;
+    const body = new ReadableStream<Uint8Array>({
+      pull(controller) {
+        if (sent >= 16 * MIB) return controller.close();
+        sent += MIB;
+        controller.enqueue(new Uint8Array(MIB).fill(0x20));
+      },
+    });
+    const r = await fetch(url(server), { method: 'POST', headers: { 'content-type': 'application/json' }, body, duplex: 'half' } as RequestInit);
+    expect(r.status).toBe(413);
+    await r.arrayBuffer();
+  });
+
+  it('on a raw socket: the status line arrives while the body is still being written; the server closes once it has all been read', async () => {
+    const total = 32 * MIB;
+    const r = await rawPost(server, `POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${total}\r\n\r\n`, total);
+    expect(r.read).toMatch(/^HTTP\/1\.1 413 /);
+    expect(r.read.toLowerCase()).toContain('connection: close');
+    expect(r.error).toBeUndefined(); // no reset, no broken pipe
+    expect(r.written).toBe(total);
+  });
+
+  it('past --linger-bytes the connection is closed, the status read first', async () => {
+    const total = 64 * MIB;
+    const r = await rawPost(tight, `POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${total}\r\n\r\n`, total);
+    expect(r.read).toMatch(/^HTTP\/1\.1 413 /);
+    expect(r.written).toBeLessThan(total); // cut: it never finished writing
+  });
+
+  it('past --linger-ms a client that stopped sending is closed, the status read first', async () => {
+    const r = await rawPost(tight, `POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${10 * MIB}\r\n\r\n`, 0, 1024);
+    expect(r.read).toMatch(/^HTTP\/1\.1 413 /);
+    expect(r.ms).toBeGreaterThanOrEqual(250); // it waited (--linger-ms 300), then closed; the test's own bound catches a hang
+  });
+
+  it('nothing is left behind: no slot in use, no request counted in progress', async () => {
+    for (const s of [server, tight]) {
+      await eventually('slots and connections back to zero', async () => parseMetrics(await (await fetch(url(s, '/metrics'))).text()), (m) => m.sum('slabserve_slots_in_use') === 0 && m.sum('slabserve_connections', { kind: 'http' }) <= 1);
+    }
+  });
+});
