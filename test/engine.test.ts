@@ -178,16 +178,55 @@ describe('many concurrent requests', () => {
     expectNoSlotsInUse();
   });
 
-  it('both models at once: each request answered by its own model', async () => {
-    const rand = makeRandom('two models');
-    const texts = randomTexts(rand, vocabularyWords(embedRef.spec), 60, 20);
-    const [emb, cls] = await Promise.all([engine.embed(texts), engine.classify(texts)]);
-    expect(emb).toHaveLength(60);
-    expect(cls).toHaveLength(60);
-    expect(emb[0]).toHaveLength(128);
-    expect(cls[0]!.probabilities).toHaveLength(8);
-    expectNoSlotsInUse();
-  });
+  it('three models at once, two of them embedding models of one width: each request answered by its own model, by value', async () => {
+    // tiny-minilm: tiny-embed's layout and tokenizer (mean pooling, normalised) with other weights, so that a row
+    // from the wrong embedding model has the right length and only its values can tell it apart.
+    const root = mkdtempSync(join(tmpdir(), 'slabserve-engine-models-'));
+    const minilmDir = writePreset('tiny-minilm', root).dir;
+    const three = await createEngine({ device: 'cpu', models: ['tiny-embed', minilmDir, 'tiny-intent'], batching: { buckets: [16, 32, 64], padTo: 'bucket' }, log: () => {} });
+    const minilmPlain = await PlainReference.open(minilmDir);
+    try {
+      const rand = makeRandom('three models');
+      const texts = randomTexts(rand, vocabularyWords(embedPlain.spec), 40, 20);
+      const before = three.stats();
+      // Every text to every model, interleaved, all at once.
+      const answers = await Promise.all(
+        texts.map((t) => Promise.all([three.embed(t, { model: 'tiny-embed' }), three.embed(t, { model: 'tiny-minilm' }), three.classify(t, { model: 'tiny-intent' })])),
+      );
+      const after = three.stats();
+      for (const m of ['tiny-embed', 'tiny-minilm', 'tiny-intent']) {
+        expect(after[m]!.rows - before[m]!.rows, m).toBe(texts.length);
+        expect(after[m]!.batches - before[m]!.batches, m).toBeLessThan(texts.length); // batched
+      }
+      const toks = await Promise.all([embedPlain, minilmPlain, intentPlain].map((r) => loadTokenizer(r.spec.tokenizerPath)));
+      const ids = (k: number, t: string) => toks[k]!.encode(t, { maxLength: 64, truncate: false }).ids;
+      let worstEmbed = 0;
+      let worstMinilm = 0;
+      let worstIntent = 0;
+      let closestModels = Infinity;
+      for (const [i, t] of texts.entries()) {
+        const [[emb], [mini], [cls]] = answers[i]!;
+        const wantEmbed = await embedPlain.embedding(ids(0, t));
+        const wantMinilm = await minilmPlain.embedding(ids(1, t));
+        const wantIntent = await intentPlain.classification(ids(2, t));
+        worstEmbed = Math.max(worstEmbed, maxAbsDiff(emb!, wantEmbed));
+        worstMinilm = Math.max(worstMinilm, maxAbsDiff(mini!, wantMinilm));
+        worstIntent = Math.max(worstIntent, maxAbsDiff(cls!.probabilities, wantIntent.probabilities), maxAbsDiff(cls!.logits, wantIntent.logits));
+        // The check is sharp: the two embedding models' references are far apart on every text.
+        closestModels = Math.min(closestModels, maxAbsDiff(wantEmbed, wantMinilm));
+      }
+      console.log(`three models: worst tiny-embed ${worstEmbed.toExponential(2)}, tiny-minilm ${worstMinilm.toExponential(2)}, tiny-intent ${worstIntent.toExponential(2)}; the embedding models at least ${closestModels.toExponential(2)} apart`);
+      expect(worstEmbed).toBeLessThan(TOLERANCE);
+      expect(worstMinilm).toBeLessThan(TOLERANCE);
+      expect(worstIntent).toBeLessThan(TOLERANCE);
+      expect(closestModels).toBeGreaterThan(1e-2);
+      for (const [name, s] of Object.entries(three.stats())) expect(s.slotsInUse, `slots in use for ${name}`).toBe(0);
+    } finally {
+      await minilmPlain.close();
+      await three.close();
+      rmSync(root, { recursive: true, force: true });
+    }
+  }, 60_000);
 });
 
 describe('request options and errors', () => {
