@@ -14,9 +14,10 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { makeRandom, modelsDir, randomTexts, sleep, vocabularyWords } from './helpers.js';
+import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, sleep, vocabularyWords } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
 
@@ -140,6 +141,20 @@ const pidOf = new Map<number, number>();
 const everyPid = new Set<number>();
 let exited: Promise<{ code: number | null; signal: string | null }>;
 let texts: () => string[];
+/** The independent reference: tiny-embed's unmodified graph, one text alone, mean-pooled and normalised by the test. */
+let embedRef: PlainReference;
+let tok: TextTokenizer;
+
+const TOLERANCE = 1e-5;
+
+/** The largest difference between the rows of an /embed answer and the reference's for its texts (Infinity if the count differs). */
+async function worstRow(sent: string[], body: string): Promise<number> {
+  const rows = JSON.parse(body) as number[][];
+  if (rows.length !== sent.length) return Infinity;
+  let worst = 0;
+  for (const [i, t] of sent.entries()) worst = Math.max(worst, maxAbsDiff(rows[i]!, await embedRef.embedding(tok.encode(t, { maxLength: 512, truncate: false }).ids)));
+  return worst;
+}
 
 /** Waits for a line of the primary's log (its own and its workers') matching `re`, after `from` characters. */
 async function logLine(re: RegExp, from = 0, limitMs = 60_000): Promise<RegExpExecArray> {
@@ -184,6 +199,8 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
     const rand = makeRandom('cluster');
     const words = vocabularyWords(spec);
     texts = () => randomTexts(rand, words, 1 + Math.floor(rand() * 3), 12);
+    embedRef = await PlainReference.open('tiny-embed');
+    tok = await loadTokenizer(spec.tokenizerPath);
 
     primary = spawn(
       process.execPath,
@@ -205,6 +222,7 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
   afterAll(async () => {
     if (primary && primary.exitCode === null && primary.signalCode === null) primary.kill('SIGKILL');
     for (const pid of everyPid) if (alive(pid)) process.kill(pid, 'SIGKILL');
+    await embedRef?.close();
   });
 
   it('both processes answer, and /metrics sums their requests', async () => {
@@ -213,20 +231,23 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
     const by = await connectionsTo(pids, 2);
     let inputs = 0;
     let requests = 0;
+    const worst = new Map<number, number>();
     for (const [pid, conns] of by) {
       for (const c of conns) {
         for (let k = 0; k < 3; k++) {
           const t = texts();
           const r = await c.request('POST', '/embed', { inputs: t });
           expect(r.status, `pid ${pid}: ${r.body}`).toBe(200);
-          const rows = JSON.parse(r.body) as number[][];
-          expect(rows.map((row) => row.length)).toEqual(t.map(() => 128));
+          // Each process's rows: the reference's, not merely 128 numbers each.
+          worst.set(pid, Math.max(worst.get(pid) ?? 0, await worstRow(t, r.body)));
           inputs += t.length;
           requests++;
         }
         c.close();
       }
     }
+    console.log(`cluster rows: worst difference from the reference by pid ${JSON.stringify(Object.fromEntries(worst))}`);
+    for (const [pid, d] of worst) expect(d, `pid ${pid}`).toBeLessThan(TOLERANCE);
     const m = await scrape();
     // Summed across both processes: each served some of them.
     expect(m.sum('slabserve_request_inputs_total', { model: 'tiny-embed', route: '/embed' })).toBe(inputs);
@@ -248,18 +269,20 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
     const [victim, survivor] = [pidOf.get(0)!, pidOf.get(1)!];
     killedIndex = 0;
     const by = await connectionsTo([victim, survivor], 4);
-    type Tally = { pid: number; statuses: number[]; afterKill: number; error: string | null };
+    type Tally = { pid: number; statuses: number[]; afterKill: number; error: string | null; answered: { sent: string[]; body: string }[] };
     const tallies: Tally[] = [];
     let stop = false;
     let killed = false;
     const loops = [...by].flatMap(([pid, conns]) =>
       conns.map(async (c) => {
-        const t: Tally = { pid, statuses: [], afterKill: 0, error: null };
+        const t: Tally = { pid, statuses: [], afterKill: 0, error: null, answered: [] };
         tallies.push(t);
         while (!stop) {
           try {
-            const r = await c.request('POST', '/embed', { inputs: texts() });
+            const sent = texts();
+            const r = await c.request('POST', '/embed', { inputs: sent });
             t.statuses.push(r.status);
+            if (r.status === 200) t.answered.push({ sent, body: r.body });
             if (killed) t.afterKill++;
           } catch (err) {
             t.error = (err as Error).message;
@@ -272,7 +295,7 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
     const bounded = async (what: string, ok: () => boolean) => {
       const deadline = Date.now() + 20_000;
       while (!ok()) {
-        if (Date.now() > deadline) throw new Error(`${what}: never; ${JSON.stringify(tallies.map((t) => ({ ...t, statuses: t.statuses.length })))}`);
+        if (Date.now() > deadline) throw new Error(`${what}: never; ${JSON.stringify(tallies.map((t) => ({ ...t, statuses: t.statuses.length, answered: t.answered.length })))}`);
         await sleep(20);
       }
     };
@@ -304,6 +327,18 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
       expect(t.error).not.toBeNull();
       expect(t.statuses.every((s) => s === 200)).toBe(true);
     }
+    // Every answer, of either process, before and after the kill: the reference's rows.
+    let worst = 0;
+    let checked = 0;
+    for (const t of tallies) {
+      for (const a of t.answered) {
+        worst = Math.max(worst, await worstRow(a.sent, a.body));
+        checked++;
+      }
+    }
+    console.log(`cluster kill: ${checked} answers checked against the reference, worst difference ${worst.toExponential(2)}`);
+    expect(checked).toBe(tallies.reduce((s, t) => s + t.statuses.length, 0));
+    expect(worst).toBeLessThan(TOLERANCE);
   });
 
   it('the primary restarts the killed process, which turns ready again', async () => {
@@ -316,7 +351,10 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
     const by = await connectionsTo([fresh], 1);
     const c = by.get(fresh)![0]!;
     expect((await c.request('GET', '/readyz')).status).toBe(200);
-    expect((await c.request('POST', '/embed', { inputs: 'back again' })).status).toBe(200);
+    const sent = texts();
+    const back = await c.request('POST', '/embed', { inputs: sent });
+    expect(back.status).toBe(200);
+    expect(await worstRow(sent, back.body)).toBeLessThan(TOLERANCE); // the restarted process's rows are the reference's
     c.close();
     const m = await scrape();
     expect(m.sum('slabserve_cluster_restarts_total', { process: String(killedIndex) })).toBe(1);
