@@ -30,7 +30,7 @@
 import cluster, { type Worker as ClusterWorker } from 'node:cluster';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client';
-import { parseDevice } from './gpu-worker/device.js';
+import { checkDevice } from './gpu-worker/device.js';
 import { defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './main.js';
 import { ValidationError } from './shared/errors.js';
 import { RpcPeer } from './shared/rpc.js';
@@ -112,7 +112,7 @@ export function planProcesses(config: Pick<ServerConfig, 'device' | 'port' | 'ga
   }
   for (const d of devices) {
     try {
-      parseDevice(d);
+      checkDevice(d);
     } catch (err) {
       throw new ValidationError(`--devices: ${(err as Error).message}`);
     }

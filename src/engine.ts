@@ -13,7 +13,7 @@ import { classifications, embeddings, InferenceClient, rowOf, type CallInputs, t
 import { Cancellation } from './shared/cancel.js';
 import { prompted } from './gateway/prompts.js';
 import { loadModelTokenizer, type Encoding } from './gateway/tokenizer.js';
-import { cudaProviderInstalled, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
+import { checkDevice, cudaProviderInstalled, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { bucketPlans, InferenceSupervisor, loadModels } from './inference-host.js';
@@ -303,6 +303,7 @@ export class Engine {
 
 export async function createEngine(options: EngineOptions = {}): Promise<Engine> {
   const log = options.log ?? ((line: string) => process.stderr.write(line + '\n'));
+  checkDevice(options.device ?? ENGINE_DEFAULTS.device); // before any thread starts
   const owners = 1;
   const plans = loadModels({
     ...(options.modelsDir ? { modelsDir: options.modelsDir } : {}),

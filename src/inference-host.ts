@@ -68,7 +68,7 @@ export interface LoadModelsOptions {
 export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
   const modelsDir = resolve(opts.modelsDir ?? join(packageRoot, 'models'));
   const names = opts.models && opts.models.length > 0 ? opts.models : listModelDirs(modelsDir);
-  if (names.length === 0) throw new Error(`no models in ${modelsDir}: run \`npm run models\` to generate the defaults`);
+  if (names.length === 0) throw new Error(noModelsMessage(modelsDir));
   const folders = names.map((given) => modelFolder(modelsDir, given));
   const seen = new Set<string>();
   for (const f of folders) {
@@ -84,6 +84,14 @@ export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
     const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
     return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
   });
+}
+
+/** Why `modelsDir` gives no model, for an operator: it is not there, or holds no model folder. */
+function noModelsMessage(modelsDir: string): string {
+  // The generator's hint only where the generated defaults belong: the package's own models/.
+  const hint = modelsDir === join(packageRoot, 'models') ? ': run `npm run models` to generate the defaults' : '';
+  if (!existsSync(modelsDir)) return `the models directory ${modelsDir} does not exist (--models-dir)${hint}`;
+  return `the models directory ${modelsDir} holds no model folder (a folder with a config.json; --models-dir, or --model PATH)${hint}`;
 }
 
 /**

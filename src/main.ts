@@ -25,7 +25,7 @@ import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
 import type { LogLevel } from './gateway/log.js';
-import { describeCuda, type DeviceInfo } from './gpu-worker/device.js';
+import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
 import { freeStuckFilling, InferenceSupervisor, loadModels, reclaimOwner, type ModelPlan } from './inference-host.js';
@@ -222,7 +222,7 @@ export function ensurePortFree(host: string, port: number): Promise<void> {
     probe.once('error', (err: NodeJS.ErrnoException) =>
       reject(
         err.code === 'EADDRINUSE'
-          ? new SlabserveError(`port ${port} on ${host} is in use (another slabserve, or another program)`, 'SLABSERVE_PORT_IN_USE', 'unavailable')
+          ? new SlabserveError(`${host}:${port} is in use (another slabserve, or another program): stop it, or choose another --port`, 'SLABSERVE_PORT_IN_USE', 'unavailable')
           : err,
       ),
     );
@@ -249,6 +249,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       `--max-client-batch-size (${config.maxClientBatchSize}) exceeds --slots-per-model (${config.slotsPerModel}): such a request could never be admitted`,
     );
   }
+  // An operator's mistakes, before any thread starts: a taken port, a device this machine lacks.
+  if (config.port !== 0 && !config.sharedPort) await ensurePortFree(config.host, config.port);
+  checkDevice(config.device);
   const owners = 1 + config.gatewayThreads; // owner 0 is this thread
   const plans = loadModels({
     ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
@@ -267,6 +270,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   // The event-loop delay of the main thread once a second (prom-client's default is every 10 ms: 100 wake-ups a second at rest).
   collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: 1000 });
   const supervision = supervisionMetrics(registry, { abandonedInferenceThreads: () => inference.abandoned });
+  log(`slabserve: opening ${plans.map((p) => p.spec.name).join(', ')} on device ${config.device}; warm-up follows`);
   const inference = new InferenceSupervisor(plans, control, {
     device: config.device,
     intraOpThreads: config.intraOpThreads,
@@ -440,7 +444,6 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     // uSockets sets SO_REUSEPORT only for a fixed port, so with --port 0 pick a free port first:
     // the first gateway binds it, the others join, and a gateway restarted after a crash rejoins it.
     const wanted = config.port === 0 ? await pickFreePort(config.host) : config.port;
-    if (config.port !== 0 && !config.sharedPort) await ensurePortFree(config.host, config.port);
     const first = await startGateway(0, wanted);
     port = first.port;
     for (let g = 1; g < config.gatewayThreads; g++) await startGateway(g, port);

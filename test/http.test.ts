@@ -315,7 +315,7 @@ describe('routes, JSON and msgpack (one gateway thread)', () => {
 
   it('a second server on the same fixed port is refused before it starts (uWS would share it silently), and the first serves on', async () => {
     const port = server.port;
-    await expect(startServer(config({ port, models: ['tiny-embed'] }))).rejects.toMatchObject({ code: 'SLABSERVE_PORT_IN_USE', message: `port ${port} on 127.0.0.1 is in use (another slabserve, or another program)` });
+    await expect(startServer(config({ port, models: ['tiny-embed'] }))).rejects.toMatchObject({ code: 'SLABSERVE_PORT_IN_USE', message: `127.0.0.1:${port} is in use (another slabserve, or another program): stop it, or choose another --port` });
     expect((await client.get('/readyz')).status).toBe(200);
   });
 

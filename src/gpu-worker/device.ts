@@ -49,6 +49,33 @@ export function cudaProviderInstalled(): boolean {
   return existsSync(join(dir, 'libonnxruntime_providers_cuda.so')) && existsSync(join(dir, 'libonnxruntime_providers_shared.so'));
 }
 
+/**
+ * An operator's mistake in --device, found before any thread starts: a form
+ * we do not know, CUDA asked for without its provider libraries, or a GPU
+ * index this machine does not have (where nvidia-smi can tell). `auto` never fails.
+ */
+export function checkDevice(request: string): void {
+  const want = parseDevice(request);
+  if (want.kind !== 'cuda') return;
+  if (!cudaProviderInstalled()) throw new Error(CUDA_NOT_INSTALLED);
+  const count = cudaDeviceCount();
+  if (count !== undefined && want.id >= count) {
+    throw new Error(`device cuda:${want.id} requested but this machine has ${count} GPU${count === 1 ? '' : 's'} (nvidia-smi): --device cuda:0${count > 1 ? ` .. cuda:${count - 1}` : ''}`);
+  }
+}
+
+export const CUDA_NOT_INSTALLED = 'device cuda requested but the CUDA provider libraries are not installed: run `npm run cuda:install`';
+
+/** GPUs nvidia-smi lists; undefined without nvidia-smi. */
+function cudaDeviceCount(): number | undefined {
+  try {
+    const out = execFileSync('nvidia-smi', ['--query-gpu=index', '--format=csv,noheader'], { encoding: 'utf8', timeout: 5000, stdio: ['ignore', 'pipe', 'ignore'] });
+    return out.split('\n').filter((l) => l.trim() !== '').length;
+  } catch {
+    return undefined;
+  }
+}
+
 export function describeCpu(): DeviceInfo {
   return { kind: 'cpu', id: 0, label: 'cpu', provider: 'CPUExecutionProvider', name: `${cpus()[0]?.model ?? 'unknown CPU'} x${cpus().length}`, memoryTotalBytes: totalmem() };
 }
