@@ -3,9 +3,13 @@
  * onnxruntime on CPU): OpenAI's embeddings through the official `openai`
  * client, KServe v2 / Triton's infer protocol, and the rest of
  * text-embeddings-inference's API (rerank, tokenize, decode, pre-tokenized
- * inputs). Each dialect must give what the core /embed gives for the same
- * input; rerank scores are checked against an unbatched onnxruntime run of
- * each pair, token offsets against the Rust `tokenizers` library.
+ * inputs). Each dialect's rows are checked against the independent
+ * reference: the model's unmodified model.onnx run by a plain onnxruntime
+ * session on each input (or pair) alone, unpadded, its output pooled and
+ * normalised, or put through softmax or sigmoid, by the test's own code
+ * (PlainReference); the batched checks run on a second server that pads to
+ * the bucket too, and read /metrics to show that batching happened. Token
+ * offsets are checked against the Rust `tokenizers` library.
  */
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -32,6 +36,7 @@ let server: Server;
 let bucketServer: Server;
 let openai: OpenAI;
 // The independent references: the unmodified model.onnx, one input at a time, finished by the test's code.
+let embedRef: PlainReference;
 let intentRef: PlainReference;
 let rerankRef: PlainReference;
 let tok: TextTokenizer;
@@ -42,13 +47,13 @@ beforeAll(async () => {
   bucketServer = await startServer(testServerConfig({ models: ['tiny-intent', 'tiny-rerank'], batching: { buckets: BUCKETS, maxBatchSize: 32, padTo: 'bucket' } }));
   await Promise.all([server.ready, bucketServer.ready]);
   openai = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'unused', maxRetries: 0 });
-  [intentRef, rerankRef] = await Promise.all(['tiny-intent', 'tiny-rerank'].map((m) => PlainReference.open(m)));
+  [embedRef, intentRef, rerankRef] = await Promise.all(['tiny-embed', 'tiny-intent', 'tiny-rerank'].map((m) => PlainReference.open(m)));
   tok = await loadTokenizer(rerankRef.spec.tokenizerPath);
   words = vocabularyWords(rerankRef.spec);
 }, 120_000);
 
 afterAll(async () => {
-  await Promise.all([intentRef?.close(), rerankRef?.close()]);
+  await Promise.all([embedRef?.close(), intentRef?.close(), rerankRef?.close()]);
   await Promise.all([server?.close(), bucketServer?.close()]);
 });
 
@@ -78,10 +83,9 @@ async function call(method: string, path: string, body?: unknown, raw?: string):
 const post = (path: string, body: unknown) => call('POST', path, body);
 const get = (path: string) => call('GET', path);
 
-async function embed(inputs: string | string[], model = 'tiny-embed'): Promise<number[][]> {
-  const r = await post('/embed', { inputs, model });
-  expect(r.status).toBe(200);
-  return r.body as number[][];
+/** tiny-embed's unmodified graph on each text alone, mean-pooled and normalised by the test: what every dialect must answer. */
+async function refEmbeddings(texts: string[]): Promise<Float64Array[]> {
+  return Promise.all(texts.map((t) => embedRef.embedding(tok.encode(t, { maxLength: 128, truncate: false }).ids)));
 }
 
 /** Slots in use per model, from /metrics (the owner frees a slot after reading it, so poll briefly). */
@@ -159,10 +163,10 @@ function messyTexts(rand: () => number, count: number): string[] {
 // ------------------------------------------------------------ OpenAI
 
 describe('OpenAI /v1 through the official client', () => {
-  it('a string, a list, and token arrays embed as /embed does', async () => {
+  it('a string, a list, and token arrays: each the unmodified graph\'s embedding of that input alone', async () => {
     const rand = makeRandom('openai embeddings');
     const texts = randomTexts(rand, words, 6, 20);
-    const expected = await embed(texts);
+    const expected = await refEmbeddings(texts);
 
     const one = await openai.embeddings.create({ model: 'tiny-embed', input: texts[0]! });
     expect(one.object).toBe('list');
@@ -194,10 +198,10 @@ describe('OpenAI /v1 through the official client', () => {
   });
 
   it('base64 is the little-endian float32 bytes of the same vector', async () => {
-    const text = 'where is my parcel';
-    const [expected] = await embed(text);
+    const [text] = randomTexts(makeRandom('openai base64'), words, 1, 20);
+    const [expected] = await refEmbeddings([text!]);
     // the client asks for base64 by default and decodes it; asked explicitly, it hands the string over
-    const viaClient = await openai.embeddings.create({ model: 'tiny-embed', input: text, encoding_format: 'base64' });
+    const viaClient = await openai.embeddings.create({ model: 'tiny-embed', input: text!, encoding_format: 'base64' });
     const fromClient = viaClient.data[0]!.embedding as unknown as string;
     expect(typeof fromClient).toBe('string');
 
@@ -215,19 +219,20 @@ describe('OpenAI /v1 through the official client', () => {
       expect(maxAbsDiff(decode(d.embedding as string), expected!)).toBeLessThan(TOLERANCE);
     }
     // by default the client asks for base64 itself and decodes it to numbers
-    const decoded = await openai.embeddings.create({ model: 'tiny-embed', input: text });
+    const decoded = await openai.embeddings.create({ model: 'tiny-embed', input: text! });
     expect(maxAbsDiff(decoded.data[0]!.embedding, expected!)).toBeLessThan(TOLERANCE);
   });
 
   it('dimensions keeps the first N components, normalised again; more than the model has is refused', async () => {
-    const text = 'cancel my subscription please';
-    const [full] = await embed(text);
-    const r = await openai.embeddings.create({ model: 'tiny-embed', input: text, dimensions: 16 });
+    const [text] = randomTexts(makeRandom('openai dimensions'), words, 1, 20);
+    const [full] = await refEmbeddings([text!]);
+    const r = await openai.embeddings.create({ model: 'tiny-embed', input: text!, dimensions: 16 });
     const v = r.data[0]!.embedding;
     expect(v).toHaveLength(16);
     const head = full!.slice(0, 16);
     const norm = Math.hypot(...head);
     expect(maxAbsDiff(v, head.map((x) => x / norm))).toBeLessThan(TOLERANCE);
+    expect(maxAbsDiff(v, full!.slice(0, 16))).toBeGreaterThan(1e-3); // normalised again: not merely cut
     expect(Math.hypot(...v)).toBeCloseTo(1, 5);
 
     const err = await openai.embeddings.create({ model: 'tiny-embed', input: text, dimensions: 129 }).catch((e: unknown) => e);
@@ -356,10 +361,10 @@ describe('KServe v2 / Triton', () => {
     expect((await get('/v2/models/tiny-embed/versions/7')).status).toBe(404);
   });
 
-  it('INT64 and INT32 token tensors (right-padded) embed as /embed does the texts', async () => {
+  it('INT64 and INT32 token tensors (right-padded): each row the unmodified graph\'s embedding of that text alone', async () => {
     const rand = makeRandom('kserve tokens');
     const texts = randomTexts(rand, words, 5, 25);
-    const expected = await embed(texts);
+    const expected = await refEmbeddings(texts);
     for (const datatype of ['INT64', 'INT32'] as const) {
       const r = await post('/v2/models/tiny-embed/infer', { id: 'req-1', inputs: tokenTensors(texts, datatype) });
       expect(r.status).toBe(200);
@@ -379,39 +384,46 @@ describe('KServe v2 / Triton', () => {
     expect(maxAbsDiff(n.body.outputs[0].data.slice(0, 128), expected[0]!)).toBeLessThan(TOLERANCE);
   });
 
-  it('BYTES text input, classifier outputs picked by `outputs`, rerank scores', async () => {
-    const texts = ['where is my parcel', 'I want my money back', 'hello there'];
-    const expected = await embed(texts);
+  it('BYTES text input, classifier outputs picked by `outputs`, rerank scores: each the unmodified graph\'s on that input alone', async () => {
+    const rand = makeRandom('kserve bytes');
+    const texts = randomTexts(rand, words, 3, 25);
+    const expected = await refEmbeddings(texts);
     const r = await post('/v2/models/tiny-embed/infer', { inputs: [{ name: 'text', shape: [3], datatype: 'BYTES', data: texts }] });
     expect(r.status).toBe(200);
     texts.forEach((_, i) => expect(maxAbsDiff(r.body.outputs[0].data.slice(i * 128, i * 128 + 128), expected[i]!)).toBeLessThan(TOLERANCE));
 
+    const classes = await Promise.all(texts.map((t) => intentRef.classification(tok.encode(t, { maxLength: 128, truncate: false }).ids)));
     const byText = await post('/v2/models/tiny-intent/infer', { inputs: [{ name: 'text', shape: [3, 1], datatype: 'BYTES', data: texts }] });
     expect(byText.body.outputs.map((o: { name: string }) => o.name)).toEqual(['probabilities', 'logits']);
     expect(byText.body.outputs[0].shape).toEqual([3, 8]);
     const byTokens = await post('/v2/models/tiny-intent/infer', { inputs: tokenTensors(texts), outputs: [{ name: 'logits' }] });
     expect(byTokens.body.outputs.map((o: { name: string }) => o.name)).toEqual(['logits']);
-    expect(maxAbsDiff(byTokens.body.outputs[0].data, byText.body.outputs[1].data)).toBeLessThan(TOLERANCE);
+    texts.forEach((_, i) => {
+      const row = (o: { data: number[] }) => o.data.slice(i * 8, i * 8 + 8);
+      expect(maxAbsDiff(row(byText.body.outputs[0]), classes[i]!.probabilities), `probabilities ${i}`).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(row(byText.body.outputs[1]), classes[i]!.logits), `logits ${i}`).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(row(byTokens.body.outputs[0]), classes[i]!.logits), `logits from tokens ${i}`).toBeLessThan(TOLERANCE);
+    });
     const predicted = await post('/predict', { inputs: texts[0], model: 'tiny-intent' });
-    const probs = byText.body.outputs[0].data.slice(0, 8) as number[];
-    expect(Math.max(...probs)).toBeCloseTo(predicted.body[0].score, 5);
+    expect(Math.abs(predicted.body[0].score - Math.max(...classes[0]!.probabilities))).toBeLessThan(TOLERANCE);
 
-    const docs = ['parcel delivery status', 'refund please', 'talk to a human'];
+    const query = randomTexts(rand, words, 1, 8)[0]!;
+    const docs = randomTexts(rand, words, 3, 20);
+    const pairs = docs.map((d) => tok.encodePair!(query, d, { maxLength: 128, truncate: false }));
+    const want = await Promise.all(pairs.map((p) => rerankRef.rerank(p.ids, p.typeIds)));
     const ranked = await post('/v2/models/tiny-rerank/infer', {
       inputs: [
-        { name: 'query', shape: [1], datatype: 'BYTES', data: ['where is my parcel'] },
+        { name: 'query', shape: [1], datatype: 'BYTES', data: [query] },
         { name: 'text', shape: [3], datatype: 'BYTES', data: docs },
       ],
     });
     expect(ranked.status).toBe(200);
-    const viaTei = await post('/rerank', { query: 'where is my parcel', texts: docs, model: 'tiny-rerank' });
-    for (const { index, score } of viaTei.body as { index: number; score: number }[]) {
-      expect(ranked.body.outputs[0].data[index]).toBeCloseTo(score, 5);
-      expect(sigmoid(ranked.body.outputs[1].data[index])).toBeCloseTo(score, 5);
-    }
+    docs.forEach((_, i) => {
+      expect(Math.abs(ranked.body.outputs[0].data[i] - want[i]!.score), `score ${i}`).toBeLessThan(TOLERANCE);
+      expect(Math.abs(ranked.body.outputs[1].data[i] - want[i]!.logit), `logit ${i}`).toBeLessThan(TOLERANCE);
+    });
     // the same pairs as token tensors, type ids 0 then 1, unpadded one by one
-    for (const { index, score } of viaTei.body as { index: number; score: number }[]) {
-      const pair = tok.encodePair!('where is my parcel', docs[index]!, { maxLength: 128, truncate: false });
+    for (const [i, pair] of pairs.entries()) {
       const shape = [1, pair.ids.length];
       const r = await post('/v2/models/tiny-rerank/infer', {
         inputs: [
@@ -421,7 +433,7 @@ describe('KServe v2 / Triton', () => {
         outputs: [{ name: 'score' }],
       });
       expect(r.body.outputs[0].shape).toEqual([1, 1]);
-      expect(r.body.outputs[0].data[0]).toBeCloseTo(score, 5);
+      expect(Math.abs(r.body.outputs[0].data[0] - want[i]!.score), `score from tokens ${i}`).toBeLessThan(TOLERANCE);
     }
   });
 
@@ -687,11 +699,11 @@ describe('TEI /tokenize and /decode', () => {
 });
 
 describe('pre-tokenized inputs on /embed and /predict', () => {
-  it('token ids give what the text gives; one list of ids is one input', async () => {
+  it('token ids give what the text gives (the unmodified graph\'s embedding of it alone); one list of ids is one input', async () => {
     const rand = makeRandom('pre-tokenized');
     const texts = randomTexts(rand, words, 4, 30);
     const ids = texts.map((t) => Array.from(tok.encode(t, { maxLength: 128, truncate: false }).ids));
-    const expected = await embed(texts);
+    const expected = await refEmbeddings(texts);
     const single = await post('/embed', { inputs: ids[0] });
     expect(single.status).toBe(200);
     expect(single.body).toHaveLength(1);
@@ -705,7 +717,8 @@ describe('pre-tokenized inputs on /embed and /predict', () => {
     const byIds = await post('/predict', { inputs: ids[0] });
     expect(byIds.status).toBe(200);
     expect(byIds.body[0].label).toBe(byText.body[0].label); // one input: one list, not a list of lists
-    expect(byIds.body[0].score).toBeCloseTo(byText.body[0].score, 5);
+    const want = await intentRef.classification(ids[0]!);
+    expect(maxAbsDiff(scoresByClassId(byIds.body, intentRef.spec.labels), want.probabilities)).toBeLessThan(TOLERANCE);
     expect((await post('/predict', { inputs: ids.slice(0, 2) })).body).toHaveLength(2);
   });
 
