@@ -410,7 +410,7 @@ describe('cluster start-up failures', () => {
     try {
       const o = await run(['--processes', '2', '--host', '127.0.0.1', '--port', String(busy), '--model', 'tiny-embed', '--max-batch-size', '4']);
       expect(o.code, o.stderr.slice(-2000)).toBe(1);
-      expect(o.stderr).toMatch(new RegExp(`port ${busy} on 127\\.0\\.0\\.1 is in use`));
+      expect(o.stderr).toMatch(new RegExp(`127\\.0\\.0\\.1:${busy} is in use .*choose another --port`));
       expect(o.stderr).not.toMatch(/started, pid/);
     } finally {
       taken.close();
