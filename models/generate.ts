@@ -104,10 +104,12 @@ function main(argv: string[]): number {
     }
     try {
       const { modelBytes } = writePreset(name, outDir, { int8: values.int8, fp16: values.fp16 });
-      const s = PRESETS[name]!.spec;
+      const preset = PRESETS[name]!;
+      const s = preset.spec;
       const mb = (modelBytes / 1e6).toFixed(1);
+      // The task it is served as (serve.json: a one-logit classifier graph is a reranker), not its graph's head.
       console.log(
-        `${name}: wrote ${shown(dir)} (${s.task}, ${s.layers} layers x ${s.hidden}, model.onnx ${mb} MB) in ${secs()}s`,
+        `${name}: wrote ${shown(dir)} (${preset.serve?.task ?? s.task}, ${s.layers} layers x ${s.hidden}, model.onnx ${mb} MB) in ${secs()}s`,
       );
     } catch (err) {
       console.error(`${name}: failed after ${secs()}s: ${(err as Error).stack ?? String(err)}`);

@@ -14,7 +14,7 @@ import { createEngine, type Engine, type EngineOptions } from './engine.js';
 import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './main.js';
 import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
-import { SlabserveError, ValidationError } from './shared/errors.js';
+import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
 import { PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 import { DTYPES, POOLINGS } from './shared/model-config.js';
@@ -178,7 +178,7 @@ program
   .addOption(flag('--device <device>', 'auto, cpu, cuda or cuda:N', 'DEVICE', undefined, D.device))
   .addOption(flag('--processes <n>', 'run a cluster of N server processes on one port, restarted if they exit (each on --device; cpu when that is auto): docs/cluster.md', 'PROCESSES', int(1)))
   .addOption(flag('--devices <list>', 'run a cluster of one server process per device on one port, e.g. cuda:0,cuda:1: docs/cluster.md', 'DEVICES', collect))
-  .addOption(flag('--gateway-threads <n>', 'HTTP gateway threads (default: 1 on 2 cores or fewer, else half the cores)', 'GATEWAY_THREADS', int(1), defaultGatewayThreads()))
+  .addOption(flag('--gateway-threads <n>', 'HTTP gateway threads', 'GATEWAY_THREADS', int(1)).default(defaultGatewayThreads(), `1 on 2 cores or fewer, else half the cores: ${defaultGatewayThreads()} here`))
   .addOption(flag('--max-batch-size <n>', 'most requests in one batch (default 32)', 'MAX_BATCH_SIZE', int(1)))
   .addOption(flag('--max-batch-delay-ms <ms>', 'longest a request waits for a batch to fill while the device is busy (default 5)', 'MAX_BATCH_DELAY_MS', nonNegative))
   .addOption(flag('--max-batch-tokens <n>', 'most padded tokens in one batch (default 16384)', 'MAX_BATCH_TOKENS', int(1)))
@@ -287,6 +287,8 @@ commonOptions(program.command('classify').description('print the top label and s
 
 program.parseAsync().catch((err: unknown) => {
   const e = err as Error;
-  process.stderr.write(`slabserve: ${e instanceof SlabserveError ? `${e.code}: ` : ''}${e.message}\n`);
+  // The API's advice names its body field; on the command line it is a flag.
+  const message = e instanceof InputTooLongError ? `input is ${e.length} tokens long, the model accepts at most ${e.maxLength}; pass --truncate to cut it` : e.message;
+  process.stderr.write(`slabserve: ${e instanceof SlabserveError ? `${e.code}: ` : ''}${message}\n`);
   process.exitCode = 1;
 });
