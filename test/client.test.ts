@@ -260,7 +260,7 @@ describe('SlabClient over a fake /ws server', () => {
     expect(overloaded.retryable).toBe(true);
     expect(overloaded.message).toBe('fake overloaded');
     expect(typeof overloaded.requestId).toBe('number');
-    expect(overloaded.status).toBeUndefined();
+    expect(overloaded.status).toBe(429); // the status the same error has over HTTP
     const tooLong = await rejection(client.predict(['ok', 'fail:too_long:SLABSERVE_INPUT_TOO_LONG']));
     expect([tooLong.type, tooLong.code, tooLong.retryable]).toEqual(['too_long', 'SLABSERVE_INPUT_TOO_LONG', false]);
     const notFound = await rejection(client.rerank('fail:not_found:SLABSERVE_MODEL_NOT_FOUND', ['a']));
@@ -546,13 +546,16 @@ describe.skipIf(!realServerBuilt)('SlabClient against the real server (/ws and H
   it('maps the server’s errors the same over /ws and HTTP', async () => {
     const a = await rejection(ws.embed('x', { model: 'no-such-model' }));
     const b = await rejection(http.embed('x', { model: 'no-such-model' }));
-    expect([a.type, a.code]).toEqual(['not_found', 'SLABSERVE_MODEL_NOT_FOUND']);
+    // One error, one status, over either transport (an error frame carries none: the client gives HTTP's).
+    expect([a.type, a.code, a.status]).toEqual(['not_found', 'SLABSERVE_MODEL_NOT_FOUND', 404]);
     expect([b.type, b.code, b.status]).toEqual(['not_found', 'SLABSERVE_MODEL_NOT_FOUND', 404]);
     const tooMany = Array.from({ length: (ws.server?.maxClientBatchSize ?? 64) + 1 }, () => 'x');
     const c = await rejection(ws.predict(tooMany));
-    expect([c.type, c.code]).toEqual(['validation', 'SLABSERVE_INVALID_INPUT']);
+    const cHttp = await rejection(http.predict(tooMany));
+    expect([c.type, c.code, c.status]).toEqual(['validation', 'SLABSERVE_INVALID_INPUT', 422]);
+    expect(cHttp.status).toBe(422);
     const d = await rejection(ws.embed(Array(2000).fill('parcel').join(' ')));
-    expect(d.type).toBe('too_long');
+    expect([d.type, d.status]).toEqual(['too_long', 413]);
     // The socket survives every one of them.
     expect((await ws.embed('still fine')).length).toBe(1);
   });

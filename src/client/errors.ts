@@ -19,6 +19,7 @@
  *
  * Kept free of server code (type-only imports) so browser bundles stay small.
  */
+import { STATUS_OF_TYPE } from '../shared/error-status.js';
 import type { ErrorType } from '../shared/errors.js';
 
 /** The server's error families plus the client's own. */
@@ -27,7 +28,7 @@ export type ClientErrorType = ErrorType | 'connection' | 'protocol';
 export interface SlabClientErrorInit {
   type: ClientErrorType;
   code: string;
-  /** HTTP status of the answer (HTTP client only). */
+  /** HTTP status of the answer (the WebSocket client: the status the same error has over HTTP). */
   status?: number;
   /** Seconds to wait before retrying (from Retry-After, or a `retry_after` in an error frame). */
   retryAfterSeconds?: number;
@@ -148,10 +149,13 @@ export function fromServerError(error: unknown, requestId?: string | number): Sl
   const code = typeof e.code === 'string' ? e.code : 'SLABSERVE_INTERNAL';
   const message = typeof e.message === 'string' ? e.message : typeof error === 'string' ? error : 'the server answered with an error';
   const retryAfterSeconds = retryAfterOf(e.retry_after) ?? retryAfterOf(e.retryAfterSeconds);
-  if (type === 'unauthorized') return new SlabUnauthorizedError(message, { code, ...(requestId !== undefined ? { requestId } : {}) });
+  // The status the same error has over HTTP: a caller can handle both clients' errors alike.
+  const status = STATUS_OF_TYPE[type];
+  if (type === 'unauthorized') return new SlabUnauthorizedError(message, { code, status, ...(requestId !== undefined ? { requestId } : {}) });
   return new SlabClientError(message, {
     type,
     code,
+    status,
     ...(retryAfterSeconds !== undefined ? { retryAfterSeconds } : {}),
     ...(requestId !== undefined ? { requestId } : {}),
   });

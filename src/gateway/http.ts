@@ -12,27 +12,12 @@
 import { pack } from 'msgpackr';
 import { CancelledError, OverloadedError, SlabserveError, ValidationError, type ErrorType } from '../shared/errors.js';
 import { Cancellation } from '../shared/cancel.js';
+import { STATUS_OF_TYPE } from '../shared/error-status.js';
 import { decodeMsgpack, requestId } from './security.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
 
 export const MSGPACK = 'application/msgpack';
 const MSGPACK_TYPES = new Set([MSGPACK, 'application/x-msgpack', 'application/vnd.msgpack']);
-
-/** HTTP status of each error family. */
-const STATUS: Record<ErrorType, number> = {
-  validation: 422,
-  too_long: 413,
-  payload_too_large: 413,
-  not_found: 404,
-  method_not_allowed: 405,
-  unsupported_media_type: 415,
-  unauthorized: 401,
-  overloaded: 429,
-  timeout: 504,
-  cancelled: 499,
-  backend: 500,
-  unavailable: 503,
-};
 
 const REASON: Record<number, string> = {
   200: 'OK',
@@ -65,7 +50,7 @@ export class HttpError extends SlabserveError {
 
 export function statusOf(err: unknown): number {
   if (err instanceof HttpError) return err.status;
-  if (err instanceof SlabserveError) return STATUS[err.type] ?? 500;
+  if (err instanceof SlabserveError) return STATUS_OF_TYPE[err.type] ?? 500;
   return 500;
 }
 
