@@ -316,6 +316,38 @@ function tokenTensors(texts: string[], datatype: 'INT64' | 'INT32' = 'INT64') {
   ];
 }
 
+describe('one rounding on every path', () => {
+  /** The numbers of a JSON array as written (the text, not the parsed double). */
+  const numberTexts = (json: string, key: string) => {
+    const at = json.indexOf(`"${key}":[`) + key.length + 4;
+    return json.slice(at, json.indexOf(']', at)).split(',');
+  };
+
+  it('/embed, OpenAI float and base64, KServe: the same float32 values, written as the same shortest text that reads back to them', async () => {
+    const rand = makeRandom('one rounding');
+    for (const t of randomTexts(rand, words, 6, 20)) {
+      // One at a time: the same row (batchmates could move the last bit), seen through every dialect.
+      const embed = await (await fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: t }) })).text();
+      const openaiText = await (await fetch(server.url + '/v1/embeddings', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ input: t, model: 'tiny-embed' }) })).text();
+      const b64 = (await post('/v1/embeddings', { input: t, model: 'tiny-embed', encoding_format: 'base64' })).body.data[0].embedding as string;
+      const kserveText = await (await fetch(server.url + '/v2/models/tiny-embed/infer', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: [{ name: 'text', datatype: 'BYTES', shape: [1], data: [t] }] }) })).text();
+      const bytes = Buffer.from(b64, 'base64');
+      const exact = Array.from(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4));
+      const embedNumbers = embed.slice(2, -2).split(',');
+      expect(numberTexts(openaiText, 'embedding')).toEqual(embedNumbers);
+      expect(numberTexts(kserveText, 'data')).toEqual(embedNumbers);
+      // Each text reads back to the float32 value exactly, and is no longer than needed: shortest.
+      for (const [i, text] of embedNumbers.entries()) {
+        expect(Math.fround(Number(text))).toBe(exact[i]);
+        if (text.replace(/^-|e.*$|\./g, '').replace(/^0+/, '').length > 1) {
+          const shorter = Number(Number(text).toPrecision(text.replace(/^-|e.*$|\./g, '').replace(/^0+/, '').length - 1));
+          expect(Math.fround(shorter)).not.toBe(exact[i]);
+        }
+      }
+    }
+  });
+});
+
 describe('KServe v2 / Triton', () => {
   it('health, server and model metadata', async () => {
     expect(await get('/v2/health/live')).toMatchObject({ status: 200, body: { live: true } });

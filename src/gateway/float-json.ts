@@ -253,3 +253,25 @@ export function float32RowsJsonView(rows: readonly Float32Array[]): Uint8Array {
 export function float32RowsJson(rows: readonly Float32Array[]): Uint8Array {
   return float32RowsJsonView(rows).slice();
 }
+
+const utf8 = new TextEncoder();
+
+/**
+ * JSON text made of `pieces` (JSON fragments) with a row between every two:
+ * pieces[0] row[0] pieces[1] ... row[n-1] pieces[n]; each row as
+ * float32RowJsonInto writes it. For answers whose rows sit inside objects
+ * (OpenAI's `data[i].embedding`): the same float text as /embed's rows.
+ */
+export function float32RowsInJson(pieces: readonly string[], rows: readonly Float32Array[]): Uint8Array {
+  if (pieces.length !== rows.length + 1) throw new RangeError(`${pieces.length} pieces for ${rows.length} rows: want one more piece than rows`);
+  let bound = 0;
+  for (const p of pieces) bound += p.length * 3; // UTF-8: at most 3 bytes a UTF-16 unit
+  for (const row of rows) bound += row.length * (MAX_FLOAT32_CHARS + 1) + 2;
+  const out = new Uint8Array(bound);
+  let at = 0;
+  for (let i = 0; i < pieces.length; i++) {
+    at += utf8.encodeInto(pieces[i]!, out.subarray(at)).written;
+    if (i < rows.length) at = float32RowJsonInto(out, at, rows[i]!);
+  }
+  return out.subarray(0, at);
+}

@@ -28,10 +28,12 @@
  * supported: Triton's binary tensor extension (application/octet-stream
  * bodies are refused with 415), model repository and statistics extensions.
  */
+import { pack } from 'msgpackr';
 import { ValidationError } from '../shared/errors.js';
 import { servedSources } from '../shared/model-config.js';
 import { classifications, embeddings, rowOf, type CallInputs, type ClientModel } from './inference-client.js';
-import { HttpError, type RequestContext } from './http.js';
+import { float32RowsInJson } from './float-json.js';
+import { HttpError, type Answer, type RequestContext } from './http.js';
 import type { Route, RouteDeps } from './route-types.js';
 import { KServeInferRequest, parseBody, type KServeTensor } from './schemas.js';
 import { serveInference, type Endpoint, type EndpointContext } from './serving.js';
@@ -309,10 +311,33 @@ const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normal
     }
     const outputs = state.wanted.map((w) => {
       const p = produced.get(w)!;
-      const data: number[] = [];
-      for (const row of p.data) for (let i = 0; i < row.length; i++) data.push(row[i]!);
-      return { name: w, datatype: 'FP32', shape: p.shape, data };
+      const data = new Float32Array(p.data.reduce((n, row) => n + row.length, 0));
+      let at = 0;
+      for (const row of p.data) (data.set(row, at), (at += row.length));
+      return { name: w, shape: p.shape, data };
     });
-    return { model_name: spec.name, model_version: MODEL_VERSION, ...(state.id !== undefined ? { id: state.id } : {}), outputs };
+    return inferAnswer({ model_name: spec.name, model_version: MODEL_VERSION, ...(state.id !== undefined ? { id: state.id } : {}) }, outputs);
   },
 };
+
+/**
+ * An infer answer whose FP32 tensors are written from their float32 values,
+ * each the shortest decimal that reads back to it (as /embed and OpenAI's
+ * route write them), not the 17-digit double it widens to.
+ */
+function inferAnswer(head: Record<string, unknown>, outputs: { name: string; shape: number[]; data: Float32Array }[]): Answer & { value(): unknown } {
+  const value = () => ({ ...head, outputs: outputs.map((o) => ({ name: o.name, datatype: 'FP32', shape: o.shape, data: Array.from(o.data) })) });
+  return {
+    json: () => {
+      const pieces = [`${JSON.stringify(head).slice(0, -1)},"outputs":[`];
+      outputs.forEach((o, i) => {
+        pieces[i] += `${i > 0 ? ',' : ''}{"name":${JSON.stringify(o.name)},"datatype":"FP32","shape":${JSON.stringify(o.shape)},"data":`;
+        pieces.push('}');
+      });
+      pieces[outputs.length] += ']}';
+      return float32RowsInJson(pieces, outputs.map((o) => o.data));
+    },
+    msgpack: () => pack(value()),
+    value,
+  };
+}

@@ -21,9 +21,11 @@
  * `model_not_found`; overload 429 (Retry-After), not ready 503.
  */
 import { statSync } from 'node:fs';
+import { pack } from 'msgpackr';
 import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
 import { embeddings, inputCount, inputList, type ClientModel } from './inference-client.js';
-import type { ErrorInfo, RequestContext } from './http.js';
+import { float32RowsInJson } from './float-json.js';
+import type { Answer, ErrorInfo, RequestContext } from './http.js';
 import type { Route } from './route-types.js';
 import { FieldValidationError, OpenAIEmbeddingRequest, parseBody } from './schemas.js';
 import { InvalidModelNameError } from './security.js';
@@ -64,11 +66,13 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     return { call, state: { base64: body.encoding_format === 'base64', dimensions: body.dimensions } };
   },
   answer(r, call, state) {
-    const data = embeddings(call.model, r.rows).map((full, index) => {
-      const v = state.dimensions !== undefined ? shorten(full, state.dimensions) : full;
-      return { object: 'embedding' as const, index, embedding: state.base64 ? float32Base64(v) : Array.from(v) };
-    });
-    return { object: 'list', data, model: call.model.plan.spec.name, usage: { prompt_tokens: r.tokens, total_tokens: r.tokens } };
+    const rows = embeddings(call.model, r.rows).map((full) => (state.dimensions !== undefined ? shorten(full, state.dimensions) : full));
+    const model = call.model.plan.spec.name;
+    const usage = { prompt_tokens: r.tokens, total_tokens: r.tokens };
+    if (state.base64) {
+      return { object: 'list', data: rows.map((v, index) => ({ object: 'embedding', index, embedding: float32Base64(v) })), model, usage };
+    }
+    return embeddingListAnswer(rows, model, usage);
   },
 };
 
@@ -103,6 +107,28 @@ function modelObject(m: ClientModel): { id: string; object: 'model'; created: nu
     created.set(name, t);
   }
   return { id: name, object: 'model', created: t, owned_by: 'slabserve' };
+}
+
+/**
+ * OpenAI's list of float embeddings, each component the shortest decimal
+ * that reads back to its float32 (as /embed writes them, and as the base64
+ * form's bytes decode), not the 17-digit double it widens to.
+ */
+function embeddingListAnswer(rows: Float32Array[], model: string, usage: { prompt_tokens: number; total_tokens: number }): Answer & { value(): unknown } {
+  const value = () => ({ object: 'list', data: rows.map((v, index) => ({ object: 'embedding', index, embedding: Array.from(v) })), model, usage });
+  return {
+    json: () => {
+      const pieces = ['{"object":"list","data":['];
+      for (let i = 0; i < rows.length; i++) {
+        pieces[i] += `${i > 0 ? ',' : ''}{"object":"embedding","index":${i},"embedding":`;
+        pieces.push('}');
+      }
+      pieces[rows.length] += `],"model":${JSON.stringify(model)},"usage":${JSON.stringify(usage)}}`;
+      return float32RowsInJson(pieces, rows);
+    },
+    msgpack: () => pack(value()),
+    value,
+  };
 }
 
 /** The first `n` components, L2-normalised again. */
