@@ -912,17 +912,34 @@ describe('start-up and shut-down in child processes (when these go wrong, the pr
     modes.forEach((m, k) => (outcomes[m] = done[k]!));
   });
 
-  const expectOk = (o: Outcome) => expect({ code: o.code, signal: o.signal, last: o.stdout.trim().split('\n').pop() }, o.stderr).toEqual({ code: 0, signal: null, last: expect.stringMatching(/^ok: /) });
+  /** The process ran to its end (exit 0, its last line "ok: {...}"): what it saw, for the test to check. */
+  const seen = (o: Outcome): Record<string, any> => { // eslint-disable-line @typescript-eslint/no-explicit-any
+    const last = o.stdout.trim().split('\n').pop() ?? '';
+    expect({ code: o.code, signal: o.signal, last: last.slice(0, 4) }, `${last}\n${o.stderr}`).toEqual({ code: 0, signal: null, last: 'ok: ' });
+    return JSON.parse(last.slice(4));
+  };
 
   // uSockets sets SO_REUSEPORT only for a non-zero port: with port 0 and two gateways, startServer
   // must pick a free port itself so the second gateway can join the first.
-  it('gatewayThreads 2 with port 0 starts and answers', () => {
-    expectOk(outcomes['two-gateways-port-0']!);
+  it('gatewayThreads 2 with port 0 starts on one port that both gateways answer on', () => {
+    const o = seen(outcomes['two-gateways-port-0']!);
+    console.log(`two gateways, port 0: ${JSON.stringify(o)}`);
+    expect(o.port).toBeGreaterThan(0);
+    expect(o.urlPort).toBe(o.port);
+    // Every request answered 200, and both gateway threads answered some (the second joined the port).
+    expect(o.statuses).toEqual({ 200: o.requests });
+    expect(o.gateways).toBe(2);
   });
 
   // Terminating the inference thread while onnxruntime opens its sessions aborts the process: a start-up
   // failure must stop it cleanly, and startServer reject.
   it('a port already in use makes startServer reject (not abort the process)', () => {
-    expectOk(outcomes['port-in-use']!);
+    const o = seen(outcomes['port-in-use']!);
+    expect(o.rejected).toEqual({
+      name: 'SlabserveError',
+      code: 'SLABSERVE_PORT_IN_USE',
+      // The port it was asked for, and the flag that chooses another.
+      message: expect.stringMatching(new RegExp(`^127\\.0\\.0\\.1:${o.port} is in use\\b.*--port`)),
+    });
   });
 });
