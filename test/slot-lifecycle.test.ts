@@ -4,6 +4,10 @@
 // real ControlBlock. Every request carries a unique tag in ids[0]; the fake
 // runner answers with a function of the slot's own ids and records, in shared
 // memory, which tags it ran and in which batch.
+//
+// Each rig draws its requests from a seeded generator and prints `<label>: seed S`;
+// SLABSERVE_TEST_SEED=S npx vitest run test/slot-lifecycle.test.ts -t "<test name>"
+// draws the same requests again (the threads' interleaving still varies).
 import { Worker } from 'node:worker_threads';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { BatchingOptions } from '../dist/src/gpu-worker/scheduler.js';
@@ -33,6 +37,17 @@ const S_POISONED = 5;
 const S_MAX_ROWS = 6;
 const HDR = 16;
 const TAGS = 16_384;
+
+/**
+ * A rig's seed: SLABSERVE_TEST_SEED when set, else a fresh one; printed, so that a failure can be
+ * replayed (what test/helpers.ts makeRandom does for a generator; the rig also hands its seed to the
+ * second owner thread, so it needs the number).
+ */
+function rigSeed(label: string): number {
+  const seed = Number(process.env.SLABSERVE_TEST_SEED ?? Math.floor(Math.random() * 2 ** 31)) >>> 0;
+  console.log(`${label}: seed ${seed}`);
+  return seed;
+}
 
 /** Guards every await on another thread: a hang fails the test with a name instead of timing it out. */
 const HANG_MS = 15_000;
@@ -88,7 +103,8 @@ class Rig {
   private nextTag = 0;
   private stopping = false;
 
-  constructor(readonly opts: RigOptions, seed = (Math.random() * 2 ** 32) >>> 0) {
+  constructor(label: string, readonly opts: RigOptions) {
+    const seed = rigSeed(label);
     this.seed = seed;
     this.rand = mulberry32(seed);
     const owners = opts.owners ?? 1;
@@ -284,7 +300,7 @@ async function pool<T>(items: T[], clients: number, work: (item: T) => Promise<v
 
 describe('slot life cycle: submitter <-> inference loop over shared slabs', () => {
   it('many concurrent requests over few slots, two owners, two models: each gets the answer to its own ids, and every slot comes back once', { timeout: 30_000 }, async () => {
-    const rig = new Rig({
+    const rig = new Rig('slot-lifecycle concurrent', {
       models: [
         { layout: LAYOUT, batching: BATCHING },
         { layout: { slotCount: 8, maxLength: 16, outputWidth: 4 }, batching: { ...BATCHING, buckets: [8, 16] } },
@@ -367,7 +383,7 @@ describe('slot life cycle: submitter <-> inference loop over shared slabs', () =
   });
 
   it('cancellation racing completion: each request resolves with its own row or rejects CancelledError, and no slot leaks', { timeout: 30_000 }, async () => {
-    const rig = new Rig({ models: [{ layout: LAYOUT, batching: BATCHING }], maxInflightBatches: 3, spinMs: 1 });
+    const rig = new Rig('slot-lifecycle cancellation', { models: [{ layout: LAYOUT, batching: BATCHING }], maxInflightBatches: 3, spinMs: 1 });
     const N = 3_000;
     const modes = ['pre', 'sync', 'micro', 'immediate', 'timer', 'after', 'never'] as const;
     type Mode = (typeof modes)[number];
@@ -450,7 +466,7 @@ describe('slot life cycle: submitter <-> inference loop over shared slabs', () =
   });
 
   it('a poisoned batch fails exactly the requests batched with it, and the loop goes on', { timeout: 30_000 }, async () => {
-    const rig = new Rig({ models: [{ layout: { ...LAYOUT, slotCount: 32 }, batching: BATCHING }], maxInflightBatches: 1, delayMs: [0, 1] });
+    const rig = new Rig('slot-lifecycle poisoned batch', { models: [{ layout: { ...LAYOUT, slotCount: 32 }, batching: BATCHING }], maxInflightBatches: 1, delayMs: [0, 1] });
 
     // Deterministic part: park a batch on the device, queue 16 short requests
     // (two batches of 8) with poison in the first eight, then let it go.
@@ -511,7 +527,7 @@ describe('slot life cycle: submitter <-> inference loop over shared slabs', () =
   });
 
   it('requests whose deadline has passed reject DeadlineExceededError and never reach the runner', { timeout: 30_000 }, async () => {
-    const rig = new Rig({ models: [{ layout: { ...LAYOUT, slotCount: 32 }, batching: BATCHING }], maxInflightBatches: 1 });
+    const rig = new Rig('slot-lifecycle deadline', { models: [{ layout: { ...LAYOUT, slotCount: 32 }, batching: BATCHING }], maxInflightBatches: 1 });
 
     // Expiring while queued: behind a parked batch, deadlines 25 ms out; released once they have passed.
     const hold = rig.req(0, { len: 20, hold: true });
@@ -571,7 +587,7 @@ describe('slot life cycle: submitter <-> inference loop over shared slabs', () =
   it('shutdown fails what is still queued with EngineClosedError, lets running batches finish, and leaks no slot', { timeout: 30_000 }, async () => {
     // Deterministic: one batch parked on the device, 20 requests queued, stop requested, then released.
     {
-      const rig = new Rig({ models: [{ layout: { ...LAYOUT, slotCount: 32 }, batching: BATCHING }], maxInflightBatches: 1 });
+      const rig = new Rig('slot-lifecycle shutdown', { models: [{ layout: { ...LAYOUT, slotCount: 32 }, batching: BATCHING }], maxInflightBatches: 1 });
       const hold = rig.req(0, { len: 20, hold: true });
       const held = outcome(rig.submit(hold));
       await rig.holding(1);
@@ -595,7 +611,7 @@ describe('slot life cycle: submitter <-> inference loop over shared slabs', () =
 
     // Slow device (20-50 ms a batch, one at a time), stop requested as soon as the first answer is in.
     {
-      const rig = new Rig({ models: [{ layout: { ...LAYOUT, slotCount: 64 }, batching: BATCHING }], maxInflightBatches: 1, delayMs: [20, 50] });
+      const rig = new Rig('slot-lifecycle shutdown, slow device', { models: [{ layout: { ...LAYOUT, slotCount: 64 }, batching: BATCHING }], maxInflightBatches: 1, delayMs: [20, 50] });
       const reqs = Array.from({ length: 60 }, () => rig.req(0));
       const outs = reqs.map((r) => outcome(rig.submit(r)));
       await rig.guard(Promise.race(outs), 'the first answer');
@@ -621,7 +637,7 @@ describe('slot life cycle: submitter <-> inference loop over shared slabs', () =
   });
 
   it('with every slot taken submit() rejects OverloadedError at once, and works again once slots come back', { timeout: 30_000 }, async () => {
-    const rig = new Rig({ models: [{ layout: { ...LAYOUT, slotCount: 8 }, batching: BATCHING }], maxInflightBatches: 1 });
+    const rig = new Rig('slot-lifecycle overload', { models: [{ layout: { ...LAYOUT, slotCount: 8 }, batching: BATCHING }], maxInflightBatches: 1 });
     const hold = rig.req(0, { len: 20, hold: true });
     const held = outcome(rig.submit(hold));
     await rig.holding(1);
