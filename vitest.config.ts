@@ -1,8 +1,14 @@
 import { defineConfig } from 'vitest/config';
 
 // Tests drive real threads and real onnxruntime sessions on a 2-core machine:
-// generous timeouts (nothing asserts on time), and at most two files at once
-// so engines starting in parallel do not starve each other.
+// generous timeouts, and at most two files at once so engines starting in
+// parallel do not starve each other. No test asserts that anything was fast:
+// speed is measured in bench/, and only printed here. A bound on wall time is
+// there to catch a hang; the few times compared are orderings, or lower bounds
+// that hold by causality (a watchdog that acted no sooner than its timeout, an
+// answer held by a stand-in that came after its release), which a slow machine
+// can only make larger. Memory is the bench's and the soak's, but for one
+// generous leak bound (the server's RSS growth under overload, faults.test.ts).
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
