@@ -213,8 +213,6 @@ program
   .addOption(flag('--max-connections <n>', 'most connections per gateway thread: open WebSockets plus HTTP connections with a request in progress; past it 503', 'MAX_CONNECTIONS', int(1), D.maxConnections))
   .addOption(flag('--max-url-bytes <n>', 'longest URL (path and query); past it 414', 'MAX_URL_BYTES', int(16), D.maxUrlBytes))
   .addOption(flag('--max-header-bytes <n>', 'largest request head (request line and headers); past it 431 (uWS closes a head over 4 KiB that arrives in pieces, whatever this says)', 'MAX_HEADER_BYTES', int(64), D.maxHeaderBytes))
-  .addOption(flag('--linger-ms <ms>', 'a refusal that closes its connection (413; 503 while draining) reads and drops a body still arriving this long at most, so the client reads the status, not a reset', 'LINGER_MS', int(0), D.lingerMs))
-  .addOption(flag('--linger-bytes <n>', '... and this many bytes at most; past either the connection is closed', 'LINGER_BYTES', int(0), D.lingerBytes))
   .addOption(flag('--log-level <level>', 'least level logged (JSON lines: events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
   .action(async (f: ServeFlags, cmd: Command) => {
     const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, ...same } = f;

@@ -107,10 +107,7 @@ export interface ServerConfig {
   maxUrlBytes?: number;
   /** Largest request head (request line and headers) in bytes; past it 431 (--max-header-bytes). */
   maxHeaderBytes?: number;
-  /** A closing refusal (413; 503 while draining) reads and drops a body still arriving for at most this long (--linger-ms)... */
-  lingerMs?: number;
-  /** ... and this many bytes (--linger-bytes), so the client reads the answer instead of a reset. */
-  lingerBytes?: number;
+
   /** Least level of the JSON log lines: fatal, error, warn, info (an access line per request), debug, trace, silent (--log-level). */
   logLevel?: LogLevel;
   /** Gateway threads write access lines (one per request) straight to this file descriptor (the CLI: 1, stdout); absent, they reach `log`. */
@@ -373,8 +370,6 @@ export async function startServer(config: ServerConfig): Promise<Server> {
         maxConnections: config.maxConnections ?? GATE_DEFAULTS.maxConnections,
         maxUrlBytes: config.maxUrlBytes ?? GATE_DEFAULTS.maxUrlBytes,
         maxHeaderBytes: config.maxHeaderBytes ?? GATE_DEFAULTS.maxHeaderBytes,
-        lingerMs: config.lingerMs ?? GATE_DEFAULTS.lingerMs,
-        lingerBytes: config.lingerBytes ?? GATE_DEFAULTS.lingerBytes,
       },
       log: { level: config.logLevel ?? 'info', ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
     };

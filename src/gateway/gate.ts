@@ -37,14 +37,6 @@ export interface GateOptions {
   maxUrlBytes: number;
   /** Largest request head, request line and headers, in bytes (--max-header-bytes): 431 past it. */
   maxHeaderBytes: number;
-  /**
-   * A refusal that closes its connection while the client is still sending the body (413, or 503
-   * while draining) keeps reading and dropping it, so the client reads the answer instead of a
-   * reset, as nginx's lingering close does: at most this long (--linger-ms) ...
-   */
-  lingerMs: number;
-  /** ... and at most this many bytes (--linger-bytes); past either, the connection is closed. */
-  lingerBytes: number;
 }
 
 export const GATE_DEFAULTS: Omit<GateOptions, 'apiKeys'> = {
@@ -54,8 +46,6 @@ export const GATE_DEFAULTS: Omit<GateOptions, 'apiKeys'> = {
   // uWS itself reads at most 4 KiB of a head that arrives in pieces (it closes the connection
   // past that); one that arrives at once it reads up to ~128 KiB. 4 KiB makes both the same.
   maxHeaderBytes: 4096,
-  lingerMs: 5000,
-  lingerBytes: 64 * 2 ** 20,
 };
 
 /** Who may call a route: anyone ('open'), anyone unless --metrics-auth ('metrics'), or key holders (default). */
@@ -84,11 +74,6 @@ export class Gate {
     this.access = access;
     this.touch = hooks.touch ?? (() => {});
     this.draining = hooks.draining ?? (() => false);
-  }
-
-  /** How long, and how many bytes, a closing refusal reads and drops a body still arriving. */
-  get linger(): { ms: number; bytes: number } {
-    return { ms: this.opts.lingerMs, bytes: this.opts.lingerBytes };
   }
 
   /** Whether an answer must close its connection: while draining, so no client sends another request on it. */

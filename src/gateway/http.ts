@@ -59,8 +59,6 @@ export interface RequestObserver {
   finished(ctx: RequestContext, status: number): void;
   /** Whether every answer closes its connection now (the server is draining). */
   closesConnection?(): boolean;
-  /** How long and how many bytes a closing refusal reads and drops a body still arriving (default: none, close at once). */
-  readonly linger?: { ms: number; bytes: number };
 }
 
 /** An answer body that knows how to serialise itself (JSON text or bytes, msgpack bytes), used at once: the bytes may be a scratch view. */
@@ -103,14 +101,8 @@ export class RequestContext {
   /** Cancelled when the client disconnects: a body read in progress fails, the request's slots are cancelled. */
   readonly cancel = new Cancellation();
   private done = false;
-  private aborted = false;
   /** Body bytes may still arrive: a Content-Length or chunked body not read to its end. */
   private bodyPending: boolean;
-  /** The body is being read and dropped (a refusal); its bytes so far. */
-  private dropping = false;
-  private dropped = 0;
-  /** A lingering close waiting for the body's end (true: it came; false: the bound was passed). */
-  private bodyEnd: ((complete: boolean) => void) | undefined;
 
   constructor(res: HttpResponse, req: HttpRequest, observer?: RequestObserver, route = '') {
     this.res = res;
@@ -128,8 +120,6 @@ export class RequestContext {
     this.deadlineHeader = req.getHeader('x-deadline-ms');
     this.priorityHeader = req.getHeader('x-priority');
     res.onAborted(() => {
-      this.aborted = true;
-      this.bodyEnd?.(false);
       if (this.done) return;
       this.done = true;
       this.cancel.cancel('client_disconnect');
@@ -172,13 +162,11 @@ export class RequestContext {
     const type = this.contentType;
     const isMsgpack = type !== 'application/json' && MSGPACK_TYPES.has(type);
     if (!isMsgpack && type !== '' && type !== 'application/json') {
-      this.dropBody();
       return Promise.reject(
         new HttpError(415, 'unsupported_media_type', 'SLABSERVE_UNSUPPORTED_MEDIA_TYPE', `unsupported Content-Type "${type}": send application/json or ${MSGPACK}`),
       );
     }
     if (this.contentLength !== undefined && this.contentLength > limit) {
-      this.dropBody();
       return Promise.reject(payloadTooLarge(this.contentLength, limit));
     }
     return new Promise((resolve, reject) => {
@@ -189,11 +177,10 @@ export class RequestContext {
       let refused = false;
       this.res.onData((chunk, isLast) => {
         if (isLast) this.bodyPending = false;
-        if (refused) return this.droppedChunk(chunk.byteLength, isLast);
+        if (refused) return;
         size += chunk.byteLength;
         if (size > limit) {
           refused = true;
-          this.dropping = true;
           this.cancel.unlisten(onCancel);
           reject(payloadTooLarge(size, limit));
           return;
@@ -214,30 +201,19 @@ export class RequestContext {
     });
   }
 
-  /** From now on the body is read and dropped: a refusal's lingering close waits for its end. */
-  private dropBody(): void {
-    if (this.dropping || !this.bodyPending) return;
-    this.dropping = true;
-    this.res.onData((chunk, isLast) => {
-      if (isLast) this.bodyPending = false;
-      this.droppedChunk(chunk.byteLength, isLast);
-    });
-  }
-
-  private droppedChunk(bytes: number, isLast: boolean): void {
-    this.dropped += bytes;
-    if (isLast) this.bodyEnd?.(true);
-    else if (this.dropped > (this.observer?.linger?.bytes ?? 0)) this.bodyEnd?.(false);
-  }
-
   /**
-   * A closing answer while the client is still sending its body: written at
-   * once (with Connection: close), the body read and dropped, the response
-   * ended when the body has (the client closes), or the connection closed
-   * past the linger bounds. Closing at once would reset a connection with
-   * unread bytes, and a client still writing would see EPIPE, not the answer.
+   * A closing answer while the client may still be sending its body: written
+   * whole at once with Connection: close, but the connection left open, so
+   * the client reads the answer and then closes it. Closing at once (uWS's
+   * end(body, true)) resets a connection with unread bytes: a client still
+   * writing sees EPIPE or ECONNRESET, not the answer. uWS reads and drops the
+   * rest of the declared body, and its idle timeout (10 s) closes a client
+   * that stops sending without closing. (uWS cannot close a connection whose
+   * response has ended, and one left unended cannot be closed without
+   * cutting the answer short: so the bound is the body's own length and that
+   * timeout, not a byte count of ours.)
    */
-  private lingeringClose(statusLine: string, contentType: string, body: string | Uint8Array, headers: Record<string, string>): void {
+  private answerThenLetClientClose(statusLine: string, contentType: string, body: string | Uint8Array, headers: Record<string, string>): void {
     const res = this.res;
     res.cork(() => {
       res.writeStatus(statusLine);
@@ -245,17 +221,8 @@ export class RequestContext {
       res.writeHeader('x-request-id', this.requestId);
       for (const k in headers) res.writeHeader(k, headers[k]!);
       res.writeHeader('connection', 'close');
-      res.write(body); // chunked: uWS's end(body, true) would write its own Connection header after it
+      res.end(body);
     });
-    this.dropBody();
-    const finish = (complete: boolean) => {
-      clearTimeout(timer);
-      this.bodyEnd = undefined;
-      if (this.aborted) return;
-      res.cork(() => (complete ? res.end() : res.close()));
-    };
-    const timer = setTimeout(() => finish(false), this.observer?.linger?.ms ?? 0);
-    this.bodyEnd = finish;
   }
 
   /** Sends `payload` as JSON or msgpack (per Accept), with extra headers. No-op if the client is gone. */
@@ -277,9 +244,9 @@ export class RequestContext {
     if (this.done) return;
     this.done = true;
     closeConnection ||= this.observer?.closesConnection?.() === true;
-    if (closeConnection && this.bodyPending && this.observer?.linger) {
-      this.lingeringClose(STATUS_LINE[status] ?? String(status), contentType, body, headers);
-      this.observer.finished(this, status);
+    if (closeConnection && this.bodyPending) {
+      this.answerThenLetClientClose(STATUS_LINE[status] ?? String(status), contentType, body, headers);
+      this.observer?.finished(this, status);
       return;
     }
     this.res.cork(() => {
