@@ -19,6 +19,7 @@
  */
 import { nowMs } from '../shared/clock.js';
 import type { ControlBlock } from '../shared/control.js';
+import type { Doorbell } from '../shared/doorbell.js';
 import {
   Account,
   Counter,
@@ -67,8 +68,24 @@ export interface SchedulingOptions {
 
 export const DEFAULT_SCHEDULING: SchedulingOptions = { priorityWeights: [4, 1], priorityAgeingMs: 2000 };
 
+/**
+ * The time the loop judges by and how it sleeps. Default: the shared epoch
+ * clock (src/shared/clock.ts) and the doorbell's own wait. Tests pass a
+ * virtual clock to drive the real loop through simulated time
+ * (test/fixtures/scheduler-sim.ts).
+ */
+export interface LoopClock {
+  now(): number;
+  /** Resolves once `bell` has rung since `seen` was read, or after `timeoutMs` on this clock. */
+  wait(bell: Doorbell, seen: number, timeoutMs: number): Promise<void>;
+}
+
+const REAL_CLOCK: LoopClock = { now: nowMs, wait: (bell, seen, timeoutMs) => bell.wait(seen, timeoutMs) };
+
 export interface LoopOptions {
   maxInflightBatches: number;
+  /** Default: the real clock. */
+  clock?: LoopClock;
   scheduling?: SchedulingOptions;
   /** Called when a batch fails (the loop goes on). */
   onBatchError?: (model: string, error: unknown) => void;
@@ -120,11 +137,13 @@ export class InferenceLoop {
   private wakeLoop: (() => void) | null = null;
   /** Owners to wake after the current completion pass (bit per owner index). */
   private readonly ownersToWake = new Set<number>();
+  private readonly clock: LoopClock;
 
   constructor(runners: LoopRunner[], control: ControlBlock, options: LoopOptions) {
     this.runners = runners;
     this.control = control;
     this.options = options;
+    this.clock = options.clock ?? REAL_CLOCK;
     this.epoch = options.epoch ?? control.epoch;
     this.scheduling = options.scheduling ?? DEFAULT_SCHEDULING;
     const classes = this.scheduling.priorityWeights.length;
@@ -168,13 +187,13 @@ export class InferenceLoop {
     while (!this.control.stopRequested() && this.alive()) {
       const seen = bell.read();
       this.intake();
-      const now = nowMs(); // after intake, so nothing taken in is judged by a stale clock
+      const now = this.clock.now(); // after intake, so nothing taken in is judged by a stale clock
       this.control.heartbeat = now;
       this.sweep(now);
       let timeout = this.options.idleWakeMs ?? IDLE_WAKE_MS;
       while (this.inflight < this.options.maxInflightBatches) {
         const d = decide(this.queues, {
-          nowMs: nowMs(),
+          nowMs: this.clock.now(),
           deviceIdle: this.inflight === 0,
           fair: this.fair,
           ageingMs: this.scheduling.priorityAgeingMs,
@@ -184,7 +203,7 @@ export class InferenceLoop {
           this.launch(d.model, d.priority, d.bucket, d.count);
           continue;
         }
-        if (d.kind === 'wait') timeout = Math.min(timeout, Math.max(0, d.untilMs - nowMs()));
+        if (d.kind === 'wait') timeout = Math.min(timeout, Math.max(0, d.untilMs - this.clock.now()));
         break;
       }
       this.publishQueueDepth();
@@ -192,10 +211,10 @@ export class InferenceLoop {
         // As many batches running as may be: wait for one to end, not on the bell, so submits meanwhile ring nobody.
         await new Promise<void>((resolve) => (this.wakeLoop = resolve));
       } else if (this.inflight > 0) {
-        await Promise.race([bell.wait(seen, timeout), new Promise<void>((resolve) => (this.wakeLoop = resolve))]);
+        await Promise.race([this.clock.wait(bell, seen, timeout), new Promise<void>((resolve) => (this.wakeLoop = resolve))]);
       } else {
         // Idle: a submit rings the bell; otherwise wake when a batch window closes (or to refresh the heartbeat).
-        await bell.wait(seen, timeout);
+        await this.clock.wait(bell, seen, timeout);
       }
       this.wakeLoop = null;
     }
@@ -285,7 +304,7 @@ export class InferenceLoop {
     const slab = runner.slab;
     const taken = this.queues[model]!.byClass[priority]![bucket]!.splice(0, count);
     const slots: number[] = [];
-    const now = nowMs();
+    const now = this.clock.now();
     // A request that would only finish after its deadline does not run: its answer would be a timeout anyway.
     const finishesAt = now + this.costs[model]!.predict(bucket, taken.length);
     for (const q of taken) {
@@ -306,7 +325,7 @@ export class InferenceLoop {
     slab.counters[Counter.BUSY_UNTIL] = now + this.costs[model]!.predict(bucket, slots.length);
     this.inflight++;
     this.control.inflightBatches = this.inflight;
-    const started = nowMs();
+    const started = this.clock.now();
     this.runStarts.push(started);
     this.publishRunStart();
     const generations = slots.map((slot) => slab.header(slot, H_GENERATION));
@@ -315,7 +334,7 @@ export class InferenceLoop {
       this.inflight--;
       this.control.inflightBatches = this.inflight;
       this.runStarts.splice(this.runStarts.indexOf(started), 1);
-      this.control.heartbeat = nowMs(); // before the run start is cleared: the watchdog never sees a stale heartbeat and no run
+      this.control.heartbeat = this.clock.now(); // before the run start is cleared: the watchdog never sees a stale heartbeat and no run
       this.publishRunStart();
       if (this.inflight === 0) slab.counters[Counter.BUSY_UNTIL] = 0; // nothing running: admission adds no remainder
       // The loop may now launch the next batch: wake it directly (ringing its own bell costs as much as waking another thread).
@@ -384,7 +403,7 @@ export class InferenceLoop {
       if (live.length === 0) return;
       runs++;
       slab.counters[Counter.SPLIT_RUNS]! += 1;
-      const partStarted = nowMs();
+      const partStarted = this.clock.now();
       let ok = false;
       try {
         const stats = await runner.run(live, bucket);
@@ -439,7 +458,7 @@ export class InferenceLoop {
   private completeBatch(model: number, slots: number[], generations: number[], started: number, state: number, error: number): void {
     const slab = this.runners[model]!.slab;
     const shared = this.options.sharedSlabs?.[model];
-    const finished = nowMs();
+    const finished = this.clock.now();
     slots.forEach((slot, i) => {
       if (slab.header(slot, H_GENERATION) !== generations[i]) return;
       if (shared && state === SlotState.DONE) shared.slotOutput(slot).set(slab.slotOutput(slot));
@@ -511,7 +530,7 @@ export class InferenceLoop {
   private async shutdown(): Promise<void> {
     while (this.inflight > 0) {
       const seen = this.control.workerBell.read();
-      if (this.inflight > 0) await this.control.workerBell.wait(seen, this.options.idleWakeMs ?? IDLE_WAKE_MS);
+      if (this.inflight > 0) await this.clock.wait(this.control.workerBell, seen, this.options.idleWakeMs ?? IDLE_WAKE_MS);
       if (!this.alive()) return;
     }
     this.intake();
