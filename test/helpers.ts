@@ -7,7 +7,6 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import * as ort from 'onnxruntime-node';
 import { expect } from 'vitest';
-import { prepareModel } from '../dist/src/gpu-worker/graph.js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/main.js';
 import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
@@ -47,24 +46,28 @@ export function randomTokenSequences(rand: () => number, count: number, minLen: 
 }
 
 /**
- * Runs one input alone, unpadded ([1, len], mask all ones), through the same
- * post-processed graph the server runs: the ground truth for batching.
+ * The row the server returns for one input (a slot's outputs side by side),
+ * computed independently: the model's unmodified graph run on that input
+ * alone, unpadded, and the post-processing done here, in float64, not by the
+ * server's appended graph (graph.ts):
+ *
+ *   embed     [embedding (pooled as the model says: mean or cls; L2-normalised), its norm]
+ *   classify  [softmax(logits), logits]
+ *   rerank    [sigmoid(logit), logit]
  */
 export class Reference {
   readonly spec: ModelSpec;
   private constructor(
     spec: ModelSpec,
     private readonly session: ort.InferenceSession,
-    private readonly outputs: { name: string; width: number }[],
   ) {
     this.spec = spec;
   }
 
   static async open(name: string): Promise<Reference> {
     const spec = loadModelSpec(join(modelsDir, name), name);
-    const prepared = prepareModel(readFileSync(spec.onnxPath), spec);
-    const session = await ort.InferenceSession.create(prepared.bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
-    return new Reference(spec, session, prepared.outputs);
+    const session = await ort.InferenceSession.create(readFileSync(spec.onnxPath), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    return new Reference(spec, session);
   }
 
   private readonly textRows = new Map<string, Float32Array>();
@@ -81,23 +84,42 @@ export class Reference {
     return row;
   }
 
-  /** The slot row the server would return for these ids (outputs side by side). */
+  /**
+   * The slot row the server would return for these ids. `mask` (default all 1)
+   * is fed to the graph as its attention mask, and the pooling counts the
+   * tokens it keeps.
+   */
   async row(ids: ArrayLike<number>, typeIds?: ArrayLike<number>, mask?: ArrayLike<number>): Promise<Float32Array> {
     const n = ids.length;
-    const i64 = (a: ArrayLike<number> | undefined, fill: number) =>
-      BigInt64Array.from({ length: n }, (_, i) => BigInt(a ? a[i]! : fill));
-    const out = await this.session.run({
-      input_ids: new ort.Tensor('int64', i64(ids, 0), [1, n]),
-      attention_mask: new ort.Tensor('int64', i64(mask, 1), [1, n]),
-      token_type_ids: new ort.Tensor('int64', i64(typeIds, 0), [1, n]),
-    });
-    const row = new Float32Array(this.outputs.reduce((s, o) => s + o.width, 0));
-    let at = 0;
-    for (const o of this.outputs) {
-      row.set((out[o.name]!.data as Float32Array).subarray(0, o.width), at);
-      at += o.width;
+    const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
+    const kept = (t: number) => (mask ? mask[t]! : 1);
+    const feeds: Record<string, ort.Tensor> = { input_ids: i64((i) => ids[i]!), attention_mask: i64(kept) };
+    if (this.session.inputNames.includes('token_type_ids')) feeds.token_type_ids = i64((i) => (typeIds ? typeIds[i]! : 0));
+    const out = await this.session.run(feeds);
+    const spec = this.spec;
+    if (spec.task === 'embed') {
+      const states = out.last_hidden_state!.data as Float32Array;
+      const hidden = states.length / n;
+      const pooled = new Float64Array(hidden);
+      if (spec.pooling === 'cls') for (let h = 0; h < hidden; h++) pooled[h] = states[h]!;
+      else if (spec.pooling === 'mean') {
+        let count = 0;
+        for (let t = 0; t < n; t++) {
+          if (!kept(t)) continue;
+          count++;
+          for (let h = 0; h < hidden; h++) pooled[h]! += states[t * hidden + h]!;
+        }
+        for (let h = 0; h < hidden; h++) pooled[h]! /= Math.max(count, 1e-9);
+      } else throw new Error(`Reference: pooling ${spec.pooling} is not modelled here (st-folders.test.ts has every mode)`);
+      const norm = Math.hypot(...pooled);
+      const row = new Float32Array(hidden + 1);
+      for (let h = 0; h < hidden; h++) row[h] = pooled[h]! / Math.max(norm, 1e-12);
+      row[hidden] = norm;
+      return row;
     }
-    return row;
+    const logits = out.logits!.data as Float32Array;
+    const head = spec.task === 'rerank' ? [sigmoid(logits[0]!)] : Array.from(softmax(logits));
+    return Float32Array.from([...head, ...logits]);
   }
 
   async close(): Promise<void> {
