@@ -1,8 +1,12 @@
 /**
  * The scheduling policy under load, on a virtual clock: Poisson arrivals
- * (fixed seeds) into the real scheduler, cost model and admission rule, with
- * a fake device whose run time follows a known cost model
- * (test/fixtures/scheduler-sim.ts). No real clock is involved.
+ * (fixed seeds) submitted through the real SlabSubmitter, refused by the real
+ * admission rule, and scheduled by the real InferenceLoop (its scheduler,
+ * cost model, fair share and deadline checks), with a fake device whose run
+ * time follows a known cost model and which writes each request's own row
+ * (test/fixtures/scheduler-sim.ts). The loop runs on an injected virtual
+ * clock (LoopOptions.clock), so no real clock decides anything and every run
+ * is the same: P99 bounds and shares can be asserted, not just orders.
  */
 import { describe, expect, it } from 'vitest';
 import { percentile, poissonLoad, simulate, type SimOptions } from './fixtures/scheduler-sim.js';
@@ -13,34 +17,35 @@ const batching = { maxBatchSize: 32, maxBatchDelayMs: 5, maxBatchTokens: 4096, b
 const base: SimOptions = { batching, deviceMs };
 // Capacity: the mixed workload averages ~46 padded tokens; full batches drain ~167 tokens/ms: ~3.6 requests/ms.
 
-const meanBatch = (r: ReturnType<typeof simulate>) => r.batches.reduce((s, b) => s + b.rows, 0) / r.batches.length;
+type Result = Awaited<ReturnType<typeof simulate>>;
+const meanBatch = (r: Result) => r.batches.reduce((s, b) => s + b.rows, 0) / r.batches.length;
 
 describe('latency target (--slo-p99-ms)', () => {
-  it('at low load dispatches at once: batches of about one, latency about one run', () => {
+  it('at low load dispatches at once: batches of about one, latency about one run', async () => {
     const load = poissonLoad(1, 0.05, 20_000, { timeoutMs: 30_000 });
-    const r = simulate(load, { ...base, sloP99Ms: 50 });
+    const r = await simulate(load, { ...base, sloP99Ms: 50 });
     expect(r.latency.size).toBe(load.length);
     expect(meanBatch(r)).toBeLessThan(1.3);
     expect(percentile([...r.latency.values()], 50)).toBeLessThan(3);
   });
 
-  it('as load rises it packs fuller batches than dispatch-when-idle, and P99 stays under the target', () => {
+  it('as load rises it packs fuller batches than dispatch-when-idle, and P99 stays under the target', async () => {
     const load = poissonLoad(2, 1.5, 10_000, { timeoutMs: 30_000 }); // ~40% of capacity
-    const fixed = simulate(load, base);
-    const slo = simulate(load, { ...base, sloP99Ms: 50 });
+    const fixed = await simulate(load, base);
+    const slo = await simulate(load, { ...base, sloP99Ms: 50 });
     expect(slo.latency.size).toBe(load.length);
     expect(percentile([...slo.latency.values()], 99)).toBeLessThan(50);
     expect(meanBatch(slo)).toBeGreaterThan(meanBatch(fixed) * 1.5);
     // fuller batches: less device time for the same work
-    const deviceTime = (r: ReturnType<typeof simulate>) => r.batches.reduce((s, b) => s + deviceMs(b.rows, batching.buckets[b.bucket]!), 0);
+    const deviceTime = (r: Result) => r.batches.reduce((s, b) => s + deviceMs(b.rows, batching.buckets[b.bucket]!), 0);
     expect(deviceTime(slo)).toBeLessThan(deviceTime(fixed));
   });
 
-  it('for each feasible target the P99 stays under it', () => {
+  it('for each feasible target the P99 stays under it', async () => {
     const load = poissonLoad(3, 2.5, 8_000, { timeoutMs: 30_000 }); // ~70% of capacity
     // (20 ms would not be feasible: a full batch of the longest bucket alone runs 21.5 ms.)
     for (const target of [40, 80, 160]) {
-      const r = simulate(load, { ...base, sloP99Ms: target });
+      const r = await simulate(load, { ...base, sloP99Ms: target });
       const lat = [...r.latency.values()];
       expect(r.latency.size + r.rejected.size).toBe(load.length);
       expect(r.rejected.size).toBeLessThan(load.length * 0.01);
@@ -48,18 +53,20 @@ describe('latency target (--slo-p99-ms)', () => {
     }
   });
 
-  it('when the target cannot be met it sheds load instead of letting every request be late', () => {
+  it('when the target cannot be met it sheds load instead of letting every request be late', async () => {
     const load = poissonLoad(4, 10, 3_000, { timeoutMs: 30_000 }); // ~3x capacity
-    const r = simulate(load, { ...base, sloP99Ms: 50 });
-    expect(r.rejected.size).toBeGreaterThan(load.length * 0.4);
+    const r = await simulate(load, { ...base, sloP99Ms: 50 });
+    // Judged as the gateway judges them, each when it arrives, 39% are refused (this seed); the copy of
+    // the loop this test once drove judged arrivals only when a run ended, and refused 62%.
+    expect(r.rejected.size).toBeGreaterThan(load.length * 0.3);
     const served = [...r.latency.values()];
     expect(served.length).toBeGreaterThan(load.length * 0.2);
     expect(percentile(served, 99)).toBeLessThan(50 * 2); // admitted work stays near the target
   });
 
-  it('a rare long input is not starved by a steady stream of efficient short batches', () => {
+  it('a rare long input is not starved by a steady stream of efficient short batches', async () => {
     const load = poissonLoad(5, 3, 5_000, { timeoutMs: 30_000, lengths: (r) => (r() < 0.01 ? 200 : 10) });
-    const r = simulate(load, { ...base, sloP99Ms: 40 });
+    const r = await simulate(load, { ...base, sloP99Ms: 40 });
     const rare = load.filter((q) => q.length === 200);
     expect(rare.length).toBeGreaterThan(5);
     for (const q of rare) expect(r.latency.get(q.id), `request ${q.id}`).toBeLessThan(40 + 10);
@@ -67,11 +74,11 @@ describe('latency target (--slo-p99-ms)', () => {
 });
 
 describe('deadlines and admission', () => {
-  it('admission refuses early instead of timing out late under overload', () => {
+  it('admission refuses early instead of timing out late under overload', async () => {
     const load = poissonLoad(6, 10, 3_000, { timeoutMs: 200 }); // ~3x capacity
-    const without = simulate(load, { ...base, admission: false });
-    const withAdmission = simulate(load, base);
-    const failedLate = (r: ReturnType<typeof simulate>) => r.expired.size + r.late.size;
+    const without = await simulate(load, { ...base, admission: false });
+    const withAdmission = await simulate(load, base);
+    const failedLate = (r: Result) => r.expired.size + r.late.size;
     // Without admission most requests are accepted and then time out.
     expect(failedLate(without)).toBeGreaterThan(load.length * 0.4);
     // With it the excess is refused at once and what is admitted mostly makes its deadline.
@@ -81,9 +88,9 @@ describe('deadlines and admission', () => {
     expect(withAdmission.latency.size).toBeGreaterThan(without.latency.size);
   });
 
-  it('a request never runs when it would finish past its deadline', () => {
+  it('a request never runs when it would finish past its deadline', async () => {
     const load = poissonLoad(7, 8, 2_000, { timeoutMs: 30 });
-    const r = simulate(load, { ...base, admission: false });
+    const r = await simulate(load, { ...base, admission: false });
     expect(r.expired.size).toBeGreaterThan(0);
     expect(r.late.size).toBe(0);
     for (const b of r.batches) for (const d of b.deadlines) expect(b.start).toBeLessThan(d);
@@ -91,10 +98,10 @@ describe('deadlines and admission', () => {
 });
 
 describe('priority classes', () => {
-  it('under overload interactive and bulk share the device 4:1 in tokens, and bulk still progresses', () => {
+  it('under overload interactive and bulk share the device 4:1 in tokens, and bulk still progresses', async () => {
     // Each class alone offers more than the device can do, so both stay backlogged.
     const load = poissonLoad(8, 30, 1_000, { timeoutMs: 600_000, bulkShare: 0.5, lengths: () => 12 });
-    const r = simulate(load, { ...base, admission: false, ageingMs: 1e9 });
+    const r = await simulate(load, { ...base, admission: false, ageingMs: 1e9 });
     // Measure while both classes are backlogged: the first half of the run.
     const firstHalf = r.batches.filter((b) => b.start < 500);
     const served = [0, 0];
@@ -104,9 +111,9 @@ describe('priority classes', () => {
     expect(served[0]! / served[1]!).toBeLessThan(5);
   });
 
-  it('with ageing, a bulk request waits at most about the ageing time even under an interactive flood', () => {
+  it('with ageing, a bulk request waits at most about the ageing time even under an interactive flood', async () => {
     const load = poissonLoad(9, 8, 3_000, { timeoutMs: 600_000, bulkShare: 0.02, lengths: () => 12 });
-    const r = simulate(load, { ...base, admission: false, weights: [1000, 1], ageingMs: 100 });
+    const r = await simulate(load, { ...base, admission: false, weights: [1000, 1], ageingMs: 100 });
     const bulk = load.filter((q) => q.priority === 1);
     expect(bulk.length).toBeGreaterThan(10);
     for (const q of bulk) expect(r.latency.get(q.id)).toBeLessThan(100 + 20);
