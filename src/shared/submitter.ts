@@ -29,27 +29,12 @@ import {
   DeadlineExceededError,
   EngineClosedError,
   InferenceError,
+  InferenceRestartedError,
+  InputFailedError,
   OverloadedError,
   SlabserveError,
   ValidationError,
 } from './errors.js';
-
-/** The inference thread died or hung with this request queued or running; a new one is starting. Retry. (503) */
-export class InferenceRestartedError extends SlabserveError {
-  constructor(message = 'the inference thread was restarted while this request was queued or running; retry it') {
-    super(message, 'SLABSERVE_INFERENCE_RESTARTED', 'unavailable');
-  }
-}
-
-/**
- * The model cannot run this input: its batch failed, and once split, this
- * input alone still failed while the others of its batch ran. (422)
- */
-export class InputFailedError extends SlabserveError {
-  constructor(message = 'the model failed on this input (the other inputs batched with it ran); it will fail again if sent again') {
-    super(message, 'SLABSERVE_INPUT_FAILED', 'validation');
-  }
-}
 import {
   Account,
   Counter,
