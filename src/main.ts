@@ -24,6 +24,7 @@ import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DE
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
+import { INLINE_TOKENIZE_CHARS } from './gateway/inference-client.js';
 import type { LogLevel } from './gateway/log.js';
 import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
@@ -137,12 +138,12 @@ export const SERVER_DEFAULTS = {
   intraOpNice: ENGINE_DEFAULTS.intraOpNice,
   maxClientBatchSize: 64,
   maxBodyBytes: 2 * 1024 * 1024,
-  heartbeatTimeoutMs: 30_000,
-  inferenceTimeoutMs: 30_000,
+  heartbeatTimeoutMs: ENGINE_DEFAULTS.heartbeatTimeoutMs,
+  inferenceTimeoutMs: ENGINE_DEFAULTS.inferenceTimeoutMs,
   drainTimeoutMs: 30_000,
   drainGraceMs: 500,
   tokenizerThreads: 1,
-  inlineTokenizeChars: 1024,
+  inlineTokenizeChars: INLINE_TOKENIZE_CHARS,
   wsMaxInflight: 256,
   wsMaxBufferedBytes: 1024 * 1024,
   wsMaxFrameBytes: 2 * 1024 * 1024,

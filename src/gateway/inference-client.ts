@@ -134,6 +134,9 @@ export interface InferResult {
   timing: Timing;
 }
 
+/** Client batches of at most this many characters are tokenized inline by default (--inline-tokenize-chars), larger ones on the tokenizer pool. */
+export const INLINE_TOKENIZE_CHARS = 1024;
+
 /** Pairs tokenized inline yield the event loop after this many ms of work. */
 const YIELD_EVERY_MS = 4;
 
@@ -171,7 +174,7 @@ export class InferenceClient {
     this.priorityNames = opts.priorityNames ?? DEFAULT_PRIORITY_NAMES;
     this.onLate = opts.onLate;
     this.batchTokenizer = opts.batchTokenizer;
-    this.inlineTokenizeChars = opts.inlineTokenizeChars ?? 1024;
+    this.inlineTokenizeChars = opts.inlineTokenizeChars ?? INLINE_TOKENIZE_CHARS;
   }
 
   list(): ClientModel[] {

@@ -72,11 +72,7 @@ export function defaultBuckets(maxLength: number): number[] {
   return out;
 }
 
-/** Index of the smallest bucket that holds `length` tokens, or -1 if none does. */
-export function bucketFor(buckets: readonly number[], length: number): number {
-  for (let i = 0; i < buckets.length; i++) if (length <= buckets[i]!) return i;
-  return -1;
-}
+export { bucketFor } from '../shared/buckets.js';
 
 /** How many requests fit in one batch of the given bucket length. */
 export function batchCapacity(opts: BatchingOptions, bucketLength: number): number {

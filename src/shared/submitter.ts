@@ -20,6 +20,7 @@
  * index that died (the main thread starts a new one; src/main.ts).
  */
 import { predictedWaitMs, type BucketCost } from './admission.js';
+import { bucketFor } from './buckets.js';
 import { Cancellation } from './cancel.js';
 import { nowMs } from './clock.js';
 import type { ControlBlock } from './control.js';
@@ -227,10 +228,11 @@ export class SlabSubmitter {
   }
 
   /** The bucket an input of `length` tokens is queued in (the last for anything longer: lengths are checked before). */
+  /** The bucket an input of `length` tokens is queued in (the one rule, shared/buckets.ts); submitRequest refused longer ones. */
   private bucketOf(model: number, length: number): number {
-    const lengths = this.buckets[model]!.lengths;
-    for (let b = 0; b < lengths.length; b++) if (length <= lengths[b]!) return b;
-    return lengths.length - 1;
+    const b = bucketFor(this.buckets[model]!.lengths, length);
+    if (b < 0) throw new RangeError(`an input of ${length} tokens is longer than model ${model}'s longest bucket`);
+    return b;
   }
 
   /**
