@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { createTokenizePool } from '../src/gateway/tokenize-pool.js';
 import { loadTokenizer } from '../src/gateway/tokenizer.js';
 import type { ClientModel } from '../src/gateway/inference-client.js';
-import { packageRoot } from '../src/inference-host.js';
+import { packageRoot } from '../src/model-plans.js';
 import { loadModelSpec } from '../src/shared/model-config.js';
 import { mulberry32 } from '../src/modelgen/rng.js';
 import { bertUncasedVocab } from '../src/modelgen/tokenizer-json.js';

@@ -16,7 +16,8 @@ import { loadModelTokenizer, type Encoding } from './gateway/tokenizer.js';
 import { checkDevice, cudaProviderInstalled, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
-import { bucketPlans, InferenceSupervisor, loadModels } from './inference-host.js';
+import { InferenceSupervisor } from './inference-host.js';
+import { bucketPlans, loadModels } from './model-plans.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
 import { servedSources, type Dtype, type ModelOverrides, type Pooling, type SettingSources, type Task } from './shared/model-config.js';
@@ -24,7 +25,7 @@ import { Counter, Slab } from './shared/slab.js';
 import { SlabSubmitter, type SlotResult } from './shared/submitter.js';
 
 export type { Classification } from './gateway/inference-client.js';
-export { resolveBatching } from './inference-host.js';
+export { resolveBatching } from './model-plans.js';
 
 export interface EngineOptions {
   /** Model repository folder. Default: the package's models/ folder. */

@@ -15,7 +15,7 @@
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { Registry } from 'prom-client';
-import type { ModelPlan } from '../inference-host.js';
+import type { ModelPlan } from '../shared/model-plan.js';
 import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
 import { gatewayMetrics } from '../shared/metrics.js';

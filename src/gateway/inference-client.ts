@@ -17,7 +17,7 @@
  * read by the functions at the end of this file; answer shapes are the
  * dialects' business (routes*.ts, ws.ts, the engine). Transport-free.
  */
-import type { ModelPlan } from '../inference-host.js';
+import type { ModelPlan } from '../shared/model-plan.js';
 import { admission } from '../shared/admission.js';
 import type { Cancellation } from '../shared/cancel.js';
 import { nowMs } from '../shared/clock.js';
