@@ -9,8 +9,9 @@
  *
  * Supervision: an inference thread that dies or hangs is replaced by
  * InferenceSupervisor (src/inference-host.ts); a gateway thread that dies
- * (an uncaught error: it closes its sockets and ends) is replaced here, its
- * slots released and its listen socket back on the port.
+ * (an uncaught error: it closes its sockets and ends) by GatewaySupervisor
+ * (src/gateway-host.ts), its slots released and its listen socket back on
+ * the port. This file wires them together: metrics, /info, the drain.
  *
  * Test hooks: with SLABSERVE_TEST_HOOKS=1 in the environment when the server
  * starts, `server.testHooks` can make the threads fail (tests only; absent
@@ -18,26 +19,24 @@
  */
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { cpus } from 'node:os';
-import { Worker } from 'node:worker_threads';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
 import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DEFAULTS } from './engine.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
-import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
+import type { GatewayWorkerData } from './gateway/gateway-worker.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
 import { INLINE_TOKENIZE_CHARS } from './gateway/inference-client.js';
 import type { LogLevel } from './gateway/log.js';
 import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
+import { GatewaySupervisor } from './gateway-host.js';
 import { InferenceSupervisor } from './inference-host.js';
 import { loadModels } from './model-plans.js';
 import type { ModelPlan } from './shared/model-plan.js';
-import { freeStuckFilling, reclaimOwner } from './slot-reclaim.js';
 import { nowMs } from './shared/clock.js';
 import { ControlBlock, WorkerState } from './shared/control.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
 import { processMetrics, supervisionMetrics } from './shared/metrics.js';
-import { RpcPeer } from './shared/rpc.js';
 import type { Dtype, Pooling } from './shared/model-config.js';
 import { Counter, Slab } from './shared/slab.js';
 import { threadCpuSeconds } from './shared/threads.js';
@@ -119,10 +118,6 @@ export interface ServerConfig {
   log: (line: string) => void;
 }
 
-/** How long a gateway that reported an uncaught error may take to end by itself before it is terminated. */
-const GATEWAY_END_MS = 5000;
-/** A dead gateway's slot still FILLING after this long is stuck: freed. */
-const STUCK_FILLING_MS = 500;
 
 /** One gateway thread on 2 cores or fewer, else half the cores. */
 export function defaultGatewayThreads(): number {
@@ -184,31 +179,6 @@ export interface ServerTestHooks {
 export const TEST_HOOKS_ENV = 'SLABSERVE_TEST_HOOKS';
 
 type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
-
-interface GatewayHandle {
-  worker: Worker;
-  rpc: RpcPeer;
-  /** Its kernel thread id, once listening (per-thread CPU metrics). */
-  tid?: number | null;
-  exited: Promise<void>;
-  /** Listening: from then on an exit is a death (unless the server is closing). */
-  started: boolean;
-  /** Its last 'fatal' message (an uncaught error it reported before ending). */
-  fatal?: string;
-}
-
-/**
- * Entry of a gateway thread when the test hooks are on: a message
- * {slabserveTestFault: 'throw'} makes it throw an uncaught error; then the
- * gateway's own code runs as usual.
- */
-function gatewayTestEntry(url: URL): string {
-  return `const { parentPort } = require('node:worker_threads');
-parentPort.on('message', (m) => {
-  if (m && m.slabserveTestFault === 'throw') setImmediate(() => { throw new Error('slabserve test hook: gateway thread fault'); });
-});
-import(${JSON.stringify(url.href)});`;
-}
 
 /**
  * Refuses a fixed port something already listens on. uSockets binds a fixed
@@ -322,136 +292,41 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     },
   });
 
-  /** By gateway id; a restarted gateway takes its predecessor's place. */
-  const gateways: GatewayHandle[] = [];
   /** Kernel thread id -> name, for slabserve_thread_cpu_seconds_total. */
   const namedThreads = (): Map<number, string> => {
     const named = new Map<number, string>([[process.pid, 'main']]);
     const { inference: tid, pool } = inference.threads;
     for (const t of pool) named.set(t, 'onnxruntime');
     if (tid !== null) named.set(tid, 'inference');
-    gateways.forEach((g, i) => {
-      if (g.tid) named.set(g.tid, `gateway-${i}`); // after the pool: a gateway started while the sessions opened is still a gateway
-    });
+    gateways.nameThreads(named); // after the pool: a gateway started while the sessions opened is still a gateway
     return named;
   };
   const localParts = async (): Promise<MetricsJson[]> => {
-    const parts: MetricsJson[] = [await registry.getMetricsAsJSON()];
-    const others = await Promise.allSettled([...gateways.map((g) => g.rpc.call<MetricsJson>('metrics', undefined, 2000)), inference.metrics()]);
-    for (const o of others) if (o.status === 'fulfilled') parts.push(o.value);
-    return parts;
+    const [gatewayParts, inferencePart] = await Promise.all([gateways.metrics(), inference.metrics().catch(() => null)]);
+    return [await registry.getMetricsAsJSON(), ...gatewayParts, ...(inferencePart ? [inferencePart] : [])];
   };
   const metricsJson = async (): Promise<MetricsJson> => AggregatorRegistry.aggregate(await localParts()).getMetricsAsJSON();
   const scrape = config.scrape ?? (async (): Promise<string> => AggregatorRegistry.aggregate(await localParts()).metrics());
 
-  const startGateway = (gatewayId: number, port: number): Promise<{ handle: GatewayHandle; port: number }> => {
-    const data: GatewayWorkerData = {
-      gatewayId,
-      owner: 1 + gatewayId,
-      control: control.buffer,
-      owners,
-      models: plans,
-      host: config.host,
-      port,
-      limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize },
-      requestTimeoutMs: config.requestTimeoutMs,
-      heartbeatTimeoutMs: config.heartbeatTimeoutMs,
-      tokenizerThreads: config.tokenizerThreads,
-      ...(config.tokenizerQueue !== undefined ? { tokenizerQueue: config.tokenizerQueue } : {}),
-      inlineTokenizeChars: config.inlineTokenizeChars,
-      ws: {
-        maxInflight: config.wsMaxInflight,
-        maxBufferedBytes: config.wsMaxBufferedBytes,
-        maxFrameBytes: config.wsMaxFrameBytes,
-        idleTimeoutSeconds: config.wsIdleTimeoutSeconds,
-      },
-      version: VERSION,
-      priorityNames: config.priorities.map((p) => p.name),
-      ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
-      security: {
-        apiKeys: config.apiKeys ?? [],
-        metricsAuth: config.metricsAuth ?? GATE_DEFAULTS.metricsAuth,
-        maxConnections: config.maxConnections ?? GATE_DEFAULTS.maxConnections,
-        maxUrlBytes: config.maxUrlBytes ?? GATE_DEFAULTS.maxUrlBytes,
-        maxHeaderBytes: config.maxHeaderBytes ?? GATE_DEFAULTS.maxHeaderBytes,
-      },
-      log: { level: config.logLevel ?? 'info', ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
-    };
-    const entry = new URL('./gateway/gateway-worker.js', import.meta.url);
-    const name = `slabserve-gateway-${gatewayId}`;
-    const worker = testHooks ? new Worker(gatewayTestEntry(entry), { eval: true, workerData: data, name }) : new Worker(entry, { workerData: data, name });
-    const handle: GatewayHandle = {
-      worker,
-      rpc: new RpcPeer(worker, { scrape }),
-      exited: new Promise<void>((res) => worker.once('exit', () => res())),
-      started: false,
-    };
-    gateways[gatewayId] = handle; // even if it fails to start: close() and the clean-up above must reach it
-    worker.once('exit', () => onGatewayExit(gatewayId, handle));
-    return new Promise((res, rej) => {
-      worker.once('error', rej);
-      worker.once('exit', (code) => rej(new Error(`gateway ${gatewayId} exited during start-up (code ${code})`)));
-      worker.on('message', (m: GatewayMessage) => {
-        if (m.type === 'listening') {
-          handle.started = true;
-          handle.tid = m.tid;
-          res({ handle, port: m.port });
-        } else if (m.type === 'fatal' && handle.started) {
-          // It reported an uncaught error and is closing its sockets: it ends by itself; make sure it does.
-          handle.fatal = m.message;
-          log(`slabserve: gateway thread ${gatewayId}: ${m.message.split('\n')[0]}`);
-          setTimeout(() => void worker.terminate().catch(() => {}), GATEWAY_END_MS).unref();
-        } else if (m.type === 'fatal') rej(new Error(`gateway ${gatewayId}: ${m.message}`));
-        else if (m.type === 'log') for (const line of m.lines) log(line);
-      });
-    });
-  };
-
+  const gateways = new GatewaySupervisor({
+    data: gatewayWorkerData(config, control, plans, owners),
+    slabs,
+    log,
+    scrape,
+    info: () => (device ? info(device) : undefined),
+    testHooks,
+    onRestart: (reason) => supervision.gatewayRestarts.inc({ reason }),
+  });
   let closing: Promise<void> | null = null;
-  let port = 0;
-
-  /** A gateway thread ended while serving: free its slots and start another on the same port. */
-  const onGatewayExit = (gatewayId: number, dead: GatewayHandle): void => {
-    if (closing || !dead.started || gateways[gatewayId] !== dead) return;
-    const owner = 1 + gatewayId;
-    const since = Date.now();
-    const reason = dead.fatal !== undefined ? 'crash' : 'exit';
-    const r = reclaimOwner(slabs, owner);
-    setTimeout(() => freeStuckFilling(slabs, owner, r.filling), STUCK_FILLING_MS).unref();
-    supervision.gatewayRestarts.inc({ reason });
-    log(
-      `slabserve: gateway thread ${gatewayId} ${reason === 'crash' ? 'died of an uncaught error' : 'exited'}; ` +
-        `${r.cancelled} of its requests cancelled, ${r.freed} finished slots freed; starting a new one on port ${port}`,
-    );
-    void (async () => {
-      for (let attempt = 0; !closing; attempt++) {
-        try {
-          const { handle } = await startGateway(gatewayId, port);
-          if (device) await handle.rpc.call('setInfo', info(device));
-          log(`slabserve: gateway thread ${gatewayId} listening again after ${Date.now() - since} ms`);
-          return;
-        } catch (err) {
-          const wait = Math.min(10_000, 500 * 2 ** attempt);
-          log(`slabserve: gateway thread ${gatewayId} failed to start again (${(err as Error).message}); retrying in ${wait} ms`);
-          await new Promise((res) => setTimeout(res, wait).unref());
-        }
-      }
-    })();
-  };
-
+  let port: number;
   try {
     // uSockets sets SO_REUSEPORT only for a fixed port, so with --port 0 pick a free port first:
     // the first gateway binds it, the others join, and a gateway restarted after a crash rejoins it.
-    const wanted = config.port === 0 ? await pickFreePort(config.host) : config.port;
-    const first = await startGateway(0, wanted);
-    port = first.port;
-    for (let g = 1; g < config.gatewayThreads; g++) await startGateway(g, port);
+    port = await gateways.start(config.gatewayThreads, config.port === 0 ? await pickFreePort(config.host) : config.port);
   } catch (err) {
     // Stop cleanly: terminating the inference thread while onnxruntime opens its
     // sessions aborts the process, so ask it to stop and wait for it to exit.
     closing = Promise.resolve();
-    await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));
-    await Promise.all(gateways.map((g) => g.worker.terminate()));
     await inference.stop();
     throw err;
   }
@@ -479,50 +354,83 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   const ready = inference.ready.then(async (d) => {
     device = d;
-    await Promise.all(gateways.map((g) => g.rpc.call('setInfo', info(d))));
+    await gateways.callAll('setInfo', info(d));
     log(`slabserve: ready at ${url}`);
     return d;
   });
   ready.catch(() => {}); // start-up failures surface through `ready`; close() still works
 
-  const close = () =>
-    (closing ??= (async () => {
-      control.draining = true; // /readyz 503, new requests 503, every answer Connection: close
-      const deadline = Date.now() + config.drainTimeoutMs;
-      // New connections are refused from now on; the open ones are served until they close.
-      await Promise.all(gateways.map((g) => g.rpc.call('stopListening', undefined, 2000).catch(() => {})));
-      // Twice idle in a row: a request that passed the readiness check just before draining began
-      // may still be reading its body or tokenizing, not yet submitted, at the first look.
-      for (let idle = 0; idle < 2 && Date.now() < deadline; ) {
-        const pending = await Promise.all(gateways.map((g) => g.rpc.call<number>('pending', undefined, 2000).catch(() => 0)));
-        idle = pending.every((n) => n === 0) ? idle + 1 : 0;
-        await new Promise((r) => setTimeout(r, 20));
-      }
-      // Connections that were answered while draining closed with their answer. An idle one that was
-      // not may carry a request its client is sending right now: give it the grace to be answered.
-      await new Promise((r) => setTimeout(r, Math.max(0, Math.min(config.drainGraceMs, deadline - Date.now()))));
-      // Sockets must be closed before the threads go: uWS aborts the process otherwise. A gateway
-      // ends by itself once its sockets are released; terminate only one that does not.
-      await Promise.all(gateways.map((g) => g.rpc.call('close').catch(() => {})));
-      await inference.stop();
-      await Promise.all(
-        gateways.map((g) => Promise.race([g.exited, new Promise<void>((r) => setTimeout(r, 2000).unref())]).then(() => g.worker.terminate())),
-      );
-      log('slabserve: stopped');
-    })());
+  const close = () => (closing ??= drain(config, control, gateways, inference).then(() => log('slabserve: stopped')));
 
   const hooks: ServerTestHooks | undefined = testHooks
     ? {
         inferenceFault: (kind, minRows) => inference.testFault(kind, minRows),
         poisonToken: (id) => inference.testPoison(id),
-        gatewayFault: (gatewayId) => {
-          const g = gateways[gatewayId];
-          if (!g) throw new RangeError(`no gateway thread ${gatewayId}`);
-          g.worker.postMessage({ slabserveTestFault: 'throw' });
-        },
+        gatewayFault: (gatewayId) => gateways.fault(gatewayId),
       }
     : undefined;
   return { port, url, ready, close, metricsJson, ...(hooks ? { testHooks: hooks } : {}) };
+}
+
+/** What every gateway thread starts with (GatewaySupervisor adds its id, owner index and port). */
+function gatewayWorkerData(config: ServerConfig, control: ControlBlock, plans: ModelPlan[], owners: number): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port'> {
+  return {
+    control: control.buffer,
+    owners,
+    models: plans,
+    host: config.host,
+    limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize },
+    requestTimeoutMs: config.requestTimeoutMs,
+    heartbeatTimeoutMs: config.heartbeatTimeoutMs,
+    tokenizerThreads: config.tokenizerThreads,
+    ...(config.tokenizerQueue !== undefined ? { tokenizerQueue: config.tokenizerQueue } : {}),
+    inlineTokenizeChars: config.inlineTokenizeChars,
+    ws: {
+      maxInflight: config.wsMaxInflight,
+      maxBufferedBytes: config.wsMaxBufferedBytes,
+      maxFrameBytes: config.wsMaxFrameBytes,
+      idleTimeoutSeconds: config.wsIdleTimeoutSeconds,
+    },
+    version: VERSION,
+    priorityNames: config.priorities.map((p) => p.name),
+    ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
+    security: {
+      apiKeys: config.apiKeys ?? [],
+      metricsAuth: config.metricsAuth ?? GATE_DEFAULTS.metricsAuth,
+      maxConnections: config.maxConnections ?? GATE_DEFAULTS.maxConnections,
+      maxUrlBytes: config.maxUrlBytes ?? GATE_DEFAULTS.maxUrlBytes,
+      maxHeaderBytes: config.maxHeaderBytes ?? GATE_DEFAULTS.maxHeaderBytes,
+    },
+    log: { level: config.logLevel ?? 'info', ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
+  };
+}
+
+/**
+ * The drain (docs/architecture.md, Draining): readiness off and every answer
+ * closing its connection (the control block's draining flag), new connections
+ * refused, requests in flight finished (up to drainTimeoutMs), idle keep-alive
+ * connections given drainGraceMs, then every socket closed and the threads stopped.
+ */
+async function drain(config: ServerConfig, control: ControlBlock, gateways: GatewaySupervisor, inference: InferenceSupervisor): Promise<void> {
+  control.draining = true; // /readyz 503, new requests 503, every answer Connection: close
+  gateways.beginClose(); // a gateway that ends now is not replaced
+  const deadline = Date.now() + config.drainTimeoutMs;
+  // New connections are refused from now on; the open ones are served until they close.
+  await gateways.callAll('stopListening', undefined, 2000);
+  // Twice idle in a row: a request that passed the readiness check just before draining began
+  // may still be reading its body or tokenizing, not yet submitted, at the first look.
+  for (let idle = 0; idle < 2 && Date.now() < deadline; ) {
+    const pending = await gateways.callAll<number>('pending', undefined, 2000, 0);
+    idle = pending.every((n) => n === 0) ? idle + 1 : 0;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  // Connections that were answered while draining closed with their answer. An idle one that was
+  // not may carry a request its client is sending right now: give it the grace to be answered.
+  await new Promise((r) => setTimeout(r, Math.max(0, Math.min(config.drainGraceMs, deadline - Date.now()))));
+  // Sockets must be closed before the threads go: uWS aborts the process otherwise.
+  await gateways.closeSockets();
+  await inference.stop();
+  await gateways.awaitEnd();
 }
 
 export type { ModelPlan };

@@ -1,0 +1,200 @@
+/**
+ * The gateway threads from the main thread, as src/inference-host.ts is for
+ * the inference thread: started on one port (uWebSockets.js, SO_REUSEPORT
+ * among them), told the server's /info, asked for their metrics and requests
+ * in flight, drained and closed. A gateway that dies while serving (an
+ * uncaught error: it closes its sockets and ends) is replaced: its slots are
+ * released first (src/slot-reclaim.ts), then a new thread takes its listen
+ * socket back on the port, retrying with backoff.
+ */
+import { Worker } from 'node:worker_threads';
+import type { Registry } from 'prom-client';
+import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
+import { RpcPeer } from './shared/rpc.js';
+import type { Slab } from './shared/slab.js';
+import { freeStuckFilling, reclaimOwner } from './slot-reclaim.js';
+
+type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
+
+/** How long a gateway that reported an uncaught error may take to end by itself before it is terminated. */
+const GATEWAY_END_MS = 5000;
+/** A dead gateway's slot still FILLING after this long is stuck: freed. */
+const STUCK_FILLING_MS = 500;
+/** How long close() waits for a gateway to end by itself once its sockets are closed. */
+const GATEWAY_EXIT_MS = 2000;
+
+interface GatewayHandle {
+  worker: Worker;
+  rpc: RpcPeer;
+  /** Its kernel thread id, once listening (per-thread CPU metrics). */
+  tid?: number | null;
+  exited: Promise<void>;
+  /** Listening: from then on an exit is a death (unless the server is closing). */
+  started: boolean;
+  /** Its last 'fatal' message (an uncaught error it reported before ending). */
+  fatal?: string;
+}
+
+export interface GatewaySupervisorOptions {
+  /** What every gateway thread starts with, less its id, owner index and port. */
+  data: Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port'>;
+  slabs: Slab[];
+  log: (line: string) => void;
+  /** The process's /metrics text, which a gateway asks for when scraped. */
+  scrape: () => Promise<string>;
+  /** The /info document once the server is ready (undefined before): a replacement gateway is told it. */
+  info: () => unknown;
+  /** Gateways start under the test-hook entry (SLABSERVE_TEST_HOOKS=1). */
+  testHooks: boolean;
+  /** A gateway died while serving and is being replaced. */
+  onRestart: (reason: 'crash' | 'exit') => void;
+}
+
+export class GatewaySupervisor {
+  private readonly opts: GatewaySupervisorOptions;
+  /** By gateway id; a restarted gateway takes its predecessor's place. */
+  private readonly gateways: GatewayHandle[] = [];
+  private closing = false;
+  /** The port every gateway listens on (known once the first one does). */
+  port = 0;
+
+  constructor(opts: GatewaySupervisorOptions) {
+    this.opts = opts;
+  }
+
+  /**
+   * Starts `count` gateways on `port`, the first alone so the others join
+   * the port it bound; on failure closes what started and rethrows.
+   */
+  async start(count: number, port: number): Promise<number> {
+    try {
+      this.port = await this.startOne(0, port);
+      for (let g = 1; g < count; g++) await this.startOne(g, this.port);
+      return this.port;
+    } catch (err) {
+      await this.closeSockets();
+      await Promise.all(this.gateways.map((g) => g.worker.terminate()));
+      throw err;
+    }
+  }
+
+  /** Every gateway's answer to `method` (`fallback` where the call fails or times out). */
+  callAll<T>(method: string, arg?: unknown, timeoutMs?: number, fallback?: T): Promise<(T | undefined)[]> {
+    return Promise.all(this.gateways.map((g) => g.rpc.call<T>(method, arg, timeoutMs).catch(() => fallback)));
+  }
+
+  /** Each gateway's metrics (prom-client JSON); a gateway that does not answer within 2 s is left out. */
+  async metrics(): Promise<MetricsJson[]> {
+    const parts = await Promise.allSettled(this.gateways.map((g) => g.rpc.call<MetricsJson>('metrics', undefined, 2000)));
+    return parts.flatMap((p) => (p.status === 'fulfilled' ? [p.value] : []));
+  }
+
+  /** Adds each gateway's kernel thread id and name (`gateway-N`) to `named`. */
+  nameThreads(named: Map<number, string>): void {
+    this.gateways.forEach((g, i) => {
+      if (g.tid) named.set(g.tid, `gateway-${i}`);
+    });
+  }
+
+  /** Makes gateway `gatewayId` throw an uncaught error (test hooks). */
+  fault(gatewayId: number): void {
+    const g = this.gateways[gatewayId];
+    if (!g) throw new RangeError(`no gateway thread ${gatewayId}`);
+    g.worker.postMessage({ slabserveTestFault: 'throw' });
+  }
+
+  /** From now on a gateway that ends is not replaced (the server is draining). */
+  beginClose(): void {
+    this.closing = true;
+  }
+
+  /** Closes every gateway's listen socket and connections (uWS aborts the process if a thread ends holding one). */
+  async closeSockets(): Promise<void> {
+    this.closing = true;
+    await this.callAll('close');
+  }
+
+  /** After closeSockets(): waits for each gateway to end by itself, terminating one that does not. */
+  async awaitEnd(): Promise<void> {
+    await Promise.all(
+      this.gateways.map((g) => Promise.race([g.exited, new Promise<void>((r) => setTimeout(r, GATEWAY_EXIT_MS).unref())]).then(() => g.worker.terminate())),
+    );
+  }
+
+  /** Starts gateway `gatewayId` on `port`; resolves with the port it listens on. */
+  private startOne(gatewayId: number, port: number): Promise<number> {
+    const data: GatewayWorkerData = { ...this.opts.data, gatewayId, owner: 1 + gatewayId, port };
+    const entry = new URL('./gateway/gateway-worker.js', import.meta.url);
+    const name = `slabserve-gateway-${gatewayId}`;
+    const worker = this.opts.testHooks ? new Worker(gatewayTestEntry(entry), { eval: true, workerData: data, name }) : new Worker(entry, { workerData: data, name });
+    const handle: GatewayHandle = {
+      worker,
+      rpc: new RpcPeer(worker, { scrape: this.opts.scrape }),
+      exited: new Promise<void>((res) => worker.once('exit', () => res())),
+      started: false,
+    };
+    this.gateways[gatewayId] = handle; // even if it fails to start: closeSockets() must reach it
+    worker.once('exit', () => this.onExit(gatewayId, handle));
+    return new Promise((res, rej) => {
+      worker.once('error', rej);
+      worker.once('exit', (code) => rej(new Error(`gateway ${gatewayId} exited during start-up (code ${code})`)));
+      worker.on('message', (m: GatewayMessage) => {
+        if (m.type === 'listening') {
+          handle.started = true;
+          handle.tid = m.tid;
+          res(m.port);
+        } else if (m.type === 'fatal' && handle.started) {
+          // It reported an uncaught error and is closing its sockets: it ends by itself; make sure it does.
+          handle.fatal = m.message;
+          this.opts.log(`slabserve: gateway thread ${gatewayId}: ${m.message.split('\n')[0]}`);
+          setTimeout(() => void worker.terminate().catch(() => {}), GATEWAY_END_MS).unref();
+        } else if (m.type === 'fatal') rej(new Error(`gateway ${gatewayId}: ${m.message}`));
+        else if (m.type === 'log') for (const line of m.lines) this.opts.log(line);
+      });
+    });
+  }
+
+  /** A gateway thread ended while serving: free its slots and start another on the same port. */
+  private onExit(gatewayId: number, dead: GatewayHandle): void {
+    if (this.closing || !dead.started || this.gateways[gatewayId] !== dead) return;
+    const { slabs, log } = this.opts;
+    const owner = 1 + gatewayId;
+    const since = Date.now();
+    const reason = dead.fatal !== undefined ? 'crash' : 'exit';
+    const r = reclaimOwner(slabs, owner);
+    setTimeout(() => freeStuckFilling(slabs, owner, r.filling), STUCK_FILLING_MS).unref();
+    this.opts.onRestart(reason);
+    log(
+      `slabserve: gateway thread ${gatewayId} ${reason === 'crash' ? 'died of an uncaught error' : 'exited'}; ` +
+        `${r.cancelled} of its requests cancelled, ${r.freed} finished slots freed; starting a new one on port ${this.port}`,
+    );
+    void (async () => {
+      for (let attempt = 0; !this.closing; attempt++) {
+        try {
+          await this.startOne(gatewayId, this.port);
+          const info = this.opts.info();
+          if (info !== undefined) await this.gateways[gatewayId]!.rpc.call('setInfo', info);
+          log(`slabserve: gateway thread ${gatewayId} listening again after ${Date.now() - since} ms`);
+          return;
+        } catch (err) {
+          const wait = Math.min(10_000, 500 * 2 ** attempt);
+          log(`slabserve: gateway thread ${gatewayId} failed to start again (${(err as Error).message}); retrying in ${wait} ms`);
+          await new Promise((res) => setTimeout(res, wait).unref());
+        }
+      }
+    })();
+  }
+}
+
+/**
+ * Entry of a gateway thread when the test hooks are on: a message
+ * {slabserveTestFault: 'throw'} makes it throw an uncaught error; then the
+ * gateway's own code runs as usual.
+ */
+function gatewayTestEntry(url: URL): string {
+  return `const { parentPort } = require('node:worker_threads');
+parentPort.on('message', (m) => {
+  if (m && m.slabserveTestFault === 'throw') setImmediate(() => { throw new Error('slabserve test hook: gateway thread fault'); });
+});
+import(${JSON.stringify(url.href)});`;
+}
