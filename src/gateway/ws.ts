@@ -25,7 +25,7 @@ import type { AccessLog } from './log.js';
 import { chooseProtocol, decodeMsgpack, requestId, shown } from './security.js';
 import { isAnswer, metricsOf, runEndpoint, type Endpoint, type EndpointContext, type GatewayLimits, type Served } from './serving.js';
 import { TEI_ENDPOINTS, TEI_LOCAL_ENDPOINTS } from './tei.js';
-import type { TemplatedApp, WebSocket } from './uws.js';
+import type { HttpRequest, HttpResponse, TemplatedApp, us_socket_context_t, WebSocket } from './uws.js';
 
 export interface WsOptions {
   /** Most requests in flight per socket (and the highest credit a client may ask for). */
@@ -91,46 +91,148 @@ function isCancel(frame: ArrayBuffer): boolean {
 
 /** Registers /ws; returns a function that closes every open socket (code 1001) for shutdown. */
 export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptions): () => void {
-  const open = new Set<WebSocket<SocketState>>();
-  const opNames = [...TEI_ENDPOINTS.keys(), ...TEI_LOCAL_ENDPOINTS.keys()];
+  const api = new WsApi(deps, opts);
+  app.ws<SocketState>('/ws', {
+    // uWS drops a connection over its own limit without a close frame: keep that limit above ours,
+    // so a frame over --ws-max-frame-bytes gets a proper 1009 close (frames over twice it are dropped).
+    maxPayloadLength: opts.maxFrameBytes * 2,
+    idleTimeout: opts.idleTimeoutSeconds,
+    sendPingsAutomatically: true,
+    // We hold requests back at maxBufferedBytes ourselves; uWS must never drop a result.
+    maxBackpressure: Math.max(64 * 1024 * 1024, opts.maxBufferedBytes * 16),
+    closeOnBackpressureLimit: 0,
+    upgrade: (res, req, context) => api.upgrade(res, req, context),
+    open: (ws) => api.opened(ws),
+    message: (ws, message, isBinary) => api.message(ws, message, isBinary),
+    drain: (ws) => api.drained(ws),
+    close: (ws) => api.closed(ws),
+  });
+  return () => api.closeAll();
+}
 
-  const send = (ws: WebSocket<SocketState>, message: unknown) => {
-    const state = ws.getUserData();
-    if (state.closed) return;
-    ws.cork(() => ws.send(pack(message), true));
-  };
-  /** Answers request `id` (null: a frame without one) with an error, and logs it (`op`: its op, `started`: when it began, `model`: if known). */
-  const sendError = (ws: WebSocket<SocketState>, id: RequestId | null, err: unknown, op = 'ws', started = performance.now(), model = 'unknown') => {
-    const e = err instanceof SlabserveError ? err : null;
-    deps.metrics.failures.inc({ reason: e ? e.type : 'backend' });
-    send(ws, { id, error: { type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL', message: e ? e.message : 'internal error' } });
-    if (deps.log.enabled || !e) {
-      deps.log.record({
-        reqId: ws.getUserData().reqId,
-        method: 'WS',
-        route: op,
-        path: '/ws',
-        model,
-        status: statusOf(err),
-        ms: performance.now() - started,
-        code: e ? e.code : 'SLABSERVE_INTERNAL',
-        ...(e ? {} : { error: err instanceof Error ? (err.stack ?? err.message) : String(err) }),
-        ...(id !== null ? { wsId: id } : {}),
-      });
+/** The protocol of every socket of one gateway: frames in, answers out (docs/websocket.md). */
+class WsApi {
+  private readonly deps: WsDeps;
+  private readonly opts: WsOptions;
+  private readonly open = new Set<WebSocket<SocketState>>();
+  private readonly opNames = [...TEI_ENDPOINTS.keys(), ...TEI_LOCAL_ENDPOINTS.keys()];
+
+  constructor(deps: WsDeps, opts: WsOptions) {
+    this.deps = deps;
+    this.opts = opts;
+  }
+
+  // ------------------------------------------------------------ the socket's life (uWS's callbacks)
+
+  /** The upgrade passes the gate (head size, connections, API key), or is answered as an HTTP error. */
+  upgrade(res: HttpResponse, req: HttpRequest, context: us_socket_context_t): void {
+    const gate = this.deps.gate;
+    const protocols = req.getHeader('sec-websocket-protocol');
+    const refused =
+      gate.checkHead(req, 'GET', req.getUrl()) ??
+      gate.checkConnections('ws') ??
+      (gate.needsKey('key') ? unauthorized(gate.keys.authorizeUpgrade(req.getHeader('authorization'), protocols)) : null);
+    if (refused) {
+      gate.refuse(res, req, refused, '/ws');
+      return;
     }
-  };
-  const heldBack = (ws: WebSocket<SocketState>) => ws.getBufferedAmount() > opts.maxBufferedBytes;
+    const state: SocketState = {
+      reqId: requestId(req.getHeader('x-request-id')),
+      credit: this.opts.maxInflight,
+      inflight: new Map(),
+      held: [],
+      resuming: false,
+      closed: false,
+    };
+    // Answer one subprotocol the client offered, never the one carrying its key.
+    res.upgrade(state, req.getHeader('sec-websocket-key'), chooseProtocol(protocols), req.getHeader('sec-websocket-extensions'), context);
+  }
 
-  const handle = (ws: WebSocket<SocketState>, frame: ArrayBuffer) => {
+  opened(ws: WebSocket<SocketState>): void {
+    this.open.add(ws);
+    this.deps.gate.wsOpened();
+  }
+
+  message(ws: WebSocket<SocketState>, message: ArrayBuffer, isBinary: boolean): void {
+    this.deps.gate.touch();
+    const state = ws.getUserData();
+    if (message.byteLength > this.opts.maxFrameBytes) {
+      state.closed = true;
+      ws.end(CODE_MESSAGE_TOO_BIG, `frame of ${message.byteLength} bytes exceeds --ws-max-frame-bytes (${this.opts.maxFrameBytes})`);
+      return;
+    }
+    if (!isBinary) {
+      this.sendError(ws, null, new ValidationError('send binary msgpack frames; text frames are not read'));
+      return;
+    }
+    if (state.held.length > 0 || this.heldBack(ws)) {
+      // A cancel only frees work: take it at once, even while held back.
+      if (message.byteLength <= 64 && isCancel(message)) {
+        this.handle(ws, message);
+        return;
+      }
+      // Back-pressure: keep the frame unparsed until the socket drains.
+      if (state.held.length >= state.credit) {
+        state.closed = true;
+        ws.end(CODE_TRY_AGAIN_LATER, 'too many frames while the socket is backed up; read your answers');
+        return;
+      }
+      state.held.push(message.slice(0));
+      return;
+    }
+    this.handle(ws, message);
+  }
+
+  drained(ws: WebSocket<SocketState>): void {
+    // Not from inside uWS's drain callback: a send made there can stay in uWS's buffer with no
+    // further drain to flush it, and the socket would hang. Take held frames up on the next turn.
+    const state = ws.getUserData();
+    if (state.held.length === 0 || state.resuming) return;
+    state.resuming = true;
+    setImmediate(() => {
+      state.resuming = false;
+      if (state.closed) return;
+      ws.cork(() => {
+        while (state.held.length > 0 && !this.heldBack(ws) && !state.closed) this.handle(ws, state.held.shift()!);
+      });
+    });
+  }
+
+  closed(ws: WebSocket<SocketState>): void {
+    this.open.delete(ws);
+    this.deps.gate.wsClosed();
+    const state = ws.getUserData();
+    state.closed = true;
+    state.held.length = 0;
+    for (const cancel of state.inflight.values()) cancel.cancel('ws_close'); // frees every slot of a client that is gone
+    state.inflight.clear();
+  }
+
+  /** Shutdown: every open socket closed with 1001. */
+  closeAll(): void {
+    for (const ws of [...this.open]) {
+      ws.getUserData().closed = true;
+      ws.end(1001, 'server shutting down');
+    }
+  }
+
+  // ------------------------------------------------------------ frames
+
+  private heldBack(ws: WebSocket<SocketState>): boolean {
+    return ws.getBufferedAmount() > this.opts.maxBufferedBytes;
+  }
+
+  private handle(ws: WebSocket<SocketState>, frame: ArrayBuffer): void {
     try {
-      handleFrame(ws, frame);
+      this.handleFrame(ws, frame);
     } catch (err) {
       // Nothing a client sends may end the thread (it holds every socket of this gateway).
-      sendError(ws, null, err);
+      this.sendError(ws, null, err);
     }
-  };
+  }
 
-  const handleFrame = (ws: WebSocket<SocketState>, frame: ArrayBuffer) => {
+  /** One frame: hello, cancel, or a request op. */
+  private handleFrame(ws: WebSocket<SocketState>, frame: ArrayBuffer): void {
     const state = ws.getUserData();
     let msg: Record<string, unknown>;
     try {
@@ -138,75 +240,71 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
       if (typeof decoded !== 'object' || decoded === null || Array.isArray(decoded)) throw new Error('not an object');
       msg = decoded as Record<string, unknown>;
     } catch (err) {
-      sendError(ws, null, new ValidationError(`frame is not a msgpack object: ${(err as Error).message}`));
+      this.sendError(ws, null, new ValidationError(`frame is not a msgpack object: ${(err as Error).message}`));
       return;
     }
     const id = msg.id;
-    if (msg.op === 'hello') {
-      const asked = msg.credit;
-      if (asked !== undefined && (!Number.isInteger(asked) || (asked as number) < 1)) {
-        sendError(ws, null, new ValidationError('hello.credit must be a positive integer'));
-        return;
-      }
-      state.credit = Math.min(opts.maxInflight, (asked as number | undefined) ?? opts.maxInflight);
-      send(ws, { op: 'hello', credit: state.credit, max_frame_bytes: opts.maxFrameBytes, max_client_batch_size: deps.limits.maxClientBatchSize, version: deps.version });
-      return;
-    }
+    if (msg.op === 'hello') return this.hello(ws, msg);
     if (typeof id !== 'string' && typeof id !== 'number') {
-      sendError(ws, null, new ValidationError('every request needs an id (a string or a number)'));
+      this.sendError(ws, null, new ValidationError('every request needs an id (a string or a number)'));
       return;
     }
     if (msg.op === 'cancel') {
       const running = state.inflight.get(id);
       if (running) running.cancel('ws_cancel'); // its request rejects with CancelledError and answers
-      else if (dropHeld(state, id)) sendError(ws, id, new CancelledError()); // still an unparsed held frame: it never runs
+      else if (dropHeld(state, id)) this.sendError(ws, id, new CancelledError()); // still an unparsed held frame: it never runs
       return;
     }
+    this.request(ws, id, msg);
+  }
+
+  /** {op: "hello", credit?}: the socket's credit (at most --ws-max-inflight) and the server's limits. */
+  private hello(ws: WebSocket<SocketState>, msg: Record<string, unknown>): void {
+    const state = ws.getUserData();
+    const asked = msg.credit;
+    if (asked !== undefined && (!Number.isInteger(asked) || (asked as number) < 1)) {
+      this.sendError(ws, null, new ValidationError('hello.credit must be a positive integer'));
+      return;
+    }
+    state.credit = Math.min(this.opts.maxInflight, (asked as number | undefined) ?? this.opts.maxInflight);
+    const { maxFrameBytes } = this.opts;
+    this.send(ws, { op: 'hello', credit: state.credit, max_frame_bytes: maxFrameBytes, max_client_batch_size: this.deps.limits.maxClientBatchSize, version: this.deps.version });
+  }
+
+  /** A request op: checked against the socket's credit and readiness, then run through the same pipeline as HTTP. */
+  private request(ws: WebSocket<SocketState>, id: RequestId, msg: Record<string, unknown>): void {
+    const state = ws.getUserData();
     // A Map: an op named "toString" or "__proto__" is just unknown.
     const op = typeof msg.op === 'string' ? msg.op : '';
     const endpoint = TEI_ENDPOINTS.get(op);
     const local = endpoint ? undefined : TEI_LOCAL_ENDPOINTS.get(op);
     if (!endpoint && !local) {
       const shownOp = typeof msg.op === 'string' ? shown(msg.op) : typeof msg.op;
-      sendError(ws, id, new ValidationError(`unknown op ${shownOp}; expected one of hello, cancel, ${opNames.join(', ')}`));
+      this.sendError(ws, id, new ValidationError(`unknown op ${shownOp}; expected one of hello, cancel, ${this.opNames.join(', ')}`));
       return;
     }
     const route = `ws:${op}`;
-    if (state.inflight.has(id)) {
-      sendError(ws, id, new ValidationError(`request id ${JSON.stringify(id)} is already in flight on this socket`));
-      return;
-    }
-    if (state.inflight.size >= state.credit) {
-      const e = new OverloadedError(`${state.inflight.size} requests in flight: the socket's credit is ${state.credit}`);
-      (e as { code: string }).code = 'SLABSERVE_CREDIT_EXCEEDED';
-      sendError(ws, id, e, route);
-      return;
-    }
-    if (!deps.ready()) {
-      sendError(ws, id, new NotReadyError(), route);
-      return;
-    }
-    const deadline = msg.deadline_ms;
-    if (deadline !== undefined && (typeof deadline !== 'number' || !(deadline >= 0))) {
-      sendError(ws, id, new ValidationError('deadline_ms must be a number of milliseconds >= 0'), route);
+    const refusal = this.refusal(state, id, msg);
+    if (refusal) {
+      this.sendError(ws, id, refusal, route);
       return;
     }
     const cancel = new Cancellation();
     const ec: EndpointContext = {
-      client: deps.client,
-      limits: deps.limits,
-      timeoutMs: deadline as number | undefined,
+      client: this.deps.client,
+      limits: this.deps.limits,
+      timeoutMs: msg.deadline_ms as number | undefined,
       priority: typeof msg.priority === 'string' ? msg.priority : undefined,
       cancel,
       f32: msg.encoding === 'f32',
       label: { model: 'unknown' },
     };
     const started = performance.now();
-    const done = (served: Served) => answered(ws, id, route, served, started);
+    const done = (served: Served) => this.answered(ws, id, route, served, started);
     const failed = (err: unknown) => {
       state.inflight.delete(id);
-      metricsOf(deps.metrics, route).failed(ec.label.model, 'error', (performance.now() - started) / 1000); // sendError counts the failure
-      sendError(ws, id, cancel.cancelled && !(err instanceof SlabserveError) ? new CancelledError() : err, route, started, ec.label.model);
+      metricsOf(this.deps.metrics, route).failed(ec.label.model, 'error', (performance.now() - started) / 1000); // sendError counts the failure
+      this.sendError(ws, id, cancel.cancelled && !(err instanceof SlabserveError) ? new CancelledError() : err, route, started, ec.label.model);
     };
     if (local) {
       try {
@@ -218,110 +316,57 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     }
     state.inflight.set(id, cancel);
     runEndpoint(endpoint as Endpoint<unknown>, msg, ec).then(done, failed);
-  };
+  }
+
+  /** Why request `id` may not start now (a duplicate id, no credit, not ready, a bad deadline), or null. */
+  private refusal(state: SocketState, id: RequestId, msg: Record<string, unknown>): SlabserveError | null {
+    if (state.inflight.has(id)) return new ValidationError(`request id ${JSON.stringify(id)} is already in flight on this socket`);
+    if (state.inflight.size >= state.credit) {
+      const e = new OverloadedError(`${state.inflight.size} requests in flight: the socket's credit is ${state.credit}`);
+      (e as { code: string }).code = 'SLABSERVE_CREDIT_EXCEEDED';
+      return e;
+    }
+    if (!this.deps.ready()) return new NotReadyError();
+    const deadline = msg.deadline_ms;
+    if (deadline !== undefined && (typeof deadline !== 'number' || !(deadline >= 0))) return new ValidationError('deadline_ms must be a number of milliseconds >= 0');
+    return null;
+  }
+
+  // ------------------------------------------------------------ answers
+
+  private send(ws: WebSocket<SocketState>, message: unknown): void {
+    const state = ws.getUserData();
+    if (state.closed) return;
+    ws.cork(() => ws.send(pack(message), true));
+  }
 
   /** Sends a request's answer, counts and logs it. */
-  const answered = (ws: WebSocket<SocketState>, id: RequestId, route: string, served: Served, started: number) => {
+  private answered(ws: WebSocket<SocketState>, id: RequestId, route: string, served: Served, started: number): void {
     const state = ws.getUserData();
     state.inflight.delete(id);
     const ms = performance.now() - started;
-    metricsOf(deps.metrics, route).ok(served, ms / 1000);
-    send(ws, { id, result: isAnswer(served.payload) ? served.payload.value() : served.payload });
-    if (deps.log.enabled) deps.log.record({ reqId: state.reqId, wsId: id, method: 'WS', route, path: '/ws', model: served.model, status: 200, ms });
-  };
+    metricsOf(this.deps.metrics, route).ok(served, ms / 1000);
+    this.send(ws, { id, result: isAnswer(served.payload) ? served.payload.value() : served.payload });
+    if (this.deps.log.enabled) this.deps.log.record({ reqId: state.reqId, wsId: id, method: 'WS', route, path: '/ws', model: served.model, status: 200, ms });
+  }
 
-  app.ws<SocketState>('/ws', {
-    // uWS drops a connection over its own limit without a close frame: keep that limit above ours,
-    // so a frame over --ws-max-frame-bytes gets a proper 1009 close (frames over twice it are dropped).
-    maxPayloadLength: opts.maxFrameBytes * 2,
-    idleTimeout: opts.idleTimeoutSeconds,
-    sendPingsAutomatically: true,
-    // We hold requests back at maxBufferedBytes ourselves; uWS must never drop a result.
-    maxBackpressure: Math.max(64 * 1024 * 1024, opts.maxBufferedBytes * 16),
-    closeOnBackpressureLimit: 0,
-    upgrade: (res, req, context) => {
-      const gate = deps.gate;
-      const protocols = req.getHeader('sec-websocket-protocol');
-      const refused =
-        gate.checkHead(req, 'GET', req.getUrl()) ??
-        gate.checkConnections('ws') ??
-        (gate.needsKey('key') ? unauthorized(gate.keys.authorizeUpgrade(req.getHeader('authorization'), protocols)) : null);
-      if (refused) {
-        gate.refuse(res, req, refused, '/ws');
-        return;
-      }
-      const state: SocketState = {
-        reqId: requestId(req.getHeader('x-request-id')),
-        credit: opts.maxInflight,
-        inflight: new Map(),
-        held: [],
-        resuming: false,
-        closed: false,
-      };
-      // Answer one subprotocol the client offered, never the one carrying its key.
-      res.upgrade(state, req.getHeader('sec-websocket-key'), chooseProtocol(protocols), req.getHeader('sec-websocket-extensions'), context);
-    },
-    open: (ws) => {
-      open.add(ws);
-      deps.gate.wsOpened();
-    },
-    message: (ws, message, isBinary) => {
-      deps.gate.touch();
-      const state = ws.getUserData();
-      if (message.byteLength > opts.maxFrameBytes) {
-        state.closed = true;
-        ws.end(CODE_MESSAGE_TOO_BIG, `frame of ${message.byteLength} bytes exceeds --ws-max-frame-bytes (${opts.maxFrameBytes})`);
-        return;
-      }
-      if (!isBinary) {
-        sendError(ws, null, new ValidationError('send binary msgpack frames; text frames are not read'));
-        return;
-      }
-      if (state.held.length > 0 || heldBack(ws)) {
-        // A cancel only frees work: take it at once, even while held back.
-        if (message.byteLength <= 64 && isCancel(message)) {
-          handle(ws, message);
-          return;
-        }
-        // Back-pressure: keep the frame unparsed until the socket drains.
-        if (state.held.length >= state.credit) {
-          state.closed = true;
-          ws.end(CODE_TRY_AGAIN_LATER, 'too many frames while the socket is backed up; read your answers');
-          return;
-        }
-        state.held.push(message.slice(0));
-        return;
-      }
-      handle(ws, message);
-    },
-    drain: (ws) => {
-      // Not from inside uWS's drain callback: a send made there can stay in uWS's buffer with no
-      // further drain to flush it, and the socket would hang. Take held frames up on the next turn.
-      const state = ws.getUserData();
-      if (state.held.length === 0 || state.resuming) return;
-      state.resuming = true;
-      setImmediate(() => {
-        state.resuming = false;
-        if (state.closed) return;
-        ws.cork(() => {
-          while (state.held.length > 0 && !heldBack(ws) && !state.closed) handle(ws, state.held.shift()!);
-        });
-      });
-    },
-    close: (ws) => {
-      open.delete(ws);
-      deps.gate.wsClosed();
-      const state = ws.getUserData();
-      state.closed = true;
-      state.held.length = 0;
-      for (const cancel of state.inflight.values()) cancel.cancel('ws_close'); // frees every slot of a client that is gone
-      state.inflight.clear();
-    },
-  });
-  return () => {
-    for (const ws of [...open]) {
-      ws.getUserData().closed = true;
-      ws.end(1001, 'server shutting down');
-    }
-  };
+  /** Answers request `id` (null: a frame without one) with an error, and logs it (`op`: its op, `started`: when it began, `model`: if known). */
+  private sendError(ws: WebSocket<SocketState>, id: RequestId | null, err: unknown, op = 'ws', started = performance.now(), model = 'unknown'): void {
+    const e = err instanceof SlabserveError ? err : null;
+    this.deps.metrics.failures.inc({ reason: e ? e.type : 'backend' });
+    this.send(ws, { id, error: { type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL', message: e ? e.message : 'internal error' } });
+    if (!this.deps.log.enabled && e) return;
+    this.deps.log.record({
+      reqId: ws.getUserData().reqId,
+      method: 'WS',
+      route: op,
+      path: '/ws',
+      model,
+      status: statusOf(err),
+      ms: performance.now() - started,
+      code: e ? e.code : 'SLABSERVE_INTERNAL',
+      ...(e ? {} : { error: err instanceof Error ? (err.stack ?? err.message) : String(err) }),
+      ...(id !== null ? { wsId: id } : {}),
+    });
+  }
 }
