@@ -255,53 +255,116 @@ function labelPerProcess(json: MetricsJson, index: number): MetricsJson {
  * stops the cluster (exit 1), as a failed start stops `serve`.
  */
 export async function runClusterPrimary(config: ServerConfig, opts: ClusterOptions): Promise<void> {
-  const log = config.log;
   const plans = planProcesses(config, opts);
   // uSockets sets SO_REUSEPORT only on a fixed port: with --port 0, pick one for all.
   const port = config.port === 0 ? await pickFreePort(config.host) : config.port;
   if (config.port !== 0) await ensurePortFree(config.host, port);
+  const primary = new ClusterPrimary(config, plans.map((p) => ({ ...p, port })));
+  process.on('SIGTERM', () => primary.signal('SIGTERM'));
+  process.on('SIGINT', () => primary.signal('SIGINT'));
+  // Workers run this same command line; they read their plan from the environment. Structured clone
+  // on the channel carries metric values JSON cannot (NaN, Infinity).
+  cluster.setupPrimary({ serialization: 'advanced' });
+  const n = plans.length;
+  config.log(`slabserve: cluster: ${n} process${n === 1 ? '' : 'es'} (${plans.map((p) => p.device).join(', ')}) on http://${config.host}:${port}; ready after warm-up`);
+  await primary.start();
   const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
-  const url = `http://${shownHost}:${port}`;
-  const slots: Slot[] = plans.map((p) => ({
-    plan: { ...p, port },
-    worker: null,
-    rpc: null,
-    pid: 0,
-    hello: false,
-    listening: false,
-    ready: false,
-    readySince: 0,
-    everReady: false,
-    failures: 0,
-    restartTimer: null,
-  }));
+  config.log(`slabserve: cluster: ready at http://${shownHost}:${port} (${n} process${n === 1 ? '' : 'es'})`);
+}
 
-  // The primary's own metrics, merged into every scrape.
-  const registry = new Registry();
-  new Gauge({ name: 'slabserve_cluster_processes', help: 'Processes the cluster runs (--processes or --devices).', registers: [registry] }).set(slots.length);
-  new Gauge({
-    name: 'slabserve_cluster_processes_ready',
-    help: 'Cluster processes alive and ready (warmed up, not draining).',
-    registers: [registry],
-    collect() {
-      this.set(slots.filter((s) => s.ready).length);
-    },
+/** The processes of a cluster, one slot each: forked, restarted with backoff, scraped, drained. */
+class ClusterPrimary {
+  private readonly config: ServerConfig;
+  private readonly log: (line: string) => void;
+  private readonly slots: Slot[];
+  /** The primary's own metrics, merged into every scrape. */
+  private readonly registry = new Registry();
+  private readonly missing: Gauge;
+  private readonly restarts: Counter;
+  private stopping = false;
+  private stopped: Promise<number> | null = null;
+  private signals = 0;
+  private resolveStarted!: () => void;
+  private rejectStarted!: (e: Error) => void;
+  private readonly started = new Promise<void>((res, rej) => {
+    this.resolveStarted = res;
+    this.rejectStarted = rej;
   });
-  const missing = new Gauge({
-    name: 'slabserve_cluster_scrape_missing_processes',
-    help: 'Processes whose metrics this scrape lacks (starting, exited, or no answer within 3 s).',
-    registers: [registry],
-  });
-  const restarts = new Counter({
-    name: 'slabserve_cluster_restarts_total',
-    help: 'Processes restarted by the primary after they exited unexpectedly.',
-    labelNames: ['process', 'device'],
-    registers: [registry],
-  });
-  for (const s of slots) restarts.inc({ process: String(s.plan.index), device: s.plan.device }, 0);
+  private allExited: () => void = () => {};
 
-  const gather = async (): Promise<string> => {
-    const asked = slots.filter((s) => s.listening && s.rpc && s.worker?.isConnected());
+  constructor(config: ServerConfig, plans: ProcessPlan[]) {
+    this.config = config;
+    this.log = config.log;
+    this.slots = plans.map((plan) => ({
+      plan,
+      worker: null,
+      rpc: null,
+      pid: 0,
+      hello: false,
+      listening: false,
+      ready: false,
+      readySince: 0,
+      everReady: false,
+      failures: 0,
+      restartTimer: null,
+    }));
+    const slots = this.slots;
+    new Gauge({ name: 'slabserve_cluster_processes', help: 'Processes the cluster runs (--processes or --devices).', registers: [this.registry] }).set(slots.length);
+    new Gauge({
+      name: 'slabserve_cluster_processes_ready',
+      help: 'Cluster processes alive and ready (warmed up, not draining).',
+      registers: [this.registry],
+      collect() {
+        this.set(slots.filter((s) => s.ready).length);
+      },
+    });
+    this.missing = new Gauge({
+      name: 'slabserve_cluster_scrape_missing_processes',
+      help: 'Processes whose metrics this scrape lacks (starting, exited, or no answer within 3 s).',
+      registers: [this.registry],
+    });
+    this.restarts = new Counter({
+      name: 'slabserve_cluster_restarts_total',
+      help: 'Processes restarted by the primary after they exited unexpectedly.',
+      labelNames: ['process', 'device'],
+      registers: [this.registry],
+    });
+    for (const s of slots) this.restarts.inc({ process: String(s.plan.index), device: s.plan.device }, 0);
+  }
+
+  /** Forks every process; resolves once all are ready, or drains and rethrows when one fails its first start. */
+  async start(): Promise<void> {
+    for (const s of this.slots) this.fork(s);
+    try {
+      await this.started;
+    } catch (err) {
+      await this.stop();
+      throw err;
+    }
+  }
+
+  /** SIGTERM / SIGINT: drain and exit; a second signal kills the processes and exits at once. */
+  signal(sig: string): void {
+    const alive = this.alive();
+    if (++this.signals > 1) {
+      this.log(`slabserve: cluster: ${sig} again, killing the processes and exiting now`);
+      for (const s of alive) s.worker!.process.kill('SIGKILL');
+      process.exit(1);
+    }
+    this.log(`slabserve: cluster: ${sig}: draining ${alive.length} process${alive.length === 1 ? '' : 'es'} (up to ${this.config.drainTimeoutMs} ms), send again to exit at once`);
+    void this.stop().then((code) => {
+      this.log('slabserve: cluster: stopped');
+      process.exit(code);
+    });
+  }
+
+  private alive(): Slot[] {
+    return this.slots.filter((s) => s.worker !== null);
+  }
+
+  /** Every process's metrics (per-process ones labelled) merged with the primary's. */
+  private async gather(): Promise<string> {
+    const asked = this.slots.filter((s) => s.listening && s.rpc && s.worker?.isConnected());
     const answers = await Promise.all(
       asked.map((s) =>
         s.rpc!.call<MetricsJson>('metrics', undefined, SCRAPE_TIMEOUT_MS).then(
@@ -311,22 +374,12 @@ export async function runClusterPrimary(config: ServerConfig, opts: ClusterOptio
       ),
     );
     const parts = answers.filter((a): a is MetricsJson => a !== null && a.length > 0);
-    missing.set(slots.length - parts.length);
-    parts.push(await registry.getMetricsAsJSON());
+    this.missing.set(this.slots.length - parts.length);
+    parts.push(await this.registry.getMetricsAsJSON());
     return AggregatorRegistry.aggregate(parts).metrics();
-  };
+  }
 
-  let stopping = false;
-  let resolveStarted!: () => void;
-  let rejectStarted!: (e: Error) => void;
-  const started = new Promise<void>((res, rej) => {
-    resolveStarted = res;
-    rejectStarted = rej;
-  });
-  let allExited: () => void = () => {};
-  const alive = () => slots.filter((s) => s.worker !== null);
-
-  const fork = (slot: Slot): void => {
+  private fork(slot: Slot): void {
     slot.restartTimer = null;
     const worker = cluster.fork({ [PLAN_ENV]: JSON.stringify(slot.plan) });
     Object.assign(slot, { worker, pid: worker.process.pid ?? 0, hello: false, listening: false, ready: false });
@@ -337,104 +390,75 @@ export async function runClusterPrimary(config: ServerConfig, opts: ClusterOptio
         },
         on: (event: 'message', listener: (m: unknown) => void) => worker.on(event, listener),
       },
-      { scrape: gather },
+      { scrape: () => this.gather() },
     );
-    log(`slabserve: cluster: process ${slot.plan.index} (${slot.plan.device}) started, pid ${slot.pid}`);
+    this.log(`slabserve: cluster: process ${slot.plan.index} (${slot.plan.device}) started, pid ${slot.pid}`);
     worker.on('message', (m: { slabserve?: string }) => {
       if (typeof m !== 'object' || m === null) return;
       if (m.slabserve === 'hello') {
         slot.hello = true;
-        if (stopping) worker.send({ slabserve: 'drain' }, undefined, () => {});
+        if (this.stopping) worker.send({ slabserve: 'drain' }, undefined, () => {});
       } else if (m.slabserve === 'listening') slot.listening = true;
       else if (m.slabserve === 'ready') {
-        if (slot.everReady) log(`slabserve: cluster: process ${slot.plan.index} (pid ${slot.pid}) ready again`);
+        if (slot.everReady) this.log(`slabserve: cluster: process ${slot.plan.index} (pid ${slot.pid}) ready again`);
         Object.assign(slot, { ready: true, readySince: Date.now(), everReady: true });
-        if (slots.every((s) => s.everReady)) resolveStarted();
+        if (this.slots.every((s) => s.everReady)) this.resolveStarted();
       }
     });
-    worker.on('exit', (code, signal) => onExit(slot, worker, code, signal));
-  };
+    worker.on('exit', (code, signal) => this.onExit(slot, worker, code, signal));
+  }
 
-  const onExit = (slot: Slot, worker: ClusterWorker, code: number | null, signal: string | null): void => {
+  private onExit(slot: Slot, worker: ClusterWorker, code: number | null, signal: string | null): void {
     if (slot.worker !== worker) return;
     const wasReadyFor = slot.ready ? Date.now() - slot.readySince : 0;
     Object.assign(slot, { worker: null, rpc: null, hello: false, listening: false, ready: false });
-    if (stopping) {
-      log(`slabserve: cluster: process ${slot.plan.index} (pid ${slot.pid}) ended (${describeExit(code, signal)})`);
-      if (alive().length === 0) allExited();
+    const what = `process ${slot.plan.index} (${slot.plan.device}`;
+    if (this.stopping) {
+      this.log(`slabserve: cluster: process ${slot.plan.index} (pid ${slot.pid}) ended (${describeExit(code, signal)})`);
+      if (this.alive().length === 0) this.allExited();
       return;
     }
     if (!slot.everReady) {
       // A first start that fails is a configuration error (port in use, bad model, missing device): stop.
-      log(`slabserve: cluster: process ${slot.plan.index} (${slot.plan.device}) failed to start (${describeExit(code, signal)}); stopping the cluster`);
-      rejectStarted(new Error(`process ${slot.plan.index} (${slot.plan.device}) failed to start (${describeExit(code, signal)})`));
+      this.log(`slabserve: cluster: ${what}) failed to start (${describeExit(code, signal)}); stopping the cluster`);
+      this.rejectStarted(new Error(`${what}) failed to start (${describeExit(code, signal)})`));
       return;
     }
     if (wasReadyFor >= STABLE_MS) slot.failures = 0;
     const delay = Math.min(RESTART_BACKOFF_MS * 2 ** slot.failures, RESTART_BACKOFF_MAX_MS);
     slot.failures++;
-    restarts.inc({ process: String(slot.plan.index), device: slot.plan.device });
-    log(`slabserve: cluster: process ${slot.plan.index} (${slot.plan.device}, pid ${slot.pid}) exited unexpectedly (${describeExit(code, signal)}); restarting in ${delay} ms`);
-    slot.restartTimer = setTimeout(() => fork(slot), delay);
-  };
+    this.restarts.inc({ process: String(slot.plan.index), device: slot.plan.device });
+    this.log(`slabserve: cluster: ${what}, pid ${slot.pid}) exited unexpectedly (${describeExit(code, signal)}); restarting in ${delay} ms`);
+    slot.restartTimer = setTimeout(() => this.fork(slot), delay);
+  }
 
   /** Drains every process; resolves with the exit code (0: all ended within the drain timeout plus the margin). */
-  let stopped: Promise<number> | null = null;
-  const stop = (): Promise<number> =>
-    (stopped ??= (async () => {
-      stopping = true;
-      for (const s of slots) {
-        if (s.restartTimer) clearTimeout(s.restartTimer);
-        s.restartTimer = null;
-      }
-      const exited = new Promise<void>((res) => (allExited = res));
-      for (const s of alive()) {
-        // A worker whose handlers are attached drains on the message (idempotent: it may also have had
-        // the terminal's SIGINT); one still loading its modules has nothing to drain and ends on SIGTERM.
-        if (s.hello) s.worker!.send({ slabserve: 'drain' }, undefined, () => {});
-        else s.worker!.process.kill('SIGTERM');
-      }
-      if (alive().length === 0) return 0;
-      const limit = config.drainTimeoutMs + DRAIN_MARGIN_MS;
-      const timedOut = await Promise.race([exited.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), limit).unref())]);
-      if (!timedOut) return 0;
-      for (const s of alive()) {
-        log(`slabserve: cluster: process ${s.plan.index} (pid ${s.pid}) still running ${limit} ms after the drain began; killing it`);
-        s.worker!.process.kill('SIGKILL');
-      }
-      await Promise.race([exited, new Promise<void>((r) => setTimeout(r, 2_000).unref())]);
-      return 1;
-    })());
-
-  let signals = 0;
-  const onSignal = (sig: string) => {
-    signals++;
-    if (signals > 1) {
-      log(`slabserve: cluster: ${sig} again, killing the processes and exiting now`);
-      for (const s of alive()) s.worker!.process.kill('SIGKILL');
-      process.exit(1);
-    }
-    log(`slabserve: cluster: ${sig}: draining ${alive().length} process${alive().length === 1 ? '' : 'es'} (up to ${config.drainTimeoutMs} ms), send again to exit at once`);
-    void stop().then((code) => {
-      log('slabserve: cluster: stopped');
-      process.exit(code);
-    });
-  };
-  process.on('SIGTERM', () => onSignal('SIGTERM'));
-  process.on('SIGINT', () => onSignal('SIGINT'));
-
-  // Workers run this same command line; they read their plan from the environment. Structured clone
-  // on the channel carries metric values JSON cannot (NaN, Infinity).
-  cluster.setupPrimary({ serialization: 'advanced' });
-  log(
-    `slabserve: cluster: ${slots.length} process${slots.length === 1 ? '' : 'es'} (${plans.map((p) => p.device).join(', ')}) on http://${config.host}:${port}; ready after warm-up`,
-  );
-  for (const s of slots) fork(s);
-  try {
-    await started;
-  } catch (err) {
-    await stop();
-    throw err;
+  private stop(): Promise<number> {
+    return (this.stopped ??= this.drainAll());
   }
-  log(`slabserve: cluster: ready at ${url} (${slots.length} process${slots.length === 1 ? '' : 'es'})`);
+
+  private async drainAll(): Promise<number> {
+    this.stopping = true;
+    for (const s of this.slots) {
+      if (s.restartTimer) clearTimeout(s.restartTimer);
+      s.restartTimer = null;
+    }
+    const exited = new Promise<void>((res) => (this.allExited = res));
+    for (const s of this.alive()) {
+      // A worker whose handlers are attached drains on the message (idempotent: it may also have had
+      // the terminal's SIGINT); one still loading its modules has nothing to drain and ends on SIGTERM.
+      if (s.hello) s.worker!.send({ slabserve: 'drain' }, undefined, () => {});
+      else s.worker!.process.kill('SIGTERM');
+    }
+    if (this.alive().length === 0) return 0;
+    const limit = this.config.drainTimeoutMs + DRAIN_MARGIN_MS;
+    const timedOut = await Promise.race([exited.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), limit).unref())]);
+    if (!timedOut) return 0;
+    for (const s of this.alive()) {
+      this.log(`slabserve: cluster: process ${s.plan.index} (pid ${s.pid}) still running ${limit} ms after the drain began; killing it`);
+      s.worker!.process.kill('SIGKILL');
+    }
+    await Promise.race([exited, new Promise<void>((r) => setTimeout(r, 2_000).unref())]);
+    return 1;
+  }
 }
