@@ -5,9 +5,11 @@
  * as owner `owner`.
  *
  * Control (RPC with the main thread, never per request):
- *   main -> gateway  metrics()  this thread's metrics as JSON
- *                    close()    stop listening (in-flight requests still finish)
- *                    setInfo()  the /info document, once the device is known
+ *   main -> gateway  metrics()        this thread's metrics as JSON
+ *                    setInfo()        the /info document, once the device is known
+ *                    stopListening()  the drain's first step: new connections refused
+ *                    pending()        requests in flight (the drain waits for none)
+ *                    close()          every socket closed; the thread then ends by itself
  *   gateway -> main  scrape()   the whole process's Prometheus text
  *                    {type: 'log', lines}  JSON log lines, batched per event-loop turn: the
  *                                thread's events, and its access lines unless they go
@@ -18,13 +20,13 @@ import { Registry } from 'prom-client';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
-import { gatewayMetrics } from '../shared/metrics.js';
+import { gatewayMetrics, type GatewayMetrics } from '../shared/metrics.js';
 import { RpcPeer } from '../shared/rpc.js';
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
 import { currentThreadId, nameThread } from '../shared/threads.js';
 import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
-import { InferenceClient, type ClientModel } from './inference-client.js';
+import { InferenceClient, type BatchTokenizer, type ClientModel } from './inference-client.js';
 import { BusyLag } from './lag.js';
 import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogLevel } from './log.js';
 import { registerRoutes, type GatewayLimits } from './routes.js';
@@ -85,31 +87,12 @@ async function main(): Promise<void> {
   const slabs = data.models.map((m) => new Slab(m.slab, m.layout));
   const registry = new Registry();
   const metrics = gatewayMetrics(registry);
-  const submitter = new SlabSubmitter(slabs, control, data.owner, {
-    buckets: data.models.map((m) => ({ lengths: m.batching.buckets, capacities: m.capacities })),
-    onCancel: (r) => {
-      metrics.cancellations.inc({ reason: r.reason });
-      metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
-    },
-  });
-  const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
   const pool = createTokenizePool(data.tokenizerThreads, data.tokenizerQueue !== undefined ? { maxQueue: data.tokenizerQueue } : {});
-  const client = new InferenceClient(models, submitter, {
-    requestTimeoutMs: data.requestTimeoutMs,
-    priorityNames: data.priorityNames,
-    ...(data.sloP99Ms !== undefined ? { sloP99Ms: data.sloP99Ms } : {}),
-    onLate: (_model, tokens) => {
-      metrics.cancellations.inc({ reason: 'deadline' });
-      metrics.cancelledTokens.inc({ reason: 'deadline', outcome: 'wasted' }, tokens);
-    },
-    batchTokenizer: pool.tokenize,
-    inlineTokenizeChars: data.inlineTokenizeChars,
-  });
+  const { client, submitter } = await inferenceClient(control, slabs, metrics, pool.tokenize);
 
   const lag = new BusyLag();
   let info: unknown = { status: 'starting' };
   let listenSocket: us_listen_socket | null = null;
-
   const ready = () =>
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
   // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
@@ -119,11 +102,21 @@ async function main(): Promise<void> {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
   }
   const app = uws.App();
-  const closeWebSockets = registerWebSocket(
-    app,
-    { client, limits: data.limits, metrics, ready, version: data.version, gate, log: access },
-    data.ws,
-  );
+  const closeWebSockets = registerWebSocket(app, { client, limits: data.limits, metrics, ready, version: data.version, gate, log: access }, data.ws);
+  const stopListening = () => {
+    if (listenSocket) uws.us_listen_socket_close(listenSocket);
+    listenSocket = null;
+  };
+  /** Every socket closed: a thread that ends holding uWS sockets aborts the process. */
+  const closeSockets = () => {
+    stopListening();
+    try {
+      closeWebSockets();
+    } catch {
+      // the app's close below ends them too
+    }
+    (app as typeof app & { close(): void }).close();
+  };
 
   const rpc = new RpcPeer(parentPort!, {
     metrics: () => {
@@ -137,17 +130,10 @@ async function main(): Promise<void> {
     },
     // The drain's first step: new connections are refused (not accepted, then reset); the open ones
     // are served, every answer closing its connection (Gate.closesConnection), until close().
-    stopListening: () => {
-      if (listenSocket) uws.us_listen_socket_close(listenSocket);
-      listenSocket = null;
-    },
-    // Called once requests in flight have finished (or the drain timed out): close every connection,
-    // so this thread holds no socket when it is stopped (uWS aborts otherwise).
+    stopListening,
+    // Called once requests in flight have finished (or the drain timed out).
     close: async () => {
-      if (listenSocket) uws.us_listen_socket_close(listenSocket);
-      listenSocket = null;
-      closeWebSockets();
-      (app as typeof app & { close(): void }).close();
+      closeSockets();
       await pool.close();
       lag.stop();
       flushLogs(); // before the answer: the main thread stops listening once every gateway has closed
@@ -157,28 +143,11 @@ async function main(): Promise<void> {
     },
     pending: () => submitter.pendingCount,
   });
-
-  // Supervision (src/main.ts): a thread that ends holding uWS sockets aborts the whole process, so on an
-  // uncaught error close them, report it, and end; the main thread frees this thread's slots and starts another.
-  let dying = false;
-  const die = (err: unknown) => {
-    if (dying) return;
-    dying = true;
-    flushLogs(); // the log lines of this turn go first
-    post({ type: 'fatal', message: `uncaught ${(err as Error)?.stack ?? String(err)}` });
-    if (listenSocket) uws.us_listen_socket_close(listenSocket);
-    listenSocket = null;
-    try {
-      closeWebSockets();
-    } catch {
-      // the app's close below ends them too
-    }
-    (app as typeof app & { close(): void }).close();
+  dieOnUncaught(() => {
+    closeSockets();
     void pool.close().catch(() => {});
     setImmediate(() => parentPort!.close());
-  };
-  process.on('uncaughtException', die);
-  process.on('unhandledRejection', die);
+  });
 
   registerRoutes(app, {
     client,
@@ -198,6 +167,48 @@ async function main(): Promise<void> {
     listenSocket = socket;
     post({ type: 'listening', port: uws.us_socket_local_port(socket), tid: currentThreadId() });
   });
+}
+
+/** This thread's submitter (as owner `data.owner`) and the in-process submit API over it. */
+async function inferenceClient(control: ControlBlock, slabs: Slab[], metrics: GatewayMetrics, batchTokenizer: BatchTokenizer): Promise<{ client: InferenceClient; submitter: SlabSubmitter }> {
+  const submitter = new SlabSubmitter(slabs, control, data.owner, {
+    buckets: data.models.map((m) => ({ lengths: m.batching.buckets, capacities: m.capacities })),
+    onCancel: (r) => {
+      metrics.cancellations.inc({ reason: r.reason });
+      metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
+    },
+  });
+  const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
+  const client = new InferenceClient(models, submitter, {
+    requestTimeoutMs: data.requestTimeoutMs,
+    priorityNames: data.priorityNames,
+    ...(data.sloP99Ms !== undefined ? { sloP99Ms: data.sloP99Ms } : {}),
+    onLate: (_model, tokens) => {
+      metrics.cancellations.inc({ reason: 'deadline' });
+      metrics.cancelledTokens.inc({ reason: 'deadline', outcome: 'wasted' }, tokens);
+    },
+    batchTokenizer,
+    inlineTokenizeChars: data.inlineTokenizeChars,
+  });
+  return { client, submitter };
+}
+
+/**
+ * Supervision (src/gateway-host.ts): a thread that ends holding uWS sockets aborts the whole
+ * process, so on an uncaught error report it, close them, and end; the main thread frees this
+ * thread's slots and starts another.
+ */
+function dieOnUncaught(end: () => void): void {
+  let dying = false;
+  const die = (err: unknown) => {
+    if (dying) return;
+    dying = true;
+    flushLogs(); // the log lines of this turn go first
+    post({ type: 'fatal', message: `uncaught ${(err as Error)?.stack ?? String(err)}` });
+    end();
+  };
+  process.on('uncaughtException', die);
+  process.on('unhandledRejection', die);
 }
 
 /** The /info document with each model's cost model as the inference thread last fitted it (ms = fixedMs + perRowMs x rows). */
