@@ -11,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { clusterRole, clusterWorker, runClusterPrimary } from './cluster.js';
 import { createEngine, type Engine, type EngineOptions } from './engine.js';
-import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './main.js';
+import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './server.js';
 import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';

@@ -31,7 +31,7 @@ import cluster, { type Worker as ClusterWorker } from 'node:cluster';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client';
 import { checkDevice } from './gpu-worker/device.js';
-import { defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './main.js';
+import { defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './server.js';
 import { ValidationError } from './shared/errors.js';
 import { RpcPeer } from './shared/rpc.js';
 

@@ -3,7 +3,7 @@
  * inference thread held (answered, their queue tallies taken back), and those
  * a gateway thread had queued, reserved or was filling (cancelled or freed).
  * Used by the inference supervisor (src/inference-host.ts) and the gateway
- * supervision (src/main.ts).
+ * supervision (src/server.ts).
  */
 import { bucketFor } from './shared/buckets.js';
 import type { ControlBlock } from './shared/control.js';

@@ -501,7 +501,7 @@ describe.skipIf(!realServerBuilt)('SlabClient against the real server (/ws and H
   let http: SlabHttpClient;
 
   beforeAll(async () => {
-    const main = (await import('../dist/src/main.js')) as unknown as {
+    const main = (await import('../dist/src/server.js')) as unknown as {
       startServer(config: Record<string, unknown>): Promise<Server>;
       SERVER_DEFAULTS: Record<string, unknown>;
     };
@@ -664,7 +664,7 @@ describe.skipIf(!realServerBuilt)('API keys (docs/security.md) against a real se
   } as unknown as WebSocketConstructor;
 
   beforeAll(async () => {
-    main = (await import('../dist/src/main.js')) as unknown as Main;
+    main = (await import('../dist/src/server.js')) as unknown as Main;
     server = await start([KEY, KEY2]);
     await server.ready;
   }, 120_000);

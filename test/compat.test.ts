@@ -19,7 +19,7 @@ import OpenAI, { BadRequestError, NotFoundError } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
-import { startServer, type Server } from '../dist/src/main.js';
+import { startServer, type Server } from '../dist/src/server.js';
 import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';

@@ -41,7 +41,7 @@ import { Deployment } from 'kubernetes-models/apps/v1/Deployment';
 import { HorizontalPodAutoscaler } from 'kubernetes-models/autoscaling/v2/HorizontalPodAutoscaler';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1/PodDisruptionBudget';
 import { ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor';
-import { SERVER_DEFAULTS } from '../dist/src/main.js';
+import { SERVER_DEFAULTS } from '../dist/src/server.js';
 import { gatewayMetrics, inferenceMetrics, processMetrics } from '../dist/src/shared/metrics.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 
@@ -1169,7 +1169,7 @@ describe('Dockerfile', () => {
   });
 
   it('.dockerignore lets the sources in and keeps build outputs, dependencies and generated models out', () => {
-    for (const p of ['package.json', 'package-lock.json', '.npmrc', 'tsconfig.json', 'src/main.ts', 'src/shared/metrics.ts', 'models/generate.ts', 'scripts/install-cuda-provider.mjs']) {
+    for (const p of ['package.json', 'package-lock.json', '.npmrc', 'tsconfig.json', 'src/server.ts', 'src/shared/metrics.ts', 'models/generate.ts', 'scripts/install-cuda-provider.mjs']) {
       expect(included(p), p).toBe(true);
     }
     for (const p of ['node_modules/onnxruntime-node/package.json', 'dist/src/cli.js', 'models/tiny-embed/model.onnx', 'models/tiny-intent', '.git/HEAD', 'bench/results/quick.json']) {

@@ -11,7 +11,7 @@
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { pickFreePort } from '../dist/src/main.js';
+import { pickFreePort } from '../dist/src/server.js';
 import { eventually, sleep } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));

@@ -18,7 +18,7 @@ import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { createEngine } from '../dist/src/engine.js';
-import { startServer, type Server } from '../dist/src/main.js';
+import { startServer, type Server } from '../dist/src/server.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';
 import { toHalfBits } from '../dist/src/modelgen/quantize.js';
 import { makeRandom, maxAbsDiff, testServerConfig } from './helpers.js';

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import * as ort from 'onnxruntime-node';
 import { expect } from 'vitest';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
-import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/main.js';
+import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/server.js';
 import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
 
 export const modelsDir = fileURLToPath(new URL('../models', import.meta.url));

@@ -17,7 +17,7 @@ import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import { createEngine } from '../dist/src/engine.js';
-import { startServer, type Server } from '../dist/src/main.js';
+import { startServer, type Server } from '../dist/src/server.js';
 import { loadModelSpec, type Pooling } from '../dist/src/shared/model-config.js';
 import { decodeModel, encodeModel, makeTensor } from '../dist/src/shared/onnx-graph.js';
 import { parseMetrics } from './fixtures/http-client.js';

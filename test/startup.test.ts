@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { cudaProviderInstalled } from '../dist/src/gpu-worker/device.js';
-import { pickFreePort } from '../dist/src/main.js';
+import { pickFreePort } from '../dist/src/server.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
 const empty = mkdtempSync(join(tmpdir(), 'slabserve-empty-models-'));

@@ -21,7 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
 import type { InferenceFault } from '../dist/src/gpu-worker/worker.js';
-import { pickFreePort, startServer, type Server } from '../dist/src/main.js';
+import { pickFreePort, startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 

@@ -27,7 +27,7 @@ import { pack, unpack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
-import { SERVER_DEFAULTS, startServer, type Server, type ServerConfig } from '../dist/src/main.js';
+import { SERVER_DEFAULTS, startServer, type Server, type ServerConfig } from '../dist/src/server.js';
 import { VERSION } from '../dist/src/version.js';
 import { HttpClient, parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { eventually as pollUntil, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
@@ -599,7 +599,7 @@ describe('/ws', () => {
     // started with --input-type refuses its own entry file).
     const url = (specifier: string) => pathToFileURL(createRequire(import.meta.url).resolve(specifier)).href;
     const script = `
-      import { startServer, SERVER_DEFAULTS } from ${JSON.stringify(new URL('../dist/src/main.js', import.meta.url).href)};
+      import { startServer, SERVER_DEFAULTS } from ${JSON.stringify(new URL('../dist/src/server.js', import.meta.url).href)};
       import WebSocket from ${JSON.stringify(url('ws'))};
       import msgpackr from ${JSON.stringify(url('msgpackr'))};
       const { pack, unpack } = msgpackr;

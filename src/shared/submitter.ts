@@ -17,7 +17,7 @@
  *
  * A completion this owner has no request for is freed: a request it gave up
  * after its result was written, or one of a previous thread with this owner
- * index that died (the main thread starts a new one; src/main.ts).
+ * index that died (the main thread starts a new one; src/server.ts).
  */
 import { predictedWaitMs, type BucketCost } from './admission.js';
 import { bucketFor } from './buckets.js';
