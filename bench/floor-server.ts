@@ -18,7 +18,7 @@
  */
 import { parseArgs } from 'node:util';
 import { pack, unpack } from 'msgpackr';
-import { loadTokenizer } from '../src/gateway/tokenizer.js';
+import { loadTokenizer } from '../src/core/tokenizer.js';
 import { loadUws, type us_listen_socket } from '../src/gateway/uws.js';
 import { loadModelSpec } from '../src/shared/model-config.js';
 import { mulberry32 } from '../src/modelgen/rng.js';

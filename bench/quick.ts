@@ -47,7 +47,7 @@ import { floorRows, floorTable, runFloorCase, type FloorRow } from './floor.js';
 import { runLoad } from './load.js';
 import type { Workload } from './workloads.js';
 import { embedOnce } from './ws-load.js';
-import { loadTokenizer } from '../src/gateway/tokenizer.js';
+import { loadTokenizer } from '../src/core/tokenizer.js';
 import { prepareModel } from '../src/gpu-worker/graph.js';
 import { openRawSession, rawBatches, runRawLoop, type RawBatch } from './raw-ort.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';

@@ -10,8 +10,8 @@
 import { performance } from 'node:perf_hooks';
 import { join } from 'node:path';
 import { createTokenizePool } from '../src/gateway/tokenize-pool.js';
-import { loadTokenizer } from '../src/gateway/tokenizer.js';
-import type { ClientModel } from '../src/gateway/inference-client.js';
+import { loadTokenizer } from '../src/core/tokenizer.js';
+import type { ServedModel } from '../src/core/infer.js';
 import { packageRoot } from '../src/model-plans.js';
 import { loadModelSpec } from '../src/shared/model-config.js';
 import { mulberry32 } from '../src/modelgen/rng.js';
@@ -22,7 +22,7 @@ const ROUND_MS = 1000;
 
 const spec = loadModelSpec(join(packageRoot, 'models', 'tiny-embed'));
 const tokenizer = await loadTokenizer(spec.tokenizerPath);
-const model = { plan: { spec, maxLength: 512 }, tokenizer } as unknown as ClientModel;
+const model = { plan: { spec, maxLength: 512 }, tokenizer } as unknown as ServedModel;
 const opts = { maxLength: 512, truncate: true };
 const pool = createTokenizePool(1);
 // The pool's first task starts its thread and loads the tokenizer there: not part of any case.

@@ -28,7 +28,7 @@ import { fileURLToPath } from 'node:url';
 import { createRequire } from 'node:module';
 import { Tokenizer as JsTokenizer } from '@huggingface/tokenizers';
 import { Tokenizer as RsTokenizer } from 'tokenizers';
-import { createTokenizer } from '../src/gateway/tokenizer.js';
+import { createTokenizer } from '../src/core/tokenizer.js';
 import { mulberry32 as rng } from '../src/modelgen/rng.js';
 import { bertUncasedVocab, buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
 
@@ -467,13 +467,13 @@ async function main(): Promise<void> {
     ),
   );
 
-  // the gateway's tokenizer = JS library + special tokens / truncation done in src/gateway/tokenizer.ts
+  // the gateway's tokenizer = JS library + special tokens / truncation done in src/core/tokenizer.ts
   const gw = createTokenizer(tokenizerJson);
   const opts = { maxLength: 512, truncate: true };
   const gwShort = await measure(budget * 2, 1, () => gw.encode(shortTexts[si++ & 255]!, opts));
   const gwLong = await measure(budget * 2, 1, () => gw.encode(longTexts[li++ & 63]!, opts));
   const gwBatch = await measure(budget * 2, 64, () => gw.encodeBatch(batch, opts));
-  console.log('\n## slabserve gateway tokenizer (src/gateway/tokenizer.ts: JS library + own specials/truncation, maxLength 512)');
+  console.log('\n## slabserve gateway tokenizer (src/core/tokenizer.ts: JS library + own specials/truncation, maxLength 512)');
   console.log(
     table(
       ['scenario', 'µs/text', 'texts/s', 'loop µs/text'],

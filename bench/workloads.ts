@@ -11,7 +11,7 @@
  *   client-batch  16 short texts per request (a client that batches itself:
  *                 indexing, bulk moderation)
  */
-import { loadTokenizer, type TextTokenizer } from '../src/gateway/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../src/core/tokenizer.js';
 import { bucketFor, defaultBuckets } from '../src/gpu-worker/scheduler.js';
 import { bertUncasedVocab } from '../src/modelgen/tokenizer-json.js';
 import { mulberry32 } from '../src/modelgen/rng.js';

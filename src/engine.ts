@@ -1,7 +1,7 @@
 /**
  * The in-process engine: loads the model repository, starts the inference
  * thread, and submits requests through the slabs exactly as a gateway thread
- * does (same InferenceClient, same SlabSubmitter). It is what tests and the
+ * does (same Infer, same SlabSubmitter). It is what tests and the
  * quick benchmark drive, and a library API for Node.js programs.
  *
  *   const engine = await createEngine({ device: 'auto' });
@@ -9,10 +9,10 @@
  *   const [top] = await engine.classify('I want my money back');
  *   await engine.close();
  */
-import { classifications, embeddings, InferenceClient, rowOf, type CallInputs, type Classification, type ClientModel, type InferResult } from './gateway/inference-client.js';
+import { classifications, embeddings, Infer, rowOf, type CallInputs, type Classification, type ServedModel, type InferResult } from './core/infer.js';
 import { Cancellation } from './shared/cancel.js';
-import { prompted } from './gateway/prompts.js';
-import { loadModelTokenizer, type Encoding } from './gateway/tokenizer.js';
+import { prompted } from './core/prompts.js';
+import { loadModelTokenizer, type Encoding } from './core/tokenizer.js';
 import { checkDevice, cudaProviderInstalled, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
@@ -24,7 +24,7 @@ import { servedSources, type Dtype, type ModelOverrides, type Pooling, type Sett
 import { Counter, Slab } from './shared/slab.js';
 import { SlabSubmitter, type SlotResult } from './shared/submitter.js';
 
-export type { Classification } from './gateway/inference-client.js';
+export type { Classification } from './core/infer.js';
 export { resolveBatching } from './model-plans.js';
 
 export interface EngineOptions {
@@ -172,7 +172,7 @@ export function modelOverrides(o: {
 }
 
 /** What a result row of each model looks like, for info() and the HTTP /info route. */
-export function describeModel(m: ClientModel['plan']): ModelInfo {
+export function describeModel(m: ServedModel['plan']): ModelInfo {
   return {
     name: m.spec.name,
     task: m.spec.task,
@@ -214,7 +214,8 @@ export const DEFAULT_PRIORITIES = [
 
 export class Engine {
   readonly device: DeviceInfo;
-  private readonly client: InferenceClient;
+  /** The request pipeline (src/core/infer.ts) the engine's calls go through. */
+  private readonly pipeline: Infer;
   private readonly slabs: Slab[];
   private readonly inference: InferenceSupervisor;
   private readonly control: ControlBlock;
@@ -222,9 +223,9 @@ export class Engine {
   private closing: Promise<void> | null = null;
 
   /** Use createEngine(). */
-  constructor(parts: { device: DeviceInfo; client: InferenceClient; slabs: Slab[]; inference: InferenceSupervisor; control: ControlBlock; submitter: SlabSubmitter }) {
+  constructor(parts: { device: DeviceInfo; infer: Infer; slabs: Slab[]; inference: InferenceSupervisor; control: ControlBlock; submitter: SlabSubmitter }) {
     this.device = parts.device;
-    this.client = parts.client;
+    this.pipeline = parts.infer;
     this.slabs = parts.slabs;
     this.inference = parts.inference;
     this.control = parts.control;
@@ -232,13 +233,13 @@ export class Engine {
   }
 
   info(): ModelInfo[] {
-    return this.client.list().map((m) => describeModel(m.plan));
+    return this.pipeline.list().map((m) => describeModel(m.plan));
   }
 
   /** Embeds each text; one Float32Array per input, in order. */
   async embed(inputs: string | string[], opts: EmbedOptions = {}): Promise<Float32Array[]> {
     this.assertOpen();
-    const model = this.client.resolve('embed', opts.model);
+    const model = this.pipeline.resolve('embed', opts.model);
     const call = prompted(
       { model, inputs: { kind: 'inputs', inputs: typeof inputs === 'string' ? [inputs] : inputs, truncate: opts.truncate ?? false } },
       { prompt_name: opts.promptName, prompt: opts.prompt },
@@ -250,7 +251,7 @@ export class Engine {
   /** Classifies each text; one Classification per input, in order. */
   async classify(inputs: string | string[], opts: RequestOptions = {}): Promise<Classification[]> {
     this.assertOpen();
-    const model = this.client.resolve('classify', opts.model);
+    const model = this.pipeline.resolve('classify', opts.model);
     const r = await this.infer(model, { kind: 'inputs', inputs: typeof inputs === 'string' ? [inputs] : inputs, truncate: opts.truncate ?? false }, opts);
     return classifications(model, r.rows);
   }
@@ -261,14 +262,14 @@ export class Engine {
    */
   async runTokens(modelName: string, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: RequestOptions = {}): Promise<SlotResult[]> {
     this.assertOpen();
-    const model = this.client.byName(modelName);
+    const model = this.pipeline.byName(modelName);
     const r = await this.infer(model, { kind: 'tokens', tokens: encodings }, opts);
     return encodings.map((_, i) => ({ output: rowOf(r.rows, i), queueMs: r.timing.queueMs, inferenceMs: r.timing.inferenceMs }));
   }
 
   stats(): Record<string, ModelStats> {
     const out: Record<string, ModelStats> = {};
-    this.client.list().forEach((m, i) => (out[m.plan.spec.name] = slabStats(this.slabs[i]!)));
+    this.pipeline.list().forEach((m, i) => (out[m.plan.spec.name] = slabStats(this.slabs[i]!)));
     return out;
   }
 
@@ -282,14 +283,14 @@ export class Engine {
   }
 
   /** One request through the client, cancelled by the caller's AbortSignal. */
-  private async infer(model: ClientModel, inputs: CallInputs, opts: RequestOptions): Promise<InferResult> {
+  private async infer(model: ServedModel, inputs: CallInputs, opts: RequestOptions): Promise<InferResult> {
     const { cancellation, stop } = Cancellation.following(opts.signal);
     try {
-      return await this.client.infer({
+      return await this.pipeline.infer({
         model,
         inputs,
         timeoutMs: opts.timeoutMs,
-        priority: opts.priority === undefined ? undefined : this.client.priorityIndex(opts.priority),
+        priority: opts.priority === undefined ? undefined : this.pipeline.priorityIndex(opts.priority),
         cancel: cancellation,
       });
     } finally {
@@ -316,7 +317,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     owners,
   });
   const control = ControlBlock.create(owners);
-  const models: ClientModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
+  const models: ServedModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
   const priorities = options.priorities ?? DEFAULT_PRIORITIES;
   const inference = new InferenceSupervisor(plans, control, {
     device: options.device ?? ENGINE_DEFAULTS.device,
@@ -335,10 +336,10 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   const device = await inference.ready;
   const slabs = plans.map((p) => new Slab(p.slab, p.layout));
   const submitter = new SlabSubmitter(slabs, control, OWNER, { buckets: bucketPlans(plans) });
-  const client = new InferenceClient(models, submitter, {
+  const infer = new Infer(models, submitter, {
     requestTimeoutMs: options.requestTimeoutMs ?? ENGINE_DEFAULTS.requestTimeoutMs,
     priorityNames: priorities.map((p) => p.name),
     ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
   });
-  return new Engine({ device, client, slabs, inference, control, submitter });
+  return new Engine({ device, infer, slabs, inference, control, submitter });
 }

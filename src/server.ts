@@ -24,7 +24,7 @@ import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DE
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayWorkerData } from './gateway/gateway-worker.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
-import { INLINE_TOKENIZE_CHARS } from './gateway/inference-client.js';
+import { INLINE_TOKENIZE_CHARS } from './core/infer.js';
 import type { LogLevel } from './gateway/log.js';
 import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';

@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, sleep, vocabularyWords } from './helpers.js';

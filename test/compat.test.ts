@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI, { BadRequestError, NotFoundError } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';

@@ -16,7 +16,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { createEngine } from '../dist/src/engine.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';

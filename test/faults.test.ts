@@ -47,7 +47,7 @@ import { pack, unpack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import { createTokenizePool } from '../dist/src/gateway/tokenize-pool.js';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { CancelledError, OverloadedError } from '../dist/src/shared/errors.js';
 import { Cancellation } from '../dist/src/shared/cancel.js';
 import { ChildServer, eventually, sleep } from './fixtures/child-server.js';

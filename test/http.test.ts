@@ -14,7 +14,7 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { pack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { pickFreePort, SERVER_DEFAULTS, startServer, type Server } from '../dist/src/server.js';
 import { VERSION } from '../dist/src/version.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';

@@ -19,7 +19,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import http from 'node:http';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/gateway/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import type { InferenceFault } from '../dist/src/gpu-worker/worker.js';
 import { pickFreePort, startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';

@@ -26,13 +26,13 @@ import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
 import { currentThreadId, nameThread } from '../shared/threads.js';
 import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
-import { InferenceClient, type BatchTokenizer, type ClientModel } from './inference-client.js';
+import { Infer, type BatchTokenizer, type ServedModel } from '../core/infer.js';
 import { BusyLag } from './lag.js';
 import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogLevel } from './log.js';
 import { registerRoutes, type GatewayLimits } from './routes.js';
 import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize-pool.js';
-import { loadModelTokenizer } from './tokenizer.js';
+import { loadModelTokenizer } from '../core/tokenizer.js';
 import { loadUws, type us_listen_socket } from './uws.js';
 import { registerWebSocket, type WsOptions } from './ws.js';
 
@@ -88,7 +88,7 @@ async function main(): Promise<void> {
   const registry = new Registry();
   const metrics = gatewayMetrics(registry);
   const pool = createTokenizePool(data.tokenizerThreads, data.tokenizerQueue !== undefined ? { maxQueue: data.tokenizerQueue } : {});
-  const { client, submitter } = await inferenceClient(control, slabs, metrics, pool.tokenize);
+  const { infer, submitter } = await makeInfer(control, slabs, metrics, pool.tokenize);
 
   const lag = new BusyLag();
   let info: unknown = { status: 'starting' };
@@ -102,7 +102,7 @@ async function main(): Promise<void> {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
   }
   const app = uws.App();
-  const closeWebSockets = registerWebSocket(app, { client, limits: data.limits, metrics, ready, version: data.version, gate, log: access }, data.ws);
+  const closeWebSockets = registerWebSocket(app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access }, data.ws);
   const stopListening = () => {
     if (listenSocket) uws.us_listen_socket_close(listenSocket);
     listenSocket = null;
@@ -150,7 +150,7 @@ async function main(): Promise<void> {
   });
 
   registerRoutes(app, {
-    client,
+    infer,
     limits: data.limits,
     metrics,
     ready,
@@ -169,8 +169,8 @@ async function main(): Promise<void> {
   });
 }
 
-/** This thread's submitter (as owner `data.owner`) and the in-process submit API over it. */
-async function inferenceClient(control: ControlBlock, slabs: Slab[], metrics: GatewayMetrics, batchTokenizer: BatchTokenizer): Promise<{ client: InferenceClient; submitter: SlabSubmitter }> {
+/** This thread's submitter (as owner `data.owner`) and the request pipeline over it (src/core/infer.ts). */
+async function makeInfer(control: ControlBlock, slabs: Slab[], metrics: GatewayMetrics, batchTokenizer: BatchTokenizer): Promise<{ infer: Infer; submitter: SlabSubmitter }> {
   const submitter = new SlabSubmitter(slabs, control, data.owner, {
     buckets: data.models.map((m) => ({ lengths: m.batching.buckets, capacities: m.capacities })),
     onCancel: (r) => {
@@ -178,8 +178,8 @@ async function inferenceClient(control: ControlBlock, slabs: Slab[], metrics: Ga
       metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
     },
   });
-  const models: ClientModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
-  const client = new InferenceClient(models, submitter, {
+  const models: ServedModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
+  const infer = new Infer(models, submitter, {
     requestTimeoutMs: data.requestTimeoutMs,
     priorityNames: data.priorityNames,
     ...(data.sloP99Ms !== undefined ? { sloP99Ms: data.sloP99Ms } : {}),
@@ -190,7 +190,7 @@ async function inferenceClient(control: ControlBlock, slabs: Slab[], metrics: Ga
     batchTokenizer,
     inlineTokenizeChars: data.inlineTokenizeChars,
   });
-  return { client, submitter };
+  return { infer, submitter };
 }
 
 /**

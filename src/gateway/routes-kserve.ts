@@ -31,7 +31,7 @@
 import { pack } from 'msgpackr';
 import { ValidationError } from '../shared/errors.js';
 import { servedSources } from '../shared/model-config.js';
-import { classifications, embeddings, rowOf, type CallInputs, type ClientModel } from './inference-client.js';
+import { classifications, embeddings, rowOf, type CallInputs, type ServedModel } from '../core/infer.js';
 import { float32RowsInJson } from './float-json.js';
 import { HttpError, type Answer, type RequestContext } from './http.js';
 import type { Route, RouteDeps } from './route-types.js';
@@ -65,13 +65,13 @@ function checkVersion(version: string | undefined): void {
 }
 
 const metadataHandler = kserve((ctx, deps, [name, version]) => {
-  const model = deps.client.byName(name!);
+  const model = deps.infer.byName(name!);
   checkVersion(version);
   ctx.send(200, modelMetadata(model));
 });
 
 const modelReadyHandler = kserve((ctx, deps, [name, version]) => {
-  const model = deps.client.byName(name!);
+  const model = deps.infer.byName(name!);
   checkVersion(version);
   const ready = deps.ready();
   ctx.send(ready ? 200 : 503, { name: model.plan.spec.name, ready });
@@ -105,7 +105,7 @@ interface TensorMeta {
 }
 
 /** Output tensors of a model, by task. */
-function outputsOf(model: ClientModel): TensorMeta[] {
+function outputsOf(model: ServedModel): TensorMeta[] {
   const spec = model.plan.spec;
   switch (spec.task) {
     case 'embed':
@@ -126,7 +126,7 @@ function outputsOf(model: ClientModel): TensorMeta[] {
 /** The token tensors a request may send: the graph's own (position_ids are the server's to compute). */
 const TOKEN_INPUTS = ['input_ids', 'attention_mask', 'token_type_ids'];
 
-function modelMetadata(model: ClientModel) {
+function modelMetadata(model: ServedModel) {
   const spec = model.plan.spec;
   const inputs: TensorMeta[] = TOKEN_INPUTS.filter((name) => spec.graphInputs.includes(name)).map((name) => ({ name, datatype: 'INT64', shape: [-1, -1] }));
   if (spec.task === 'rerank') inputs.push({ name: 'query', datatype: 'BYTES', shape: [-1] }, { name: 'text', datatype: 'BYTES', shape: [-1] });
@@ -138,7 +138,7 @@ function modelMetadata(model: ClientModel) {
  * How the model is served, and where each setting came from (KServe v2 allows
  * `parameters` as an extension): what /info says of it too.
  */
-function settingsOf(model: ClientModel): Record<string, unknown> {
+function settingsOf(model: ServedModel): Record<string, unknown> {
   const { spec, maxLength } = model.plan;
   return {
     task: spec.task,
@@ -235,7 +235,7 @@ function fromTokens(tensors: Map<string, KServeTensor>): Encoded {
 }
 
 /** The inputs of an infer request: token tensors, or BYTES texts (a reranker: query and text). */
-function callInputs(model: ClientModel, tensors: Map<string, KServeTensor>, truncate: boolean, ec: EndpointContext): CallInputs {
+function callInputs(model: ServedModel, tensors: Map<string, KServeTensor>, truncate: boolean, ec: EndpointContext): CallInputs {
   const spec = model.plan.spec;
   const max = ec.limits.maxClientBatchSize;
   const tooMany = (n: number) => invalid(`${n} inputs exceed the limit of ${max} per request (--max-client-batch-size)`);
@@ -244,7 +244,7 @@ function callInputs(model: ClientModel, tensors: Map<string, KServeTensor>, trun
     if (extra.length) throw invalid(`unexpected input ${extra.join(', ')} beside input_ids; token inputs are ${TOKEN_INPUTS.join(', ')}`);
     const tokens = fromTokens(tensors);
     if (tokens.length > max) throw tooMany(tokens.length);
-    ec.client.checkTokens(model, tokens); // before any slot is taken
+    ec.infer.checkTokens(model, tokens); // before any slot is taken
     return { kind: 'tokens', tokens };
   }
   if (spec.task === 'rerank') {
@@ -269,7 +269,7 @@ const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normal
   route: ROUTE,
   task: null,
   parse(raw, ec) {
-    const model = ec.client.byName(ec.pathModel!);
+    const model = ec.infer.byName(ec.pathModel!);
     ec.label.model = model.plan.spec.name; // not the path's name: a metrics label must not take any value a client sends
     checkVersion(ec.params?.[1]);
     const body = parseBody(KServeInferRequest, raw);
@@ -289,7 +289,7 @@ const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normal
       model,
       inputs: callInputs(model, tensors, truncate, ec),
       timeoutMs: ec.timeoutMs,
-      priority: ec.priority === undefined ? undefined : ec.client.priorityIndex(ec.priority),
+      priority: ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority),
       cancel: ec.cancel,
     };
     return { call, state: { wanted, id: body.id, normalize } };

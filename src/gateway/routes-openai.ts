@@ -22,14 +22,13 @@
  */
 import { statSync } from 'node:fs';
 import { pack } from 'msgpackr';
-import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
-import { embeddings, inputCount, inputList, type ClientModel } from './inference-client.js';
+import { InvalidModelNameError, ModelNotFoundError, ValidationError } from '../shared/errors.js';
+import { embeddings, inputCount, inputList, type ServedModel } from '../core/infer.js';
 import { float32RowsInJson } from './float-json.js';
 import type { Answer, ErrorInfo, RequestContext } from './http.js';
 import type { Route } from './route-types.js';
 import { FieldValidationError, OpenAIEmbeddingRequest, parseBody } from './schemas.js';
-import { InvalidModelNameError } from './security.js';
-import { prompted } from './prompts.js';
+import { prompted } from '../core/prompts.js';
 import { serveInference, type Endpoint } from './serving.js';
 
 /** Errors before a route runs (no key, too many connections, ...) in OpenAI's shape too. */
@@ -48,7 +47,7 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     if (count > ec.limits.maxClientBatchSize) {
       throw new FieldValidationError(`${count} inputs exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`, 'input');
     }
-    const model = ec.client.byName(body.model);
+    const model = ec.infer.byName(body.model);
     const name = (ec.label.model = model.plan.spec.name);
     if (model.plan.spec.task !== 'embed') throw new FieldValidationError(`model "${name}" is a ${model.plan.spec.task} model, not an embedding model`, 'model');
     const dim = model.plan.spec.hiddenSize;
@@ -58,7 +57,7 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
         model,
         inputs: { kind: 'inputs' as const, inputs: inputList(body.input), truncate: false },
         timeoutMs: ec.timeoutMs,
-        priority: ec.priority === undefined ? undefined : ec.client.priorityIndex(ec.priority),
+        priority: ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority),
         cancel: ec.cancel,
       },
       body,
@@ -78,14 +77,14 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
 
 export const openaiRoutes: Route[] = [
   { method: 'post', path: '/v1/embeddings', fail, handle: (ctx, deps) => serveInference(ctx, deps, embeddingsEndpoint, fail) },
-  { method: 'get', path: '/v1/models', fail, handle: (ctx, deps) => ctx.send(200, { object: 'list', data: deps.client.list().map(modelObject) }) },
+  { method: 'get', path: '/v1/models', fail, handle: (ctx, deps) => ctx.send(200, { object: 'list', data: deps.infer.list().map(modelObject) }) },
   {
     method: 'get',
     path: '/v1/models/:id',
     fail,
     handle: (ctx, deps, [id]) => {
       try {
-        ctx.send(200, modelObject(deps.client.byName(id!)));
+        ctx.send(200, modelObject(deps.infer.byName(id!)));
       } catch (err) {
         failOpenAI(ctx, err, 'model');
       }
@@ -95,7 +94,7 @@ export const openaiRoutes: Route[] = [
 
 const created = new Map<string, number>();
 /** A model as OpenAI lists it; `created` is its model file's time (seconds), the nearest thing to a release date. */
-function modelObject(m: ClientModel): { id: string; object: 'model'; created: number; owned_by: string } {
+function modelObject(m: ServedModel): { id: string; object: 'model'; created: number; owned_by: string } {
   const name = m.plan.spec.name;
   let t = created.get(name);
   if (t === undefined) {

@@ -10,7 +10,7 @@ const tokenIds = z.array(z.number().int().nonnegative()).min(1);
 
 /**
  * A text, one list of token ids, or a list of texts and/or token id lists.
- * Ids are checked against the model's vocabulary later (InferenceClient.encodeIds).
+ * Ids are checked against the model's vocabulary later (Infer.encodeIds).
  */
 export const Inputs = z.union([z.string(), tokenIds, z.array(z.union([z.string(), tokenIds])).min(1, 'must not be an empty list')], {
   error: 'must be a string, a list of token ids, or a non-empty list of strings or token id lists',

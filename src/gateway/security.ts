@@ -10,7 +10,6 @@
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { Unpackr } from 'msgpackr';
-import { SlabserveError } from '../shared/errors.js';
 
 // ------------------------------------------------------------------ API keys
 
@@ -116,26 +115,8 @@ export function apiKeyProblem(key: string): string | null {
 
 // ------------------------------------------------------------------ model names
 
-const MODEL_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
-
-/** A model name no loaded model can have: refused before any lookup (404, as an unknown model is). */
-export class InvalidModelNameError extends SlabserveError {
-  constructor(name: string) {
-    super(
-      `invalid model name ${shown(name)}: a name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'`,
-      'SLABSERVE_INVALID_MODEL_NAME',
-      'not_found',
-    );
-  }
-}
-
-export function isValidModelName(name: string): boolean {
-  return MODEL_NAME.test(name) && !name.includes('..');
-}
-
-export function checkModelName(name: unknown): void {
-  if (typeof name !== 'string' || !isValidModelName(name)) throw new InvalidModelNameError(typeof name === 'string' ? name : String(name));
-}
+// The rule and its check live with the model folders (src/shared/model-config.ts): a folder is a model's name.
+export { checkModelName, isValidModelName } from '../shared/model-config.js';
 
 /** A client-sent string for a message: JSON-quoted, at most 64 characters. */
 export function shown(s: string): string {

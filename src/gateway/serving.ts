@@ -6,7 +6,7 @@
  *   HTTP: refuse before the body (not ready 503; no free slot for its models 429)
  *         read and decode the body (JSON or msgpack)
  *   endpoint.parse(body)   the call (model, inputs, deadline, priority) and what the answer needs
- *   client.infer(call)     slots, tokens, rows, timing (inference-client.ts)
+ *   infer.infer(call)      slots, tokens, rows, timing (src/core/infer.ts)
  *   endpoint.answer(...)   the body in the dialect's shape
  *   HTTP: timing headers; request metrics; the gate writes the access line
  *
@@ -20,7 +20,7 @@ import type { GatewayMetrics } from '../shared/metrics.js';
 import type { CounterCell, HistogramCell } from '../shared/metric-cells.js';
 import type { Task } from '../shared/model-config.js';
 import { statusOf, type Answer, type RequestContext } from './http.js';
-import type { InferCall, InferenceClient, InferResult } from './inference-client.js';
+import type { InferCall, Infer, InferResult } from '../core/infer.js';
 
 export interface GatewayLimits {
   /** Most bytes in a request body (--max-body-bytes). */
@@ -31,7 +31,7 @@ export interface GatewayLimits {
 
 /** What a body parser may use beside the body. */
 export interface EndpointContext {
-  client: InferenceClient;
+  infer: Infer;
   limits: GatewayLimits;
   /** A model named outside the body (the URL path); must agree with the body's. */
   pathModel?: string | undefined;
@@ -86,7 +86,7 @@ export function isAnswer(x: unknown): x is Answer & { value(): unknown } {
 export async function runEndpoint<S>(ep: Endpoint<S>, body: unknown, ec: EndpointContext): Promise<Served> {
   const { call, state } = ep.parse(body, ec);
   const model = (ec.label.model = call.model.plan.spec.name);
-  const result = await ec.client.infer(call);
+  const result = await ec.infer.infer(call);
   return { payload: ep.answer(result, call, state, ec), model, inputs: result.rows.rows.length / result.rows.width, result };
 }
 
@@ -152,7 +152,7 @@ export function metricsOf(metrics: GatewayMetrics, route: string): RouteMetrics 
 
 /** Routes' dependencies. */
 export interface ServeDeps {
-  client: InferenceClient;
+  infer: Infer;
   limits: GatewayLimits;
   metrics: GatewayMetrics;
   /** Warmed up, inference alive, not draining. */
@@ -190,7 +190,7 @@ function timingHeaders(ctx: RequestContext, r: InferResult | undefined): Record<
  */
 export function refuseBeforeBody(deps: ServeDeps, task: Task | null, pathModel: string | undefined, label: { model: string }): void {
   if (!deps.ready()) throw new NotReadyError();
-  const refusal = deps.client.refusalBeforeBody(task, pathModel);
+  const refusal = deps.infer.refusalBeforeBody(task, pathModel);
   if (!refusal) return;
   if (refusal.model !== undefined) label.model = refusal.model;
   throw refusal.error;
@@ -199,7 +199,7 @@ export function refuseBeforeBody(deps: ServeDeps, task: Task | null, pathModel: 
 /** The context a parser gets for an HTTP request. */
 function httpContext(ctx: RequestContext, deps: ServeDeps, params: readonly string[] | undefined, label: { model: string }): EndpointContext {
   const h = ctx.scheduling();
-  return { client: deps.client, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label };
+  return { infer: deps.infer, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label };
 }
 
 /** Serves one inference endpoint over HTTP (see the header). */

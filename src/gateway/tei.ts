@@ -15,16 +15,16 @@ import {
   inputList,
   isSingleInput,
   rerankScores,
-  type ClientModel,
+  type ServedModel,
   type Inputs,
   type Classification,
-} from './inference-client.js';
+} from '../core/infer.js';
 import { DecodeRequest, EmbedRequest, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest, RerankRequest, TokenizeRequest } from './schemas.js';
-import { prompted } from './prompts.js';
+import { prompted } from '../core/prompts.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from './serving.js';
 
 /** Checks the request's size and picks its model: the path's and the body's names must agree. */
-function pickModel(ec: EndpointContext, task: Task | null, count: number, bodyModel: string | undefined): ClientModel {
+function pickModel(ec: EndpointContext, task: Task | null, count: number, bodyModel: string | undefined): ServedModel {
   if (ec.pathModel !== undefined && bodyModel !== undefined && bodyModel !== ec.pathModel) {
     throw new ValidationError(`the path names model "${ec.pathModel}" but the body names "${bodyModel}"`);
   }
@@ -32,7 +32,7 @@ function pickModel(ec: EndpointContext, task: Task | null, count: number, bodyMo
     throw new ValidationError(`${count} inputs exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`);
   }
   const name = ec.pathModel ?? bodyModel;
-  const model = task === null ? ec.client.anyModel(name) : ec.client.resolve(task, name);
+  const model = task === null ? ec.infer.anyModel(name) : ec.infer.resolve(task, name);
   ec.label.model = model.plan.spec.name;
   return model;
 }
@@ -40,7 +40,7 @@ function pickModel(ec: EndpointContext, task: Task | null, count: number, bodyMo
 /** The call's deadline and priority: the body's `timeout` / `priority` win over the transport's. */
 function scheduling(ec: EndpointContext, body: { timeout?: number | undefined; priority?: string | undefined }) {
   const priority = body.priority ?? ec.priority;
-  return { timeoutMs: body.timeout ?? ec.timeoutMs, priority: priority === undefined ? undefined : ec.client.priorityIndex(priority), cancel: ec.cancel };
+  return { timeoutMs: body.timeout ?? ec.timeoutMs, priority: priority === undefined ? undefined : ec.infer.priorityIndex(priority), cancel: ec.cancel };
 }
 
 function inputsCall(
@@ -68,7 +68,7 @@ export const embedEndpoint: Endpoint<{ normalize: boolean | undefined }> = {
 };
 
 /** [{label, score}] sorted by score, highest first: probabilities, or logits with raw_scores. */
-export function labelScores(model: ClientModel, c: Classification, raw: boolean): { label: string; score: number }[] {
+export function labelScores(model: ServedModel, c: Classification, raw: boolean): { label: string; score: number }[] {
   const values = raw ? c.logits : c.probabilities;
   return model.plan.spec.labels.map((label, i) => ({ label, score: values[i]! })).sort((a, b) => b.score - a.score);
 }
@@ -125,7 +125,7 @@ export const rootEndpoint: Endpoint<{ inner: Endpoint<unknown>; state: unknown }
   task: null,
   parse(raw, ec) {
     const named = typeof raw === 'object' && raw !== null && typeof (raw as { model?: unknown }).model === 'string' ? (raw as { model: string }).model : undefined;
-    const inner = BY_TASK[ec.client.anyModel(ec.pathModel ?? named).plan.spec.task];
+    const inner = BY_TASK[ec.infer.anyModel(ec.pathModel ?? named).plan.spec.task];
     const { call, state } = inner.parse(raw, ec);
     return { call, state: { inner, state } };
   },

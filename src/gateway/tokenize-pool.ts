@@ -15,9 +15,9 @@
 import { Piscina } from 'piscina';
 import type { Cancellation } from '../shared/cancel.js';
 import { CancelledError, EngineClosedError, InputTooLongError, OverloadedError } from '../shared/errors.js';
-import type { BatchTokenizer } from './inference-client.js';
+import type { BatchTokenizer } from '../core/infer.js';
 import type { TokenizeResult, TokenizeTask } from './tokenize-task.js';
-import type { EncodeOptions, Encoding } from './tokenizer.js';
+import type { EncodeOptions, Encoding } from '../core/tokenizer.js';
 
 /**
  * Requests that may wait for a pool thread, per thread, by default: one

@@ -6,7 +6,7 @@
  */
 import { InputTooLongError } from '../shared/errors.js';
 import { nameThread } from '../shared/threads.js';
-import { loadModelTokenizer, type TextTokenizer } from './tokenizer.js';
+import { loadModelTokenizer, type TextTokenizer } from '../core/tokenizer.js';
 
 nameThread('tokenizer'); // for top -H: it would otherwise show its gateway's name, inherited
 

@@ -20,7 +20,7 @@ import { CancelledError, NotReadyError, OverloadedError, SlabserveError, Validat
 import type { GatewayMetrics } from '../shared/metrics.js';
 import { unauthorized, type Gate } from './gate.js';
 import { statusOf } from './http.js';
-import type { InferenceClient } from './inference-client.js';
+import type { Infer } from '../core/infer.js';
 import type { AccessLog } from './log.js';
 import { chooseProtocol, decodeMsgpack, requestId, shown } from './security.js';
 import { isAnswer, metricsOf, runEndpoint, type Endpoint, type EndpointContext, type GatewayLimits, type Served } from './serving.js';
@@ -39,7 +39,7 @@ export interface WsOptions {
 }
 
 export interface WsDeps {
-  client: InferenceClient;
+  infer: Infer;
   limits: GatewayLimits;
   metrics: GatewayMetrics;
   ready(): boolean;
@@ -291,7 +291,7 @@ class WsApi {
     }
     const cancel = new Cancellation();
     const ec: EndpointContext = {
-      client: this.deps.client,
+      infer: this.deps.infer,
       limits: this.deps.limits,
       timeoutMs: msg.deadline_ms as number | undefined,
       priority: typeof msg.priority === 'string' ? msg.priority : undefined,

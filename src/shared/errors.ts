@@ -110,3 +110,11 @@ export class InputFailedError extends SlabserveError {
     super(message, 'SLABSERVE_INPUT_FAILED', 'validation');
   }
 }
+
+/** A model name no loaded model can have: refused before any lookup (404, as an unknown model is). */
+export class InvalidModelNameError extends SlabserveError {
+  constructor(name: string) {
+    const shown = JSON.stringify(name.length > 64 ? `${name.slice(0, 64)}...` : name);
+    super(`invalid model name ${shown}: a name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'`, 'SLABSERVE_INVALID_MODEL_NAME', 'not_found');
+  }
+}

@@ -27,6 +27,7 @@
  */
 import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
+import { InvalidModelNameError } from './errors.js';
 import { onnxInputNames } from './onnx-inputs.js';
 import { POOLINGS, readFolderSettings, readJsonFile, type FolderSettings, type Pooling, type Sourced } from './hf-folder.js';
 
@@ -115,6 +116,11 @@ const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export function isValidModelName(name: string): boolean {
   return NAME.test(name) && !name.includes('..');
+}
+
+/** Refuses a name no model can have (`..`, slashes, percent signs, over 128 characters) before any lookup. */
+export function checkModelName(name: unknown): void {
+  if (typeof name !== 'string' || !isValidModelName(name)) throw new InvalidModelNameError(typeof name === 'string' ? name : String(name));
 }
 
 /** Folders under `modelsDir` that hold a config.json, sorted by name. */

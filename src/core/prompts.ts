@@ -8,7 +8,7 @@
  * --default-prompt, default_prompt_name). Token-id inputs are taken as sent.
  */
 import { ValidationError } from '../shared/errors.js';
-import type { ClientModel, Input } from './inference-client.js';
+import type { ServedModel, Input } from './infer.js';
 
 export interface PromptFields {
   prompt_name?: string | undefined;
@@ -16,7 +16,7 @@ export interface PromptFields {
 }
 
 /** The prompt a request's texts get ('' for none); a 422 for a name the model lacks. */
-export function requestPrompt(model: ClientModel, body: PromptFields): string {
+export function requestPrompt(model: ServedModel, body: PromptFields): string {
   const spec = model.plan.spec;
   if (body.prompt_name !== undefined && body.prompt !== undefined) throw new ValidationError('give prompt_name or prompt, not both');
   let text: string;
@@ -38,7 +38,7 @@ export function requestPrompt(model: ClientModel, body: PromptFields): string {
  * them: the prompt tokenized alone, less its closing special token ([CLS] and
  * the prompt's own tokens, for BERT).
  */
-export function promptTokens(model: ClientModel, prompt: string): number {
+export function promptTokens(model: ServedModel, prompt: string): number {
   return model.tokenizer.encode(prompt, { maxLength: model.plan.maxLength, truncate: true }).ids.length - 1;
 }
 
@@ -53,7 +53,7 @@ export function withPrompt(inputs: readonly Input[], prompt: string, explicit: b
  * The call with the request's prompt (or the model's default one) before each
  * text input, and, for a model that pools without it, how many of its tokens to leave out.
  */
-export function prompted<C extends { model: ClientModel; inputs: { kind: 'inputs'; inputs: readonly Input[]; truncate: boolean } }>(call: C, body: PromptFields): C {
+export function prompted<C extends { model: ServedModel; inputs: { kind: 'inputs'; inputs: readonly Input[]; truncate: boolean } }>(call: C, body: PromptFields): C {
   const prompt = requestPrompt(call.model, body);
   if (prompt === '') return call;
   const explicit = body.prompt_name !== undefined || body.prompt !== undefined;

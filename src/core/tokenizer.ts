@@ -32,7 +32,7 @@ export interface Encoding {
 
 /**
  * One token of a text as TEI's /tokenize reports it: `start`/`stop` are
- * offsets in code points into the text (src/gateway/token-offsets.ts), null
+ * offsets in code points into the text (src/core/token-offsets.ts), null
  * for special tokens the template added (and where no offsets are known).
  */
 export interface TokenSpan {

@@ -22,15 +22,14 @@ import { admission } from '../shared/admission.js';
 import type { Cancellation } from '../shared/cancel.js';
 import { nowMs } from '../shared/clock.js';
 import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
-import type { Task } from '../shared/model-config.js';
+import { checkModelName, type Task } from '../shared/model-config.js';
 import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
 import type { EncodeOptions, Encoding, TextTokenizer, TruncationDirection } from './tokenizer.js';
-import { checkModelName } from './security.js';
 
 /** Priority classes when none are configured: index 0 is the default. */
 export const DEFAULT_PRIORITY_NAMES: readonly string[] = ['interactive', 'bulk'];
 
-export interface ClientModel {
+export interface ServedModel {
   plan: ModelPlan;
   tokenizer: TextTokenizer;
 }
@@ -40,7 +39,7 @@ export interface ClientModel {
  * Rejects with OverloadedError when its queue is full, CancelledError when `cancel` fires while the
  * texts still wait their turn.
  */
-export type BatchTokenizer = (model: ClientModel, texts: string[], opts: EncodeOptions, cancel?: Cancellation) => Promise<Encoding[]>;
+export type BatchTokenizer = (model: ServedModel, texts: string[], opts: EncodeOptions, cancel?: Cancellation) => Promise<Encoding[]>;
 
 /** Token ids (special tokens included) and their type ids: what one slot holds. */
 export type Tokens = Pick<Encoding, 'ids'> & {
@@ -115,7 +114,7 @@ export type CallInputs =
   | { kind: 'tokens'; tokens: readonly Tokens[] };
 
 export interface InferCall {
-  model: ClientModel;
+  model: ServedModel;
   inputs: CallInputs;
   /** Ms from now after which a request still queued fails instead of running (default: requestTimeoutMs). */
   timeoutMs?: number | undefined;
@@ -140,9 +139,9 @@ export const INLINE_TOKENIZE_CHARS = 1024;
 /** Pairs tokenized inline yield the event loop after this many ms of work. */
 const YIELD_EVERY_MS = 4;
 
-export class InferenceClient {
-  private readonly models: ClientModel[];
-  private readonly byTask = new Map<Task, readonly ClientModel[]>();
+export class Infer {
+  private readonly models: ServedModel[];
+  private readonly byTask = new Map<Task, readonly ServedModel[]>();
   private readonly submitter: SlabSubmitter;
   private readonly requestTimeoutMs: number;
   /** Latency target (--slo-p99-ms): admission refuses work that cannot meet it. */
@@ -156,7 +155,7 @@ export class InferenceClient {
   private readonly inlineTokenizeChars: number;
 
   constructor(
-    models: ClientModel[],
+    models: ServedModel[],
     submitter: SlabSubmitter,
     opts: {
       requestTimeoutMs: number;
@@ -177,19 +176,19 @@ export class InferenceClient {
     this.inlineTokenizeChars = opts.inlineTokenizeChars ?? INLINE_TOKENIZE_CHARS;
   }
 
-  list(): ClientModel[] {
+  list(): ServedModel[] {
     return this.models;
   }
 
   /** The models of `task`, in order (made once per task: asked on every request). */
-  private modelsOf(task: Task): readonly ClientModel[] {
+  private modelsOf(task: Task): readonly ServedModel[] {
     let list = this.byTask.get(task);
     if (!list) this.byTask.set(task, (list = this.models.filter((x) => x.plan.spec.task === task)));
     return list;
   }
 
   /** The named model, or the first of the right task; checks the task matches. */
-  resolve(task: Task, name?: string): ClientModel {
+  resolve(task: Task, name?: string): ServedModel {
     if (name !== undefined) {
       const m = this.byName(name);
       if (m.plan.spec.task !== task) throw new ValidationError(`model "${name}" is a ${m.plan.spec.task} model, not ${task}`);
@@ -201,7 +200,7 @@ export class InferenceClient {
   }
 
   /** The named model, or the first loaded one (any task): for routes that only tokenize. */
-  anyModel(name?: string): ClientModel {
+  anyModel(name?: string): ServedModel {
     if (name !== undefined) return this.byName(name);
     const m = this.models[0];
     if (!m) throw new ModelNotFoundError('(any model)', []);
@@ -213,7 +212,7 @@ export class InferenceClient {
    * security.ts: `..`, slashes, percent signs, over 128 characters) is refused
    * first, so a name from a URL or a body never reaches more than this list.
    */
-  byName(name: string): ClientModel {
+  byName(name: string): ServedModel {
     checkModelName(name);
     const m = this.models.find((x) => x.plan.spec.name === name);
     if (!m) throw new ModelNotFoundError(name, this.names());
@@ -268,7 +267,7 @@ export class InferenceClient {
    * for its own reason). Reads a few shared counters: no allocation unless refused.
    */
   refusalBeforeBody(task: Task | null, pathModel?: string): { error: OverloadedError; model: string | undefined } | null {
-    let candidates: readonly ClientModel[];
+    let candidates: readonly ServedModel[];
     if (pathModel !== undefined) {
       const m = this.models.find((x) => x.plan.spec.name === pathModel);
       if (!m || (task !== null && m.plan.spec.task !== task)) return null;
@@ -299,7 +298,7 @@ export class InferenceClient {
    * request that will be refused never waits for the tokenizer pool, and one
    * admitted cannot lose its slots while it is tokenized.
    */
-  private hold(model: ClientModel, count: number, timeoutMs: number): SlotReservation {
+  private hold(model: ServedModel, count: number, timeoutMs: number): SlotReservation {
     if (!(count >= 1)) throw new ValidationError('inputs must not be empty');
     const held = this.submitter.reserve(model.plan.index, count);
     try {
@@ -323,7 +322,7 @@ export class InferenceClient {
   }
 
   /** The tokens of a request's inputs: synchronous when they are tokenized inline or already tokens. */
-  private tokenize(model: ClientModel, inputs: CallInputs, cancel: Cancellation | undefined): Tokens[] | Promise<Tokens[]> {
+  private tokenize(model: ServedModel, inputs: CallInputs, cancel: Cancellation | undefined): Tokens[] | Promise<Tokens[]> {
     switch (inputs.kind) {
       case 'inputs': {
         const encoded = this.encodeInputs(model, inputs.inputs, inputs, cancel);
@@ -343,7 +342,7 @@ export class InferenceClient {
    * Validates and tokenizes texts: inline when small, on the batch tokenizer (if any) when large.
    * `cancel` drops texts still waiting for the batch tokenizer (the client went away).
    */
-  encodeTexts(model: ClientModel, texts: readonly string[], cut: Truncation, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
+  encodeTexts(model: ServedModel, texts: readonly string[], cut: Truncation, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
     if (texts.length === 0) throw new ValidationError('inputs must be a string or a non-empty list of strings');
     let chars = 0;
     for (const t of texts) {
@@ -362,7 +361,7 @@ export class InferenceClient {
    * special tokens, checked by {@link encodeIds}, not tokenized): what the
    * HTTP APIs accept as `inputs` / `input`.
    */
-  encodeInputs(model: ClientModel, list: readonly Input[], cut: Truncation, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
+  encodeInputs(model: ServedModel, list: readonly Input[], cut: Truncation, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
     if (list.length === 0) throw new ValidationError('inputs must be a string, a list of token ids, or a non-empty list of those');
     let texts = 0;
     for (const x of list) if (typeof x === 'string') texts++;
@@ -397,7 +396,7 @@ export class InferenceClient {
    * with direction left, the first ids, a [CLS] with them: the ids are taken
    * as sent). Type ids are all 0.
    */
-  encodeIds(model: ClientModel, ids: ArrayLike<number>, cut: Truncation): Encoding {
+  encodeIds(model: ServedModel, ids: ArrayLike<number>, cut: Truncation): Encoding {
     if (!Array.isArray(ids) && !ArrayBuffer.isView(ids)) throw new ValidationError('token ids must be a list of integers');
     const n = ids.length;
     if (n === 0) throw new ValidationError('a token sequence must not be empty');
@@ -424,7 +423,7 @@ export class InferenceClient {
    * range may reach the device: an out-of-range id would fail the whole
    * batch, other requests' inputs with it.
    */
-  checkTokens(model: ClientModel, encodings: readonly (Pick<Encoding, 'ids'> & { typeIds?: Int32Array | null })[]): void {
+  checkTokens(model: ServedModel, encodings: readonly (Pick<Encoding, 'ids'> & { typeIds?: Int32Array | null })[]): void {
     if (encodings.length === 0) throw new ValidationError('inputs must not be empty');
     const vocab = model.tokenizer.vocabSize;
     const types = model.plan.spec.typeVocabSize ?? 2;
@@ -453,7 +452,7 @@ export class InferenceClient {
    * query for every text, or one per text. Inline, yielding the event loop
    * every few ms on long lists.
    */
-  async encodePairs(model: ClientModel, queries: readonly string[], texts: readonly string[], truncate: boolean): Promise<Encoding[]> {
+  async encodePairs(model: ServedModel, queries: readonly string[], texts: readonly string[], truncate: boolean): Promise<Encoding[]> {
     if (queries.length !== 1 && queries.length !== texts.length) throw new ValidationError(`${queries.length} queries for ${texts.length} texts: give one, or one per text`);
     for (const q of queries) if (typeof q !== 'string' || q.length === 0) throw new ValidationError('query must be a non-empty string');
     if (texts.length === 0) throw new ValidationError('texts must be a non-empty list of strings');
@@ -516,7 +515,7 @@ export function rowOf(r: RequestRows, i: number): Float32Array {
  * the graph leaves them, or scaled back by the norm the graph keeps beside
  * each row (`normalize` false; default: the model's own setting).
  */
-export function embeddings(model: ClientModel, r: RequestRows, normalize?: boolean): Float32Array[] {
+export function embeddings(model: ServedModel, r: RequestRows, normalize?: boolean): Float32Array[] {
   const dim = model.plan.spec.hiddenSize;
   const keep = normalize ?? model.plan.spec.normalize;
   const out: Float32Array[] = new Array(r.rows.length / r.width);
@@ -533,7 +532,7 @@ export function embeddings(model: ClientModel, r: RequestRows, normalize?: boole
 }
 
 /** The classes of a classifier's rows: probabilities then logits, side by side in each row. */
-export function classifications(model: ClientModel, r: RequestRows): Classification[] {
+export function classifications(model: ServedModel, r: RequestRows): Classification[] {
   const labels = model.plan.spec.labels;
   const n = labels.length;
   const out: Classification[] = new Array(r.rows.length / r.width);
