@@ -27,7 +27,8 @@ import { SlabSubmitter, type SlotResult } from './shared/submitter.js';
 export type { Classification } from './core/infer.js';
 export { resolveBatching } from './model-plans.js';
 
-export interface EngineOptions {
+/** Which models, and the settings imposed on every one of them (over serve.json and the folder's own files): the engine's and the server's alike. */
+export interface ModelOptions {
   /** Model repository folder. Default: the package's models/ folder. */
   modelsDir?: string;
   /** Model folder names to load, or folder paths. Default: every model in modelsDir. */
@@ -38,9 +39,12 @@ export interface EngineOptions {
   maxInputLength?: number;
   /** Which of a folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8 / model_quantized.onnx); auto (default): fp16 on CUDA where present. */
   dtype?: Dtype;
-  /** The prompt before every text that names none, for every embedding model: one of its prompts by name, or a text (prompts.ts). */
+  /** The prompt before every text that names none, for every embedding model: one of its prompts by name, or a text (src/core/prompts.ts). */
   defaultPromptName?: string;
   defaultPrompt?: string;
+}
+
+export interface EngineOptions extends ModelOptions {
   /** 'auto' (default), 'cpu', 'cuda' or 'cuda:N'. */
   device?: string;
   /** Batching knobs; see src/gpu-worker/scheduler.ts. Buckets default to powers of two up to each model's max length. */

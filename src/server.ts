@@ -20,7 +20,7 @@
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
-import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DEFAULTS } from './engine.js';
+import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DEFAULTS, type ModelOptions } from './engine.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayWorkerData } from './gateway/gateway-worker.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
@@ -37,29 +37,16 @@ import { nowMs } from './shared/clock.js';
 import { ControlBlock, WorkerState } from './shared/control.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
 import { processMetrics, supervisionMetrics } from './shared/metrics.js';
-import type { Dtype, Pooling } from './shared/model-config.js';
 import { Counter, Slab } from './shared/slab.js';
 import { threadCpuSeconds } from './shared/threads.js';
 import { VERSION } from './version.js';
 
-export interface ServerConfig {
+export interface ServerConfig extends ModelOptions {
   host: string;
   /** 0 picks a free port. */
   port: number;
   /** The port is shared on purpose (a cluster's process): no check that nothing else listens on it. */
   sharedPort?: boolean;
-  modelsDir?: string;
-  /** Names under modelsDir, or folder paths. */
-  models?: string[];
-  /** Pooling of every embedding model served, over its folder's and serve.json's. */
-  pooling?: Pooling;
-  /** Longest input of every model served, in tokens, over its folder's and serve.json's. */
-  maxInputLength?: number;
-  /** Which of each folder's graphs (model-config.ts DTYPES); default auto. */
-  dtype?: Dtype;
-  /** The prompt before every text that names none, for every embedding model: one of its prompts by name, or a text. */
-  defaultPromptName?: string;
-  defaultPrompt?: string;
   device: string;
   gatewayThreads: number;
   batching: Partial<BatchingOptions>;
