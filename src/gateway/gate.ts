@@ -65,7 +65,7 @@ export class Gate {
   /** Told of every request and WebSocket frame (the event-loop delay is measured while there are some). */
   readonly touch: () => void;
   /** Whether the server is draining: every answer then closes its connection (Connection: close). */
-  readonly draining: () => boolean;
+  private readonly draining: () => boolean;
 
   constructor(opts: GateOptions, metrics: GatewayMetrics, access: AccessLog, hooks: { touch?: () => void; draining?: () => boolean } = {}) {
     this.opts = opts;

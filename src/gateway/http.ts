@@ -201,30 +201,6 @@ export class RequestContext {
     });
   }
 
-  /**
-   * A closing answer while the client may still be sending its body: written
-   * whole at once with Connection: close, but the connection left open, so
-   * the client reads the answer and then closes it. Closing at once (uWS's
-   * end(body, true)) resets a connection with unread bytes: a client still
-   * writing sees EPIPE or ECONNRESET, not the answer. uWS reads and drops the
-   * rest of the declared body, and its idle timeout (10 s) closes a client
-   * that stops sending without closing. (uWS cannot close a connection whose
-   * response has ended, and one left unended cannot be closed without
-   * cutting the answer short: so the bound is the body's own length and that
-   * timeout, not a byte count of ours.)
-   */
-  private answerThenLetClientClose(statusLine: string, contentType: string, body: string | Uint8Array, headers: Record<string, string>): void {
-    const res = this.res;
-    res.cork(() => {
-      res.writeStatus(statusLine);
-      res.writeHeader('content-type', contentType);
-      res.writeHeader('x-request-id', this.requestId);
-      for (const k in headers) res.writeHeader(k, headers[k]!);
-      res.writeHeader('connection', 'close');
-      res.end(body);
-    });
-  }
-
   /** Sends `payload` as JSON or msgpack (per Accept), with extra headers. No-op if the client is gone. */
   send(status: number, payload: unknown, headers: Record<string, string> = NO_HEADERS): void {
     const msgpack = this.wantsMsgpack;
@@ -239,22 +215,30 @@ export class RequestContext {
     this.write(status, msgpack ? MSGPACK : 'application/json', msgpack ? answer.msgpack() : answer.json(), headers);
   }
 
-  /** Sends a body as is. */
+  /**
+   * Sends a body as is; `closeConnection` (or a draining server) closes the
+   * connection after it. While the client may still be sending its body, the
+   * answer says Connection: close but the close is left to the client, which
+   * reads the answer and then closes: closing at once (uWS's end(body, true))
+   * resets a connection with unread bytes, and a client still writing sees
+   * EPIPE or ECONNRESET instead of the answer. uWS reads and drops the rest of
+   * the declared body, and its idle timeout (10 s) closes a client that stops
+   * sending without closing. (uWS cannot close a connection whose response
+   * has ended, and one left unended cannot be closed without cutting the
+   * answer short: so the bound is the body's own length and that timeout.)
+   */
   write(status: number, contentType: string, body: string | Uint8Array, headers: Record<string, string> = NO_HEADERS, closeConnection = false): void {
     if (this.done) return;
     this.done = true;
     closeConnection ||= this.observer?.closesConnection?.() === true;
-    if (closeConnection && this.bodyPending) {
-      this.answerThenLetClientClose(STATUS_LINE[status] ?? String(status), contentType, body, headers);
-      this.observer?.finished(this, status);
-      return;
-    }
+    const clientCloses = closeConnection && this.bodyPending;
     this.res.cork(() => {
       this.res.writeStatus(STATUS_LINE[status] ?? String(status));
       this.res.writeHeader('content-type', contentType);
       this.res.writeHeader('x-request-id', this.requestId);
       for (const k in headers) this.res.writeHeader(k, headers[k]!);
-      this.res.end(body, closeConnection);
+      if (clientCloses) this.res.writeHeader('connection', 'close');
+      this.res.end(body, closeConnection && !clientCloses);
     });
     this.observer?.finished(this, status);
   }
