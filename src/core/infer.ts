@@ -208,8 +208,8 @@ export class Infer {
   }
 
   /**
-   * The loaded model named `name`. A name no model can have (see
-   * security.ts: `..`, slashes, percent signs, over 128 characters) is refused
+   * The loaded model named `name`. A name no model can have (checkModelName,
+   * shared/model-config.ts: `..`, slashes, percent signs, over 128 characters) is refused
    * first, so a name from a URL or a body never reaches more than this list.
    */
   byName(name: string): ServedModel {

@@ -19,17 +19,12 @@ export interface PromptFields {
 export function requestPrompt(model: ServedModel, body: PromptFields): string {
   const spec = model.plan.spec;
   if (body.prompt_name !== undefined && body.prompt !== undefined) throw new ValidationError('give prompt_name or prompt, not both');
-  let text: string;
-  if (body.prompt !== undefined) text = body.prompt;
-  else if (body.prompt_name !== undefined) {
-    const named = spec.prompts[body.prompt_name];
-    if (named === undefined) {
-      const known = Object.keys(spec.prompts);
-      throw new ValidationError(`model ${spec.name} has no prompt "${body.prompt_name}" (${known.length ? `its prompts: ${known.join(', ')}` : 'it has no prompts'})`);
-    }
-    text = named;
-  } else return spec.defaultPrompt?.text ?? '';
-  return text;
+  if (body.prompt !== undefined) return body.prompt;
+  if (body.prompt_name === undefined) return spec.defaultPrompt?.text ?? '';
+  const named = spec.prompts[body.prompt_name];
+  if (named !== undefined) return named;
+  const known = Object.keys(spec.prompts);
+  throw new ValidationError(`model ${spec.name} has no prompt "${body.prompt_name}" (${known.length ? `its prompts: ${known.join(', ')}` : 'it has no prompts'})`);
 }
 
 /**
