@@ -57,17 +57,12 @@ export function randomTokenSequences(rand: () => number, count: number, minLen: 
  */
 export class Reference {
   readonly spec: ModelSpec;
-  private constructor(
-    spec: ModelSpec,
-    private readonly session: ort.InferenceSession,
-  ) {
-    this.spec = spec;
+  private constructor(private readonly plain: PlainReference) {
+    this.spec = plain.spec;
   }
 
   static async open(name: string): Promise<Reference> {
-    const spec = loadModelSpec(join(modelsDir, name), name);
-    const session = await ort.InferenceSession.create(readFileSync(spec.onnxPath), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
-    return new Reference(spec, session);
+    return new Reference(await PlainReference.open(name));
   }
 
   private readonly textRows = new Map<string, Float32Array>();
@@ -91,23 +86,19 @@ export class Reference {
    */
   async row(ids: ArrayLike<number>, typeIds?: ArrayLike<number>, mask?: ArrayLike<number>): Promise<Float32Array> {
     const n = ids.length;
-    const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
     const kept = (t: number) => (mask ? mask[t]! : 1);
-    const feeds: Record<string, ort.Tensor> = { input_ids: i64((i) => ids[i]!), attention_mask: i64(kept) };
-    if (this.session.inputNames.includes('token_type_ids')) feeds.token_type_ids = i64((i) => (typeIds ? typeIds[i]! : 0));
-    const out = await this.session.run(feeds);
+    const out = await this.plain.raw(ids, typeIds, mask); // token states [n, hidden], or the logits
     const spec = this.spec;
     if (spec.task === 'embed') {
-      const states = out.last_hidden_state!.data as Float32Array;
-      const hidden = states.length / n;
+      const hidden = out.length / n;
       const pooled = new Float64Array(hidden);
-      if (spec.pooling === 'cls') for (let h = 0; h < hidden; h++) pooled[h] = states[h]!;
+      if (spec.pooling === 'cls') for (let h = 0; h < hidden; h++) pooled[h] = out[h]!;
       else if (spec.pooling === 'mean') {
         let count = 0;
         for (let t = 0; t < n; t++) {
           if (!kept(t)) continue;
           count++;
-          for (let h = 0; h < hidden; h++) pooled[h]! += states[t * hidden + h]!;
+          for (let h = 0; h < hidden; h++) pooled[h]! += out[t * hidden + h]!;
         }
         for (let h = 0; h < hidden; h++) pooled[h]! /= Math.max(count, 1e-9);
       } else throw new Error(`Reference: pooling ${spec.pooling} is not modelled here (st-folders.test.ts has every mode)`);
@@ -117,13 +108,12 @@ export class Reference {
       row[hidden] = norm;
       return row;
     }
-    const logits = out.logits!.data as Float32Array;
-    const head = spec.task === 'rerank' ? [sigmoid(logits[0]!)] : Array.from(softmax(logits));
-    return Float32Array.from([...head, ...logits]);
+    const head = spec.task === 'rerank' ? [sigmoid(out[0]!)] : Array.from(softmax(out));
+    return Float32Array.from([...head, ...out]);
   }
 
   async close(): Promise<void> {
-    await this.session.release();
+    await this.plain.close();
   }
 }
 
@@ -212,11 +202,11 @@ export class PlainReference {
     return new PlainReference(spec, session);
   }
 
-  /** The graph's one output for one input alone: [n, hidden] token states flattened, or the logits. */
-  async raw(ids: ArrayLike<number>, typeIds?: ArrayLike<number>): Promise<Float32Array> {
+  /** The graph's one output for one input alone: [n, hidden] token states flattened, or the logits. `mask` (default all 1) is its attention mask. */
+  async raw(ids: ArrayLike<number>, typeIds?: ArrayLike<number>, mask?: ArrayLike<number>): Promise<Float32Array> {
     const n = ids.length;
     const i64 = (f: (i: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: n }, (_, i) => BigInt(f(i))), [1, n]);
-    const feeds: Record<string, ort.Tensor> = { input_ids: i64((i) => ids[i]!), attention_mask: i64(() => 1) };
+    const feeds: Record<string, ort.Tensor> = { input_ids: i64((i) => ids[i]!), attention_mask: i64((i) => (mask ? mask[i]! : 1)) };
     if (this.session.inputNames.includes('token_type_ids')) feeds.token_type_ids = i64((i) => (typeIds ? typeIds[i]! : 0));
     const out = await this.session.run(feeds);
     const name = this.session.outputNames.includes('last_hidden_state') ? 'last_hidden_state' : 'logits';
