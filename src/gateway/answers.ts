@@ -15,14 +15,19 @@ export function rowLists(rows: readonly Float32Array[]): number[][] {
 }
 
 /**
+ * An answer whose JSON is written by `json` (float rows from their float32
+ * values) and whose msgpack, and `value()` for enclosing frames, come from the
+ * plain value: every hot answer's shape.
+ */
+export function floatAnswer(value: () => unknown, json: () => string | Uint8Array): Answer & { value(): unknown } {
+  return { json, msgpack: () => pack(value()), value };
+}
+
+/**
  * An answer of embedding rows: JSON from the float32 values (a view of a
  * scratch buffer, written out at once by RequestContext.answer), msgpack as
- * number lists, `value()` for enclosing frames.
+ * number lists.
  */
 export function rowsAnswer(rows: readonly Float32Array[]): Answer & { value(): unknown } {
-  return {
-    json: () => float32RowsJsonView(rows),
-    msgpack: () => pack(rowLists(rows)),
-    value: () => rowLists(rows),
-  };
+  return floatAnswer(() => rowLists(rows), () => float32RowsJsonView(rows));
 }

@@ -28,10 +28,10 @@
  * supported: Triton's binary tensor extension (application/octet-stream
  * bodies are refused with 415), model repository and statistics extensions.
  */
-import { pack } from 'msgpackr';
 import { ValidationError } from '../shared/errors.js';
 import { servedSources } from '../shared/model-config.js';
 import { classifications, embeddings, rowOf, type CallInputs, type ServedModel } from '../core/infer.js';
+import { floatAnswer } from './answers.js';
 import { float32RowsInJson } from './float-json.js';
 import { HttpError, type Answer, type RequestContext } from './http.js';
 import type { Route, RouteDeps } from './route-types.js';
@@ -327,17 +327,13 @@ const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normal
  */
 function inferAnswer(head: Record<string, unknown>, outputs: { name: string; shape: number[]; data: Float32Array }[]): Answer & { value(): unknown } {
   const value = () => ({ ...head, outputs: outputs.map((o) => ({ name: o.name, datatype: 'FP32', shape: o.shape, data: Array.from(o.data) })) });
-  return {
-    json: () => {
-      const pieces = [`${JSON.stringify(head).slice(0, -1)},"outputs":[`];
-      outputs.forEach((o, i) => {
-        pieces[i] += `${i > 0 ? ',' : ''}{"name":${JSON.stringify(o.name)},"datatype":"FP32","shape":${JSON.stringify(o.shape)},"data":`;
-        pieces.push('}');
-      });
-      pieces[outputs.length] += ']}';
-      return float32RowsInJson(pieces, outputs.map((o) => o.data));
-    },
-    msgpack: () => pack(value()),
-    value,
-  };
+  return floatAnswer(value, () => {
+    const pieces = [`${JSON.stringify(head).slice(0, -1)},"outputs":[`];
+    outputs.forEach((o, i) => {
+      pieces[i] += `${i > 0 ? ',' : ''}{"name":${JSON.stringify(o.name)},"datatype":"FP32","shape":${JSON.stringify(o.shape)},"data":`;
+      pieces.push('}');
+    });
+    pieces[outputs.length] += ']}';
+    return float32RowsInJson(pieces, outputs.map((o) => o.data));
+  });
 }

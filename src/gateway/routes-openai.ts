@@ -21,9 +21,9 @@
  * `model_not_found`; overload 429 (Retry-After), not ready 503.
  */
 import { statSync } from 'node:fs';
-import { pack } from 'msgpackr';
 import { InvalidModelNameError, ModelNotFoundError, ValidationError } from '../shared/errors.js';
 import { embeddings, inputCount, inputList, type ServedModel } from '../core/infer.js';
+import { floatAnswer } from './answers.js';
 import { float32RowsInJson } from './float-json.js';
 import type { Answer, ErrorInfo, RequestContext } from './http.js';
 import type { Route } from './route-types.js';
@@ -115,19 +115,15 @@ function modelObject(m: ServedModel): { id: string; object: 'model'; created: nu
  */
 function embeddingListAnswer(rows: Float32Array[], model: string, usage: { prompt_tokens: number; total_tokens: number }): Answer & { value(): unknown } {
   const value = () => ({ object: 'list', data: rows.map((v, index) => ({ object: 'embedding', index, embedding: Array.from(v) })), model, usage });
-  return {
-    json: () => {
-      const pieces = ['{"object":"list","data":['];
-      for (let i = 0; i < rows.length; i++) {
-        pieces[i] += `${i > 0 ? ',' : ''}{"object":"embedding","index":${i},"embedding":`;
-        pieces.push('}');
-      }
-      pieces[rows.length] += `],"model":${JSON.stringify(model)},"usage":${JSON.stringify(usage)}}`;
-      return float32RowsInJson(pieces, rows);
-    },
-    msgpack: () => pack(value()),
-    value,
-  };
+  return floatAnswer(value, () => {
+    const pieces = ['{"object":"list","data":['];
+    for (let i = 0; i < rows.length; i++) {
+      pieces[i] += `${i > 0 ? ',' : ''}{"object":"embedding","index":${i},"embedding":`;
+      pieces.push('}');
+    }
+    pieces[rows.length] += `],"model":${JSON.stringify(model)},"usage":${JSON.stringify(usage)}}`;
+    return float32RowsInJson(pieces, rows);
+  });
 }
 
 /** The first `n` components, L2-normalised again. */
