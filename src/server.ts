@@ -230,64 +230,15 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const supervision = supervisionMetrics(registry, { abandonedInferenceThreads: () => inference.abandoned });
   log(`slabserve: opening ${plans.map((p) => p.spec.name).join(', ')} on device ${config.device}; warm-up follows`);
   const inference = new InferenceSupervisor(plans, control, {
-    device: config.device,
-    intraOpThreads: config.intraOpThreads,
-    intraOpNice: config.intraOpNice,
-    maxInflightBatches: config.maxInflightBatches,
-    scheduling: {
-      priorityWeights: config.priorities.map((p) => p.weight),
-      priorityAgeingMs: config.priorityAgeingMs,
-      ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
-    },
-    log,
-    inferenceTimeoutMs: config.inferenceTimeoutMs,
-    heartbeatTimeoutMs: config.heartbeatTimeoutMs,
-    enableTestHooks: testHooks,
+    ...inferenceOptions(config, testHooks),
     onRestart: (e) => {
       supervision.inferenceRestarts.inc({ reason: e.reason });
       supervision.restartFailedInputs.inc(e.answered);
     },
   });
   let device: DeviceInfo | null = null;
+  registerMainThreadMetrics(registry, { plans, slabs, control, threads: () => namedThreads(inference, gateways), device: () => device });
 
-  processMetrics(registry, {
-    models: () =>
-      plans.map((p, i) => {
-        const s = slabStats(slabs[i]!);
-        return {
-          name: p.spec.name,
-          queued: s.queued,
-          slotsInUse: s.slotsInUse,
-          slots: p.layout.slotCount,
-          realTokens: s.realTokens,
-          paddedTokens: s.paddedTokens,
-          expired: s.droppedExpired,
-          expiredTokens: slabs[i]!.counters[Counter.EXPIRED_TOKENS]!,
-          cancelled: s.cancelledSkipped,
-          splitRuns: slabs[i]!.counters[Counter.SPLIT_RUNS]!,
-          failedAlone: slabs[i]!.counters[Counter.ISOLATED_INPUTS]!,
-          costs: p.batching.buckets.map((bucket, b) => ({ bucket, ...slabs[i]!.cost(b) })),
-        };
-      }),
-    ready: () => control.workerState === WorkerState.READY && !control.draining,
-    heartbeatAgeSeconds: () => (control.heartbeat ? (nowMs() - control.heartbeat) / 1000 : 0),
-    threadCpuSeconds: () => threadCpuSeconds(namedThreads()),
-    deviceMemory: () => {
-      if (!device || device.kind !== 'cuda') return null;
-      const d = describeCuda(device.id);
-      return { device: d.label, totalBytes: d.memoryTotalBytes, usedBytes: d.memoryUsedBytes };
-    },
-  });
-
-  /** Kernel thread id -> name, for slabserve_thread_cpu_seconds_total. */
-  const namedThreads = (): Map<number, string> => {
-    const named = new Map<number, string>([[process.pid, 'main']]);
-    const { inference: tid, pool } = inference.threads;
-    for (const t of pool) named.set(t, 'onnxruntime');
-    if (tid !== null) named.set(tid, 'inference');
-    gateways.nameThreads(named); // after the pool: a gateway started while the sessions opened is still a gateway
-    return named;
-  };
   const localParts = async (): Promise<MetricsJson[]> => {
     const [gatewayParts, inferencePart] = await Promise.all([gateways.metrics(), inference.metrics().catch(() => null)]);
     return [await registry.getMetricsAsJSON(), ...gatewayParts, ...(inferencePart ? [inferencePart] : [])];
@@ -300,7 +251,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     slabs,
     log,
     scrape,
-    info: () => (device ? info(device) : undefined),
+    info: () => (device ? serverInfo(config, plans, device) : undefined),
     testHooks,
     onRestart: (reason) => supervision.gatewayRestarts.inc({ reason }),
   });
@@ -321,10 +272,91 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const url = `http://${shownHost}:${port}`;
   log(`slabserve: listening on http://${config.host}:${port} (${config.gatewayThreads} gateway thread${config.gatewayThreads > 1 ? 's' : ''}); ready after warm-up`);
 
-  const info = (d: DeviceInfo) => ({
+  const ready = inference.ready.then(async (d) => {
+    device = d;
+    await gateways.callAll('setInfo', serverInfo(config, plans, d));
+    log(`slabserve: ready at ${url}`);
+    return d;
+  });
+  ready.catch(() => {}); // start-up failures surface through `ready`; close() still works
+
+  const close = () => (closing ??= drain(config, control, gateways, inference).then(() => log('slabserve: stopped')));
+  return { port, url, ready, close, metricsJson, ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
+}
+
+/** The inference thread's settings, from the server's. */
+function inferenceOptions(config: ServerConfig, enableTestHooks: boolean): Omit<ConstructorParameters<typeof InferenceSupervisor>[2], 'onRestart'> {
+  return {
+    device: config.device,
+    intraOpThreads: config.intraOpThreads,
+    intraOpNice: config.intraOpNice,
+    maxInflightBatches: config.maxInflightBatches,
+    scheduling: {
+      priorityWeights: config.priorities.map((p) => p.weight),
+      priorityAgeingMs: config.priorityAgeingMs,
+      ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
+    },
+    log: config.log,
+    inferenceTimeoutMs: config.inferenceTimeoutMs,
+    heartbeatTimeoutMs: config.heartbeatTimeoutMs,
+    enableTestHooks,
+  };
+}
+
+/** What the main thread itself reports: each model's slab tallies, readiness, thread CPU, device memory (read at scrape time). */
+function registerMainThreadMetrics(
+  registry: Registry,
+  s: { plans: ModelPlan[]; slabs: Slab[]; control: ControlBlock; threads: () => Map<number, string>; device: () => DeviceInfo | null },
+): void {
+  const { plans, slabs, control } = s;
+  processMetrics(registry, {
+    models: () =>
+      plans.map((p, i) => {
+        const slab = slabs[i]!;
+        const st = slabStats(slab);
+        return {
+          name: p.spec.name,
+          queued: st.queued,
+          slotsInUse: st.slotsInUse,
+          slots: p.layout.slotCount,
+          realTokens: st.realTokens,
+          paddedTokens: st.paddedTokens,
+          expired: st.droppedExpired,
+          expiredTokens: slab.counters[Counter.EXPIRED_TOKENS]!,
+          cancelled: st.cancelledSkipped,
+          splitRuns: slab.counters[Counter.SPLIT_RUNS]!,
+          failedAlone: slab.counters[Counter.ISOLATED_INPUTS]!,
+          costs: p.batching.buckets.map((bucket, b) => ({ bucket, ...slab.cost(b) })),
+        };
+      }),
+    ready: () => control.workerState === WorkerState.READY && !control.draining,
+    heartbeatAgeSeconds: () => (control.heartbeat ? (nowMs() - control.heartbeat) / 1000 : 0),
+    threadCpuSeconds: () => threadCpuSeconds(s.threads()),
+    deviceMemory: () => {
+      const device = s.device();
+      if (!device || device.kind !== 'cuda') return null;
+      const d = describeCuda(device.id);
+      return { device: d.label, totalBytes: d.memoryTotalBytes, usedBytes: d.memoryUsedBytes };
+    },
+  });
+}
+
+/** Kernel thread id -> name, for slabserve_thread_cpu_seconds_total. */
+function namedThreads(inference: InferenceSupervisor, gateways: GatewaySupervisor): Map<number, string> {
+  const named = new Map<number, string>([[process.pid, 'main']]);
+  const { inference: tid, pool } = inference.threads;
+  for (const t of pool) named.set(t, 'onnxruntime');
+  if (tid !== null) named.set(tid, 'inference');
+  gateways.nameThreads(named); // after the pool: a gateway started while the sessions opened is still a gateway
+  return named;
+}
+
+/** GET /info's body (gateways add each model's live cost model). */
+function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo) {
+  return {
     version: VERSION,
     device: { label: d.label, name: d.name, provider: d.provider },
-    models: plans.map(describeModel), // gateways add each model's live cost model
+    models: plans.map(describeModel),
     scheduling: {
       priorities: config.priorities,
       priorityAgeingMs: config.priorityAgeingMs,
@@ -337,26 +369,15 @@ export async function startServer(config: ServerConfig): Promise<Server> {
       slotsPerModel: config.slotsPerModel,
     },
     gatewayThreads: config.gatewayThreads,
-  });
+  };
+}
 
-  const ready = inference.ready.then(async (d) => {
-    device = d;
-    await gateways.callAll('setInfo', info(d));
-    log(`slabserve: ready at ${url}`);
-    return d;
-  });
-  ready.catch(() => {}); // start-up failures surface through `ready`; close() still works
-
-  const close = () => (closing ??= drain(config, control, gateways, inference).then(() => log('slabserve: stopped')));
-
-  const hooks: ServerTestHooks | undefined = testHooks
-    ? {
-        inferenceFault: (kind, minRows) => inference.testFault(kind, minRows),
-        poisonToken: (id) => inference.testPoison(id),
-        gatewayFault: (gatewayId) => gateways.fault(gatewayId),
-      }
-    : undefined;
-  return { port, url, ready, close, metricsJson, ...(hooks ? { testHooks: hooks } : {}) };
+function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySupervisor): ServerTestHooks {
+  return {
+    inferenceFault: (kind, minRows) => inference.testFault(kind, minRows),
+    poisonToken: (id) => inference.testPoison(id),
+    gatewayFault: (gatewayId) => gateways.fault(gatewayId),
+  };
 }
 
 /** What every gateway thread starts with (GatewaySupervisor adds its id, owner index and port). */
