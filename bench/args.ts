@@ -1,8 +1,62 @@
 /**
- * Command-line number checks shared by the bench scripts (quick.ts,
- * scheduling.ts, suite.ts): a bad flag ends the run with exit status 2 and
- * one line saying which flag and why.
+ * The one command-line parser of the bench scripts. A script declares its
+ * options once, in a table (type, default, help line, bounds), and gets back
+ * checked, typed values and a --help text written from that same table, so
+ * the help, the defaults and the checks cannot drift apart:
+ *
+ *   const opts = parseOptions('node dist/bench/x.js [options]', {
+ *     rounds: { type: 'int', min: 1, default: 3, quick: 1, help: 'A/B alternations' },
+ *     loads: { type: 'numbers', min: 1, default: [25, 75], help: 'load points, % of capacity' },
+ *     quick: { type: 'boolean', help: 'shorter defaults (marked quick)' },
+ *   });
+ *   opts.rounds // number
+ *
+ * Values:
+ *   boolean            present or not
+ *   string             as given; `choices` limits it
+ *   number, int        a number >= `min` (int: an integer)
+ *   numbers, ints      a comma-separated list of those (empty items skipped)
+ *   strings            a comma-separated list; `choices` limits each item
+ *   repeated           every occurrence of a string flag, in order
+ *
+ * `quick` is the default when the script's own `--quick` flag is given.
+ * A bad value ends the run with exit status 2 and one line naming the flag;
+ * --help (-h) prints the help and exits 0.
  */
+import { parseArgs } from 'node:util';
+
+interface Common {
+  help: string;
+  /** The value's placeholder in the help (default: the type's, e.g. N, LIST). */
+  value?: string;
+}
+export type OptionSpec = Common &
+  (
+    | { type: 'boolean' }
+    | { type: 'string'; default?: string; quick?: string; choices?: readonly string[] }
+    | { type: 'number' | 'int'; min: number; default?: number; quick?: number }
+    | { type: 'numbers' | 'ints'; min: number; default?: readonly number[]; quick?: readonly number[] }
+    | { type: 'strings'; default?: readonly string[]; quick?: readonly string[]; choices?: readonly string[] }
+    | { type: 'repeated' }
+  );
+
+type Given<O, V> = O extends { default: unknown } ? V : V | undefined;
+type ValueOf<O extends OptionSpec> = O extends { type: 'boolean' }
+  ? boolean
+  : O extends { type: 'repeated' }
+    ? string[]
+    : O extends { type: 'number' | 'int' }
+      ? Given<O, number>
+      : O extends { type: 'numbers' | 'ints' }
+        ? Given<O, number[]>
+        : O extends { type: 'strings'; choices: readonly (infer C)[] }
+          ? Given<O, C[]>
+          : O extends { type: 'strings' }
+            ? Given<O, string[]>
+            : O extends { type: 'string'; choices: readonly (infer C)[] }
+              ? Given<O, C>
+              : Given<O, string>;
+export type Options<T extends Record<string, OptionSpec>> = { -readonly [K in keyof T]: ValueOf<T[K]> };
 
 export function fail(msg: string): never {
   console.error(msg);
@@ -20,9 +74,80 @@ export function num(name: string, v: string, min: number, integer = false): numb
 
 /** A comma-separated list of numbers >= `min` (empty items skipped). */
 export function numList(name: string, v: string, min: number, integer = false): number[] {
-  return v
+  return items(v).map((x) => num(name, x, min, integer));
+}
+
+const items = (v: string) =>
+  v
     .split(',')
     .map((x) => x.trim())
-    .filter((x) => x !== '')
-    .map((x) => num(name, x, min, integer));
+    .filter((x) => x !== '');
+
+function checkChoice(name: string, v: string, choices: readonly string[] | undefined): string {
+  if (choices && !choices.includes(v)) fail(`--${name}: expected one of ${choices.join(', ')}, got "${v}"`);
+  return v;
+}
+
+/** One option's value from its text (undefined: not given, so its default). */
+function convert(name: string, o: OptionSpec, text: string): unknown {
+  switch (o.type) {
+    case 'string':
+      return checkChoice(name, text, o.choices);
+    case 'number':
+    case 'int':
+      return num(name, text, o.min, o.type === 'int');
+    case 'numbers':
+    case 'ints':
+      return numList(name, text, o.min, o.type === 'ints');
+    case 'strings':
+      return items(text).map((x) => checkChoice(name, x, o.choices));
+    default:
+      return text;
+  }
+}
+
+const PLACEHOLDER: Record<OptionSpec['type'], string> = { boolean: '', string: 'S', number: 'X', int: 'N', numbers: 'LIST', ints: 'LIST', strings: 'LIST', repeated: 'S' };
+
+const shown = (v: unknown) => (Array.isArray(v) ? v.join(',') : String(v));
+
+/** The --help text: the usage line, then one aligned line per option with its default (and quick default). */
+export function helpText(usage: string, spec: Record<string, OptionSpec>): string {
+  const heads = Object.entries(spec).map(([name, o]) => `--${name}${o.type === 'boolean' ? '' : ` ${o.value ?? PLACEHOLDER[o.type]}`}`);
+  const width = Math.max(...heads.map((h) => h.length)) + 2;
+  const lines = Object.values(spec).map((o, i) => {
+    const d = 'default' in o && o.default !== undefined ? `default ${shown(o.default)}` : '';
+    const q = 'quick' in o && o.quick !== undefined ? `quick ${shown(o.quick)}` : '';
+    const note = [d, q].filter(Boolean).join('; ');
+    return `  ${heads[i]!.padEnd(width)}${o.help}${note ? ` (${note})` : ''}`;
+  });
+  return [`usage: ${usage}`, ...lines, `  ${'--help, -h'.padEnd(width)}this text`].join('\n');
+}
+
+/** Parses `argv` (default: this process's arguments) against `spec`; see the header. */
+export function parseOptions<const T extends Record<string, OptionSpec>>(usage: string, spec: T, argv = process.argv.slice(2)): Options<T> {
+  const options: Record<string, { type: 'string' | 'boolean'; multiple?: boolean; short?: string }> = { help: { type: 'boolean', short: 'h' } };
+  for (const [name, o] of Object.entries(spec)) options[name] = o.type === 'boolean' ? { type: 'boolean' } : { type: 'string', ...(o.type === 'repeated' ? { multiple: true } : {}) };
+  let values: Record<string, string | boolean | string[] | undefined>;
+  try {
+    values = parseArgs({ args: argv, options, strict: true, allowPositionals: false }).values as typeof values;
+  } catch (err) {
+    fail(`${(err as Error).message} (--help lists the options)`);
+  }
+  if (values.help) {
+    console.log(helpText(usage, spec));
+    process.exit(0);
+  }
+  const quick = values.quick === true;
+  const out: Record<string, unknown> = {};
+  for (const [name, o] of Object.entries(spec)) {
+    const v = values[name];
+    if (o.type === 'boolean') out[name] = v === true;
+    else if (o.type === 'repeated') out[name] = (v as string[] | undefined) ?? [];
+    else if (typeof v === 'string') out[name] = convert(name, o, v);
+    else {
+      const d = quick && o.quick !== undefined ? o.quick : o.default;
+      out[name] = Array.isArray(d) ? [...d] : d; // a copy: the table's defaults stay as declared
+    }
+  }
+  return out as Options<T>;
 }
