@@ -26,7 +26,7 @@ import { loadModelSpec } from '../src/shared/model-config.js';
 import { processThreadIds, threadCpuNs } from '../src/shared/threads.js';
 import { mulberry32 } from '../src/modelgen/rng.js';
 import { fail, num, numList } from './args.js';
-import { procCpuMs, startChildServer, startServerProcess, type ServerCounters } from './http-load.js';
+import { procCpuMs, startChildServer, startServerProcess, type ServerCounters } from './server-process.js';
 import { runLoad, type LoadTarget } from './load.js';
 import { floorRows, floorTable, type FloorPhase, type Side } from './floor-report.js';
 import { makeWorkload, preTokenized, type Workload } from './workloads.js';

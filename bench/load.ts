@@ -33,7 +33,9 @@ import { performance } from 'node:perf_hooks';
 import hdr, { type Histogram } from 'hdr-histogram-js';
 import { pack, unpack } from 'msgpackr';
 import type WebSocket from 'ws';
-import { createLoadClient, openWindow, type ClientKind, type LoadClient, type MeasuredTarget, type WindowMeasures, type ServerCounters } from './http-load.js';
+import { createLoadClient, type ClientKind, type LoadClient } from './http-clients.js';
+import { openWindow, type MeasuredTarget, type WindowMeasures } from './measured-window.js';
+import type { ServerCounters } from './server-process.js';
 import { closeSocket, openSocket } from './ws-load.js';
 import { requestInputs, requestSize, type Workload } from './workloads.js';
 

@@ -17,7 +17,7 @@
  *   http ...      `slabserve serve` in a child process on 127.0.0.1 (batching on, and
  *                 --max-batch-size 1), driven by closed-loop clients in this process over
  *                 keep-alive connections (one per client): POST /embed {"inputs": text},
- *                 so the server tokenizes (bench/http-load.ts)
+ *                 so the server tokenizes (bench/server-process.ts)
  *   ws SxD        the same batched server over WebSocket (/ws): S sockets, D requests
  *                 pipelined on each (S x D in flight), one text per request, encoding f32
  *                 (bench/ws-load.ts); reported beside 'http batched' at as many clients
@@ -42,7 +42,8 @@ import { parseArgs } from 'node:util';
 import hdr from 'hdr-histogram-js';
 import * as ort from 'onnxruntime-node';
 import { createEngine, ENGINE_DEFAULTS, resolveBatching, type Engine } from '../src/engine.js';
-import { createLoadClient, startServerProcess, type ClientKind, type ServerProcess } from './http-load.js';
+import { createLoadClient, type ClientKind } from './http-clients.js';
+import { startServerProcess, type ServerProcess } from './server-process.js';
 import { floorRows, floorTable, runFloorCase, type FloorRow } from './floor.js';
 import { runLoad } from './load.js';
 import type { Workload } from './workloads.js';

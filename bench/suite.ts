@@ -39,7 +39,7 @@ import { defaultBuckets } from '../src/gpu-worker/scheduler.js';
 import { mulberry32 } from '../src/modelgen/rng.js';
 import { loadModelSpec, type ModelSpec } from '../src/shared/model-config.js';
 import { VERSION } from '../src/version.js';
-import { procCpuMs, startChildServer, startServerProcess, type ServerCounters, type ServerProcess } from './http-load.js';
+import { procCpuMs, startChildServer, startServerProcess, type ServerCounters, type ServerProcess } from './server-process.js';
 import { newHistogram, runLoad, type Arrivals, type LoadOutcome, type LoadTarget } from './load.js';
 import { openRawSession, rawBatches, runRawLoop } from './raw-ort.js';
 import { renderReport, summaryTable } from './report.js';

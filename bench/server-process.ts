@@ -1,34 +1,17 @@
 /**
- * The servers of the benches (bench/quick.ts, bench/suite.ts) and what is
- * measured around them: a slabserve server in a child process (`node
- * dist/src/cli.js serve`) and its /metrics counters, the HTTP clients the load
- * generator (bench/load.ts) drives them with, and the measured window.
+ * A slabserve server in a child process (`node dist/src/cli.js serve`), as the
+ * benches (bench/quick.ts, bench/suite.ts, bench/floor.ts) run it, and its
+ * /metrics counters.
  *
  * Why a child process for the server: client and server CPU are then measured
- * apart (process.cpuUsage() here, /proc/<pid>/stat there), the server runs
+ * apart (process.cpuUsage() in the bench, /proc/<pid>/stat here), the server runs
  * exactly as `slabserve serve` does with the CLI's defaults, and the client's
  * event loop and GC share nothing with the server's main thread.
- *
- * Why the client in the bench's main thread (not a worker): during an HTTP
- * phase nothing else runs in this process (the raw sessions and the engines of
- * the other phases sit idle), so the load generator already has an event loop
- * of its own; its CPU and event-loop utilization are reported with each row.
- *
- * Clients (--http-client):
- *   http    node:http with a keep-alive Agent, maxSockets = concurrency (default: built in)
- *   undici  undici's Pool (connections = concurrency, pipelining 1), if the `undici`
- *           package is installed (it is not a dependency yet); cheaper per request than node:http
- *
- * Not the global fetch (Node's bundled undici): on this machine it cost 600-700 us of
- * client CPU per request at 64 clients against node:http's 85-170, and held
- * the server to half the requests/s (bench/README.md).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
-import { performance } from 'node:perf_hooks';
 
-// ---------------------------------------------------------------- server process
 
 export interface ServerCounters {
   batches: number;
@@ -211,153 +194,4 @@ export function parseCounters(text: string, model: string): ServerCounters {
     else if (name === 'slabserve_tokens_total' && labels.kind === 'padded') out.paddedTokens += v;
   }
   return out;
-}
-
-// ---------------------------------------------------------------- load clients
-
-export type ClientKind = 'http' | 'undici';
-
-export interface LoadClient {
-  readonly kind: ClientKind;
-  /** POSTs `body` (JSON) to `path`; resolves with the status and the whole response body. Rejects after `timeoutMs`. */
-  post(path: string, body: Buffer): Promise<{ status: number; body: Buffer }>;
-  /** TCP connections opened so far (null where the client does not say). */
-  connections(): number | null;
-  /** Closes every connection. */
-  close(): Promise<void>;
-}
-
-const JSON_HEADERS = { 'content-type': 'application/json', accept: 'application/json' };
-
-function nodeHttpClient(origin: string, connections: number, timeoutMs: number): LoadClient {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: connections, maxFreeSockets: connections });
-  const url = new URL(origin);
-  const sockets = new Set<unknown>();
-  return {
-    kind: 'http',
-    post: (path, body) =>
-      new Promise((resolve, reject) => {
-        const req = http.request(
-          { host: url.hostname, port: url.port, path, method: 'POST', agent, headers: { ...JSON_HEADERS, 'content-length': body.byteLength } },
-          (res) => {
-            const chunks: Buffer[] = [];
-            res.on('data', (c: Buffer) => chunks.push(c));
-            res.on('end', () => resolve({ status: res.statusCode ?? 0, body: chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks) }));
-            res.on('error', reject);
-          },
-        );
-        req.once('socket', (s) => sockets.add(s));
-        req.setTimeout(timeoutMs, () => req.destroy(new Error(`no answer in ${timeoutMs} ms`)));
-        req.on('error', reject);
-        req.end(body);
-      }),
-    connections: () => sockets.size,
-    close: async () => {
-      agent.destroy();
-      sockets.clear();
-    },
-  };
-}
-
-/** The parts of undici's Pool this file uses (undici is not a dependency: imported by name at run time). */
-interface UndiciPool {
-  request(opts: { path: string; method: string; body: Buffer; headers: Record<string, string>; headersTimeout: number; bodyTimeout: number }): Promise<{
-    statusCode: number;
-    body: { arrayBuffer(): Promise<ArrayBuffer> };
-  }>;
-  on(event: 'connect', fn: () => void): unknown;
-  destroy(): Promise<void>;
-}
-
-async function undiciClient(origin: string, connections: number, timeoutMs: number): Promise<LoadClient> {
-  const name = 'undici';
-  let mod: { Pool: new (origin: string, opts: { connections: number; pipelining: number }) => UndiciPool };
-  try {
-    mod = (await import(name)) as typeof mod;
-  } catch {
-    throw new Error('--http-client undici: the undici package is not installed (npm i -D undici@6); use --http-client http');
-  }
-  const pool = new mod.Pool(origin, { connections, pipelining: 1 });
-  let opened = 0;
-  pool.on('connect', () => opened++);
-  return {
-    kind: 'undici',
-    post: async (path, body) => {
-      const r = await pool.request({ path, method: 'POST', body, headers: JSON_HEADERS, headersTimeout: timeoutMs, bodyTimeout: timeoutMs });
-      return { status: r.statusCode, body: Buffer.from(await r.body.arrayBuffer()) };
-    },
-    connections: () => opened,
-    close: () => pool.destroy(),
-  };
-}
-
-export async function createLoadClient(kind: ClientKind, origin: string, connections: number, timeoutMs = 10_000): Promise<LoadClient> {
-  if (kind === 'http') return nodeHttpClient(origin, connections, timeoutMs);
-  return undiciClient(origin, connections, timeoutMs);
-}
-
-// ---------------------------------------------------------------- the measured window
-
-const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
-
-/** A server measured around a window: its CPU, and (slabserve) its counters. */
-export interface MeasuredTarget {
-  cpuMs(): number | null;
-  counters?(model: string): Promise<ServerCounters>;
-}
-
-/** What a load loop measures around its window; the counters only where the server has them (slabserve). */
-export interface WindowMeasures {
-  windowMs: number;
-  /** This process's CPU ms and event-loop utilization over the window. */
-  clientCpuMs: number;
-  clientElu: number;
-  /** Server process CPU ms over the window (null without /proc). */
-  serverCpuMs: number | null;
-  before?: ServerCounters;
-  after?: ServerCounters;
-  /** Ms between the midpoints of the two /metrics scrapes: the window the counter deltas cover. */
-  countersMs: number;
-}
-
-/**
- * Opens a measured window now: scrapes the server's counters, then notes this
- * process's CPU and event-loop use, the server's CPU and the start time.
- * close() ends the window (`onEnd` is called at its end, before the second
- * scrape, so answers during the scrape do not count) and takes them again.
- */
-export async function openWindow(
-  target: MeasuredTarget,
-  model: string,
-): Promise<{ start: number; close(onEnd?: (end: number) => void): Promise<WindowMeasures> }> {
-  const scrape = async () => {
-    const t0 = performance.now();
-    const c = target.counters ? await target.counters(model) : undefined;
-    return { c, at: (t0 + performance.now()) / 2 };
-  };
-  const before = await scrape();
-  const cpu0 = process.cpuUsage();
-  const elu0 = performance.eventLoopUtilization();
-  const s0 = target.cpuMs();
-  const start = performance.now();
-  return {
-    start,
-    close: async (onEnd) => {
-      const end = performance.now();
-      onEnd?.(end);
-      const s1 = target.cpuMs();
-      const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
-      const clientElu = performance.eventLoopUtilization(elu0).utilization;
-      const after = await scrape();
-      return {
-        windowMs: end - start,
-        clientCpuMs,
-        clientElu,
-        serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
-        ...(before.c ? { before: before.c } : {}),
-        ...(after.c ? { after: after.c } : {}),
-        countersMs: after.at - before.at,
-      };
-    },
-  };
 }
