@@ -35,6 +35,7 @@ const body = fc.oneof(
         normalize: maybe(fc.boolean()),
         truncate: maybe(fc.boolean()),
         raw_scores: maybe(fc.boolean()),
+        embedding_type: maybe(fc.constantFrom('float', 'int8', 'uint8', 'binary', 'ubinary', 'Int8', 'bits')),
         model: maybe(fc.string({ maxLength: 10 })),
         timeout: maybe(edgyNumber),
         priority: maybe(fc.string({ minLength: 60, maxLength: 68 })),
@@ -87,6 +88,7 @@ describe('the quick body checks agree with the schemas', () => {
       { inputs: ['a', 'b'], normalize: false, truncate: true, model: 'tiny-embed' },
       { inputs: [101, 2054, 102] },
       { inputs: [[101, 102], 'text'], timeout: 250, priority: 'bulk' },
+      { inputs: ['a', 'b'], embedding_type: 'ubinary' },
     ]) {
       expect(quickEmbedRequest(b), JSON.stringify(b)).toStrictEqual(EmbedRequest.parse(b));
     }

@@ -22,22 +22,25 @@ import { bearerHeader, checkApiKey } from './auth.js';
 import { clientTimeout, fromHttpError, protocolError, SlabAbortError, SlabClientError, SlabConnectionError } from './errors.js';
 import {
   decodeList,
-  decodeRows,
+  decodeRowsOf,
   embedBody,
   predictBody,
   rerankBody,
   tokenizeBody,
   type CallOptions,
+  type EmbeddingRow,
   type EmbedOptions,
   type Prediction,
   type PredictOptions,
   type RerankHit,
   type RerankOptions,
+  type SignedEmbeddingType,
   type SlabApi,
   type TextInputs,
   type TokenInputs,
   type TokenizeOptions,
   type TokenizeResult,
+  type UnsignedEmbeddingType,
   type WireBody,
 } from './types.js';
 
@@ -99,9 +102,13 @@ export class SlabHttpClient implements SlabApi {
     this.fetchImpl = (url, init) => f(url, init); // never called as a method of this client
   }
 
-  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions = {}): Promise<Float32Array[]> {
-    // The HTTP API answers number[][]; decodeRows also takes f32 rows should it send those.
-    return this.post('/embed', embedBody(inputs, opts, false), decodeRows, opts);
+  embed(inputs: TextInputs | TokenInputs, opts?: EmbedOptions & { embeddingType?: 'float' }): Promise<Float32Array[]>;
+  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions & { embeddingType: SignedEmbeddingType }): Promise<Int8Array[]>;
+  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions & { embeddingType: UnsignedEmbeddingType }): Promise<Uint8Array[]>;
+  embed(inputs: TextInputs | TokenInputs, opts?: EmbedOptions): Promise<EmbeddingRow[]>;
+  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions = {}): Promise<EmbeddingRow[]> {
+    // The HTTP API answers number[][] (quantized: bytes in msgpack, integer lists in JSON); decodeRows also takes f32 rows should it send those.
+    return this.post('/embed', embedBody(inputs, opts, false), decodeRowsOf(opts.embeddingType), opts);
   }
 
   predict(inputs: string | readonly number[], opts?: PredictOptions): Promise<Prediction[]>;

@@ -30,18 +30,22 @@ export {
   type SlabClientErrorInit,
 } from './errors.js';
 export { wsKeyProtocol } from './auth.js';
-export { decodeF32, decodeRows } from './types.js';
+export { decodeF32, decodeRows, decodeRowsOf } from './types.js';
 export type {
   CallOptions,
+  EmbeddingRow,
+  EmbeddingType,
   EmbedOptions,
   Prediction,
   PredictOptions,
   RerankHit,
   RerankOptions,
+  SignedEmbeddingType,
   SlabApi,
   TextInputs,
   TokenInputs,
   TokenInfo,
   TokenizeOptions,
   TokenizeResult,
+  UnsignedEmbeddingType,
 } from './types.js';

@@ -21,13 +21,26 @@ export interface CallOptions {
   timeoutMs?: number;
 }
 
+/**
+ * Quantized rows (the server's `embedding_type`, Cohere's names; README.md, HTTP API):
+ * 'int8' and 'binary' come back as Int8Array rows, 'uint8' and 'ubinary' as Uint8Array,
+ * 'float' (the default) as Float32Array. binary/ubinary pack 8 dimensions per byte.
+ */
+export type EmbeddingType = 'float' | 'int8' | 'uint8' | 'binary' | 'ubinary';
+export type SignedEmbeddingType = 'int8' | 'binary';
+export type UnsignedEmbeddingType = 'uint8' | 'ubinary';
+/** A row of any embedding type. */
+export type EmbeddingRow = Float32Array | Int8Array | Uint8Array;
+
 export interface EmbedOptions extends CallOptions {
-  /** L2-normalise (default: the model's setting). */
+  /** L2-normalise (default: the model's setting). int8 and uint8 rows are always of the normalised row: false is refused with them. */
   normalize?: boolean;
   /** Cut inputs longer than the model's max length instead of failing with too_long. */
   truncate?: boolean;
-  /** WebSocket: 'f32' (default) asks for raw little-endian float32 rows; 'json' for arrays of numbers. */
+  /** WebSocket: 'f32' (default) asks for raw little-endian float32 rows; 'json' for arrays of numbers. (Quantized rows always come as bytes.) */
   encoding?: 'f32' | 'json';
+  /** Quantized rows instead of floats (default 'float'). */
+  embeddingType?: EmbeddingType;
 }
 
 export interface PredictOptions extends CallOptions {
@@ -76,7 +89,12 @@ export type TokenizeResult = TokenInfo[][];
 /** The API both clients offer, with the same result types. */
 export interface SlabApi {
   /** One Float32Array per input, in input order. */
-  embed(inputs: TextInputs | TokenInputs, opts?: EmbedOptions): Promise<Float32Array[]>;
+  embed(inputs: TextInputs | TokenInputs, opts?: EmbedOptions & { embeddingType?: 'float' }): Promise<Float32Array[]>;
+  /** Quantized: one Int8Array per input (int8: a byte a dimension; binary: 8 dimensions a byte). */
+  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions & { embeddingType: SignedEmbeddingType }): Promise<Int8Array[]>;
+  /** Quantized: one Uint8Array per input (uint8: a byte a dimension; ubinary: 8 dimensions a byte). */
+  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions & { embeddingType: UnsignedEmbeddingType }): Promise<Uint8Array[]>;
+  embed(inputs: TextInputs | TokenInputs, opts?: EmbedOptions): Promise<EmbeddingRow[]>;
   /** One text (or one token-id list): its predictions. */
   predict(inputs: string | readonly number[], opts?: PredictOptions): Promise<Prediction[]>;
   /** A list: one list of predictions per input. */
@@ -102,7 +120,8 @@ export function embedBody(inputs: TextInputs | TokenInputs, opts: EmbedOptions, 
   put(body, 'model', opts.model);
   put(body, 'normalize', opts.normalize);
   put(body, 'truncate', opts.truncate);
-  if (f32) body.encoding = 'f32';
+  if (opts.embeddingType !== undefined && opts.embeddingType !== 'float') body.embedding_type = opts.embeddingType;
+  else if (f32) body.encoding = 'f32';
   return body;
 }
 
@@ -155,6 +174,28 @@ export function decodeRows(result: unknown): Float32Array[] {
     if (Array.isArray(row)) return Float32Array.from(row as number[]);
     throw protocolError('an embed row must be bytes (f32) or a list of numbers');
   });
+}
+
+/** A quantized row's bytes (`bin`) or integer list, copied (never a view on the frame's memory). */
+function quantizedRow(row: unknown, signed: boolean): Int8Array | Uint8Array {
+  let bytes: Uint8Array;
+  if (row instanceof Uint8Array) bytes = row;
+  else if (row instanceof ArrayBuffer) bytes = new Uint8Array(row);
+  else if (ArrayBuffer.isView(row)) bytes = new Uint8Array(row.buffer, row.byteOffset, row.byteLength);
+  else if (Array.isArray(row) && row.every((v) => Number.isInteger(v))) return signed ? Int8Array.from(row as number[]) : Uint8Array.from(row as number[]);
+  else throw protocolError('a quantized embed row must be bytes or a list of integers');
+  const copy = new Uint8Array(bytes);
+  return signed ? new Int8Array(copy.buffer) : copy;
+}
+
+/** An embed answer to rows of `type`: Float32Array for float, Int8Array for int8/binary, Uint8Array for uint8/ubinary. */
+export function decodeRowsOf(type: EmbeddingType | undefined): (result: unknown) => EmbeddingRow[] {
+  if (type === undefined || type === 'float') return decodeRows;
+  const signed = type === 'int8' || type === 'binary';
+  return (result) => {
+    if (!Array.isArray(result)) throw protocolError('an embed answer must be a list of rows');
+    return result.map((row: unknown) => quantizedRow(row, signed));
+  };
 }
 
 export function decodeList<T>(what: string): (result: unknown) => T {

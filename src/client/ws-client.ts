@@ -45,23 +45,26 @@ import {
 import { SlabHttpClient, type SlabHttpClientOptions } from './http-client.js';
 import {
   decodeList,
-  decodeRows,
+  decodeRowsOf,
   embedBody,
   predictBody,
   rerankBody,
   tokenizeBody,
   type CallOptions,
+  type EmbeddingRow,
   type EmbedOptions,
   type Op,
   type Prediction,
   type PredictOptions,
   type RerankHit,
   type RerankOptions,
+  type SignedEmbeddingType,
   type SlabApi,
   type TextInputs,
   type TokenInputs,
   type TokenizeOptions,
   type TokenizeResult,
+  type UnsignedEmbeddingType,
   type WireBody,
 } from './types.js';
 
@@ -358,9 +361,13 @@ export class SlabClient implements SlabApi {
     return this.queue.size;
   }
 
-  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions = {}): Promise<Float32Array[]> {
+  embed(inputs: TextInputs | TokenInputs, opts?: EmbedOptions & { embeddingType?: 'float' }): Promise<Float32Array[]>;
+  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions & { embeddingType: SignedEmbeddingType }): Promise<Int8Array[]>;
+  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions & { embeddingType: UnsignedEmbeddingType }): Promise<Uint8Array[]>;
+  embed(inputs: TextInputs | TokenInputs, opts?: EmbedOptions): Promise<EmbeddingRow[]>;
+  embed(inputs: TextInputs | TokenInputs, opts: EmbedOptions = {}): Promise<EmbeddingRow[]> {
     const f32 = (opts.encoding ?? 'f32') === 'f32';
-    return this.call('embed', embedBody(inputs, opts, f32), decodeRows, opts, true);
+    return this.call('embed', embedBody(inputs, opts, f32), decodeRowsOf(opts.embeddingType), opts, true);
   }
 
   predict(inputs: string | readonly number[], opts?: PredictOptions): Promise<Prediction[]>;

@@ -6,6 +6,7 @@
  * JSON.stringify of the doubles they widen to, and 42% fewer bytes).
  */
 import { pack } from 'msgpackr';
+import { rowBytes, type QuantizedRow } from '../core/quantize.js';
 import { float32RowsJsonView } from './float-json.js';
 import type { Answer } from './http.js';
 
@@ -30,4 +31,21 @@ export function floatAnswer(value: () => unknown, json: () => string | Uint8Arra
  */
 export function rowsAnswer(rows: readonly Float32Array[]): Answer & { value(): unknown } {
   return floatAnswer(() => rowLists(rows), () => float32RowsJsonView(rows));
+}
+
+/** One quantized row as a JSON integer list (TypedArray#join writes each integer as JSON does). */
+export function integerRowJson(row: QuantizedRow): string {
+  return `[${row.join(',')}]`;
+}
+
+/**
+ * An answer of quantized rows (core/quantize.ts): JSON integer lists;
+ * msgpack, and `value()` for WebSocket frames, one `bin` of each row's bytes
+ * (an int8 row's two's complement).
+ */
+export function quantizedRowsAnswer(rows: readonly QuantizedRow[]): Answer & { value(): unknown } {
+  return floatAnswer(
+    () => rows.map(rowBytes),
+    () => `[${rows.map(integerRowJson).join(',')}]`,
+  );
 }

@@ -13,7 +13,10 @@
  * `encoding_format: "base64"` sends each vector as the base64 of its
  * little-endian float32 bytes, as OpenAI does (the official clients ask for
  * it by default and decode it). `dimensions` keeps the first N components and
- * L2-normalises them again (Matryoshka-style shortening).
+ * L2-normalises them again (Matryoshka-style shortening). `embedding_type`
+ * (our extension, Cohere's names: core/quantize.ts) quantizes each vector,
+ * after `dimensions`: integer lists, or with base64 the base64 of the row's
+ * bytes (an int8 row's two's complement); msgpack answers carry the bytes.
  *
  * Errors are in OpenAI's shape, `{error: {message, type, param, code}}`, with
  * OpenAI's statuses: an invalid request is 400 (our 422), too long 400 with
@@ -23,7 +26,8 @@
 import { statSync } from 'node:fs';
 import { InvalidModelNameError, ModelNotFoundError, ValidationError } from '../shared/errors.js';
 import { embeddings, inputCount, inputList, type ServedModel } from '../core/infer.js';
-import { floatAnswer } from './answers.js';
+import { floatAnswer, integerRowJson } from './answers.js';
+import { quantizeRow, rowBytes, type EmbeddingType, type QuantizedRow } from '../core/quantize.js';
 import { float32RowsInJson } from './float-json.js';
 import type { Answer, ErrorInfo, RequestContext } from './http.js';
 import type { Route } from './route-types.js';
@@ -38,7 +42,7 @@ const fail = (ctx: RequestContext, err: unknown) => failOpenAI(ctx, err, err ins
  * POST /v1/embeddings. The transport's deadline and priority (x-deadline-ms,
  * x-priority) apply; OpenAI's body has no such fields.
  */
-const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undefined }> = {
+const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undefined; type: EmbeddingType }> = {
   route: '/v1/embeddings',
   task: 'embed',
   parse(raw, ec) {
@@ -62,12 +66,14 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
       },
       body,
     );
-    return { call, state: { base64: body.encoding_format === 'base64', dimensions: body.dimensions } };
+    return { call, state: { base64: body.encoding_format === 'base64', dimensions: body.dimensions, type: body.embedding_type ?? 'float' } };
   },
   answer(r, call, state) {
     const rows = embeddings(call.model, r.rows).map((full) => (state.dimensions !== undefined ? shorten(full, state.dimensions) : full));
     const model = call.model.plan.spec.name;
     const usage = { prompt_tokens: r.tokens, total_tokens: r.tokens };
+    const type = state.type;
+    if (type !== 'float') return quantizedListAnswer(rows.map((v) => quantizeRow(v, type)), model, usage, state.base64);
     if (state.base64) {
       return { object: 'list', data: rows.map((v, index) => ({ object: 'embedding', index, embedding: float32Base64(v) })), model, usage };
     }
@@ -124,6 +130,22 @@ function embeddingListAnswer(rows: Float32Array[], model: string, usage: { promp
     pieces[rows.length] += `],"model":${JSON.stringify(model)},"usage":${JSON.stringify(usage)}}`;
     return float32RowsInJson(pieces, rows);
   });
+}
+
+/**
+ * OpenAI's list of quantized embeddings: integer lists, or the base64 of
+ * each row's bytes; in msgpack (and `value()`) each row's bytes as `bin`.
+ */
+function quantizedListAnswer(rows: QuantizedRow[], model: string, usage: { prompt_tokens: number; total_tokens: number }, base64: boolean): unknown {
+  const list = (embedding: (q: QuantizedRow) => unknown) => ({ object: 'list', data: rows.map((q, index) => ({ object: 'embedding', index, embedding: embedding(q) })), model, usage });
+  if (base64) return list((q) => Buffer.from(q.buffer, q.byteOffset, q.byteLength).toString('base64'));
+  return floatAnswer(
+    () => list(rowBytes),
+    () => {
+      const data = rows.map((q, i) => `{"object":"embedding","index":${i},"embedding":${integerRowJson(q)}}`);
+      return `{"object":"list","data":[${data.join(',')}],"model":${JSON.stringify(model)},"usage":${JSON.stringify(usage)}}`;
+    },
+  );
 }
 
 /** The first `n` components, L2-normalised again. */

@@ -3,6 +3,7 @@
  * ValidationError whose message names the field and the problem.
  */
 import { z } from 'zod';
+import { EMBEDDING_TYPES, isEmbeddingType } from '../core/quantize.js';
 import { ValidationError } from '../shared/errors.js';
 
 /** Token ids with the special tokens ([CLS] ... [SEP]): pre-tokenized input, as TEI and OpenAI take it. */
@@ -41,10 +42,14 @@ const prompts = {
   prompt: z.string().optional(),
 };
 
+/** Quantized rows (core/quantize.ts): Cohere's names. */
+const embedding_type = z.enum(EMBEDDING_TYPES, { error: `must be one of ${EMBEDDING_TYPES.map((t) => `"${t}"`).join(', ')}` }).optional();
+
 export const EmbedRequest = z.object({
   ...scheduling,
   inputs,
   normalize: z.boolean().optional(),
+  embedding_type,
   truncate: z.boolean().optional(),
   truncation_direction,
   model: z.string().optional(),
@@ -96,6 +101,8 @@ export const OpenAIEmbeddingRequest = z.object({
   input: Inputs,
   model: z.string({ error: 'you must name a model' }).min(1, 'must not be empty'),
   encoding_format: z.enum(['float', 'base64'], { error: 'must be "float" or "base64"' }).optional(),
+  /** Our extension (Cohere's field): quantized vectors, integer lists or the base64 of their bytes. */
+  embedding_type,
   dimensions: z.number().int().positive().optional(),
   user: z.string().optional(),
   ...prompts,
@@ -133,7 +140,13 @@ export type KServeInferRequest = z.infer<typeof KServeInferRequest>;
  * it in test/schemas.test.ts).
  */
 export function quickEmbedRequest(body: unknown): EmbedRequest | null {
-  return quickInputsBody(body, EMBED_FLAGS) as EmbedRequest | null;
+  const out = quickInputsBody(body, EMBED_FLAGS);
+  if (out === null) return null;
+  const type = (body as { embedding_type?: unknown }).embedding_type;
+  if (type === undefined) return out as EmbedRequest;
+  if (!isEmbeddingType(type)) return null; // the schema's error
+  out.embedding_type = type;
+  return out as EmbedRequest;
 }
 
 export function quickPredictRequest(body: unknown): PredictRequest | null {

@@ -7,7 +7,7 @@
  */
 import { ValidationError } from '../shared/errors.js';
 import type { Task } from '../shared/model-config.js';
-import { rowsAnswer } from './answers.js';
+import { quantizedRowsAnswer, rowsAnswer } from './answers.js';
 import {
   classifications,
   embeddings,
@@ -19,8 +19,9 @@ import {
   type Inputs,
   type Classification,
 } from '../core/infer.js';
-import { DecodeRequest, EmbedRequest, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest, RerankRequest, TokenizeRequest } from './schemas.js';
+import { DecodeRequest, EmbedRequest, FieldValidationError, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest, RerankRequest, TokenizeRequest } from './schemas.js';
 import { prompted } from '../core/prompts.js';
+import { quantizeRow, scalesTheUnitRow, type EmbeddingType } from '../core/quantize.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from './serving.js';
 
 /** Checks the request's size and picks its model: the path's and the body's names must agree. */
@@ -53,16 +54,35 @@ function inputsCall(
   return { model, inputs, ...scheduling(ec, body) };
 }
 
-/** POST /embed `{inputs, normalize?, truncate?, model?, prompt_name?, prompt?}` -> one row per input (f32 bytes over WebSocket when asked). */
-export const embedEndpoint: Endpoint<{ normalize: boolean | undefined }> = {
+/**
+ * int8 and uint8 scale the L2-normalised row (core/quantize.ts), so they cannot
+ * honour `normalize: false`: refused rather than ignored. Binary types read
+ * signs, which the norm does not change.
+ */
+export function checkEmbeddingType(type: EmbeddingType | undefined, normalize: boolean | undefined): EmbeddingType {
+  const t = type ?? 'float';
+  if (t !== 'float' && normalize === false && scalesTheUnitRow(t)) {
+    throw new FieldValidationError(`embedding_type "${t}" quantizes the L2-normalised row; it cannot be combined with normalize: false`, 'normalize');
+  }
+  return t;
+}
+
+/**
+ * POST /embed `{inputs, normalize?, truncate?, model?, prompt_name?, prompt?, embedding_type?}` -> one row per input:
+ * numbers (f32 bytes over WebSocket when asked), or quantized (integer lists; bytes in msgpack and WebSocket frames).
+ */
+export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: EmbeddingType }> = {
   route: '/embed',
   task: 'embed',
   parse(raw, ec) {
     const body = quickEmbedRequest(raw) ?? parseBody(EmbedRequest, raw);
-    return { call: prompted(inputsCall(ec, 'embed', body), body), state: { normalize: body.normalize } };
+    const type = checkEmbeddingType(body.embedding_type, body.normalize);
+    return { call: prompted(inputsCall(ec, 'embed', body), body), state: { normalize: body.normalize, type } };
   },
   answer(r, call, state, ec) {
     const rows = embeddings(call.model, r.rows, state.normalize);
+    const type = state.type;
+    if (type !== 'float') return quantizedRowsAnswer(rows.map((v) => quantizeRow(v, type)));
     return ec.f32 ? rows.map((v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : rowsAnswer(rows);
   },
 };
