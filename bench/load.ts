@@ -244,138 +244,177 @@ export function arrivalTimes(ratePerS: number, totalMs: number, r: () => number,
 
 // ---------------------------------------------------------------- the run
 
+/** What one run counts. Every finished request lands here; only those inside the window reach the totals. */
+class Tally {
+  readonly histogram = newHistogram();
+  requests = 0;
+  inputs = 0;
+  tokens = 0;
+  rejected = 0;
+  errors = 0;
+  firstError: string | undefined;
+  /** Answered 200, window or not (for the progress line). */
+  answered = 0;
+
+  constructor(private readonly w: Workload) {}
+
+  /** Accounts request i's ending; `counts` says whether it falls in the window. */
+  finish(i: number, outcome: Outcome, latencyMs: number, counts: boolean): void {
+    if (outcome === 'ok') this.answered++;
+    if (!counts) return;
+    if (outcome === 'ok') {
+      this.histogram.recordValue(Math.max(1, Math.round(latencyMs * 1000)));
+      const size = requestSize(this.w, i);
+      this.requests++;
+      this.inputs += size.inputs;
+      this.tokens += size.tokens;
+    } else if (outcome === 'rejected') this.rejected++;
+    else {
+      this.errors++;
+      this.firstError ??= outcome;
+    }
+  }
+}
+
+/** The measured window of a run: Infinity at both ends until it opens and closes (a closed loop counts answers between them). */
+class MeasuredWindow {
+  start = Infinity;
+  end = Infinity;
+  measures: WindowMeasures | undefined;
+  private opened: Awaited<ReturnType<typeof openWindow>> | undefined;
+
+  constructor(private readonly spec: LoadSpec) {}
+
+  async open(): Promise<void> {
+    this.opened = await openWindow(this.spec.target, this.spec.model);
+    this.start = this.opened.start;
+  }
+
+  async close(): Promise<void> {
+    this.measures = await this.opened!.close((end) => (this.end = end));
+  }
+}
+
+/** The state both loops share: what to send next, what was counted, the window. */
+interface Run {
+  spec: LoadSpec;
+  channel: Channel;
+  tally: Tally;
+  window: MeasuredWindow;
+  /** The index of the next request to send (round-robin through the workload). */
+  next(): number;
+}
+
+/** `callers` closed-loop callers through warm-up and window; returns once every caller has stopped. */
+async function closedLoop(run: Run, callers: number): Promise<void> {
+  const { spec, channel, tally, window } = run;
+  let stop = false;
+  const caller = async () => {
+    while (!stop) {
+      const i = run.next();
+      const t0 = performance.now();
+      const outcome = await channel.send(i);
+      const t1 = performance.now();
+      tally.finish(i, outcome, t1 - t0, t1 >= window.start && t1 < window.end);
+      if (outcome !== 'ok') await sleep(1); // no hot loop against a refusing server
+    }
+  };
+  const running = Array.from({ length: callers }, caller);
+  await sleep(spec.warmupMs);
+  await window.open();
+  await sleep(spec.durationMs);
+  await window.close();
+  stop = true;
+  await Promise.all(running); // bounded: every request has its timeout
+}
+
+/** Sends each arrival at its scheduled time; returns once the window's arrivals are all answered (or timed out). */
+async function openLoop(run: Run, arrivals: Extract<Arrivals, { kind: 'open' }>, r: () => number): Promise<void> {
+  const { spec, channel, tally, window } = run;
+  const totalMs = spec.warmupMs + spec.durationMs;
+  const times = arrivalTimes(arrivals.ratePerS, totalMs, r, arrivals.bursts);
+  const maxOutstanding = spec.maxOutstanding ?? 4096;
+  const inFlight = new Set<Promise<void>>();
+  const t0 = performance.now();
+  let opening: Promise<void> | undefined;
+  let k = 0;
+  while (k < times.length) {
+    const now = performance.now() - t0;
+    if (!opening && now >= spec.warmupMs) opening = window.open(); // not awaited: arrivals keep their schedule
+    for (; k < times.length && times[k]! <= now; k++) {
+      const scheduled = t0 + times[k]!;
+      const counts = times[k]! >= spec.warmupMs;
+      const i = run.next();
+      if (inFlight.size >= maxOutstanding) {
+        tally.finish(i, `client: ${maxOutstanding} requests outstanding, arrival dropped`, 0, counts);
+        continue;
+      }
+      const p: Promise<void> = channel.send(i).then((outcome) => {
+        inFlight.delete(p);
+        tally.finish(i, outcome, performance.now() - scheduled, counts);
+      });
+      inFlight.add(p);
+    }
+    if (k < times.length) await sleep(Math.max(1, times[k]! - (performance.now() - t0)));
+  }
+  await (opening ?? window.open());
+  const end = t0 + totalMs;
+  if (performance.now() < end) await sleep(end - performance.now());
+  await window.close();
+  // the window's arrivals are counted when answered, however late (each has its timeout)
+  await Promise.all(inFlight);
+}
+
+/** Reports progress every 250 ms while the run lasts (clear the timer at its end). */
+function progressTimer(spec: LoadSpec, tally: Tally, started: number): ReturnType<typeof setInterval> | undefined {
+  if (!spec.onProgress) return undefined;
+  const totalMs = spec.warmupMs + spec.durationMs;
+  return setInterval(() => {
+    const elapsedMs = performance.now() - started;
+    spec.onProgress!({ elapsedMs: Math.min(elapsedMs, totalMs), totalMs, answered: tally.answered, rejected: tally.rejected, errors: tally.errors });
+  }, 250);
+}
+
+function outcome(spec: LoadSpec, tally: Tally, window: MeasuredWindow, connections: number | null): LoadOutcome {
+  const m = window.measures!; // both loops end their window before returning
+  return {
+    // open loop: the window is the scheduled span whose arrivals count
+    windowMs: spec.arrivals.kind === 'open' ? spec.durationMs : window.end - window.start,
+    requests: tally.requests,
+    inputs: tally.inputs,
+    tokens: tally.tokens,
+    rejected: tally.rejected,
+    errors: tally.errors,
+    ...(tally.firstError !== undefined ? { firstError: tally.firstError } : {}),
+    histogram: tally.histogram,
+    clientCpuMs: m.clientCpuMs,
+    clientElu: m.clientElu,
+    serverCpuMs: m.serverCpuMs,
+    connections,
+    ...(m.before ? { before: m.before } : {}),
+    ...(m.after ? { after: m.after } : {}),
+    countersMs: m.countersMs,
+  };
+}
+
+/** Runs one load phase (see the module header); `r` draws the starting request, then the open loop's arrivals. */
 export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
   const timeoutMs = spec.timeoutMs ?? 10_000;
-  const open = spec.arrivals.kind === 'open';
   const connections = spec.arrivals.kind === 'closed' ? spec.arrivals.concurrency : (spec.connections ?? (spec.transport === 'http' ? 256 : 4));
   const channel = await openChannel(spec, connections, timeoutMs);
   const w = spec.workload;
-  const histogram = newHistogram();
-  const totalMs = spec.warmupMs + spec.durationMs;
+  const tally = new Tally(w);
   let cursor = Math.floor(r() * w.requests.length);
-  let requests = 0;
-  let inputs = 0;
-  let tokens = 0;
-  let rejected = 0;
-  let errors = 0;
-  let firstError: string | undefined;
-  let answered = 0;
-  let windowStart = Infinity;
-  let windowEnd = Infinity;
-
-  /** Accounts one finished request; `counts` says whether it falls in the window. */
-  const finish = (i: number, outcome: Outcome, latencyMs: number, counts: boolean) => {
-    if (outcome === 'ok') answered++;
-    if (!counts) return;
-    if (outcome === 'ok') {
-      histogram.recordValue(Math.max(1, Math.round(latencyMs * 1000)));
-      const size = requestSize(w, i);
-      requests++;
-      inputs += size.inputs;
-      tokens += size.tokens;
-    } else if (outcome === 'rejected') rejected++;
-    else {
-      errors++;
-      firstError ??= outcome;
-    }
-  };
-
-  const progress = spec.onProgress
-    ? setInterval(() => {
-        const elapsedMs = performance.now() - started;
-        spec.onProgress!({ elapsedMs: Math.min(elapsedMs, totalMs), totalMs, answered, rejected, errors });
-      }, 250)
-    : undefined;
-
+  const run: Run = { spec, channel, tally, window: new MeasuredWindow(spec), next: () => cursor++ % w.requests.length };
+  const progress = progressTimer(spec, tally, performance.now());
   let connectionsOpened: number | null = null;
-  const started = performance.now();
-  type Window = Awaited<ReturnType<typeof openWindow>>;
-  let window: Window | undefined;
-  let measures: WindowMeasures | undefined;
-  const startWindow = async () => {
-    window = await openWindow(spec.target, spec.model);
-    windowStart = window.start;
-  };
-  const endWindow = async () => {
-    measures = await window!.close((end) => (windowEnd = end));
-  };
-
   try {
-    if (!open) {
-      let stop = false;
-      const caller = async () => {
-        while (!stop) {
-          const i = cursor++ % w.requests.length;
-          const t0 = performance.now();
-          const outcome = await channel.send(i);
-          const t1 = performance.now();
-          finish(i, outcome, t1 - t0, t1 >= windowStart && t1 < windowEnd);
-          if (outcome !== 'ok') await sleep(1); // no hot loop against a refusing server
-        }
-      };
-      const callers = Array.from({ length: connections }, caller);
-      await sleep(spec.warmupMs);
-      await startWindow();
-      await sleep(spec.durationMs);
-      await endWindow();
-      stop = true;
-      await Promise.all(callers); // bounded: every request has its timeout
-    } else {
-      const arrivals = spec.arrivals as Extract<Arrivals, { kind: 'open' }>;
-      const times = arrivalTimes(arrivals.ratePerS, totalMs, r, arrivals.bursts);
-      const maxOutstanding = spec.maxOutstanding ?? 4096;
-      const inFlight = new Set<Promise<void>>();
-      const t0 = performance.now();
-      let opening: Promise<void> | undefined;
-      let k = 0;
-      while (k < times.length) {
-        const now = performance.now() - t0;
-        if (!opening && now >= spec.warmupMs) opening = startWindow(); // not awaited: arrivals keep their schedule
-        for (; k < times.length && times[k]! <= now; k++) {
-          const scheduled = t0 + times[k]!;
-          const counts = times[k]! >= spec.warmupMs;
-          const i = cursor++ % w.requests.length;
-          if (inFlight.size >= maxOutstanding) {
-            finish(i, `client: ${maxOutstanding} requests outstanding, arrival dropped`, 0, counts);
-            continue;
-          }
-          const p: Promise<void> = channel.send(i).then((outcome) => {
-            inFlight.delete(p);
-            finish(i, outcome, performance.now() - scheduled, counts);
-          });
-          inFlight.add(p);
-        }
-        if (k < times.length) await sleep(Math.max(1, times[k]! - (performance.now() - t0)));
-      }
-      await (opening ?? startWindow());
-      const end = t0 + totalMs;
-      if (performance.now() < end) await sleep(end - performance.now());
-      await endWindow();
-      // the window's arrivals are counted when answered, however late (each has its timeout)
-      await Promise.all(inFlight);
-    }
+    if (spec.arrivals.kind === 'closed') await closedLoop(run, connections);
+    else await openLoop(run, spec.arrivals, r);
   } finally {
     if (progress) clearInterval(progress);
     connectionsOpened = channel.connections(); // before close() forgets them
     await channel.close();
   }
-  const m = measures!; // both loops end their window before returning
-  return {
-    // open loop: the window is the scheduled span whose arrivals count
-    windowMs: open ? spec.durationMs : windowEnd - windowStart,
-    requests,
-    inputs,
-    tokens,
-    rejected,
-    errors,
-    ...(firstError !== undefined ? { firstError } : {}),
-    histogram,
-    clientCpuMs: m.clientCpuMs,
-    clientElu: m.clientElu,
-    serverCpuMs: m.serverCpuMs,
-    connections: connectionsOpened,
-    ...(m.before ? { before: m.before } : {}),
-    ...(m.after ? { after: m.after } : {}),
-    countersMs: m.countersMs,
-  };
+  return outcome(spec, tally, run.window, connectionsOpened);
 }
