@@ -1,0 +1,81 @@
+/**
+ * batching: what dynamic batching buys. The same server with its defaults and
+ * with `--max-batch-size 1`, same load: 64 HTTP clients, 1 WebSocket x 64 in
+ * flight, 8 clients x 16 texts, 1 client (P50). Its batched server's 64-client
+ * phases are what efficiency and curve measure against, so it also runs for
+ * those cases; for the models after the first, only the 64 HTTP clients row,
+ * recorded as the `models` case.
+ */
+import type { CaseName, Comparison, PhaseResult } from '../suite-results.js';
+import { CLIENTS, type SuiteContext } from './context.js';
+import type { ModelSetup } from './setup.js';
+import { checkAgainstRaw, type Target } from './targets.js';
+
+const CLIENT_BATCH_CLIENTS = 8;
+
+type Question = Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>;
+
+/**
+ * Runs the case for model `m` (`first`: the suite's first model) where any
+ * case needs it; returns the batched server's 64-client HTTP phases, none
+ * when it did not run.
+ */
+export async function runBatching(ctx: SuiteContext, m: ModelSetup, first: boolean): Promise<PhaseResult[]> {
+  const cases = ctx.options.cases;
+  if (!(cases.has('batching') || cases.has('efficiency') || cases.has('curve') || (cases.has('models') && !first))) return [];
+  const batched = await ctx.startSlabserve('batched', m, []);
+  const unbatched = cases.has('batching') || !first ? await ctx.startSlabserve('max-batch-size 1', m, ['--max-batch-size', '1']) : undefined;
+  try {
+    await checkServerAgainstRaw(ctx, m, batched);
+    const sides = unbatched ? [batched, unbatched] : [batched];
+    const c: CaseName = first ? 'batching' : 'models';
+    const http = await ctx.closedRounds(c, m.name, sides, 'http', m.workloads.get('short')!, CLIENTS);
+    if (unbatched) {
+      const q: Question = { id: `batching/${m.name}/http`, case: c, question: 'What does dynamic batching buy?', model: m.name, workload: 'short', transport: 'http', metric: 'rps', note: `${CLIENTS} keep-alive clients, closed loop` };
+      compareSides(ctx, q, http, (p) => p.rps);
+    }
+    if (first && unbatched && cases.has('batching')) await runOtherShapes(ctx, m, sides);
+    return http[0]!;
+  } finally {
+    await batched.stop();
+    await unbatched?.stop();
+  }
+}
+
+/** The server must compute what raw onnxruntime computes before it is timed. */
+async function checkServerAgainstRaw(ctx: SuiteContext, m: ModelSetup, server: Target): Promise<void> {
+  const diff = await checkAgainstRaw(server.origin, m.workloads.get('short')!, m.prepared);
+  ctx.progress.log(`${m.name}: server vectors equal raw onnxruntime within ${diff.toExponential(1)}`);
+  if (diff > 1e-4) throw new Error(`${m.name}: the server's vectors differ from raw onnxruntime by ${diff}: not benchmarking a wrong answer`);
+}
+
+/** The first model's other load shapes: WebSocket, client batches, one lone client. */
+async function runOtherShapes(ctx: SuiteContext, m: ModelSetup, sides: Target[]): Promise<void> {
+  const short = m.workloads.get('short')!;
+  const ws = await ctx.closedRounds('batching', m.name, sides, 'ws', short, CLIENTS);
+  compareSides(
+    ctx,
+    { id: `batching/${m.name}/ws`, case: 'batching', question: 'What does dynamic batching buy over WebSocket?', model: m.name, workload: 'short', transport: 'ws', metric: 'rps', note: `1 socket x ${CLIENTS} in flight` },
+    ws,
+    (p) => p.rps,
+  );
+  const clientBatches = await ctx.closedRounds('batching', m.name, sides, 'http', m.workloads.get('client-batch')!, CLIENT_BATCH_CLIENTS);
+  compareSides(
+    ctx,
+    { id: `batching/${m.name}/client-batch`, case: 'batching', question: 'And for clients that send 16 texts per request?', model: m.name, workload: 'client-batch', transport: 'http', metric: 'inputsPerS', note: `${CLIENT_BATCH_CLIENTS} clients` },
+    clientBatches,
+    (p) => p.inputsPerS,
+  );
+  const lone = await ctx.closedRounds('batching', m.name, sides, 'http', short, 1);
+  compareSides(
+    ctx,
+    { id: `batching/${m.name}/latency-1-client`, case: 'batching', question: 'What does batching cost a lone client (P50)?', model: m.name, workload: 'short', transport: 'http', metric: 'p50', note: '1 client: below 1 means batching is faster' },
+    lone,
+    (p) => p.latencyMs.p50,
+  );
+}
+
+/** Batched (side 0) against max-batch-size 1 (side 1). */
+function compareSides(ctx: SuiteContext, q: Question, phases: PhaseResult[][], pick: (p: PhaseResult) => number): void {
+  ctx.compare(q, { label: 'batched', phases: phases[0]! }, { label: 'max-batch-size 1', phases: phases[1]! }, pick);
+}

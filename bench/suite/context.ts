@@ -1,0 +1,84 @@
+/**
+ * What every case gets: the settings, the models, the progress display, the
+ * records so far, and the three ways a case measures (one load phase, A/B
+ * rounds of closed loops, a comparison of two sides).
+ */
+import { mulberry32 } from '../../src/modelgen/rng.js';
+import { runLoad, type Arrivals } from '../load.js';
+import type { CaseName, Comparison, Curve, PhaseResult } from '../suite-results.js';
+import type { Workload } from '../workloads.js';
+import type { SuiteOptions } from './options.js';
+import { closedLoopMeta, comparison, describePhase, phaseFromLoad, type PhaseMeta, type Side } from './phases.js';
+import type { Progress } from './progress.js';
+import type { ModelSetup } from './setup.js';
+import { startSlabserve, type Target } from './targets.js';
+
+/** Closed-loop callers for the throughput phases (enough to fill batches of 32 twice over). */
+export const CLIENTS = 64;
+
+export class SuiteContext {
+  readonly phases: PhaseResult[] = [];
+  readonly comparisons: Comparison[] = [];
+  readonly curves: Curve[] = [];
+  /** One generator for every load phase's draws, in the order the phases run (the run is reproducible from --seed). */
+  private readonly loadRandom: () => number;
+
+  constructor(
+    readonly options: SuiteOptions,
+    readonly models: ModelSetup[],
+    readonly progress: Progress,
+  ) {
+    this.loadRandom = mulberry32(options.seed);
+  }
+
+  /** `slabserve serve` for model `m` on the suite's device, with `extra` flags. */
+  startSlabserve(label: string, m: ModelSetup, extra: string[]) {
+    return startSlabserve(label, this.options.device, m.dir, m.name, extra);
+  }
+
+  /** One load phase against a target, recorded. */
+  async load(meta: PhaseMeta, target: Target, w: Workload, arrivals: Arrivals, durationMs = this.options.durationMs): Promise<PhaseResult> {
+    const { warmupMs } = this.options;
+    const shape = arrivals.kind === 'closed' ? `${arrivals.concurrency} clients` : `${Math.round((meta.loadFraction ?? 0) * 100)}%`;
+    const label = `${meta.case} ${meta.model} ${target.label} ${meta.transport} ${shape}`;
+    const totalS = (warmupMs + durationMs) / 1000;
+    this.progress.start(label, totalS);
+    const o = await runLoad(
+      {
+        target,
+        model: meta.model,
+        transport: meta.transport as 'http' | 'ws',
+        workload: w,
+        arrivals,
+        warmupMs,
+        durationMs,
+        onProgress: (p) => this.progress.tick(p.elapsedMs / p.totalMs, `${p.answered} answered, ${p.rejected} rejected, ${p.errors} errors`),
+      },
+      this.loadRandom,
+    );
+    const p = phaseFromLoad({ ...meta, ...(target.serverArgs ? { serverArgs: target.serverArgs } : {}) }, o);
+    this.phases.push(p);
+    this.progress.finish(label, totalS, describePhase(p));
+    return p;
+  }
+
+  /** Runs `sides` alternately (A B A B ...) for --rounds rounds; returns each side's phases. */
+  private async ab(run: (side: number, roundNo: number) => Promise<PhaseResult>, sides: number): Promise<PhaseResult[][]> {
+    const out: PhaseResult[][] = Array.from({ length: sides }, () => []);
+    for (let k = 1; k <= this.options.rounds; k++) for (let s = 0; s < sides; s++) out[s]!.push(await run(s, k));
+    return out;
+  }
+
+  /** A/B rounds of the same closed loop (`clients` callers on workload `w`) against each target. */
+  closedRounds(c: CaseName, model: string, targets: Target[], transport: 'http' | 'ws', w: Workload, clients: number): Promise<PhaseResult[][]> {
+    return this.ab(
+      (s, k) => this.load(closedLoopMeta(c, model, w.name, targets[s]!.label, transport, k, clients), targets[s]!, w, { kind: 'closed', concurrency: clients }),
+      targets.length,
+    );
+  }
+
+  /** Records A against B (see comparison()). */
+  compare(c: Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>, a: Side, b: Side, pick: (p: PhaseResult) => number): void {
+    this.comparisons.push(comparison(c, a, b, pick));
+  }
+}

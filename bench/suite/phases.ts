@@ -1,0 +1,138 @@
+/**
+ * The suite's records, as results.json has them (bench/suite-results.ts): a
+ * measured phase from a load outcome or a raw onnxruntime loop, and a
+ * side-by-side comparison of two sets of phases. Pure: no I/O, no clock.
+ */
+import hdr, { type Histogram } from 'hdr-histogram-js';
+import type { LoadOutcome } from '../load.js';
+import type { RawLoopResult } from '../raw-ort.js';
+import type { ServerCounters } from '../server-process.js';
+import type { CaseName, Comparison, LatencySummary, PhaseResult, ServerSide } from '../suite-results.js';
+
+export const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
+export const round = (x: number, digits = 3) => Math.round(x * 10 ** digits) / 10 ** digits;
+
+/** What a phase is, before it is measured. */
+export type PhaseMeta = Pick<PhaseResult, 'case' | 'model' | 'workload' | 'target' | 'transport' | 'loop' | 'round'> &
+  Partial<Pick<PhaseResult, 'serverArgs' | 'concurrency' | 'offeredRps' | 'loadFraction' | 'arrivals'>>;
+
+/** A closed-loop phase's description (keys in the order results.json has them). */
+export function closedLoopMeta(c: CaseName, model: string, workload: string, target: string, transport: PhaseResult['transport'], round: number, concurrency?: number): PhaseMeta {
+  return { case: c, model, workload, target, transport, loop: 'closed', round, ...(concurrency !== undefined ? { concurrency } : {}) };
+}
+
+export function phaseId(m: PhaseMeta): string {
+  const shape = m.loop === 'closed' ? `${m.transport}-${m.concurrency ?? 0}` : `${m.transport}-${Math.round((m.loadFraction ?? 0) * 100)}pct-${m.arrivals}`;
+  return `${m.case}/${m.model}/${m.workload}/${shape}/${m.target.replace(/\s+/g, '-')}/r${m.round}`;
+}
+
+export function latencySummary(h: Histogram): LatencySummary {
+  const ms = (v: number) => round(v / 1000, 3);
+  if (h.totalCount === 0) return { p50: NaN, p90: NaN, p99: NaN, p999: NaN, max: NaN, mean: NaN };
+  return {
+    p50: ms(h.getValueAtPercentile(50)),
+    p90: ms(h.getValueAtPercentile(90)),
+    p99: ms(h.getValueAtPercentile(99)),
+    p999: ms(h.getValueAtPercentile(99.9)),
+    max: ms(h.maxValue),
+    mean: ms(h.mean),
+  };
+}
+
+/** The server's side of a window from its /metrics counters at both ends (the batch-size histogram de-cumulated). */
+export function serverSide(before: ServerCounters, after: ServerCounters, windowMs: number): ServerSide {
+  const batches = after.batches - before.batches;
+  const rows = after.rows - before.rows;
+  const les = [...after.batchSizeLe.keys()].sort((a, b) => a - b);
+  let prev = 0;
+  const batchSizes = les.map((le) => {
+    const cum = (after.batchSizeLe.get(le) ?? 0) - (before.batchSizeLe.get(le) ?? 0);
+    const count = cum - prev;
+    prev = cum;
+    return { le, count };
+  });
+  return {
+    batches,
+    meanBatch: batches > 0 ? round(rows / batches, 2) : 0,
+    paddingEfficiency: round((after.realTokens - before.realTokens) / Math.max(1, after.paddedTokens - before.paddedTokens), 4),
+    batchSizes,
+    deviceBusy: round(((after.runSeconds - before.runSeconds) * 1000) / windowMs, 3),
+  };
+}
+
+/** A load phase's record; destroys the outcome's histogram (its compressed copy is kept). */
+export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
+  const s = o.windowMs / 1000;
+  const p: PhaseResult = {
+    id: phaseId(m),
+    ...m,
+    windowS: round(s, 3),
+    requests: o.requests,
+    inputs: o.inputs,
+    tokens: o.tokens,
+    rejected: o.rejected,
+    errors: o.errors,
+    ...(o.firstError ? { firstError: o.firstError } : {}),
+    rps: round(o.requests / s, 1),
+    inputsPerS: round(o.inputs / s, 1),
+    tokensPerS: round(o.tokens / s, 0),
+    latencyMs: latencySummary(o.histogram),
+    histogram: hdr.encodeIntoCompressedBase64(o.histogram),
+  };
+  if (o.before && o.after) p.server = serverSide(o.before, o.after, o.countersMs);
+  if (o.serverCpuMs !== null && o.requests > 0) p.cpuMsPerRequest = round(o.serverCpuMs / o.requests, 4);
+  if (o.requests > 0) p.clientCpuMsPerRequest = round(o.clientCpuMs / o.requests, 4);
+  o.histogram.destroy();
+  return p;
+}
+
+/** A raw onnxruntime loop's record: a batch counts as a request, its rows as inputs; destroys `h`. */
+export function phaseFromRaw(m: PhaseMeta, res: RawLoopResult, h: Histogram): PhaseResult {
+  const s = res.windowMs / 1000;
+  const p: PhaseResult = {
+    id: phaseId(m),
+    ...m,
+    windowS: round(s, 3),
+    requests: res.batches,
+    inputs: res.rows,
+    tokens: res.realTokens,
+    rejected: 0,
+    errors: 0,
+    rps: round(res.batches / s, 1),
+    inputsPerS: round(res.rows / s, 1),
+    tokensPerS: round(res.realTokens / s, 0),
+    latencyMs: latencySummary(h),
+    histogram: hdr.encodeIntoCompressedBase64(h),
+    cpuMsPerRequest: round(res.cpuMs / res.batches, 4),
+  };
+  h.destroy();
+  return p;
+}
+
+/** The line printed when a phase ends. */
+export function describePhase(p: PhaseResult): string {
+  const lat = `P50 ${p.latencyMs.p50.toFixed(1)} ms, P99 ${p.latencyMs.p99.toFixed(1)} ms`;
+  const batch = p.server ? `, batch ${p.server.meanBatch.toFixed(1)}, padding eff. ${(p.server.paddingEfficiency * 100).toFixed(0)}%` : '';
+  const bad = p.rejected || p.errors ? `, rejected ${p.rejected}, errors ${p.errors}${p.firstError ? ` (${p.firstError.slice(0, 80)})` : ''}` : '';
+  return `${p.rps.toFixed(0)} req/s, ${p.inputsPerS.toFixed(0)} inputs/s, ${lat}${batch}${bad}`;
+}
+
+export interface Side {
+  label: string;
+  phases: PhaseResult[];
+}
+
+/**
+ * A against B on `pick`: each side's median over its rounds, and a / b round
+ * by round (against b's first phase where b has fewer, e.g. one best raw run)
+ * with their median as the ratio.
+ */
+export function comparison(c: Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>, a: Side, b: Side, pick: (p: PhaseResult) => number): Comparison {
+  const av = median(a.phases.map(pick));
+  const bv = median(b.phases.map(pick));
+  const roundRatios = a.phases.map((p, i) => round(pick(p) / pick(b.phases[i] ?? b.phases[0]!), 3));
+  return { ...c, a: { label: a.label, value: round(av, 3) }, b: { label: b.label, value: round(bv, 3) }, ratio: round(median(roundRatios), 3), roundRatios };
+}

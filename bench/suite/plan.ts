@@ -1,0 +1,18 @@
+/** Seconds the run should take, for the progress bar and the first line (server start-ups estimated). */
+import { RAW_BATCH_SIZES } from './efficiency.js';
+import type { SuiteOptions } from './options.js';
+
+export function planSeconds(o: SuiteOptions, nModels: number): number {
+  const { cases, rounds, quick } = o;
+  const phase = (o.warmupMs + o.durationMs) / 1000;
+  const point = (o.warmupMs + o.curvePointMs) / 1000;
+  let s = 0;
+  if (cases.has('batching')) s += rounds * 2 * 4 * phase + 6;
+  if (cases.has('efficiency')) s += RAW_BATCH_SIZES.length * phase;
+  if (cases.has('bucketing')) s += rounds * 3 * phase + 9;
+  if (cases.has('curve')) s += (quick ? 2 : 3) * ((o.loadFractions.length + (quick ? 0 : 1)) * point + 3);
+  if (cases.has('peer')) s += rounds * 2 * 2 * phase + 8;
+  if (cases.has('floor')) s += rounds * 16 * phase + 6;
+  s += (nModels - 1) * (rounds * 2 * phase + RAW_BATCH_SIZES.length * phase + rounds * 2 * phase + 40);
+  return s;
+}
