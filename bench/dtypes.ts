@@ -12,24 +12,21 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { createEngine, type Engine } from '../src/engine.js';
 import { writePreset } from '../src/modelgen/presets.js';
 import { loadModelSpec } from '../src/shared/model-config.js';
-import { num } from './args.js';
+import { parseOptions } from './args.js';
 import { makeWorkload } from './workloads.js';
 
-const { values } = parseArgs({
-  options: {
-    models: { type: 'string', default: 'tiny-embed,minilm-l6' },
-    rounds: { type: 'string', default: '4' },
-    'duration-s': { type: 'string', default: '3' },
-    texts: { type: 'string', default: '512' },
-  },
+const values = parseOptions('node dist/bench/dtypes.js [options]', {
+  models: { type: 'strings', default: ['tiny-embed', 'minilm-l6'], help: 'presets to generate as fp32 and int8' },
+  rounds: { type: 'int', min: 1, default: 4, help: 'rounds, alternating fp32 and int8' },
+  'duration-s': { type: 'number', min: 0.5, value: 'S', default: 3, help: 'measured seconds per side and round' },
+  texts: { type: 'int', min: 16, default: 512, help: 'workload texts' },
 });
-const ROUNDS = num('rounds', values.rounds!, 1, true);
-const DURATION_MS = num('duration-s', values['duration-s']!, 0.5) * 1000;
-const TEXTS = num('texts', values.texts!, 16, true);
+const ROUNDS = values.rounds;
+const DURATION_MS = values['duration-s'] * 1000;
+const TEXTS = values.texts;
 const CALLERS = 64;
 
 /** Sequences per second of `CALLERS` closed-loop callers over `texts` for DURATION_MS. */
@@ -54,7 +51,7 @@ const root = mkdtempSync(join(tmpdir(), 'slabserve-dtypes-'));
 try {
   console.log('| model | fp32 seq/s | int8 seq/s | int8 / fp32 (by round) | cosine to fp32: mean, worst |');
   console.log('|---|---:|---:|---:|---:|');
-  for (const name of values.models!.split(',').map((s) => s.trim())) {
+  for (const name of values.models) {
     const dir = writePreset(name, root, { int8: true }).dir;
     const spec = loadModelSpec(dir);
     const workload = await makeWorkload('short', spec, 1, TEXTS);

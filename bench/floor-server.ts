@@ -16,7 +16,7 @@
  * node dist/bench/floor-server.js --models-dir models --model tiny-embed [--port 0]
  * prints "floor: listening on http://127.0.0.1:PORT" once it listens.
  */
-import { parseArgs } from 'node:util';
+import { parseOptions } from './args.js';
 import { pack, unpack } from 'msgpackr';
 import { loadTokenizer } from '../src/core/tokenizer.js';
 import { loadUws, type us_listen_socket } from '../src/gateway/uws.js';
@@ -25,10 +25,12 @@ import { mulberry32 } from '../src/modelgen/rng.js';
 import { join } from 'node:path';
 import { float32RowsJsonView } from '../src/gateway/float-json.js';
 
-const { values } = parseArgs({
-  options: { 'models-dir': { type: 'string', default: 'models' }, model: { type: 'string', default: 'tiny-embed' }, port: { type: 'string', default: '0' } },
+const values = parseOptions('node dist/bench/floor-server.js [options]', {
+  'models-dir': { type: 'string', value: 'DIR', default: 'models', help: 'where the model folder is' },
+  model: { type: 'string', value: 'NAME', default: 'tiny-embed', help: 'model folder under --models-dir' },
+  port: { type: 'int', min: 0, default: 0, help: '0: any free port' },
 });
-const spec = loadModelSpec(join(values['models-dir']!, values.model!));
+const spec = loadModelSpec(join(values['models-dir'], values.model));
 const tokenizer = await loadTokenizer(spec.tokenizerPath);
 const encodeOpts = { maxLength: spec.maxLength, truncate: false };
 
@@ -107,7 +109,7 @@ app.ws('/ws', {
   },
 });
 let listenSocket: us_listen_socket | null = null;
-app.listen('127.0.0.1', Number(values.port), (socket) => {
+app.listen('127.0.0.1', values.port, (socket) => {
   if (!socket) {
     console.error(`floor: cannot listen on port ${values.port}`);
     process.exit(1);

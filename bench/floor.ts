@@ -21,11 +21,10 @@
 import { writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 import { loadModelSpec } from '../src/shared/model-config.js';
 import { processThreadIds, threadCpuNs } from '../src/shared/threads.js';
 import { mulberry32 } from '../src/modelgen/rng.js';
-import { fail, num, numList } from './args.js';
+import { parseOptions } from './args.js';
 import { procCpuMs, startChildServer, startServerProcess, type ServerCounters } from './server-process.js';
 import { runLoad, type LoadTarget } from './load.js';
 import { floorRows, floorTable, type FloorPhase, type Side } from './floor-report.js';
@@ -166,43 +165,29 @@ function describePhase(p: FloorPhase): string {
 async function main(): Promise<void> {
   const here = dirname(fileURLToPath(import.meta.url));
   const repoRoot = resolve(here, '..', '..');
-  const { values: a } = parseArgs({
-    options: {
-      'models-dir': { type: 'string', default: join(repoRoot, 'models') },
-      model: { type: 'string', default: 'tiny-embed' },
-      rounds: { type: 'string', default: '3' },
-      'duration-s': { type: 'string', default: '2' },
-      'warmup-s': { type: 'string', default: '0.5' },
-      clients: { type: 'string', default: '1,64' },
-      transports: { type: 'string', default: 'http,ws' },
-      forms: { type: 'string', default: 'text,ids' },
-      'server-arg': { type: 'string', multiple: true, default: [] },
-      json: { type: 'string' },
-      help: { type: 'boolean', default: false },
-    },
+  const a = parseOptions('node dist/bench/floor.js [options]', {
+    'models-dir': { type: 'string', value: 'DIR', default: join(repoRoot, 'models'), help: 'where the model folder is' },
+    model: { type: 'string', value: 'NAME', default: 'tiny-embed', help: 'model folder under --models-dir' },
+    rounds: { type: 'int', min: 1, default: 3, help: 'rounds, alternating slabserve and the floor' },
+    'duration-s': { type: 'number', min: 0.2, value: 'S', default: 2, help: 'measured seconds per phase' },
+    'warmup-s': { type: 'number', min: 0, value: 'S', default: 0.5, help: 'warm-up seconds before each phase' },
+    clients: { type: 'ints', min: 1, default: [1, 64], help: 'closed-loop clients' },
+    transports: { type: 'strings', choices: ['http', 'ws'], default: ['http', 'ws'], help: 'transports' },
+    forms: { type: 'strings', choices: ['text', 'ids'], default: ['text', 'ids'], help: 'request forms: texts, or pre-tokenized ids' },
+    'server-arg': { type: 'repeated', value: '--FLAG=VALUE', help: 'passed on to slabserve serve (repeat for more)' },
+    json: { type: 'string', value: 'PATH', help: 'also write the phases and rows as JSON' },
   });
-  if (a.help) {
-    console.log(
-      'node dist/bench/floor.js [--rounds 3] [--duration-s 2] [--warmup-s 0.5] [--clients 1,64] [--transports http,ws] [--forms text,ids] [--server-arg=--flag=value ...] [--json PATH]',
-    );
-    return;
-  }
-  const list = <T extends string>(name: string, v: string, allowed: readonly T[]): T[] => {
-    const xs = v.split(',').filter(Boolean) as T[];
-    for (const x of xs) if (!allowed.includes(x)) fail(`--${name}: ${x} is not one of ${allowed.join(', ')}`);
-    return xs;
-  };
   const phases = await runFloorCase({
     cliPath: join(repoRoot, 'dist', 'src', 'cli.js'),
-    modelsDir: a['models-dir']!,
-    model: a.model!,
-    rounds: num('rounds', a.rounds!, 1, true),
-    warmupMs: num('warmup-s', a['warmup-s']!, 0) * 1000,
-    durationMs: num('duration-s', a['duration-s']!, 0.2) * 1000,
-    clients: numList('clients', a.clients!, 1, true),
-    transports: list('transports', a.transports!, ['http', 'ws'] as const),
-    forms: list('forms', a.forms!, ['text', 'ids'] as const),
-    serverArgs: a['server-arg']!.flatMap((x) => x.split('=').length > 1 && x.startsWith('--') ? [x.slice(0, x.indexOf('=')), x.slice(x.indexOf('=') + 1)] : [x]),
+    modelsDir: a['models-dir'],
+    model: a.model,
+    rounds: a.rounds,
+    warmupMs: a['warmup-s'] * 1000,
+    durationMs: a['duration-s'] * 1000,
+    clients: a.clients,
+    transports: a.transports,
+    forms: a.forms,
+    serverArgs: a['server-arg'].flatMap((x) => x.split('=').length > 1 && x.startsWith('--') ? [x.slice(0, x.indexOf('=')), x.slice(x.indexOf('=') + 1)] : [x]),
     onPhase: (line) => console.error(line),
   });
   const rows = floorRows(phases);

@@ -42,9 +42,9 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 import { env, pipeline, type FeatureExtractionPipeline, type Tensor } from '@huggingface/transformers';
 import { loadModelSpec, type Pooling } from '../src/shared/model-config.js';
+import { fail, parseOptions } from './args.js';
 
 export interface PeerOptions {
   /** slabserve model folder. */
@@ -232,45 +232,25 @@ export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
 
 // ---------------------------------------------------------------- command line
 
-const HELP = `usage: node dist/bench/peer-transformers.js --model-dir DIR [options]
-  --model-dir DIR          slabserve model folder (config.json, tokenizer.json, model.onnx, serve.json)
-  --host H                 (default 127.0.0.1)
-  --port N                 (default 0: any free port)
-  --pooling mean|cls       (default: serve.json's, else mean)
-  --normalize              L2-normalise (default: serve.json's, else on)
-  --no-normalize           do not
-  --intra-op-threads N     onnxruntime intra-op threads (default 0: onnxruntime decides, as transformers.js does)
-Prints "listening on http://HOST:PORT" on stdout when ready; logs on stderr.`;
+const PEER_OPTIONS = {
+  'model-dir': { type: 'string', value: 'DIR', help: 'slabserve model folder (config.json, tokenizer.json, model.onnx, serve.json); required' },
+  host: { type: 'string', value: 'H', default: '127.0.0.1', help: 'address to listen on' },
+  port: { type: 'int', min: 0, default: 0, help: '0: any free port' },
+  pooling: { type: 'string', choices: ['mean', 'cls'], value: 'mean|cls', help: "(default: serve.json's, else mean)" },
+  normalize: { type: 'boolean', help: "L2-normalise (default: serve.json's, else on)" },
+  'no-normalize': { type: 'boolean', help: 'do not' },
+  'intra-op-threads': { type: 'int', min: 0, default: 0, help: 'onnxruntime intra-op threads (0: onnxruntime decides, as transformers.js does)' },
+} as const;
+const USAGE = `node dist/bench/peer-transformers.js --model-dir DIR [options]
+  Prints "listening on http://HOST:PORT" on stdout when ready; logs on stderr.`;
 
 async function main(): Promise<void> {
-  const { values: a } = parseArgs({
-    options: {
-      'model-dir': { type: 'string' },
-      host: { type: 'string', default: '127.0.0.1' },
-      port: { type: 'string', default: '0' },
-      pooling: { type: 'string' },
-      normalize: { type: 'boolean' },
-      'no-normalize': { type: 'boolean' },
-      'intra-op-threads': { type: 'string', default: '0' },
-      help: { type: 'boolean', short: 'h' },
-    },
-    strict: true,
-  });
-  if (a.help) {
-    process.stdout.write(`${HELP}\n`);
-    return;
-  }
-  const fail = (msg: string): never => {
-    process.stderr.write(`peer-transformers: ${msg}\n${HELP}\n`);
-    process.exit(2);
-  };
-  if (!a['model-dir']) fail('--model-dir is required');
-  if (a.pooling !== undefined && a.pooling !== 'mean' && a.pooling !== 'cls') fail(`--pooling must be mean or cls, not "${a.pooling}"`);
+  const a = parseOptions(USAGE, PEER_OPTIONS);
+  if (!a['model-dir']) fail('--model-dir is required (--help lists the options)');
+  if (a.port > 65535) fail(`--port: expected a port number, got ${a.port}`);
   if (a.normalize && a['no-normalize']) fail('--normalize and --no-normalize together');
-  const port = Number(a.port);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) fail(`bad --port "${a.port}"`);
-  const threads = Number(a['intra-op-threads']);
-  if (!Number.isInteger(threads) || threads < 0) fail(`bad --intra-op-threads "${a['intra-op-threads']}"`);
+  const port = a.port;
+  const threads = a['intra-op-threads'];
 
   // a parent that went away must not turn a log line into an EPIPE crash during shutdown
   process.stdout.on('error', () => {});
@@ -297,15 +277,15 @@ async function main(): Promise<void> {
   process.on('SIGINT', stop);
 
   peer = await startPeerServer({
-    modelDir: a['model-dir']!,
-    host: a.host!,
+    modelDir: a['model-dir'],
+    host: a.host,
     port,
     ...(a.pooling !== undefined ? { pooling: a.pooling as Pooling } : {}),
     ...(a.normalize ? { normalize: true } : a['no-normalize'] ? { normalize: false } : {}),
     intraOpThreads: threads,
   });
   process.stderr.write(
-    `peer-transformers: model ${basename(resolve(a['model-dir']!))}, pooling ${peer.pooling}, normalize ${peer.normalize}, ` +
+    `peer-transformers: model ${basename(resolve(a['model-dir']))}, pooling ${peer.pooling}, normalize ${peer.normalize}, ` +
       `intra-op threads ${threads || 'onnxruntime default'}; transformers.js ${peer.versions.transformers}, onnxruntime-node ${peer.versions.onnxruntime}\n`,
   );
   process.stdout.write(`listening on ${peer.url}\n`);
