@@ -166,132 +166,191 @@ export function validateBertSpec(spec: BertSpec): void {
 /** Most negative finite float32 (torch.finfo(torch.float32).min). */
 const FLOAT32_MIN = -3.4028234663852886e38;
 
-/** Builds the graph (not yet wrapped in a model). */
-export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
-  validateBertSpec(spec);
-  const init: InitScales = { ...DEFAULT_INIT, ...spec.init };
-  const eps = spec.layerNormEps ?? 1e-12;
-  const { hidden: H, heads: NH, intermediate: I } = spec;
-  const headDim = H / NH;
-  const root = new Rng(spec.seed);
-  const b = new GraphBuilder(spec.task === 'classify' ? 'bert_for_sequence_classification' : 'bert_model');
+/**
+ * The parts of one BERT graph under construction: its builder, its seeded
+ * parameters and the constants every part shares. Created in the order the
+ * graph's initializers are listed (constants first), so the bytes of a
+ * generated model depend only on its spec.
+ */
+class BertParts {
+  readonly b: GraphBuilder;
+  readonly init: InitScales;
+  private readonly root: Rng;
+  private readonly eps: number;
+  readonly c: ReturnType<typeof sharedConstants>;
 
-  // ---- parameter helpers --------------------------------------------------
-  const normal = (name: string, dims: number[], std: number, mean = 0): string => {
+  constructor(readonly spec: BertSpec) {
+    this.init = { ...DEFAULT_INIT, ...spec.init };
+    this.eps = spec.layerNormEps ?? 1e-12;
+    this.root = new Rng(spec.seed);
+    this.b = new GraphBuilder(spec.task === 'classify' ? 'bert_for_sequence_classification' : 'bert_model');
+    this.c = sharedConstants(this.b, spec);
+  }
+
+  /** A parameter of normal random values, seeded by its name. */
+  normal(name: string, dims: number[], std: number, mean = 0): string {
     const n = dims.reduce((x, y) => x * y, 1);
-    return b.addInitializer(name, 'float', root.fork(name).normalArray(n, std, mean), dims);
-  };
-  const dense = (x: string, prefix: string, fanIn: number, fanOut: number, gain: number): string => {
-    const w = normal(`${prefix}.weight`, [fanIn, fanOut], gain / Math.sqrt(fanIn));
-    const bias = normal(`${prefix}.bias`, [fanOut], init.bias);
-    return b.op('Add', [b.op('MatMul', [x, w]), bias]);
-  };
-  const layerNorm = (x: string, prefix: string): string => {
-    const gamma = normal(`${prefix}.weight`, [H], init.layerNormGammaNoise, 1);
-    const beta = normal(`${prefix}.bias`, [H], init.layerNormBeta);
-    return b.op('LayerNormalization', [x, gamma, beta], { axis: -1, epsilon: { f: eps } });
-  };
+    return this.b.addInitializer(name, 'float', this.root.fork(name).normalArray(n, std, mean), dims);
+  }
 
-  // ---- shared constants ---------------------------------------------------
+  /** x @ W + bias, W [fanIn, fanOut] scaled by gain / sqrt(fanIn). */
+  dense(x: string, prefix: string, fanIn: number, fanOut: number, gain: number): string {
+    const w = this.normal(`${prefix}.weight`, [fanIn, fanOut], gain / Math.sqrt(fanIn));
+    const bias = this.normal(`${prefix}.bias`, [fanOut], this.init.bias);
+    return this.b.op('Add', [this.b.op('MatMul', [x, w]), bias]);
+  }
+
+  layerNorm(x: string, prefix: string): string {
+    const gamma = this.normal(`${prefix}.weight`, [this.spec.hidden], this.init.layerNormGammaNoise, 1);
+    const beta = this.normal(`${prefix}.bias`, [this.spec.hidden], this.init.layerNormBeta);
+    return this.b.op('LayerNormalization', [x, gamma, beta], { axis: -1, epsilon: { f: this.eps } });
+  }
+}
+
+/** The scalar and shape constants the graph's parts share. */
+function sharedConstants(b: GraphBuilder, spec: BertSpec) {
+  const headDim = spec.hidden / spec.heads;
   const cI64 = (name: string, v: number[] | number): string =>
     b.addInitializer(name, 'int64', Array.isArray(v) ? v : [v], Array.isArray(v) ? [v.length] : []);
   const cF32 = (name: string, v: number): string => b.addInitializer(name, 'float', [v], []);
-  const zero = cI64('/Constant_zero', 0);
-  const one64 = cI64('/Constant_one', 1);
-  const oneF = cF32('/Constant_one_float', 1);
-  const minF = cF32('/Constant_float32_min', FLOAT32_MIN);
-  const sqrtHeadDim = cF32('/Constant_sqrt_head_dim', Math.sqrt(headDim));
-  const sqrt2 = cF32('/Constant_sqrt2', Math.SQRT2);
-  const half = cF32('/Constant_half', 0.5);
-  const splitShape = cI64('/Constant_split_heads_shape', [0, 0, NH, headDim]);
-  const mergeShape = cI64('/Constant_merge_heads_shape', [0, 0, H]);
-  const maskAxes = cI64('/Constant_mask_axes', [1, 2]);
+  return {
+    zero: cI64('/Constant_zero', 0),
+    one64: cI64('/Constant_one', 1),
+    oneF: cF32('/Constant_one_float', 1),
+    minF: cF32('/Constant_float32_min', FLOAT32_MIN),
+    sqrtHeadDim: cF32('/Constant_sqrt_head_dim', Math.sqrt(headDim)),
+    sqrt2: cF32('/Constant_sqrt2', Math.SQRT2),
+    half: cF32('/Constant_half', 0.5),
+    splitShape: cI64('/Constant_split_heads_shape', [0, 0, spec.heads, headDim]),
+    mergeShape: cI64('/Constant_merge_heads_shape', [0, 0, spec.hidden]),
+    maskAxes: cI64('/Constant_mask_axes', [1, 2]),
+  };
+}
 
-  // ---- inputs -------------------------------------------------------------
+interface BertInputs {
+  inputIds: string;
+  attentionMask: string;
+  tokenTypeIds: string | null;
+  positionIds: string | null;
+}
+
+function addInputs(b: GraphBuilder, spec: BertSpec): BertInputs {
   const dims = [BATCH_DIM, SEQUENCE_DIM];
-  const inputIds = b.addInput('input_ids', 'int64', dims);
-  const attentionMask = b.addInput('attention_mask', 'int64', dims);
-  const tokenTypeIds = spec.tokenTypeIds === false ? null : b.addInput('token_type_ids', 'int64', dims);
-  const positionIdsIn = spec.positionIdsInput ? b.addInput('position_ids', 'int64', dims) : null;
+  return {
+    inputIds: b.addInput('input_ids', 'int64', dims),
+    attentionMask: b.addInput('attention_mask', 'int64', dims),
+    tokenTypeIds: spec.tokenTypeIds === false ? null : b.addInput('token_type_ids', 'int64', dims),
+    positionIds: spec.positionIdsInput ? b.addInput('position_ids', 'int64', dims) : null,
+  };
+}
 
-  // ---- embeddings ---------------------------------------------------------
-  let x = b.scoped('embeddings', () => {
-    const wordEmb = normal('embeddings.word_embeddings.weight', [spec.vocabSize, H], init.wordEmbedding);
-    const posEmb = normal('embeddings.position_embeddings.weight', [spec.maxPositions, H], init.positionEmbedding);
-    const typeEmb = normal('embeddings.token_type_embeddings.weight', [spec.typeVocabSize, H], init.tokenTypeEmbedding);
-    const words = b.op('Gather', [wordEmb, inputIds], { axis: 0 }); // [B, T, H]
+/** Word + token type + position embeddings, layer-normed: [B, T, H]. */
+function embeddings(g: BertParts, inputs: BertInputs): string {
+  const { b, spec, init, c } = g;
+  const H = spec.hidden;
+  return b.scoped('embeddings', () => {
+    const wordEmb = g.normal('embeddings.word_embeddings.weight', [spec.vocabSize, H], init.wordEmbedding);
+    const posEmb = g.normal('embeddings.position_embeddings.weight', [spec.maxPositions, H], init.positionEmbedding);
+    const typeEmb = g.normal('embeddings.token_type_embeddings.weight', [spec.typeVocabSize, H], init.tokenTypeEmbedding);
+    const words = b.op('Gather', [wordEmb, inputs.inputIds], { axis: 0 }); // [B, T, H]
     // No token_type_ids: type 0's row, broadcast over every token.
-    const types = b.op('Gather', [typeEmb, tokenTypeIds ?? zero], { axis: 0 }); // [B, T, H] or [H]
-    const positionIds = positionIdsIn ?? positionIdsOf(b, inputIds, spec.positionPaddingIdx, zero, one64);
+    const types = b.op('Gather', [typeEmb, inputs.tokenTypeIds ?? c.zero], { axis: 0 }); // [B, T, H] or [H]
+    const positionIds = inputs.positionIds ?? positionIdsOf(b, inputs.inputIds, spec.positionPaddingIdx, c.zero, c.one64);
     const positions = b.op('Gather', [posEmb, positionIds], { axis: 0 }); // [T, H] or [B, T, H]
     const sum = b.op('Add', [b.op('Add', [words, types]), positions]);
-    return layerNorm(sum, 'embeddings.LayerNorm');
+    return g.layerNorm(sum, 'embeddings.LayerNorm');
   });
+}
 
-  // ---- extended attention mask: (1 - mask[:, None, None, :]) * float32_min --
-  const maskBias = b.scoped('extended_attention_mask', () => {
-    const m = b.op('Cast', [b.op('Unsqueeze', [attentionMask, maskAxes])], { to: onnx.TensorProto.DataType.FLOAT });
-    const padding = b.op('Mul', [b.op('Sub', [oneF, m]), minF]); // [B, 1, 1, T]
+/** The extended attention mask, (1 - mask[:, None, None, :]) * float32_min, plus the causal mask for decoders. */
+function attentionBias(g: BertParts, inputs: BertInputs): string {
+  const { b, spec, c } = g;
+  return b.scoped('extended_attention_mask', () => {
+    const m = b.op('Cast', [b.op('Unsqueeze', [inputs.attentionMask, c.maskAxes])], { to: onnx.TensorProto.DataType.FLOAT });
+    const padding = b.op('Mul', [b.op('Sub', [c.oneF, m]), c.minF]); // [B, 1, 1, T]
     if (!spec.causal) return padding;
     // Key j after query i: float32 min too ([T, T], broadcast to [B, 1, T, T]). Both at once
     // sum to -inf, which Softmax turns into the same exact 0.
-    const seqLen = b.op('Gather', [b.op('Shape', [inputIds]), one64], { axis: 0 });
-    const t = b.op('Range', [zero, seqLen, one64]);
+    const seqLen = b.op('Gather', [b.op('Shape', [inputs.inputIds]), c.one64], { axis: 0 });
+    const t = b.op('Range', [c.zero, seqLen, c.one64]);
     const axis = (k: number) => b.addInitializer(`/Constant_axes_${k}`, 'int64', [k], [1]);
     const later = b.op('Greater', [b.op('Unsqueeze', [t, axis(0)]), b.op('Unsqueeze', [t, axis(1)])]); // [T, T]: j > i
-    return b.op('Add', [padding, b.op('Mul', [b.op('Cast', [later], { to: onnx.TensorProto.DataType.FLOAT }), minF])]);
+    return b.op('Add', [padding, b.op('Mul', [b.op('Cast', [later], { to: onnx.TensorProto.DataType.FLOAT }), c.minF])]);
   });
+}
 
-  // ---- encoder ------------------------------------------------------------
-  for (let l = 0; l < spec.layers; l++) {
-    const p = `encoder.layer.${l}`;
-    x = b.scoped(`encoder/layer.${l}`, () => {
-      const attnOut = b.scoped('attention', () => {
-        const ctx = b.scoped('self', () => {
-          const heads = (t: string, perm: number[]) =>
-            b.op('Transpose', [b.op('Reshape', [t, splitShape])], { perm });
-          const q = heads(dense(x, `${p}.attention.self.query`, H, H, init.qkGain), [0, 2, 1, 3]); // [B, NH, T, D]
-          const kT = heads(dense(x, `${p}.attention.self.key`, H, H, init.qkGain), [0, 2, 3, 1]); // [B, NH, D, T]
-          const v = heads(dense(x, `${p}.attention.self.value`, H, H, init.denseGain), [0, 2, 1, 3]); // [B, NH, T, D]
-          const scores = b.op('Add', [b.op('Div', [b.op('MatMul', [q, kT]), sqrtHeadDim]), maskBias]);
-          const probs = b.op('Softmax', [scores], { axis: -1 });
-          const merged = b.op('Transpose', [b.op('MatMul', [probs, v])], { perm: [0, 2, 1, 3] }); // [B, T, NH, D]
-          return b.op('Reshape', [merged, mergeShape]); // [B, T, H]
-        });
-        return b.scoped('output', () => {
-          const o = dense(ctx, `${p}.attention.output.dense`, H, H, init.residualGain);
-          return layerNorm(b.op('Add', [o, x]), `${p}.attention.output.LayerNorm`);
-        });
-      });
-      const inter = b.scoped('intermediate', () => {
-        const h = dense(attnOut, `${p}.intermediate.dense`, H, I, init.denseGain);
-        // exact GELU, as HF's "gelu": x * 0.5 * (1 + erf(x / sqrt(2)))
-        const erf = b.op('Erf', [b.op('Div', [h, sqrt2])]);
-        return b.op('Mul', [b.op('Mul', [h, b.op('Add', [erf, oneF])]), half]);
-      });
+/** Multi-head self-attention of layer `p` over x: [B, T, H]. */
+function selfAttention(g: BertParts, p: string, x: string, bias: string): string {
+  const { b, init, c } = g;
+  const H = g.spec.hidden;
+  return b.scoped('self', () => {
+    const heads = (t: string, perm: number[]) => b.op('Transpose', [b.op('Reshape', [t, c.splitShape])], { perm });
+    const q = heads(g.dense(x, `${p}.attention.self.query`, H, H, init.qkGain), [0, 2, 1, 3]); // [B, NH, T, D]
+    const kT = heads(g.dense(x, `${p}.attention.self.key`, H, H, init.qkGain), [0, 2, 3, 1]); // [B, NH, D, T]
+    const v = heads(g.dense(x, `${p}.attention.self.value`, H, H, init.denseGain), [0, 2, 1, 3]); // [B, NH, T, D]
+    const scores = b.op('Add', [b.op('Div', [b.op('MatMul', [q, kT]), c.sqrtHeadDim]), bias]);
+    const probs = b.op('Softmax', [scores], { axis: -1 });
+    const merged = b.op('Transpose', [b.op('MatMul', [probs, v])], { perm: [0, 2, 1, 3] }); // [B, T, NH, D]
+    return b.op('Reshape', [merged, c.mergeShape]); // [B, T, H]
+  });
+}
+
+/** Encoder layer `l`: attention, then the feed-forward block, each with its residual and LayerNorm. */
+function encoderLayer(g: BertParts, l: number, x: string, bias: string): string {
+  const { b, init, c } = g;
+  const { hidden: H, intermediate: I } = g.spec;
+  const p = `encoder.layer.${l}`;
+  return b.scoped(`encoder/layer.${l}`, () => {
+    const attnOut = b.scoped('attention', () => {
+      const ctx = selfAttention(g, p, x, bias);
       return b.scoped('output', () => {
-        const o = dense(inter, `${p}.output.dense`, I, H, init.residualGain);
-        return layerNorm(b.op('Add', [o, attnOut]), `${p}.output.LayerNorm`);
+        const o = g.dense(ctx, `${p}.attention.output.dense`, H, H, init.residualGain);
+        return g.layerNorm(b.op('Add', [o, x]), `${p}.attention.output.LayerNorm`);
       });
     });
-  }
+    const inter = b.scoped('intermediate', () => {
+      const h = g.dense(attnOut, `${p}.intermediate.dense`, H, I, init.denseGain);
+      // exact GELU, as HF's "gelu": x * 0.5 * (1 + erf(x / sqrt(2)))
+      const erf = b.op('Erf', [b.op('Div', [h, c.sqrt2])]);
+      return b.op('Mul', [b.op('Mul', [h, b.op('Add', [erf, c.oneF])]), c.half]);
+    });
+    return b.scoped('output', () => {
+      const o = g.dense(inter, `${p}.output.dense`, I, H, init.residualGain);
+      return g.layerNorm(b.op('Add', [o, attnOut]), `${p}.output.LayerNorm`);
+    });
+  });
+}
 
-  // ---- heads --------------------------------------------------------------
+/** The outputs: last_hidden_state (embed), or pooler + classifier logits (classify). */
+function addHead(g: BertParts, x: string): void {
+  const { b, spec, init, c } = g;
+  const H = spec.hidden;
   if (spec.task === 'embed') {
     b.node('Identity', [x], undefined, ['last_hidden_state']);
     b.addOutput('last_hidden_state', 'float', [BATCH_DIM, SEQUENCE_DIM, H]);
-  } else {
-    const pooled = b.scoped('pooler', () => {
-      const first = b.op('Gather', [x, zero], { axis: 1 }); // [B, H]: the [CLS] token
-      return b.op('Tanh', [dense(first, 'pooler.dense', H, H, init.poolerGain)]);
-    });
-    b.scoped('classifier', () => {
-      const logits = dense(pooled, 'classifier', H, spec.numLabels!, init.classifierGain);
-      b.node('Identity', [logits], undefined, ['logits']);
-    });
-    b.addOutput('logits', 'float', [BATCH_DIM, spec.numLabels!]);
+    return;
   }
-  return b.graph();
+  const pooled = b.scoped('pooler', () => {
+    const first = b.op('Gather', [x, c.zero], { axis: 1 }); // [B, H]: the [CLS] token
+    return b.op('Tanh', [g.dense(first, 'pooler.dense', H, H, init.poolerGain)]);
+  });
+  b.scoped('classifier', () => {
+    const logits = g.dense(pooled, 'classifier', H, spec.numLabels!, init.classifierGain);
+    b.node('Identity', [logits], undefined, ['logits']);
+  });
+  b.addOutput('logits', 'float', [BATCH_DIM, spec.numLabels!]);
+}
+
+/** Builds the graph (not yet wrapped in a model). */
+export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
+  validateBertSpec(spec);
+  const g = new BertParts(spec);
+  const inputs = addInputs(g.b, spec);
+  let x = embeddings(g, inputs);
+  const bias = attentionBias(g, inputs);
+  for (let l = 0; l < spec.layers; l++) x = encoderLayer(g, l, x, bias);
+  addHead(g, x);
+  return g.b.graph();
 }
 
 /**
