@@ -23,9 +23,11 @@ import { clientTimeout, fromHttpError, protocolError, SlabAbortError, SlabClient
 import {
   decodeList,
   decodeRowsOf,
+  decodeScores,
   embedBody,
   predictBody,
   rerankBody,
+  similarityBody,
   tokenizeBody,
   type CallOptions,
   type EmbeddingRow,
@@ -35,6 +37,7 @@ import {
   type RerankHit,
   type RerankOptions,
   type SignedEmbeddingType,
+  type SimilarityOptions,
   type SlabApi,
   type TextInputs,
   type TokenInputs,
@@ -120,6 +123,10 @@ export class SlabHttpClient implements SlabApi {
 
   rerank(query: string, texts: readonly string[], opts: RerankOptions = {}): Promise<RerankHit[]> {
     return this.post('/rerank', rerankBody(query, texts, opts), decodeList<RerankHit[]>('rerank'), opts);
+  }
+
+  similarity(sourceSentence: string, sentences: readonly string[], opts: SimilarityOptions = {}): Promise<number[]> {
+    return this.post('/similarity', similarityBody(sourceSentence, sentences, opts), decodeScores, opts);
   }
 
   tokenize(inputs: TextInputs, opts: TokenizeOptions = {}): Promise<TokenizeResult> {

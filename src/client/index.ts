@@ -41,6 +41,7 @@ export type {
   RerankHit,
   RerankOptions,
   SignedEmbeddingType,
+  SimilarityOptions,
   SlabApi,
   TextInputs,
   TokenInputs,

@@ -43,6 +43,13 @@ export interface EmbedOptions extends CallOptions {
   embeddingType?: EmbeddingType;
 }
 
+export interface SimilarityOptions extends CallOptions {
+  /** Cut inputs longer than the model's max length instead of failing with too_long. */
+  truncate?: boolean;
+  /** One of the model's prompts, put before the source and every sentence (default: the model's default prompt). */
+  promptName?: string;
+}
+
 export interface PredictOptions extends CallOptions {
   /** Logits instead of probabilities. */
   rawScores?: boolean;
@@ -101,12 +108,14 @@ export interface SlabApi {
   predict(inputs: readonly string[] | readonly (readonly number[])[], opts?: PredictOptions): Promise<Prediction[][]>;
   predict(inputs: TextInputs | TokenInputs, opts?: PredictOptions): Promise<Prediction[] | Prediction[][]>;
   rerank(query: string, texts: readonly string[], opts?: RerankOptions): Promise<RerankHit[]>;
+  /** The cosine similarity of each sentence's embedding to the source sentence's, in order (TEI's /similarity). */
+  similarity(sourceSentence: string, sentences: readonly string[], opts?: SimilarityOptions): Promise<number[]>;
   /** Per input, its tokens (no inference). */
   tokenize(inputs: TextInputs, opts?: TokenizeOptions): Promise<TokenizeResult>;
   close(): Promise<void>;
 }
 
-export type Op = 'embed' | 'predict' | 'rerank' | 'tokenize';
+export type Op = 'embed' | 'predict' | 'rerank' | 'tokenize' | 'similarity';
 
 /** A request's fields, as sent (without id, op, deadline_ms). */
 export type WireBody = Record<string, unknown>;
@@ -139,6 +148,16 @@ export function rerankBody(query: string, texts: readonly string[], opts: Rerank
   put(body, 'raw_scores', opts.rawScores);
   put(body, 'return_text', opts.returnText);
   put(body, 'truncate', opts.truncate);
+  return body;
+}
+
+export function similarityBody(sourceSentence: string, sentences: readonly string[], opts: SimilarityOptions): WireBody {
+  const body: WireBody = { inputs: { source_sentence: sourceSentence, sentences } };
+  const parameters: WireBody = {};
+  put(parameters, 'truncate', opts.truncate);
+  put(parameters, 'prompt_name', opts.promptName);
+  if (Object.keys(parameters).length > 0) body.parameters = parameters;
+  put(body, 'model', opts.model);
   return body;
 }
 
@@ -196,6 +215,12 @@ export function decodeRowsOf(type: EmbeddingType | undefined): (result: unknown)
     if (!Array.isArray(result)) throw protocolError('an embed answer must be a list of rows');
     return result.map((row: unknown) => quantizedRow(row, signed));
   };
+}
+
+/** A similarity answer: one number per sentence. */
+export function decodeScores(result: unknown): number[] {
+  if (!Array.isArray(result) || !result.every((v) => typeof v === 'number')) throw protocolError('a similarity answer must be a list of numbers');
+  return result;
 }
 
 export function decodeList<T>(what: string): (result: unknown) => T {

@@ -46,9 +46,11 @@ import { SlabHttpClient, type SlabHttpClientOptions } from './http-client.js';
 import {
   decodeList,
   decodeRowsOf,
+  decodeScores,
   embedBody,
   predictBody,
   rerankBody,
+  similarityBody,
   tokenizeBody,
   type CallOptions,
   type EmbeddingRow,
@@ -59,6 +61,7 @@ import {
   type RerankHit,
   type RerankOptions,
   type SignedEmbeddingType,
+  type SimilarityOptions,
   type SlabApi,
   type TextInputs,
   type TokenInputs,
@@ -379,6 +382,10 @@ export class SlabClient implements SlabApi {
 
   rerank(query: string, texts: readonly string[], opts: RerankOptions = {}): Promise<RerankHit[]> {
     return this.call('rerank', rerankBody(query, texts, opts), decodeList<RerankHit[]>('rerank'), opts, true);
+  }
+
+  similarity(sourceSentence: string, sentences: readonly string[], opts: SimilarityOptions = {}): Promise<number[]> {
+    return this.call('similarity', similarityBody(sourceSentence, sentences, opts), decodeScores, opts, true);
   }
 
   tokenize(inputs: TextInputs, opts: TokenizeOptions = {}): Promise<TokenizeResult> {

@@ -79,6 +79,30 @@ export const RerankRequest = z.object({
 });
 export type RerankRequest = z.infer<typeof RerankRequest>;
 
+/**
+ * TEI's POST /similarity, Hugging Face's sentence-similarity task: the source
+ * and the sentences embedded as one request, each sentence's cosine to the source.
+ */
+export const SimilarityRequest = z.object({
+  ...scheduling,
+  inputs: z.object(
+    {
+      source_sentence: z.string({ error: 'must be a string' }),
+      sentences: z.array(z.string(), { error: 'must be a list of strings' }).min(1, 'must not be an empty list'),
+    },
+    { error: 'must be {"source_sentence": string, "sentences": string[]}' },
+  ),
+  parameters: z
+    .object({
+      truncate: z.boolean().nullish(),
+      truncation_direction,
+      prompt_name: z.string().nullish(),
+    })
+    .nullish(),
+  model: z.string().optional(),
+});
+export type SimilarityRequest = z.infer<typeof SimilarityRequest>;
+
 /** TEI's POST /tokenize. */
 export const TokenizeRequest = z.object({
   inputs: z.union([z.string(), z.array(z.string()).min(1, 'must not be an empty list')], { error: 'must be a string or a list of strings' }),

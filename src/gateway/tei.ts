@@ -1,13 +1,14 @@
 /**
  * text-embeddings-inference's API as endpoints of the serving skeleton
- * (serving.ts): /embed, /predict and /rerank run the model; /tokenize and
- * /decode do not. The HTTP routes (routes.ts, routes-tei.ts) and the
+ * (serving.ts): /embed, /predict, /rerank and /similarity run the model;
+ * /tokenize and /decode do not. The HTTP routes (routes.ts, routes-tei.ts) and the
  * WebSocket ops (ws.ts) serve these same endpoints, so `/embed` over HTTP
  * and `{op: "embed"}` over /ws answer the same thing.
  */
 import { ValidationError } from '../shared/errors.js';
 import type { Task } from '../shared/model-config.js';
-import { quantizedRowsAnswer, rowsAnswer } from './answers.js';
+import { floatAnswer, quantizedRowsAnswer, rowsAnswer } from './answers.js';
+import { float32RowsInJson } from './float-json.js';
 import {
   classifications,
   embeddings,
@@ -19,9 +20,21 @@ import {
   type Inputs,
   type Classification,
 } from '../core/infer.js';
-import { DecodeRequest, EmbedRequest, FieldValidationError, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest, RerankRequest, TokenizeRequest } from './schemas.js';
+import {
+  DecodeRequest,
+  EmbedRequest,
+  FieldValidationError,
+  parseBody,
+  PredictRequest,
+  quickEmbedRequest,
+  quickPredictRequest,
+  RerankRequest,
+  SimilarityRequest,
+  TokenizeRequest,
+} from './schemas.js';
 import { prompted } from '../core/prompts.js';
 import { quantizeRow, scalesTheUnitRow, type EmbeddingType } from '../core/quantize.js';
+import { similaritiesToFirst } from '../core/similarity.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from './serving.js';
 
 /** Checks the request's size and picks its model: the path's and the body's names must agree. */
@@ -128,6 +141,37 @@ export const rerankEndpoint: Endpoint<{ texts: string[]; returnText: boolean; ra
   },
 };
 
+/**
+ * POST /similarity `{inputs: {source_sentence, sentences}, parameters?: {truncate?,
+ * truncation_direction?, prompt_name?}, model?}` -> the cosine similarity of each
+ * sentence to the source, in order (text-embeddings-inference's route, Hugging
+ * Face's sentence-similarity task). The source and the sentences are one
+ * request of an embedding model: one slot each, batched together.
+ */
+export const similarityEndpoint: Endpoint<null> = {
+  route: '/similarity',
+  task: 'embed',
+  parse(raw, ec) {
+    const body = parseBody(SimilarityRequest, raw);
+    const p: Partial<NonNullable<SimilarityRequest['parameters']>> = body.parameters ?? {};
+    const { source_sentence, sentences } = body.inputs;
+    const inputs = [source_sentence, ...sentences];
+    const call = inputsCall(ec, 'embed', { ...body, inputs, truncate: p.truncate ?? undefined, truncation_direction: p.truncation_direction });
+    return { call: prompted(call, { prompt_name: p.prompt_name ?? undefined }), state: null };
+  },
+  answer(r, call) {
+    const scores = similaritiesToFirst(embeddings(call.model, r.rows, true));
+    // JSON: each score the shortest decimal of its float32, as TEI's serde writes f32.
+    return floatAnswer(() => Array.from(scores), () => float32RowsInJson(['', ''], [scores]));
+  },
+};
+
+/** A sentence-similarity body: `inputs` an object (an /embed body's inputs never are). */
+function isSimilarityBody(raw: unknown): boolean {
+  const inputs = typeof raw === 'object' && raw !== null ? (raw as { inputs?: unknown }).inputs : undefined;
+  return typeof inputs === 'object' && inputs !== null && !Array.isArray(inputs);
+}
+
 /** The endpoint that serves each task: what POST / answers with for a model of that task. */
 const BY_TASK: Record<Task, Endpoint<unknown>> = {
   embed: embedEndpoint as Endpoint<unknown>,
@@ -138,14 +182,17 @@ const BY_TASK: Record<Task, Endpoint<unknown>> = {
 /**
  * POST / as text-embeddings-inference's root route: the body of /embed,
  * /predict or /rerank, answered by the task of the model it names (the
- * body's `model`, else the first model served).
+ * body's `model`, else the first model served); for an embedding model, a
+ * /similarity body too (as TEI's root answers with TASK=sentence-similarity,
+ * so a client pointed at the server's root URL works).
  */
 export const rootEndpoint: Endpoint<{ inner: Endpoint<unknown>; state: unknown }> = {
   route: '/',
   task: null,
   parse(raw, ec) {
     const named = typeof raw === 'object' && raw !== null && typeof (raw as { model?: unknown }).model === 'string' ? (raw as { model: string }).model : undefined;
-    const inner = BY_TASK[ec.infer.anyModel(ec.pathModel ?? named).plan.spec.task];
+    const task = ec.infer.anyModel(ec.pathModel ?? named).plan.spec.task;
+    const inner = task === 'embed' && isSimilarityBody(raw) ? (similarityEndpoint as Endpoint<unknown>) : BY_TASK[task];
     const { call, state } = inner.parse(raw, ec);
     return { call, state: { inner, state } };
   },
@@ -201,6 +248,7 @@ export const TEI_ENDPOINTS: ReadonlyMap<string, Endpoint<never>> = new Map<strin
   ['embed', embedEndpoint as Endpoint<never>],
   ['predict', predictEndpoint as Endpoint<never>],
   ['rerank', rerankEndpoint as Endpoint<never>],
+  ['similarity', similarityEndpoint as Endpoint<never>],
 ]);
 
 /** The WebSocket ops that do not. */
