@@ -1,0 +1,121 @@
+/**
+ * The rounds of each (configuration, cell) merged into one row: counts and
+ * engine counters summed, latency histograms added (rounds.ts merged them),
+ * rates over the summed windows. These are the tables' rows and the --json
+ * `aggregated` list.
+ */
+import type { Cell } from './arrivals.js';
+import type { Config } from './configs.js';
+import { phaseKey, zeroCounts, zeroEngineDelta, type BucketCounts, type Counts, type EngineDelta, type Histogram, type PhaseResult } from './results.js';
+import type { PhaseRecords } from './rounds.js';
+import type { Bench } from './setup.js';
+
+/** "Short" and "long" requests for the per-length columns: buckets up to SHORT_MAX tokens, and above LONG_MIN. */
+export const SHORT_MAX = 64;
+export const LONG_MIN = 128;
+
+export interface Aggregate {
+  config: string;
+  cell: string;
+  counts: Counts;
+  windowMs: number;
+  answeredPerS: number;
+  offeredPerS: number;
+  /** Real tokens of the requests answered in time, per second. */
+  answeredTokensPerS: number;
+  byBucket: (BucketCounts & { bucket: number })[];
+  /** Share of offered requests answered in time, among short (bucket <= SHORT_MAX) and long (bucket > LONG_MIN) ones. */
+  shortAnswered: number;
+  longAnswered: number;
+  p50Ms: number;
+  p90Ms: number;
+  p99Ms: number;
+  p999Ms: number;
+  maxMs: number;
+  /** Per round: P99 ms and answered/s (how far apart the rounds were). */
+  roundsP99Ms: number[];
+  roundsAnsweredPerS: number[];
+  meanBatch: number;
+  batchFill: number;
+  paddingEfficiency: number;
+  droppedExpired: number;
+  ortMsPerBatch: number;
+  sendLagP99Ms: number;
+  sendLagMaxMs: number;
+  refusalMaxMs: number;
+  cores: number;
+}
+
+/** The rows by phaseKey(config, cell), cells in order and configurations within each. */
+export type Aggregates = Map<string, Aggregate>;
+
+function sumCounts(runs: PhaseResult[]): { counts: Counts; eng: EngineDelta } {
+  const counts = zeroCounts();
+  const eng = zeroEngineDelta();
+  for (const x of runs) {
+    for (const k of Object.keys(counts) as (keyof Counts)[]) counts[k] += x.counts[k];
+    for (const k of Object.keys(eng) as (keyof EngineDelta)[]) eng[k] += x.engine[k];
+  }
+  return { counts, eng };
+}
+
+function sumBuckets(buckets: number[], runs: PhaseResult[]): (BucketCounts & { bucket: number })[] {
+  return buckets.map((T, b) => {
+    const z = { bucket: T, offered: 0, answered: 0, refused: 0, timedOut: 0 };
+    for (const x of runs) for (const k of ['offered', 'answered', 'refused', 'timedOut'] as const) z[k] += x.byBucket[b]![k];
+    return z;
+  });
+}
+
+function aggregateOne(b: Bench, config: Config, cell: Cell, runs: PhaseResult[], h: Histogram): Aggregate {
+  const { counts, eng } = sumCounts(runs);
+  const windowMs = runs.reduce((a, x) => a + x.windowMs, 0);
+  const byBucket = sumBuckets(b.buckets, runs);
+  const share = (pick: (T: number) => boolean) => {
+    const sel = byBucket.filter((z) => pick(z.bucket));
+    return sel.reduce((a, z) => a + z.answered, 0) / sel.reduce((a, z) => a + z.offered, 0);
+  };
+  const meanBatch = eng.rows / eng.batches;
+  return {
+    config: config.name,
+    cell: cell.name,
+    counts,
+    windowMs,
+    answeredPerS: (counts.answered / windowMs) * 1000,
+    offeredPerS: (counts.offered / windowMs) * 1000,
+    answeredTokensPerS: (runs.reduce((a, x) => a + x.answeredTokens, 0) / windowMs) * 1000,
+    byBucket,
+    shortAnswered: share((T) => T <= SHORT_MAX),
+    longAnswered: share((T) => T > LONG_MIN),
+    p50Ms: h.getValueAtPercentile(50) / 1000,
+    p90Ms: h.getValueAtPercentile(90) / 1000,
+    p99Ms: h.getValueAtPercentile(99) / 1000,
+    p999Ms: h.getValueAtPercentile(99.9) / 1000,
+    maxMs: h.maxValue / 1000,
+    roundsP99Ms: runs.map((x) => x.p99Ms),
+    roundsAnsweredPerS: runs.map((x) => (x.counts.answered / x.windowMs) * 1000),
+    meanBatch,
+    batchFill: meanBatch / b.capacityOf.get(config.name)!.rowCapacity,
+    paddingEfficiency: eng.realTokens / eng.paddedTokens,
+    droppedExpired: eng.droppedExpired,
+    ortMsPerBatch: eng.runMs / eng.batches,
+    sendLagP99Ms: Math.max(...runs.map((x) => x.sendLagP99Ms)),
+    sendLagMaxMs: Math.max(...runs.map((x) => x.sendLagMaxMs)),
+    refusalMaxMs: Math.max(...runs.map((x) => x.refusalMaxMs)),
+    cores: runs.reduce((a, x) => a + x.cores, 0) / runs.length,
+  };
+}
+
+/** Every (configuration, cell)'s rounds merged; destroys the merged histograms. */
+export function aggregateRounds(b: Bench, records: PhaseRecords): Aggregates {
+  const agg: Aggregates = new Map();
+  for (const cell of b.settings.cells) {
+    for (const config of b.settings.configs) {
+      const runs = records.phases.filter((x) => x.cell === cell.name && x.config === config.name);
+      const k = phaseKey(config.name, cell.name);
+      agg.set(k, aggregateOne(b, config, cell, runs, records.histograms.get(k)!));
+    }
+  }
+  for (const h of records.histograms.values()) h.destroy();
+  return agg;
+}
