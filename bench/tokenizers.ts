@@ -2,7 +2,7 @@
  * @huggingface/tokenizers (pure JS) against tokenizers (Rust, N-API), on the
  * bert-base-uncased tokenizer.json from buildBertTokenizerJson().
  *
- *   npx tsc -p tsconfig.json && node dist/bench/tokenizers.js [--quick]
+ *   npx tsc -p tsconfig.json && node dist/bench/tokenizers.js [--quick]   # --help: the options
  *
  * Each library is called through its own API the way the gateway would call it:
  *   - JS:   tokenizer.encode(text, { return_token_type_ids: true })   synchronous, on the event loop
@@ -31,19 +31,32 @@ import { Tokenizer as RsTokenizer } from 'tokenizers';
 import { createTokenizer } from '../src/core/tokenizer.js';
 import { mulberry32 as rng } from '../src/modelgen/rng.js';
 import { bertUncasedVocab, buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
+import { parseOptions, type OptionSpec } from './args.js';
+import { alignedTable, fmt } from './table.js';
 
-const require = createRequire(import.meta.url);
-const here = dirname(fileURLToPath(import.meta.url));
-// dist/bench/tokenizers.js -> repo root is two levels up
-const repoRoot = resolve(here, '..', '..');
-const QUICK = process.argv.includes('--quick');
+const OPTIONS = {
+  rounds: { type: 'int', min: 1, default: 6, quick: 2, help: 'alternating rounds of each scenario; the median is reported' },
+  'round-ms': { type: 'number', min: 1, value: 'MS', default: 600, quick: 200, help: 'ms each library runs a scenario per round (warm-up: half; the gateway rows: twice)' },
+  'cold-runs': { type: 'int', min: 1, default: 7, quick: 3, help: 'fresh node processes per package for the cold load; the median is reported' },
+  quick: { type: 'boolean', help: 'the shorter defaults marked quick above' },
+} as const satisfies Record<string, OptionSpec>;
 
 // ---------------------------------------------------------------- texts
 
+/** Words and word pieces (without ##) of the bert-base-uncased vocabulary, for the generated texts. */
+interface Vocabulary {
+  words: string[];
+  pieces: string[];
+}
 
-const vocab = bertUncasedVocab();
-const WORDS = vocab.filter((t) => /^[a-z]{2,}$/.test(t));
-const PIECES = vocab.filter((t) => /^##[a-z]{2,}$/.test(t)).map((t) => t.slice(2));
+function vocabulary(): Vocabulary {
+  const vocab = bertUncasedVocab();
+  return {
+    words: vocab.filter((t) => /^[a-z]{2,}$/.test(t)),
+    pieces: vocab.filter((t) => /^##[a-z]{2,}$/.test(t)).map((t) => t.slice(2)),
+  };
+}
+
 const PUNCT = [',', '.', ';', ':', '!', '?', "'s", ' -', ' (', ')', '"'];
 
 function pick<T>(r: () => number, xs: readonly T[]): T {
@@ -51,12 +64,12 @@ function pick<T>(r: () => number, xs: readonly T[]): T {
 }
 
 /** English-looking text from real vocabulary words; some words get a continuation piece glued on. */
-function makeText(r: () => number, words: number): string {
+function makeText(r: () => number, v: Vocabulary, words: number): string {
   const out: string[] = [];
   let capital = true;
   for (let i = 0; i < words; i++) {
-    let w = pick(r, WORDS);
-    if (r() < 0.15) w += pick(r, PIECES); // forces a WordPiece split
+    let w = pick(r, v.words);
+    if (r() < 0.15) w += pick(r, v.pieces); // forces a WordPiece split
     if (r() < 0.05) w = String(Math.floor(r() * 10000));
     if (capital || r() < 0.05) w = w[0]!.toUpperCase() + w.slice(1);
     capital = false;
@@ -71,13 +84,14 @@ function makeText(r: () => number, words: number): string {
 }
 
 /** Texts built to stress normalisation: accents, case, CJK, control chars, long words, emoji. */
-function makeNastyText(r: () => number): string {
+function makeNastyText(r: () => number, v: Vocabulary): string {
+  const { words, pieces } = v;
   const parts: string[] = [];
   const n = 1 + Math.floor(r() * 30);
   for (let i = 0; i < n; i++) {
     const k = r();
-    if (k < 0.35) parts.push(pick(r, WORDS));
-    else if (k < 0.45) parts.push(pick(r, WORDS).toUpperCase());
+    if (k < 0.35) parts.push(pick(r, words));
+    else if (k < 0.45) parts.push(pick(r, words).toUpperCase());
     else if (k < 0.52) parts.push(pick(r, ['café', 'naïve', 'Ångström', 'résumé', 'Müller', 'façade', 'jalapeño', 'São', 'Łódź', 'e\u0301te\u0301']));
     else if (k < 0.58) {
       let s = '';
@@ -86,13 +100,13 @@ function makeNastyText(r: () => number): string {
       parts.push(s);
     } else if (k < 0.63) parts.push(pick(r, ['日本語', 'ひらがな', 'カタカナ', '한국어', 'Привет', 'مرحبا', 'שלום', 'ελληνικά', 'ไทย']));
     else if (k < 0.70) parts.push(pick(r, ['!', '?!', '...', '--', '"quoted"', "it's", '(x)', '[y]', '{z}', '@user', '#tag', '$5.00', '50%', 'a/b', 'x_y', '~', '`', '^', '|', '\\']));
-    else if (k < 0.74) parts.push(pick(r, WORDS).repeat(20 + Math.floor(r() * 20))); // > 100 chars
+    else if (k < 0.74) parts.push(pick(r, words).repeat(20 + Math.floor(r() * 20))); // > 100 chars
     else if (k < 0.77) parts.push(pick(r, ['\t', '\n', '\r\n', '\u00a0', '\u200b', '\u0000', '\ufffd', '\u0007', '\u3000', '\u2028']));
     else if (k < 0.80) parts.push(pick(r, ['😀', '👍🏽', '🇫🇷', '❤️', '∑', '€', '©', '½', 'ﬁ', '①']));
     else if (k < 0.83) parts.push(String(Math.floor(r() * 1e9)));
-    else if (k < 0.86) parts.push(pick(r, WORDS) + pick(r, PIECES) + pick(r, PIECES));
+    else if (k < 0.86) parts.push(pick(r, words) + pick(r, pieces) + pick(r, pieces));
     else if (k < 0.88) parts.push('[CLS]', '[SEP]', '[MASK]', '[UNK]', '[PAD]'); // specials written in the text
-    else parts.push(pick(r, WORDS) + pick(r, ['.', ',', '!', ';']));
+    else parts.push(pick(r, words) + pick(r, ['.', ',', '!', ';']));
   }
   const sep = () => pick(r, [' ', ' ', ' ', '', '  ']);
   return parts.map((p) => p + sep()).join('');
@@ -105,25 +119,27 @@ interface Ids {
   typeIds: Int32Array;
 }
 
-const tokenizerJson = buildBertTokenizerJson();
-const tokenizerJsonString = JSON.stringify(tokenizerJson);
+/** Both libraries on the same bert-base-uncased tokenizer.json, each called the way the gateway would. */
+class Libraries {
+  readonly json = buildBertTokenizerJson();
+  readonly jsonString = JSON.stringify(this.json);
+  readonly js = new JsTokenizer(this.json, {});
+  readonly rs = RsTokenizer.fromString(this.jsonString);
 
-const js = new JsTokenizer(tokenizerJson, {});
-const rs = RsTokenizer.fromString(tokenizerJsonString);
+  jsEncode(text: string, pair?: string): Ids {
+    const e = this.js.encode(text, { text_pair: pair ?? null, return_token_type_ids: true });
+    return { ids: Int32Array.from(e.ids), typeIds: Int32Array.from(e.token_type_ids) };
+  }
 
-function jsEncode(text: string, pair?: string): Ids {
-  const e = js.encode(text, { text_pair: pair ?? null, return_token_type_ids: true });
-  return { ids: Int32Array.from(e.ids), typeIds: Int32Array.from(e.token_type_ids) };
-}
+  async rsEncode(text: string, pair?: string): Promise<Ids> {
+    const e = await this.rs.encode(text, pair ?? null);
+    return { ids: Int32Array.from(e.getIds()), typeIds: Int32Array.from(e.getTypeIds()) };
+  }
 
-async function rsEncode(text: string, pair?: string): Promise<Ids> {
-  const e = await rs.encode(text, pair ?? null);
-  return { ids: Int32Array.from(e.getIds()), typeIds: Int32Array.from(e.getTypeIds()) };
-}
-
-async function rsEncodeBatch(texts: string[]): Promise<Ids[]> {
-  const es = await rs.encodeBatch(texts);
-  return es.map((e) => ({ ids: Int32Array.from(e.getIds()), typeIds: Int32Array.from(e.getTypeIds()) }));
+  async rsEncodeBatch(texts: string[]): Promise<Ids[]> {
+    const es = await this.rs.encodeBatch(texts);
+    return es.map((e) => ({ ids: Int32Array.from(e.getIds()), typeIds: Int32Array.from(e.getTypeIds()) }));
+  }
 }
 
 // ---------------------------------------------------------------- identity check
@@ -134,43 +150,57 @@ function sameIds(a: Ids, b: Ids): boolean {
   return true;
 }
 
-async function identityCheck(): Promise<{ checked: number; mismatches: string[]; decodeMismatches: string[]; decodeDefaultDiffers: number }> {
+interface Identity {
+  checked: number;
+  mismatches: string[];
+  decodeMismatches: string[];
+  decodeDefaultDiffers: number;
+}
+
+/** The texts the libraries must agree on: edge cases, then stress texts, then plain ones. */
+function identityTexts(v: Vocabulary): string[] {
   const r = rng(0xc0ffee);
   const texts: string[] = ['', ' ', 'Hello, world!', 'unaffable', "Don't stop-believing!!", 'ÀÉÎÕÜ àéîõü', '你好，世界。'];
-  for (let i = 0; i < 250; i++) texts.push(makeNastyText(r));
-  for (let i = 0; i < 50; i++) texts.push(makeText(r, 8 + Math.floor(r() * 120)));
+  for (let i = 0; i < 250; i++) texts.push(makeNastyText(r, v));
+  for (let i = 0; i < 50; i++) texts.push(makeText(r, v, 8 + Math.floor(r() * 120)));
+  return texts;
+}
+
+/** Same ids from both libraries (single, pair, batch), and the same decoded text. */
+async function identityCheck(lib: Libraries, v: Vocabulary): Promise<Identity> {
+  const texts = identityTexts(v);
   const mismatches: string[] = [];
   const decodeMismatches: string[] = [];
   let decodeDefaultDiffers = 0;
   let checked = 0;
   for (const t of texts) {
-    const a = jsEncode(t);
-    const b = await rsEncode(t);
+    const a = lib.jsEncode(t);
+    const b = await lib.rsEncode(t);
     checked++;
     if (!sameIds(a, b)) mismatches.push(`single ${JSON.stringify(t.slice(0, 80))}: js=[${a.ids.join(',')}] rust=[${b.ids.join(',')}]`);
     const ids = Array.from(b.ids);
     if (ids.length > 2) {
       // the JS library's default also applies transformers' clean_up_tokenization ("don ' t" -> "don't");
       // the Rust decoder does not: compare both settings
-      const dr = await rs.decode(ids, true);
-      const dj = js.decode(ids, { skip_special_tokens: true, clean_up_tokenization_spaces: false });
-      const dd = js.decode(ids, { skip_special_tokens: true });
+      const dr = await lib.rs.decode(ids, true);
+      const dj = lib.js.decode(ids, { skip_special_tokens: true, clean_up_tokenization_spaces: false });
+      const dd = lib.js.decode(ids, { skip_special_tokens: true });
       if (dj !== dr) decodeMismatches.push(`${JSON.stringify(t.slice(0, 60))}: js=${JSON.stringify(dj.slice(0, 80))} rust=${JSON.stringify(dr.slice(0, 80))}`);
       if (dd !== dr) decodeDefaultDiffers++;
     }
   }
   for (let i = 0; i + 1 < texts.length && i < 200; i += 2) {
-    const a = jsEncode(texts[i]!, texts[i + 1]!);
-    const b = await rsEncode(texts[i]!, texts[i + 1]!);
+    const a = lib.jsEncode(texts[i]!, texts[i + 1]!);
+    const b = await lib.rsEncode(texts[i]!, texts[i + 1]!);
     checked++;
     if (!sameIds(a, b)) mismatches.push(`pair #${i}: js=[${a.ids.join(',')}] rust=[${b.ids.join(',')}]`);
   }
   // the batch API must agree with one-by-one
   const batch = texts.slice(0, 64);
-  const rb = await rsEncodeBatch(batch);
+  const rb = await lib.rsEncodeBatch(batch);
   for (let i = 0; i < batch.length; i++) {
     checked++;
-    if (!sameIds(rb[i]!, jsEncode(batch[i]!))) mismatches.push(`batch #${i} ${JSON.stringify(batch[i]!.slice(0, 60))}`);
+    if (!sameIds(rb[i]!, lib.jsEncode(batch[i]!))) mismatches.push(`batch #${i} ${JSON.stringify(batch[i]!.slice(0, 60))}`);
   }
   return { checked, mismatches, decodeMismatches, decodeDefaultDiffers };
 }
@@ -280,7 +310,7 @@ function duKiB(dir: string): number | null {
 
 function packageDir(name: string): string {
   // both packages lack (or allow) ./package.json in exports? resolve the entry and walk up.
-  let d = dirname(require.resolve(name));
+  let d = dirname(createRequire(import.meta.url).resolve(name));
   while (!statSync(join(d, 'package.json'), { throwIfNoEntry: false })) d = dirname(d);
   return d;
 }
@@ -355,6 +385,7 @@ function coldLoad(jsonPath: string, runs: number): ColdRow[] {
       const t3 = performance.now();
       console.log(JSON.stringify([t1 - t0, t2 - t1, t3 - t2]));`,
   };
+  const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..'); // dist/bench/tokenizers.js -> the repo root
   const acc = new Map<string, number[][]>();
   const libs = Object.keys(scripts);
   for (let i = 0; i < runs; i++) {
@@ -382,82 +413,90 @@ function coldLoad(jsonPath: string, runs: number): ColdRow[] {
 
 // ---------------------------------------------------------------- main
 
-function pad(s: string, n: number, right = false): string {
-  return right ? s.padStart(n) : s.padEnd(n);
+/** The timed texts, and the cursors the scenarios (then the gateway rows) walk through them with. */
+class BenchTexts {
+  readonly short: string[];
+  readonly long: string[];
+  readonly batch: string[];
+  private si = 0;
+  private li = 0;
+
+  constructor(v: Vocabulary) {
+    const r = rng(42);
+    this.short = Array.from({ length: 256 }, () => makeText(r, v, 8 + Math.floor(r() * 25)));
+    this.long = Array.from({ length: 64 }, () => makeText(r, v, 380 + Math.floor(r() * 41)));
+    this.batch = this.long.slice(0, 64);
+  }
+
+  nextShort(): string {
+    return this.short[this.si++ & 255]!;
+  }
+
+  nextLong(): string {
+    return this.long[this.li++ & 63]!;
+  }
 }
 
-function table(head: string[], rows: string[][]): string {
-  const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-  const line = (r: string[]) => '| ' + r.map((c, i) => pad(c, w[i]!, i > 0)).join(' | ') + ' |';
-  return [line(head), '|' + w.map((n, i) => (i > 0 ? '-'.repeat(n + 1) + ':' : '-'.repeat(n + 2))).join('|') + '|', ...rows.map(line)].join('\n');
-}
-
-const fmt = (x: number, d = 1) => x.toFixed(d);
-
-async function main(): Promise<void> {
-  const r = rng(42);
-  const shortTexts = Array.from({ length: 256 }, () => makeText(r, 8 + Math.floor(r() * 25)));
-  const longTexts = Array.from({ length: 64 }, () => makeText(r, 380 + Math.floor(r() * 41)));
-  const batch = longTexts.slice(0, 64);
-  const avgTokens = (ts: string[]) => ts.reduce((n, t) => n + jsEncode(t).ids.length, 0) / ts.length;
-
+function printHeader(lib: Libraries, texts: BenchTexts): void {
+  const avgTokens = (ts: string[]) => ts.reduce((n, t) => n + lib.jsEncode(t).ids.length, 0) / ts.length;
   console.log(`# tokenizers bench: @huggingface/tokenizers (JS) vs tokenizers (Rust N-API)`);
   console.log(`node ${process.version}, ${platform()}-${arch()}, ${cpus().length} cpus (${cpus()[0]?.model ?? '?'}), UV_THREADPOOL_SIZE=${process.env.UV_THREADPOOL_SIZE ?? '4 (default)'}`);
-  console.log(`short texts: ${shortTexts.length}, 8-32 words, avg ${fmt(avgTokens(shortTexts))} tokens; long texts: ${longTexts.length}, 380-420 words, avg ${fmt(avgTokens(longTexts))} tokens\n`);
+  console.log(
+    `short texts: ${texts.short.length}, 8-32 words, avg ${fmt(avgTokens(texts.short), 1)} tokens; long texts: ${texts.long.length}, 380-420 words, avg ${fmt(avgTokens(texts.long), 1)} tokens\n`,
+  );
+}
 
-  // identity
-  const id = await identityCheck();
+function printIdentity(id: Identity): void {
   console.log(`## identical ids (single, pair, batch) on ${id.checked} encodings: ${id.mismatches.length} mismatches`);
   for (const m of id.mismatches.slice(0, 20)) console.log('  ' + m);
   console.log(`## identical decode(skip_special_tokens, JS clean_up_tokenization_spaces: false): ${id.decodeMismatches.length} mismatches`);
   for (const m of id.decodeMismatches.slice(0, 10)) console.log('  ' + m);
   console.log(`   (with the JS default clean_up_tokenization_spaces: true, ${id.decodeDefaultDiffers} decodes differ: "don ' t" -> "don't")`);
   console.log();
+}
 
-  let si = 0;
-  let li = 0;
-  const scenarios: Scenario[] = [
+function libraryScenarios(lib: Libraries, texts: BenchTexts): Scenario[] {
+  return [
     {
       name: 'short, one at a time',
       textsPerCall: 1,
-      js: () => jsEncode(shortTexts[si++ & 255]!),
-      rust: () => rsEncode(shortTexts[si++ & 255]!),
+      js: () => lib.jsEncode(texts.nextShort()),
+      rust: () => lib.rsEncode(texts.nextShort()),
     },
     {
       name: 'short, 64 requests in flight',
       textsPerCall: 64,
       js: () => {
-        for (let i = 0; i < 64; i++) jsEncode(shortTexts[si++ & 255]!);
+        for (let i = 0; i < 64; i++) lib.jsEncode(texts.nextShort());
       },
-      rust: () => Promise.all(Array.from({ length: 64 }, () => rsEncode(shortTexts[si++ & 255]!))),
+      rust: () => Promise.all(Array.from({ length: 64 }, () => lib.rsEncode(texts.nextShort()))),
     },
     {
       name: 'long (~400 words), one at a time',
       textsPerCall: 1,
-      js: () => jsEncode(longTexts[li++ & 63]!),
-      rust: () => rsEncode(longTexts[li++ & 63]!),
+      js: () => lib.jsEncode(texts.nextLong()),
+      rust: () => lib.rsEncode(texts.nextLong()),
     },
     {
       name: 'batch of 64 long',
       textsPerCall: 64,
-      js: () => batch.map((t) => jsEncode(t)),
-      rust: () => rsEncodeBatch(batch),
+      js: () => texts.batch.map((t) => lib.jsEncode(t)),
+      rust: () => lib.rsEncodeBatch(texts.batch),
     },
   ];
-  const rounds = QUICK ? 2 : 6;
-  const budget = QUICK ? 200 : 600;
-  const rows = await runScenarios(scenarios, rounds, budget);
+}
 
-  console.log(`## throughput (median of ${rounds} alternating rounds, ${budget} ms each, after warm-up)`);
+function printThroughput(scenarios: Scenario[], rows: Row[], rounds: number, roundMs: number): void {
+  console.log(`## throughput (median of ${rounds} alternating rounds, ${roundMs} ms each, after warm-up)`);
   console.log(
-    table(
+    alignedTable(
       ['scenario', 'lib', 'µs/text', 'texts/s', 'loop µs/text', 'cpu µs/text'],
-      rows.map((x) => [x.scenario, x.lib === 'js' ? 'JS @huggingface/tokenizers' : 'Rust tokenizers', fmt(x.wallUs), fmt(x.perSec, 0), fmt(x.loopUs), fmt(x.cpuUs)]),
+      rows.map((x) => [x.scenario, x.lib === 'js' ? 'JS @huggingface/tokenizers' : 'Rust tokenizers', fmt(x.wallUs, 1), fmt(x.perSec, 0), fmt(x.loopUs, 1), fmt(x.cpuUs, 1)]),
     ),
   );
   console.log('\n## ratios (JS / Rust: > 1 means Rust is better by that factor; < 1 means JS is better)');
   console.log(
-    table(
+    alignedTable(
       ['scenario', 'wall time', 'event-loop time', 'cpu time'],
       scenarios.map((s) => {
         const a = rows.find((x) => x.scenario === s.name && x.lib === 'js')!;
@@ -466,46 +505,62 @@ async function main(): Promise<void> {
       }),
     ),
   );
+}
 
-  // the gateway's tokenizer = JS library + special tokens / truncation done in src/core/tokenizer.ts
-  const gw = createTokenizer(tokenizerJson);
+/** The gateway's tokenizer = JS library + special tokens / truncation done in src/core/tokenizer.ts. */
+async function measureGateway(lib: Libraries, texts: BenchTexts, budgetMs: number): Promise<void> {
+  const gw = createTokenizer(lib.json);
   const opts = { maxLength: 512, truncate: true };
-  const gwShort = await measure(budget * 2, 1, () => gw.encode(shortTexts[si++ & 255]!, opts));
-  const gwLong = await measure(budget * 2, 1, () => gw.encode(longTexts[li++ & 63]!, opts));
-  const gwBatch = await measure(budget * 2, 64, () => gw.encodeBatch(batch, opts));
+  const rows: [string, Sample][] = [
+    ['short, encode()', await measure(budgetMs, 1, () => gw.encode(texts.nextShort(), opts))],
+    ['long, encode() (truncated to 512)', await measure(budgetMs, 1, () => gw.encode(texts.nextLong(), opts))],
+    ['batch of 64 long, encodeBatch() (yields every 4 ms)', await measure(budgetMs, 64, () => gw.encodeBatch(texts.batch, opts))],
+  ];
   console.log('\n## slabserve gateway tokenizer (src/core/tokenizer.ts: JS library + own specials/truncation, maxLength 512)');
   console.log(
-    table(
+    alignedTable(
       ['scenario', 'µs/text', 'texts/s', 'loop µs/text'],
-      [
-        ['short, encode()', gwShort],
-        ['long, encode() (truncated to 512)', gwLong],
-        ['batch of 64 long, encodeBatch() (yields every 4 ms)', gwBatch],
-      ].map(([n, x]) => {
-        const s = x as Sample;
-        return [n as string, fmt((s.wallMs * 1000) / s.texts), fmt(s.texts / (s.wallMs / 1000), 0), fmt((s.loopMs * 1000) / s.texts)];
-      }),
+      rows.map(([name, s]) => [name, fmt((s.wallMs * 1000) / s.texts, 1), fmt(s.texts / (s.wallMs / 1000), 0), fmt((s.loopMs * 1000) / s.texts, 1)]),
     ),
   );
+}
 
+function printInstallSizes(): void {
   console.log('\n## install size (node_modules folder of each package)');
-  console.log(table(['package', 'du -sk', 'apparent', 'what'], installSizes().map((x) => [x.lib, x.du, x.apparent, x.note])));
+  console.log(alignedTable(['package', 'du -sk', 'apparent', 'what'], installSizes().map((x) => [x.lib, x.du, x.apparent, x.note])));
+}
 
+/** Cold load from a tokenizer.json file in a temporary folder. */
+function printColdLoad(lib: Libraries, runs: number): void {
   const dir = mkdtempSync(join(tmpdir(), 'slabserve-tok-'));
   try {
     const jsonPath = join(dir, 'tokenizer.json');
-    writeFileSync(jsonPath, tokenizerJsonString);
-    const runs = QUICK ? 3 : 7;
+    writeFileSync(jsonPath, lib.jsonString);
     console.log(`\n## cold load (fresh node process, median of ${runs}, alternating)`);
     console.log(
-      table(
+      alignedTable(
         ['package', 'import ms', 'construct ms', 'first encode ms', 'node process total ms'],
-        coldLoad(jsonPath, runs).map((x) => [x.lib, fmt(x.importMs), fmt(x.constructMs), fmt(x.firstEncodeMs), fmt(x.processMs)]),
+        coldLoad(jsonPath, runs).map((x) => [x.lib, fmt(x.importMs, 1), fmt(x.constructMs, 1), fmt(x.firstEncodeMs, 1), fmt(x.processMs, 1)]),
       ),
     );
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+async function main(): Promise<void> {
+  const opts = parseOptions('node dist/bench/tokenizers.js [options]', OPTIONS);
+  const vocab = vocabulary();
+  const lib = new Libraries();
+  const texts = new BenchTexts(vocab);
+  printHeader(lib, texts);
+  printIdentity(await identityCheck(lib, vocab));
+  const scenarios = libraryScenarios(lib, texts);
+  const rows = await runScenarios(scenarios, opts.rounds, opts['round-ms']);
+  printThroughput(scenarios, rows, opts.rounds, opts['round-ms']);
+  await measureGateway(lib, texts, opts['round-ms'] * 2);
+  printInstallSizes();
+  printColdLoad(lib, opts['cold-runs']);
 }
 
 await main();
