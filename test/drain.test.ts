@@ -8,13 +8,10 @@
  * ECONNRESET or EPIPE, which is what a connection closed under a request
  * looks like. Repeated, and in a cluster.
  */
-import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { pickFreePort } from '../dist/src/server.js';
-import { eventually, sleep } from './helpers.js';
+import { serveCli } from './cli-process.js';
+import { sleep } from './helpers.js';
 
-const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
 const CLIENTS = 32;
 
 interface Outcomes {
@@ -67,32 +64,13 @@ function keepAliveLoad(port: number): { stop: () => Promise<Outcomes> } {
   };
 }
 
-/** `slabserve serve` with `args` in a child process; resolves once /readyz answers 200. */
-async function serve(args: string[]): Promise<{ port: number; exited: Promise<number | null>; term: () => void; stderr: () => string }> {
-  const port = await pickFreePort('127.0.0.1');
-  const child = spawn(process.execPath, [CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let stderr = '';
-  child.stderr!.on('data', (d: Buffer) => (stderr += d));
-  const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
-  const guard = setTimeout(() => child.kill('SIGKILL'), 90_000);
-  void exited.then(() => clearTimeout(guard));
-  await eventually(
-    'the server ready',
-    async () => (await fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.status, (e: unknown) => codeOf(e))) as number | string,
-    (s) => s === 200,
-    60_000,
-    () => stderr.slice(-500),
-  );
-  return { port, exited, term: () => void child.kill('SIGTERM'), stderr: () => stderr };
-}
-
 /** One drain under load: the outcomes of every request, and the exit code. */
 async function drainUnderLoad(args: string[]): Promise<{ outcomes: Outcomes; code: number | null; stderr: string }> {
-  const server = await serve(args);
+  const server = await serveCli(args);
   const load = keepAliveLoad(server.port);
   await sleep(1500);
-  server.term();
-  const code = await server.exited;
+  server.kill('SIGTERM');
+  const { code } = await server.exited;
   await sleep(200); // the clients meet the closed port
   return { outcomes: await load.stop(), code, stderr: server.stderr() };
 }

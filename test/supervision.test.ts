@@ -23,6 +23,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js
 import type { InferenceFault } from '../dist/src/gpu-worker/worker.js';
 import { pickFreePort, startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
+import { CLI, serveCli } from './cli-process.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 // Read by startServer: the servers of this file carry the test hooks.
@@ -39,7 +40,8 @@ const INTRA_OP_NICE = 7;
 const POISON = 1;
 /** Longest any client waits for an answer: past it the request counts as hung. */
 const CLIENT_TIMEOUT_MS = 15_000;
-const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
+/** The CLI children run without the test hooks this process turns on (they are inert there), ready within 40 s, killed after 60. */
+const CLI_OPTS = { env: { SLABSERVE_TEST_HOOKS: '' }, readyWithinMs: 40_000, killAfterMs: 60_000 };
 const FIXTURE = fileURLToPath(new URL('./fixtures/supervised-server.mjs', import.meta.url));
 
 let ref: Reference;
@@ -453,37 +455,6 @@ describe('inference thread supervision (startServer, real onnxruntime, test hook
 
 // =================================================================== SIGTERM on the CLI
 
-interface Child {
-  exited: Promise<{ code: number | null; signal: string | null; at: number }>;
-  stderr: () => string;
-  kill: (sig: NodeJS.Signals) => void;
-}
-
-/** `slabserve serve` in a child process, on a free port; resolves once /readyz answers 200. */
-async function serveCli(args: string[]): Promise<Child & { port: number }> {
-  const port = await freePort();
-  const child = spawn(process.execPath, [CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', '--gateway-threads', '1', ...args], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-    env: { ...process.env, SLABSERVE_TEST_HOOKS: '' },
-  });
-  let stderr = '';
-  child.stderr!.on('data', (d: Buffer) => (stderr += d));
-  const exited = new Promise<{ code: number | null; signal: string | null; at: number }>((r) => child.on('exit', (code, signal) => r({ code, signal, at: performance.now() })));
-  const kill = (sig: NodeJS.Signals) => void child.kill(sig);
-  const guard = setTimeout(() => child.kill('SIGKILL'), 60_000);
-  void exited.then(() => clearTimeout(guard));
-  await eventually(
-    `the CLI ready (stderr: ${stderr.slice(-300)})`,
-    async () => {
-      const r = await request(port, 'GET', '/readyz', undefined, { timeoutMs: 2000 });
-      return 'status' in r ? r.status : r.error;
-    },
-    (s) => s === 200,
-    40_000,
-  );
-  return { port, exited, stderr: () => stderr, kill };
-}
-
 describe('--intra-op-nice (a child process)', () => {
   it('out of 0-19, as a flag or SLABSERVE_INTRA_OP_NICE, stops the CLI at once with the range', () => {
     for (const [args, env] of [
@@ -502,7 +473,7 @@ describe('SIGTERM and SIGINT on `slabserve serve` (a child process)', () => {
   it('SIGTERM under load: every request sent before it is answered 200 or 503 (none reset), the process exits 0', { timeout: 60_000 }, async () => {
     const rand = makeRandom('supervision sigterm');
     const texts = randomTexts(rand, words, 32, 12);
-    const server = await serveCli(['--buckets', '16,64', '--max-batch-size', '16', '--drain-timeout-ms', '20000']);
+    const server = await serveCli(['--gateway-threads', '1', '--buckets', '16,64', '--max-batch-size', '16', '--drain-timeout-ms', '20000'], CLI_OPTS);
     const outcomes: (Outcome & { texts: string[] })[] = [];
     let signalAt = Infinity;
     let stop = false;
@@ -549,7 +520,7 @@ describe('SIGTERM and SIGINT on `slabserve serve` (a child process)', () => {
     const rand = makeRandom('supervision second signal');
     const long = Array.from({ length: 64 }, () => Array.from({ length: 600 }, () => words[Math.floor(rand() * words.length)]).join(' '));
     const DRAIN_TIMEOUT_MS = 30_000;
-    const server = await serveCli(['--drain-timeout-ms', String(DRAIN_TIMEOUT_MS)]);
+    const server = await serveCli(['--gateway-threads', '1', '--drain-timeout-ms', String(DRAIN_TIMEOUT_MS)], CLI_OPTS);
     // Several requests of 64 inputs of 512 tokens: seconds of work for the drain to wait for.
     const heavy = Array.from({ length: 6 }, () => request(server.port, 'POST', '/embed', { inputs: long, truncate: true }, { timeoutMs: 30_000 }));
     await eventually('the heavy requests queued', () => scrape(server.port), (m) => slotsInUse(m) >= 256);

@@ -1,0 +1,52 @@
+/**
+ * `slabserve serve` in a child process, as the tests that need a real
+ * process (signals, exit codes, the CLI's own flag handling) start it: on a
+ * free loopback port, CPU, tiny-embed, its stderr gathered, a SIGKILL guard
+ * so a hung child never outlives the test, and ready once /readyz answers 200.
+ */
+import { spawn } from 'node:child_process';
+import http from 'node:http';
+import { fileURLToPath } from 'node:url';
+import { pickFreePort } from '../dist/src/server.js';
+import { eventually } from './helpers.js';
+
+export const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
+
+export interface CliServer {
+  port: number;
+  /** The child's exit: code, signal, and performance.now() when it was seen. */
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null; at: number }>;
+  stderr(): string;
+  kill(signal: NodeJS.Signals): void;
+}
+
+/** GET `path` on a fresh connection closed afterwards (no keep-alive socket left to the server): the status, or the error's code. */
+export function getStatus(port: number, path: string, timeoutMs = 2000): Promise<number | string> {
+  return new Promise((resolve) => {
+    const req = http.get({ host: '127.0.0.1', port, path, agent: false, headers: { connection: 'close' } }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode!));
+    });
+    req.setTimeout(timeoutMs, () => req.destroy(Object.assign(new Error('timeout'), { code: 'TIMEOUT' })));
+    req.on('error', (e: NodeJS.ErrnoException) => resolve(e.code ?? e.message));
+  });
+}
+
+/**
+ * Starts `slabserve serve --host 127.0.0.1 --port P --device cpu --model tiny-embed ...args`
+ * and resolves once it is ready. `env` is added to this process's environment.
+ */
+export async function serveCli(args: string[], opts: { env?: Record<string, string>; readyWithinMs?: number; killAfterMs?: number } = {}): Promise<CliServer> {
+  const port = await pickFreePort('127.0.0.1');
+  const child = spawn(process.execPath, [CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', ...args], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env, ...opts.env },
+  });
+  let stderr = '';
+  child.stderr!.on('data', (d: Buffer) => (stderr += d));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; at: number }>((r) => child.on('exit', (code, signal) => r({ code, signal, at: performance.now() })));
+  const guard = setTimeout(() => child.kill('SIGKILL'), opts.killAfterMs ?? 90_000);
+  void exited.then(() => clearTimeout(guard));
+  await eventually('the server ready', () => getStatus(port, '/readyz'), (s) => s === 200, opts.readyWithinMs ?? 60_000, (s) => ({ readyz: s, stderr: stderr.slice(-500) }));
+  return { port, exited, stderr: () => stderr, kill: (signal) => void child.kill(signal) };
+}
