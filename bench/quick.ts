@@ -32,8 +32,6 @@
  * (with --texts the engine gets the text, through engine.embed); the HTTP rows
  * send the text. --ids: random token ids instead (the old workload; no HTTP rows).
  */import { readFileSync, writeFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { cpus, loadavg, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
@@ -41,6 +39,7 @@ import { resolveBatching } from '../src/engine.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';
 import { mulberry32 as rng } from '../src/modelgen/rng.js';
 import { loadModelSpec, type ModelSpec } from '../src/shared/model-config.js';
+import { describeMachine, machineLine, type Machine } from './machine.js';
 import { floorRows, floorTable, runFloorCase, type FloorRow } from './floor.js';
 import { parseQuickOptions, type QuickOptions } from './quick/options.js';
 import { extraTable, httpTable, legend, mainTable, QuickResults, wsTable } from './quick/report.js';
@@ -52,19 +51,6 @@ import type { Workload } from './workloads.js';
 const here = dirname(fileURLToPath(import.meta.url));
 // dist/bench/quick.js -> the repo root is two levels up
 const repoRoot = resolve(here, '..', '..');
-const require = createRequire(import.meta.url);
-
-function machine() {
-  return {
-    cpu: cpus()[0]?.model ?? 'unknown',
-    cores: cpus().length,
-    memoryGiB: Math.round(totalmem() / 2 ** 30),
-    node: process.version,
-    onnxruntime: (require('onnxruntime-node/package.json') as { version: string }).version,
-    platform: `${process.platform}-${process.arch}`,
-    loadavg: loadavg().map((x) => Number(x.toFixed(2))),
-  };
-}
 
 /** The workload's shape: lengths and the share of each length bucket. */
 function workloadShape(seqs: Seq[], buckets: number[]) {
@@ -74,7 +60,7 @@ function workloadShape(seqs: Seq[], buckets: number[]) {
 }
 
 /** The lines before the rounds: model, machine, workload, phases. */
-function introLines(o: QuickOptions, spec: ModelSpec, m: ReturnType<typeof machine>, seqs: Seq[], shape: ReturnType<typeof workloadShape>): string[] {
+function introLines(o: QuickOptions, spec: ModelSpec, m: Machine, seqs: Seq[], shape: ReturnType<typeof workloadShape>): string[] {
   const layers = (JSON.parse(readFileSync(join(spec.dir, 'config.json'), 'utf8')) as { num_hidden_layers?: number }).num_hidden_layers ?? '?';
   const how = o.ids
     ? 'random token sequences (raw: padded batches of them; engine: engine.runTokens)'
@@ -82,7 +68,7 @@ function introLines(o: QuickOptions, spec: ModelSpec, m: ReturnType<typeof machi
       `${o.http ? '; http: POST /embed {"inputs": text}, the server tokenizes' : ''})`;
   return [
     `slabserve quick bench: ${o.model} (${spec.task}, hidden ${spec.hiddenSize}, ${layers} layers)`,
-    `machine: ${m.cpu}, ${m.cores} cores, ${m.memoryGiB} GiB, node ${m.node}, onnxruntime-node ${m.onnxruntime}, ${m.platform}, loadavg ${m.loadavg.join(' ')}`,
+    machineLine(m),
     `workload: ${seqs.length} ${how}, seed ${o.seed}, ` +
       `${shape.minTokens}..${shape.maxTokens} tokens (mean ${shape.meanTokens.toFixed(1)}), ` +
       `buckets ${shape.bucketMix.map((x) => `${x.T}:${((100 * x.n) / seqs.length).toFixed(0)}%`).join(' ')}`,
@@ -128,7 +114,7 @@ async function main(): Promise<void> {
   const started = performance.now();
   const o = parseQuickOptions(repoRoot);
   const spec = loadModelSpec(join(o.modelsDir, o.model), o.model);
-  const m = machine();
+  const m = describeMachine();
   const buckets = resolveBatching(spec, {}).buckets;
   const r = rng(o.seed);
   const seqs = o.ids ? tokenWorkload(r, o.requests) : await textWorkload(r, o.requests, spec);

@@ -4,28 +4,16 @@
  * from the seed, and the batch capacity each configuration's buckets have.
  * `Bench` carries all of it to the phases and the report.
  */
-import { createRequire } from 'node:module';
-import { cpus, loadavg, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { createEngine, type Engine } from '../../src/engine.js';
 import { mulberry32 } from '../../src/modelgen/rng.js';
 import { batchCapacity, type BatchingOptions } from '../../src/gpu-worker/scheduler.js';
 import { fmt } from '../table.js';
 import type { Config } from './configs.js';
+import { machineLine, type Machine } from '../machine.js';
 import { pct } from './format.js';
 import type { Settings } from './options.js';
 import { bucketedWorkload, workload, type Workload } from './workload.js';
-
-export interface Machine {
-  cpu: string;
-  cores: number;
-  memoryGiB: number;
-  node: string;
-  onnxruntime: string;
-  platform: string;
-  /** At the start of the run. */
-  loadavg: number[];
-}
 
 /** The batch capacity a row sees in one configuration. */
 export interface BatchCapacity {
@@ -56,23 +44,10 @@ export interface Bench {
   uniformCapacity: boolean;
 }
 
-export function describeMachine(): Machine {
-  const require = createRequire(import.meta.url);
-  return {
-    cpu: cpus()[0]?.model ?? 'unknown',
-    cores: cpus().length,
-    memoryGiB: Math.round(totalmem() / 2 ** 30),
-    node: process.version,
-    onnxruntime: (require('onnxruntime-node/package.json') as { version: string }).version,
-    platform: `${process.platform}-${process.arch}`,
-    loadavg: loadavg().map((x) => Number(x.toFixed(2))),
-  };
-}
-
 export function printHeader(s: Settings, machine: Machine): void {
   console.log(`slabserve scheduling bench: ${s.model}, device ${s.device}, intra-op threads ${s.intraOpThreads}${s.intraOpThreads === 0 ? ' (onnxruntime default)' : ''}`);
   console.log(
-    `machine: ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, node ${machine.node}, onnxruntime-node ${machine.onnxruntime}, ${machine.platform}, loadavg ${machine.loadavg.join(' ')}`,
+    machineLine(machine),
   );
 }
 
