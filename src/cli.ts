@@ -207,6 +207,7 @@ program
   )
   .addOption(flag('--priority-ageing-ms <ms>', 'a request waiting this long puts its class first, so no class starves', 'PRIORITY_AGEING_MS', int(1), D.priorityAgeingMs))
   .addOption(flag('--slo-p99-ms <ms>', 'latency target: the batch window adapts to keep P99 under it, and admission sheds what cannot meet it (default: fixed --max-batch-delay-ms)', 'SLO_P99_MS', positive))
+  .addOption(flag('--cache-mb <mib>', 'MiB of finished rows kept in shared memory, answered again by the gateway without a slot or the device (0: off): docs/cache.md', 'CACHE_MB', nonNegative, D.cacheMb))
   .addOption(flag('--api-key <key>', 'require this API key as "Authorization: Bearer <key>" on every route but health (and /metrics); repeatable or comma-separated; prefer the variable or --api-key-file (a flag shows in ps): docs/security.md', 'API_KEY', collect))
   .addOption(flag('--api-key-file <path>', 'require one of the API keys in this file (one a line, # comments)', 'API_KEY_FILE'))
   .addOption(flag('--metrics-auth [bool]', '/metrics needs an API key too', 'METRICS_AUTH', bool, D.metricsAuth).preset(true))

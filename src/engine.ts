@@ -21,6 +21,8 @@ import { bucketPlans, loadModels } from './model-plans.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
 import { servedSources, type Dtype, type ModelOverrides, type Pooling, type SettingSources, type Task } from './shared/model-config.js';
+import type { ModelPlan } from './shared/model-plan.js';
+import { cacheLayoutOf, ResultCache } from './shared/result-cache.js';
 import { Counter, Slab } from './shared/slab.js';
 import { SlabSubmitter, type SlotResult } from './shared/submitter.js';
 
@@ -80,6 +82,13 @@ export interface EngineOptions extends ModelOptions {
   inferenceTimeoutMs?: number;
   /** A loop that has not gone round for this long, no batch running, gets the thread replaced. Default 30000. */
   heartbeatTimeoutMs?: number;
+  /**
+   * MiB of finished rows kept for inputs seen again (src/shared/result-cache.ts, docs/cache.md):
+   * a repeat is answered without the inference thread, with the row computed the first time.
+   * Default 0, off (the server's default is 64): the engine is what the quick benchmark and the
+   * batching tests drive with repeated inputs, which a cache would answer instead of the device.
+   */
+  cacheMb?: number;
   /** Where start-up lines go. Default: stderr. */
   log?: (line: string) => void;
 }
@@ -344,6 +353,12 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     requestTimeoutMs: options.requestTimeoutMs ?? ENGINE_DEFAULTS.requestTimeoutMs,
     priorityNames: priorities.map((p) => p.name),
     ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
+    cache: engineCache(options.cacheMb ?? 0, plans),
   });
   return new Engine({ device, infer, slabs, inference, control, submitter });
+}
+
+/** The engine's result cache (one owner: its own thread), or null when `cacheMb` is 0. */
+function engineCache(cacheMb: number, plans: ModelPlan[]): ResultCache | null {
+  return cacheMb > 0 ? ResultCache.create(cacheLayoutOf(cacheMb, plans, 1), OWNER) : null;
 }

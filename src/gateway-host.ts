@@ -4,13 +4,15 @@
  * among them), told the server's /info, asked for their metrics and requests
  * in flight, drained and closed. A gateway that dies while serving (an
  * uncaught error: it closes its sockets and ends) is replaced: its slots are
- * released first (src/slot-reclaim.ts), then a new thread takes its listen
- * socket back on the port, retrying with backoff.
+ * released first (src/slot-reclaim.ts), and the result-cache entries it held
+ * locked, then a new thread takes its listen socket back on the port,
+ * retrying with backoff.
  */
 import { Worker } from 'node:worker_threads';
 import type { Registry } from 'prom-client';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
 import { RpcPeer } from './shared/rpc.js';
+import type { ResultCache } from './shared/result-cache.js';
 import type { Slab } from './shared/slab.js';
 import { freeStuckFilling, reclaimOwner } from './slot-reclaim.js';
 
@@ -39,6 +41,8 @@ export interface GatewaySupervisorOptions {
   /** What every gateway thread starts with, less its id, owner index and port. */
   data: Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port'>;
   slabs: Slab[];
+  /** The result cache the gateways share (null: off): a dead gateway's entry locks are freed before its replacement starts. */
+  cache: ResultCache | null;
   log: (line: string) => void;
   /** The process's /metrics text, which a gateway asks for when scraped. */
   scrape: () => Promise<string>;
@@ -162,6 +166,7 @@ export class GatewaySupervisor {
     const since = Date.now();
     const reason = dead.fatal !== undefined ? 'crash' : 'exit';
     const r = reclaimOwner(slabs, owner);
+    this.opts.cache?.reclaim(owner); // an entry it was writing when it died is usable again
     setTimeout(() => freeStuckFilling(slabs, owner, r.filling), STUCK_FILLING_MS).unref();
     this.opts.onRestart(reason);
     log(

@@ -36,7 +36,8 @@ import type { ModelPlan } from './shared/model-plan.js';
 import { nowMs } from './shared/clock.js';
 import { ControlBlock, WorkerState } from './shared/control.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
-import { processMetrics, supervisionMetrics } from './shared/metrics.js';
+import { cacheMetrics, processMetrics, supervisionMetrics } from './shared/metrics.js';
+import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from './shared/result-cache.js';
 import { Counter, Slab } from './shared/slab.js';
 import { threadCpuSeconds } from './shared/threads.js';
 import { VERSION } from './version.js';
@@ -85,6 +86,12 @@ export interface ServerConfig extends ModelOptions {
   priorityAgeingMs: number;
   /** Latency target: adaptive batch window and admission against it (--slo-p99-ms). */
   sloP99Ms?: number;
+  /**
+   * MiB of finished rows kept in shared memory for every gateway thread (--cache-mb; 0: off): an
+   * input run before is answered by the gateway itself, without a slot or the inference thread,
+   * with the row the model computed then. Per process (docs/cache.md).
+   */
+  cacheMb: number;
   /** Replaces what /metrics answers (a cluster worker asks its primary for the whole cluster's: src/cluster.ts). */
   scrape?: () => Promise<string>;
   /** API keys: every route but health (and /metrics, unless metricsAuth) needs `Authorization: Bearer <key>` (--api-key, --api-key-file); none: open. */
@@ -135,6 +142,7 @@ export const SERVER_DEFAULTS = {
   wsIdleTimeoutSeconds: 120,
   priorities: DEFAULT_PRIORITIES,
   priorityAgeingMs: DEFAULT_SCHEDULING.priorityAgeingMs,
+  cacheMb: 64,
   ...GATE_DEFAULTS,
   logLevel: 'info' as LogLevel,
 } as const;
@@ -223,6 +231,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const control = ControlBlock.create(owners);
   const slabs = plans.map((p) => new Slab(p.slab, p.layout));
+  const cache = resultCache(config, plans, owners);
   // Metrics: this thread's share, computed from shared memory at scrape time.
   const registry = new Registry();
   // The event-loop delay of the main thread once a second (prom-client's default is every 10 ms: 100 wake-ups a second at rest).
@@ -238,6 +247,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   });
   let device: DeviceInfo | null = null;
   registerMainThreadMetrics(registry, { plans, slabs, control, threads: () => namedThreads(inference, gateways), device: () => device });
+  if (cache) cacheMetrics(registry, () => plans.map((p) => ({ name: p.spec.name, ...cache.statsOf(p.index) })));
 
   const localParts = async (): Promise<MetricsJson[]> => {
     const [gatewayParts, inferencePart] = await Promise.all([gateways.metrics(), inference.metrics().catch(() => null)]);
@@ -247,8 +257,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const scrape = config.scrape ?? (async (): Promise<string> => AggregatorRegistry.aggregate(await localParts()).metrics());
 
   const gateways = new GatewaySupervisor({
-    data: gatewayWorkerData(config, control, plans, owners),
+    data: { ...gatewayWorkerData(config, control, plans, owners), ...(cache ? { cache: { buffer: cache.buffer, layout: cache.layout } } : {}) },
     slabs,
+    cache,
     log,
     scrape,
     info: () => (device ? serverInfo(config, plans, device) : undefined),
@@ -282,6 +293,24 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   const close = () => (closing ??= drain(config, control, gateways, inference).then(() => log('slabserve: stopped')));
   return { port, url, ready, close, metricsJson, ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
+}
+
+/**
+ * The result cache of every gateway thread (src/shared/result-cache.ts), made here so one that
+ * dies leaves it behind for its replacement; null with --cache-mb 0. Owner 0 (this thread) only
+ * reclaims a dead gateway's locks.
+ */
+function resultCache(config: ServerConfig, plans: ModelPlan[], owners: number): ResultCache | null {
+  if (!(config.cacheMb > 0)) return null;
+  let layout;
+  try {
+    layout = cacheLayoutOf(config.cacheMb, plans, owners);
+  } catch (err) {
+    throw new ValidationError(`--cache-mb ${config.cacheMb}: ${(err as Error).message}; give more, or 0 to turn the cache off`);
+  }
+  const cache = ResultCache.create(layout);
+  config.log(`slabserve: result cache ${config.cacheMb} MiB, ${layout.sets * WAYS} rows per model of at most ${KEY_TOKENS} tokens`);
+  return cache;
 }
 
 /** The inference thread's settings, from the server's. */

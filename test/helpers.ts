@@ -124,7 +124,11 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return d;
 }
 
-/** A server config for tests: loopback, a free port, CPU, one gateway, quiet; `over` changes the rest. */
+/**
+ * A server config for tests: loopback, a free port, CPU, one gateway, quiet, no result cache
+ * (these tests send the same texts again and mean the device to run them: test/cache-server.test.ts
+ * turns it on); `over` changes the rest.
+ */
 export function testServerConfig(over: Partial<ServerConfig> = {}): ServerConfig {
   return {
     ...SERVER_DEFAULTS,
@@ -133,6 +137,7 @@ export function testServerConfig(over: Partial<ServerConfig> = {}): ServerConfig
     device: 'cpu',
     models: ['tiny-embed', 'tiny-intent'],
     gatewayThreads: 1,
+    cacheMb: 0,
     batching: {},
     log: () => {},
     ...over,

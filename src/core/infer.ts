@@ -8,10 +8,21 @@
  *      the work already queued would make it miss its deadline or the target;
  *   2. tokenizes its texts (inline when small, on the pool when large) or
  *      checks its token ids;
- *   3. refuses it (429) if its own tokens would make it miss the deadline;
- *   4. submits every input through the slabs and awaits all their rows (one
- *      promise; a failing input fails the request and cancels the others);
- *   5. answers rows, timing and token counts; a late answer is a 504.
+ *   3. with the result cache on (--cache-mb, src/shared/result-cache.ts),
+ *      looks up every input: all found, the request is answered here (no
+ *      slot, no queue, no inference thread); otherwise only the misses go on;
+ *   4. refuses it (429) if its own tokens would make it miss the deadline;
+ *   5. submits every input (every miss) through the slabs and awaits all their
+ *      rows (one promise; a failing input fails the request and cancels the
+ *      others); each miss's row is stored in the cache as it came;
+ *   6. answers rows, timing and token counts; a late answer is a 504.
+ *
+ * With the cache on, a request tokenized on this thread (within
+ * --inline-tokenize-chars, or token ids) is tokenized and looked up before
+ * step 1, which then takes slots for its misses only: a full hit never needs
+ * a free slot. One bound for the tokenizer pool keeps the order above, so an
+ * overloaded server still refuses it before the pool spends work on it, and
+ * gives back the slots of its hits.
  *
  * What the rows mean per task (embeddings, class scores, rerank scores) is
  * read by the functions at the end of this file; answer shapes are the
@@ -23,6 +34,7 @@ import type { Cancellation } from '../shared/cancel.js';
 import { nowMs } from '../shared/clock.js';
 import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
 import { checkModelName, type Task } from '../shared/model-config.js';
+import { fillMissing, lookUp, type ResultCache } from '../shared/result-cache.js';
 import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
 import type { EncodeOptions, Encoding, TextTokenizer, TruncationDirection } from './tokenizer.js';
 
@@ -131,6 +143,8 @@ export interface InferResult {
   tokens: number;
   tokenizeMs: number;
   timing: Timing;
+  /** With the result cache on: 'hit' when every input was answered from it (no slot, no run; timing 0), else 'miss'. Absent: off. */
+  cache?: 'hit' | 'miss';
 }
 
 /** Client batches of at most this many characters are tokenized inline by default (--inline-tokenize-chars), larger ones on the tokenizer pool. */
@@ -153,6 +167,8 @@ export class Infer {
   private readonly batchTokenizer: BatchTokenizer | undefined;
   /** Client batches at most this long (or this many characters) are tokenized inline. */
   private readonly inlineTokenizeChars: number;
+  /** The result cache (--cache-mb), or null: off. */
+  private readonly cache: ResultCache | null;
 
   constructor(
     models: ServedModel[],
@@ -164,6 +180,8 @@ export class Infer {
       onLate?: (model: number, tokens: number) => void;
       batchTokenizer?: BatchTokenizer;
       inlineTokenizeChars?: number;
+      /** Rows of inputs seen before (src/shared/result-cache.ts); absent: every input runs. */
+      cache?: ResultCache | null;
     },
   ) {
     this.models = models;
@@ -174,6 +192,7 @@ export class Infer {
     this.onLate = opts.onLate;
     this.batchTokenizer = opts.batchTokenizer;
     this.inlineTokenizeChars = opts.inlineTokenizeChars ?? INLINE_TOKENIZE_CHARS;
+    this.cache = opts.cache ?? null;
   }
 
   list(): ServedModel[] {
@@ -236,25 +255,66 @@ export class Infer {
     const timeoutMs = call.timeoutMs ?? this.requestTimeoutMs;
     if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
     const deadline = nowMs() + timeoutMs;
-    const held = this.hold(model, callCount(call.inputs), timeoutMs);
+    // With the cache, a request tokenized here is looked up before it takes a slot (a full hit needs
+    // none); one bound for the tokenizer pool takes its slots first, so overload is refused before the pool works.
+    let held = this.cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, callCount(call.inputs), timeoutMs);
     try {
       const t0 = nowMs();
       const pending = this.tokenize(model, call.inputs, call.cancel);
       const tokens = pending instanceof Promise ? await pending : pending; // no extra turn when inline
       const tokenizeMs = nowMs() - t0;
-      this.admitWait(this.submitter.predictedWaitMs(model.plan.index, tokens), timeoutMs);
-      const rows = await this.submitter.submitRequest(model.plan.index, tokens, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
+      const index = model.plan.index;
+      const width = model.plan.layout.outputWidth;
+      const look = this.cache ? lookUp(this.cache, index, tokens, width) : null;
+      let rows: RequestRows;
+      if (look && look.missing.length === 0) {
+        rows = { rows: look.rows, width, queueMs: 0, inferenceMs: 0 }; // answered here: no slot, no queue, no run
+      } else {
+        const run = look ? look.missing.map((i) => tokens[i]!) : tokens;
+        held ??= this.hold(model, run.length, timeoutMs);
+        this.admitWait(this.submitter.predictedWaitMs(index, run), timeoutMs);
+        rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
+        if (look) rows = { ...rows, rows: fillMissing(this.cache!, index, tokens, look, rows.rows, width) };
+      }
       let count = 0;
       for (const t of tokens) count += t.ids.length;
       // Checked again before the answer is serialised: a late answer is a timeout, not a success.
       if (nowMs() > deadline) {
-        this.onLate?.(model.plan.index, count);
+        this.onLate?.(index, count);
         throw new DeadlineExceededError('the request ran but finished after its deadline');
       }
-      return { rows, tokens: count, tokenizeMs, timing: { queueMs: rows.queueMs, inferenceMs: rows.inferenceMs } };
+      const cache = look ? { cache: look.missing.length === 0 ? ('hit' as const) : ('miss' as const) } : {};
+      return { rows, tokens: count, tokenizeMs, timing: { queueMs: rows.queueMs, inferenceMs: rows.inferenceMs }, ...cache };
     } finally {
-      held.release();
+      held?.release();
     }
+  }
+
+  /**
+   * Whether a request's inputs are tokenized on this thread (or are tokens
+   * already) rather than on the tokenizer pool: the rule of encodeTexts (the
+   * pool takes texts of more than inlineTokenizeChars in all), and pairs up to
+   * as many characters.
+   */
+  private tokenizedInline(inputs: CallInputs): boolean {
+    const chars = (list: readonly unknown[]) => {
+      let n = 0;
+      for (const x of list) if (typeof x === 'string') n += x.length;
+      return n;
+    };
+    switch (inputs.kind) {
+      case 'tokens':
+        return true;
+      case 'inputs':
+        return !this.batchTokenizer || chars(inputs.inputs) <= this.inlineTokenizeChars;
+      case 'pairs':
+        return chars(inputs.queries) + chars(inputs.texts) <= this.inlineTokenizeChars;
+    }
+  }
+
+  /** Whether the cache may answer a request of `m` without a slot (it holds some of its rows). */
+  private mayHit(m: ServedModel): boolean {
+    return this.cache?.holds(m.plan.index) ?? false;
   }
 
   /**
@@ -264,7 +324,10 @@ export class Infer {
    * any task) has a free slot, or, with a latency target, when each one's
    * queued work alone would miss it. Null when the request may go on, or when
    * the path names no loaded model of `task` (the request then fails as usual,
-   * for its own reason). Reads a few shared counters: no allocation unless refused.
+   * for its own reason). A model whose rows the result cache holds is never
+   * refused here: the request may be a full hit, which needs neither a slot
+   * nor the queue (a miss is refused after its lookup instead). Reads a few
+   * shared counters: no allocation unless refused.
    */
   refusalBeforeBody(task: Task | null, pathModel?: string): { error: OverloadedError; model: string | undefined } | null {
     let candidates: readonly ServedModel[];
@@ -277,14 +340,15 @@ export class Infer {
       if (candidates.length === 0) return null;
     }
     const label = candidates.length === 1 ? candidates[0]!.plan.spec.name : undefined;
-    if (candidates.every((m) => this.submitter.freeSlots(m.plan.index) === 0)) {
+    // A model whose rows the cache holds may answer without a slot or the queue: refused after its lookup, if at all.
+    if (candidates.every((m) => this.submitter.freeSlots(m.plan.index) === 0 && !this.mayHit(m))) {
       return { error: new OverloadedError('every request slot of the model is in use; retry shortly'), model: label };
     }
     if (this.sloP99Ms === undefined) return null; // the limit is the request's deadline, which its body may set
     let refusal: OverloadedError | null = null;
     for (const m of candidates) {
       const d = admission({ predictedWaitMs: this.submitter.predictedWaitMs(m.plan.index), remainingMs: Infinity, targetMs: this.sloP99Ms });
-      if (d.admit) return null;
+      if (d.admit || this.mayHit(m)) return null;
       refusal ??= new OverloadedError(`predicted wait ${Math.round(d.predictedWaitMs)} ms exceeds the latency target; retry later`, d.retryAfterSeconds);
     }
     return refusal ? { error: refusal, model: label } : null;

@@ -21,6 +21,7 @@ import type { ModelPlan } from '../shared/model-plan.js';
 import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
 import { gatewayMetrics, type GatewayMetrics } from '../shared/metrics.js';
+import { ResultCache, type CacheLayout } from '../shared/result-cache.js';
 import { RpcPeer } from '../shared/rpc.js';
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
@@ -59,6 +60,8 @@ export interface GatewayWorkerData {
   sloP99Ms?: number;
   /** API keys and the request limits checked before any route (gate.ts); absent: no keys, GATE_DEFAULTS. */
   security?: Partial<GateOptions>;
+  /** The result cache every gateway shares (src/shared/result-cache.ts); absent: off (--cache-mb 0). */
+  cache?: { buffer: SharedArrayBuffer; layout: CacheLayout };
   /** Log level, and the file descriptor access lines are written to (absent: they go to the main thread). */
   log?: { level: LogLevel; accessFd?: number };
 }
@@ -189,6 +192,7 @@ async function makeInfer(control: ControlBlock, slabs: Slab[], metrics: GatewayM
     },
     batchTokenizer,
     inlineTokenizeChars: data.inlineTokenizeChars,
+    cache: data.cache ? new ResultCache(data.cache.buffer, data.cache.layout, data.owner) : null,
   });
   return { infer, submitter };
 }

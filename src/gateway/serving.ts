@@ -8,7 +8,7 @@
  *   endpoint.parse(body)   the call (model, inputs, deadline, priority) and what the answer needs
  *   infer.infer(call)      slots, tokens, rows, timing (src/core/infer.ts)
  *   endpoint.answer(...)   the body in the dialect's shape
- *   HTTP: timing headers; request metrics; the gate writes the access line
+ *   HTTP: timing headers (and x-cache: hit|miss); request metrics; the gate writes the access line
  *
  * A dialect is a set of endpoints (a body parser and an answer shaper each)
  * and an error shape; it never repeats the steps above. Endpoints that do not
@@ -172,12 +172,14 @@ export function ms(v: number): string {
 function timingHeaders(ctx: RequestContext, r: InferResult | undefined): Record<string, string> {
   const total = ms(performance.now() - ctx.startedAt);
   if (!r) return { 'x-total-time': total };
-  return {
+  const headers: Record<string, string> = {
     'x-tokenization-time': ms(r.tokenizeMs),
     'x-queue-time': ms(r.timing.queueMs),
     'x-inference-time': ms(r.timing.inferenceMs),
     'x-total-time': total,
   };
+  if (r.cache) headers['x-cache'] = r.cache; // hit: every input from the result cache; absent with --cache-mb 0
+  return headers;
 }
 
 /**

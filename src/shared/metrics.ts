@@ -251,6 +251,34 @@ export function processMetrics(registry: Registry, state: ProcessState): void {
   });
 }
 
+/** One model's result-cache counts, summed over the threads (src/shared/result-cache.ts statsOf). */
+export interface CacheState {
+  name: string;
+  hits: number;
+  misses: number;
+  evictions: number;
+  bytes: number;
+  capacityBytes: number;
+}
+
+/** The result cache's series (--cache-mb), read from its shared memory at scrape time; not registered when it is off. */
+export function cacheMetrics(registry: Registry, models: () => CacheState[]): void {
+  const registers = [registry];
+  const perModel = (key: keyof Omit<CacheState, 'name'>) =>
+    function (this: Gauge<'model'>) {
+      this.reset();
+      for (const m of models()) this.set({ model: m.name }, m[key]);
+    };
+  const series: [string, keyof Omit<CacheState, 'name'>, string][] = [
+    ['slabserve_cache_hits_total', 'hits', 'Inputs answered from the result cache (no slot, no inference).'],
+    ['slabserve_cache_misses_total', 'misses', 'Inputs looked up in the result cache and not found (run on the device), those too long to cache included.'],
+    ['slabserve_cache_evictions_total', 'evictions', "Cached rows replaced by another input's (the least used of their set)."],
+    ['slabserve_cache_bytes', 'bytes', 'Bytes of the result cache holding rows now (keys and rows as laid out).'],
+    ['slabserve_cache_capacity_bytes', 'capacityBytes', "Bytes of the result cache given to the model (its share of --cache-mb)."],
+  ];
+  for (const [name, key, help] of series) new Gauge({ name, help, labelNames: ['model'], registers, collect: perModel(key) });
+}
+
 /** Kept by the main thread: thread replacements. */
 export function supervisionMetrics(registry: Registry, state: { abandonedInferenceThreads(): number }) {
   const registers = [registry];
