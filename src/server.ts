@@ -128,7 +128,8 @@ export const SERVER_DEFAULTS = {
   requestTimeoutMs: ENGINE_DEFAULTS.requestTimeoutMs,
   intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
   intraOpNice: ENGINE_DEFAULTS.intraOpNice,
-  maxClientBatchSize: 64,
+  /** A bound on one request's memory, not on the batcher: a larger client batch runs part by part (core/client-batches.ts). */
+  maxClientBatchSize: 1024,
   maxBodyBytes: 2 * 1024 * 1024,
   heartbeatTimeoutMs: ENGINE_DEFAULTS.heartbeatTimeoutMs,
   inferenceTimeoutMs: ENGINE_DEFAULTS.inferenceTimeoutMs,
@@ -210,11 +211,6 @@ export function pickFreePort(host: string): Promise<number> {
 
 export async function startServer(config: ServerConfig): Promise<Server> {
   const log = config.log;
-  if (config.maxClientBatchSize > config.slotsPerModel) {
-    throw new ValidationError(
-      `--max-client-batch-size (${config.maxClientBatchSize}) exceeds --slots-per-model (${config.slotsPerModel}): such a request could never be admitted`,
-    );
-  }
   // An operator's mistakes, before any thread starts: a taken port, a device this machine lacks.
   if (config.port !== 0 && !config.sharedPort) await ensurePortFree(config.host, config.port);
   checkDevice(config.device);

@@ -35,7 +35,8 @@ import { nowMs } from '../shared/clock.js';
 import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
 import { checkModelName, type Task } from '../shared/model-config.js';
 import { fillMissing, lookUp, type ResultCache } from '../shared/result-cache.js';
-import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
+import type { RequestRows, SlabSubmitter, SlotReservation, SubmitInput } from '../shared/submitter.js';
+import { partSizeFor, submitInParts } from './client-batches.js';
 import type { EncodeOptions, Encoding, TextTokenizer, TruncationDirection } from './tokenizer.js';
 
 /** Priority classes when none are configured: index 0 is the default. */
@@ -255,9 +256,11 @@ export class Infer {
     const timeoutMs = call.timeoutMs ?? this.requestTimeoutMs;
     if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
     const deadline = nowMs() + timeoutMs;
+    const partSize = this.partSize(model);
     // With the cache, a request tokenized here is looked up before it takes a slot (a full hit needs
     // none); one bound for the tokenizer pool takes its slots first, so overload is refused before the pool works.
-    let held = this.cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, callCount(call.inputs), timeoutMs);
+    // A large client batch holds one part's slots at a time (client-batches.ts).
+    let held = this.cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, Math.min(callCount(call.inputs), partSize), timeoutMs);
     try {
       const t0 = nowMs();
       const pending = this.tokenize(model, call.inputs, call.cancel);
@@ -271,9 +274,8 @@ export class Infer {
         rows = { rows: look.rows, width, queueMs: 0, inferenceMs: 0 }; // answered here: no slot, no queue, no run
       } else {
         const run = look ? look.missing.map((i) => tokens[i]!) : tokens;
-        held ??= this.hold(model, run.length, timeoutMs);
-        this.admitWait(this.submitter.predictedWaitMs(index, run), timeoutMs);
-        rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
+        held ??= this.hold(model, Math.min(run.length, partSize), timeoutMs);
+        rows = await this.run(index, run, held, { deadline, timeoutMs, partSize, priority: call.priority, cancel: call.cancel });
         if (look) rows = { ...rows, rows: fillMissing(this.cache!, index, tokens, look, rows.rows, width) };
       }
       let count = 0;
@@ -288,6 +290,29 @@ export class Infer {
     } finally {
       held?.release();
     }
+  }
+
+  /**
+   * Runs the inputs the cache did not answer, in the slots `held` took: all at once, or, for a
+   * client batch larger than one part, part by part (client-batches.ts). Admission judges the
+   * queue ahead and the first part: a large batch's own later parts wait behind other requests.
+   */
+  private run(
+    model: number,
+    run: SubmitInput[],
+    held: SlotReservation,
+    o: { deadline: number; timeoutMs: number; partSize: number; priority: number | undefined; cancel: Cancellation | undefined },
+  ): Promise<RequestRows> {
+    const parted = run.length > o.partSize;
+    this.admitWait(this.submitter.predictedWaitMs(model, parted ? run.slice(0, o.partSize) : run), o.timeoutMs);
+    const opts = { deadline: o.deadline, priority: o.priority, cancel: o.cancel };
+    if (!parted) return this.submitter.submitRequest(model, run, { ...opts, reservation: held });
+    return submitInParts({ submitter: this.submitter, model, inputs: run, first: held, partSize: o.partSize, ...opts });
+  }
+
+  /** The most slots one request holds at once: a larger client batch runs part by part. */
+  private partSize(model: ServedModel): number {
+    return partSizeFor(model.plan.layout.slotCount, model.plan.batching.maxBatchSize);
   }
 
   /**

@@ -88,6 +88,8 @@ export interface RequestSubmitOptions {
   cancel?: Cancellation | undefined;
   /** Fill these slots (taken by {@link SlabSubmitter.reserve}) instead of taking free ones. */
   reservation?: SlotReservation | undefined;
+  /** These inputs' place in their client request (a later part of a large one: core/client-batches.ts); default 0. */
+  firstInput?: number | undefined;
 }
 
 /** One request's rows: input i's row is `rows.subarray(i * width, (i + 1) * width)` (a copy, out of the slab). */
@@ -368,7 +370,7 @@ export class SlabSubmitter {
     slab.setHeader(slot, H_LENGTH, len);
     slab.setHeader(slot, H_POOL_FROM, x.poolFrom ?? 0);
     slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
-    slab.setHeader(slot, H_CHUNK, Math.floor(i / INTERLEAVE_CHUNK));
+    slab.setHeader(slot, H_CHUNK, Math.floor(((opts.firstInput ?? 0) + i) / INTERLEAVE_CHUNK));
     slab.setHeader(slot, H_ERROR, SlotError.NONE);
     slab.setTime(slot, T_ENQUEUED, nowMs());
     slab.setTime(slot, T_DEADLINE, opts.deadline);

@@ -1,0 +1,132 @@
+/**
+ * Large client batches (core/client-batches.ts): a request of far more inputs
+ * than the model has slots for is run part by part and answered once, in
+ * order, with the rows a plain onnxruntime run of the unmodified graph gives
+ * each input alone; other clients keep being served while it runs; a client
+ * that goes away mid-batch leaves no slot behind.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { partSizeFor, PARTS_IN_FLIGHT } from '../dist/src/core/client-batches.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
+import { startServer, type Server } from '../dist/src/server.js';
+import { parseMetrics } from './fixtures/http-client.js';
+import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, sleep, testServerConfig, vocabularyWords } from './helpers.js';
+
+const SLOTS = 64;
+const PART = partSizeFor(SLOTS, 32); // 16: a quarter of the slots
+const BIG = 1000;
+
+let server: Server;
+let ref: PlainReference;
+let tok: TextTokenizer;
+let words: string[];
+
+beforeAll(async () => {
+  server = await startServer(testServerConfig({ models: ['tiny-embed'], slotsPerModel: SLOTS, maxClientBatchSize: BIG, batching: { maxBatchSize: 32 } }));
+  await server.ready;
+  ref = await PlainReference.open('tiny-embed');
+  tok = await loadTokenizer(ref.spec.tokenizerPath);
+  words = vocabularyWords(ref.spec);
+});
+
+afterAll(async () => {
+  await server?.close();
+  await ref?.close();
+});
+
+const embed = async (inputs: string | string[], signal?: AbortSignal) => {
+  const r = await fetch(`${server.url}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs }), ...(signal ? { signal } : {}) });
+  return { status: r.status, body: (await r.json()) as number[][] | { error: string } };
+};
+
+const metrics = async () => parseMetrics(await (await fetch(`${server.url}/metrics`)).text());
+
+describe('partSizeFor', () => {
+  it('a quarter of the slots at most, at least a full batch where the slots allow, never 0', () => {
+    expect(partSizeFor(1024, 32)).toBe(32);
+    expect(partSizeFor(1024, 128)).toBe(128);
+    expect(partSizeFor(1024, 8)).toBe(32);
+    expect(partSizeFor(64, 32)).toBe(16);
+    expect(partSizeFor(2, 32)).toBe(1);
+  });
+});
+
+describe(`a client batch of ${BIG} inputs on a model with ${SLOTS} slots`, () => {
+  it('is one answer, in order, each row the unmodified graph run on that input alone, and equal to the input sent alone', async () => {
+    const texts = randomTexts(makeRandom('client-batches: 1000 texts'), words, BIG, 12);
+    const before = await metrics();
+    const big = await embed(texts);
+    expect(big.status, JSON.stringify(big.body).slice(0, 300)).toBe(200);
+    const rows = big.body as number[][];
+    expect(rows).toHaveLength(BIG);
+    let worst = 0;
+    for (let i = 0; i < BIG; i++) {
+      const want = await ref.embedding(tok.encode(texts[i]!, { maxLength: ref.spec.maxLength, truncate: false }).ids);
+      worst = Math.max(worst, maxAbsDiff(rows[i]!, want));
+    }
+    console.log(`1000 rows against the plain graph: worst component ${worst.toExponential(2)}`);
+    expect(worst).toBeLessThan(1e-5);
+    // The same texts one request each (16 at a time): the same rows.
+    let vsSingle = 0;
+    for (let i = 0; i < BIG; i += 16) {
+      const singles = await Promise.all(texts.slice(i, i + 16).map((t) => embed(t)));
+      singles.forEach((s, k) => {
+        expect(s.status).toBe(200);
+        vsSingle = Math.max(vsSingle, maxAbsDiff((s.body as number[][])[0]!, rows[i + k]!));
+      });
+    }
+    expect(vsSingle).toBeLessThan(1e-5);
+    const after = await metrics();
+    // All of them ran on the device, batched: more than one part, fewer batches than inputs.
+    const batches = after.sum('slabserve_batch_size_count') - before.sum('slabserve_batch_size_count');
+    expect(after.sum('slabserve_batch_size_sum') - before.sum('slabserve_batch_size_sum')).toBe(2 * BIG);
+    expect(batches).toBeGreaterThan(BIG / 32);
+    expect(batches).toBeLessThan(2 * BIG);
+  });
+
+  it('never holds more than its parts in flight, and other clients are served while it runs', async () => {
+    const texts = randomTexts(makeRandom('client-batches: interleaved'), words, BIG, 12);
+    let bigDone = false;
+    const bigAnswer = embed(texts).finally(() => (bigDone = true));
+    const singles: { status: number; beforeBig: boolean }[] = [];
+    let peakSlots = 0;
+    const single = (async () => {
+      for (let i = 0; !bigDone; i++) {
+        const s = await embed(texts[i % BIG]!);
+        singles.push({ status: s.status, beforeBig: !bigDone });
+      }
+    })();
+    const sampler = (async () => {
+      while (!bigDone) {
+        peakSlots = Math.max(peakSlots, (await metrics()).sum('slabserve_slots_in_use', { model: 'tiny-embed' }));
+        await sleep(5);
+      }
+    })();
+    const big = await bigAnswer;
+    await Promise.all([single, sampler]);
+    expect(big.status).toBe(200);
+    expect((big.body as number[][]).length).toBe(BIG);
+    const served = singles.filter((s) => s.beforeBig);
+    console.log(`${served.length} single requests answered while the batch ran; peak slots in use ${peakSlots} of ${SLOTS}`);
+    expect(singles.every((s) => s.status === 200)).toBe(true);
+    expect(served.length).toBeGreaterThanOrEqual(3);
+    // The batch's parts, plus the one single request in flight.
+    expect(peakSlots).toBeLessThanOrEqual(PARTS_IN_FLIGHT * PART + 1);
+  });
+
+  it('a client that goes away mid-batch leaves no slot behind, and the server goes on', async () => {
+    const texts = randomTexts(makeRandom('client-batches: abandoned'), words, BIG, 12);
+    const before = await metrics();
+    const abort = new AbortController();
+    const answer = embed(texts, abort.signal).catch((e: unknown) => e);
+    await eventually('the batch running', metrics, (m) => m.sum('slabserve_batch_size_sum') > before.sum('slabserve_batch_size_sum'), 20_000, () => 'no batch yet');
+    abort.abort();
+    expect(await answer).toBeInstanceOf(Error);
+    await eventually('every slot back', metrics, (m) => m.sum('slabserve_slots_in_use', { model: 'tiny-embed' }) === 0, 20_000, (m) => m.sum('slabserve_slots_in_use'));
+    const ran = (await metrics()).sum('slabserve_batch_size_sum') - before.sum('slabserve_batch_size_sum');
+    console.log(`the abandoned batch ran ${ran} of its ${BIG} inputs`);
+    expect(ran).toBeLessThan(BIG); // the rest were never run
+    const after = await embed(texts[0]!);
+    expect(after.status).toBe(200);
+  });
+});
