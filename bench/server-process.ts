@@ -135,9 +135,12 @@ export async function startChildServer(opts: {
 /** Starts `node <cli> serve <args>` with no SLABSERVE_* variables from this environment; resolves when it is ready. */
 export async function startServerProcess(opts: ServerOptions): Promise<ServerProcess> {
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SLABSERVE_')));
+  // The benches measure the device path: their workloads repeat texts, which the result cache
+  // (on by default) would answer instead. Off unless a bench sets --cache-mb itself.
+  const args = opts.args.includes('--cache-mb') ? opts.args : [...opts.args, '--cache-mb', '0'];
   let port: number | null = null;
   const child = await startChildServer({
-    args: [opts.cliPath, 'serve', ...opts.args],
+    args: [opts.cliPath, 'serve', ...args],
     env,
     stream: 'stderr',
     // the port from the `listening on` line, ready at the `ready at` line
@@ -147,7 +150,7 @@ export async function startServerProcess(opts: ServerOptions): Promise<ServerPro
       return /ready at /.test(line) && port !== null ? `http://127.0.0.1:${port}` : null;
     },
     startTimeoutMs: opts.startTimeoutMs ?? 60_000,
-    what: `slabserve serve ${opts.args.join(' ')}`,
+    what: `slabserve serve ${args.join(' ')}`,
   });
   return {
     ...child,
