@@ -45,8 +45,7 @@ import { parseQuickOptions, type QuickOptions } from './quick/options.js';
 import { extraTable, httpTable, legend, mainTable, QuickResults, wsTable } from './quick/report.js';
 import { closeRig, openRig, rigLines } from './quick/rig.js';
 import { phaseList, reportedRounds, runRounds } from './quick/rounds.js';
-import { textWorkload, tokenWorkload, type Seq } from './quick/workload.js';
-import type { Workload } from './workloads.js';
+import { serverWorkload, textWorkload, tokenWorkload, type Seq } from './quick/workload.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // dist/bench/quick.js -> the repo root is two levels up
@@ -77,17 +76,6 @@ function introLines(o: QuickOptions, spec: ModelSpec, m: Machine, seqs: Seq[], s
       `${o.http ? `http: ${o.httpClients.join(' and ')} clients, one keep-alive connection each (${o.httpClient === 'http' ? 'node:http Agent' : 'undici Pool'}), server in a child process; ` : ''}` +
       `intra-op threads ${o.intra}${o.intra === 0 ? ' (onnxruntime default)' : ''}`,
   ];
-}
-
-/** The HTTP and WebSocket rows' requests: one text each, bodies serialized before timing. */
-function serverWorkload(seqs: Seq[]): Workload {
-  return {
-    name: 'short',
-    description: 'quick.ts texts',
-    requests: seqs.map((s) => [{ text: s.text!, ids: s.ids, typeIds: s.typeIds }]),
-    bodies: seqs.map((s) => Buffer.from(JSON.stringify({ inputs: s.text }))),
-    form: 'text',
-  };
 }
 
 /** The floor (bench/floor.ts): the gateway's CPU per request against a server doing only its unavoidable work. */

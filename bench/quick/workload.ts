@@ -6,6 +6,7 @@
 import { loadTokenizer } from '../../src/core/tokenizer.js';
 import { bertUncasedVocab } from '../../src/modelgen/tokenizer-json.js';
 import type { ModelSpec } from '../../src/shared/model-config.js';
+import type { Workload } from '../workloads.js';
 
 /** Tokens per sequence, [CLS] and [SEP] included. */
 export const MIN_LEN = 8;
@@ -58,4 +59,15 @@ export async function textWorkload(r: () => number, n: number, spec: ModelSpec):
     out.push({ ids: enc.ids, typeIds: enc.typeIds, text });
   }
   return out;
+}
+
+/** The HTTP and WebSocket rows' requests: one text each, bodies serialized before timing. */
+export function serverWorkload(seqs: Seq[]): Workload {
+  return {
+    name: 'short',
+    description: 'quick.ts texts',
+    requests: seqs.map((s) => [{ text: s.text!, ids: s.ids, typeIds: s.typeIds }]),
+    bodies: seqs.map((s) => Buffer.from(JSON.stringify({ inputs: s.text }))),
+    form: 'text',
+  };
 }
