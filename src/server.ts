@@ -24,6 +24,7 @@ import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DE
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayWorkerData } from './gateway/gateway-worker.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
+import { WS_DEFAULTS } from './gateway/ws-options.js';
 import { INLINE_TOKENIZE_CHARS } from './core/infer.js';
 import type { LogLevel } from './gateway/log.js';
 import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.js';
@@ -72,13 +73,10 @@ export interface ServerConfig extends ModelOptions {
   /** Requests waiting for the tokenizer pool, per gateway, past which 429 at once (--tokenizer-queue; default 256 per pool thread). */
   tokenizerQueue?: number;
   inlineTokenizeChars: number;
-  /** WebSocket: most requests in flight per socket (--ws-max-inflight). */
+  /** --ws-max-inflight, --ws-max-buffered-bytes, --ws-max-frame-bytes, --ws-idle-timeout-s: WsOptions (gateway/ws-options.ts says what each means). */
   wsMaxInflight: number;
-  /** WebSocket: unsent bytes above which a socket's requests are held back (--ws-max-buffered-bytes). */
   wsMaxBufferedBytes: number;
-  /** WebSocket: largest frame (--ws-max-frame-bytes). */
   wsMaxFrameBytes: number;
-  /** WebSocket: idle seconds before a socket is closed; pings are sent meanwhile (--ws-idle-timeout-s). */
   wsIdleTimeoutSeconds: number;
   /** Priority classes in order (the first is the default) and their weights (--priority-weights). */
   priorities: { name: string; weight: number }[];
@@ -137,10 +135,10 @@ export const SERVER_DEFAULTS = {
   drainGraceMs: 500,
   tokenizerThreads: 1,
   inlineTokenizeChars: INLINE_TOKENIZE_CHARS,
-  wsMaxInflight: 256,
-  wsMaxBufferedBytes: 1024 * 1024,
-  wsMaxFrameBytes: 2 * 1024 * 1024,
-  wsIdleTimeoutSeconds: 120,
+  wsMaxInflight: WS_DEFAULTS.maxInflight,
+  wsMaxBufferedBytes: WS_DEFAULTS.maxBufferedBytes,
+  wsMaxFrameBytes: WS_DEFAULTS.maxFrameBytes,
+  wsIdleTimeoutSeconds: WS_DEFAULTS.idleTimeoutSeconds,
   priorities: DEFAULT_PRIORITIES,
   priorityAgeingMs: DEFAULT_SCHEDULING.priorityAgeingMs,
   cacheMb: 64,

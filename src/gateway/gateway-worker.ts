@@ -35,8 +35,14 @@ import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize-pool.js';
 import { loadModelTokenizer } from '../core/tokenizer.js';
 import { loadUws, type us_listen_socket } from './uws.js';
-import { registerWebSocket, type WsOptions } from './ws.js';
+import { registerWebSocket } from './ws.js';
+import type { WsOptions } from './ws-options.js';
 
+/**
+ * What a gateway thread starts with (src/server.ts gatewayWorkerData builds it).
+ * A field named as a ServerConfig field is that setting, documented there once;
+ * the rest is this thread's place (id, owner index, port) and shared memory.
+ */
 export interface GatewayWorkerData {
   gatewayId: number;
   /** Owner index in the slabs (0 is the main thread's). */
@@ -51,7 +57,6 @@ export interface GatewayWorkerData {
   requestTimeoutMs: number;
   heartbeatTimeoutMs: number;
   tokenizerThreads: number;
-  /** Requests that may wait for a tokenizer pool thread; past it 429 (default TOKENIZER_QUEUE_PER_THREAD per thread). */
   tokenizerQueue?: number;
   inlineTokenizeChars: number;
   ws: WsOptions;

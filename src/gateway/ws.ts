@@ -26,17 +26,9 @@ import { chooseProtocol, decodeMsgpack, requestId, shown } from './security.js';
 import { isAnswer, metricsOf, runEndpoint, type Endpoint, type EndpointContext, type GatewayLimits, type Served } from './serving.js';
 import { TEI_ENDPOINTS, TEI_LOCAL_ENDPOINTS } from './tei.js';
 import type { HttpRequest, HttpResponse, TemplatedApp, us_socket_context_t, WebSocket } from './uws.js';
+import type { WsOptions } from './ws-options.js';
 
-export interface WsOptions {
-  /** Most requests in flight per socket (and the highest credit a client may ask for). */
-  maxInflight: number;
-  /** Unsent bytes above which the socket's requests are held back until it drains. */
-  maxBufferedBytes: number;
-  /** Largest frame accepted; a larger one closes the socket (1009). */
-  maxFrameBytes: number;
-  /** Seconds without traffic before the socket is closed (uWS sends pings meanwhile). */
-  idleTimeoutSeconds: number;
-}
+export type { WsOptions } from './ws-options.js';
 
 export interface WsDeps {
   infer: Infer;
