@@ -148,17 +148,41 @@ export interface ProcessState {
   threadCpuSeconds(): Map<string, number>;
 }
 
+type ModelState = ReturnType<ProcessState['models']>[number];
+
+/** The per-model gauges that read one number of ProcessState.models(): name, help, which number. */
+const PER_MODEL_GAUGES: readonly [name: string, help: string, key: keyof ModelState][] = [
+  ['slabserve_queue_depth', 'Requests queued for the device, not yet in a batch.', 'queued'],
+  ['slabserve_slots_in_use', 'Request slots taken (filling, queued, running or being answered).', 'slotsInUse'],
+  ['slabserve_slots', 'Request slots per model (--slots-per-model): the admission limit.', 'slots'],
+  ['slabserve_requests_expired_total', 'Requests dropped before running: their deadline had passed.', 'expired'],
+  ['slabserve_expired_tokens_total', 'Real tokens of requests dropped before running because their deadline passed (work saved).', 'expiredTokens'],
+  ['slabserve_batch_split_runs_total', 'Runs of a half (of a half...) of a failed batch, retried to find the inputs that make it fail.', 'splitRuns'],
+  ['slabserve_inputs_failed_alone_total', 'Inputs the model failed on alone while the rest of their batch ran (answered 422 SLABSERVE_INPUT_FAILED).', 'failedAlone'],
+  ['slabserve_requests_cancelled_total', 'Requests cancelled (client gone) that the device never ran or whose result was dropped.', 'cancelled'],
+];
+
 /** Gauges and counters the main thread computes from shared memory on each scrape. */
 export function processMetrics(registry: Registry, state: ProcessState): void {
   const registers = [registry];
-  const perModel = <K extends keyof ReturnType<ProcessState['models']>[number]>(key: K) =>
-    function (this: Gauge<'model'>) {
-      this.reset();
-      for (const m of state.models()) this.set({ model: m.name }, m[key] as number);
-    };
-  new Gauge({ name: 'slabserve_queue_depth', help: 'Requests queued for the device, not yet in a batch.', labelNames: ['model'], registers, collect: perModel('queued') });
-  new Gauge({ name: 'slabserve_slots_in_use', help: 'Request slots taken (filling, queued, running or being answered).', labelNames: ['model'], registers, collect: perModel('slotsInUse') });
-  new Gauge({ name: 'slabserve_slots', help: 'Request slots per model (--slots-per-model): the admission limit.', labelNames: ['model'], registers, collect: perModel('slots') });
+  for (const [name, help, key] of PER_MODEL_GAUGES) {
+    new Gauge({
+      name,
+      help,
+      labelNames: ['model'],
+      registers,
+      collect() {
+        this.reset();
+        for (const m of state.models()) this.set({ model: m.name }, m[key] as number);
+      },
+    });
+  }
+  modelWorkGauges(registers, state);
+  healthGauges(registers, state);
+}
+
+/** Tokens computed (real and padded) and the fitted batch cost, per model. */
+function modelWorkGauges(registers: Registry[], state: ProcessState): void {
   new Gauge({
     name: 'slabserve_tokens_total',
     help: 'Tokens computed on the device: real ones and padded ones (real + padding). Padding efficiency = real / padded.',
@@ -171,14 +195,6 @@ export function processMetrics(registry: Registry, state: ProcessState): void {
         this.set({ model: m.name, kind: 'padded' }, m.paddedTokens);
       }
     },
-  });
-  new Gauge({ name: 'slabserve_requests_expired_total', help: 'Requests dropped before running: their deadline had passed.', labelNames: ['model'], registers, collect: perModel('expired') });
-  new Gauge({
-    name: 'slabserve_expired_tokens_total',
-    help: 'Real tokens of requests dropped before running because their deadline passed (work saved).',
-    labelNames: ['model'],
-    registers,
-    collect: perModel('expiredTokens'),
   });
   new Gauge({
     name: 'slabserve_batch_cost_seconds',
@@ -195,21 +211,10 @@ export function processMetrics(registry: Registry, state: ProcessState): void {
       }
     },
   });
-  new Gauge({
-    name: 'slabserve_batch_split_runs_total',
-    help: 'Runs of a half (of a half...) of a failed batch, retried to find the inputs that make it fail.',
-    labelNames: ['model'],
-    registers,
-    collect: perModel('splitRuns'),
-  });
-  new Gauge({
-    name: 'slabserve_inputs_failed_alone_total',
-    help: 'Inputs the model failed on alone while the rest of their batch ran (answered 422 SLABSERVE_INPUT_FAILED).',
-    labelNames: ['model'],
-    registers,
-    collect: perModel('failedAlone'),
-  });
-  new Gauge({ name: 'slabserve_requests_cancelled_total', help: 'Requests cancelled (client gone) that the device never ran or whose result was dropped.', labelNames: ['model'], registers, collect: perModel('cancelled') });
+}
+
+/** Readiness, the inference thread's heartbeat, CPU per thread, device memory. */
+function healthGauges(registers: Registry[], state: ProcessState): void {
   new Gauge({
     name: 'slabserve_ready',
     help: '1 when the server is ready (warmed up, inference thread alive, not draining).',
