@@ -19,7 +19,7 @@ import OpenAI, { BadRequestError, NotFoundError } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/server.js';
 import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
@@ -624,7 +624,7 @@ describe('TEI /rerank', () => {
       [{ query: 'q', texts: 'a' }, 422],
       [{ query: 'q', texts: ['a'], model: 'tiny-embed' }, 422],
       [{ query: 'q', texts: ['a'], model: 'nope' }, 404],
-      [{ query: 'q', texts: Array.from({ length: 65 }, () => 'a') }, 422],
+      [{ query: 'q', texts: Array.from({ length: SERVER_DEFAULTS.maxClientBatchSize + 1 }, () => 'a') }, 422],
     ];
     for (const [body, status] of cases) {
       const r = await post('/rerank', body);
@@ -712,7 +712,7 @@ describe('TEI /tokenize and /decode', () => {
       ['/tokenize', { inputs: 42 }, 422],
       ['/tokenize', { inputs: [] }, 422],
       ['/tokenize', { inputs: 'hi', model: 'nope' }, 404],
-      ['/tokenize', { inputs: Array.from({ length: 65 }, () => 'a') }, 422],
+      ['/tokenize', { inputs: Array.from({ length: SERVER_DEFAULTS.maxClientBatchSize + 1 }, () => 'a') }, 422],
       ['/tokenize', { inputs: 'parcel '.repeat(10_000) }, 422], // over MAX_TOKENIZE_CHARS
       ['/decode', { ids: 'hello' }, 422],
       ['/decode', { ids: [1.5] }, 422],

@@ -21,7 +21,8 @@
  * hundred bytes each and uWS closes them after 10 s.
  */
 import type { GatewayMetrics } from '../shared/metrics.js';
-import { HttpError, RequestContext } from './http.js';
+import { HttpError } from '../shared/errors.js';
+import { RequestContext } from './http.js';
 import type { AccessLog } from './log.js';
 import { ApiKeys, type AuthResult } from './security.js';
 import type { HttpRequest, HttpResponse } from './uws.js';

@@ -10,7 +10,7 @@
  * tick must be corked.
  */
 import { pack } from 'msgpackr';
-import { CancelledError, OverloadedError, SlabserveError, ValidationError, type ErrorType } from '../shared/errors.js';
+import { CancelledError, HttpError, OverloadedError, SlabserveError, ValidationError, type ErrorType } from '../shared/errors.js';
 import { Cancellation } from '../shared/cancel.js';
 import { STATUS_OF_TYPE } from '../shared/error-status.js';
 import { decodeMsgpack, requestId } from './security.js';
@@ -36,17 +36,6 @@ const REASON: Record<number, string> = {
   503: 'Service Unavailable',
   504: 'Gateway Timeout',
 };
-
-/** An error raised by the HTTP layer itself (bad body, wrong method, ...). */
-export class HttpError extends SlabserveError {
-  readonly status: number;
-  readonly headers: Record<string, string>;
-  constructor(status: number, kind: ErrorType, code: string, message: string, headers: Record<string, string> = {}) {
-    super(message, code, kind);
-    this.status = status;
-    this.headers = headers;
-  }
-}
 
 export function statusOf(err: unknown): number {
   if (err instanceof HttpError) return err.status;

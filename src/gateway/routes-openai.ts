@@ -31,7 +31,8 @@ import { quantizeRow, rowBytes, type EmbeddingType, type QuantizedRow } from '..
 import { float32RowsInJson } from './float-json.js';
 import type { Answer, ErrorInfo, RequestContext } from './http.js';
 import type { Route } from './route-types.js';
-import { FieldValidationError, OpenAIEmbeddingRequest, parseBody } from './schemas.js';
+import { FieldValidationError } from '../shared/errors.js';
+import { OpenAIEmbeddingRequest, parseBody } from './schemas.js';
 import { prompted } from '../core/prompts.js';
 import { serveInference, type Endpoint } from './serving.js';
 

@@ -24,7 +24,8 @@
  * x-total-time (ms), as text-embeddings-inference sends them.
  */
 import type { RouteAccess } from './gate.js';
-import { HttpError, RequestContext } from './http.js';
+import { HttpError } from '../shared/errors.js';
+import { RequestContext } from './http.js';
 import { kserveRoutes } from './routes-kserve.js';
 import { openaiRoutes } from './routes-openai.js';
 import { teiRoutes } from './routes-tei.js';

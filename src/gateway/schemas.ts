@@ -4,7 +4,7 @@
  */
 import { z } from 'zod';
 import { EMBEDDING_TYPES, isEmbeddingType } from '../core/quantize.js';
-import { ValidationError } from '../shared/errors.js';
+import { FieldValidationError, ValidationError } from '../shared/errors.js';
 
 /** Token ids with the special tokens ([CLS] ... [SEP]): pre-tokenized input, as TEI and OpenAI take it. */
 const tokenIds = z.array(z.number().int().nonnegative()).min(1);
@@ -233,13 +233,4 @@ export function parseBody<T>(schema: z.ZodType<T>, body: unknown): T {
   const problems = r.error.issues.map((i) => `${i.path.length ? i.path.join('.') : 'body'}: ${i.message}`);
   const first = r.error.issues[0]?.path[0];
   throw new FieldValidationError(`invalid request: ${problems.join('; ')}`, first === undefined ? null : String(first));
-}
-
-/** A ValidationError that names the (first) offending top-level field: OpenAI's `param`. */
-export class FieldValidationError extends ValidationError {
-  readonly param: string | null;
-  constructor(message: string, param: string | null) {
-    super(message);
-    this.param = param;
-  }
 }

@@ -5,7 +5,7 @@
  * WebSocket ops (ws.ts) serve these same endpoints, so `/embed` over HTTP
  * and `{op: "embed"}` over /ws answer the same thing.
  */
-import { ValidationError } from '../shared/errors.js';
+import { FieldValidationError, ValidationError } from '../shared/errors.js';
 import type { Task } from '../shared/model-config.js';
 import { floatAnswer, quantizedRowsAnswer, rowsAnswer } from './answers.js';
 import { float32RowsInJson } from './float-json.js';
@@ -23,7 +23,6 @@ import {
 import {
   DecodeRequest,
   EmbedRequest,
-  FieldValidationError,
   parseBody,
   PredictRequest,
   quickEmbedRequest,

@@ -35,6 +35,26 @@ export class ValidationError extends SlabserveError {
   }
 }
 
+/** A ValidationError that names the (first) offending top-level field: OpenAI's `param`. */
+export class FieldValidationError extends ValidationError {
+  readonly param: string | null;
+  constructor(message: string, param: string | null) {
+    super(message);
+    this.param = param;
+  }
+}
+
+/** An error raised by the HTTP layer itself (bad body, wrong method, ...). */
+export class HttpError extends SlabserveError {
+  readonly status: number;
+  readonly headers: Record<string, string>;
+  constructor(status: number, kind: ErrorType, code: string, message: string, headers: Record<string, string> = {}) {
+    super(message, code, kind);
+    this.status = status;
+    this.headers = headers;
+  }
+}
+
 export class InputTooLongError extends SlabserveError {
   readonly length: number;
   readonly maxLength: number;
