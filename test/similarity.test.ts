@@ -15,7 +15,7 @@ import WebSocket from 'ws';
 import { SlabClient, SlabHttpClient } from '../dist/src/client/index.js';
 import { cosineSimilarity, similaritiesToFirst } from '../dist/src/core/similarity.js';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
 
@@ -205,7 +205,7 @@ describe('POST /similarity', () => {
 });
 
 /** --max-client-batch-size of the test server (the default). */
-const SERVER_LIMIT = 64;
+const SERVER_LIMIT = SERVER_DEFAULTS.maxClientBatchSize;
 
 describe("the official client: @huggingface/inference's sentenceSimilarity, unchanged", () => {
   it('pointed at /similarity, and at the server root, it answers the reference cosines', async () => {
