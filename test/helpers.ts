@@ -5,8 +5,10 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { pack, unpack } from 'msgpackr';
 import * as ort from 'onnxruntime-node';
 import { expect } from 'vitest';
+import WebSocket from 'ws';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/server.js';
 import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
@@ -246,5 +248,24 @@ export class PlainReference {
 
   async close(): Promise<void> {
     await this.session.release();
+  }
+}
+
+/** One frame sent on a fresh /ws socket of the server on `port`, and its first answer (msgpack), decoded; the socket closed after. */
+export async function wsRequest(port: number, frame: Record<string, unknown>): Promise<any> {
+  const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`);
+  try {
+    await new Promise<void>((resolve, reject) => {
+      ws.once('open', () => resolve());
+      ws.once('error', reject);
+    });
+    const answer = new Promise<any>((resolve, reject) => {
+      ws.once('message', (data: Buffer) => resolve(unpack(data)));
+      ws.once('close', () => reject(new Error('closed before an answer')));
+    });
+    ws.send(pack(frame));
+    return await answer;
+  } finally {
+    ws.close();
   }
 }

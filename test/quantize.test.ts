@@ -19,10 +19,9 @@
  * (or, for the sign bits, where |v| < AMBIGUOUS); everywhere else it must be
  * equal, and most positions must be of that kind for the check to mean anything.
  */
-import { pack, unpack } from 'msgpackr';
+import { unpack } from 'msgpackr';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import WebSocket from 'ws';
 import { SlabClient, SlabHttpClient } from '../dist/src/client/index.js';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import {
@@ -36,7 +35,7 @@ import {
   rowBytes,
 } from '../dist/src/core/quantize.js';
 import { startServer, type Server } from '../dist/src/server.js';
-import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
+import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 
 type QType = 'int8' | 'uint8' | 'binary' | 'ubinary';
 const QTYPES: QType[] = ['int8', 'uint8', 'binary', 'ubinary'];
@@ -218,23 +217,6 @@ function expectRows(got: ArrayLike<number>[], rows: Float32Array[], type: QType,
   expect(ambiguous, `${what}: positions too near a boundary to decide`).toBeLessThan(positions / 10);
 }
 
-async function wsRequest(frame: Record<string, unknown>): Promise<any> {
-  const ws = new WebSocket(`ws://127.0.0.1:${server.port}/ws`);
-  try {
-    await new Promise<void>((resolve, reject) => {
-      ws.once('open', () => resolve());
-      ws.once('error', reject);
-    });
-    const answer = new Promise<any>((resolve, reject) => {
-      ws.once('message', (data: Buffer) => resolve(unpack(data)));
-      ws.once('close', () => reject(new Error('closed before an answer')));
-    });
-    ws.send(pack(frame));
-    return await answer;
-  } finally {
-    ws.close();
-  }
-}
 
 beforeAll(async () => {
   server = await startServer(testServerConfig({ models: ['tiny-embed'], batching: { buckets: [8, 16, 32, 64] } }));
@@ -300,7 +282,7 @@ describe('embedding_type on a server', () => {
     const o = await postJson('/v1/embeddings', { input: 'x', model: 'tiny-embed', embedding_type: 'bits' });
     expect(o.status).toBe(400);
     expect(o.body.error.param).toBe('embedding_type');
-    const w = await wsRequest({ id: 1, op: 'embed', inputs: 'x', embedding_type: 8 });
+    const w = await wsRequest(server.port, { id: 1, op: 'embed', inputs: 'x', embedding_type: 8 });
     expect(w.error).toMatchObject({ type: 'validation', code: 'SLABSERVE_INVALID_INPUT' });
   });
 
@@ -338,7 +320,7 @@ describe('embedding_type on a server', () => {
 
   it('the WebSocket op: bin rows of every type', async () => {
     for (const type of QTYPES) {
-      const frame = await wsRequest({ id: `q-${type}`, op: 'embed', inputs: texts, embedding_type: type, encoding: 'f32' });
+      const frame = await wsRequest(server.port, { id: `q-${type}`, op: 'embed', inputs: texts, embedding_type: type, encoding: 'f32' });
       expect(frame.id).toBe(`q-${type}`);
       expectRows((frame.result as unknown[]).map((row) => binCodes(row, type)), floatRows, type, `ws ${type}`);
     }

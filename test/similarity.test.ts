@@ -9,15 +9,14 @@
  * Inputs are random words (seed printed).
  */
 import { InferenceClient, InferenceClientProviderApiError } from '@huggingface/inference';
-import { pack, unpack } from 'msgpackr';
+import { unpack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import WebSocket from 'ws';
 import { SlabClient, SlabHttpClient } from '../dist/src/client/index.js';
 import { cosineSimilarity, similaritiesToFirst } from '../dist/src/core/similarity.js';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics } from './fixtures/http-client.js';
-import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
+import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 const BUCKETS = [8, 16, 32, 64];
@@ -76,23 +75,6 @@ function expectScores(got: unknown, want: number[], what: string): void {
   expect(maxAbsDiff(scores, want), `${what}: ${JSON.stringify(scores)} against ${JSON.stringify(want)}`).toBeLessThan(TOLERANCE);
 }
 
-async function wsRequest(frame: Record<string, unknown>): Promise<any> {
-  const ws = new WebSocket(`ws://127.0.0.1:${server.port}/ws`);
-  try {
-    await new Promise<void>((resolve, reject) => {
-      ws.once('open', () => resolve());
-      ws.once('error', reject);
-    });
-    const answer = new Promise<any>((resolve, reject) => {
-      ws.once('message', (data: Buffer) => resolve(unpack(data)));
-      ws.once('close', () => reject(new Error('closed before an answer')));
-    });
-    ws.send(pack(frame));
-    return await answer;
-  } finally {
-    ws.close();
-  }
-}
 
 beforeAll(async () => {
   server = await startServer(testServerConfig({ models: ['tiny-embed', 'tiny-intent'], batching: { buckets: BUCKETS } }));
@@ -231,10 +213,10 @@ describe("the official client: @huggingface/inference's sentenceSimilarity, unch
 describe('the WebSocket op and slabserve\'s clients', () => {
   it('{op: "similarity"} answers the same numbers', async () => {
     const { source, sentences } = draw(7);
-    const frame = await wsRequest({ id: 'sim', op: 'similarity', inputs: { source_sentence: source, sentences } });
+    const frame = await wsRequest(server.port, { id: 'sim', op: 'similarity', inputs: { source_sentence: source, sentences } });
     expect(frame.id).toBe('sim');
     expectScores(frame.result, await refSimilarities(source, sentences), 'ws');
-    const bad = await wsRequest({ id: 'bad', op: 'similarity', inputs: { source_sentence: source } });
+    const bad = await wsRequest(server.port, { id: 'bad', op: 'similarity', inputs: { source_sentence: source } });
     expect(bad.error).toMatchObject({ type: 'validation', code: 'SLABSERVE_INVALID_INPUT' });
   });
 
