@@ -130,3 +130,39 @@ describe(`a client batch of ${BIG} inputs on a model with ${SLOTS} slots`, () =>
     expect(after.status).toBe(200);
   });
 });
+
+describe('a large client batch with the result cache on', () => {
+  let cached: Server;
+  beforeAll(async () => {
+    cached = await startServer(testServerConfig({ models: ['tiny-embed'], slotsPerModel: SLOTS, maxClientBatchSize: BIG, cacheMb: 8, batching: { maxBatchSize: 32 } }));
+    await cached.ready;
+  });
+  afterAll(async () => {
+    await cached?.close();
+  });
+
+  it('runs only the inputs the cache lacks, part by part, and answers every row in order', async () => {
+    const texts = randomTexts(makeRandom('client-batches: half cached'), words, BIG, 12).map((t, i) => `${t} ${i}`); // each text once
+    const post = async (inputs: string[]) => {
+      const r = await fetch(`${cached.url}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs }) });
+      return { status: r.status, cache: r.headers.get('x-cache'), rows: (await r.json()) as number[][] };
+    };
+    const rowsRun = async () => parseMetrics(await (await fetch(`${cached.url}/metrics`)).text()).sum('slabserve_batch_size_sum');
+    const odd = texts.filter((_, i) => i % 2 === 1);
+    expect((await post(odd)).status).toBe(200); // half of them cached now
+    const before = await rowsRun();
+    const all = await post(texts);
+    expect(all.status).toBe(200);
+    expect(all.cache).toBe('miss'); // not every input was found
+    expect((await rowsRun()) - before).toBe(BIG / 2); // the even half ran; the odd half came from the cache
+    let worst = 0;
+    for (let i = 0; i < BIG; i++) {
+      const want = await ref.embedding(tok.encode(texts[i]!, { maxLength: ref.spec.maxLength, truncate: false }).ids);
+      worst = Math.max(worst, maxAbsDiff(all.rows[i]!, want));
+    }
+    expect(worst).toBeLessThan(1e-5);
+    const again = await post(texts);
+    expect(again.cache).toBe('hit');
+    expect(again.rows).toEqual(all.rows);
+  });
+});
