@@ -10,7 +10,10 @@ import { partSizeFor, PARTS_IN_FLIGHT } from '../dist/src/core/client-batches.js
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics } from './fixtures/http-client.js';
-import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, sleep, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, randomTokenSequences, sleep, testServerConfig, vocabularyWords } from './helpers.js';
+
+// The servers here can make one token id fail in onnxruntime (server.testHooks.poisonToken); inert otherwise.
+process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const SLOTS = 64;
 const PART = partSizeFor(SLOTS, 32); // 16: a quarter of the slots
@@ -128,6 +131,26 @@ describe(`a client batch of ${BIG} inputs on a model with ${SLOTS} slots`, () =>
     expect(ran).toBeLessThan(BIG); // the rest were never run
     const after = await embed(texts[0]!);
     expect(after.status).toBe(200);
+  });
+
+  it('an input the model fails on fails the request (422, or 500 had it run alone), cancels the parts after it, and leaves no slot behind', async () => {
+    const POISON = 999; // in the vocabulary, outside the ids randomTokenSequences draws
+    const seqs = randomTokenSequences(makeRandom('client-batches: poisoned'), BIG, 6, 24).map((x) => Array.from(x.ids));
+    seqs[300]!.splice(2, 0, POISON);
+    const before = await metrics();
+    await server.testHooks!.poisonToken(POISON);
+    try {
+      const r = await fetch(`${server.url}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: seqs }) });
+      const body = (await r.json()) as { code: string };
+      // 422 when it shared its batch (split until it stood alone), 500 when it ran alone (supervision.test.ts)
+      expect(`${r.status} ${body.code}`).toMatch(/^(422 SLABSERVE_INPUT_FAILED|500 SLABSERVE_INFERENCE_FAILED)$/);
+    } finally {
+      await server.testHooks!.poisonToken(-1);
+    }
+    await eventually('every slot back', metrics, (m) => m.sum('slabserve_slots_in_use', { model: 'tiny-embed' }) === 0, 20_000, (m) => m.sum('slabserve_slots_in_use'));
+    const ran = (await metrics()).sum('slabserve_batch_size_sum') - before.sum('slabserve_batch_size_sum');
+    console.log(`the batch with a poisoned input ran ${ran} rows (splits included) of its ${BIG} inputs`);
+    expect(ran).toBeLessThan(BIG); // the parts after the failing one never ran
   });
 });
 
