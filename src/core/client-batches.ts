@@ -12,10 +12,15 @@
  * after other clients' (scheduler.ts `orderKey`), and its priority class and
  * deadline, so weighted fair queueing and admission treat it as any request.
  *
+ * Each part is prepared (tokenized, looked up in the result cache) when its
+ * turn comes, the next one while this one runs, so the device starts on the
+ * first part instead of waiting for the whole batch to be tokenized.
+ *
  * A later part that finds no free slots (other clients took them) waits for
  * them, up to the request's deadline: the request was accepted, and is not
- * refused halfway. Its first failing part fails the request and cancels the
- * parts in flight, so it leaves no work behind.
+ * refused halfway. Its first failing part (an input too long, one the model
+ * fails on) fails the request and cancels the parts in flight, so it leaves
+ * no work behind.
  */
 import { Cancellation } from '../shared/cancel.js';
 import { nowMs } from '../shared/clock.js';
@@ -33,47 +38,92 @@ export function partSizeFor(slotCount: number, maxBatchSize: number): number {
   return Math.max(1, Math.min(slotCount >> 2, Math.max(maxBatchSize, 32)));
 }
 
+/** Rows known without running them (the result cache, shared/result-cache.ts): found before a part runs, stored after. */
+export interface PartCache {
+  lookUp(inputs: readonly SubmitInput[]): { rows: Float32Array; missing: number[] };
+  /** The part's rows: those found, and `ran` (the missing inputs' rows, in order), stored. */
+  fill(inputs: readonly SubmitInput[], look: { rows: Float32Array; missing: number[] }, ran: Float32Array): Float32Array;
+}
+
 export interface PartedRequest {
   submitter: SlabSubmitter;
   model: number;
-  inputs: readonly SubmitInput[];
-  /** The first part's slots, taken before the inputs were tokenized. */
-  first: SlotReservation;
+  /** Inputs in the whole request. */
+  count: number;
+  /** Floats in one input's row. */
+  width: number;
+  /** Inputs [from, to) ready to run (tokenized and checked); `cancel` stops that work if the request ends first. */
+  prepare(from: number, to: number, cancel: Cancellation): Promise<readonly SubmitInput[]>;
+  /** Told the first part's inputs before it runs: admission on its tokens (throws to refuse). */
+  admit?(first: readonly SubmitInput[]): void;
+  cache?: PartCache | undefined;
+  /** The first part's slots, taken before anything was prepared; or, absent, `takeFirst` takes them once the part is looked up. */
+  first?: SlotReservation | undefined;
+  /** Slots for the first part, taken at once or refused (429): with the cache, after the lookup, so a part the cache answers needs none. */
+  takeFirst?(count: number): SlotReservation;
   partSize: number;
   deadline: number;
   priority: number | undefined;
   cancel: Cancellation | undefined;
 }
 
-/** Runs `r.inputs` part by part (see the header); the rows of all of them, in order. */
-export async function submitInParts(r: PartedRequest): Promise<RequestRows> {
-  const n = r.inputs.length;
-  const parts = Math.ceil(n / r.partSize);
-  const out = { rows: undefined as Float32Array | undefined, width: 0, queueMs: 0, inferenceMs: 0 };
-  // Each part has its own cancellation (a Cancellation has one listener); the caller's, or a failed part, cancels them all.
+/** The rows of a parted request, and whether the cache answered every input. */
+export type PartedRows = RequestRows & { allCached: boolean };
+
+/** Runs a request part by part (see the header); the rows of all its inputs, in order. */
+export async function submitInParts(r: PartedRequest): Promise<PartedRows> {
+  const parts = Math.ceil(r.count / r.partSize);
+  const out: PartedRows = { rows: new Float32Array(r.count * r.width), width: r.width, queueMs: 0, inferenceMs: 0, allCached: true };
+  // Every stage in flight has its own cancellation (a Cancellation has one listener); the caller's, or a failed part, cancels them all.
   const live = new Set<Cancellation>();
   let failure: { err: unknown } | undefined;
   const stop = (reason: string) => {
     for (const c of live) c.cancel(reason);
   };
   r.cancel?.listen(stop);
+  const tracked = async <T>(work: (c: Cancellation) => Promise<T>): Promise<T> => {
+    const c = new Cancellation();
+    live.add(c);
+    try {
+      return await work(c);
+    } finally {
+      live.delete(c);
+    }
+  };
+  // Part p's inputs, prepared once, on first ask: a lane asks for the part after its own as it starts one.
+  const prepared = new Map<number, Promise<readonly SubmitInput[]>>();
+  const inputsOf = (p: number) => {
+    let x = prepared.get(p);
+    if (!x) {
+      x = tracked((c) => r.prepare(p * r.partSize, Math.min(r.count, (p + 1) * r.partSize), c));
+      x.catch(() => {}); // a part never run (the request failed first) leaves no unhandled rejection
+      prepared.set(p, x);
+    }
+    return x;
+  };
   let next = 0;
   const runPart = async (held: SlotReservation | undefined): Promise<void> => {
-    const from = next++ * r.partSize;
-    const part = r.inputs.slice(from, Math.min(n, from + r.partSize));
-    const reservation = held ?? (await reserveWaiting(r, part.length, () => failure !== undefined));
-    const cancel = new Cancellation();
-    live.add(cancel);
+    const p = next++;
+    if (p + 1 < parts) void inputsOf(p + 1);
+    const inputs = await inputsOf(p);
+    if (p === 0) r.admit?.(inputs);
+    const look = r.cache?.lookUp(inputs);
+    const run = look ? look.missing.map((i) => inputs[i]!) : inputs;
+    if (run.length === 0) {
+      out.rows.set(look!.rows, p * r.partSize * r.width);
+      held?.release();
+      return;
+    }
+    out.allCached = false;
+    const reservation = held ?? (p === 0 && r.takeFirst ? r.takeFirst(run.length) : await reserveWaiting(r, run.length, () => failure !== undefined));
     try {
-      const got = await r.submitter.submitRequest(r.model, part, { deadline: r.deadline, priority: r.priority, cancel, reservation, firstInput: from });
-      out.rows ??= new Float32Array(n * got.width);
-      out.rows.set(got.rows, from * got.width);
-      out.width = got.width;
+      const opts = { deadline: r.deadline, priority: r.priority, reservation, firstInput: p * r.partSize };
+      const got = await tracked((cancel) => r.submitter.submitRequest(r.model, run, { ...opts, cancel }));
+      out.rows.set(look ? r.cache!.fill(inputs, look, got.rows) : got.rows, p * r.partSize * r.width);
       out.queueMs = Math.max(out.queueMs, got.queueMs);
       out.inferenceMs = Math.max(out.inferenceMs, got.inferenceMs);
     } finally {
-      live.delete(cancel);
-      reservation.release(); // nothing is left in it once submitted; all of it if the wait failed
+      reservation.release(); // slots the cache made unneeded; nothing else is left once submitted
     }
   };
   /** One lane: parts one after another, each taking the slots the lane's previous part gave back. */
@@ -88,11 +138,11 @@ export async function submitInParts(r: PartedRequest): Promise<RequestRows> {
   try {
     await Promise.all([lane(r.first), ...Array.from({ length: Math.min(PARTS_IN_FLIGHT, parts) - 1 }, () => lane(undefined))]);
   } finally {
-    r.first.release();
+    r.first?.release();
     r.cancel?.unlisten(stop);
   }
   if (failure) throw failure.err;
-  return { rows: out.rows!, width: out.width, queueMs: out.queueMs, inferenceMs: out.inferenceMs };
+  return out;
 }
 
 /** `count` slots for a later part: taken as soon as they are free, up to the deadline (or the caller's cancel). */

@@ -35,7 +35,7 @@ import { nowMs } from '../shared/clock.js';
 import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
 import { checkModelName, type Task } from '../shared/model-config.js';
 import { fillMissing, lookUp, type ResultCache } from '../shared/result-cache.js';
-import type { RequestRows, SlabSubmitter, SlotReservation, SubmitInput } from '../shared/submitter.js';
+import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
 import { partSizeFor, submitInParts } from './client-batches.js';
 import type { EncodeOptions, Encoding, TextTokenizer, TruncationDirection } from './tokenizer.js';
 
@@ -257,10 +257,10 @@ export class Infer {
     if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
     const deadline = nowMs() + timeoutMs;
     const partSize = this.partSize(model);
+    if (callCount(call.inputs) > partSize) return this.inferInParts(call, deadline, timeoutMs, partSize);
     // With the cache, a request tokenized here is looked up before it takes a slot (a full hit needs
     // none); one bound for the tokenizer pool takes its slots first, so overload is refused before the pool works.
-    // A large client batch holds one part's slots at a time (client-batches.ts).
-    let held = this.cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, Math.min(callCount(call.inputs), partSize), timeoutMs);
+    let held = this.cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, callCount(call.inputs), timeoutMs);
     try {
       const t0 = nowMs();
       const pending = this.tokenize(model, call.inputs, call.cancel);
@@ -274,40 +274,73 @@ export class Infer {
         rows = { rows: look.rows, width, queueMs: 0, inferenceMs: 0 }; // answered here: no slot, no queue, no run
       } else {
         const run = look ? look.missing.map((i) => tokens[i]!) : tokens;
-        held ??= this.hold(model, Math.min(run.length, partSize), timeoutMs);
-        rows = await this.run(index, run, held, { deadline, timeoutMs, partSize, priority: call.priority, cancel: call.cancel });
+        held ??= this.hold(model, run.length, timeoutMs);
+        this.admitWait(this.submitter.predictedWaitMs(index, run), timeoutMs);
+        rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
         if (look) rows = { ...rows, rows: fillMissing(this.cache!, index, tokens, look, rows.rows, width) };
       }
       let count = 0;
       for (const t of tokens) count += t.ids.length;
-      // Checked again before the answer is serialised: a late answer is a timeout, not a success.
-      if (nowMs() > deadline) {
-        this.onLate?.(index, count);
-        throw new DeadlineExceededError('the request ran but finished after its deadline');
-      }
-      const cache = look ? { cache: look.missing.length === 0 ? ('hit' as const) : ('miss' as const) } : {};
-      return { rows, tokens: count, tokenizeMs, timing: { queueMs: rows.queueMs, inferenceMs: rows.inferenceMs }, ...cache };
+      return this.answered(model, deadline, { rows, tokens: count, tokenizeMs, timing: timingOf(rows), ...(look ? { cache: look.missing.length === 0 ? 'hit' : 'miss' } : {}) });
     } finally {
       held?.release();
     }
   }
 
   /**
-   * Runs the inputs the cache did not answer, in the slots `held` took: all at once, or, for a
-   * client batch larger than one part, part by part (client-batches.ts). Admission judges the
-   * queue ahead and the first part: a large batch's own later parts wait behind other requests.
+   * A client batch larger than one part (client-batches.ts): its first part's slots taken now
+   * (refused at once, as any request's), then each part tokenized, looked up in the cache and
+   * run in turn, the next one prepared while this one runs. Admission judges the queue ahead and
+   * the first part: a large batch's own later parts wait behind other requests, not the reverse.
    */
-  private run(
-    model: number,
-    run: SubmitInput[],
-    held: SlotReservation,
-    o: { deadline: number; timeoutMs: number; partSize: number; priority: number | undefined; cancel: Cancellation | undefined },
-  ): Promise<RequestRows> {
-    const parted = run.length > o.partSize;
-    this.admitWait(this.submitter.predictedWaitMs(model, parted ? run.slice(0, o.partSize) : run), o.timeoutMs);
-    const opts = { deadline: o.deadline, priority: o.priority, cancel: o.cancel };
-    if (!parted) return this.submitter.submitRequest(model, run, { ...opts, reservation: held });
-    return submitInParts({ submitter: this.submitter, model, inputs: run, first: held, partSize: o.partSize, ...opts });
+  private async inferInParts(call: InferCall, deadline: number, timeoutMs: number, partSize: number): Promise<InferResult> {
+    const model = call.model;
+    const index = model.plan.index;
+    const width = model.plan.layout.outputWidth;
+    // With the cache, the first part takes its slots after its lookup (a part it answers needs none).
+    const first = this.cache ? undefined : this.hold(model, partSize, timeoutMs);
+    const spent = { tokenizeMs: 0, tokens: 0 };
+    try {
+      // Texts and ids are tokenized part by part; pairs and KServe tensors at once (then sliced).
+      const inputs = call.inputs;
+      const texts = inputs.kind === 'inputs' ? inputs : null;
+      const whole = texts ? null : await this.tokenize(model, inputs, call.cancel);
+      const prepare = async (from: number, to: number, cancel: Cancellation): Promise<Tokens[]> => {
+        const t0 = nowMs();
+        const tokens = texts ? await this.tokenize(model, { ...texts, inputs: texts.inputs.slice(from, to) }, cancel) : whole!.slice(from, to);
+        spent.tokenizeMs += nowMs() - t0;
+        for (const t of tokens) spent.tokens += t.ids.length;
+        return tokens;
+      };
+      const cache = this.cache;
+      const rows = await submitInParts({
+        submitter: this.submitter,
+        model: index,
+        count: callCount(inputs),
+        width,
+        prepare,
+        admit: (xs) => this.admitWait(this.submitter.predictedWaitMs(index, xs), timeoutMs),
+        cache: cache ? { lookUp: (xs) => lookUp(cache, index, xs, width), fill: (xs, look, ran) => fillMissing(cache, index, xs, look, ran, width) } : undefined,
+        first,
+        takeFirst: (n) => this.hold(model, n, timeoutMs),
+        partSize,
+        deadline,
+        priority: call.priority,
+        cancel: call.cancel,
+      });
+      return this.answered(model, deadline, { rows, tokens: spent.tokens, tokenizeMs: spent.tokenizeMs, timing: timingOf(rows), ...(cache ? { cache: rows.allCached ? 'hit' : 'miss' } : {}) });
+    } finally {
+      first?.release();
+    }
+  }
+
+  /** The result, unless it came past its deadline: a late answer is a timeout, not a success (checked before it is serialised). */
+  private answered(model: ServedModel, deadline: number, r: InferResult): InferResult {
+    if (nowMs() > deadline) {
+      this.onLate?.(model.plan.index, r.tokens);
+      throw new DeadlineExceededError('the request ran but finished after its deadline');
+    }
+    return r;
   }
 
   /** The most slots one request holds at once: a larger client batch runs part by part. */
@@ -581,6 +614,8 @@ function poolingFrom(inputs: readonly Input[], encoded: Encoding[], poolFrom: nu
 }
 
 /** Slots a request needs: one per input. */
+const timingOf = (rows: RequestRows): Timing => ({ queueMs: rows.queueMs, inferenceMs: rows.inferenceMs });
+
 function callCount(inputs: CallInputs): number {
   switch (inputs.kind) {
     case 'inputs':
