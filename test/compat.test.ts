@@ -506,7 +506,15 @@ for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo
   it('many KServe and /predict requests at once are batched; probabilities are the softmax of the unmodified graph\'s logits, run alone', async () => {
     const rand = makeRandom(`classify ${padTo}`);
     const labels = intentRef.spec.labels;
-    const asked = Array.from({ length: 12 }, () => randomTexts(rand, words, 1 + Math.floor(rand() * 4), 40));
+    // Drawn until the unmodified graph gives them more than one top class (the random model says
+    // one class for most texts): the answers must differ by text, not all be one label.
+    const topOf = async (text: string) => {
+      const p = (await intentRef.classification(tok.encode(text, { maxLength: 128, truncate: false }).ids)).probabilities;
+      return p.indexOf(Math.max(...p));
+    };
+    let asked: string[][];
+    do asked = Array.from({ length: 12 }, () => randomTexts(rand, words, 1 + Math.floor(rand() * 4), 40));
+    while (new Set(await Promise.all(asked.flat().map(topOf))).size < 2);
     // All at once, through both dialects: the server batches them.
     const ran = await ranFor(srv(), 'tiny-intent', () =>
       Promise.all([
@@ -519,7 +527,6 @@ for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo
     let worstLogit = 0;
     let real = 0;
     let bucketed = 0;
-    const top = new Set<number>();
     for (const [k, texts] of asked.entries()) {
       expect(kserve[k]!.status, JSON.stringify(kserve[k]!.body)).toBe(200);
       expect(predict[k]!.status, JSON.stringify(predict[k]!.body)).toBe(200);
@@ -533,7 +540,6 @@ for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo
         const at = (o: { data: number[] }) => o.data.slice(i * labels.length, (i + 1) * labels.length);
         worstProbability = Math.max(worstProbability, maxAbsDiff(at(probabilities!), want.probabilities), maxAbsDiff(scoresByClassId(predict[k]!.body[i], labels), want.probabilities));
         worstLogit = Math.max(worstLogit, maxAbsDiff(at(logits!), want.logits));
-        top.add(want.probabilities.indexOf(Math.max(...want.probabilities)));
         real += 2 * ids.length; // each text ran twice: KServe and /predict
         bucketed += 2 * bucketLength(ids.length);
       }
@@ -542,7 +548,6 @@ for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo
     console.log(`classify ${padTo}: ${inputs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |probability| ${worstProbability.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
     expect(worstProbability).toBeLessThan(TOLERANCE);
     expect(worstLogit).toBeLessThan(TOLERANCE);
-    expect(top.size).toBeGreaterThan(1); // not one class for every text
     // Batched: every text ran once per request, in fewer batches than requests.
     expect(ran.rows).toBe(inputs * 2);
     expect(ran.batches).toBeLessThan(asked.length * 2);
