@@ -256,7 +256,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     cache,
     log,
     scrape,
-    info: () => (device ? serverInfo(config, plans, device) : undefined),
+    info: () => (device ? serverInfo(config, plans, device, cache) : undefined),
     testHooks,
     onRestart: (reason) => supervision.gatewayRestarts.inc({ reason }),
   });
@@ -279,7 +279,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   const ready = inference.ready.then(async (d) => {
     device = d;
-    await gateways.callAll('setInfo', serverInfo(config, plans, d));
+    await gateways.callAll('setInfo', serverInfo(config, plans, d, cache));
     log(`slabserve: ready at ${url}`);
     return d;
   });
@@ -375,7 +375,7 @@ function namedThreads(inference: InferenceSupervisor, gateways: GatewaySuperviso
 }
 
 /** GET /info's body (gateways add each model's live cost model). */
-function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo) {
+function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cache: ResultCache | null) {
   return {
     version: VERSION,
     device: { label: d.label, name: d.name, provider: d.provider },
@@ -392,6 +392,8 @@ function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo) {
       slotsPerModel: config.slotsPerModel,
     },
     gatewayThreads: config.gatewayThreads,
+    /** The result cache (docs/cache.md), null with --cache-mb 0. */
+    cache: cache ? { megabytes: config.cacheMb, rowsPerModel: cache.layout.sets * WAYS, maxKeyTokens: KEY_TOKENS } : null,
   };
 }
 

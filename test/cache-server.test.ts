@@ -86,6 +86,16 @@ describe('the result cache on (two gateway threads)', () => {
     await server?.close();
   });
 
+  it('GET /info says the cache: its size, the rows each model may keep, the longest key', async () => {
+    const r = await client.get('/info');
+    expect(r.status).toBe(200);
+    const rowsPerModel = r.body.cache.rowsPerModel as number;
+    expect(r.body.cache).toEqual({ megabytes: 16, rowsPerModel, maxKeyTokens: 64 });
+    // Sets of 8; 16 MiB holds thousands of short rows of each model.
+    expect(rowsPerModel % 8).toBe(0);
+    expect(rowsPerModel).toBeGreaterThan(1000);
+  });
+
   it('the same texts twice: the second is x-cache: hit, bit for bit the first (the reference), and no batch runs for it', async () => {
     const rand = makeRandom('cache-server twice');
     const texts = randomTexts(rand, words, 3, 6);

@@ -309,6 +309,7 @@ describe('routes, JSON and msgpack (one gateway thread)', () => {
           slotsPerModel: SERVER_DEFAULTS.slotsPerModel,
         },
         gatewayThreads: 1,
+        cache: null, // --cache-mb 0 (testServerConfig)
       });
     }
   });
