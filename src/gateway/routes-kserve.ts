@@ -28,12 +28,11 @@
  * supported: Triton's binary tensor extension (application/octet-stream
  * bodies are refused with 415), model repository and statistics extensions.
  */
-import { ValidationError } from '../shared/errors.js';
+import { HttpError, ValidationError } from '../shared/errors.js';
 import { servedSources } from '../shared/model-config.js';
 import { classifications, embeddings, rowOf, type CallInputs, type ServedModel } from '../core/infer.js';
 import { floatAnswer } from './answers.js';
 import { float32RowsInJson } from './float-json.js';
-import { HttpError } from '../shared/errors.js';
 import type { Answer, RequestContext } from './http.js';
 import type { Route, RouteDeps } from './route-types.js';
 import { KServeInferRequest, parseBody, type KServeTensor } from './schemas.js';

@@ -24,14 +24,13 @@
  * `model_not_found`; overload 429 (Retry-After), not ready 503.
  */
 import { statSync } from 'node:fs';
-import { InvalidModelNameError, ModelNotFoundError, ValidationError } from '../shared/errors.js';
+import { FieldValidationError, InvalidModelNameError, ModelNotFoundError, ValidationError } from '../shared/errors.js';
 import { embeddings, inputCount, inputList, type ServedModel } from '../core/infer.js';
 import { floatAnswer, integerRowJson } from './answers.js';
 import { quantizeRow, rowBytes, type EmbeddingType, type QuantizedRow } from '../core/quantize.js';
 import { float32RowsInJson } from './float-json.js';
 import type { Answer, ErrorInfo, RequestContext } from './http.js';
 import type { Route } from './route-types.js';
-import { FieldValidationError } from '../shared/errors.js';
 import { OpenAIEmbeddingRequest, parseBody } from './schemas.js';
 import { prompted } from '../core/prompts.js';
 import { serveInference, type Endpoint } from './serving.js';
