@@ -240,8 +240,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     },
   });
   let device: DeviceInfo | null = null;
-  registerMainThreadMetrics(registry, { plans, slabs, control, threads: () => namedThreads(inference, gateways), device: () => device });
-  if (cache) cacheMetrics(registry, () => plans.map((p) => ({ name: p.spec.name, ...cache.statsOf(p.index) })));
+  registerMainThreadMetrics(registry, { plans, slabs, control, cache, threads: () => namedThreads(inference, gateways), device: () => device });
 
   const localParts = async (): Promise<MetricsJson[]> => {
     const [gatewayParts, inferencePart] = await Promise.all([gateways.metrics(), inference.metrics().catch(() => null)]);
@@ -251,7 +250,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const scrape = config.scrape ?? (async (): Promise<string> => AggregatorRegistry.aggregate(await localParts()).metrics());
 
   const gateways = new GatewaySupervisor({
-    data: { ...gatewayWorkerData(config, control, plans, owners), ...(cache ? { cache: { buffer: cache.buffer, layout: cache.layout } } : {}) },
+    data: gatewayWorkerData(config, control, plans, owners, cache),
     slabs,
     cache,
     log,
@@ -326,12 +325,13 @@ function inferenceOptions(config: ServerConfig, enableTestHooks: boolean): Omit<
   };
 }
 
-/** What the main thread itself reports: each model's slab tallies, readiness, thread CPU, device memory (read at scrape time). */
+/** What the main thread itself reports: each model's slab tallies and cache counts, readiness, thread CPU, device memory (read at scrape time). */
 function registerMainThreadMetrics(
   registry: Registry,
-  s: { plans: ModelPlan[]; slabs: Slab[]; control: ControlBlock; threads: () => Map<number, string>; device: () => DeviceInfo | null },
+  s: { plans: ModelPlan[]; slabs: Slab[]; control: ControlBlock; cache: ResultCache | null; threads: () => Map<number, string>; device: () => DeviceInfo | null },
 ): void {
-  const { plans, slabs, control } = s;
+  const { plans, slabs, control, cache } = s;
+  if (cache) cacheMetrics(registry, () => plans.map((p) => ({ name: p.spec.name, ...cache.statsOf(p.index) })));
   processMetrics(registry, {
     models: () =>
       plans.map((p, i) => {
@@ -406,9 +406,16 @@ function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySuperv
 }
 
 /** What every gateway thread starts with (GatewaySupervisor adds its id, owner index and port). */
-function gatewayWorkerData(config: ServerConfig, control: ControlBlock, plans: ModelPlan[], owners: number): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port'> {
+function gatewayWorkerData(
+  config: ServerConfig,
+  control: ControlBlock,
+  plans: ModelPlan[],
+  owners: number,
+  cache: ResultCache | null,
+): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port'> {
   return {
     control: control.buffer,
+    ...(cache ? { cache: { buffer: cache.buffer, layout: cache.layout } } : {}),
     owners,
     models: plans,
     host: config.host,
