@@ -256,11 +256,12 @@ export class Infer {
     const timeoutMs = call.timeoutMs ?? this.requestTimeoutMs;
     if (!(timeoutMs > 0)) throw new DeadlineExceededError('the request arrived with no time left before its deadline; it was not run');
     const deadline = nowMs() + timeoutMs;
+    const count = callCount(call.inputs);
     const partSize = this.partSize(model);
-    if (callCount(call.inputs) > partSize) return this.inferInParts(call, deadline, timeoutMs, partSize);
+    if (count > partSize) return this.inferInParts(call, count, deadline, timeoutMs, partSize);
     // With the cache, a request tokenized here is looked up before it takes a slot (a full hit needs
     // none); one bound for the tokenizer pool takes its slots first, so overload is refused before the pool works.
-    let held = this.cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, callCount(call.inputs), timeoutMs);
+    let held = this.cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, count, timeoutMs);
     try {
       const t0 = nowMs();
       const pending = this.tokenize(model, call.inputs, call.cancel);
@@ -279,9 +280,9 @@ export class Infer {
         rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
         if (look) rows = { ...rows, rows: fillMissing(this.cache!, index, tokens, look, rows.rows, width) };
       }
-      let count = 0;
-      for (const t of tokens) count += t.ids.length;
-      return this.answered(model, deadline, { rows, tokens: count, tokenizeMs, timing: timingOf(rows), ...(look ? { cache: look.missing.length === 0 ? 'hit' : 'miss' } : {}) });
+      let tokenCount = 0;
+      for (const t of tokens) tokenCount += t.ids.length;
+      return this.answered(model, deadline, { rows, tokens: tokenCount, tokenizeMs, timing: timingOf(rows), ...(look ? { cache: look.missing.length === 0 ? 'hit' : 'miss' } : {}) });
     } finally {
       held?.release();
     }
@@ -293,7 +294,7 @@ export class Infer {
    * run in turn, the next one prepared while this one runs. Admission judges the queue ahead and
    * the first part: a large batch's own later parts wait behind other requests, not the reverse.
    */
-  private async inferInParts(call: InferCall, deadline: number, timeoutMs: number, partSize: number): Promise<InferResult> {
+  private async inferInParts(call: InferCall, count: number, deadline: number, timeoutMs: number, partSize: number): Promise<InferResult> {
     const model = call.model;
     const index = model.plan.index;
     const width = model.plan.layout.outputWidth;
@@ -316,7 +317,7 @@ export class Infer {
       const rows = await submitInParts({
         submitter: this.submitter,
         model: index,
-        count: callCount(inputs),
+        count,
         width,
         prepare,
         admit: (xs) => this.admitWait(this.submitter.predictedWaitMs(index, xs), timeoutMs),
