@@ -120,6 +120,19 @@ async function ranFor<T>(srv: Server, model: string, work: () => Promise<T>): Pr
   };
 }
 
+/**
+ * What ranFor measured for requests sent all at once: every row ran once, in fewer batches than
+ * requests, the real tokens the test counted, padded as asked (to each row's bucket, or to no
+ * more than that: the longest of each run).
+ */
+function expectBatchedAsPadded(ran: { rows: number; batches: number; real: number; padded: number }, want: { rows: number; requests: number; real: number; bucketed: number; padTo: string }): void {
+  expect(ran.rows).toBe(want.rows);
+  expect(ran.batches).toBeLessThan(want.requests);
+  expect(ran.real).toBe(want.real);
+  if (want.padTo === 'bucket') expect(ran.padded).toBe(want.bucketed);
+  else expect(ran.padded).toBeLessThan(want.bucketed);
+}
+
 /** The length of the bucket an input of `length` tokens is padded to with padTo 'bucket'. */
 const bucketLength = (length: number) => BUCKETS.find((b) => length <= b)!;
 
@@ -548,12 +561,7 @@ for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo
     console.log(`classify ${padTo}: ${inputs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |probability| ${worstProbability.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
     expect(worstProbability).toBeLessThan(TOLERANCE);
     expect(worstLogit).toBeLessThan(TOLERANCE);
-    // Batched: every text ran once per request, in fewer batches than requests.
-    expect(ran.rows).toBe(inputs * 2);
-    expect(ran.batches).toBeLessThan(asked.length * 2);
-    expect(ran.real).toBe(real);
-    if (padTo === 'bucket') expect(ran.padded).toBe(bucketed);
-    else expect(ran.padded).toBeLessThan(bucketed);
+    expectBatchedAsPadded(ran, { rows: inputs * 2, requests: asked.length * 2, real, bucketed, padTo });
   });
 });
 
@@ -598,13 +606,7 @@ for (const { padTo, srv } of PADDINGS) describe(`TEI /rerank, padded to the ${pa
     console.log(`rerank ${padTo}: ${pairs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |score - sigmoid(logit)| ${worstScore.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
     expect(worstScore).toBeLessThan(TOLERANCE);
     expect(worstLogit).toBeLessThan(TOLERANCE);
-    // Batched: every pair ran once per request, in fewer batches than requests.
-    expect(ran.rows).toBe(pairs * 2);
-    expect(ran.batches).toBeLessThan(asked.length * 2);
-    expect(ran.real).toBe(real);
-    // Padded as asked: to each row's bucket, or to no more than that (the longest of each run).
-    if (padTo === 'bucket') expect(ran.padded).toBe(bucketed);
-    else expect(ran.padded).toBeLessThan(bucketed);
+    expectBatchedAsPadded(ran, { rows: pairs * 2, requests: asked.length * 2, real, bucketed, padTo });
   });
 });
 
