@@ -63,25 +63,30 @@ export function serverSide(before: ServerCounters, after: ServerCounters, window
   };
 }
 
-/** A load phase's record; destroys the outcome's histogram (its compressed copy is kept). */
-export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
-  const s = o.windowMs / 1000;
-  const p: PhaseResult = {
+/** The fields every phase record has, from its counts over a window of `windowMs` and its latencies. */
+function record(m: PhaseMeta, windowMs: number, c: { requests: number; inputs: number; tokens: number; rejected: number; errors: number; firstError?: string | undefined }, h: Histogram): PhaseResult {
+  const s = windowMs / 1000;
+  return {
     id: phaseId(m),
     ...m,
     windowS: round(s, 3),
-    requests: o.requests,
-    inputs: o.inputs,
-    tokens: o.tokens,
-    rejected: o.rejected,
-    errors: o.errors,
-    ...(o.firstError ? { firstError: o.firstError } : {}),
-    rps: round(o.requests / s, 1),
-    inputsPerS: round(o.inputs / s, 1),
-    tokensPerS: round(o.tokens / s, 0),
-    latencyMs: latencySummary(o.histogram),
-    histogram: hdr.encodeIntoCompressedBase64(o.histogram),
+    requests: c.requests,
+    inputs: c.inputs,
+    tokens: c.tokens,
+    rejected: c.rejected,
+    errors: c.errors,
+    ...(c.firstError ? { firstError: c.firstError } : {}),
+    rps: round(c.requests / s, 1),
+    inputsPerS: round(c.inputs / s, 1),
+    tokensPerS: round(c.tokens / s, 0),
+    latencyMs: latencySummary(h),
+    histogram: hdr.encodeIntoCompressedBase64(h),
   };
+}
+
+/** A load phase's record; destroys the outcome's histogram (its compressed copy is kept). */
+export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
+  const p = record(m, o.windowMs, o, o.histogram);
   if (o.before && o.after) p.server = serverSide(o.before, o.after, o.countersMs);
   if (o.serverCpuMs !== null && o.requests > 0) p.cpuMsPerRequest = round(o.serverCpuMs / o.requests, 4);
   if (o.requests > 0) p.clientCpuMsPerRequest = round(o.clientCpuMs / o.requests, 4);
@@ -91,23 +96,8 @@ export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
 
 /** A raw onnxruntime loop's record: a batch counts as a request, its rows as inputs; destroys `h`. */
 export function phaseFromRaw(m: PhaseMeta, res: RawLoopResult, h: Histogram): PhaseResult {
-  const s = res.windowMs / 1000;
-  const p: PhaseResult = {
-    id: phaseId(m),
-    ...m,
-    windowS: round(s, 3),
-    requests: res.batches,
-    inputs: res.rows,
-    tokens: res.realTokens,
-    rejected: 0,
-    errors: 0,
-    rps: round(res.batches / s, 1),
-    inputsPerS: round(res.rows / s, 1),
-    tokensPerS: round(res.realTokens / s, 0),
-    latencyMs: latencySummary(h),
-    histogram: hdr.encodeIntoCompressedBase64(h),
-    cpuMsPerRequest: round(res.cpuMs / res.batches, 4),
-  };
+  const p = record(m, res.windowMs, { requests: res.batches, inputs: res.rows, tokens: res.realTokens, rejected: 0, errors: 0 }, h);
+  p.cpuMsPerRequest = round(res.cpuMs / res.batches, 4);
   h.destroy();
   return p;
 }
