@@ -488,11 +488,16 @@ function judge(route: RouteSpec, c: HttpCase, r: HttpReply): string | null {
     }
   }
   const timeoutOk = r.status === 504 && hadDeadline;
-  if (!CLIENT_ERRORS.has(r.status) && !timeoutOk) return `status ${r.status}${r.status >= 500 ? ' (a server error)' : ''}`;
   const b = r.body;
-  // A path no route matches (an empty model name, say) is answered by the catch-all 404, in our shape.
-  const unrouted = r.status === 404 && isObject(b) && b.code === 'SLABSERVE_ROUTE_NOT_FOUND';
-  if (route.dialect === 'ours' || unrouted) {
+  // A path with a dot segment (model "." or "..") is not sent as written: the client resolves it
+  // (/v2/models/./infer becomes /v2/models/infer), and the route it lands on, if it takes no POST,
+  // answers 405.
+  const dotSegment = /\/\.\.?(\/|$)/.test(route.path);
+  const landedElsewhere = dotSegment && r.status === 405 && isObject(b) && b.code === 'SLABSERVE_METHOD_NOT_ALLOWED';
+  if (!CLIENT_ERRORS.has(r.status) && !timeoutOk && !landedElsewhere) return `status ${r.status}${r.status >= 500 ? ' (a server error)' : ''}`;
+  // A path no route matches (an empty model name, say) is answered by the catch-all 404: the router's answers are in our shape.
+  const byRouter = landedElsewhere || (r.status === 404 && isObject(b) && b.code === 'SLABSERVE_ROUTE_NOT_FOUND');
+  if (route.dialect === 'ours' || byRouter) {
     if (!isObject(b) || keys(b) !== 'code,error,type') return `error body is not {error, type, code}: ${show(b)}`;
     if (typeof b.error !== 'string' || b.error.length === 0 || typeof b.code !== 'string' || !/^SLABSERVE_[A-Z_]+$/.test(b.code) || !ERROR_TYPES.has(b.type as string)) return `bad error fields: ${show(b)}`;
     if (timeoutOk && b.type !== 'timeout') return `504 of type ${b.type}`;
