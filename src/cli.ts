@@ -191,6 +191,7 @@ program
   .addOption(flag('--intra-op-nice <n>', 'nice value (0-19) of the intra-op threads on CPU, so that a gateway with a request to answer goes first (0: the process\'s own)', 'INTRA_OP_NICE', int(0, 19), D.intraOpNice))
   .addOption(flag('--max-client-batch-size <n>', 'most inputs in one request (larger client batches run part by part)', 'MAX_CLIENT_BATCH_SIZE', int(1), D.maxClientBatchSize))
   .addOption(flag('--max-body-bytes <n>', 'largest request body accepted', 'MAX_BODY_BYTES', int(1), D.maxBodyBytes))
+  .addOption(flag('--truncate [bool]', 'cut inputs longer than the model accepts when a request does not say "truncate" (TEI\'s --auto-truncate; default: 413)', 'TRUNCATE', bool, false).preset(true))
   .addOption(flag('--heartbeat-timeout-ms <ms>', 'readiness fails when the inference thread has not gone round its loop for this long', 'HEARTBEAT_TIMEOUT_MS', int(1), D.heartbeatTimeoutMs))
   .addOption(flag('--inference-timeout-ms <ms>', 'a batch run longer than this (or a loop stalled past --heartbeat-timeout-ms) gets the inference thread replaced, its requests answered 503', 'INFERENCE_TIMEOUT_MS', int(1), D.inferenceTimeoutMs))
   .addOption(flag('--drain-timeout-ms <ms>', 'on SIGTERM, how long in-flight requests may take to finish', 'DRAIN_TIMEOUT_MS', int(0), D.drainTimeoutMs))

@@ -59,6 +59,8 @@ export interface ServerConfig extends ModelOptions {
   intraOpNice: number;
   maxClientBatchSize: number;
   maxBodyBytes: number;
+  /** Cut an input past the model's max length when its request does not say (--truncate, TEI's --auto-truncate); default false: 413. */
+  truncate?: boolean;
   heartbeatTimeoutMs: number;
   /** A batch run longer than this: the inference thread is replaced and its requests answered 503 (--inference-timeout-ms). */
   inferenceTimeoutMs: number;
@@ -390,6 +392,7 @@ function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cac
       maxBodyBytes: config.maxBodyBytes,
       requestTimeoutMs: config.requestTimeoutMs,
       slotsPerModel: config.slotsPerModel,
+      truncate: config.truncate ?? false,
     },
     gatewayThreads: config.gatewayThreads,
     /** The result cache (docs/cache.md), null with --cache-mb 0. */
@@ -419,7 +422,7 @@ function gatewayWorkerData(
     owners,
     models: plans,
     host: config.host,
-    limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize },
+    limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize, truncate: config.truncate ?? false },
     requestTimeoutMs: config.requestTimeoutMs,
     heartbeatTimeoutMs: config.heartbeatTimeoutMs,
     tokenizerThreads: config.tokenizerThreads,

@@ -6,7 +6,9 @@
 // schema's). The seed is printed; SLABSERVE_FUZZ_SEED=S replays it.
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { EmbedRequest, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest } from '../dist/src/gateway/schemas.js';
+import { EmbedRequest, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest, SimilarityRequest } from '../dist/src/gateway/schemas.js';
+import { UnknownFieldError } from '../dist/src/shared/errors.js';
+import { editDistance, nearestName } from '../dist/src/shared/nearest-name.js';
 
 const seed = Number(process.env.SLABSERVE_FUZZ_SEED ?? Math.floor(Math.random() * 2 ** 31));
 
@@ -26,35 +28,35 @@ const inputs = fc.oneof(
   { weight: 1, arbitrary: oddValue },
 );
 const maybe = <T>(arb: fc.Arbitrary<T>) => fc.option(fc.oneof({ weight: 5, arbitrary: arb as fc.Arbitrary<unknown> }, { weight: 1, arbitrary: oddValue }), { nil: undefined, freq: 2 });
-const body = fc.oneof(
-  {
-    weight: 12,
-    arbitrary: fc.record(
-      {
-        inputs,
-        normalize: maybe(fc.boolean()),
-        truncate: maybe(fc.boolean()),
-        raw_scores: maybe(fc.boolean()),
-        embedding_type: maybe(fc.constantFrom('float', 'int8', 'uint8', 'binary', 'ubinary', 'Int8', 'bits')),
-        model: maybe(fc.string({ maxLength: 10 })),
-        timeout: maybe(edgyNumber),
-        priority: maybe(fc.string({ minLength: 60, maxLength: 68 })),
-        extra: maybe(fc.anything()),
-      },
-      { requiredKeys: [] },
-    ),
-  },
-  { weight: 1, arbitrary: fc.anything() },
-);
+/** The fields both bodies take, then each one's own; `extra` (unknown to both) and the other body's fields turn up now and then. */
+const common = {
+  inputs,
+  truncate: maybe(fc.boolean()),
+  model: maybe(fc.string({ maxLength: 10 })),
+  timeout: maybe(edgyNumber),
+  priority: maybe(fc.string({ minLength: 60, maxLength: 68 })),
+};
+const embedFields = { normalize: maybe(fc.boolean()), embedding_type: maybe(fc.constantFrom('float', 'int8', 'uint8', 'binary', 'ubinary', 'Int8', 'bits')) };
+const predictFields = { raw_scores: maybe(fc.boolean()) };
+/** A body of `own` fields; one in six also holds some of `others` (the other body's fields) or an unknown `extra`, which the schema refuses. */
+const bodyOf = (own: Record<string, fc.Arbitrary<unknown>>, others: Record<string, fc.Arbitrary<unknown>>) => {
+  const known = fc.record({ ...common, ...own }, { requiredKeys: [] });
+  const foreign = fc.record({ ...others, extra: fc.anything() }, { requiredKeys: [] });
+  return fc.oneof(
+    { weight: 10, arbitrary: known },
+    { weight: 2, arbitrary: fc.tuple(known, foreign).map(([a, b]) => ({ ...a, ...b })) },
+    { weight: 1, arbitrary: fc.anything() },
+  );
+};
 
 const schemas = [
-  { name: 'embed', schema: EmbedRequest, quick: quickEmbedRequest },
-  { name: 'predict', schema: PredictRequest, quick: quickPredictRequest },
+  { name: 'embed', schema: EmbedRequest, quick: quickEmbedRequest, body: bodyOf(embedFields, predictFields) },
+  { name: 'predict', schema: PredictRequest, quick: quickPredictRequest, body: bodyOf(predictFields, embedFields) },
 ];
 
 describe('the quick body checks agree with the schemas', () => {
   console.log(`schemas: seed ${seed}`);
-  for (const { name, schema, quick } of schemas) {
+  for (const { name, schema, quick, body } of schemas) {
     it(`${name}: accepted only where the schema accepts, with the same fields; rejected bodies go to the schema`, () => {
       let quickAccepted = 0;
       let schemaRejected = 0;
@@ -93,5 +95,56 @@ describe('the quick body checks agree with the schemas', () => {
       expect(quickEmbedRequest(b), JSON.stringify(b)).toStrictEqual(EmbedRequest.parse(b));
     }
     expect(quickPredictRequest({ inputs: 'hi', raw_scores: true })).toStrictEqual({ inputs: 'hi', raw_scores: true });
+  });
+});
+
+describe('unknown fields', () => {
+  it('are refused, naming the field and the nearest known one', () => {
+    const cases: [typeof EmbedRequest | typeof PredictRequest | typeof SimilarityRequest, unknown, string, string | null][] = [
+      [EmbedRequest, { inputs: 'hi', normalise: true }, 'normalise', 'normalize'],
+      [EmbedRequest, { inputs: 'hi', trucate: true }, 'trucate', 'truncate'],
+      [EmbedRequest, { inputs: 'hi', Model: 'tiny-embed' }, 'Model', 'model'],
+      [PredictRequest, { inputs: 'hi', raw_score: true }, 'raw_score', 'raw_scores'],
+      [PredictRequest, { inputs: 'hi', normalize: true }, 'normalize', null],
+      [SimilarityRequest, { inputs: { source_sentence: 'a', sentences: ['b'] }, parameters: { truncat: true } }, 'parameters.truncat', 'truncate'],
+      [SimilarityRequest, { inputs: { source_sentence: 'a', sentences: ['b'], sentence: 'c' } }, 'inputs.sentence', 'sentences'],
+    ];
+    for (const [schema, body, field, near] of cases) {
+      let err: unknown;
+      try {
+        parseBody(schema as typeof EmbedRequest, body);
+      } catch (e) {
+        err = e;
+      }
+      expect(err, JSON.stringify(body)).toBeInstanceOf(UnknownFieldError);
+      const u = err as UnknownFieldError;
+      expect(u.field).toBe(field);
+      expect(u.suggestion).toBe(near);
+      expect(u.code).toBe('SLABSERVE_INVALID_INPUT');
+      expect(u.message).toContain(`"${field}"`);
+      // No near name: the message lists the fields the body takes instead.
+      expect(u.message).toContain(near !== null ? `did you mean "${near}"?` : 'the fields are');
+    }
+  });
+
+  it('the quick path leaves a body with an unknown field to the schema', () => {
+    expect(quickEmbedRequest({ inputs: 'hi', normalise: true })).toBeNull();
+    expect(quickPredictRequest({ inputs: 'hi', normalize: true })).toBeNull();
+    expect(() => parseBody(EmbedRequest, { inputs: 'hi', normalise: true })).toThrow(/did you mean "normalize"/);
+  });
+});
+
+describe('nearestName', () => {
+  it('finds a typo within a third of the name (at least 2 edits), swaps counting once', () => {
+    const known = ['inputs', 'normalize', 'truncate', 'truncation_direction', 'model', 'raw_scores'];
+    expect(nearestName('normalise', known)).toBe('normalize');
+    expect(nearestName('nromalize', known)).toBe('normalize'); // one swap
+    expect(nearestName('input', known)).toBe('inputs');
+    expect(nearestName('MODEL', known)).toBe('model');
+    expect(nearestName('temperature', known)).toBeNull();
+    expect(nearestName('xyz', known)).toBeNull();
+    expect(editDistance('kitten', 'sitting')).toBe(3);
+    expect(editDistance('ab', 'ba')).toBe(1);
+    expect(editDistance('', 'abc')).toBe(3);
   });
 });

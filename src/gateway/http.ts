@@ -71,6 +71,7 @@ export class RequestContext {
   readonly url: string;
   readonly contentType: string;
   readonly accept: string;
+  readonly userAgent: string;
   readonly contentLength: number | undefined;
   /** Raw x-deadline-ms and x-priority headers ('' when absent). */
   private readonly deadlineHeader: string;
@@ -105,6 +106,7 @@ export class RequestContext {
     this.accept = req.getHeader('accept');
     const cl = req.getHeader('content-length');
     this.contentLength = cl === '' ? undefined : Number(cl);
+    this.userAgent = req.getHeader('user-agent');
     this.bodyPending = cl === '' ? req.getHeader('transfer-encoding') !== '' : this.contentLength! > 0;
     this.deadlineHeader = req.getHeader('x-deadline-ms');
     this.priorityHeader = req.getHeader('x-priority');

@@ -283,7 +283,7 @@ const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normal
     for (const w of wanted) {
       if (!available.some((o) => o.name === w)) throw invalid(`unknown output ${w}; model ${model.plan.spec.name} gives ${available.map((o) => o.name).join(', ')}`);
     }
-    const truncate = booleanParam(body.parameters, 'truncate') ?? false;
+    const truncate = booleanParam(body.parameters, 'truncate') ?? ec.limits.truncate;
     const normalize = booleanParam(body.parameters, 'normalize');
     const call = {
       model,
@@ -294,6 +294,7 @@ const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normal
     };
     return { call, state: { wanted, id: body.id, normalize } };
   },
+  truncateAdvice: () => 'send "parameters": {"truncate": true} to cut a text, or send shorter token tensors',
   answer(r, call, state) {
     const spec = call.model.plan.spec;
     const B = r.rows.rows.length / r.rows.width;

@@ -24,7 +24,7 @@
  * `model_not_found`; overload 429 (Retry-After), not ready 503.
  */
 import { statSync } from 'node:fs';
-import { FieldValidationError, InvalidModelNameError, ModelNotFoundError, ValidationError } from '../shared/errors.js';
+import { FieldValidationError, InvalidModelNameError, ModelNotFoundError, UnknownFieldError, ValidationError } from '../shared/errors.js';
 import { embeddings, inputCount, inputList, type ServedModel } from '../core/infer.js';
 import { floatAnswer, integerRowJson } from './answers.js';
 import { quantizeRow, rowBytes, type EmbeddingType, type QuantizedRow } from '../core/quantize.js';
@@ -59,7 +59,7 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     const call = prompted(
       {
         model,
-        inputs: { kind: 'inputs' as const, inputs: inputList(body.input), truncate: false },
+        inputs: { kind: 'inputs' as const, inputs: inputList(body.input), truncate: body.truncate ?? ec.limits.truncate, direction: body.truncation_direction },
         timeoutMs: ec.timeoutMs,
         priority: ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority),
         cancel: ec.cancel,
@@ -68,6 +68,7 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     );
     return { call, state: { base64: body.encoding_format === 'base64', dimensions: body.dimensions, type: body.embedding_type ?? 'float' } };
   },
+  truncateAdvice: () => 'send "truncate": true (a slabserve extension to OpenAI\'s body) to cut it, or shorten the input',
   answer(r, call, state) {
     const rows = embeddings(call.model, r.rows).map((full) => (state.dimensions !== undefined ? shorten(full, state.dimensions) : full));
     const model = call.model.plan.spec.name;
@@ -195,13 +196,20 @@ function openaiParam(info: ErrorInfo, fallback: string | null): string | null {
   return fallback;
 }
 
+/** OpenAI's words for a field it does not take, with our hint; else our message. */
+function openaiMessage(info: ErrorInfo): string {
+  const err = info.err;
+  if (!(err instanceof UnknownFieldError)) return info.message;
+  return `Unrecognized request argument supplied: ${err.field}${err.suggestion !== null ? ` (did you mean "${err.suggestion}"?)` : ''}`;
+}
+
 /** Answers `err` as OpenAI does: `{error: {message, type, param, code}}`. */
 export function failOpenAI(ctx: RequestContext, err: unknown, param: string | null = null): number {
   return ctx.fail(
     err,
     (info) => {
       const status = openaiStatus(info);
-      return { error: { message: info.message, type: openaiType(status), param: openaiParam(info, param), code: openaiCode(info) } };
+      return { error: { message: openaiMessage(info), type: openaiType(status), param: openaiParam(info, param), code: openaiCode(info) } };
     },
     openaiStatus,
   );

@@ -1,10 +1,13 @@
 /**
  * Request bodies, validated with zod. A failed parse becomes a
- * ValidationError whose message names the field and the problem.
+ * ValidationError whose message names the field and the problem. Every body
+ * is a strict object: a field it does not know (a misspelled `normalise`) is
+ * refused with the nearest known name, never silently ignored.
  */
 import { z } from 'zod';
 import { EMBEDDING_TYPES, isEmbeddingType } from '../core/quantize.js';
-import { FieldValidationError, ValidationError } from '../shared/errors.js';
+import { FieldValidationError, UnknownFieldError, ValidationError } from '../shared/errors.js';
+import { nearestName } from '../shared/nearest-name.js';
 
 /** Token ids with the special tokens ([CLS] ... [SEP]): pre-tokenized input, as TEI and OpenAI take it. */
 const tokenIds = z.array(z.number().int().nonnegative()).min(1);
@@ -45,7 +48,7 @@ const prompts = {
 /** Quantized rows (core/quantize.ts): Cohere's names. */
 const embedding_type = z.enum(EMBEDDING_TYPES, { error: `must be one of ${EMBEDDING_TYPES.map((t) => `"${t}"`).join(', ')}` }).optional();
 
-export const EmbedRequest = z.object({
+export const EmbedRequest = z.strictObject({
   ...scheduling,
   inputs,
   normalize: z.boolean().optional(),
@@ -57,18 +60,31 @@ export const EmbedRequest = z.object({
 });
 export type EmbedRequest = z.infer<typeof EmbedRequest>;
 
-export const PredictRequest = z.object({
+/**
+ * Hugging Face's text-classification parameters (its Inference API and
+ * `@huggingface/inference`'s `textClassification`): how scores are made from
+ * the logits, and how many labels to keep.
+ */
+const classificationParameters = z
+  .strictObject({
+    function_to_apply: z.enum(['softmax', 'sigmoid', 'none'], { error: 'must be "softmax", "sigmoid" or "none"' }).nullish(),
+    top_k: z.number().int().positive().nullish(),
+  })
+  .nullish();
+
+export const PredictRequest = z.strictObject({
   ...scheduling,
   inputs,
   raw_scores: z.boolean().optional(),
   truncate: z.boolean().optional(),
   truncation_direction,
   model: z.string().optional(),
+  parameters: classificationParameters,
 });
 export type PredictRequest = z.infer<typeof PredictRequest>;
 
 /** TEI's POST /rerank: score each text against the query with a cross-encoder. */
-export const RerankRequest = z.object({
+export const RerankRequest = z.strictObject({
   ...scheduling,
   query: z.string().min(1, 'must not be empty'),
   texts: z.array(z.string().min(1, 'must not be empty'), { error: 'must be a list of strings' }).min(1, 'must not be an empty list'),
@@ -83,9 +99,9 @@ export type RerankRequest = z.infer<typeof RerankRequest>;
  * TEI's POST /similarity, Hugging Face's sentence-similarity task: the source
  * and the sentences embedded as one request, each sentence's cosine to the source.
  */
-export const SimilarityRequest = z.object({
+export const SimilarityRequest = z.strictObject({
   ...scheduling,
-  inputs: z.object(
+  inputs: z.strictObject(
     {
       source_sentence: z.string({ error: 'must be a string' }),
       sentences: z.array(z.string(), { error: 'must be a list of strings' }).min(1, 'must not be an empty list'),
@@ -93,7 +109,7 @@ export const SimilarityRequest = z.object({
     { error: 'must be {"source_sentence": string, "sentences": string[]}' },
   ),
   parameters: z
-    .object({
+    .strictObject({
       truncate: z.boolean().nullish(),
       truncation_direction,
       prompt_name: z.string().nullish(),
@@ -104,7 +120,7 @@ export const SimilarityRequest = z.object({
 export type SimilarityRequest = z.infer<typeof SimilarityRequest>;
 
 /** TEI's POST /tokenize. */
-export const TokenizeRequest = z.object({
+export const TokenizeRequest = z.strictObject({
   inputs: z.union([z.string(), z.array(z.string()).min(1, 'must not be an empty list')], { error: 'must be a string or a list of strings' }),
   add_special_tokens: z.boolean().optional(),
   model: z.string().optional(),
@@ -113,7 +129,7 @@ export type TokenizeRequest = z.infer<typeof TokenizeRequest>;
 
 const ids = z.array(z.number().int().nonnegative());
 /** TEI's POST /decode: one list of ids (answered with a string) or a list of them (a list of strings). */
-export const DecodeRequest = z.object({
+export const DecodeRequest = z.strictObject({
   ids: z.union([ids, z.array(ids).min(1, 'must not be an empty list')], { error: 'must be a list of token ids or a list of such lists' }),
   skip_special_tokens: z.boolean().optional(),
   model: z.string().optional(),
@@ -121,7 +137,7 @@ export const DecodeRequest = z.object({
 export type DecodeRequest = z.infer<typeof DecodeRequest>;
 
 /** OpenAI's POST /v1/embeddings. */
-export const OpenAIEmbeddingRequest = z.object({
+export const OpenAIEmbeddingRequest = z.strictObject({
   input: Inputs,
   model: z.string({ error: 'you must name a model' }).min(1, 'must not be empty'),
   encoding_format: z.enum(['float', 'base64'], { error: 'must be "float" or "base64"' }).optional(),
@@ -130,11 +146,14 @@ export const OpenAIEmbeddingRequest = z.object({
   dimensions: z.number().int().positive().optional(),
   user: z.string().optional(),
   ...prompts,
+  /** Our extension (TEI's field): cut a too-long input instead of refusing it. */
+  truncate: z.boolean().optional(),
+  truncation_direction,
 });
 export type OpenAIEmbeddingRequest = z.infer<typeof OpenAIEmbeddingRequest>;
 
 /** A KServe v2 tensor: data flat in row-major order (nested lists are flattened). */
-const KServeTensor = z.object({
+const KServeTensor = z.strictObject({
   name: z.string().min(1),
   shape: z.array(z.number().int().nonnegative()),
   datatype: z.string(),
@@ -144,11 +163,11 @@ const KServeTensor = z.object({
 export type KServeTensor = z.infer<typeof KServeTensor>;
 
 /** KServe v2 / Triton POST /v2/models/{name}/infer (the JSON form; not the binary tensor extension). */
-export const KServeInferRequest = z.object({
+export const KServeInferRequest = z.strictObject({
   id: z.string().optional(),
   parameters: z.record(z.string(), z.unknown()).optional(),
   inputs: z.array(KServeTensor).min(1, 'must not be an empty list'),
-  outputs: z.array(z.object({ name: z.string(), parameters: z.record(z.string(), z.unknown()).optional() })).optional(),
+  outputs: z.array(z.strictObject({ name: z.string(), parameters: z.record(z.string(), z.unknown()).optional() })).optional(),
 });
 export type KServeInferRequest = z.infer<typeof KServeInferRequest>;
 
@@ -179,11 +198,18 @@ export function quickPredictRequest(body: unknown): PredictRequest | null {
 
 const EMBED_FLAGS = ['normalize', 'truncate'] as const;
 const PREDICT_FLAGS = ['raw_scores', 'truncate'] as const;
+/** The fields the quick checks take (a body with any other goes to the schema, which refuses an unknown one). */
+const QUICK_FIELDS = new Map<readonly string[], ReadonlySet<string>>([
+  [EMBED_FLAGS, new Set([...EMBED_FLAGS, 'inputs', 'model', 'timeout', 'priority', 'embedding_type'])],
+  [PREDICT_FLAGS, new Set([...PREDICT_FLAGS, 'inputs', 'model', 'timeout', 'priority'])],
+]);
 
 function quickInputsBody(raw: unknown, flags: readonly string[]): Record<string, unknown> | null {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
   const b = raw as Record<string, unknown>;
   if (!quickInputs(b.inputs)) return null;
+  const fields = QUICK_FIELDS.get(flags)!;
+  for (const k in b) if (!fields.has(k)) return null;
   // Rare fields: the schema's, and its errors.
   if (b.prompt_name !== undefined || b.prompt !== undefined || b.truncation_direction !== undefined) return null;
   const out: Record<string, unknown> = { inputs: b.inputs };
@@ -230,7 +256,30 @@ export function parseBody<T>(schema: z.ZodType<T>, body: unknown): T {
   }
   const r = schema.safeParse(body);
   if (r.success) return r.data;
+  const unknown = r.error.issues.find((i) => i.code === 'unrecognized_keys');
+  if (unknown) throw unknownFieldError(schema, unknown.path, unknown.keys[0]!);
   const problems = r.error.issues.map((i) => `${i.path.length ? i.path.join('.') : 'body'}: ${i.message}`);
   const first = r.error.issues[0]?.path[0];
   throw new FieldValidationError(`invalid request: ${problems.join('; ')}`, first === undefined ? null : String(first));
+}
+
+/** `key` is not a field of the object at `path`: named with the nearest field that is, or the list of them. */
+function unknownFieldError(schema: z.ZodType, path: PropertyKey[], key: string): UnknownFieldError {
+  const known = fieldsAt(schema, path);
+  const field = [...path.map(String), key].join('.');
+  const near = nearestName(key, known);
+  const hint = near !== null ? `did you mean "${near}"?` : `the fields are ${known.join(', ')}`;
+  return new UnknownFieldError(`invalid request: unknown field "${field}": ${hint}`, field, near);
+}
+
+/** The field names of the object schema at `path` inside `schema` (through optional, nullable and list wrappers). */
+function fieldsAt(schema: z.ZodType, path: PropertyKey[]): string[] {
+  let s: unknown = schema;
+  for (let i = 0; ; ) {
+    if (s instanceof z.ZodOptional || s instanceof z.ZodNullable) s = s.unwrap();
+    else if (s instanceof z.ZodPipe) s = s.in;
+    else if (s instanceof z.ZodArray && i < path.length) [s, i] = [s.element, i + 1];
+    else if (s instanceof z.ZodObject && i < path.length) [s, i] = [s.shape[String(path[i])], i + 1];
+    else return s instanceof z.ZodObject ? Object.keys(s.shape) : [];
+  }
 }

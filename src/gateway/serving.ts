@@ -15,7 +15,7 @@
  * run the model (/tokenize, /decode) are LocalEndpoints: parse and answer in one.
  */
 import type { Cancellation } from '../shared/cancel.js';
-import { NotReadyError } from '../shared/errors.js';
+import { InputTooLongError, NotReadyError } from '../shared/errors.js';
 import type { GatewayMetrics } from '../shared/metrics.js';
 import type { CounterCell, HistogramCell } from '../shared/metric-cells.js';
 import type { Task } from '../shared/model-config.js';
@@ -27,6 +27,8 @@ export interface GatewayLimits {
   maxBodyBytes: number;
   /** Most inputs in one request (--max-client-batch-size). */
   maxClientBatchSize: number;
+  /** Whether an input past the model's max length is cut when its request does not say (--truncate); else 413. */
+  truncate: boolean;
 }
 
 /** What a body parser may use beside the body. */
@@ -43,6 +45,8 @@ export interface EndpointContext {
   cancel: Cancellation;
   /** WebSocket: embedding rows as little-endian float32 bytes. */
   f32?: boolean;
+  /** The client's User-Agent (HTTP): tells Hugging Face's clients from TEI's where their bodies are alike. */
+  userAgent?: string | undefined;
   /** The model the request turned out to use, set by the parser as soon as it is known (metrics, access log; 'unknown' until then). */
   label: { model: string };
 }
@@ -57,6 +61,8 @@ export interface Endpoint<S = unknown> {
   parse(body: unknown, ec: EndpointContext): { call: InferCall; state: S };
   /** The answer's payload: a plain value, or an Answer that serialises itself. */
   answer(r: InferResult, call: InferCall, state: S, ec: EndpointContext): unknown;
+  /** How this body asks to cut a too-long input, the advice of its 413 (absent: `send "truncate": true to cut it`). */
+  truncateAdvice?(state: S): string;
 }
 
 /** An endpoint that does not run the model (tokenize, decode). */
@@ -86,7 +92,14 @@ export function isAnswer(x: unknown): x is Answer & { value(): unknown } {
 export async function runEndpoint<S>(ep: Endpoint<S>, body: unknown, ec: EndpointContext): Promise<Served> {
   const { call, state } = ep.parse(body, ec);
   const model = (ec.label.model = call.model.plan.spec.name);
-  const result = await ec.infer.infer(call);
+  let result: InferResult;
+  try {
+    result = await ec.infer.infer(call);
+  } catch (err) {
+    // The advice must be one that works on this route: its own way of asking for truncation.
+    if (err instanceof InputTooLongError && ep.truncateAdvice) throw new InputTooLongError(err.length, err.maxLength, ep.truncateAdvice(state));
+    throw err;
+  }
   return { payload: ep.answer(result, call, state, ec), model, inputs: result.rows.rows.length / result.rows.width, result };
 }
 
@@ -201,7 +214,7 @@ export function refuseBeforeBody(deps: ServeDeps, task: Task | null, pathModel: 
 /** The context a parser gets for an HTTP request. */
 function httpContext(ctx: RequestContext, deps: ServeDeps, params: readonly string[] | undefined, label: { model: string }): EndpointContext {
   const h = ctx.scheduling();
-  return { infer: deps.infer, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label };
+  return { infer: deps.infer, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label, userAgent: ctx.userAgent };
 }
 
 /** Serves one inference endpoint over HTTP (see the header). */

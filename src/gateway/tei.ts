@@ -62,7 +62,7 @@ function inputsCall(
   body: { inputs: Inputs; truncate?: boolean | undefined; truncation_direction?: 'right' | 'left' | undefined; model?: string | undefined; timeout?: number; priority?: string },
 ) {
   const model = pickModel(ec, task, inputCount(body.inputs), body.model);
-  const inputs = { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? false, direction: body.truncation_direction };
+  const inputs = { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? ec.limits.truncate, direction: body.truncation_direction };
   return { model, inputs, ...scheduling(ec, body) };
 }
 
@@ -99,22 +99,46 @@ export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: Emb
   },
 };
 
-/** [{label, score}] sorted by score, highest first: probabilities, or logits with raw_scores. */
-export function labelScores(model: ServedModel, c: Classification, raw: boolean): { label: string; score: number }[] {
-  const values = raw ? c.logits : c.probabilities;
-  return model.plan.spec.labels.map((label, i) => ({ label, score: values[i]! })).sort((a, b) => b.score - a.score);
+/** Which numbers a classification answers with: softmax probabilities (the default), the logits, or their sigmoids. */
+type ScoreKind = 'probabilities' | 'logits' | 'sigmoid';
+
+/** [{label, score}] sorted by score, highest first, at most `topK` of them. */
+export function labelScores(model: ServedModel, c: Classification, kind: ScoreKind, topK = Infinity): { label: string; score: number }[] {
+  const values = kind === 'logits' ? c.logits : c.probabilities;
+  const score = kind === 'sigmoid' ? (i: number) => 1 / (1 + Math.exp(-c.logits[i]!)) : (i: number) => values[i]!;
+  const all = model.plan.spec.labels.map((label, i) => ({ label, score: score(i) })).sort((a, b) => b.score - a.score);
+  return topK < all.length ? all.slice(0, topK) : all;
 }
 
-/** POST /predict `{inputs, raw_scores?, truncate?, model?}` -> [{label, score}] (a list of those for a list of inputs). */
-export const predictEndpoint: Endpoint<{ raw: boolean; single: boolean }> = {
+/**
+ * Whether a /predict request is Hugging Face's text-classification task
+ * rather than TEI's /predict: the two bodies are alike, but HF's answer to
+ * one string is a list holding its list of labels (`[[{label, score}]]`,
+ * what `@huggingface/inference`'s `textClassification` and `huggingface_hub`
+ * read), TEI's the list itself. Told apart by what the client sends: HF's
+ * `parameters` (TEI has none), or the HF clients' User-Agent.
+ */
+function isHuggingFaceTask(body: PredictRequest, userAgent: string | undefined): boolean {
+  if (body.parameters != null) return true;
+  return userAgent !== undefined && (userAgent.startsWith('@huggingface/inference') || userAgent.startsWith('huggingface_hub'));
+}
+
+/**
+ * POST /predict `{inputs, raw_scores?, truncate?, model?, parameters?: {function_to_apply?, top_k?}}` ->
+ * [{label, score}] (a list of those for a list of inputs, and for one input of Hugging Face's task).
+ */
+export const predictEndpoint: Endpoint<{ kind: ScoreKind; topK: number; single: boolean }> = {
   route: '/predict',
   task: 'classify',
   parse(raw, ec) {
     const body = quickPredictRequest(raw) ?? parseBody(PredictRequest, raw);
-    return { call: inputsCall(ec, 'classify', body), state: { raw: body.raw_scores ?? false, single: isSingleInput(body.inputs) } };
+    const fn = body.parameters?.function_to_apply;
+    const kind: ScoreKind = body.raw_scores || fn === 'none' ? 'logits' : fn === 'sigmoid' ? 'sigmoid' : 'probabilities';
+    const single = isSingleInput(body.inputs) && !isHuggingFaceTask(body, ec.userAgent);
+    return { call: inputsCall(ec, 'classify', body), state: { kind, topK: body.parameters?.top_k ?? Infinity, single } };
   },
   answer(r, call, state) {
-    const lists = classifications(call.model, r.rows).map((c) => labelScores(call.model, c, state.raw));
+    const lists = classifications(call.model, r.rows).map((c) => labelScores(call.model, c, state.kind, state.topK));
     return state.single ? lists[0] : lists;
   },
 };
@@ -130,7 +154,7 @@ export const rerankEndpoint: Endpoint<{ texts: string[]; returnText: boolean; ra
   parse(raw, ec) {
     const body = parseBody(RerankRequest, raw);
     const model = pickModel(ec, 'rerank', body.texts.length, body.model);
-    const call = { model, inputs: { kind: 'pairs' as const, queries: [body.query], texts: body.texts, truncate: body.truncate ?? false }, ...scheduling(ec, body) };
+    const call = { model, inputs: { kind: 'pairs' as const, queries: [body.query], texts: body.texts, truncate: body.truncate ?? ec.limits.truncate }, ...scheduling(ec, body) };
     return { call, state: { texts: body.texts, returnText: body.return_text ?? false, raw: body.raw_scores ?? false } };
   },
   answer(r, _call, state) {
@@ -158,6 +182,7 @@ export const similarityEndpoint: Endpoint<null> = {
     const call = inputsCall(ec, 'embed', { ...body, inputs, truncate: p.truncate ?? undefined, truncation_direction: p.truncation_direction });
     return { call: prompted(call, { prompt_name: p.prompt_name ?? undefined }), state: null };
   },
+  truncateAdvice: () => 'send "parameters": {"truncate": true} to cut it',
   answer(r, call) {
     const scores = similaritiesToFirst(embeddings(call.model, r.rows, true));
     // JSON: each score the shortest decimal of its float32, as TEI's serde writes f32.
@@ -165,36 +190,74 @@ export const similarityEndpoint: Endpoint<null> = {
   },
 };
 
-/** A sentence-similarity body: `inputs` an object (an /embed body's inputs never are). */
-function isSimilarityBody(raw: unknown): boolean {
-  const inputs = typeof raw === 'object' && raw !== null ? (raw as { inputs?: unknown }).inputs : undefined;
-  return typeof inputs === 'object' && inputs !== null && !Array.isArray(inputs);
+/** Which of TEI's bodies a POST / body is, by its fields (null: none of them). */
+type BodyShape = 'rerank' | 'similarity' | 'inputs';
+function bodyShape(raw: unknown): BodyShape | null {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
+  const b = raw as Record<string, unknown>;
+  if (b.query !== undefined || b.texts !== undefined) return 'rerank';
+  // `inputs` an object: a sentence-similarity body (an /embed or /predict body's inputs never are).
+  if (typeof b.inputs === 'object' && b.inputs !== null && !Array.isArray(b.inputs)) return 'similarity';
+  return b.inputs !== undefined ? 'inputs' : null;
 }
 
-/** The endpoint that serves each task: what POST / answers with for a model of that task. */
-const BY_TASK: Record<Task, Endpoint<unknown>> = {
-  embed: embedEndpoint as Endpoint<unknown>,
-  classify: predictEndpoint as Endpoint<unknown>,
-  rerank: rerankEndpoint as Endpoint<unknown>,
+const ROOT_BODIES = 'the body of /embed or /predict {"inputs"}, /rerank {"query", "texts"} or /similarity {"inputs": {"source_sentence", "sentences"}}';
+
+/** The endpoint of each task, by body shape: what POST / answers with for a model of that task. */
+const BY_TASK: Record<Task, Partial<Record<BodyShape, Endpoint<unknown>>>> = {
+  embed: { inputs: embedEndpoint as Endpoint<unknown>, similarity: similarityEndpoint as Endpoint<unknown> },
+  classify: { inputs: predictEndpoint as Endpoint<unknown> },
+  rerank: { rerank: rerankEndpoint as Endpoint<unknown> },
 };
+const FIRST_SHAPE: Record<Task, BodyShape> = { embed: 'inputs', classify: 'inputs', rerank: 'rerank' };
+const SHAPE_NAMES: Record<BodyShape, string> = {
+  rerank: 'a /rerank body {"query", "texts"}',
+  similarity: 'a /similarity body {"inputs": {"source_sentence", "sentences"}}',
+  inputs: 'an /embed or /predict body {"inputs"}',
+};
+
+/** The endpoint for a body sent to model `model`: its task's, refused when the body is another task's. */
+function endpointFor(model: ServedModel, shape: BodyShape | null): Endpoint<unknown> {
+  const { task, name } = model.plan.spec;
+  const ep = BY_TASK[task][shape ?? FIRST_SHAPE[task]];
+  if (!ep) {
+    const takes = Object.values(BY_TASK[task]).map((e) => e.route).join(' or ');
+    throw new ValidationError(`model "${name}" (task ${task}) takes the body of ${takes}, not ${SHAPE_NAMES[shape!]}: "model" picks the task`);
+  }
+  return ep;
+}
+
+/** The model a POST / body names none for: the first served that its shape can run on. */
+function firstModelFor(ec: EndpointContext, shape: BodyShape | null): ServedModel {
+  if (shape === null) throw new ValidationError(`POST / takes ${ROOT_BODIES}; "model" picks the task`);
+  if (shape === 'rerank') return ec.infer.resolve('rerank');
+  if (shape === 'similarity') return ec.infer.resolve('embed');
+  const first = ec.infer.list().find((m) => m.plan.spec.task !== 'rerank');
+  if (!first) throw new ValidationError(`no embedding or classification model is served for an {"inputs"} body; POST / takes ${ROOT_BODIES}`);
+  return first;
+}
 
 /**
  * POST / as text-embeddings-inference's root route: the body of /embed,
- * /predict or /rerank, answered by the task of the model it names (the
- * body's `model`, else the first model served); for an embedding model, a
- * /similarity body too (as TEI's root answers with TASK=sentence-similarity,
- * so a client pointed at the server's root URL works).
+ * /predict, /rerank or /similarity. A model named (the body's `model`, or the
+ * path's) answers with its task; with none, the body's shape picks: `query`
+ * and `texts` the first reranker, `inputs.source_sentence` the first
+ * embedding model (as TEI's root answers with TASK=sentence-similarity, so a
+ * client pointed at the server's root URL works), other `inputs` the first
+ * embedding or classification model served.
  */
 export const rootEndpoint: Endpoint<{ inner: Endpoint<unknown>; state: unknown }> = {
   route: '/',
   task: null,
   parse(raw, ec) {
     const named = typeof raw === 'object' && raw !== null && typeof (raw as { model?: unknown }).model === 'string' ? (raw as { model: string }).model : undefined;
-    const task = ec.infer.anyModel(ec.pathModel ?? named).plan.spec.task;
-    const inner = task === 'embed' && isSimilarityBody(raw) ? (similarityEndpoint as Endpoint<unknown>) : BY_TASK[task];
+    const shape = bodyShape(raw);
+    const name = ec.pathModel ?? named;
+    const inner = endpointFor(name !== undefined ? ec.infer.anyModel(name) : firstModelFor(ec, shape), shape);
     const { call, state } = inner.parse(raw, ec);
     return { call, state: { inner, state } };
   },
+  truncateAdvice: (s) => s.inner.truncateAdvice?.(s.state) ?? 'send "truncate": true to cut it',
   answer(r, call, s, ec) {
     return s.inner.answer(r, call, s.state, ec);
   },

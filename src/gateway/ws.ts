@@ -298,16 +298,17 @@ class WsApi {
       metricsOf(this.deps.metrics, route).failed(ec.label.model, 'error', (performance.now() - started) / 1000); // sendError counts the failure
       this.sendError(ws, id, cancel.cancelled && !(err instanceof SlabserveError) ? new CancelledError() : err, route, started, ec.label.model);
     };
+    const body = frameBody(msg);
     if (local) {
       try {
-        done(local.run(msg, ec));
+        done(local.run(body, ec));
       } catch (err) {
         failed(err);
       }
       return;
     }
     state.inflight.set(id, cancel);
-    runEndpoint(endpoint as Endpoint<unknown>, msg, ec).then(done, failed);
+    runEndpoint(endpoint as Endpoint<unknown>, body, ec).then(done, failed);
   }
 
   /** Why request `id` may not start now (a duplicate id, no credit, not ready, a bad deadline), or null. */
@@ -361,4 +362,10 @@ class WsApi {
       ...(id !== null ? { wsId: id } : {}),
     });
   }
+}
+
+/** A request frame's body, as the HTTP route's: the frame less the fields only the socket reads. */
+function frameBody(msg: Record<string, unknown>): Record<string, unknown> {
+  const { id: _id, op: _op, deadline_ms: _deadline, encoding: _encoding, ...body } = msg;
+  return body;
 }

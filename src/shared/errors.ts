@@ -44,6 +44,18 @@ export class FieldValidationError extends ValidationError {
   }
 }
 
+/** A body field the request does not take (a misspelling, or another API's field), with the nearest one it does. */
+export class UnknownFieldError extends FieldValidationError {
+  /** The field's path, dotted ("parameters.top_kk"). */
+  readonly field: string;
+  readonly suggestion: string | null;
+  constructor(message: string, field: string, suggestion: string | null) {
+    super(message, field.split('.')[0]!);
+    this.field = field;
+    this.suggestion = suggestion;
+  }
+}
+
 /** An error raised by the HTTP layer itself (bad body, wrong method, ...). */
 export class HttpError extends SlabserveError {
   readonly status: number;
@@ -58,12 +70,8 @@ export class HttpError extends SlabserveError {
 export class InputTooLongError extends SlabserveError {
   readonly length: number;
   readonly maxLength: number;
-  constructor(length: number, maxLength: number) {
-    super(
-      `input is ${length} tokens long, the model accepts at most ${maxLength}; send truncate: true to cut it`,
-      'SLABSERVE_INPUT_TOO_LONG',
-      'too_long',
-    );
+  constructor(length: number, maxLength: number, advice = 'send "truncate": true to cut it') {
+    super(`input is ${length} tokens long, the model accepts at most ${maxLength}; ${advice}`, 'SLABSERVE_INPUT_TOO_LONG', 'too_long');
     this.length = length;
     this.maxLength = maxLength;
   }
