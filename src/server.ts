@@ -107,6 +107,8 @@ export interface ServerConfig extends ModelOptions {
 
   /** Least level of the JSON log lines: fatal, error, warn, info (an access line per request), debug, trace, silent (--log-level). */
   logLevel?: LogLevel;
+  /** Access lines for health probes and metrics scrapes too (--log-probes); default false: they would drown the requests. */
+  logProbes?: boolean;
   /** Gateway threads write access lines (one per request) straight to this file descriptor (the CLI: 1, stdout); absent, they reach `log`. */
   accessLogFd?: number;
   log: (line: string) => void;
@@ -390,9 +392,9 @@ function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cac
     limits: {
       maxClientBatchSize: config.maxClientBatchSize,
       maxBodyBytes: config.maxBodyBytes,
+      truncate: config.truncate ?? false,
       requestTimeoutMs: config.requestTimeoutMs,
       slotsPerModel: config.slotsPerModel,
-      truncate: config.truncate ?? false,
     },
     gatewayThreads: config.gatewayThreads,
     /** The result cache (docs/cache.md), null with --cache-mb 0. */
@@ -444,7 +446,7 @@ function gatewayWorkerData(
       maxUrlBytes: config.maxUrlBytes ?? GATE_DEFAULTS.maxUrlBytes,
       maxHeaderBytes: config.maxHeaderBytes ?? GATE_DEFAULTS.maxHeaderBytes,
     },
-    log: { level: config.logLevel ?? 'info', ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
+    log: { level: config.logLevel ?? 'info', probes: config.logProbes ?? false, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
   };
 }
 

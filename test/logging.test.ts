@@ -90,6 +90,8 @@ describe('slabserve serve: keys from a file and a variable, JSON logs on stderr 
     for (const l of lines) expect(l).toMatchObject({ msg: 'request', thread: 'gateway-0', pid: child.pid });
     expect(lines.find((l) => l.req_id === 'cli-file-key')).toMatchObject({ level: 'info', method: 'POST', route: '/embed', model: 'tiny-embed', status: 200 });
     expect(lines.find((l) => l.req_id === 'cli-no-key')).toMatchObject({ status: 401, code: 'SLABSERVE_UNAUTHORIZED' });
+    // Health probes and metrics scrapes (the test asked /livez, /readyz and /metrics) get no line by default.
+    expect(lines.filter((l) => ['/livez', '/readyz', '/health', '/metrics'].includes(l.route))).toEqual([]);
     const events = jsonLines(stderr);
     expect(events.length).toBeGreaterThanOrEqual(3);
     for (const e of events) expect(e).toMatchObject({ level: expect.any(String), time: expect.any(String), pid: child.pid, msg: expect.any(String) });
@@ -108,6 +110,32 @@ describe('slabserve serve: keys from a file and a variable, JSON logs on stderr 
     expect(jsonLines(stdout).some((l) => l.req_id === 'cli-last-request')).toBe(true);
     expect(jsonLines(stderr).at(-1)!.msg).toMatch(/stopped/);
   }, 60_000);
+});
+
+describe('slabserve serve --log-probes (SLABSERVE_LOG_PROBES)', () => {
+  it('gives health probes and metrics scrapes their access lines too', async () => {
+    const probed = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--host', '127.0.0.1', '--device', 'cpu', '--model', 'tiny-embed', '--buckets', '8,16'], {
+      env: env({ SLABSERVE_LOG_PROBES: 'true' }),
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    let err = '';
+    probed.stdout!.setEncoding('utf8').on('data', (d: string) => (out += d));
+    probed.stderr!.setEncoding('utf8').on('data', (d: string) => (err += d));
+    const closed = new Promise((r) => probed.once('exit', r));
+    try {
+      const deadline = Date.now() + 60_000;
+      let base: string | undefined;
+      while (!(base = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(err)?.[1]) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(base, err).toBeDefined();
+      for (const path of ['/livez', '/readyz', '/metrics', '/v2/health/live']) await (await fetch(base + path, { headers: { 'x-request-id': `probe${path}` } })).text();
+      while (!out.includes('probe/v2/health/live') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(jsonLines(out).map((l) => l.route)).toEqual(['/livez', '/readyz', '/metrics', '/v2/health/live']);
+    } finally {
+      probed.kill('SIGTERM');
+      await closed;
+    }
+  }, 90_000);
 });
 
 describe('slabserve serve: bad security flags stop it at once with a clear message', () => {

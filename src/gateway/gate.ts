@@ -178,6 +178,7 @@ export class Gate {
       model: ctx.model,
       status,
       ms: performance.now() - ctx.startedAt,
+      probe: ctx.probe,
       ...(ctx.errorCode !== undefined ? { code: ctx.errorCode } : {}),
       ...(ctx.internalError !== undefined ? { error: ctx.internalError } : {}),
     });

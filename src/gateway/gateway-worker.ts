@@ -67,8 +67,8 @@ export interface GatewayWorkerData {
   security?: Partial<GateOptions>;
   /** The result cache every gateway shares (src/shared/result-cache.ts); absent: off (--cache-mb 0). */
   cache?: { buffer: SharedArrayBuffer; layout: CacheLayout };
-  /** Log level, and the file descriptor access lines are written to (absent: they go to the main thread). */
-  log?: { level: LogLevel; accessFd?: number };
+  /** Log level, the file descriptor access lines are written to (absent: they go to the main thread), and whether probes get access lines (--log-probes). */
+  log?: { level: LogLevel; accessFd?: number; probes?: boolean };
 }
 
 export type GatewayMessage = { type: 'listening'; port: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
@@ -104,7 +104,7 @@ async function main(): Promise<void> {
   const ready = () =>
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
   // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
-  const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) });
+  const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) }, data.log?.probes ?? false);
   const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access, { touch: () => lag.touch(), draining: () => control.draining });
   for (const m of data.models) {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');

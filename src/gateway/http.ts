@@ -83,6 +83,8 @@ export class RequestContext {
   readonly route: string;
   /** The model the request turned out to use, once known (access log). */
   model = 'unknown';
+  /** A health probe or metrics scrape (its route says so): no access line unless --log-probes. */
+  probe = false;
   /** Our error code, when answered with an error (access log). */
   errorCode: string | undefined;
   /** An unexpected error's message and stack: logged, never sent. */
@@ -104,9 +106,9 @@ export class RequestContext {
     const type = req.getHeader('content-type');
     this.contentType = type === 'application/json' ? type : type.split(';')[0]!.trim().toLowerCase();
     this.accept = req.getHeader('accept');
+    this.userAgent = req.getHeader('user-agent');
     const cl = req.getHeader('content-length');
     this.contentLength = cl === '' ? undefined : Number(cl);
-    this.userAgent = req.getHeader('user-agent');
     this.bodyPending = cl === '' ? req.getHeader('transfer-encoding') !== '' : this.contentLength! > 0;
     this.deadlineHeader = req.getHeader('x-deadline-ms');
     this.priorityHeader = req.getHeader('x-priority');

@@ -124,6 +124,8 @@ export interface AccessEntry {
   error?: string;
   /** WebSocket: the client's request id. */
   wsId?: string | number;
+  /** A health probe or metrics scrape: no line unless the log takes probes (--log-probes). */
+  probe?: boolean;
 }
 
 /** Printable ASCII without `"` and `\\`: such a string is its own JSON text (request ids, routes, model names, codes, most paths). */
@@ -147,6 +149,8 @@ export class AccessLog {
   /** Whether access lines are written at all (checked before building one). */
   readonly enabled: boolean;
   private readonly errorsEnabled: boolean;
+  /** Whether health probes and metrics scrapes get lines too: one every few seconds per prober, which drowns the requests. */
+  private readonly probes: boolean;
   private readonly out: DestinationStream;
   /** `"pid":N,"thread":"gateway-0"`, formatted once. */
   private readonly base: string;
@@ -154,16 +158,17 @@ export class AccessLog {
   private isoMs = 0;
   private iso = '';
 
-  constructor(level: LogLevel, thread: string, out: DestinationStream) {
+  constructor(level: LogLevel, thread: string, out: DestinationStream, probes = false) {
     this.enabled = LEVEL_VALUE[level] <= LEVEL_VALUE.info;
     this.errorsEnabled = LEVEL_VALUE[level] <= LEVEL_VALUE.error;
+    this.probes = probes;
     this.out = out;
     this.base = `"pid":${process.pid},"thread":${JSON.stringify(thread)}`;
   }
 
   record(e: AccessEntry): void {
     const internal = e.error !== undefined;
-    if (internal ? !this.errorsEnabled : !this.enabled) return;
+    if (internal ? !this.errorsEnabled : !this.enabled || (e.probe === true && !this.probes)) return;
     const path = e.path.length > 256 ? `${e.path.slice(0, 256)}...` : e.path;
     const now = Date.now();
     if (now !== this.isoMs) {

@@ -26,4 +26,6 @@ export interface Route {
   access?: RouteAccess;
   /** Answers an error in the route's dialect (OpenAI's, KServe's shape); default ours. */
   fail?: (ctx: RequestContext, err: unknown) => unknown;
+  /** A health probe or metrics scrape: asked every few seconds by machines, so no access line unless --log-probes. */
+  probe?: true;
 }

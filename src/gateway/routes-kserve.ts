@@ -82,8 +82,8 @@ const inferHandler: Route['handle'] = (ctx, deps, params) => serveInference(ctx,
 const fail = failKServe;
 
 export const kserveRoutes: Route[] = [
-  { method: 'get', path: '/v2/health/live', access: 'open', fail, handle: (ctx) => ctx.send(200, { live: true }) },
-  { method: 'get', path: '/v2/health/ready', access: 'open', fail, handle: (ctx, deps) => ctx.send(deps.ready() ? 200 : 503, { ready: deps.ready() }) },
+  { method: 'get', path: '/v2/health/live', access: 'open', probe: true, fail, handle: (ctx) => ctx.send(200, { live: true }) },
+  { method: 'get', path: '/v2/health/ready', access: 'open', probe: true, fail, handle: (ctx, deps) => ctx.send(deps.ready() ? 200 : 503, { ready: deps.ready() }) },
   { method: 'get', path: '/v2', fail, handle: (ctx, deps) => ctx.send(200, { name: 'slabserve', version: serverVersion(deps), extensions: [] }) },
   { method: 'get', path: '/v2/models/:name', fail, handle: metadataHandler },
   { method: 'get', path: '/v2/models/:name/versions/:version', fail, handle: metadataHandler },

@@ -47,10 +47,10 @@ export const coreRoutes: Route[] = [
   { method: 'post', path: '/models/:name/embed', handle: (ctx, deps, params) => serveInference(ctx, deps, embedEndpoint, ourFail, params) },
   { method: 'post', path: '/models/:name/predict', handle: (ctx, deps, params) => serveInference(ctx, deps, predictEndpoint, ourFail, params) },
   { method: 'get', path: '/info', handle: (ctx, deps) => ctx.send(200, deps.info()) },
-  { method: 'get', path: '/livez', access: 'open', handle: (ctx) => ctx.send(200, { status: 'alive' }) },
-  { method: 'get', path: '/readyz', access: 'open', handle: (ctx, deps) => readiness(ctx, deps) },
-  { method: 'get', path: '/health', access: 'open', handle: (ctx, deps) => readiness(ctx, deps) },
-  { method: 'get', path: '/metrics', access: 'metrics', handle: async (ctx, deps) => ctx.write(200, PROMETHEUS_TYPE, await deps.scrape()) },
+  { method: 'get', path: '/livez', access: 'open', probe: true, handle: (ctx) => ctx.send(200, { status: 'alive' }) },
+  { method: 'get', path: '/readyz', access: 'open', probe: true, handle: (ctx, deps) => readiness(ctx, deps) },
+  { method: 'get', path: '/health', access: 'open', probe: true, handle: (ctx, deps) => readiness(ctx, deps) },
+  { method: 'get', path: '/metrics', access: 'metrics', probe: true, handle: async (ctx, deps) => ctx.write(200, PROMETHEUS_TYPE, await deps.scrape()) },
 ];
 
 function readiness(ctx: RequestContext, deps: RouteDeps): void {
@@ -78,8 +78,10 @@ export function registerRoutes(app: TemplatedApp, deps: RouteDeps, routes: reado
     const paramCount = (route.path.match(/\/:/g) ?? []).length;
     const access = route.access ?? 'key';
     const fail = route.fail ?? ourFail;
+    const probe = route.probe === true;
     app[route.method](route.path, (res: HttpResponse, req: HttpRequest) => {
       const ctx = new RequestContext(res, req, gate, route.path);
+      ctx.probe = probe;
       if (!gate.admit(ctx, req, access, fail)) return;
       const params = paramCount === 0 ? NO_PARAMS : Array.from({ length: paramCount }, (_, i) => req.getParameter(i) ?? '');
       try {
