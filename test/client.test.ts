@@ -575,6 +575,22 @@ describe.skipIf(!realServerBuilt)('SlabClient against the real server (/ws and H
     expect(rows[0]!.length).toBe(128);
   });
 
+  it('decodes token ids over both transports: a string for one list, one per list for several, special tokens as asked', async () => {
+    const text = 'where is my parcel?';
+    const [tokens] = await http.tokenize(text);
+    const ids = tokens!.map((t) => t.id);
+    const [cls, sep] = tokens!.filter((t) => t.special).map((t) => t.text);
+    for (const api of [ws, http]) {
+      expect(await api.decode(ids)).toBe(text);
+      expect(await api.decode(ids, { skipSpecialTokens: false })).toBe(`${cls} ${text} ${sep}`);
+      expect(await api.decode([ids, ids.slice(1, 3)])).toEqual([text, 'where is']);
+      expect(await api.decode([])).toBe('');
+      const bad = await rejection(api.decode([ids, [999_999_999]]));
+      expect([bad.type, bad.status]).toEqual(['validation', 422]);
+      expect(bad.message).toMatch(/999999999/);
+    }
+  });
+
   it('rerank and tokenize over both transports, where the server offers them', async (ctx) => {
     // Not offered: an unknown op over /ws, no route over HTTP, or no model for the task.
     const unsupported = (e: unknown) =>

@@ -21,6 +21,8 @@ import { pack, unpack } from 'msgpackr';
 import { bearerHeader, checkApiKey } from './auth.js';
 import { clientTimeout, fromHttpError, protocolError, SlabAbortError, SlabClientError, SlabConnectionError } from './errors.js';
 import {
+  decodeBody,
+  decodedTexts,
   decodeList,
   decodeRowsOf,
   decodeScores,
@@ -30,6 +32,7 @@ import {
   similarityBody,
   tokenizeBody,
   type CallOptions,
+  type DecodeOptions,
   type EmbeddingRow,
   type EmbedOptions,
   type Prediction,
@@ -131,6 +134,13 @@ export class SlabHttpClient implements SlabApi {
 
   tokenize(inputs: TextInputs, opts: TokenizeOptions = {}): Promise<TokenizeResult> {
     return this.post('/tokenize', tokenizeBody(inputs, opts), decodeList<TokenizeResult>('tokenize'), opts);
+  }
+
+  decode(ids: readonly number[], opts?: DecodeOptions): Promise<string>;
+  decode(ids: readonly (readonly number[])[], opts?: DecodeOptions): Promise<string[]>;
+  decode(ids: TokenInputs, opts?: DecodeOptions): Promise<string | string[]>;
+  decode(ids: TokenInputs, opts: DecodeOptions = {}): Promise<string | string[]> {
+    return this.post('/decode', decodeBody(ids, opts), decodedTexts(ids), opts);
   }
 
   /** Later calls reject with SLABSERVE_CLIENT_CLOSED (calls already made finish). */

@@ -33,6 +33,7 @@ export { wsKeyProtocol } from './auth.js';
 export { decodeF32, decodeRows, decodeRowsOf } from './types.js';
 export type {
   CallOptions,
+  DecodeOptions,
   EmbeddingRow,
   EmbeddingType,
   EmbedOptions,

@@ -68,6 +68,11 @@ export interface TokenizeOptions extends CallOptions {
   addSpecialTokens?: boolean;
 }
 
+export interface DecodeOptions extends CallOptions {
+  /** Leave [CLS]/[SEP] and the like out of the text (server default when absent: true). */
+  skipSpecialTokens?: boolean;
+}
+
 /** One label and its score; predict answers them sorted by score, highest first. */
 export interface Prediction {
   label: string;
@@ -112,10 +117,15 @@ export interface SlabApi {
   similarity(sourceSentence: string, sentences: readonly string[], opts?: SimilarityOptions): Promise<number[]>;
   /** Per input, its tokens (no inference). */
   tokenize(inputs: TextInputs, opts?: TokenizeOptions): Promise<TokenizeResult>;
+  /** One list of token ids: its text (no inference). */
+  decode(ids: readonly number[], opts?: DecodeOptions): Promise<string>;
+  /** A list of lists: one text per list. */
+  decode(ids: readonly (readonly number[])[], opts?: DecodeOptions): Promise<string[]>;
+  decode(ids: TokenInputs, opts?: DecodeOptions): Promise<string | string[]>;
   close(): Promise<void>;
 }
 
-export type Op = 'embed' | 'predict' | 'rerank' | 'tokenize' | 'similarity';
+export type Op = 'embed' | 'predict' | 'rerank' | 'tokenize' | 'decode' | 'similarity';
 
 /** A request's fields, as sent (without id, op, deadline_ms). */
 export type WireBody = Record<string, unknown>;
@@ -166,6 +176,22 @@ export function tokenizeBody(inputs: TextInputs, opts: TokenizeOptions): WireBod
   put(body, 'model', opts.model);
   put(body, 'add_special_tokens', opts.addSpecialTokens);
   return body;
+}
+
+export function decodeBody(ids: TokenInputs, opts: DecodeOptions): WireBody {
+  const body: WireBody = { ids };
+  put(body, 'model', opts.model);
+  put(body, 'skip_special_tokens', opts.skipSpecialTokens);
+  return body;
+}
+
+/** A decode answer: one string for one list of ids (the server's rule: empty, or starting with a number), else one per list. */
+export function decodedTexts(ids: TokenInputs): (result: unknown) => string | string[] {
+  const single = ids.length === 0 || typeof ids[0] === 'number';
+  return (result) => {
+    if (single ? typeof result === 'string' : Array.isArray(result) && result.every((t) => typeof t === 'string')) return result as string | string[];
+    throw protocolError(`a decode answer must be ${single ? 'a string' : 'a list of strings'}`);
+  };
 }
 
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;

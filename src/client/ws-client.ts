@@ -44,6 +44,8 @@ import {
 } from './errors.js';
 import { SlabHttpClient, type SlabHttpClientOptions } from './http-client.js';
 import {
+  decodeBody,
+  decodedTexts,
   decodeList,
   decodeRowsOf,
   decodeScores,
@@ -53,6 +55,7 @@ import {
   similarityBody,
   tokenizeBody,
   type CallOptions,
+  type DecodeOptions,
   type EmbeddingRow,
   type EmbedOptions,
   type Op,
@@ -390,6 +393,13 @@ export class SlabClient implements SlabApi {
 
   tokenize(inputs: TextInputs, opts: TokenizeOptions = {}): Promise<TokenizeResult> {
     return this.call('tokenize', tokenizeBody(inputs, opts), decodeList<TokenizeResult>('tokenize'), opts, false);
+  }
+
+  decode(ids: readonly number[], opts?: DecodeOptions): Promise<string>;
+  decode(ids: readonly (readonly number[])[], opts?: DecodeOptions): Promise<string[]>;
+  decode(ids: TokenInputs, opts?: DecodeOptions): Promise<string | string[]>;
+  decode(ids: TokenInputs, opts: DecodeOptions = {}): Promise<string | string[]> {
+    return this.call('decode', decodeBody(ids, opts), decodedTexts(ids), opts, false);
   }
 
   /**
