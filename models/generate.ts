@@ -15,6 +15,10 @@
  *               (src/modelgen/quantize.ts; served with --dtype int8)
  *   --fp16      also write model_fp16.onnx: float16 weights and outputs
  *               (served with --dtype fp16, and by auto on CUDA)
+ *   --name N    the folder's name (and so the served model's), for one preset
+ *   --pooling P an embedding model's pooling (cls, mean, max, mean_sqrt_len,
+ *               weightedmean, lasttoken), written to its serve.json
+ *   --max-length N  the longest input in tokens, written to its serve.json
  *   --list      print the presets and exit
  *
  * Exit status: 0 on success, 1 if a model could not be written, 2 on bad usage.
@@ -29,10 +33,13 @@ import {
   isGeneratedFolder,
   isModelFolderComplete,
   presetNames,
+  writeOptionsProblem,
   writePreset,
+  type WriteOptions,
 } from '../src/modelgen/presets.js';
+import { isValidModelName, type Pooling } from '../src/shared/model-config.js';
 
-const USAGE = `usage: node dist/models/generate.js [--missing] [--force] [--int8] [--fp16] [--out DIR] [--list] [name ... | all]
+const USAGE = `usage: node dist/models/generate.js [--missing] [--force] [--int8] [--fp16] [--out DIR] [--name N] [--pooling P] [--max-length N] [--list] [name ... | all]
 presets: ${presetNames().join(', ')} (default: ${DEFAULT_PRESETS.join(', ')})`;
 
 /** The repository's models/ folder: walk up from this file to package.json (works from src and dist). */
@@ -58,6 +65,9 @@ function main(argv: string[]): number {
         int8: { type: 'boolean', default: false },
         fp16: { type: 'boolean', default: false },
         out: { type: 'string' },
+        name: { type: 'string' },
+        pooling: { type: 'string' },
+        'max-length': { type: 'string' },
         list: { type: 'boolean', default: false },
         help: { type: 'boolean', short: 'h', default: false },
       },
@@ -82,6 +92,12 @@ function main(argv: string[]): number {
     console.error(`generate: unknown model ${unknown.map((n) => `"${n}"`).join(', ')}\n${USAGE}`);
     return 2;
   }
+  const unique = [...new Set(names)];
+  const custom = customisation(values, unique);
+  if (typeof custom === 'string') {
+    console.error(`generate: ${custom}\n${USAGE}`);
+    return 2;
+  }
   const outDir = values.out ? resolve(values.out) : defaultModelsDir();
   const shown = (dir: string) => {
     const rel = relative(process.cwd(), dir);
@@ -89,9 +105,9 @@ function main(argv: string[]): number {
   };
 
   let failed = 0;
-  for (const name of [...new Set(names)]) {
+  for (const name of unique) {
     const t0 = performance.now();
-    const dir = join(outDir, name);
+    const dir = join(outDir, custom.folder ?? name);
     const secs = () => ((performance.now() - t0) / 1000).toFixed(2);
     if (values.missing && isModelFolderComplete(dir)) {
       console.log(`${name}: skipped, ${shown(dir)} is complete (${secs()}s)`);
@@ -103,7 +119,7 @@ function main(argv: string[]): number {
       continue;
     }
     try {
-      const { modelBytes } = writePreset(name, outDir, { int8: values.int8, fp16: values.fp16 });
+      const { modelBytes } = writePreset(name, outDir, { int8: values.int8, fp16: values.fp16, ...custom });
       const preset = PRESETS[name]!;
       const s = preset.spec;
       const mb = (modelBytes / 1e6).toFixed(1);
@@ -117,6 +133,24 @@ function main(argv: string[]): number {
     }
   }
   return failed > 0 ? 1 : 0;
+}
+
+/** --name, --pooling and --max-length as writePreset's options, or what is wrong with them. */
+function customisation(values: { name?: string; pooling?: string; 'max-length'?: string }, names: string[]): WriteOptions | string {
+  const out: WriteOptions = {};
+  if (values.name !== undefined) {
+    if (names.length !== 1) return `--name names one folder: give one preset (got ${names.length})`;
+    if (!isValidModelName(values.name)) return `--name "${values.name}" cannot be a model's name (letters, digits, ".", "_", "-"; not "." or "..")`;
+    out.folder = values.name;
+  }
+  if (values.pooling !== undefined) out.pooling = values.pooling as Pooling;
+  if (values['max-length'] !== undefined) {
+    if (!/^\d+$/.test(values['max-length'])) return `--max-length "${values['max-length']}" is not a whole number`;
+    out.maxLength = Number(values['max-length']);
+  }
+  const problems = names.map((n) => writeOptionsProblem(n, out)).filter((p) => p !== null);
+  if (problems.length > 0) return problems.join('; ');
+  return out;
 }
 
 process.exitCode = main(process.argv.slice(2));

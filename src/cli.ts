@@ -16,7 +16,7 @@ import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
-import { PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
+import { defaultBuckets, PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 import { DTYPES, POOLINGS } from './shared/model-config.js';
 
 /** An integer option parser with a clear message on bad values. */
@@ -183,7 +183,7 @@ program
   .addOption(flag('--max-batch-delay-ms <ms>', 'longest a request waits for a batch to fill while the device is busy (default 5)', 'MAX_BATCH_DELAY_MS', nonNegative))
   .addOption(flag('--max-batch-tokens <n>', 'most padded tokens in one batch (default 16384)', 'MAX_BATCH_TOKENS', int(1)))
   .addOption(flag('--pad-to <mode>', "what a batch is padded to: 'bucket' (its bucket's length: fixed shapes, warmed up, for GPUs), 'longest' (its longest input: fewer padded tokens, for CPUs; with one bucket, a single FIFO queue padded to the longest) or 'auto' (default: longest on CPU, bucket on CUDA)", 'PAD_TO').choices(PAD_TO as string[]))
-  .addOption(flag('--buckets <list>', 'padded lengths, e.g. 16,32,64,128 (default: powers of two from 8 to the max length)', 'BUCKETS', intList))
+  .addOption(flag('--buckets <list>', `padded lengths, e.g. 16,32,64,128 (default: four to each doubling, ${defaultBuckets(80).join(',')},... up to the max length)`, 'BUCKETS', intList))
   .addOption(flag('--max-inflight-batches <n>', 'batches handed to the device before the first ends', 'MAX_INFLIGHT_BATCHES', int(1), D.maxInflightBatches))
   .addOption(flag('--slots-per-model <n>', 'requests queued or running per model; beyond it, 429 at once', 'SLOTS_PER_MODEL', int(1), D.slotsPerModel))
   .addOption(flag('--request-timeout-ms <ms>', 'a request not run by then is answered 504 and never runs', 'REQUEST_TIMEOUT_MS', int(1), D.requestTimeoutMs))

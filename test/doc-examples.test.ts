@@ -261,5 +261,16 @@ describe('the README on the command line', () => {
     const flags = table.split('\n').flatMap((row) => (row.startsWith('| `--') ? (row.split('|')[1]!.match(/--[a-z0-9-]+/g) ?? []) : []));
     expect(flags.length).toBeGreaterThan(20);
     expect(flags.filter((f) => !new RegExp(`${f}(?![a-z0-9-])`).test(help.stdout))).toEqual([]);
+    // The default buckets it states are the ones a server uses (it said "powers of two" while /info showed 8,12,16,20,...).
+    const stated = /--buckets[\s\S]*?default:[^)]*?(\d+(?:,\d+)+)/.exec(help.stdout.replace(/\s+/g, ' '))?.[1];
+    expect(stated, help.stdout).toBeDefined();
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'] }));
+    await server.ready;
+    try {
+      const used = ((await (await fetch(server.url + '/info')).json()) as { models: { batching: { buckets: number[] } }[] }).models[0]!.batching.buckets;
+      expect(used.slice(0, stated!.split(',').length).join(',')).toBe(stated);
+    } finally {
+      await server.close();
+    }
   });
 });

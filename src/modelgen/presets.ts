@@ -16,6 +16,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildBertModel, type BertSpec } from './bert-graph.js';
+import { POOLINGS, type Pooling } from '../shared/hf-folder.js';
 import { quantizeDynamicInt8, toFloat16Variant } from './quantize.js';
 import { buildBertTokenizerJson, buildByteBpeTokenizerJson, buildModernBertTokenizerJson, buildUnigramTokenizerJson, MODERNBERT_SPECIALS, QWEN_SPECIALS, XLMR_SPECIALS } from './tokenizer-json.js';
 
@@ -496,10 +497,53 @@ export interface WriteResult {
  * interrupted at any point leaves a folder that {@link isModelFolderComplete}
  * rejects (and `--missing` regenerates), never a mix that looks complete.
  */
-export function writePreset(name: string, outDir: string, opts: { int8?: boolean; fp16?: boolean } = {}): WriteResult {
-  const dir = join(outDir, name);
-  mkdirSync(dir, { recursive: true });
+/** How a written folder may differ from its preset: its name, and what its serve.json says over the folder's files. */
+export interface WriteOptions {
+  /** Also write model_int8.onnx / model_fp16.onnx. */
+  int8?: boolean;
+  fp16?: boolean;
+  /** The folder's name under outDir (the model's name when served); default the preset's. */
+  folder?: string;
+  /** An embedding preset's pooling, written to serve.json (which goes before the folder's own files). */
+  pooling?: Pooling;
+  /** The longest input in tokens, written to serve.json; at most the graph's positions. */
+  maxLength?: number;
+}
+
+/** The longest input a preset's graph takes: its positions, less RoBERTa's padding offset. */
+export function presetMaxLength(name: string): number {
+  const spec = getPreset(name).spec;
+  return spec.maxPositions - (spec.positionPaddingIdx !== undefined ? spec.positionPaddingIdx + 1 : 0);
+}
+
+/** What is wrong with writing preset `name` with `opts`' pooling and max length, or null. */
+export function writeOptionsProblem(name: string, opts: WriteOptions): string | null {
+  const task = getPreset(name).serve.task;
+  if (opts.pooling !== undefined && !POOLINGS.includes(opts.pooling)) return `pooling "${opts.pooling}" is not one of ${POOLINGS.join(', ')}`;
+  if (opts.pooling !== undefined && task !== 'embed') return `${name} is a ${task} model: pooling is an embedding model's`;
+  const limit = presetMaxLength(name);
+  if (opts.maxLength !== undefined && !(Number.isInteger(opts.maxLength) && opts.maxLength >= 1 && opts.maxLength <= limit)) {
+    return `max length ${opts.maxLength} is not a whole number from 1 to ${limit} (${name}'s positions)`;
+  }
+  return null;
+}
+
+/** serve.json with `opts`' pooling and max length over the preset's own (refused where they cannot apply). */
+function withServeOverrides(name: string, files: PresetFiles, opts: WriteOptions): void {
+  if (opts.pooling === undefined && opts.maxLength === undefined) return;
+  const problem = writeOptionsProblem(name, opts);
+  if (problem !== null) throw new Error(problem);
+  const serve = files['serve.json'] ? (JSON.parse(files['serve.json'] as string) as Record<string, unknown>) : {};
+  if (opts.pooling !== undefined) serve.pooling = opts.pooling;
+  if (opts.maxLength !== undefined) serve.maxLength = opts.maxLength;
+  files['serve.json'] = JSON.stringify(serve, null, 2) + '\n';
+}
+
+export function writePreset(name: string, outDir: string, opts: WriteOptions = {}): WriteResult {
   const files = buildPresetFiles(name);
+  withServeOverrides(name, files, opts);
+  const dir = join(outDir, opts.folder ?? name);
+  mkdirSync(dir, { recursive: true });
   // The quantized graph beside the float one (transformers.js's name for it): --dtype int8 serves it.
   if (opts.int8) files['model_int8.onnx'] = quantizeDynamicInt8(files['model.onnx']);
   if (opts.fp16) files['model_fp16.onnx'] = toFloat16Variant(files['model.onnx']);
