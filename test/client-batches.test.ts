@@ -8,10 +8,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { partSizeFor, PARTS_IN_FLIGHT } from '../dist/src/core/client-batches.js';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import type { BatchingOptions } from '../dist/src/gpu-worker/scheduler.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics } from './fixtures/http-client.js';
-import { batchesOfQueued, sentTogether } from './fixtures/queued-together.js';
+import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, randomTokenSequences, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 // The servers here can make one token id fail in onnxruntime (server.testHooks.poisonToken), and hold the
@@ -74,12 +73,12 @@ describe(`a client batch of ${BIG} inputs on a model with ${SLOTS} slots`, () =>
     expect(worst).toBeLessThan(1e-5);
     const mid = await metrics();
     // The same texts one request each (16 at a time, all queued at once): the same rows.
-    const info = (await (await fetch(`${server.url}/info`)).json()) as { models: { batching: BatchingOptions }[] };
+    const batching = await servedBatching(server.url, 'tiny-embed');
     let singleBatches = 0;
     let vsSingle = 0;
     for (let i = 0; i < BIG; i += 16) {
       const group = texts.slice(i, i + 16);
-      singleBatches += batchesOfQueued(group.map((t) => tok.encode(t, { maxLength: ref.spec.maxLength, truncate: false }).ids.length), info.models[0]!.batching);
+      singleBatches += batchesOfQueued(group.map((t) => tok.encode(t, { maxLength: ref.spec.maxLength, truncate: false }).ids.length), batching);
       const singles = await sentTogether(server.testHooks, { 'tiny-embed': group.length }, () => Promise.all(group.map((t) => embed(t))));
       singles.forEach((s, k) => {
         expect(s.status).toBe(200);

@@ -21,12 +21,11 @@ import OpenAI, { BadRequestError, NotFoundError } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
-import type { BatchingOptions } from '../dist/src/gpu-worker/scheduler.js';
 import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/server.js';
 import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { batchesOfQueued, sentTogether } from './fixtures/queued-together.js';
+import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, scoresByClassId, sigmoid, testServerConfig, vocabularyWords } from './helpers.js';
 
 // Read by startServer: the batched checks hold the inference loop while they queue their requests (sentTogether).
@@ -125,12 +124,6 @@ async function ranFor<T>(srv: Server, model: string, work: () => Promise<T>): Pr
     real: d('slabserve_tokens_total', { kind: 'real' }),
     padded: d('slabserve_tokens_total', { kind: 'padded' }),
   };
-}
-
-/** What `srv` batches `model` with, from /info. */
-async function batchingOf(srv: Server, model: string): Promise<BatchingOptions> {
-  const info = (await (await fetch(srv.url + '/info')).json()) as { models: { name: string; batching: BatchingOptions }[] };
-  return info.models.find((m) => m.name === model)!.batching;
 }
 
 /**
@@ -579,7 +572,7 @@ for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo
     console.log(`classify ${padTo}: ${inputs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |probability| ${worstProbability.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
     expect(worstProbability).toBeLessThan(TOLERANCE);
     expect(worstLogit).toBeLessThan(TOLERANCE);
-    const batches = batchesOfQueued(lengths, await batchingOf(srv(), 'tiny-intent'));
+    const batches = batchesOfQueued(lengths, await servedBatching(srv().url, 'tiny-intent'));
     expectBatchedAsPadded(ran, { rows: inputs * 2, requests: asked.length * 2, batches, real, bucketed, padTo });
   });
 });
@@ -629,7 +622,7 @@ for (const { padTo, srv } of PADDINGS) describe(`TEI /rerank, padded to the ${pa
     console.log(`rerank ${padTo}: ${pairs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |score - sigmoid(logit)| ${worstScore.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
     expect(worstScore).toBeLessThan(TOLERANCE);
     expect(worstLogit).toBeLessThan(TOLERANCE);
-    const batches = batchesOfQueued(lengths, await batchingOf(srv(), 'tiny-rerank'));
+    const batches = batchesOfQueued(lengths, await servedBatching(srv().url, 'tiny-rerank'));
     expectBatchedAsPadded(ran, { rows: pairs * 2, requests: asked.length * 2, batches, real, bucketed, padTo });
   });
 });

@@ -11,7 +11,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js
 import type { BatchingOptions } from '../dist/src/gpu-worker/scheduler.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { batchesOfQueued, sentTogether } from './fixtures/queued-together.js';
+import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { eventually, makeRandom, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 // Read by startServer: this file's servers carry the test hooks.
@@ -33,7 +33,7 @@ beforeAll(async () => {
   tok = await loadTokenizer(ref.spec.tokenizerPath);
   words = vocabularyWords(ref.spec);
   await ref.close();
-  batching = ((await (await fetch(server.url + '/info')).json()) as { models: { name: string; batching: BatchingOptions }[] }).models.find((m) => m.name === MODEL)!.batching;
+  batching = await servedBatching(server.url, MODEL);
 }, 60_000);
 
 afterAll(async () => {
