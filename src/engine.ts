@@ -16,7 +16,7 @@ import { loadModelTokenizer, type Encoding } from './core/tokenizer.js';
 import { checkDevice, cudaProviderInstalled, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
-import { InferenceSupervisor } from './inference-host.js';
+import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
 import { bucketPlans, loadModels } from './model-plans.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
@@ -234,15 +234,18 @@ export class Engine {
   private readonly control: ControlBlock;
   private readonly submitter: SlabSubmitter;
   private closing: Promise<void> | null = null;
+  /** The inference hold, present only when the engine was created with SLABSERVE_TEST_HOOKS=1 in the environment (tests). */
+  readonly testHooks?: InferenceHoldHooks;
 
   /** Use createEngine(). */
-  constructor(parts: { device: DeviceInfo; infer: Infer; slabs: Slab[]; inference: InferenceSupervisor; control: ControlBlock; submitter: SlabSubmitter }) {
+  constructor(parts: { device: DeviceInfo; infer: Infer; slabs: Slab[]; inference: InferenceSupervisor; control: ControlBlock; submitter: SlabSubmitter; testHooks?: InferenceHoldHooks }) {
     this.device = parts.device;
     this.pipeline = parts.infer;
     this.slabs = parts.slabs;
     this.inference = parts.inference;
     this.control = parts.control;
     this.submitter = parts.submitter;
+    if (parts.testHooks) this.testHooks = parts.testHooks;
   }
 
   info(): ModelInfo[] {
@@ -330,6 +333,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     owners,
   });
   const control = ControlBlock.create(owners);
+  const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const models: ServedModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
   const priorities = options.priorities ?? DEFAULT_PRIORITIES;
   const inference = new InferenceSupervisor(plans, control, {
@@ -345,6 +349,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     log,
     inferenceTimeoutMs: options.inferenceTimeoutMs ?? ENGINE_DEFAULTS.inferenceTimeoutMs,
     heartbeatTimeoutMs: options.heartbeatTimeoutMs ?? ENGINE_DEFAULTS.heartbeatTimeoutMs,
+    enableTestHooks: testHooks,
   });
   const device = await inference.ready;
   const slabs = plans.map((p) => new Slab(p.slab, p.layout));
@@ -355,7 +360,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
     cache: engineCache(options.cacheMb ?? 0, plans),
   });
-  return new Engine({ device, infer, slabs, inference, control, submitter });
+  return new Engine({ device, infer, slabs, inference, control, submitter, ...(testHooks ? { testHooks: inference.holdHooks() } : {}) });
 }
 
 /** The engine's result cache (one owner: its own thread), or null when `cacheMb` is 0. */

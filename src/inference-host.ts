@@ -8,6 +8,7 @@
 import { Worker } from 'node:worker_threads';
 import type { Registry } from 'prom-client';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
+import { InferenceHold } from './gpu-worker/hold.js';
 import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inference-loop.js';
 import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
 import { nowMs } from './shared/clock.js';
@@ -102,6 +103,26 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
 
 // =================================================================== supervision
 
+/** The environment variable that turns the test hooks on (read when a server or an engine starts). */
+export const TEST_HOOKS_ENV = 'SLABSERVE_TEST_HOOKS';
+
+/**
+ * What a test may do to the inference loop through a server or an engine (SLABSERVE_TEST_HOOKS=1):
+ * hold it, so that the requests it sends meanwhile all wait, and let it go once they do; then the
+ * scheduler sees them all at its next decision, and how many batches they make is no matter of timing.
+ */
+export interface InferenceHoldHooks {
+  /** Resolves once the loop is parked: from then on it takes nothing in and starts no batch, in this thread and its replacements. */
+  holdInference(): Promise<void>;
+  /** The parked loop goes on. Closing the server or engine releases it too. */
+  releaseInference(): void;
+  /** Inputs of `model` submitted and not yet taken in by the loop (on its submit ring): while held, every one sent. */
+  inputsWaiting(model: string): number;
+}
+
+/** A bound only to catch a hang: the loop parks at the end of its round (after a running batch, or a restart's warm-up). */
+const PARK_LIMIT_MS = 60_000;
+
 /** Why an inference thread was replaced (the `reason` label of slabserve_inference_restarts_total). */
 export type RestartReason = 'crash' | 'oom' | 'exit' | 'run_timeout' | 'heartbeat_timeout';
 
@@ -185,6 +206,7 @@ export class InferenceSupervisor {
   private readonly control: ControlBlock;
   private readonly opts: Omit<InferenceThreadOptions, 'epoch' | 'testHooks' | 'logStart'> & SupervisionOptions;
   private readonly hooks: InferenceTestHooks | undefined;
+  private readonly hold = new InferenceHold();
   private current: ThreadRecord;
   private readonly abandonedThreads = new Set<ThreadRecord>();
   private restarting: Promise<void> | null = null;
@@ -203,7 +225,7 @@ export class InferenceSupervisor {
     this.slabs = plans.map((p) => new Slab(p.slab, p.layout));
     this.control = control;
     this.opts = opts;
-    this.hooks = opts.enableTestHooks ? { poisonToken: -1 } : undefined;
+    this.hooks = opts.enableTestHooks ? { poisonToken: -1, hold: this.hold.buffer } : undefined;
     this.current = this.start(true);
     this.ready = this.current.ready.then((device) => {
       this.watchdog = setInterval(() => this.watch(), watchMs(this.opts));
@@ -248,6 +270,31 @@ export class InferenceSupervisor {
     await this.current.rpc.call('testPoison', id);
   }
 
+  /** The hold hooks (InferenceHoldHooks) on this supervisor's threads (SLABSERVE_TEST_HOOKS=1). */
+  holdHooks(): InferenceHoldHooks {
+    const hooksOn = () => {
+      if (!this.hooks) throw new Error('test hooks are off: start with SLABSERVE_TEST_HOOKS=1');
+    };
+    return {
+      holdInference: async () => {
+        hooksOn();
+        this.hold.hold();
+        this.control.workerBell.ring(); // an idle loop ends its round now, and parks
+        await this.hold.parked(PARK_LIMIT_MS);
+      },
+      releaseInference: () => {
+        hooksOn();
+        this.hold.release();
+      },
+      inputsWaiting: (model) => {
+        hooksOn();
+        const i = this.plans.findIndex((p) => p.spec.name === model);
+        if (i < 0) throw new Error(`no model ${model}`);
+        return this.slabs[i]!.submit.size();
+      },
+    };
+  }
+
   /**
    * No more replacements; the live thread stops after its running batches
    * (requests still queued fail) and this resolves once it has exited. A
@@ -257,6 +304,7 @@ export class InferenceSupervisor {
   async stop(): Promise<void> {
     this.stopping = true;
     clearInterval(this.watchdog);
+    this.hold.release(); // a test's hold never outlives the thread
     this.control.requestStop();
     if (this.restarting) await this.restarting;
     const t = this.current;
@@ -352,6 +400,7 @@ export class InferenceSupervisor {
       const since = nowMs();
       this.control.workerState = WorkerState.RESTARTING;
       this.control.nextEpoch(); // the old thread touches no slot from here on
+      this.hold.forgetParked();
       if (!old.exited) {
         this.abandonedThreads.add(old);
         void old.worker.terminate().catch(() => {});

@@ -14,8 +14,9 @@
  * the port. This file wires them together: metrics, /info, the drain.
  *
  * Test hooks: with SLABSERVE_TEST_HOOKS=1 in the environment when the server
- * starts, `server.testHooks` can make the threads fail (tests only; absent
- * otherwise, and the threads carry no hook).
+ * starts, `server.testHooks` can make the threads fail, and hold the inference
+ * loop while a test queues its requests (tests only; absent otherwise, and the
+ * threads carry no hook).
  */
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { cpus } from 'node:os';
@@ -31,7 +32,7 @@ import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
 import { GatewaySupervisor } from './gateway-host.js';
-import { InferenceSupervisor } from './inference-host.js';
+import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
 import { loadModels } from './model-plans.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { nowMs } from './shared/clock.js';
@@ -163,8 +164,8 @@ export interface Server {
   readonly testHooks?: ServerTestHooks;
 }
 
-/** Fault injection for tests (SLABSERVE_TEST_HOOKS=1). */
-export interface ServerTestHooks {
+/** Fault injection, and the inference hold (InferenceHoldHooks), for tests (SLABSERVE_TEST_HOOKS=1). */
+export interface ServerTestHooks extends InferenceHoldHooks {
   /** Makes the inference thread's next batch run of at least `minRows` rows (default 1) throw (uncaught), exit or hang; or stalls its loop now. */
   inferenceFault(kind: InferenceFault, minRows?: number): Promise<void>;
   /** Inputs holding this token id fail in onnxruntime (the id is swapped for one past the vocabulary); -1: none. */
@@ -173,8 +174,7 @@ export interface ServerTestHooks {
   gatewayFault(gatewayId: number): void;
 }
 
-/** The environment variable that turns the test hooks on. */
-export const TEST_HOOKS_ENV = 'SLABSERVE_TEST_HOOKS';
+export { TEST_HOOKS_ENV };
 
 type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 
@@ -404,6 +404,7 @@ function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cac
 
 function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySupervisor): ServerTestHooks {
   return {
+    ...inference.holdHooks(),
     inferenceFault: (kind, minRows) => inference.testFault(kind, minRows),
     poisonToken: (id) => inference.testPoison(id),
     gatewayFault: (gatewayId) => gateways.fault(gatewayId),

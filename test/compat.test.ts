@@ -8,7 +8,9 @@
  * session on each input (or pair) alone, unpadded, its output pooled and
  * normalised, or put through softmax or sigmoid, by the test's own code
  * (PlainReference); the batched checks run on a second server that pads to
- * the bucket too, and read /metrics to show that batching happened. Token
+ * the bucket too, hold the inference loop until all their requests are
+ * queued (test/fixtures/queued-together.ts), and read /metrics to show they
+ * ran in exactly the batches their buckets make. Token
  * offsets are checked against the Rust `tokenizers` library.
  */
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -23,7 +25,11 @@ import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/server.js
 import { DEFAULT_PRESETS } from '../dist/src/modelgen/presets.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
+import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, scoresByClassId, sigmoid, testServerConfig, vocabularyWords } from './helpers.js';
+
+// Read by startServer: the batched checks hold the inference loop while they queue their requests (sentTogether).
+process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const TOLERANCE = 1e-5;
 const MODELS = ['tiny-embed', 'tiny-intent', 'tiny-rerank'];
@@ -121,12 +127,13 @@ async function ranFor<T>(srv: Server, model: string, work: () => Promise<T>): Pr
 }
 
 /**
- * What ranFor measured for requests sent all at once: every row ran once, in fewer batches than
- * requests, the real tokens the test counted, padded as asked (to each row's bucket, or to no
- * more than that: the longest of each run).
+ * What ranFor measured for requests all queued at once (sentTogether): every row ran once, in
+ * exactly the batches their buckets make and so fewer than requests, the real tokens the test
+ * counted, padded as asked (to each row's bucket, or to no more than that: the longest of each run).
  */
-function expectBatchedAsPadded(ran: { rows: number; batches: number; real: number; padded: number }, want: { rows: number; requests: number; real: number; bucketed: number; padTo: string }): void {
+function expectBatchedAsPadded(ran: { rows: number; batches: number; real: number; padded: number }, want: { rows: number; requests: number; batches: number; real: number; bucketed: number; padTo: string }): void {
   expect(ran.rows).toBe(want.rows);
+  expect(ran.batches).toBe(want.batches);
   expect(ran.batches).toBeLessThan(want.requests);
   expect(ran.real).toBe(want.real);
   if (want.padTo === 'bucket') expect(ran.padded).toBe(want.bucketed);
@@ -528,18 +535,22 @@ for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo
     let asked: string[][];
     do asked = Array.from({ length: 12 }, () => randomTexts(rand, words, 1 + Math.floor(rand() * 4), 40));
     while (new Set(await Promise.all(asked.flat().map(topOf))).size < 2);
-    // All at once, through both dialects: the server batches them.
+    const inputs = asked.reduce((s, t) => s + t.length, 0);
+    // All queued at once, through both dialects: the server batches them.
     const ran = await ranFor(srv(), 'tiny-intent', () =>
-      Promise.all([
-        Promise.all(asked.map((texts) => postTo(srv(), '/v2/models/tiny-intent/infer', { inputs: [{ name: 'text', shape: [texts.length], datatype: 'BYTES', data: texts }] }))),
-        Promise.all(asked.map((texts) => postTo(srv(), '/predict', { inputs: texts, model: 'tiny-intent' }))),
-      ]),
+      sentTogether(srv().testHooks, { 'tiny-intent': inputs * 2 }, () =>
+        Promise.all([
+          Promise.all(asked.map((texts) => postTo(srv(), '/v2/models/tiny-intent/infer', { inputs: [{ name: 'text', shape: [texts.length], datatype: 'BYTES', data: texts }] }))),
+          Promise.all(asked.map((texts) => postTo(srv(), '/predict', { inputs: texts, model: 'tiny-intent' }))),
+        ]),
+      ),
     );
     const [kserve, predict] = ran.result;
     let worstProbability = 0;
     let worstLogit = 0;
     let real = 0;
     let bucketed = 0;
+    const lengths: number[] = [];
     for (const [k, texts] of asked.entries()) {
       expect(kserve[k]!.status, JSON.stringify(kserve[k]!.body)).toBe(200);
       expect(predict[k]!.status, JSON.stringify(predict[k]!.body)).toBe(200);
@@ -555,13 +566,14 @@ for (const { padTo, srv } of PADDINGS) describe(`classify, padded to the ${padTo
         worstLogit = Math.max(worstLogit, maxAbsDiff(at(logits!), want.logits));
         real += 2 * ids.length; // each text ran twice: KServe and /predict
         bucketed += 2 * bucketLength(ids.length);
+        lengths.push(ids.length, ids.length);
       }
     }
-    const inputs = asked.reduce((s, t) => s + t.length, 0);
     console.log(`classify ${padTo}: ${inputs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |probability| ${worstProbability.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
     expect(worstProbability).toBeLessThan(TOLERANCE);
     expect(worstLogit).toBeLessThan(TOLERANCE);
-    expectBatchedAsPadded(ran, { rows: inputs * 2, requests: asked.length * 2, real, bucketed, padTo });
+    const batches = batchesOfQueued(lengths, await servedBatching(srv().url, 'tiny-intent'));
+    expectBatchedAsPadded(ran, { rows: inputs * 2, requests: asked.length * 2, batches, real, bucketed, padTo });
   });
 });
 
@@ -571,18 +583,22 @@ for (const { padTo, srv } of PADDINGS) describe(`TEI /rerank, padded to the ${pa
   it('many requests at once are batched; each score is the sigmoid of its pair\'s logit from the unmodified graph run alone', async () => {
     const rand = makeRandom(`rerank ${padTo}`);
     const asked = Array.from({ length: 12 }, () => ({ query: randomTexts(rand, words, 1, 8)[0]!, texts: randomTexts(rand, words, 1 + Math.floor(rand() * 6), 30) }));
-    // All at once, scores and raw scores: the server batches them.
+    const pairs = asked.reduce((s, a) => s + a.texts.length, 0);
+    // All queued at once, scores and raw scores: the server batches them.
     const ran = await ranFor(srv(), 'tiny-rerank', () =>
-      Promise.all([
-        Promise.all(asked.map((a) => postTo(srv(), '/rerank', { ...a, return_text: true }))),
-        Promise.all(asked.map((a) => postTo(srv(), '/rerank', { ...a, raw_scores: true }))),
-      ]),
+      sentTogether(srv().testHooks, { 'tiny-rerank': pairs * 2 }, () =>
+        Promise.all([
+          Promise.all(asked.map((a) => postTo(srv(), '/rerank', { ...a, return_text: true }))),
+          Promise.all(asked.map((a) => postTo(srv(), '/rerank', { ...a, raw_scores: true }))),
+        ]),
+      ),
     );
     const [scored, raw] = ran.result;
     let worstScore = 0;
     let worstLogit = 0;
     let real = 0;
     let bucketed = 0;
+    const lengths: number[] = [];
     for (const [k, { query, texts }] of asked.entries()) {
       expect(scored[k]!.status, JSON.stringify(scored[k]!.body)).toBe(200);
       expect(raw[k]!.status, JSON.stringify(raw[k]!.body)).toBe(200);
@@ -600,13 +616,14 @@ for (const { padTo, srv } of PADDINGS) describe(`TEI /rerank, padded to the ${pa
         worstLogit = Math.max(worstLogit, Math.abs(logitOf.get(index)! - want.logit));
         real += 2 * pair.ids.length; // scored and raw: each pair ran twice
         bucketed += 2 * bucketLength(pair.ids.length);
+        lengths.push(pair.ids.length, pair.ids.length);
       }
     }
-    const pairs = asked.reduce((s, a) => s + a.texts.length, 0);
     console.log(`rerank ${padTo}: ${pairs * 2} rows in ${ran.batches} batches for ${asked.length * 2} requests; ${ran.padded} padded tokens for ${real} real; worst |score - sigmoid(logit)| ${worstScore.toExponential(2)}, |logit| ${worstLogit.toExponential(2)}`);
     expect(worstScore).toBeLessThan(TOLERANCE);
     expect(worstLogit).toBeLessThan(TOLERANCE);
-    expectBatchedAsPadded(ran, { rows: pairs * 2, requests: asked.length * 2, real, bucketed, padTo });
+    const batches = batchesOfQueued(lengths, await servedBatching(srv().url, 'tiny-rerank'));
+    expectBatchedAsPadded(ran, { rows: pairs * 2, requests: asked.length * 2, batches, real, bucketed, padTo });
   });
 });
 

@@ -12,7 +12,11 @@ import { loadTokenizer } from '../dist/src/core/tokenizer.js';
 import { createEngine, type Engine } from '../dist/src/index.js';
 import { CPU_RUN_TOKENS } from '../dist/src/gpu-worker/runner.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';
+import { batchesOfQueued, sentTogether } from './fixtures/queued-together.js';
 import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, randomTokenSequences, Reference, vocabularyWords } from './helpers.js';
+
+// Read by createEngine: the batching proofs hold the inference loop while they queue their requests (sentTogether).
+process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const TOLERANCE = 1e-5;
 
@@ -35,6 +39,9 @@ afterAll(async () => {
   await Promise.all([embedPlain?.close(), intentPlain?.close()]);
 });
 
+/** What `e` batches `model` with. */
+const batchingOf = (e: Engine, model: string) => e.info().find((m) => m.name === model)!.batching;
+
 function expectNoSlotsInUse() {
   for (const [name, s] of Object.entries(engine.stats())) {
     expect(s.slotsInUse, `slots in use for ${name}`).toBe(0);
@@ -46,19 +53,21 @@ describe('batched results equal one-at-a-time results', () => {
     const rand = makeRandom('embed mask test');
     const words = vocabularyWords(embedRef.spec);
     const texts = randomTexts(rand, words, 120, 90);
+    const tok = await loadTokenizer(embedRef.spec.tokenizerPath);
+    const lengths = texts.map((t) => tok.encode(t, { maxLength: 512, truncate: false }).ids.length);
     const before = engine.stats()['tiny-embed']!;
 
-    // All at once: the engine batches them (several per bucket, padded).
-    const batched = await Promise.all(texts.map((t) => engine.embed(t)));
+    // All queued at once: the engine batches them (a batch per bucket, padded).
+    const batched = await sentTogether(engine.testHooks, { 'tiny-embed': texts.length }, () => Promise.all(texts.map((t) => engine.embed(t))));
 
     const after = engine.stats()['tiny-embed']!;
     const rows = after.rows - before.rows;
     const batches = after.batches - before.batches;
     expect(rows).toBe(texts.length);
+    expect(batches).toBe(batchesOfQueued(lengths, batchingOf(engine, 'tiny-embed')));
     expect(rows / batches).toBeGreaterThan(2); // really batched
     expect(after.paddedTokens - before.paddedTokens).toBeGreaterThan(after.realTokens - before.realTokens); // really padded
 
-    const tok = await loadTokenizer(embedRef.spec.tokenizerPath);
     let worst = 0;
     for (let i = 0; i < texts.length; i++) {
       const enc = tok.encode(texts[i]!, { maxLength: 512, truncate: false });
@@ -82,15 +91,17 @@ describe('batched results equal one-at-a-time results', () => {
   it('class probabilities and logits, sent all at once: the unmodified graph\'s logits run alone, and their softmax', async () => {
     const rand = makeRandom('classify mask test');
     const texts = randomTexts(rand, vocabularyWords(intentPlain.spec), 80, 60);
+    const tok = await loadTokenizer(intentPlain.spec.tokenizerPath);
+    const lengths = texts.map((t) => tok.encode(t, { maxLength: 512, truncate: false }).ids.length);
     const before = engine.stats()['tiny-intent']!;
-    // One request a text, all at once: the engine batches them (padded to the bucket).
-    const batched = (await Promise.all(texts.map((t) => engine.classify(t)))).map((r) => r[0]!);
+    // One request a text, all queued at once: the engine batches them (padded to the bucket).
+    const batched = (await sentTogether(engine.testHooks, { 'tiny-intent': texts.length }, () => Promise.all(texts.map((t) => engine.classify(t))))).map((r) => r[0]!);
     const after = engine.stats()['tiny-intent']!;
     expect(after.rows - before.rows).toBe(texts.length);
+    expect(after.batches - before.batches).toBe(batchesOfQueued(lengths, batchingOf(engine, 'tiny-intent')));
     expect(after.batches - before.batches).toBeLessThan(texts.length); // really batched
     expect(after.paddedTokens - before.paddedTokens).toBeGreaterThan(after.realTokens - before.realTokens); // really padded
 
-    const tok = await loadTokenizer(intentPlain.spec.tokenizerPath);
     let worstProbability = 0;
     let worstLogit = 0;
     const labels = new Set<string>();
@@ -119,11 +130,12 @@ describe('padding to the longest input instead of the bucket', () => {
       const rand = makeRandom('pad to longest');
       const texts = randomTexts(rand, vocabularyWords(embedRef.spec), 96, 90);
       const before = fifo.stats()['tiny-embed']!;
-      const batched = await Promise.all(texts.map((t) => fifo.embed(t)));
+      const batched = await sentTogether(fifo.testHooks, { 'tiny-embed': texts.length }, () => Promise.all(texts.map((t) => fifo.embed(t))));
       const after = fifo.stats()['tiny-embed']!;
       const rows = after.rows - before.rows;
       const padded = after.paddedTokens - before.paddedTokens;
-      expect(rows / (after.batches - before.batches)).toBeGreaterThan(2); // really batched
+      // All queued at once in the one bucket: full batches of maxBatchSize (32; 512-token rows fit 16384 / 512 = 32).
+      expect(after.batches - before.batches).toBe(Math.ceil(texts.length / 32));
       expect(padded).toBeGreaterThan(after.realTokens - before.realTokens); // mixed lengths: some padding
       expect(padded).toBeLessThan(rows * 512); // ...but not to the bucket's 512
       const tok = await loadTokenizer(embedRef.spec.tokenizerPath);
@@ -145,12 +157,15 @@ describe('padding to the longest input instead of the bucket', () => {
       const rand = makeRandom('cpu runs');
       const seqs = randomTokenSequences(rand, 96, 20, 300);
       const before = big.stats()['tiny-embed']!;
-      const results = await big.runTokens('tiny-embed', seqs);
+      // Three requests of 32 (one part each: a larger request streams its parts, core/client-batches.ts), all queued at once.
+      const parts = [0, 32, 64].map((from) => seqs.slice(from, from + 32));
+      const results = (await sentTogether(big.testHooks, { 'tiny-embed': seqs.length }, () => Promise.all(parts.map((p) => big.runTokens('tiny-embed', p))))).flat();
       const after = big.stats()['tiny-embed']!;
       const rows = after.rows - before.rows;
       const real = after.realTokens - before.realTokens;
       const padded = after.paddedTokens - before.paddedTokens;
-      expect(rows / (after.batches - before.batches)).toBeGreaterThan(8); // batches far over CPU_RUN_TOKENS
+      expect(rows).toBe(seqs.length);
+      expect(after.batches - before.batches).toBe(3); // batches of 32 rows, far over CPU_RUN_TOKENS
       // One run per batch would pad each row to the batch's longest, near 300 against a mean of 160
       // (padded/real about 1.8); runs of similar lengths, longest first, waste little.
       expect(padded / real).toBeLessThan(1.25);
@@ -189,17 +204,19 @@ describe('many concurrent requests', () => {
       const rand = makeRandom('three models');
       const texts = randomTexts(rand, vocabularyWords(embedPlain.spec), 40, 20);
       const before = three.stats();
-      // Every text to every model, interleaved, all at once.
-      const answers = await Promise.all(
-        texts.map((t) => Promise.all([three.embed(t, { model: 'tiny-embed' }), three.embed(t, { model: 'tiny-minilm' }), three.classify(t, { model: 'tiny-intent' })])),
+      const models = ['tiny-embed', 'tiny-minilm', 'tiny-intent'];
+      // Every text to every model, interleaved, all queued at once.
+      const answers = await sentTogether(three.testHooks, Object.fromEntries(models.map((m) => [m, texts.length])), () =>
+        Promise.all(texts.map((t) => Promise.all([three.embed(t, { model: 'tiny-embed' }), three.embed(t, { model: 'tiny-minilm' }), three.classify(t, { model: 'tiny-intent' })]))),
       );
       const after = three.stats();
-      for (const m of ['tiny-embed', 'tiny-minilm', 'tiny-intent']) {
-        expect(after[m]!.rows - before[m]!.rows, m).toBe(texts.length);
-        expect(after[m]!.batches - before[m]!.batches, m).toBeLessThan(texts.length); // batched
-      }
       const toks = await Promise.all([embedPlain, minilmPlain, intentPlain].map((r) => loadTokenizer(r.spec.tokenizerPath)));
       const ids = (k: number, t: string) => toks[k]!.encode(t, { maxLength: 64, truncate: false }).ids;
+      for (const [k, m] of models.entries()) {
+        expect(after[m]!.rows - before[m]!.rows, m).toBe(texts.length);
+        expect(after[m]!.batches - before[m]!.batches, m).toBe(batchesOfQueued(texts.map((t) => ids(k, t).length), batchingOf(three, m)));
+        expect(after[m]!.batches - before[m]!.batches, m).toBeLessThan(texts.length); // batched
+      }
       let worstEmbed = 0;
       let worstMinilm = 0;
       let worstIntent = 0;
@@ -322,7 +339,7 @@ describe('limits', () => {
       const rows = await Promise.all(seqs.map((s) => alone.runTokens('tiny-embed', [s])));
       const after = alone.stats()['tiny-embed']!;
       expect(after.rows - before.rows).toBe(seqs.length);
-      expect(after.batches - before.batches).toBe(seqs.length); // one request a batch
+      expect(after.batches - before.batches).toBe(seqs.length); // one request a batch (no hold needed: with maxBatchSize 1 no timing makes it otherwise)
       for (let i = 0; i < seqs.length; i++) expect(maxAbsDiff(rows[i]![0]!.output, await embedRef.row(seqs[i]!.ids))).toBeLessThan(TOLERANCE);
     } finally {
       await alone.close();

@@ -21,7 +21,11 @@ import { createEngine } from '../dist/src/engine.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';
 import { toHalfBits } from '../dist/src/modelgen/quantize.js';
+import { batchesOfQueued, sentTogether } from './fixtures/queued-together.js';
 import { makeRandom, maxAbsDiff, testServerConfig } from './helpers.js';
+
+// Read by createEngine: the batched check of every variant holds the inference loop while it queues its requests (sentTogether).
+process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const TOLERANCE = 1e-5;
 const HIDDEN = 128;
@@ -420,9 +424,12 @@ describe('every family as fp16 and int8 (generate --fp16 --int8): batched rows n
             const engine = engines[dtype];
             expect(engine.info()[f]).toMatchObject({ name, dtype });
             const before = engine.stats()[name]!;
-            const rows = (await Promise.all(texts.map((t) => engine.embed(t, { model: name, prompt: '' })))).map((r) => r[0]!);
+            // All queued at once (sentTogether), so the batches they make can be counted.
+            const rows = (await sentTogether(engine.testHooks, { [name]: texts.length }, () => Promise.all(texts.map((t) => engine.embed(t, { model: name, prompt: '' }))))).map((r) => r[0]!);
             const after = engine.stats()[name]!;
             expect(after.rows - before.rows).toBe(texts.length);
+            const lengths = texts.map((t) => familyTok.encode(t, { maxLength: 512, truncate: false }).ids.length);
+            expect(after.batches - before.batches, `${name} ${dtype}: batched`).toBe(batchesOfQueued(lengths, engine.info()[f]!.batching));
             expect(after.batches - before.batches, `${name} ${dtype}: batched`).toBeLessThan(texts.length);
             const worstDiff = Math.max(...rows.map((r, i) => maxAbsDiff(r, refs[i]!)));
             const worstCosine = Math.min(...rows.map((r, i) => cosine(r, refs[i]!)));

@@ -16,7 +16,11 @@ import { cosineSimilarity, similaritiesToFirst } from '../dist/src/core/similari
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { SERVER_DEFAULTS, startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics } from './fixtures/http-client.js';
+import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
+
+// Read by startServer: the batching check holds the inference loop while the request's texts are queued (sentTogether).
+process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const TOLERANCE = 1e-5;
 const BUCKETS = [8, 16, 32, 64];
@@ -126,11 +130,14 @@ describe('POST /similarity', () => {
   it('runs as one request of the embedding model: one slot per text, batched together', async () => {
     const { source, sentences } = draw(8, 3); // short texts: one bucket
     const before = parseMetrics(await (await fetch(server.url + '/metrics')).text());
-    const r = await post('/similarity', { inputs: { source_sentence: source, sentences } });
+    // Its texts all queued before the loop takes them in: how many batches they make is no matter of timing.
+    const r = await sentTogether(server.testHooks, { 'tiny-embed': sentences.length + 1 }, () => post('/similarity', { inputs: { source_sentence: source, sentences } }));
     expect(r.status).toBe(200);
     const after = parseMetrics(await (await fetch(server.url + '/metrics')).text());
     const d = (name: string, labels: Record<string, string>) => after.sum(name, labels) - before.sum(name, labels);
     expect(d('slabserve_batch_size_sum', { model: 'tiny-embed' })).toBe(sentences.length + 1);
+    const lengths = [source, ...sentences].map((t) => tok.encode(t, { maxLength: MAX_LENGTH, truncate: false }).ids.length);
+    expect(d('slabserve_batch_size_count', { model: 'tiny-embed' })).toBe(batchesOfQueued(lengths, await servedBatching(server.url, 'tiny-embed')));
     expect(d('slabserve_batch_size_count', { model: 'tiny-embed' })).toBeLessThan(sentences.length + 1);
   });
 

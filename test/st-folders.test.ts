@@ -8,7 +8,9 @@
  * The reference is independent of the server's graph: a plain onnxruntime
  * session of the unmodified model.onnx, one input at a time, unpadded, whose
  * last_hidden_state is pooled and normalised here, by this file's own code.
- * The server answers the same inputs sent all at once (batched and padded).
+ * The server answers the same inputs sent all at once (batched and padded;
+ * queued before the inference loop takes them in, so the batches they make
+ * can be counted: test/fixtures/queued-together.ts).
  */
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -21,7 +23,11 @@ import { startServer, type Server } from '../dist/src/server.js';
 import { loadModelSpec, type Pooling } from '../dist/src/shared/model-config.js';
 import { decodeModel, encodeModel, makeTensor } from '../dist/src/shared/onnx-graph.js';
 import { parseMetrics } from './fixtures/http-client.js';
+import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { makeRandom, maxAbsDiff, modelsDir, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
+
+// Read by startServer: the batched checks hold the inference loop while they queue their requests (sentTogether).
+process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const TOLERANCE = 1e-5;
 const HIDDEN = 128;
@@ -209,8 +215,11 @@ describe('a sentence-transformers folder is served with its own pooling and norm
     const before = parseMetrics(await (await fetch(base() + '/metrics')).text());
     const refs = await Promise.all(texts.map(async (t) => tokenStates(tok.encode(t, { maxLength: 512, truncate: false }).ids)));
     const cases = [...POOLINGS.map((p) => ({ model: `st-${p}`, mode: p, normalize: NORMALIZED(p) })), { model: 'st-mean-unnormalised', mode: 'mean' as Pooling, normalize: false }];
-    // All at once, every model: the server batches and pads them.
-    const answers = await Promise.all(cases.flatMap((c) => texts.map((t) => post('/embed', { model: c.model, inputs: t }))));
+    // All queued at once, every model: the server batches and pads them.
+    const answers = await sentTogether(server.testHooks, Object.fromEntries(cases.map((c) => [c.model, texts.length])), () =>
+      Promise.all(cases.flatMap((c) => texts.map((t) => post('/embed', { model: c.model, inputs: t })))),
+    );
+    const lengths = texts.map((t) => tok.encode(t, { maxLength: 512, truncate: false }).ids.length);
     const after = parseMetrics(await (await fetch(base() + '/metrics')).text());
     for (const [ci, c] of cases.entries()) {
       let worst = 0;
@@ -220,9 +229,10 @@ describe('a sentence-transformers folder is served with its own pooling and norm
         worst = Math.max(worst, maxAbsDiff(a.body[0], pooled(refs[i]!, c.mode, c.normalize)));
       }
       expect(worst, c.model).toBeLessThan(TOLERANCE);
-      // Batched: fewer batches than requests for this model.
+      // Batched: exactly the batches their buckets make, fewer than requests for this model.
       const d = (name: string) => after.sum(name, { model: c.model }) - before.sum(name, { model: c.model });
       expect(d('slabserve_batch_size_sum')).toBe(texts.length);
+      expect(d('slabserve_batch_size_count'), c.model).toBe(batchesOfQueued(lengths, await servedBatching(base(), c.model)));
       expect(d('slabserve_batch_size_count')).toBeLessThan(texts.length);
     }
   });
@@ -451,14 +461,21 @@ describe("include_prompt false: the prompt's tokens are left out of the pooling,
     const rand = makeRandom('st include_prompt');
     const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'st-mean'))), 16, 40);
     const before = parseMetrics(await (await fetch(base() + '/metrics')).text());
-    const asked = INSTRUCT_POOLINGS.flatMap((mode) =>
-      texts.map((t, i) => {
-        // Turn about: the default prompt (query), a named one, a literal one.
-        const [field, prompt] = [[{}, E5_PROMPTS.query], [{ prompt_name: 'passage' }, E5_PROMPTS.passage], [{ prompt: 'represent the text: ' }, 'represent the text: ']][i % 3]!;
-        return { mode, t, prompt, answer: post('/embed', { model: `st-instruct-${mode}`, inputs: t, ...(field as object) }) };
-      }),
-    );
-    const after = await Promise.all(asked.map((a) => a.answer)).then(async () => parseMetrics(await (await fetch(base() + '/metrics')).text()));
+    const send = () =>
+      INSTRUCT_POOLINGS.flatMap((mode) =>
+        texts.map((t, i) => {
+          // Turn about: the default prompt (query), a named one, a literal one.
+          const [field, prompt] = [[{}, E5_PROMPTS.query], [{ prompt_name: 'passage' }, E5_PROMPTS.passage], [{ prompt: 'represent the text: ' }, 'represent the text: ']][i % 3]!;
+          return { mode, t, prompt, answer: post('/embed', { model: `st-instruct-${mode}`, inputs: t, ...(field as object) }) };
+        }),
+      );
+    // All queued at once (sentTogether), so the batches they make can be counted.
+    let asked: ReturnType<typeof send> = [];
+    await sentTogether(server.testHooks, Object.fromEntries(INSTRUCT_POOLINGS.map((mode) => [`st-instruct-${mode}`, texts.length])), () => {
+      asked = send();
+      return Promise.all(asked.map((a) => a.answer));
+    });
+    const after = parseMetrics(await (await fetch(base() + '/metrics')).text());
     for (const mode of INSTRUCT_POOLINGS) {
       let worst = 0;
       let apart = 0;
@@ -473,7 +490,9 @@ describe("include_prompt false: the prompt's tokens are left out of the pooling,
       if (mode === 'cls') expect(apart).toBeLessThan(TOLERANCE);
       else expect(apart, mode).toBeGreaterThan(1e-3);
       const d = (name: string) => after.sum(name, { model: `st-instruct-${mode}` }) - before.sum(name, { model: `st-instruct-${mode}` });
+      const lengths = asked.filter((x) => x.mode === mode).map((a) => tok.encode(a.prompt + a.t, { maxLength: 512, truncate: false }).ids.length);
       expect(d('slabserve_batch_size_sum')).toBe(texts.length);
+      expect(d('slabserve_batch_size_count'), mode).toBe(batchesOfQueued(lengths, await servedBatching(base(), `st-instruct-${mode}`)));
       expect(d('slabserve_batch_size_count')).toBeLessThan(texts.length);
     }
   });

@@ -113,10 +113,16 @@ export interface LoopOptions {
    * the loop has checked the slot is still its own. Default: the runners' slabs are shared.
    */
   sharedSlabs?: Slab[];
+  /**
+   * Test hook (SLABSERVE_TEST_HOOKS=1): asked at the top of every round, before anything is taken
+   * in; while the promise it returns is pending the loop takes nothing in and starts nothing, so
+   * what is submitted meanwhile waits on the rings and meets the scheduler all at once.
+   */
+  hold?: () => Promise<void> | undefined;
 }
 
 /** Wake at least this often when idle, to refresh the heartbeat (default; LoopOptions.idleWakeMs). */
-const IDLE_WAKE_MS = 1000;
+export const IDLE_WAKE_MS = 1000;
 
 export class InferenceLoop {
   private readonly runners: LoopRunner[];
@@ -185,6 +191,11 @@ export class InferenceLoop {
   async run(): Promise<void> {
     const bell = this.control.workerBell;
     while (!this.control.stopRequested() && this.alive()) {
+      const held = this.options.hold?.();
+      if (held) {
+        await held;
+        continue; // look at the stop flag and the epoch again before taking anything in
+      }
       const seen = bell.read();
       this.intake();
       const now = this.clock.now(); // after intake, so nothing taken in is judged by a stale clock

@@ -19,10 +19,13 @@
  * Test hooks (workerData.testHooks, only when the server runs with
  * SLABSERVE_TEST_HOOKS=1; inert otherwise): RPC `testFault` makes this thread's
  * next batch run throw an uncaught error, exit, or hang, or stalls its loop
- * now; RPC `testPoison` makes inputs holding a given token id fail in onnxruntime.
+ * now; RPC `testPoison` makes inputs holding a given token id fail in onnxruntime;
+ * the hold cell (./hold.ts: shared memory, the same cell in every replacement
+ * thread) parks the loop before it takes in new work, until the main thread lets it go.
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { Registry } from 'prom-client';
+import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
 import { inferenceMetrics } from '../shared/metrics.js';
 import { RpcPeer } from '../shared/rpc.js';
@@ -30,7 +33,8 @@ import type { ModelSpec } from '../shared/model-config.js';
 import { H_LENGTH, Slab, type SlabLayout } from '../shared/slab.js';
 import { currentThreadId, lowerThreadPriority, nameThread, threadsNamed } from '../shared/threads.js';
 import { CUDA_NOT_INSTALLED, cudaProviderInstalled, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
-import { InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
+import { InferenceHold } from './hold.js';
+import { IDLE_WAKE_MS, InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
 import { ModelRunner } from './runner.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
@@ -56,6 +60,8 @@ export interface InferenceWorkerData {
 export interface InferenceTestHooks {
   /** Inputs holding this token id fail in onnxruntime (the id is swapped for one past the vocabulary); -1: none. */
   poisonToken: number;
+  /** The hold cell (InferenceHold): the supervisor's, the same for every thread it starts. */
+  hold: SharedArrayBuffer;
 }
 
 /**
@@ -231,8 +237,20 @@ function hooked(r: ModelRunner): LoopRunner {
   };
 }
 
+/** LoopOptions.hold from the hold cell: parked, the loop keeps its heartbeat fresh (it is held, not hung). */
+function holdHook(hooks: InferenceTestHooks): () => Promise<void> | undefined {
+  const hold = new InferenceHold(hooks.hold);
+  const stay = () => {
+    if (!live() || control.stopRequested()) return false;
+    control.heartbeat = nowMs();
+    return true;
+  };
+  return () => hold.park(stay, data.idleWakeMs ?? IDLE_WAKE_MS);
+}
+
 function createLoop(runners: LoopRunner[]): InferenceLoop {
   return new InferenceLoop(runners, control, {
+    ...(data.testHooks ? { hold: holdHook(data.testHooks) } : {}),
     maxInflightBatches: data.maxInflightBatches,
     scheduling: data.scheduling,
     epoch: data.epoch,
