@@ -54,7 +54,7 @@ RUN npm ci --omit=dev --no-audit --no-fund \
 # placed in node_modules/onnxruntime-node/bin/napi-v6/linux/x64/. cuDNN and the CUDA libraries
 # come from the base image; the driver (libcuda, nvidia-smi) from the NVIDIA container toolkit.
 COPY scripts/install-cuda-provider.mjs ./scripts/
-RUN node scripts/install-cuda-provider.mjs \
+RUN node scripts/install-cuda-provider.mjs --force \
  && rm -rf /root/.npm /tmp/*
 COPY --from=build /app/dist/src ./dist/src
 COPY --from=build /app/dist/models ./dist/models

@@ -10,8 +10,12 @@
 //   npm run cuda:install                      # fetch the package from the npm registry
 //   npm run cuda:install -- --from FILE.tgz   # or from a tarball / unpacked folder (offline machines)
 //   npm run cuda:install -- --remove          # take the provider out again (CPU only)
+//   npm run cuda:install -- --force           # even where no GPU or CUDA runtime is visible (an image build)
 //
-// CPU machines never need this; without it `auto` selects the CPU.
+// CPU machines never need this; without it `auto` selects the CPU. Before
+// anything is fetched it runs the server's own CUDA pre-flight (dist/, from
+// `npm run build`): where no GPU or no CUDA 13 / cuDNN 9 libraries are
+// visible the provider would never load, so it says which and stops, unless --force.
 import { execFileSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -20,10 +24,10 @@ import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 
 const PACKAGE = 'com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9';
-const FILES = ['libonnxruntime_providers_cuda.so', 'libonnxruntime_providers_shared.so'];
+const FILES = ['libonnxruntime_providers_cuda.so', 'libonnxruntime_providers_shared.so']; // CUDA_PROVIDER_FILES in device.ts
 const INNER = 'package/Plugins/Linux/x64';
 
-const { values } = parseArgs({ options: { from: { type: 'string' }, remove: { type: 'boolean', default: false } } });
+const { values } = parseArgs({ options: { from: { type: 'string' }, remove: { type: 'boolean', default: false }, force: { type: 'boolean', default: false } } });
 
 if (process.platform !== 'linux' || process.arch !== 'x64') {
   console.log(`cuda:install: the CUDA provider is built for linux-x64; this is ${process.platform}-${process.arch}. Nothing to do.`);
@@ -38,6 +42,25 @@ if (values.remove) {
   console.log(`cuda:install: removed the CUDA provider from ${target}`);
   process.exit(0);
 }
+
+/** What would keep the provider from loading here (the server's pre-flight: src/gpu-worker/device.ts), one line each. */
+async function blockers() {
+  const device = await import('../dist/src/gpu-worker/device.js').catch(() => null);
+  if (!device) return ['cannot check for a GPU and the CUDA libraries: dist/ is missing (run `npm run build` first)'];
+  const probes = device.systemProbes();
+  const gpu = device.missingGpu(probes);
+  const libraries = device.missingLibraries(probes);
+  return [...(gpu ? [gpu.reason] : []), ...(libraries.length ? [`not on the loader path: ${libraries.join(', ')} (install the CUDA 13 runtime and cuDNN 9, or add their folder to LD_LIBRARY_PATH)`] : [])];
+}
+
+const blocked = await blockers();
+for (const b of blocked) console.error(`cuda:install: ${b}`);
+if (blocked.length && !values.force) {
+  console.error('cuda:install: the CUDA provider could not be used on this machine, so nothing is fetched; `--device auto` serves on the CPU without it.');
+  console.error('cuda:install: pass --force to install it anyway (say, for an image built without a GPU): npm run cuda:install -- --force');
+  process.exit(1);
+}
+if (blocked.length) console.error('cuda:install: --force: installing anyway');
 
 const work = mkdtempSync(join(tmpdir(), 'slabserve-cuda-'));
 try {
@@ -59,7 +82,6 @@ try {
   }
   for (const f of FILES) copyFileSync(join(source, f), join(target, f));
   console.log(`cuda:install: placed ${FILES.join(', ')} in ${target}`);
-  console.log('cuda:install: the GPU also needs the CUDA 13 runtime and cuDNN 9 libraries on the loader path (LD_LIBRARY_PATH).');
 } catch (err) {
   console.error(`cuda:install: failed: ${err.message}`);
   process.exit(1);

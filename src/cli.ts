@@ -215,6 +215,8 @@ program
   .addOption(flag('--max-connections <n>', 'most connections per gateway thread: open WebSockets plus HTTP connections with a request in progress; past it 503', 'MAX_CONNECTIONS', int(1), D.maxConnections))
   .addOption(flag('--max-url-bytes <n>', 'longest URL (path and query); past it 414', 'MAX_URL_BYTES', int(16), D.maxUrlBytes))
   .addOption(flag('--max-header-bytes <n>', 'largest request head (request line and headers); past it 431 (uWS closes a head over 4 KiB that arrives in pieces, whatever this says)', 'MAX_HEADER_BYTES', int(64), D.maxHeaderBytes))
+  .addOption(flag('--max-discard-bytes <n>', 'a refusal decided before the body has arrived (413, 401, 429, ...) reads and drops up to this many body bytes in all before it is answered, so a client that writes its whole body first reads it; a larger body: answered and closed at once', 'MAX_DISCARD_BYTES', int(0), D.maxDiscardBytes))
+  .addOption(flag('--discard-timeout-ms <ms>', 'how long such a refusal waits for the rest of the body before it is answered and the connection closed', 'DISCARD_TIMEOUT_MS', int(1), D.discardTimeoutMs))
   .addOption(flag('--log-probes [bool]', 'access lines for health probes (/livez, /readyz, /health, /v2/health/*) and /metrics scrapes too', 'LOG_PROBES', bool, false).preset(true))
   .addOption(flag('--log-level <level>', 'least level logged (JSON lines: events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
   .action(async (f: ServeFlags, cmd: Command) => {

@@ -13,7 +13,7 @@ import { classifications, embeddings, Infer, rowOf, type CallInputs, type Classi
 import { Cancellation } from './shared/cancel.js';
 import { prompted } from './core/prompts.js';
 import { loadModelTokenizer, type Encoding } from './core/tokenizer.js';
-import { checkDevice, cudaProviderInstalled, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
+import { checkDevice, cudaMissing, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
@@ -176,7 +176,7 @@ export function modelOverrides(o: {
   return {
     ...(o.dtype !== undefined ? { dtype: o.dtype } : {}),
     // dtype auto: fp16 where the model has it and the device will be CUDA
-    onCuda: device.kind === 'cuda' || (device.kind === 'auto' && cudaProviderInstalled()),
+    onCuda: device.kind === 'cuda' || (device.kind === 'auto' && cudaMissing() === undefined),
     ...(o.pooling !== undefined ? { pooling: o.pooling } : {}),
     ...(o.maxInputLength !== undefined ? { maxLength: o.maxInputLength } : {}),
     ...(o.defaultPromptName !== undefined ? { defaultPromptName: o.defaultPromptName } : {}),

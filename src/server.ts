@@ -105,6 +105,9 @@ export interface ServerConfig extends ModelOptions {
   maxUrlBytes?: number;
   /** Largest request head (request line and headers) in bytes; past it 431 (--max-header-bytes). */
   maxHeaderBytes?: number;
+  /** A refusal answered before the body arrived waits for it, reading and dropping at most this many bytes in all, for at most discardTimeoutMs (--max-discard-bytes, --discard-timeout-ms). */
+  maxDiscardBytes?: number;
+  discardTimeoutMs?: number;
 
   /** Least level of the JSON log lines: fatal, error, warn, info (an access line per request), debug, trace, silent (--log-level). */
   logLevel?: LogLevel;
@@ -446,6 +449,8 @@ function gatewayWorkerData(
       maxConnections: config.maxConnections ?? GATE_DEFAULTS.maxConnections,
       maxUrlBytes: config.maxUrlBytes ?? GATE_DEFAULTS.maxUrlBytes,
       maxHeaderBytes: config.maxHeaderBytes ?? GATE_DEFAULTS.maxHeaderBytes,
+      maxDiscardBytes: config.maxDiscardBytes ?? GATE_DEFAULTS.maxDiscardBytes,
+      discardTimeoutMs: config.discardTimeoutMs ?? GATE_DEFAULTS.discardTimeoutMs,
     },
     log: { level: config.logLevel ?? 'info', probes: config.logProbes ?? false, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
   };

@@ -101,7 +101,7 @@ describe('a body over --max-body-bytes', () => {
 
   it('nothing is left behind: no slot in use, no request counted in progress', async () => {
     for (const s of [server]) {
-      await eventually('slots and connections back to zero', async () => parseMetrics(await (await fetch(url(s, '/metrics'))).text()), (m) => m.sum('slabserve_slots_in_use') === 0 && m.sum('slabserve_connections', { kind: 'http' }) <= 1);
+      await eventually('slots and connections back to zero', async () => parseMetrics(await (await fetch(url(s, '/metrics'))).text()), (m) => m.sum('slabserve_slots_in_use') === 0 && m.sum('slabserve_gateway_connections', { kind: 'http' }) <= 1);
     }
   });
 });

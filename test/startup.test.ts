@@ -13,10 +13,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
-import { cudaProviderInstalled } from '../dist/src/gpu-worker/device.js';
+import { checkDevice, cudaMissing, missingGpu, systemProbes, type CudaProbes } from '../dist/src/gpu-worker/device.js';
 import { pickFreePort } from '../dist/src/server.js';
+import { serveCli } from './cli-process.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
+/** Whether this machine shows a GPU (then the no-GPU cases below do not apply). */
+const gpuVisible = missingGpu(systemProbes()) === undefined;
 const empty = mkdtempSync(join(tmpdir(), 'slabserve-empty-models-'));
 
 afterAll(() => rmSync(empty, { recursive: true, force: true }));
@@ -51,8 +54,11 @@ describe('start-up checks, before the inference thread starts', () => {
     expectRefusedAtOnce(serve(['--port', '0', '--model', join(empty, 'bge-small')]), /model folder .*bge-small does not exist/);
   });
 
-  it.skipIf(cudaProviderInstalled())('--device cuda where the CUDA provider is not installed', () => {
-    expectRefusedAtOnce(serve(['--port', '0', '--device', 'cuda:0']), /device cuda requested but the CUDA provider libraries are not installed/);
+  it.skipIf(gpuVisible)('--device cuda on this machine without a GPU: says so, and no onnxruntime dump', () => {
+    const r = serve(['--port', '0', '--device', 'cuda:0']);
+    expectRefusedAtOnce(r, /device cuda requested but no GPU is visible \(no \/dev\/nvidia0.*nvidia-smi.*\): .*--device cpu or auto/);
+    expect(r.stderr).not.toMatch(/onnxruntime|SLABSERVE_START_FAILED/);
+    expect(r.stderr).not.toMatch(/npm run cuda:install/); // installing the provider would not help
   });
 
   it('a --device this server does not know', () => {
@@ -83,5 +89,89 @@ describe('start-up checks, before the inference thread starts', () => {
     } finally {
       await new Promise((r) => other.close(r));
     }
+  });
+});
+
+/** A machine as the CUDA pre-flight sees it: device nodes, nvidia-smi's answer, ldconfig's cache, files on disk. */
+function machine(o: { dev?: string[]; smi?: string; cache?: string[]; files?: string[]; ldLibraryPath?: string }): CudaProbes {
+  const files = new Set(o.files ?? []);
+  const cache = (o.cache ?? []).map((f) => `\t${f.split('/').pop()} (libc6,x86-64) => ${f}`).join('\n');
+  return {
+    exists: (path) => files.has(path),
+    listDir: (dir) => (dir === '/dev' ? (o.dev ?? ['null', 'tty']) : []),
+    run: (command, args) => {
+      if (command.endsWith('ldconfig') && args[0] === '-p') return `${o.cache?.length ?? 0} libs found in cache \`/etc/ld.so.cache'\n${cache}\n`;
+      if (command === 'nvidia-smi') return o.smi === undefined ? undefined : args[0] === '-L' ? o.smi : o.smi.split('\n').map((_, i) => String(i)).join('\n');
+      return undefined;
+    },
+    ldLibraryPath: o.ldLibraryPath,
+    providerDir: '/app/ort',
+  };
+}
+
+const GPU = { dev: ['null', 'nvidia0', 'nvidiactl', 'nvidia-uvm'] };
+const LIBS = {
+  ldLibraryPath: '/opt/cuda/lib64:/opt/cudnn/lib',
+  cache: ['/usr/lib/x86_64-linux-gnu/libcuda.so.1', '/usr/local/cuda/lib64/libcudart.so.13'],
+  files: ['/opt/cuda/lib64/libcublas.so.13', '/opt/cuda/lib64/libcublasLt.so.13', '/usr/lib/x86_64-linux-gnu/libcurand.so.10', '/opt/cudnn/lib/libcudnn.so.9'],
+};
+const PROVIDER = ['/app/ort/libonnxruntime_providers_cuda.so', '/app/ort/libonnxruntime_providers_shared.so'];
+
+describe('the CUDA pre-flight: a GPU, then the CUDA libraries, then the provider', () => {
+  it('no GPU: names the device nodes and nvidia-smi, and says so before anything about libraries or the install', () => {
+    const none = machine({ dev: ['null', 'nvidiactl'] });
+    expect(cudaMissing(none)).toMatchObject({ missing: 'gpu', reason: expect.stringMatching(/no \/dev\/nvidia0, \/dev\/nvidia1, \.\.\. device node; nvidia-smi is not on the PATH or failed/) });
+    expect(cudaMissing(machine({ smi: '' }))?.reason).toMatch(/nvidia-smi lists none/);
+    expect(() => checkDevice('cuda', none)).toThrow(/^device cuda requested but no GPU is visible .*docker run --gpus all.*--device cpu or auto$/);
+    expect(() => checkDevice('auto', none)).not.toThrow();
+    // nvidia-smi listing one is enough where /dev shows no node (some container runtimes)
+    expect(cudaMissing(machine({ smi: 'GPU 0: NVIDIA H200 (UUID: GPU-1)', ...LIBS, files: [...LIBS.files, ...PROVIDER] }))).toBeUndefined();
+  });
+
+  it('a GPU but not every library: names each missing one, where it was looked for, and not the install', () => {
+    const cudnnless = machine({ ...GPU, ...LIBS, files: LIBS.files.filter((f) => !f.includes('cudnn')) });
+    const m = cudaMissing(cudnnless)!;
+    expect(m.missing).toBe('libraries');
+    expect(m.reason).toMatch(/: libcudnn\.so\.9 \(cuDNN 9\) not found in LD_LIBRARY_PATH \(\/opt\/cuda\/lib64:\/opt\/cudnn\/lib\), the loader cache \(ldconfig -p\) and \/lib\/x86_64-linux-gnu/);
+    expect(m.reason).not.toMatch(/libcublas|libcudart|libcuda\.so/);
+    expect(() => checkDevice('cuda:0', cudnnless)).toThrow(/libcudnn\.so\.9 .*install the CUDA 13 runtime and cuDNN 9.*LD_LIBRARY_PATH$/);
+    expect(() => checkDevice('cuda:0', cudnnless)).not.toThrow(/cuda:install/);
+    // nothing on the loader path, no cache: all six, the driver's own named as such
+    const bare = cudaMissing(machine({ ...GPU }))!;
+    expect(bare.reason).toMatch(/libcuda\.so\.1 \(the NVIDIA driver\), libcudart\.so\.13 \(CUDA 13\), libcublas\.so\.13 \(CUDA 13\), libcublasLt\.so\.13 \(CUDA 13\), libcurand\.so\.10 \(CUDA 13\), libcudnn\.so\.9 \(cuDNN 9\) not found in LD_LIBRARY_PATH \(unset\)/);
+  });
+
+  it('everything but the provider: only then suggests npm run cuda:install; with it, the GPU index is checked', () => {
+    const m = cudaMissing(machine({ ...GPU, ...LIBS }))!;
+    expect(m).toMatchObject({ missing: 'provider', remedy: 'run `npm run cuda:install`' });
+    expect(() => checkDevice('cuda', machine({ ...GPU, ...LIBS }))).toThrow(/the CUDA provider libraries are not installed \(libonnxruntime_providers_cuda\.so in \/app\/ort\): run `npm run cuda:install`/);
+    const ready = machine({ ...GPU, ...LIBS, files: [...LIBS.files, ...PROVIDER], smi: 'GPU 0: NVIDIA H200 (UUID: GPU-1)' });
+    expect(cudaMissing(ready)).toBeUndefined();
+    expect(() => checkDevice('cuda:0', ready)).not.toThrow();
+    expect(() => checkDevice('cuda:1', ready)).toThrow(/cuda:1 requested but this machine has 1 GPU \(nvidia-smi\)/);
+  });
+
+  it.skipIf(gpuVisible)('--device auto on this machine: one quiet line naming the reason, no onnxruntime error, served on the CPU', async () => {
+    const server = await serveCli(['--device', 'auto']);
+    server.kill('SIGTERM');
+    await server.exited;
+    const lines = server.stderr().split('\n').filter((l) => /auto:/.test(l));
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/"level":"info".*auto: no GPU is visible \(.*\), using CPU/);
+    expect(server.stderr()).not.toMatch(/\[[EW]:onnxruntime|Failed to load shared library|"level":"(warn|error)"/);
+    expect(server.stderr()).toMatch(/device cpu \(CPUExecutionProvider/);
+  });
+});
+
+describe.skipIf(gpuVisible)('npm run cuda:install on this machine without a GPU', () => {
+  it('says what is missing and refuses before fetching anything, unless --force', () => {
+    const script = fileURLToPath(new URL('../scripts/install-cuda-provider.mjs', import.meta.url));
+    // --from a file that is not there: were the refusal to fail, this fails fast instead of downloading 180 MB
+    const r = spawnSync(process.execPath, [script, '--from', join(empty, 'provider.tgz')], { encoding: 'utf8', timeout: 30_000 });
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/^cuda:install: no GPU is visible \(no \/dev\/nvidia0.*nvidia-smi/m);
+    expect(r.stderr).toMatch(/nothing is fetched; `--device auto` serves on the CPU without it/);
+    expect(r.stderr).toMatch(/pass --force to install it anyway/);
+    expect(r.stderr + r.stdout).not.toMatch(/no such file|fetching|placed/);
   });
 });

@@ -22,7 +22,7 @@
  */
 import type { GatewayMetrics } from '../shared/metrics.js';
 import { HttpError } from '../shared/errors.js';
-import { RequestContext } from './http.js';
+import { DISCARD_DEFAULTS, RequestContext, type DiscardLimits } from './http.js';
 import type { AccessLog } from './log.js';
 import { ApiKeys, type AuthResult } from './security.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
@@ -38,6 +38,10 @@ export interface GateOptions {
   maxUrlBytes: number;
   /** Largest request head, request line and headers, in bytes (--max-header-bytes): 431 past it. */
   maxHeaderBytes: number;
+  /** Most body bytes, in all, read and dropped so that an answer decided before the body arrived is read (--max-discard-bytes; http.ts DiscardLimits). */
+  maxDiscardBytes: number;
+  /** How long, at most, that answer waits for the rest of the body (--discard-timeout-ms). */
+  discardTimeoutMs: number;
 }
 
 export const GATE_DEFAULTS: Omit<GateOptions, 'apiKeys'> = {
@@ -47,6 +51,8 @@ export const GATE_DEFAULTS: Omit<GateOptions, 'apiKeys'> = {
   // uWS itself reads at most 4 KiB of a head that arrives in pieces (it closes the connection
   // past that); one that arrives at once it reads up to ~128 KiB. 4 KiB makes both the same.
   maxHeaderBytes: 4096,
+  maxDiscardBytes: DISCARD_DEFAULTS.maxBytes,
+  discardTimeoutMs: DISCARD_DEFAULTS.timeoutMs,
 };
 
 /** Who may call a route: anyone ('open'), anyone unless --metrics-auth ('metrics'), or key holders (default). */
@@ -67,6 +73,8 @@ export class Gate {
   readonly touch: () => void;
   /** Whether the server is draining: every answer then closes its connection (Connection: close). */
   private readonly draining: () => boolean;
+  /** What a refusal reads and drops of a body still arriving (RequestObserver). */
+  readonly discard: DiscardLimits;
 
   constructor(opts: GateOptions, metrics: GatewayMetrics, access: AccessLog, hooks: { touch?: () => void; draining?: () => boolean } = {}) {
     this.opts = opts;
@@ -75,6 +83,7 @@ export class Gate {
     this.access = access;
     this.touch = hooks.touch ?? (() => {});
     this.draining = hooks.draining ?? (() => false);
+    this.discard = { maxBytes: opts.maxDiscardBytes, timeoutMs: opts.discardTimeoutMs };
   }
 
   /** Whether an answer must close its connection: while draining, so no client sends another request on it. */

@@ -48,7 +48,36 @@ export interface RequestObserver {
   finished(ctx: RequestContext, status: number): void;
   /** Whether every answer closes its connection now (the server is draining). */
   closesConnection?(): boolean;
+  /** How much of a body still arriving is read and dropped before its answer (default DISCARD_DEFAULTS). */
+  readonly discard?: DiscardLimits;
 }
+
+/**
+ * An answer decided while its request's body is still arriving (a refusal
+ * before the body is read, a 413 past --max-body-bytes) from a client that
+ * asked for `Connection: close` (as Python's urllib does) waits for the rest
+ * of the body, reading and dropping it, and is written once it has all
+ * arrived: uWS closes such a connection as soon as the answer ends, with body
+ * bytes unread, which resets it, and a client that writes its whole body
+ * before reading sees EPIPE or ECONNRESET, never the answer. Past these bounds
+ * the answer is written at once and the connection closed (such a client may
+ * see the reset): a body of more than `maxBytes` in all (declared by
+ * Content-Length, or a chunked one growing past it), or one not in within
+ * `timeoutMs` of the answer. (A client that keeps its connection is answered
+ * at once and uWS drops the rest of its body: RequestContext.write.)
+ */
+export interface DiscardLimits {
+  /** --max-discard-bytes */
+  maxBytes: number;
+  /** --discard-timeout-ms */
+  timeoutMs: number;
+}
+
+export const DISCARD_DEFAULTS: DiscardLimits = { maxBytes: 16 * 2 ** 20, timeoutMs: 10_000 };
+
+type BodySink = (chunk: ArrayBuffer, isLast: boolean) => void;
+/** What becomes of body bytes nobody reads (yet). */
+const DROP: BodySink = () => {};
 
 /** An answer body that knows how to serialise itself (JSON text or bytes, msgpack bytes), used at once: the bytes may be a scratch view. */
 export interface Answer {
@@ -95,6 +124,15 @@ export class RequestContext {
   private done = false;
   /** Body bytes may still arrive: a Content-Length or chunked body not read to its end. */
   private bodyPending: boolean;
+  /** The client sent `Connection: close` with a body: uWS closes the connection when the answer ends (DiscardLimits). */
+  private readonly closesAfterAnswer: boolean;
+  /** Body bytes arrived so far. */
+  private bodyBytes = 0;
+  /** Where arriving body chunks go: readPayload's reader, or dropped. */
+  private sink: BodySink = DROP;
+  private listening = false;
+  /** An answer written once the body has arrived (DiscardLimits): its bound's timer, until then. */
+  private held: ReturnType<typeof setTimeout> | undefined;
 
   constructor(res: HttpResponse, req: HttpRequest, observer?: RequestObserver, route = '') {
     this.res = res;
@@ -112,7 +150,15 @@ export class RequestContext {
     this.bodyPending = cl === '' ? req.getHeader('transfer-encoding') !== '' : this.contentLength! > 0;
     this.deadlineHeader = req.getHeader('x-deadline-ms');
     this.priorityHeader = req.getHeader('x-priority');
+    this.closesAfterAnswer = this.bodyPending && /\bclose\b/i.test(req.getHeader('connection'));
+    // From the start: chunks uWS gets before a handler is set are lost, and with them the end of the body.
+    if (this.closesAfterAnswer) this.readBody(DROP);
     res.onAborted(() => {
+      if (this.held !== undefined) {
+        clearTimeout(this.held);
+        this.held = undefined;
+        this.observer?.finished(this, 499); // gone before its answer, which waited for the body
+      }
       if (this.done) return;
       this.done = true;
       this.cancel.cancel('client_disconnect');
@@ -122,6 +168,18 @@ export class RequestContext {
 
   get finished(): boolean {
     return this.done;
+  }
+
+  /** Sends the body's chunks to `sink` from now on. */
+  private readBody(sink: BodySink): void {
+    this.sink = sink;
+    if (this.listening) return;
+    this.listening = true;
+    this.res.onData((chunk, isLast) => {
+      this.bodyBytes += chunk.byteLength;
+      if (isLast) this.bodyPending = false;
+      this.sink(chunk, isLast);
+    });
   }
 
   /** The request's deadline (x-deadline-ms: ms from now) and priority class (x-priority), when sent. */
@@ -168,8 +226,7 @@ export class RequestContext {
       let chunks: Buffer[] | null = null;
       let size = 0;
       let refused = false;
-      this.res.onData((chunk, isLast) => {
-        if (isLast) this.bodyPending = false;
+      this.readBody((chunk, isLast) => {
         if (refused) return;
         size += chunk.byteLength;
         if (size > limit) {
@@ -219,27 +276,50 @@ export class RequestContext {
    * sending without closing. (uWS cannot close a connection whose response
    * has ended, and one left unended cannot be closed without cutting the
    * answer short: so the bound is the body's own length and that timeout.)
+   * A client that sent `Connection: close` is closed by uWS when the answer
+   * ends whatever we ask: its answer waits for the body (DiscardLimits).
    */
   write(status: number, contentType: string, body: string | Uint8Array, headers: Record<string, string> = NO_HEADERS, closeConnection = false): void {
     if (this.done) return;
     this.done = true;
     closeConnection ||= this.observer?.closesConnection?.() === true;
-    const clientCloses = closeConnection && this.bodyPending;
-    this.res.cork(() => {
-      this.res.writeStatus(STATUS_LINE[status] ?? String(status));
-      this.res.writeHeader('content-type', contentType);
-      this.res.writeHeader('x-request-id', this.requestId);
-      for (const k in headers) this.res.writeHeader(k, headers[k]!);
-      if (clientCloses) this.res.writeHeader('connection', 'close');
-      this.res.end(body, closeConnection && !clientCloses);
+    const end = (close: boolean) => {
+      const clientCloses = close && this.bodyPending;
+      this.res.cork(() => {
+        this.res.writeStatus(STATUS_LINE[status] ?? String(status));
+        this.res.writeHeader('content-type', contentType);
+        this.res.writeHeader('x-request-id', this.requestId);
+        for (const k in headers) this.res.writeHeader(k, headers[k]!);
+        if (clientCloses) this.res.writeHeader('connection', 'close');
+        this.res.end(body, close && !clientCloses);
+      });
+      this.observer?.finished(this, status);
+    };
+    if (this.bodyPending && this.closesAfterAnswer) this.dropBodyThen(end, closeConnection);
+    else end(closeConnection);
+  }
+
+  /** Calls `end(close)` once the rest of the body has arrived and been dropped; past DiscardLimits, `end` at once (uWS closes the connection). */
+  private dropBodyThen(end: (close: boolean) => void, close: boolean): void {
+    const { maxBytes, timeoutMs } = this.observer?.discard ?? DISCARD_DEFAULTS;
+    const tooLarge = () => (this.contentLength ?? this.bodyBytes) > maxBytes;
+    if (tooLarge()) return end(close);
+    const release = () => {
+      clearTimeout(this.held);
+      this.held = undefined;
+      this.sink = DROP;
+      end(close);
+    };
+    this.held = setTimeout(release, timeoutMs);
+    this.readBody((_chunk, isLast) => {
+      if (isLast || tooLarge()) release();
     });
-    this.observer?.finished(this, status);
   }
 
   /**
    * Answers an error: its status (or `status(info)`), Retry-After on overload,
    * an HttpError's own headers (Allow), and the connection closed after a
-   * refused body (the client may still be sending it). The body is ours,
+   * refused body (once the rest of it is dropped: write). The body is ours,
    * `{error, type, code}`, unless `shape` gives another protocol's (OpenAI's, KServe's).
    * Returns the status it answered with (or would have, had the client stayed).
    */

@@ -32,7 +32,7 @@ import { RpcPeer } from '../shared/rpc.js';
 import type { ModelSpec } from '../shared/model-config.js';
 import { H_LENGTH, Slab, type SlabLayout } from '../shared/slab.js';
 import { currentThreadId, lowerThreadPriority, nameThread, threadsNamed } from '../shared/threads.js';
-import { CUDA_NOT_INSTALLED, cudaProviderInstalled, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
+import { cudaMissing, cudaUnavailableMessage, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
 import { InferenceHold } from './hold.js';
 import { IDLE_WAKE_MS, InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
 import { ModelRunner } from './runner.js';
@@ -109,12 +109,10 @@ async function openRunners(): Promise<{ runners: ModelRunner[]; device: DeviceIn
       ),
     );
   if (want.kind === 'cpu') return { runners: await open(describeCpu()), device: describeCpu() };
-  if (want.kind === 'cuda' && !cudaProviderInstalled()) {
-    throw new Error(CUDA_NOT_INSTALLED);
-  }
-  if (want.kind === 'auto' && !cudaProviderInstalled()) {
-    return { runners: await open(describeCpu()), device: describeCpu(), note: 'auto: CUDA provider not installed, using CPU' };
-  }
+  // No CUDA session unless the pre-flight passes: a failing one prints onnxruntime's own errors.
+  const missing = cudaMissing();
+  if (missing && want.kind === 'cuda') throw new Error(cudaUnavailableMessage(missing));
+  if (missing) return { runners: await open(describeCpu()), device: describeCpu(), note: `auto: ${missing.reason}, using CPU` };
   const gpu = describeCuda(want.id);
   try {
     return { runners: await open(gpu), device: gpu };
