@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { eventually } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
 const FILE_KEY = 'file-key-0123456789abcdef0123456789';
@@ -124,12 +125,9 @@ describe('slabserve serve --log-probes (SLABSERVE_LOG_PROBES)', () => {
     probed.stderr!.setEncoding('utf8').on('data', (d: string) => (err += d));
     const closed = new Promise((r) => probed.once('exit', r));
     try {
-      const deadline = Date.now() + 60_000;
-      let base: string | undefined;
-      while (!(base = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(err)?.[1]) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-      expect(base, err).toBeDefined();
+      const base = await eventually('listening', async () => /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(err)?.[1], (v) => v !== undefined, 60_000, () => err);
       for (const path of ['/livez', '/readyz', '/metrics', '/v2/health/live']) await (await fetch(base + path, { headers: { 'x-request-id': `probe${path}` } })).text();
-      while (!out.includes('probe/v2/health/live') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      await eventually('the last probe\'s access line', async () => out, (o) => o.includes('probe/v2/health/live'));
       expect(jsonLines(out).map((l) => l.route)).toEqual(['/livez', '/readyz', '/metrics', '/v2/health/live']);
     } finally {
       probed.kill('SIGTERM');
