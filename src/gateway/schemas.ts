@@ -183,7 +183,7 @@ export type KServeInferRequest = z.infer<typeof KServeInferRequest>;
  * it in test/schemas.test.ts).
  */
 export function quickEmbedRequest(body: unknown): EmbedRequest | null {
-  const out = quickInputsBody(body, EMBED_FLAGS);
+  const out = quickInputsBody(body, EMBED_FLAGS, EMBED_FIELDS);
   if (out === null) return null;
   const type = (body as { embedding_type?: unknown }).embedding_type;
   if (type === undefined) return out as EmbedRequest;
@@ -193,22 +193,19 @@ export function quickEmbedRequest(body: unknown): EmbedRequest | null {
 }
 
 export function quickPredictRequest(body: unknown): PredictRequest | null {
-  return quickInputsBody(body, PREDICT_FLAGS) as PredictRequest | null;
+  return quickInputsBody(body, PREDICT_FLAGS, PREDICT_FIELDS) as PredictRequest | null;
 }
 
 const EMBED_FLAGS = ['normalize', 'truncate'] as const;
 const PREDICT_FLAGS = ['raw_scores', 'truncate'] as const;
 /** The fields the quick checks take (a body with any other goes to the schema, which refuses an unknown one). */
-const QUICK_FIELDS = new Map<readonly string[], ReadonlySet<string>>([
-  [EMBED_FLAGS, new Set([...EMBED_FLAGS, 'inputs', 'model', 'timeout', 'priority', 'embedding_type'])],
-  [PREDICT_FLAGS, new Set([...PREDICT_FLAGS, 'inputs', 'model', 'timeout', 'priority'])],
-]);
+const EMBED_FIELDS: ReadonlySet<string> = new Set([...EMBED_FLAGS, 'inputs', 'model', 'timeout', 'priority', 'embedding_type']);
+const PREDICT_FIELDS: ReadonlySet<string> = new Set([...PREDICT_FLAGS, 'inputs', 'model', 'timeout', 'priority']);
 
-function quickInputsBody(raw: unknown, flags: readonly string[]): Record<string, unknown> | null {
+function quickInputsBody(raw: unknown, flags: readonly string[], fields: ReadonlySet<string>): Record<string, unknown> | null {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
   const b = raw as Record<string, unknown>;
   if (!quickInputs(b.inputs)) return null;
-  const fields = QUICK_FIELDS.get(flags)!;
   for (const k in b) if (!fields.has(k)) return null;
   // Rare fields: the schema's, and its errors.
   if (b.prompt_name !== undefined || b.prompt !== undefined || b.truncation_direction !== undefined) return null;
