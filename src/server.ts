@@ -28,6 +28,7 @@ import { GATE_DEFAULTS } from './gateway/gate.js';
 import { WS_DEFAULTS } from './gateway/ws-options.js';
 import { INLINE_TOKENIZE_CHARS } from './core/infer.js';
 import type { LogLevel } from './gateway/log.js';
+import { quietListenSockets } from './accept-queue.js';
 import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
@@ -291,7 +292,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   });
   ready.catch(() => {}); // start-up failures surface through `ready`; close() still works
 
-  const close = () => (closing ??= drain(config, control, gateways, inference).then(() => log('slabserve: stopped')));
+  const close = () => (closing ??= drain(config, port, control, gateways, inference).then(() => log('slabserve: stopped')));
   return { port, url, ready, close, metricsJson, ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
 }
 
@@ -456,17 +457,23 @@ function gatewayWorkerData(
   };
 }
 
+/** The longest the drain waits for the kernel's accept queues to empty before closing the listen sockets (src/accept-queue.ts). */
+const ACCEPT_QUEUE_WAIT_MS = 1000;
+
 /**
  * The drain (docs/architecture.md, Draining): readiness off and every answer
  * closing its connection (the control block's draining flag), new connections
  * refused, requests in flight finished (up to drainTimeoutMs), idle keep-alive
  * connections given drainGraceMs, then every socket closed and the threads stopped.
  */
-async function drain(config: ServerConfig, control: ControlBlock, gateways: GatewaySupervisor, inference: InferenceSupervisor): Promise<void> {
+async function drain(config: ServerConfig, port: number, control: ControlBlock, gateways: GatewaySupervisor, inference: InferenceSupervisor): Promise<void> {
   control.draining = true; // /readyz 503, new requests 503, every answer Connection: close
   gateways.beginClose(); // a gateway that ends now is not replaced
   const deadline = Date.now() + config.drainTimeoutMs;
-  // New connections are refused from now on; the open ones are served until they close.
+  // New connections are refused from now on; the open ones are served until they close. The kernel
+  // first stops taking new ones and the gateways accept those it has queued: closing then resets none.
+  const queued = await quietListenSockets(port, { timeoutMs: Math.min(ACCEPT_QUEUE_WAIT_MS, deadline - Date.now()) });
+  if (queued.why) config.log(`slabserve: closing the listen sockets may reset queued connections: ${queued.why}`);
   await gateways.callAll('stopListening', undefined, 2000);
   // Twice idle in a row: a request that passed the readiness check just before draining began
   // may still be reading its body or tokenizing, not yet submitted, at the first look.

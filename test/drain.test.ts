@@ -1,13 +1,18 @@
 /**
- * SIGTERM under keep-alive load: the drain loses no request to a socket
- * error. 32 keep-alive clients (Node's fetch, as a user's would be) post
- * /embed in a loop; SIGTERM comes while they do. Every request must end in
- * an answer (200 for those the server had taken, 503 for those that came
+ * SIGTERM under load: the drain loses no request to a socket error. Clients
+ * post /embed in a loop; SIGTERM comes while they do. Every request must end
+ * in an answer (200 for those the server had taken, 503 for those that came
  * after the signal, each closing its connection) or in a refused connection
  * (the listen socket closed first); none may end in "other side closed",
  * ECONNRESET or EPIPE, which is what a connection closed under a request
- * looks like. Repeated, and in a cluster.
+ * looks like. Two loads: 32 keep-alive clients (Node's fetch, as a user's
+ * would be), and 8 that open a connection per request (Python's urllib) and
+ * so always have some in the listen socket's accept queue, where closing it
+ * would reset them (src/accept-queue.ts). Repeated, in one process and in a
+ * cluster of two.
  */
+import { spawn, spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { serveCli } from './cli-process.js';
 import { sleep } from './helpers.js';
@@ -64,10 +69,46 @@ function keepAliveLoad(port: number): { stop: () => Promise<Outcomes> } {
   };
 }
 
+const LOAD_SCRIPT = fileURLToPath(new URL('./fixtures/no-keepalive-load.py', import.meta.url));
+const python = spawnSync('python3', ['--version'], { stdio: 'ignore' }).status === 0;
+
+/** test/fixtures/no-keepalive-load.py: urllib clients, one connection per request, until `stop()`. */
+async function connectionPerRequestLoad(port: number): Promise<{ stop: () => Promise<Outcomes> }> {
+  const child = spawn('python3', [LOAD_SCRIPT, String(port), '8'], { stdio: ['pipe', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d));
+  child.stderr.on('data', (d: Buffer) => (stderr += d));
+  const exited = new Promise<number | null>((r) => child.on('exit', r));
+  await new Promise<void>((resolve, reject) => {
+    child.stdout.on('data', () => stdout.includes('started\n') && resolve());
+    void exited.then((code) => reject(new Error(`the load exited ${code}: ${stderr}`)));
+  });
+  return {
+    stop: async () => {
+      child.stdin.end();
+      const code = await exited;
+      if (code !== 0) throw new Error(`the load exited ${code}: ${stderr}`);
+      const counts = JSON.parse(stdout.trim().split('\n').pop()!) as Record<string, number>;
+      const out: Outcomes = { ok: 0, unavailable: 0, refused: 0, socketErrors: {}, other: {} };
+      for (const [k, n] of Object.entries(counts)) {
+        if (k === '200') out.ok += n;
+        else if (k === '503') out.unavailable += n;
+        else if (k === 'ConnectionRefusedError') out.refused += n;
+        else if (/Reset|BrokenPipe|RemoteDisconnected|Aborted/.test(k)) out.socketErrors[k] = n;
+        else out.other[k] = n;
+      }
+      return out;
+    },
+  };
+}
+
+type Load = (port: number) => { stop: () => Promise<Outcomes> } | Promise<{ stop: () => Promise<Outcomes> }>;
+
 /** One drain under load: the outcomes of every request, and the exit code. */
-async function drainUnderLoad(args: string[]): Promise<{ outcomes: Outcomes; code: number | null; stderr: string }> {
+async function drainUnderLoad(args: string[], startLoad: Load = keepAliveLoad): Promise<{ outcomes: Outcomes; code: number | null; stderr: string }> {
   const server = await serveCli(args);
-  const load = keepAliveLoad(server.port);
+  const load = await startLoad(server.port);
   await sleep(1500);
   server.kill('SIGTERM');
   const { code } = await server.exited;
@@ -96,4 +137,24 @@ describe('SIGTERM under keep-alive load', () => {
     expect(outcomes.socketErrors).toEqual({});
     expect(outcomes.other).toEqual({});
   }, 120_000);
+});
+
+describe.skipIf(!python)('SIGTERM under load from clients that open a connection per request', () => {
+  for (const [where, args] of [
+    ['one process', ['--gateway-threads', '2']],
+    ['a cluster of two processes', ['--processes', '2', '--gateway-threads', '1']],
+  ] as const) {
+    it(`${where}, three drains: every request answered or refused, none reset from the accept queue`, async () => {
+      for (let i = 0; i < 3; i++) {
+        const { outcomes, code, stderr } = await drainUnderLoad([...args], connectionPerRequestLoad);
+        console.log(`${where}, drain ${i + 1}: ${JSON.stringify(outcomes)}`);
+        expect(code, stderr.slice(-500)).toBe(0);
+        expect(stderr).not.toContain('may reset queued connections');
+        expect(outcomes.ok).toBeGreaterThan(0);
+        expect(outcomes.refused).toBeGreaterThan(0);
+        expect(outcomes.socketErrors).toEqual({});
+        expect(outcomes.other).toEqual({});
+      }
+    }, 240_000);
+  }
 });
