@@ -93,7 +93,10 @@ export function clusterRole(opts: ClusterOptions): 'primary' | 'worker' | null {
 }
 
 /** The processes to start: one per --devices entry, or --processes copies of --device (cpu when that is auto). */
-export function planProcesses(config: Pick<ServerConfig, 'device' | 'port' | 'gatewayThreads' | 'intraOpThreads'>, opts: ClusterOptions): Omit<ProcessPlan, 'port'>[] {
+export function planProcesses(config: Pick<ServerConfig, 'device' | 'port' | 'gatewayThreads' | 'intraOpThreads' | 'modelControlMode'>, opts: ClusterOptions): Omit<ProcessPlan, 'port'>[] {
+  if (config.modelControlMode === 'explicit') {
+    throw new ValidationError('--model-control-mode explicit does not go with --processes or --devices yet: each process would change only its own model set (docs/model-repository.md)');
+  }
   let devices: string[];
   if (opts.devices !== undefined) {
     if (opts.devices.length === 0) throw new ValidationError('--devices: expected a comma-separated list like cuda:0,cuda:1');
