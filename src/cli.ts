@@ -162,6 +162,7 @@ type ServeFlags = Omit<ServerConfig, 'models' | 'batching' | 'priorities' | 'wsI
   apiKey?: string[];
   apiKeyFile?: string;
   adminApiKey?: string[];
+  pinModel?: string[];
 };
 
 const D = SERVER_DEFAULTS;
@@ -174,6 +175,10 @@ program
   .addOption(flag('--model <name>', 'serve only this model: a name under --models-dir or a folder path (repeatable, or comma-separated; default: all)', 'MODEL', collect))
   .addOption(flag('--model-control-mode <mode>', "none: the model set is fixed at start; explicit: POST /v2/repository/models/{name}/load and /unload change it while serving (Triton's names): docs/model-repository.md", 'MODEL_CONTROL_MODE', undefined, D.modelControlMode).choices(MODEL_CONTROL_MODES as unknown as string[]))
   .addOption(flag('--lazy-load [bool]', 'with --model-control-mode explicit: a request naming a model of the repository that is not loaded loads it and waits for it within its deadline (concurrent first requests share one load)', 'LAZY_LOAD', bool, false).preset(true))
+  .addOption(flag('--max-loaded-models <n>', 'explicit mode: most models loaded at once; a load past it first unloads the least recently used idle one (503 when every one is busy or pinned)', 'MAX_LOADED_MODELS', int(1)))
+  .addOption(flag('--model-memory-mb <mib>', "explicit mode: most memory the loaded models take together (each one's footprint measured at its load); a load past it unloads the least recently used idle ones first", 'MODEL_MEMORY_MB', positive))
+  .addOption(flag('--model-idle-unload-s <s>', 'explicit mode: a model that served nothing for this long is unloaded', 'MODEL_IDLE_UNLOAD_S', positive))
+  .addOption(flag('--pin-model <name>', 'explicit mode: never unload this model for the budget or for idling (repeatable, or comma-separated)', 'PIN_MODEL', collect))
   .addOption(flag('--pooling <mode>', "pooling of every embedding model served, over its folder's (1_Pooling/config.json) and serve.json", 'POOLING').choices(POOLINGS as unknown as string[]))
   .addOption(flag('--dtype <dtype>', "which of a model folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8.onnx or model_quantized.onnx), auto (fp16 on CUDA where the folder has it, else fp32)", 'DTYPE').choices(DTYPES as unknown as string[]))
   .addOption(flag('--default-prompt-name <name>', "prompt put before every text whose request names none, by its name in the model's config_sentence_transformers.json (every embedding model served)", 'DEFAULT_PROMPT_NAME'))
@@ -225,7 +230,7 @@ program
   .addOption(flag('--log-probes [bool]', 'access lines for health probes (/livez, /readyz, /health, /v2/health/*) and /metrics scrapes too', 'LOG_PROBES', bool, false).preset(true))
   .addOption(flag('--log-level <level>', 'least level logged (JSON lines: events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
   .action(async (f: ServeFlags, cmd: Command) => {
-    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, adminApiKey, ...same } = f;
+    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, adminApiKey, pinModel, ...same } = f;
     const batching: ServerConfig['batching'] = {};
     if (maxBatchSize !== undefined) batching.maxBatchSize = maxBatchSize;
     if (maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = maxBatchDelayMs;
@@ -247,6 +252,7 @@ program
       wsIdleTimeoutSeconds: wsIdleTimeoutS,
       apiKeys: keys,
       ...(adminApiKey ? { adminApiKeys: adminApiKey } : {}),
+      ...(pinModel ? { pinModels: pinModel } : {}),
       accessLogFd: 1,
       log,
     };

@@ -13,10 +13,11 @@
  * requests that held them answered), and only then its session is released
  * and its slab forgotten. Operations on one name run one after another.
  */
-import { existsSync, realpathSync } from 'node:fs';
+import { existsSync, realpathSync, statSync } from 'node:fs';
 import { basename, isAbsolute, join, relative, resolve } from 'node:path';
 import { loadModelTokenizer } from './core/tokenizer.js';
 import type { ModelOpened } from './gpu-worker/worker.js';
+import { BudgetError, type ModelBudget } from './model-budget.js';
 import type { ModelSet } from './model-set.js';
 import { listModelDirs, isValidModelName, type ServeSettings } from './shared/model-config.js';
 import type { ModelPlan } from './shared/model-plan.js';
@@ -77,6 +78,19 @@ export interface RepositoryOptions {
   metrics?: RepositoryMetrics;
   /** A load may name a folder by its path, anywhere (the in-process engine, whose caller is the operator); never over HTTP. */
   paths?: boolean;
+  /** How many models, how much memory, how long idle (src/model-budget.ts); absent: no limits. */
+  budget?: ModelBudget;
+}
+
+/** Before a model is measured: its graph file and its slab. */
+function estimatedBytes(plan: ModelPlan): number {
+  let graph = 0;
+  try {
+    graph = statSync(plan.spec.onnxPath).size;
+  } catch {
+    // measured after its load, if it loads
+  }
+  return graph + plan.slab.byteLength;
 }
 
 /** How long a gateway may take to add a model (its tokenizer read) or drop one. */
@@ -104,6 +118,8 @@ export class ModelRepository {
   private readonly tails = new Map<string, Promise<unknown>>();
   /** The lazy load of each name under way (ensure()). */
   private readonly ensuring = new Map<string, Promise<void>>();
+  /** The tail of the loads that take room in the budget (withBudget). */
+  private budgetTail: Promise<void> = Promise.resolve();
   /** The last failed lazy load of each name: answered again for LAZY_RETRY_MS rather than tried again. */
   private readonly lazyFailures = new Map<string, { error: unknown; at: number }>();
   private nextId: number;
@@ -219,12 +235,14 @@ export class ModelRepository {
     try {
       plan = this.opts.plan(folder, this.nextId++, serve);
       await loadModelTokenizer(plan.spec); // a tokenizer.json that does not parse fails here, before any thread sees it
-      const opened = await this.opts.inference.addModel(plan);
-      this.opts.models.add(plan);
-      await this.opts.gateways.callEvery('addModel', plan, GATEWAY_RPC_MS);
-      const memoryBytes = opened.rssBytes + plan.slab.byteLength;
+      const p = plan;
+      // A new model counts against the budget: loads of new models take their room one at a time.
+      const opened = old || !this.opts.budget?.active ? await this.serve(p) : await this.withBudget(() => this.makeRoom(name, estimatedBytes(p)).then(() => this.serve(p)));
+      // Measured; an RSS delta lost in other threads' churn (0 or less) falls back to the estimate.
+      const memoryBytes = opened.rssBytes > 0 ? opened.rssBytes + plan.slab.byteLength : estimatedBytes(plan);
       Object.assign(entry, { state: 'READY', reason: '', generation: entry.generation + 1, dir: folder.dir, memoryBytes });
       this.opts.metrics?.loads.inc({ model: name, outcome: 'ok' });
+      this.opts.budget?.touch(name, this.opts.models.slab(plan.index)!);
       this.opts.metrics?.loadSeconds.observe({ model: name }, (performance.now() - started) / 1000);
       this.opts.log(`slabserve: model ${name} ${old ? 'reloaded' : 'loaded'} (id ${plan.index}, open ${Math.round(opened.openMs)} ms, warm-up ${Math.round(opened.warmUpMs)} ms)`);
     } catch (err) {
@@ -260,7 +278,7 @@ export class ModelRepository {
    * Frees a model no gateway finds any more (retired, or replaced by a reload): once its slots
    * have all come back, its session is released and its slab forgotten everywhere.
    */
-  private async retire(plan: ModelPlan, reason?: 'request' | 'reload'): Promise<void> {
+  private async retire(plan: ModelPlan, reason?: 'request' | 'reload' | 'budget' | 'idle'): Promise<void> {
     this.opts.models.retire(plan.index);
     await this.opts.gateways.callEvery('retireModel', plan.index, GATEWAY_RPC_MS); // no new request finds it
     const slab = this.opts.models.slab(plan.index);
@@ -282,6 +300,70 @@ export class ModelRepository {
     }
     this.opts.models.remove(plan.index);
     if (reason) this.opts.metrics?.unloads.inc({ model: plan.spec.name, reason });
+  }
+
+  /** Opens `plan` in the inference thread, then hands it to every gateway: from then on requests find it. */
+  private async serve(plan: ModelPlan): Promise<ModelOpened> {
+    const opened = await this.opts.inference.addModel(plan);
+    this.opts.models.add(plan);
+    await this.opts.gateways.callEvery('addModel', plan, GATEWAY_RPC_MS);
+    return opened;
+  }
+
+  /** Runs `f` alone among the loads that take room in the budget (two loads never count the same room). */
+  private withBudget<T>(f: () => Promise<T>): Promise<T> {
+    const run = this.budgetTail.then(f, f);
+    this.budgetTail = run.then(
+      () => {},
+      () => {},
+    );
+    return run;
+  }
+
+  /** Unloads what the budget says must go for `name` to fit (least recently used first); a 503 when nothing can. */
+  private async makeRoom(name: string, bytes: number): Promise<void> {
+    const budget = this.opts.budget;
+    if (!budget?.active) return;
+    const loaded = this.opts.models.serving().flatMap((p) => {
+      const e = this.entries.get(p.spec.name);
+      if (p.spec.name === name || e?.state !== 'READY') return [];
+      return [{ name: p.spec.name, slab: this.opts.models.slab(p.index)!, memoryBytes: e.memoryBytes ?? estimatedBytes(p) }];
+    });
+    let victims;
+    try {
+      victims = budget.makeRoom(loaded, { name, memoryBytes: bytes });
+    } catch (err) {
+      if (err instanceof BudgetError) throw new SlabserveError(err.message, 'SLABSERVE_MODEL_BUDGET', 'unavailable');
+      throw err;
+    }
+    for (const v of victims) await this.evict(v.name, 'budget');
+  }
+
+  /** Unloads a READY model for the budget or for idling, outside its name's queue (a load of another waits for it). */
+  private async evict(name: string, reason: 'budget' | 'idle'): Promise<void> {
+    const entry = this.entries.get(name);
+    const plan = this.opts.models.byName(name);
+    if (!entry || !plan || entry.state !== 'READY') return;
+    entry.state = 'UNLOADING';
+    this.opts.models.retire(plan.index);
+    await this.opts.gateways.callEvery('retireModel', plan.index, GATEWAY_RPC_MS);
+    await this.opts.onChange();
+    await this.retire(plan, reason);
+    Object.assign(entry, { state: 'UNAVAILABLE', reason: `unloaded: ${reason === 'idle' ? `idle for --model-idle-unload-s ${this.opts.budget!.opts.idleUnloadS}` : 'to make room for another (the budget)'}`, memoryBytes: null });
+    this.opts.budget?.forget(name);
+    this.opts.log(`slabserve: model ${name} unloaded (${reason})`);
+  }
+
+  /** Unloads the models idle past --model-idle-unload-s (the server calls it every second). */
+  async unloadIdle(): Promise<void> {
+    const budget = this.opts.budget;
+    if (budget?.opts.idleUnloadS === undefined) return;
+    const loaded = this.opts.models.serving().flatMap((p) => {
+      const name = p.spec.name;
+      if (this.entries.get(name)?.state !== 'READY' || this.tails.has(name)) return []; // an operation on it is under way
+      return [{ name, slab: this.opts.models.slab(p.index)!, memoryBytes: 0 }];
+    });
+    for (const m of budget.idle(loaded)) await this.evict(m.name, 'idle');
   }
 
   private knows(name: string): boolean {

@@ -37,6 +37,7 @@ import { GatewaySupervisor } from './gateway-host.js';
 import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
 import { ModelRepository, type ModelControlMode, type RepositoryOp } from './model-repository.js';
 import { ModelSet } from './model-set.js';
+import { ModelBudget } from './model-budget.js';
 import { loadModels, packageRoot, planModel } from './model-plans.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { nowMs } from './shared/clock.js';
@@ -107,6 +108,11 @@ export interface ServerConfig extends ModelOptions {
   modelControlMode?: ModelControlMode;
   /** A request naming a model of the repository that is not loaded loads it, within its deadline (--lazy-load; explicit mode only). */
   lazyLoad?: boolean;
+  /** The model budget (explicit mode only; src/model-budget.ts): --max-loaded-models, --model-memory-mb, --model-idle-unload-s, --pin-model. */
+  maxLoadedModels?: number;
+  modelMemoryMb?: number;
+  modelIdleUnloadS?: number;
+  pinModels?: string[];
   /** Replaces this process's repository operations (a cluster worker asks its primary, which applies them to every process). */
   repository?: (op: unknown) => Promise<unknown>;
   /** API keys: every route but health (and /metrics, unless metricsAuth) needs `Authorization: Bearer <key>` (--api-key, --api-key-file); none: open. */
@@ -236,7 +242,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   // An operator's mistakes, before any thread starts: a taken port, a device this machine lacks.
   if (config.port !== 0 && !config.sharedPort) await ensurePortFree(config.host, config.port);
   checkDevice(config.device);
-  if (config.lazyLoad && config.modelControlMode !== 'explicit') throw new ValidationError('--lazy-load needs --model-control-mode explicit (a lazy load changes the model set)');
+  checkRepositoryFlags(config);
   const owners = 1 + config.gatewayThreads; // owner 0 is this thread
   const planning = { batching: config.batching, overrides: modelOverrides(config), warn: log, slotsPerModel: config.slotsPerModel, owners };
   const plans = loadModels({
@@ -286,7 +292,15 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     log,
     drainTimeoutMs: config.requestTimeoutMs + 1000,
     metrics: repositoryMetrics(registry, { loaded: () => repository.loaded(), known: () => repository.known() }),
+    budget: new ModelBudget({
+      ...(config.maxLoadedModels !== undefined ? { maxLoadedModels: config.maxLoadedModels } : {}),
+      ...(config.modelMemoryMb !== undefined ? { modelMemoryMb: config.modelMemoryMb } : {}),
+      ...(config.modelIdleUnloadS !== undefined ? { idleUnloadS: config.modelIdleUnloadS } : {}),
+      pinned: config.pinModels ?? [],
+    }),
   });
+  const idleTimer = config.modelIdleUnloadS !== undefined ? setInterval(() => void repository.unloadIdle().catch((err: Error) => log(`slabserve: idle unload: ${err.message}`)), IDLE_CHECK_MS) : undefined;
+  idleTimer?.unref();
   const gateways: GatewaySupervisor = new GatewaySupervisor({
     data: gatewayWorkerData(config, control, owners, cache),
     models,
@@ -323,7 +337,10 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   });
   ready.catch(() => {}); // start-up failures surface through `ready`; close() still works
 
-  const close = () => (closing ??= drain(config, port, control, gateways, inference).then(() => log('slabserve: stopped')));
+  const close = () => {
+    clearInterval(idleTimer);
+    return (closing ??= drain(config, port, control, gateways, inference).then(() => log('slabserve: stopped')));
+  };
   return { port, url, ready, close, metricsJson, ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
 }
 
@@ -483,6 +500,24 @@ function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: 
     ...(config.lazyLoad ? { lazyLoad: true } : {}),
     log: { level: config.logLevel ?? 'info', probes: config.logProbes ?? false, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
   };
+}
+
+/** How often models idle past --model-idle-unload-s are looked for. */
+const IDLE_CHECK_MS = 1000;
+
+/** The repository's flags that need --model-control-mode explicit (they change the model set), checked before any thread starts. */
+function checkRepositoryFlags(config: ServerConfig): void {
+  if (config.modelControlMode === 'explicit') return;
+  const given = (
+    [
+      ['--lazy-load', config.lazyLoad === true],
+      ['--max-loaded-models', config.maxLoadedModels !== undefined],
+      ['--model-memory-mb', config.modelMemoryMb !== undefined],
+      ['--model-idle-unload-s', config.modelIdleUnloadS !== undefined],
+      ['--pin-model', (config.pinModels?.length ?? 0) > 0],
+    ] as const
+  ).filter(([, on]) => on);
+  if (given.length > 0) throw new ValidationError(`${given.map(([f]) => f).join(', ')} need${given.length === 1 ? 's' : ''} --model-control-mode explicit (they change the model set)`);
 }
 
 /** The longest the drain waits for the kernel's accept queues to empty before closing the listen sockets (src/accept-queue.ts). */

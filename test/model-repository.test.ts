@@ -312,6 +312,75 @@ describe('--lazy-load', () => {
   });
 });
 
+describe('the budget: --max-loaded-models, --pin-model, --model-idle-unload-s', () => {
+  const loadedNames = async (port: number) => (await index(port)).filter((e) => e.state === 'READY').map((e) => e.name);
+
+  it('a load past --max-loaded-models unloads the least recently used idle model; with every model busy it is a 503 and nothing is unloaded', async () => {
+    process.env[TEST_HOOKS_ENV] = '1';
+    const server = await startServer(testServerConfig({ modelsDir: repo, models: ['tiny-embed'], modelControlMode: 'explicit', maxLoadedModels: 2 }));
+    delete process.env[TEST_HOOKS_ENV];
+    try {
+      await server.ready;
+      expect((await post(server.port, '/v2/repository/models/tiny-intent/load')).status).toBe(200);
+      expect((await post(server.port, '/embed', { inputs: 'tiny-embed is the one used last', model: 'tiny-embed' })).status).toBe(200);
+      expect((await post(server.port, '/v2/repository/models/swap/load')).status).toBe(200);
+      expect(await loadedNames(server.port)).toEqual(['swap', 'tiny-embed']);
+      expect((await stateOf(server.port, 'tiny-intent'))?.reason).toMatch(/budget/);
+      const metrics = await (await fetch(`http://127.0.0.1:${server.port}/metrics`)).text();
+      expect(metrics).toContain('slabserve_model_unloads_total{model="tiny-intent",reason="budget"} 1');
+
+      // Both loaded models hold a request (queued behind the held inference loop): neither may go.
+      const hooks = server.testHooks!;
+      await hooks.holdInference();
+      const held = [post(server.port, '/embed', { inputs: 'held', model: 'tiny-embed' }), post(server.port, '/embed', { inputs: 'held', model: 'swap' })];
+      for (const m of ['tiny-embed', 'swap']) for (let i = 0; i < 200 && hooks.inputsWaiting(m) === 0; i++) await sleep(10);
+      const refused = await post(server.port, '/v2/repository/models/tiny-intent/load');
+      hooks.releaseInference();
+      expect(refused.status).toBe(503);
+      expect(refused.body.error).toMatch(/--max-loaded-models 2 are loaded, and every one of them is busy/);
+      expect((await Promise.all(held)).map((r) => r.status)).toEqual([200, 200]);
+      expect(await loadedNames(server.port)).toEqual(['swap', 'tiny-embed']);
+    } finally {
+      await server.close();
+    }
+  }, 90_000);
+
+  it('a pinned model is never unloaded, by the budget or for idling; an idle one is, after --model-idle-unload-s', async () => {
+    const server = await startServer(testServerConfig({ modelsDir: repo, models: ['tiny-embed'], modelControlMode: 'explicit', maxLoadedModels: 2, pinModels: ['tiny-embed'], modelIdleUnloadS: 1 }));
+    try {
+      await server.ready;
+      expect((await post(server.port, '/v2/repository/models/tiny-intent/load')).status).toBe(200);
+      const loadedAt = Date.now();
+      // tiny-intent idles: unloaded after about a second; tiny-embed idles too but is pinned.
+      for (let i = 0; i < 300 && (await stateOf(server.port, 'tiny-intent'))?.state === 'READY'; i++) await sleep(20);
+      expect(await stateOf(server.port, 'tiny-intent')).toMatchObject({ state: 'UNAVAILABLE', reason: 'unloaded: idle for --model-idle-unload-s 1' });
+      expect(Date.now() - loadedAt).toBeGreaterThanOrEqual(1000);
+      expect(await loadedNames(server.port)).toEqual(['tiny-embed']);
+      // Two loads: the second must make room, and only tiny-intent (not pinned) can give it.
+      expect((await post(server.port, '/v2/repository/models/tiny-intent/load')).status).toBe(200);
+      expect((await post(server.port, '/v2/repository/models/swap/load')).status).toBe(200);
+      expect(await loadedNames(server.port)).toEqual(['swap', 'tiny-embed']);
+    } finally {
+      await server.close();
+    }
+    const onlyPinned = await startServer(testServerConfig({ modelsDir: repo, models: ['tiny-embed'], modelControlMode: 'explicit', maxLoadedModels: 1, pinModels: ['tiny-embed'] }));
+    try {
+      await onlyPinned.ready;
+      const r = await post(onlyPinned.port, '/v2/repository/models/tiny-intent/load');
+      expect(r.status).toBe(503);
+      expect(r.body.error).toMatch(/busy \(holds a request\) or pinned/);
+    } finally {
+      await onlyPinned.close();
+    }
+  }, 90_000);
+
+  it('the budget flags are refused at start without --model-control-mode explicit', async () => {
+    await expect(startServer(testServerConfig({ modelsDir: repo, models: ['tiny-embed'], maxLoadedModels: 2, pinModels: ['x'] }))).rejects.toThrow(
+      '--max-loaded-models, --pin-model need --model-control-mode explicit',
+    );
+  });
+});
+
 describe('keys: --api-key, and --admin-api-key for the repository routes', () => {
   it('the routes need a key as inference does; with admin keys only those open them', async () => {
     const key = 'inference-key-0123456789';

@@ -349,7 +349,7 @@ export function repositoryMetrics(registry: Registry, state: { loaded(): { name:
     }),
     unloads: new Counter({
       name: 'slabserve_model_unloads_total',
-      help: 'Model versions unloaded, by reason: request (an unload), reload (the version a reload replaced).',
+      help: 'Model versions unloaded, by reason: request (an unload), reload (the version a reload replaced), budget (to make room for a load), idle (past --model-idle-unload-s).',
       labelNames: ['model', 'reason'] as const,
       registers,
     }),
