@@ -35,7 +35,7 @@ import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
 import { GatewaySupervisor } from './gateway-host.js';
 import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
-import { ModelRepository, type ModelControlMode, type RepositoryOp } from './model-repository.js';
+import { ModelRepository, type ModelControlMode, type RepositoryAnswer, type RepositoryOp } from './model-repository.js';
 import { ModelSet } from './model-set.js';
 import { ModelBudget } from './model-budget.js';
 import { loadModels, packageRoot, planModel } from './model-plans.js';
@@ -186,6 +186,8 @@ export interface Server {
   close(): Promise<void>;
   /** This process's metrics, every thread merged, as prom-client JSON (what /metrics shows without `scrape`). */
   metricsJson(): Promise<MetricsJson>;
+  /** This process's own model repository (a cluster's primary applies an operation to each process through it). */
+  repository(op: RepositoryOp): Promise<RepositoryAnswer>;
   /** Present only when the server was started with SLABSERVE_TEST_HOOKS=1 in the environment. */
   readonly testHooks?: ServerTestHooks;
 }
@@ -341,7 +343,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     clearInterval(idleTimer);
     return (closing ??= drain(config, port, control, gateways, inference).then(() => log('slabserve: stopped')));
   };
-  return { port, url, ready, close, metricsJson, ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
+  return { port, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
 }
 
 /**
