@@ -1495,7 +1495,7 @@ describe('fuzz: slot state machine (model-based, one thread)', () => {
     });
     await check(
       'slot state machine',
-      fc.record({ slots: fc.integer({ min: 2, max: 6 }), maxBatchSize: fc.integer({ min: 1, max: 4 }), maxInflight: fc.integer({ min: 1, max: 2 }), cmds: fc.commands(commands, { maxCommands: 50 }) }),
+      fc.record({ slots: fc.integer({ min: 2, max: 6 }), maxBatchSize: fc.integer({ min: 1, max: 4 }), maxInflight: fc.integer({ min: 1, max: 2 }), cmds: fc.commands(commands, { maxCommands: 50, size: 'max' }) }),
       150,
       async ({ slots, maxBatchSize, maxInflight, cmds }) => {
         const rig = new SlotRig(slots, maxBatchSize, maxInflight);
