@@ -67,7 +67,8 @@ function positive(value: string): number {
 }
 
 /** true/false, yes/no, on/off, 1/0 (an option like --metrics-auth, whose variable may say "false"). */
-function bool(value: string): boolean {
+function bool(value: string | boolean): boolean {
+  if (typeof value === 'boolean') return value; // a bare flag: commander passes its preset through the parser
   const v = value.trim().toLowerCase();
   if (['true', 'yes', 'on', '1'].includes(v)) return true;
   if (['false', 'no', 'off', '0', ''].includes(v)) return false;
@@ -163,7 +164,16 @@ type ServeFlags = Omit<ServerConfig, 'models' | 'batching' | 'priorities' | 'wsI
   apiKeyFile?: string;
   adminApiKey?: string[];
   pinModel?: string[];
+  loadModel?: string[];
 };
+
+/** The models to load at start: --model's, or in explicit mode --load-model's (Triton's name; `*`: all); undefined: all. */
+function modelsAtStart(model: string[] | undefined, loadModel: string[] | undefined, mode: string | undefined): string[] | undefined {
+  if (loadModel === undefined) return model;
+  if (mode !== 'explicit') throw new ValidationError('--load-model names the models loaded at start with --model-control-mode explicit; without it, use --model');
+  if (model !== undefined) throw new ValidationError('--model and --load-model both name the models loaded at start: give one');
+  return loadModel.includes('*') ? undefined : loadModel;
+}
 
 const D = SERVER_DEFAULTS;
 program
@@ -174,6 +184,7 @@ program
   .addOption(flag('--models-dir <dir>', 'model repository folder (default: the package models/)', 'MODELS_DIR'))
   .addOption(flag('--model <name>', 'serve only this model: a name under --models-dir or a folder path (repeatable, or comma-separated; default: all)', 'MODEL', collect))
   .addOption(flag('--model-control-mode <mode>', "none: the model set is fixed at start; explicit: POST /v2/repository/models/{name}/load and /unload change it while serving (Triton's names): docs/model-repository.md", 'MODEL_CONTROL_MODE', undefined, D.modelControlMode).choices(MODEL_CONTROL_MODES as unknown as string[]))
+  .addOption(flag('--load-model <name>', "with --model-control-mode explicit: the models loaded at start, by name (repeatable, or comma-separated; * for all; default all): Triton's name for --model", 'LOAD_MODEL', collect))
   .addOption(flag('--lazy-load [bool]', 'with --model-control-mode explicit: a request naming a model of the repository that is not loaded loads it and waits for it within its deadline (concurrent first requests share one load)', 'LAZY_LOAD', bool, false).preset(true))
   .addOption(flag('--max-loaded-models <n>', 'explicit mode: most models loaded at once; a load past it first unloads the least recently used idle one (503 when every one is busy or pinned)', 'MAX_LOADED_MODELS', int(1)))
   .addOption(flag('--model-memory-mb <mib>', "explicit mode: most memory the loaded models take together (each one's footprint measured at its load); a load past it unloads the least recently used idle ones first", 'MODEL_MEMORY_MB', positive))
@@ -230,7 +241,7 @@ program
   .addOption(flag('--log-probes [bool]', 'access lines for health probes (/livez, /readyz, /health, /v2/health/*) and /metrics scrapes too', 'LOG_PROBES', bool, false).preset(true))
   .addOption(flag('--log-level <level>', 'least level logged (JSON lines: events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
   .action(async (f: ServeFlags, cmd: Command) => {
-    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, adminApiKey, pinModel, ...same } = f;
+    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, adminApiKey, pinModel, loadModel, ...same } = f;
     const batching: ServerConfig['batching'] = {};
     if (maxBatchSize !== undefined) batching.maxBatchSize = maxBatchSize;
     if (maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = maxBatchDelayMs;
@@ -244,9 +255,10 @@ program
     const log = (line: string) => (line.charCodeAt(0) === 123 ? stderr.write(line + '\n') : events.info(line));
     const keys = apiKeys(apiKey, apiKeyFile);
     if ([...keys, ...(adminApiKey ?? [])].some((k) => k.length < 16)) events.warn('an API key shorter than 16 characters can be guessed: use long random keys (openssl rand -hex 32)');
+    const startModels = modelsAtStart(model, loadModel, same.modelControlMode);
     const config: ServerConfig = {
       ...same,
-      ...(model ? { models: model } : {}),
+      ...(startModels ? { models: startModels } : {}),
       batching,
       priorities: priorityWeights,
       wsIdleTimeoutSeconds: wsIdleTimeoutS,

@@ -238,8 +238,9 @@ export class ModelRepository {
       const p = plan;
       // A new model counts against the budget: loads of new models take their room one at a time.
       const opened = old || !this.opts.budget?.active ? await this.serve(p) : await this.withBudget(() => this.makeRoom(name, estimatedBytes(p)).then(() => this.serve(p)));
-      // Measured; an RSS delta lost in other threads' churn (0 or less) falls back to the estimate.
-      const memoryBytes = opened.rssBytes > 0 ? opened.rssBytes + plan.slab.byteLength : estimatedBytes(plan);
+      // Measured (host and, on CUDA, device memory); an RSS delta lost in other threads' churn (0 or less) falls back to the estimate.
+      const measured = opened.rssBytes + Math.max(0, opened.deviceBytes ?? 0);
+      const memoryBytes = opened.rssBytes > 0 ? measured + plan.slab.byteLength : estimatedBytes(plan);
       Object.assign(entry, { state: 'READY', reason: '', generation: entry.generation + 1, dir: folder.dir, memoryBytes });
       this.opts.metrics?.loads.inc({ model: name, outcome: 'ok' });
       this.opts.budget?.touch(name, this.opts.models.slab(plan.index)!);

@@ -13,7 +13,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js
 import { writePreset } from '../dist/src/modelgen/presets.js';
 import { createEngine } from '../dist/src/engine.js';
 import { startServer, TEST_HOOKS_ENV, type Server } from '../dist/src/server.js';
-import { makeRandom, maxAbsDiff, PlainReference, randomTexts, sleep, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
+import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, sleep, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 
 const TOLERANCE = 1e-5;
 
@@ -97,7 +97,7 @@ describe('--model-control-mode explicit', () => {
     expect((await post(server.port, '/v2/repository/index', { ready: true })).body.map((e: { name: string }) => e.name)).toEqual(['tiny-embed']);
   });
 
-  it('loads and unloads a model while 32 clients keep another busy: every answer of theirs 200; the loaded one answers as its graph does, on every route, then 404 once unloaded', async () => {
+  it('loads, reloads and unloads a model while 32 clients keep another busy: every answer of theirs 200; the loaded one answers as its graph does, on every route, then 404 once unloaded', async () => {
     const load = busy(server.port, 'tiny-embed', texts);
     await sleep(300);
     const loaded = await post(server.port, '/v2/repository/models/tiny-intent/load');
@@ -121,6 +121,8 @@ describe('--model-control-mode explicit', () => {
     const ws = await wsRequest(server.port, { id: 'w', op: 'predict', inputs: texts[0], model: 'tiny-intent' });
     expect(ws.id).toBe('w');
     expect(ws.error).toBeUndefined();
+    expect(await post(server.port, '/v2/repository/models/tiny-intent/load')).toEqual({ status: 200, body: {} }); // a reload
+    expect(await stateOf(server.port, 'tiny-intent')).toEqual({ name: 'tiny-intent', version: '2', state: 'READY', reason: '' });
 
     expect(await post(server.port, '/v2/repository/models/tiny-intent/unload')).toEqual({ status: 200, body: {} });
     const gone = await post(server.port, '/predict', { inputs: 'hello', model: 'tiny-intent' });
@@ -131,11 +133,12 @@ describe('--model-control-mode explicit', () => {
     expect(await stateOf(server.port, 'tiny-intent')).toMatchObject({ state: 'UNAVAILABLE', reason: 'unloaded' });
     expect((await get(server.port, '/v1/models')).body.data.map((m: { id: string }) => m.id)).toEqual(['tiny-embed']);
     const metrics = await (await fetch(`http://127.0.0.1:${server.port}/metrics`)).text();
-    expect(metrics).toContain('slabserve_model_loads_total{model="tiny-intent",outcome="ok"} 1');
+    expect(metrics).toContain('slabserve_model_loads_total{model="tiny-intent",outcome="ok"} 2');
+    expect(metrics).toContain('slabserve_model_unloads_total{model="tiny-intent",reason="reload"} 1');
     expect(metrics).toContain('slabserve_model_unloads_total{model="tiny-intent",reason="request"} 1');
     expect(metrics).toContain('slabserve_model_loaded{model="tiny-intent"} 0');
     expect(metrics).toContain('slabserve_model_loaded{model="tiny-embed"} 1');
-    expect(metrics).toMatch(/slabserve_model_load_seconds_count\{model="tiny-intent"\} 1/);
+    expect(metrics).toMatch(/slabserve_model_load_seconds_count\{model="tiny-intent"\} 2/);
     const statuses = await load.stop();
     console.log(`busy model during load and unload: ${JSON.stringify(statuses)}`);
     expect(Object.keys(statuses)).toEqual(['200']);
@@ -352,7 +355,7 @@ describe('the budget: --max-loaded-models, --pin-model, --model-idle-unload-s', 
       expect((await post(server.port, '/v2/repository/models/tiny-intent/load')).status).toBe(200);
       const loadedAt = Date.now();
       // tiny-intent idles: unloaded after about a second; tiny-embed idles too but is pinned.
-      for (let i = 0; i < 300 && (await stateOf(server.port, 'tiny-intent'))?.state === 'READY'; i++) await sleep(20);
+      await eventually('tiny-intent unloaded', () => stateOf(server.port, 'tiny-intent'), (e) => e?.state === 'UNAVAILABLE', 10_000);
       expect(await stateOf(server.port, 'tiny-intent')).toMatchObject({ state: 'UNAVAILABLE', reason: 'unloaded: idle for --model-idle-unload-s 1' });
       expect(Date.now() - loadedAt).toBeGreaterThanOrEqual(1000);
       expect(await loadedNames(server.port)).toEqual(['tiny-embed']);

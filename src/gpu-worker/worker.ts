@@ -73,6 +73,8 @@ export interface ModelOpened {
   warmUpMs: number;
   /** Resident memory of the process after the warm-up minus before the session was created (other threads' churn included). */
   rssBytes: number;
+  /** On CUDA: device memory in use after the warm-up minus before (nvidia-smi; other processes' included); null elsewhere. */
+  deviceBytes: number | null;
 }
 
 /** What a test may do to an inference thread (SLABSERVE_TEST_HOOKS=1 only). */
@@ -216,6 +218,8 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
     addModel: async (arg) => {
       const model = arg as WorkerModel;
       if (served.has(model.id)) throw new Error(`model ${model.id} is served already`);
+      const deviceUsed = () => (device.kind === 'cuda' ? (describeCuda(device.id).memoryUsedBytes ?? null) : null);
+      const deviceBefore = deviceUsed();
       const rssBefore = process.memoryUsage.rss();
       const started = performance.now();
       const opened = await openModel(model, device);
@@ -227,7 +231,9 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
         await opened.runner.release();
         throw err;
       }
-      return { openMs, warmUpMs, rssBytes: process.memoryUsage.rss() - rssBefore } satisfies ModelOpened;
+      const deviceAfter = deviceUsed();
+      const deviceBytes = deviceBefore !== null && deviceAfter !== null ? deviceAfter - deviceBefore : null;
+      return { openMs, warmUpMs, rssBytes: process.memoryUsage.rss() - rssBefore, deviceBytes } satisfies ModelOpened;
     },
     removeModel: async (arg) => {
       const id = arg as number;
