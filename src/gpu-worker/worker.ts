@@ -35,6 +35,7 @@ import { currentThreadId, lowerThreadPriority, nameThread, threadsNamed } from '
 import { cudaMissing, cudaUnavailableMessage, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
 import { InferenceHold } from './hold.js';
 import { IDLE_WAKE_MS, InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
+import { trimHeap } from './memory-trim.js';
 import { ModelRunner } from './runner.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
@@ -242,6 +243,7 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       loop.removeModel(id);
       served.delete(id);
       await s.runner.release();
+      trimHeap(); // the session's memory back to the system, not kept in malloc's free lists
     },
   };
 }
