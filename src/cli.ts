@@ -18,6 +18,7 @@ import { InputTooLongError, SlabserveError, ValidationError } from './shared/err
 import { VERSION } from './version.js';
 import { defaultBuckets, PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 import { DTYPES, POOLINGS } from './shared/model-config.js';
+import { MODEL_CONTROL_MODES } from './model-repository.js';
 
 /** An integer option parser with a clear message on bad values. */
 function int(min: number, max = Infinity) {
@@ -66,7 +67,8 @@ function positive(value: string): number {
 }
 
 /** true/false, yes/no, on/off, 1/0 (an option like --metrics-auth, whose variable may say "false"). */
-function bool(value: string): boolean {
+function bool(value: string | boolean): boolean {
+  if (typeof value === 'boolean') return value; // a bare flag: commander passes its preset through the parser
   const v = value.trim().toLowerCase();
   if (['true', 'yes', 'on', '1'].includes(v)) return true;
   if (['false', 'no', 'off', '0', ''].includes(v)) return false;
@@ -160,7 +162,18 @@ type ServeFlags = Omit<ServerConfig, 'models' | 'batching' | 'priorities' | 'wsI
   devices?: string[];
   apiKey?: string[];
   apiKeyFile?: string;
+  adminApiKey?: string[];
+  pinModel?: string[];
+  loadModel?: string[];
 };
+
+/** The models to load at start: --model's, or in explicit mode --load-model's (Triton's name; `*`: all); undefined: all. */
+function modelsAtStart(model: string[] | undefined, loadModel: string[] | undefined, mode: string | undefined): string[] | undefined {
+  if (loadModel === undefined) return model;
+  if (mode !== 'explicit') throw new ValidationError('--load-model names the models loaded at start with --model-control-mode explicit; without it, use --model');
+  if (model !== undefined) throw new ValidationError('--model and --load-model both name the models loaded at start: give one');
+  return loadModel.includes('*') ? undefined : loadModel;
+}
 
 const D = SERVER_DEFAULTS;
 program
@@ -170,6 +183,13 @@ program
   .addOption(flag('--port <port>', 'port to listen on (0: any free port)', 'PORT', int(0), D.port))
   .addOption(flag('--models-dir <dir>', 'model repository folder (default: the package models/)', 'MODELS_DIR'))
   .addOption(flag('--model <name>', 'serve only this model: a name under --models-dir or a folder path (repeatable, or comma-separated; default: all)', 'MODEL', collect))
+  .addOption(flag('--model-control-mode <mode>', "none: the model set is fixed at start; explicit: POST /v2/repository/models/{name}/load and /unload change it while serving (Triton's names): docs/model-repository.md", 'MODEL_CONTROL_MODE', undefined, D.modelControlMode).choices(MODEL_CONTROL_MODES as unknown as string[]))
+  .addOption(flag('--load-model <name>', "with --model-control-mode explicit: the models loaded at start, by name (repeatable, or comma-separated; * for all; default all): Triton's name for --model", 'LOAD_MODEL', collect))
+  .addOption(flag('--lazy-load [bool]', 'with --model-control-mode explicit: a request naming a model of the repository that is not loaded loads it and waits for it within its deadline (concurrent first requests share one load)', 'LAZY_LOAD', bool, false).preset(true))
+  .addOption(flag('--max-loaded-models <n>', 'explicit mode: most models loaded at once; a load past it first unloads the least recently used idle one (503 when every one is busy or pinned)', 'MAX_LOADED_MODELS', int(1)))
+  .addOption(flag('--model-memory-mb <mib>', "explicit mode: most memory the loaded models take together (each one's footprint measured at its load); a load past it unloads the least recently used idle ones first", 'MODEL_MEMORY_MB', positive))
+  .addOption(flag('--model-idle-unload-s <s>', 'explicit mode: a model that served nothing for this long is unloaded', 'MODEL_IDLE_UNLOAD_S', positive))
+  .addOption(flag('--pin-model <name>', 'explicit mode: never unload this model for the budget or for idling (repeatable, or comma-separated)', 'PIN_MODEL', collect))
   .addOption(flag('--pooling <mode>', "pooling of every embedding model served, over its folder's (1_Pooling/config.json) and serve.json", 'POOLING').choices(POOLINGS as unknown as string[]))
   .addOption(flag('--dtype <dtype>', "which of a model folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8.onnx or model_quantized.onnx), auto (fp16 on CUDA where the folder has it, else fp32)", 'DTYPE').choices(DTYPES as unknown as string[]))
   .addOption(flag('--default-prompt-name <name>', "prompt put before every text whose request names none, by its name in the model's config_sentence_transformers.json (every embedding model served)", 'DEFAULT_PROMPT_NAME'))
@@ -210,6 +230,7 @@ program
   .addOption(flag('--slo-p99-ms <ms>', 'latency target: the batch window adapts to keep P99 under it, and admission sheds what cannot meet it (default: fixed --max-batch-delay-ms)', 'SLO_P99_MS', positive))
   .addOption(flag('--cache-mb <mib>', 'MiB of finished rows kept in shared memory, answered again by the gateway without a slot or the device (0: off): docs/cache.md', 'CACHE_MB', nonNegative, D.cacheMb))
   .addOption(flag('--api-key <key>', 'require this API key as "Authorization: Bearer <key>" on every route but health (and /metrics); repeatable or comma-separated; prefer the variable or --api-key-file (a flag shows in ps): docs/security.md', 'API_KEY', collect))
+  .addOption(flag('--admin-api-key <key>', "the model repository's routes (/v2/repository/...) need one of these keys instead of an --api-key; repeatable or comma-separated: docs/model-repository.md", 'ADMIN_API_KEY', collect))
   .addOption(flag('--api-key-file <path>', 'require one of the API keys in this file (one a line, # comments)', 'API_KEY_FILE'))
   .addOption(flag('--metrics-auth [bool]', '/metrics needs an API key too', 'METRICS_AUTH', bool, D.metricsAuth).preset(true))
   .addOption(flag('--max-connections <n>', 'most connections per gateway thread: open WebSockets plus HTTP connections with a request in progress; past it 503', 'MAX_CONNECTIONS', int(1), D.maxConnections))
@@ -220,7 +241,7 @@ program
   .addOption(flag('--log-probes [bool]', 'access lines for health probes (/livez, /readyz, /health, /v2/health/*) and /metrics scrapes too', 'LOG_PROBES', bool, false).preset(true))
   .addOption(flag('--log-level <level>', 'least level logged (JSON lines: events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
   .action(async (f: ServeFlags, cmd: Command) => {
-    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, ...same } = f;
+    const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, adminApiKey, pinModel, loadModel, ...same } = f;
     const batching: ServerConfig['batching'] = {};
     if (maxBatchSize !== undefined) batching.maxBatchSize = maxBatchSize;
     if (maxBatchDelayMs !== undefined) batching.maxBatchDelayMs = maxBatchDelayMs;
@@ -233,14 +254,17 @@ program
     const events = createLogger(same.logLevel ?? D.logLevel, 'main', { stream: stderr });
     const log = (line: string) => (line.charCodeAt(0) === 123 ? stderr.write(line + '\n') : events.info(line));
     const keys = apiKeys(apiKey, apiKeyFile);
-    if (keys.some((k) => k.length < 16)) events.warn('an API key shorter than 16 characters can be guessed: use long random keys (openssl rand -hex 32)');
+    if ([...keys, ...(adminApiKey ?? [])].some((k) => k.length < 16)) events.warn('an API key shorter than 16 characters can be guessed: use long random keys (openssl rand -hex 32)');
+    const startModels = modelsAtStart(model, loadModel, same.modelControlMode);
     const config: ServerConfig = {
       ...same,
-      ...(model ? { models: model } : {}),
+      ...(startModels ? { models: startModels } : {}),
       batching,
       priorities: priorityWeights,
       wsIdleTimeoutSeconds: wsIdleTimeoutS,
       apiKeys: keys,
+      ...(adminApiKey ? { adminApiKeys: adminApiKey } : {}),
+      ...(pinModel ? { pinModels: pinModel } : {}),
       accessLogFd: 1,
       log,
     };

@@ -34,6 +34,7 @@ import { checkDevice } from './gpu-worker/device.js';
 import { defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './server.js';
 import { ValidationError } from './shared/errors.js';
 import { RpcPeer } from './shared/rpc.js';
+import type { IndexEntry, ModelState, RepositoryAnswer, RepositoryOp } from './model-repository.js';
 
 type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 
@@ -45,6 +46,8 @@ interface ProcessPlan {
   port: number;
   gatewayThreads: number;
   intraOpThreads: number;
+  /** The models to load at start, when the repository routes changed the set since the flags said it (a restarted process serves what the others do). */
+  models?: string[];
 }
 
 const PLAN_ENV = 'SLABSERVE_CLUSTER_PROCESS';
@@ -146,8 +149,8 @@ function sendToPrimary(m: { slabserve: string; [k: string]: unknown }): void {
 }
 
 export interface ClusterWorkerHooks {
-  /** Config fields that override the flags in this process (port, device, threads, log, scrape). */
-  overrides: Pick<ServerConfig, 'port' | 'sharedPort' | 'device' | 'gatewayThreads' | 'intraOpThreads' | 'log' | 'scrape'>;
+  /** Config fields that override the flags in this process (port, device, threads, log, scrape, the repository's operations, the models at start). */
+  overrides: Pick<ServerConfig, 'port' | 'sharedPort' | 'device' | 'gatewayThreads' | 'intraOpThreads' | 'log' | 'scrape' | 'repository' | 'models'>;
   /** Call once startServer() has returned: reports to the primary, drains when it asks. */
   started(server: Server): void;
 }
@@ -171,6 +174,8 @@ export function clusterWorker(log: (line: string) => void): ClusterWorkerHooks {
   };
   const rpc = new RpcPeer(processPort(), {
     metrics: async () => (server ? server.metricsJson() : []),
+    // The primary applies a repository operation to every process: this is this process's part.
+    repositoryLocal: async (op) => (server ? server.repository(op as RepositoryOp) : { ok: false, message: 'the process is starting', code: 'SLABSERVE_NOT_READY', type: 'unavailable' }),
   });
   process.on('message', (m: unknown) => {
     if (typeof m === 'object' && m !== null && (m as { slabserve?: string }).slabserve === 'drain') drain();
@@ -203,8 +208,23 @@ export function clusterWorker(log: (line: string) => void): ClusterWorkerHooks {
     if (!process.connected) return AggregatorRegistry.aggregate([await server!.metricsJson()]).metrics();
     return rpc.call<string>('scrape', undefined, SCRAPE_TIMEOUT_MS + 2_000);
   };
+  // A repository route on any process changes every process: the primary applies it to all.
+  const repository = async (op: unknown): Promise<unknown> => {
+    if (!process.connected) return server!.repository(op as RepositoryOp);
+    return rpc.call('repository', op, REPOSITORY_TIMEOUT_MS);
+  };
   return {
-    overrides: { port: plan.port, sharedPort: true, device: plan.device, gatewayThreads: plan.gatewayThreads, intraOpThreads: plan.intraOpThreads, log: prefixed, scrape },
+    overrides: {
+      port: plan.port,
+      sharedPort: true,
+      device: plan.device,
+      gatewayThreads: plan.gatewayThreads,
+      intraOpThreads: plan.intraOpThreads,
+      log: prefixed,
+      scrape,
+      repository,
+      ...(plan.models ? { models: plan.models } : {}),
+    },
     started(s: Server) {
       server = s;
       sendToPrimary({ slabserve: 'listening', port: s.port });
@@ -215,6 +235,27 @@ export function clusterWorker(log: (line: string) => void): ClusterWorkerHooks {
       if (drainAsked) drain();
     },
   };
+}
+
+/** How long a repository operation may take in a process (a load warms a model up). */
+const REPOSITORY_TIMEOUT_MS = 11 * 60_000;
+
+/** Every process's index as one: by name, READY where every process serves it, else the least ready state, each reason by process. */
+export function mergeIndexes(indexes: IndexEntry[][]): IndexEntry[] {
+  const rank: Record<ModelState, number> = { UNAVAILABLE: 0, UNLOADING: 1, LOADING: 2, READY: 3 };
+  const byName = new Map<string, IndexEntry[]>();
+  indexes.forEach((index) => {
+    for (const e of index) byName.set(e.name, [...(byName.get(e.name) ?? []), e]);
+  });
+  return [...byName.entries()]
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+    .map(([name, rows]) => {
+      const missing = rows.length < indexes.length;
+      const state = missing ? 'UNAVAILABLE' : rows.reduce<ModelState>((s, r) => (rank[r.state] < rank[s] ? r.state : s), 'READY');
+      const reasons = [...new Set(rows.map((r) => r.reason).filter((r) => r !== ''))];
+      const versions = [...new Set(rows.map((r) => r.version).filter((v) => v !== undefined))];
+      return { name, ...(versions.length === 1 ? { version: versions[0]! } : {}), state, reason: reasons.join('; ') };
+    });
 }
 
 // =================================================================== primary side
@@ -379,6 +420,43 @@ class ClusterPrimary {
     return AggregatorRegistry.aggregate(parts).metrics();
   }
 
+  /**
+   * A repository operation on every process, answered once all have: the index merged (a model is
+   * READY where every process serves it), a load or unload ok when every process did it, else the
+   * reasons by process. A change is remembered, so a process restarted later starts with the set.
+   */
+  private async applyRepository(op: RepositoryOp): Promise<RepositoryAnswer> {
+    const asked = this.slots.filter((s) => s.listening && s.rpc && s.worker?.isConnected());
+    const answers = await Promise.all(
+      asked.map((s) =>
+        s.rpc!.call<RepositoryAnswer>('repositoryLocal', op, REPOSITORY_TIMEOUT_MS).catch(
+          (err: Error): RepositoryAnswer => ({ ok: false, message: err.message, code: 'SLABSERVE_REPOSITORY', type: 'unavailable' }),
+        ),
+      ),
+    );
+    if (op.op === 'index') return { ok: true, index: mergeIndexes(answers.flatMap((a) => (a.ok && a.index ? [a.index] : []))) };
+    const failed = answers.flatMap((a, i) => (a.ok ? [] : [{ process: asked[i]!.plan.index, a }]));
+    if (failed.length === 0) {
+      if (asked.length > 0) this.rememberModels(await this.servedModels(asked[0]!));
+      return { ok: true };
+    }
+    const first = failed[0]!.a as Extract<RepositoryAnswer, { ok: false }>;
+    const message = failed.map((f) => `process ${f.process}: ${(f.a as { message: string }).message}`).join('; ');
+    return { ok: false, message: failed.length === answers.length && failed.length === 1 ? first.message : message, code: first.code, type: first.type };
+  }
+
+  /** The models a process serves now (its index's READY ones): what a restarted process starts with. */
+  private async servedModels(slot: Slot): Promise<string[] | null> {
+    const a = await slot.rpc!.call<RepositoryAnswer>('repositoryLocal', { op: 'index', ready: true }, REPOSITORY_TIMEOUT_MS).catch(() => null);
+    return a?.ok && a.index ? a.index.map((e) => e.name) : null;
+  }
+
+  /** What every process starts with from now on (none served: the flags' set, as a start with no model is refused). */
+  private rememberModels(models: string[] | null): void {
+    if (!models || models.length === 0) return;
+    for (const s of this.slots) s.plan.models = models;
+  }
+
   private fork(slot: Slot): void {
     slot.restartTimer = null;
     const worker = cluster.fork({ [PLAN_ENV]: JSON.stringify(slot.plan) });
@@ -390,7 +468,7 @@ class ClusterPrimary {
         },
         on: (event: 'message', listener: (m: unknown) => void) => worker.on(event, listener),
       },
-      { scrape: () => this.gather() },
+      { scrape: () => this.gather(), repository: (op) => this.applyRepository(op as RepositoryOp) },
     );
     this.log(`slabserve: cluster: process ${slot.plan.index} (${slot.plan.device}) started, pid ${slot.pid}`);
     worker.on('message', (m: { slabserve?: string }) => {

@@ -9,6 +9,7 @@
  *   const [top] = await engine.classify('I want my money back');
  *   await engine.close();
  */
+import { basename, join, resolve } from 'node:path';
 import { classifications, embeddings, Infer, rowOf, type CallInputs, type Classification, type ServedModel, type InferResult } from './core/infer.js';
 import { Cancellation } from './shared/cancel.js';
 import { prompted } from './core/prompts.js';
@@ -17,10 +18,13 @@ import { checkDevice, cudaMissing, parseDevice, type DeviceInfo } from './gpu-wo
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
-import { bucketPlans, loadModels } from './model-plans.js';
+import { bucketPlans, loadModels, packageRoot, planModel } from './model-plans.js';
+import { ModelRepository, type IndexEntry } from './model-repository.js';
+import { OwnerModels } from './core/owner-models.js';
+import { ModelSet } from './model-set.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
-import { servedSources, type Dtype, type ModelOverrides, type Pooling, type SettingSources, type Task } from './shared/model-config.js';
+import { servedSources, type Dtype, type ModelOverrides, type Pooling, type ServeSettings, type SettingSources, type Task } from './shared/model-config.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { cacheLayoutOf, ResultCache } from './shared/result-cache.js';
 import { Counter, Slab } from './shared/slab.js';
@@ -229,7 +233,9 @@ export class Engine {
   readonly device: DeviceInfo;
   /** The request pipeline (src/core/infer.ts) the engine's calls go through. */
   private readonly pipeline: Infer;
-  private readonly slabs: Slab[];
+  /** The slabs this engine submits to, by model id. */
+  private readonly owned: OwnerModels;
+  private readonly repository: ModelRepository;
   private readonly inference: InferenceSupervisor;
   private readonly control: ControlBlock;
   private readonly submitter: SlabSubmitter;
@@ -238,10 +244,20 @@ export class Engine {
   readonly testHooks?: InferenceHoldHooks;
 
   /** Use createEngine(). */
-  constructor(parts: { device: DeviceInfo; infer: Infer; slabs: Slab[]; inference: InferenceSupervisor; control: ControlBlock; submitter: SlabSubmitter; testHooks?: InferenceHoldHooks }) {
+  constructor(parts: {
+    device: DeviceInfo;
+    infer: Infer;
+    owned: OwnerModels;
+    repository: ModelRepository;
+    inference: InferenceSupervisor;
+    control: ControlBlock;
+    submitter: SlabSubmitter;
+    testHooks?: InferenceHoldHooks;
+  }) {
     this.device = parts.device;
     this.pipeline = parts.infer;
-    this.slabs = parts.slabs;
+    this.owned = parts.owned;
+    this.repository = parts.repository;
     this.inference = parts.inference;
     this.control = parts.control;
     this.submitter = parts.submitter;
@@ -250,6 +266,28 @@ export class Engine {
 
   info(): ModelInfo[] {
     return this.pipeline.list().map((m) => describeModel(m.plan));
+  }
+
+  /**
+   * Loads a model while the engine serves (docs/model-repository.md): a name under `modelsDir`
+   * or a folder's path; a model served already is reloaded from its folder (the version served
+   * answers until the new one is warm). `settings` are serve.json's, over the folder's.
+   */
+  async loadModel(nameOrPath: string, settings?: ServeSettings): Promise<ModelInfo> {
+    this.assertOpen();
+    await this.repository.load(nameOrPath, settings);
+    return describeModel(this.pipeline.byName(basename(resolve(nameOrPath))).plan);
+  }
+
+  /** Unloads a model: refused for new calls at once; the calls it holds finish first. */
+  async unloadModel(name: string): Promise<void> {
+    this.assertOpen();
+    await this.repository.unload(name);
+  }
+
+  /** The model repository's index: every folder of `modelsDir` and every model served, with its state. */
+  models(): IndexEntry[] {
+    return this.repository.index();
   }
 
   /** Embeds each text; one Float32Array per input, in order. */
@@ -285,7 +323,7 @@ export class Engine {
 
   stats(): Record<string, ModelStats> {
     const out: Record<string, ModelStats> = {};
-    this.pipeline.list().forEach((m, i) => (out[m.plan.spec.name] = slabStats(this.slabs[i]!)));
+    for (const m of this.pipeline.list()) out[m.plan.spec.name] = slabStats(this.owned.slabs[m.plan.index]!);
     return out;
   }
 
@@ -323,20 +361,24 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   const log = options.log ?? ((line: string) => process.stderr.write(line + '\n'));
   checkDevice(options.device ?? ENGINE_DEFAULTS.device); // before any thread starts
   const owners = 1;
-  const plans = loadModels({
-    ...(options.modelsDir ? { modelsDir: options.modelsDir } : {}),
-    ...(options.models ? { models: options.models } : {}),
+  const planning = {
     ...(options.batching ? { batching: options.batching } : {}),
     overrides: modelOverrides(options),
     warn: log,
     slotsPerModel: options.slotsPerModel ?? ENGINE_DEFAULTS.slotsPerModel,
     owners,
+  };
+  const plans = loadModels({
+    ...(options.modelsDir ? { modelsDir: options.modelsDir } : {}),
+    ...(options.models ? { models: options.models } : {}),
+    ...planning,
   });
   const control = ControlBlock.create(owners);
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const models: ServedModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
   const priorities = options.priorities ?? DEFAULT_PRIORITIES;
-  const inference = new InferenceSupervisor(plans, control, {
+  const modelSet = new ModelSet(plans);
+  const inference = new InferenceSupervisor(modelSet, control, {
     device: options.device ?? ENGINE_DEFAULTS.device,
     intraOpThreads: options.intraOpThreads ?? ENGINE_DEFAULTS.intraOpThreads,
     intraOpNice: options.intraOpNice ?? ENGINE_DEFAULTS.intraOpNice,
@@ -352,15 +394,30 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     enableTestHooks: testHooks,
   });
   const device = await inference.ready;
-  const slabs = plans.map((p) => new Slab(p.slab, p.layout));
-  const submitter = new SlabSubmitter(slabs, control, OWNER, { buckets: bucketPlans(plans) });
+  const owned = new OwnerModels(plans);
+  const submitter = new SlabSubmitter(owned.slabs, control, OWNER, { buckets: bucketPlans(plans) });
+  const requestTimeoutMs = options.requestTimeoutMs ?? ENGINE_DEFAULTS.requestTimeoutMs;
   const infer = new Infer(models, submitter, {
-    requestTimeoutMs: options.requestTimeoutMs ?? ENGINE_DEFAULTS.requestTimeoutMs,
+    requestTimeoutMs,
     priorityNames: priorities.map((p) => p.name),
     ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
     cache: engineCache(options.cacheMb ?? 0, plans),
   });
-  return new Engine({ device, infer, slabs, inference, control, submitter, ...(testHooks ? { testHooks: inference.holdHooks() } : {}) });
+  // The engine's one owner (this thread) is the repository's only "gateway".
+  const handlers = owned.handlers(submitter, infer);
+  const repository = new ModelRepository({
+    mode: 'explicit',
+    modelsDir: resolve(options.modelsDir ?? join(packageRoot, 'models')),
+    models: modelSet,
+    inference,
+    gateways: { callEvery: async <T>(method: string, arg: unknown) => [(await handlers[method as keyof typeof handlers](arg)) as T] },
+    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}) }),
+    onChange: async () => {},
+    log,
+    drainTimeoutMs: requestTimeoutMs + 1000,
+    paths: true,
+  });
+  return new Engine({ device, infer, owned, repository, inference, control, submitter, ...(testHooks ? { testHooks: inference.holdHooks() } : {}) });
 }
 
 /** The engine's result cache (one owner: its own thread), or null when `cacheMb` is 0. */

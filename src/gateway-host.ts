@@ -13,7 +13,7 @@ import type { Registry } from 'prom-client';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
 import { RpcPeer } from './shared/rpc.js';
 import type { ResultCache } from './shared/result-cache.js';
-import type { Slab } from './shared/slab.js';
+import type { ModelSet } from './model-set.js';
 import { freeStuckFilling, reclaimOwner } from './slot-reclaim.js';
 
 type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
@@ -38,14 +38,17 @@ interface GatewayHandle {
 }
 
 export interface GatewaySupervisorOptions {
-  /** What every gateway thread starts with, less its id, owner index and port. */
-  data: Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port'>;
-  slabs: Slab[];
+  /** What every gateway thread starts with, less its id, owner index, port and models. */
+  data: Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models'>;
+  /** The models served now: a gateway starts with the set as it is then. */
+  models: ModelSet;
   /** The result cache the gateways share (null: off): a dead gateway's entry locks are freed before its replacement starts. */
   cache: ResultCache | null;
   log: (line: string) => void;
   /** The process's /metrics text, which a gateway asks for when scraped. */
   scrape: () => Promise<string>;
+  /** The model repository's operations (index, load, unload), which a gateway asks for when its routes are called. */
+  repository: (op: unknown) => Promise<unknown>;
   /** The /info document once the server is ready (undefined before): a replacement gateway is told it. */
   info: () => unknown;
   /** Gateways start under the test-hook entry (SLABSERVE_TEST_HOOKS=1). */
@@ -85,6 +88,11 @@ export class GatewaySupervisor {
   /** Every gateway's answer to `method` (`fallback` where the call fails or times out). */
   callAll<T>(method: string, arg?: unknown, timeoutMs?: number, fallback?: T): Promise<(T | undefined)[]> {
     return Promise.all(this.gateways.map((g) => g.rpc.call<T>(method, arg, timeoutMs).catch(() => fallback)));
+  }
+
+  /** `method` on every gateway; rejects with the first failure (a gateway that does not answer in `timeoutMs` fails). */
+  callEvery<T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]> {
+    return Promise.all(this.gateways.map((g, i) => g.rpc.call<T>(method, arg, timeoutMs).catch((err: Error) => Promise.reject(new Error(`gateway thread ${i}: ${err.message}`)))));
   }
 
   /** Each gateway's metrics (prom-client JSON); a gateway that does not answer within 2 s is left out. */
@@ -127,13 +135,13 @@ export class GatewaySupervisor {
 
   /** Starts gateway `gatewayId` on `port`; resolves with the port it listens on. */
   private startOne(gatewayId: number, port: number): Promise<number> {
-    const data: GatewayWorkerData = { ...this.opts.data, gatewayId, owner: 1 + gatewayId, port };
+    const data: GatewayWorkerData = { ...this.opts.data, models: this.opts.models.serving(), gatewayId, owner: 1 + gatewayId, port };
     const entry = new URL('./gateway/gateway-worker.js', import.meta.url);
     const name = `slabserve-gateway-${gatewayId}`;
     const worker = this.opts.testHooks ? new Worker(gatewayTestEntry(entry), { eval: true, workerData: data, name }) : new Worker(entry, { workerData: data, name });
     const handle: GatewayHandle = {
       worker,
-      rpc: new RpcPeer(worker, { scrape: this.opts.scrape }),
+      rpc: new RpcPeer(worker, { scrape: this.opts.scrape, repository: this.opts.repository }),
       exited: new Promise<void>((res) => worker.once('exit', () => res())),
       started: false,
     };
@@ -161,7 +169,8 @@ export class GatewaySupervisor {
   /** A gateway thread ended while serving: free its slots and start another on the same port. */
   private onExit(gatewayId: number, dead: GatewayHandle): void {
     if (this.closing || !dead.started || this.gateways[gatewayId] !== dead) return;
-    const { slabs, log } = this.opts;
+    const { log } = this.opts;
+    const slabs = this.opts.models.slabs;
     const owner = 1 + gatewayId;
     const since = Date.now();
     const reason = dead.fatal !== undefined ? 'crash' : 'exit';

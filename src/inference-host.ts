@@ -10,7 +10,7 @@ import type { Registry } from 'prom-client';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
 import { InferenceHold } from './gpu-worker/hold.js';
 import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inference-loop.js';
-import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage } from './gpu-worker/worker.js';
+import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage, ModelOpened, WorkerModel } from './gpu-worker/worker.js';
 import { nowMs } from './shared/clock.js';
 import { WorkerState, type ControlBlock } from './shared/control.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
@@ -18,6 +18,7 @@ import type { ModelPlan } from './shared/model-plan.js';
 import { RpcPeer } from './shared/rpc.js';
 import { Slab } from './shared/slab.js';
 import { describeSettings } from './model-plans.js';
+import type { ModelSet } from './model-set.js';
 import { reclaimInference } from './slot-reclaim.js';
 
 export interface InferenceThreadOptions {
@@ -63,7 +64,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     intraOpNice: opts.intraOpNice,
     maxInflightBatches: opts.maxInflightBatches,
     scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
-    models: models.map((m) => ({ spec: m.spec, slab: m.slab, layout: m.layout, batching: m.batching })),
+    models: models.map(workerModel),
     epoch: opts.epoch ?? control.epoch,
     ...(opts.idleWakeMs !== undefined ? { idleWakeMs: opts.idleWakeMs } : {}),
     ...(opts.testHooks ? { testHooks: opts.testHooks } : {}),
@@ -101,7 +102,15 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
   return { worker, ready, threads };
 }
 
+/** A plan as the inference thread takes it (no gateway-side fields). */
+export function workerModel(plan: ModelPlan): WorkerModel {
+  return { id: plan.index, spec: plan.spec, slab: plan.slab, layout: plan.layout, batching: plan.batching };
+}
+
 // =================================================================== supervision
+
+/** The longest a model's open and warm-up may take in the inference thread before its load fails. */
+const LOAD_RPC_MS = 10 * 60_000;
 
 /** The environment variable that turns the test hooks on (read when a server or an engine starts). */
 export const TEST_HOOKS_ENV = 'SLABSERVE_TEST_HOOKS';
@@ -158,6 +167,8 @@ interface ThreadRecord {
   error?: Error;
   exitCode?: number;
   exitedPromise: Promise<void>;
+  /** Ids of the models it serves (started with, added since, less those removed). */
+  models: Set<number>;
 }
 
 /**
@@ -201,8 +212,7 @@ async function exitsWithin(t: { exitedPromise: Promise<void>; exited: boolean },
  */
 export class InferenceSupervisor {
   readonly ready: Promise<DeviceInfo>;
-  private readonly plans: ModelPlan[];
-  private readonly slabs: Slab[];
+  private readonly models: ModelSet;
   private readonly control: ControlBlock;
   private readonly opts: Omit<InferenceThreadOptions, 'epoch' | 'testHooks' | 'logStart'> & SupervisionOptions;
   private readonly hooks: InferenceTestHooks | undefined;
@@ -214,15 +224,15 @@ export class InferenceSupervisor {
   private watchdog: NodeJS.Timeout | undefined;
   private restartCount = 0;
 
-  constructor(plans: ModelPlan[], control: ControlBlock, opts: Omit<InferenceThreadOptions, 'epoch' | 'testHooks' | 'logStart'> & SupervisionOptions) {
+  /** Serves `models` as they are now; addModel()/removeModel() change them while it runs. */
+  constructor(models: ModelSet, control: ControlBlock, opts: Omit<InferenceThreadOptions, 'epoch' | 'testHooks' | 'logStart'> & SupervisionOptions) {
     for (const [name, v] of [
       ['inferenceTimeoutMs', opts.inferenceTimeoutMs],
       ['heartbeatTimeoutMs', opts.heartbeatTimeoutMs],
     ] as const) {
       if (!Number.isInteger(v) || v < 1) throw new ValidationError(`${name} must be a positive integer (ms), got ${v}`);
     }
-    this.plans = plans;
-    this.slabs = plans.map((p) => new Slab(p.slab, p.layout));
+    this.models = models;
     this.control = control;
     this.opts = opts;
     this.hooks = opts.enableTestHooks ? { poisonToken: -1, hold: this.hold.buffer } : undefined;
@@ -288,9 +298,9 @@ export class InferenceSupervisor {
       },
       inputsWaiting: (model) => {
         hooksOn();
-        const i = this.plans.findIndex((p) => p.spec.name === model);
-        if (i < 0) throw new Error(`no model ${model}`);
-        return this.slabs[i]!.submit.size();
+        const plan = this.models.byName(model);
+        if (!plan) throw new Error(`no model ${model}`);
+        return this.models.slab(plan.index)!.submit.size();
       },
     };
   }
@@ -325,9 +335,43 @@ export class InferenceSupervisor {
     }
   }
 
+  /**
+   * Opens `plan` (already in the model set's ids, not yet in it) in the live thread, warms it up
+   * beside the other models' batches, and serves it; resolves once it takes requests. Rejects with
+   * the reason if it cannot be opened, or with a 503 if the thread dies meanwhile (its replacement
+   * serves the models that were loaded). Call add() on the model set once this resolves.
+   */
+  async addModel(plan: ModelPlan): Promise<ModelOpened> {
+    const t = await this.liveThread();
+    const died = t.exitedPromise.then(() => {
+      throw new SlabserveError(`the inference thread ended while it loaded model ${plan.spec.name}; it was restarted without it`, 'SLABSERVE_LOAD_INTERRUPTED', 'unavailable');
+    });
+    died.catch(() => {}); // only the race below reads it
+    const opened = await Promise.race([t.rpc.call<ModelOpened>('addModel', workerModel(plan), LOAD_RPC_MS), died]);
+    t.models.add(plan.index);
+    return opened;
+  }
+
+  /** Stops serving model `id` and frees its session. Call once nothing of it is queued or running (its slots all free). */
+  async removeModel(id: number): Promise<void> {
+    const t = this.current;
+    if (!t.models.has(id)) return; // a replacement started without it
+    t.models.delete(id);
+    if (t.isReady && !t.exited) await t.rpc.call('removeModel', id, LOAD_RPC_MS).catch(() => {}); // a thread that dies now takes it along
+  }
+
+  /** The live thread once ready (after a restart in progress). */
+  private async liveThread(): Promise<ThreadRecord> {
+    if (this.stopping) throw new SlabserveError('the server is stopping', 'SLABSERVE_NOT_READY', 'unavailable');
+    if (this.restarting) await this.restarting;
+    await this.current.ready;
+    return this.current;
+  }
+
   private start(first: boolean): ThreadRecord {
     const epoch = this.control.epoch;
-    const t = startInferenceThread(this.plans, this.control, {
+    const plans = this.models.plans();
+    const t = startInferenceThread(plans, this.control, {
       ...this.opts,
       // a quarter of the heartbeat timeout, at most a second: readiness never sees a stale heartbeat at rest
       idleWakeMs: Math.min(1000, this.opts.heartbeatTimeoutMs / 4),
@@ -344,6 +388,7 @@ export class InferenceSupervisor {
       isReady: false,
       exited: false,
       exitedPromise: Promise.resolve(),
+      models: new Set(plans.map((p) => p.index)),
     };
     rec.exitedPromise = new Promise<void>((resolve) => {
       t.worker.on('error', (err) => (rec.error = err));
@@ -405,7 +450,7 @@ export class InferenceSupervisor {
         this.abandonedThreads.add(old);
         void old.worker.terminate().catch(() => {});
       }
-      const answered = reclaimInference(this.plans, this.slabs, this.control, old.epoch);
+      const answered = reclaimInference(this.models.plans(), this.models.slabs, this.control, old.epoch);
       this.restartCount++;
       this.opts.log(`slabserve: inference thread ${reason}: ${detail}; ${answered} input${answered === 1 ? '' : 's'} answered 503; starting a new one (restart ${this.restartCount})`);
       this.opts.onRestart?.({ reason, detail, answered });

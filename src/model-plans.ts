@@ -9,7 +9,7 @@ import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { batchCapacity, DEFAULT_BATCHING, defaultBuckets, PAD_TO, type BatchingOptions } from './gpu-worker/scheduler.js';
 import { ModelNotFoundError, ValidationError } from './shared/errors.js';
-import { isValidModelName, listModelDirs, loadModelSpec, type ModelOverrides, type ModelSpec } from './shared/model-config.js';
+import { isValidModelName, listModelDirs, loadModelSpec, type ModelOverrides, type ModelSpec, type ServeSettings } from './shared/model-config.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { MAX_BUCKETS, Slab } from './shared/slab.js';
 
@@ -40,15 +40,22 @@ export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
     if (seen.has(f.name)) throw new ValidationError(`two models named "${f.name}" (${names.join(', ')}): a model is named after its folder`);
     seen.add(f.name);
   }
-  return folders.map(({ name, dir }, index) => {
-    const spec = loadModelSpec(dir, name, opts.overrides);
-    for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
-    const batching = resolveBatching(spec, opts.batching);
-    const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
-    const slab = Slab.create({ slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners });
-    const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
-    return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
-  });
+  return folders.map((folder, index) => planModel(folder, index, opts));
+}
+
+/**
+ * One model folder planned as model id `index` (ModelPlan.index: never reused, src/model-set.ts):
+ * its settings read (`serve` over the folder's serve.json, for a load's parameters.config), its
+ * batching checked, its slab made. Throws with the reason when the folder cannot be served.
+ */
+export function planModel(folder: { name: string; dir: string }, index: number, opts: Omit<LoadModelsOptions, 'modelsDir' | 'models'> & { serve?: ServeSettings }): ModelPlan {
+  const spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve);
+  for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
+  const batching = resolveBatching(spec, opts.batching);
+  const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
+  const slab = Slab.create({ slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners });
+  const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
+  return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
 }
 
 /** Why `modelsDir` gives no model, for an operator: it is not there, or holds no model folder. */
@@ -92,9 +99,11 @@ export function describeSettings(plan: ModelPlan): string {
   return parts.join(' ');
 }
 
-/** Each model's bucket lengths and batch capacities, as owners need them for admission. */
+/** Each model's bucket lengths and batch capacities, as owners need them for admission: by model id. */
 export function bucketPlans(plans: ModelPlan[]): { lengths: number[]; capacities: number[] }[] {
-  return plans.map((p) => ({ lengths: p.batching.buckets, capacities: p.capacities }));
+  const out: { lengths: number[]; capacities: number[] }[] = [];
+  for (const p of plans) out[p.index] = { lengths: p.batching.buckets, capacities: p.capacities };
+  return out;
 }
 
 /** Validates and completes the batching options for one model. */

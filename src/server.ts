@@ -19,6 +19,7 @@
  * threads carry no hook).
  */
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
+import { join, resolve } from 'node:path';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
 import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DEFAULTS, type ModelOptions } from './engine.js';
@@ -34,12 +35,15 @@ import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
 import { GatewaySupervisor } from './gateway-host.js';
 import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
-import { loadModels } from './model-plans.js';
+import { ModelRepository, type ModelControlMode, type RepositoryAnswer, type RepositoryOp } from './model-repository.js';
+import { ModelSet } from './model-set.js';
+import { ModelBudget } from './model-budget.js';
+import { loadModels, packageRoot, planModel } from './model-plans.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { nowMs } from './shared/clock.js';
 import { ControlBlock, WorkerState } from './shared/control.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
-import { cacheMetrics, processMetrics, supervisionMetrics } from './shared/metrics.js';
+import { cacheMetrics, processMetrics, repositoryMetrics, supervisionMetrics } from './shared/metrics.js';
 import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from './shared/result-cache.js';
 import { Counter, Slab } from './shared/slab.js';
 import { threadCpuSeconds } from './shared/threads.js';
@@ -96,8 +100,25 @@ export interface ServerConfig extends ModelOptions {
   cacheMb: number;
   /** Replaces what /metrics answers (a cluster worker asks its primary for the whole cluster's: src/cluster.ts). */
   scrape?: () => Promise<string>;
+  /**
+   * Whether the model set can change while serving (--model-control-mode, Triton's names): `none`
+   * (default), fixed at start; `explicit`, the repository routes load, reload and unload
+   * (src/model-repository.ts, docs/model-repository.md).
+   */
+  modelControlMode?: ModelControlMode;
+  /** A request naming a model of the repository that is not loaded loads it, within its deadline (--lazy-load; explicit mode only). */
+  lazyLoad?: boolean;
+  /** The model budget (explicit mode only; src/model-budget.ts): --max-loaded-models, --model-memory-mb, --model-idle-unload-s, --pin-model. */
+  maxLoadedModels?: number;
+  modelMemoryMb?: number;
+  modelIdleUnloadS?: number;
+  pinModels?: string[];
+  /** Replaces this process's repository operations (a cluster worker asks its primary, which applies them to every process). */
+  repository?: (op: unknown) => Promise<unknown>;
   /** API keys: every route but health (and /metrics, unless metricsAuth) needs `Authorization: Bearer <key>` (--api-key, --api-key-file); none: open. */
   apiKeys?: string[];
+  /** Keys the model repository's routes need instead of the API keys (--admin-api-key); none: the API keys. */
+  adminApiKeys?: string[];
   /** /metrics needs a key too (--metrics-auth). */
   metricsAuth?: boolean;
   /** Most connections per gateway thread: open WebSockets plus HTTP connections with a request in progress; past it 503 (--max-connections). */
@@ -141,6 +162,7 @@ export const SERVER_DEFAULTS = {
   heartbeatTimeoutMs: ENGINE_DEFAULTS.heartbeatTimeoutMs,
   inferenceTimeoutMs: ENGINE_DEFAULTS.inferenceTimeoutMs,
   drainTimeoutMs: 30_000,
+  modelControlMode: 'none' as ModelControlMode,
   drainGraceMs: 500,
   tokenizerThreads: 1,
   inlineTokenizeChars: INLINE_TOKENIZE_CHARS,
@@ -164,6 +186,8 @@ export interface Server {
   close(): Promise<void>;
   /** This process's metrics, every thread merged, as prom-client JSON (what /metrics shows without `scrape`). */
   metricsJson(): Promise<MetricsJson>;
+  /** This process's own model repository (a cluster's primary applies an operation to each process through it). */
+  repository(op: RepositoryOp): Promise<RepositoryAnswer>;
   /** Present only when the server was started with SLABSERVE_TEST_HOOKS=1 in the environment. */
   readonly testHooks?: ServerTestHooks;
 }
@@ -220,19 +244,17 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   // An operator's mistakes, before any thread starts: a taken port, a device this machine lacks.
   if (config.port !== 0 && !config.sharedPort) await ensurePortFree(config.host, config.port);
   checkDevice(config.device);
+  checkRepositoryFlags(config);
   const owners = 1 + config.gatewayThreads; // owner 0 is this thread
+  const planning = { batching: config.batching, overrides: modelOverrides(config), warn: log, slotsPerModel: config.slotsPerModel, owners };
   const plans = loadModels({
     ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
     ...(config.models && config.models.length ? { models: config.models } : {}),
-    batching: config.batching,
-    overrides: modelOverrides(config),
-    warn: log,
-    slotsPerModel: config.slotsPerModel,
-    owners,
+    ...planning,
   });
+  const models = new ModelSet(plans);
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const control = ControlBlock.create(owners);
-  const slabs = plans.map((p) => new Slab(p.slab, p.layout));
   const cache = resultCache(config, plans, owners);
   // Metrics: this thread's share, computed from shared memory at scrape time.
   const registry = new Registry();
@@ -240,7 +262,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: 1000 });
   const supervision = supervisionMetrics(registry, { abandonedInferenceThreads: () => inference.abandoned });
   log(`slabserve: opening ${plans.map((p) => p.spec.name).join(', ')} on device ${config.device}; warm-up follows`);
-  const inference = new InferenceSupervisor(plans, control, {
+  const inference = new InferenceSupervisor(models, control, {
     ...inferenceOptions(config, testHooks),
     onRestart: (e) => {
       supervision.inferenceRestarts.inc({ reason: e.reason });
@@ -248,7 +270,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     },
   });
   let device: DeviceInfo | null = null;
-  registerMainThreadMetrics(registry, { plans, slabs, control, cache, threads: () => namedThreads(inference, gateways), device: () => device });
+  registerMainThreadMetrics(registry, { models, control, cache, threads: () => namedThreads(inference, gateways), device: () => device });
 
   const localParts = async (): Promise<MetricsJson[]> => {
     const [gatewayParts, inferencePart] = await Promise.all([gateways.metrics(), inference.metrics().catch(() => null)]);
@@ -257,13 +279,38 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const metricsJson = async (): Promise<MetricsJson> => AggregatorRegistry.aggregate(await localParts()).getMetricsAsJSON();
   const scrape = config.scrape ?? (async (): Promise<string> => AggregatorRegistry.aggregate(await localParts()).metrics());
 
-  const gateways = new GatewaySupervisor({
-    data: gatewayWorkerData(config, control, plans, owners, cache),
-    slabs,
+  const info = () => (device ? serverInfo(config, models.serving(), device, cache, repository) : undefined);
+  const repository: ModelRepository = new ModelRepository({
+    mode: config.modelControlMode ?? 'none',
+    modelsDir: resolve(config.modelsDir ?? join(packageRoot, 'models')),
+    models,
+    inference,
+    gateways: { callEvery: <T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]> => gateways.callEvery<T>(method, arg, timeoutMs) },
+    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}) }),
+    onChange: async () => {
+      const doc = info();
+      if (doc !== undefined) await gateways.callAll('setInfo', doc);
+    },
+    log,
+    drainTimeoutMs: config.requestTimeoutMs + 1000,
+    metrics: repositoryMetrics(registry, { loaded: () => repository.loaded(), known: () => repository.known() }),
+    budget: new ModelBudget({
+      ...(config.maxLoadedModels !== undefined ? { maxLoadedModels: config.maxLoadedModels } : {}),
+      ...(config.modelMemoryMb !== undefined ? { modelMemoryMb: config.modelMemoryMb } : {}),
+      ...(config.modelIdleUnloadS !== undefined ? { idleUnloadS: config.modelIdleUnloadS } : {}),
+      pinned: config.pinModels ?? [],
+    }),
+  });
+  const idleTimer = config.modelIdleUnloadS !== undefined ? setInterval(() => void repository.unloadIdle().catch((err: Error) => log(`slabserve: idle unload: ${err.message}`)), IDLE_CHECK_MS) : undefined;
+  idleTimer?.unref();
+  const gateways: GatewaySupervisor = new GatewaySupervisor({
+    data: gatewayWorkerData(config, control, owners, cache),
+    models,
     cache,
     log,
     scrape,
-    info: () => (device ? serverInfo(config, plans, device, cache) : undefined),
+    repository: config.repository ?? ((op) => repository.handle(op as RepositoryOp)),
+    info,
     testHooks,
     onRestart: (reason) => supervision.gatewayRestarts.inc({ reason }),
   });
@@ -286,14 +333,17 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   const ready = inference.ready.then(async (d) => {
     device = d;
-    await gateways.callAll('setInfo', serverInfo(config, plans, d, cache));
+    await gateways.callAll('setInfo', info());
     log(`slabserve: ready at ${url}`);
     return d;
   });
   ready.catch(() => {}); // start-up failures surface through `ready`; close() still works
 
-  const close = () => (closing ??= drain(config, port, control, gateways, inference).then(() => log('slabserve: stopped')));
-  return { port, url, ready, close, metricsJson, ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
+  const close = () => {
+    clearInterval(idleTimer);
+    return (closing ??= drain(config, port, control, gateways, inference).then(() => log('slabserve: stopped')));
+  };
+  return { port, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
 }
 
 /**
@@ -336,14 +386,14 @@ function inferenceOptions(config: ServerConfig, enableTestHooks: boolean): Omit<
 /** What the main thread itself reports: each model's slab tallies and cache counts, readiness, thread CPU, device memory (read at scrape time). */
 function registerMainThreadMetrics(
   registry: Registry,
-  s: { plans: ModelPlan[]; slabs: Slab[]; control: ControlBlock; cache: ResultCache | null; threads: () => Map<number, string>; device: () => DeviceInfo | null },
+  s: { models: ModelSet; control: ControlBlock; cache: ResultCache | null; threads: () => Map<number, string>; device: () => DeviceInfo | null },
 ): void {
-  const { plans, slabs, control, cache } = s;
-  if (cache) cacheMetrics(registry, () => plans.map((p) => ({ name: p.spec.name, ...cache.statsOf(p.index) })));
+  const { models, control, cache } = s;
+  if (cache) cacheMetrics(registry, () => models.serving().filter((p) => cache.covers(p.index)).map((p) => ({ name: p.spec.name, ...cache.statsOf(p.index) })));
   processMetrics(registry, {
     models: () =>
-      plans.map((p, i) => {
-        const slab = slabs[i]!;
+      models.serving().map((p) => {
+        const slab = models.slab(p.index)!;
         const st = slabStats(slab);
         return {
           name: p.spec.name,
@@ -383,7 +433,7 @@ function namedThreads(inference: InferenceSupervisor, gateways: GatewaySuperviso
 }
 
 /** GET /info's body (gateways add each model's live cost model). */
-function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cache: ResultCache | null) {
+function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cache: ResultCache | null, repository: ModelRepository) {
   return {
     version: VERSION,
     device: { label: d.label, name: d.name, provider: d.provider },
@@ -401,6 +451,8 @@ function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cac
       slotsPerModel: config.slotsPerModel,
     },
     gatewayThreads: config.gatewayThreads,
+    /** The model repository (docs/model-repository.md): whether models load at runtime, and the folders not loaded. */
+    repository: { modelControlMode: repository.mode, notLoaded: repository.index().flatMap((e) => (e.state === 'READY' ? [] : [e.name])) },
     /** The result cache (docs/cache.md), null with --cache-mb 0. */
     cache: cache ? { megabytes: config.cacheMb, rowsPerModel: cache.layout.sets * WAYS, maxKeyTokens: KEY_TOKENS } : null,
   };
@@ -416,18 +468,11 @@ function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySuperv
 }
 
 /** What every gateway thread starts with (GatewaySupervisor adds its id, owner index and port). */
-function gatewayWorkerData(
-  config: ServerConfig,
-  control: ControlBlock,
-  plans: ModelPlan[],
-  owners: number,
-  cache: ResultCache | null,
-): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port'> {
+function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: number, cache: ResultCache | null): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models'> {
   return {
     control: control.buffer,
     ...(cache ? { cache: { buffer: cache.buffer, layout: cache.layout } } : {}),
     owners,
-    models: plans,
     host: config.host,
     limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize, truncate: config.truncate ?? false },
     requestTimeoutMs: config.requestTimeoutMs,
@@ -446,6 +491,7 @@ function gatewayWorkerData(
     ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
     security: {
       apiKeys: config.apiKeys ?? [],
+      adminApiKeys: config.adminApiKeys ?? [],
       metricsAuth: config.metricsAuth ?? GATE_DEFAULTS.metricsAuth,
       maxConnections: config.maxConnections ?? GATE_DEFAULTS.maxConnections,
       maxUrlBytes: config.maxUrlBytes ?? GATE_DEFAULTS.maxUrlBytes,
@@ -453,8 +499,27 @@ function gatewayWorkerData(
       maxDiscardBytes: config.maxDiscardBytes ?? GATE_DEFAULTS.maxDiscardBytes,
       discardTimeoutMs: config.discardTimeoutMs ?? GATE_DEFAULTS.discardTimeoutMs,
     },
+    ...(config.lazyLoad ? { lazyLoad: true } : {}),
     log: { level: config.logLevel ?? 'info', probes: config.logProbes ?? false, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
   };
+}
+
+/** How often models idle past --model-idle-unload-s are looked for. */
+const IDLE_CHECK_MS = 1000;
+
+/** The repository's flags that need --model-control-mode explicit (they change the model set), checked before any thread starts. */
+function checkRepositoryFlags(config: ServerConfig): void {
+  if (config.modelControlMode === 'explicit') return;
+  const given = (
+    [
+      ['--lazy-load', config.lazyLoad === true],
+      ['--max-loaded-models', config.maxLoadedModels !== undefined],
+      ['--model-memory-mb', config.modelMemoryMb !== undefined],
+      ['--model-idle-unload-s', config.modelIdleUnloadS !== undefined],
+      ['--pin-model', (config.pinModels?.length ?? 0) > 0],
+    ] as const
+  ).filter(([, on]) => on);
+  if (given.length > 0) throw new ValidationError(`${given.map(([f]) => f).join(', ')} need${given.length === 1 ? 's' : ''} --model-control-mode explicit (they change the model set)`);
 }
 
 /** The longest the drain waits for the kernel's accept queues to empty before closing the listen sockets (src/accept-queue.ts). */

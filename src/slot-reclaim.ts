@@ -26,8 +26,8 @@ import { Account, Counter, H_ERROR, H_GENERATION, H_HOLDER, H_LENGTH, H_OWNER, h
 export function reclaimInference(plans: ModelPlan[], slabs: Slab[], control: ControlBlock, epoch: number): number {
   let answered = 0;
   const owners = new Set<number>();
-  plans.forEach((plan, m) => {
-    const slab = slabs[m]!;
+  plans.forEach((plan) => {
+    const slab = slabs[plan.index]!;
     const buckets = plan.batching.buckets;
     const unqueue = (slot: number) => {
       const b = bucketFor(buckets, slab.header(slot, H_LENGTH));

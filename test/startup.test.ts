@@ -50,6 +50,18 @@ describe('start-up checks, before the inference thread starts', () => {
     expect(none.stderr).not.toMatch(/npm run models/); // not the package's own models/: the generator is no answer
   });
 
+  it('the model repository flags without --model-control-mode explicit, and --load-model beside --model', () => {
+    expectRefusedAtOnce(serve(['--port', '0', '--load-model', 'tiny-embed']), /--load-model names the models loaded at start with --model-control-mode explicit; without it, use --model/);
+    expectRefusedAtOnce(serve(['--port', '0', '--model-control-mode', 'explicit', '--model', 'tiny-embed', '--load-model', 'tiny-intent']), /--model and --load-model both name the models loaded at start: give one/);
+    expectRefusedAtOnce(serve(['--port', '0', '--lazy-load', '--model-idle-unload-s', '5']), /--lazy-load, --model-idle-unload-s need --model-control-mode explicit/);
+  });
+
+  it('a bare [bool] flag (--truncate, --log-probes, --metrics-auth, --lazy-load) is read as true, not an error of its own', () => {
+    const r = serve(['--port', '0', '--truncate', '--log-probes', '--metrics-auth', '--model', join(empty, 'absent')]);
+    expectRefusedAtOnce(r, /model folder .*absent does not exist/);
+    expect(r.stderr).not.toMatch(/trim|expected true or false/);
+  });
+
   it('a --model folder that does not exist', () => {
     expectRefusedAtOnce(serve(['--port', '0', '--model', join(empty, 'bge-small')]), /model folder .*bge-small does not exist/);
   });

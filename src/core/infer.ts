@@ -158,7 +158,8 @@ export class Infer {
   private readonly models: ServedModel[];
   private readonly byTask = new Map<Task, readonly ServedModel[]>();
   private readonly submitter: SlabSubmitter;
-  private readonly requestTimeoutMs: number;
+  /** A request's deadline when it names none (--request-timeout-ms). */
+  readonly requestTimeoutMs: number;
   /** Latency target (--slo-p99-ms): admission refuses work that cannot meet it. */
   private readonly sloP99Ms: number | undefined;
   /** Priority class names, by index (default interactive, bulk). */
@@ -200,6 +201,26 @@ export class Infer {
     return this.models;
   }
 
+  /** How a model not loaded can be, said in its 404 (the gateway knows the repository's folders). */
+  missingHint: ((name: string) => string) | undefined;
+
+  /** Serves `model` from now on, in place of the version of it served so far (a reload), else after the others. */
+  addModel(model: ServedModel): void {
+    const at = this.models.findIndex((x) => x.plan.spec.name === model.plan.spec.name);
+    if (at >= 0) this.models[at] = model;
+    else this.models.push(model);
+    this.byTask.clear();
+  }
+
+  /** New requests no longer find the model of id `id` (requests that already did finish on it). False if it was not served. */
+  removeModel(id: number): boolean {
+    const at = this.models.findIndex((x) => x.plan.index === id);
+    if (at < 0) return false;
+    this.models.splice(at, 1);
+    this.byTask.clear();
+    return true;
+  }
+
   /** The models of `task`, in order (made once per task: asked on every request). */
   private modelsOf(task: Task): readonly ServedModel[] {
     let list = this.byTask.get(task);
@@ -235,7 +256,7 @@ export class Infer {
   byName(name: string): ServedModel {
     checkModelName(name);
     const m = this.models.find((x) => x.plan.spec.name === name);
-    if (!m) throw new ModelNotFoundError(name, this.names());
+    if (!m) throw new ModelNotFoundError(name, this.names(), this.missingHint?.(name));
     return m;
   }
 
@@ -250,6 +271,11 @@ export class Infer {
     return i;
   }
 
+  /** The result cache for `model`'s rows: null when off, or for a model loaded after start (it has no region). */
+  private cacheOf(model: ServedModel): ResultCache | null {
+    return this.cache?.covers(model.plan.index) ? this.cache : null;
+  }
+
   /** Runs one request (see the header): its rows, tokens and timing. */
   async infer(call: InferCall): Promise<InferResult> {
     const model = call.model;
@@ -261,7 +287,8 @@ export class Infer {
     if (count > partSize) return this.inferInParts(call, count, deadline, timeoutMs, partSize);
     // With the cache, a request tokenized here is looked up before it takes a slot (a full hit needs
     // none); one bound for the tokenizer pool takes its slots first, so overload is refused before the pool works.
-    let held = this.cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, count, timeoutMs);
+    const cache = this.cacheOf(model);
+    let held = cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, count, timeoutMs);
     try {
       const t0 = nowMs();
       const pending = this.tokenize(model, call.inputs, call.cancel);
@@ -269,7 +296,7 @@ export class Infer {
       const tokenizeMs = nowMs() - t0;
       const index = model.plan.index;
       const width = model.plan.layout.outputWidth;
-      const look = this.cache ? lookUp(this.cache, index, tokens, width) : null;
+      const look = cache ? lookUp(cache, index, tokens, width) : null;
       let rows: RequestRows;
       if (look && look.missing.length === 0) {
         rows = { rows: look.rows, width, queueMs: 0, inferenceMs: 0 }; // answered here: no slot, no queue, no run
@@ -278,7 +305,7 @@ export class Infer {
         held ??= this.hold(model, run.length, timeoutMs);
         this.admitWait(this.submitter.predictedWaitMs(index, run), timeoutMs);
         rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
-        if (look) rows = { ...rows, rows: fillMissing(this.cache!, index, tokens, look, rows.rows, width) };
+        if (look) rows = { ...rows, rows: fillMissing(cache!, index, tokens, look, rows.rows, width) };
       }
       let tokenCount = 0;
       for (const t of tokens) tokenCount += t.ids.length;
@@ -299,7 +326,8 @@ export class Infer {
     const index = model.plan.index;
     const width = model.plan.layout.outputWidth;
     // With the cache, the first part takes its slots after its lookup (a part it answers needs none).
-    const first = this.cache ? undefined : this.hold(model, partSize, timeoutMs);
+    const cache = this.cacheOf(model);
+    const first = cache ? undefined : this.hold(model, partSize, timeoutMs);
     const spent = { tokenizeMs: 0, tokens: 0 };
     try {
       // Texts and ids are tokenized part by part; pairs and KServe tensors at once (then sliced).
@@ -313,7 +341,6 @@ export class Infer {
         for (const t of tokens) spent.tokens += t.ids.length;
         return tokens;
       };
-      const cache = this.cache;
       const rows = await submitInParts({
         submitter: this.submitter,
         model: index,
@@ -373,7 +400,7 @@ export class Infer {
 
   /** Whether the cache may answer a request of `m` without a slot (it holds some of its rows). */
   private mayHit(m: ServedModel): boolean {
-    return this.cache?.holds(m.plan.index) ?? false;
+    return this.cacheOf(m)?.holds(m.plan.index) ?? false;
   }
 
   /**

@@ -30,6 +30,8 @@ import type { HttpRequest, HttpResponse } from './uws.js';
 export interface GateOptions {
   /** API keys; empty: no authentication (--api-key, --api-key-file). */
   apiKeys: string[];
+  /** Keys the 'admin' routes (the model repository's) take instead of the API keys (--admin-api-key); absent or empty: the API keys. */
+  adminApiKeys?: string[];
   /** /metrics needs a key too (--metrics-auth). */
   metricsAuth: boolean;
   /** Most connections at once: open WebSockets plus HTTP connections with a request in progress (--max-connections). */
@@ -55,14 +57,20 @@ export const GATE_DEFAULTS: Omit<GateOptions, 'apiKeys'> = {
   discardTimeoutMs: DISCARD_DEFAULTS.timeoutMs,
 };
 
-/** Who may call a route: anyone ('open'), anyone unless --metrics-auth ('metrics'), or key holders (default). */
-export type RouteAccess = 'open' | 'metrics' | 'key';
+/**
+ * Who may call a route: anyone ('open'), anyone unless --metrics-auth ('metrics'), key holders
+ * (default), or holders of an admin key ('admin': the model repository's routes), which are the API
+ * keys unless --admin-api-key names others.
+ */
+export type RouteAccess = 'open' | 'metrics' | 'key' | 'admin';
 
 export type ConnectionKind = 'http' | 'ws';
 
 export class Gate {
   readonly opts: GateOptions;
   readonly keys: ApiKeys;
+  /** The keys of the 'admin' routes: --admin-api-key's, else the API keys. */
+  readonly adminKeys: ApiKeys;
   /** HTTP requests in progress (each holds its connection). */
   httpActive = 0;
   /** Open WebSockets. */
@@ -79,6 +87,7 @@ export class Gate {
   constructor(opts: GateOptions, metrics: GatewayMetrics, access: AccessLog, hooks: { touch?: () => void; draining?: () => boolean } = {}) {
     this.opts = opts;
     this.keys = new ApiKeys(opts.apiKeys);
+    this.adminKeys = opts.adminApiKeys?.length ? new ApiKeys(opts.adminApiKeys) : this.keys;
     this.metrics = metrics;
     this.access = access;
     this.touch = hooks.touch ?? (() => {});
@@ -138,6 +147,7 @@ export class Gate {
 
   /** Whether a route with `access` needs a key. */
   needsKey(access: RouteAccess): boolean {
+    if (access === 'admin') return this.adminKeys.enabled;
     if (!this.keys.enabled || access === 'open') return false;
     return access === 'key' || this.opts.metricsAuth;
   }
@@ -145,7 +155,7 @@ export class Gate {
   /** The API key check of a request with `Authorization: <header>`: null when let in, else the 401. */
   checkKey(access: RouteAccess, authorization: string): HttpError | null {
     if (!this.needsKey(access)) return null;
-    return unauthorized(this.keys.authorize(authorization));
+    return unauthorized((access === 'admin' ? this.adminKeys : this.keys).authorize(authorization));
   }
 
   /**
@@ -159,7 +169,7 @@ export class Gate {
     this.touch();
     const err =
       this.checkHead(req, ctx.method, ctx.url) ??
-      (access === 'key' ? this.checkConnections('http') : null) ??
+      (access === 'key' || access === 'admin' ? this.checkConnections('http') : null) ??
       this.checkKey(access, req.getHeader('authorization'));
     if (err === null) return true;
     this.metrics.failures.inc({ reason: err.type });

@@ -10,7 +10,11 @@
  *                    stopListening()  the drain's first step: new connections refused
  *                    pending()        requests in flight (the drain waits for none)
  *                    close()          every socket closed; the thread then ends by itself
+ *                    addModel(plan)   serve one more model, or a reloaded one in place of its old version
+ *                    retireModel(id)  new requests no longer find that model (those under way finish)
+ *                    dropModel(id)    forget its slab: false while this thread still waits on any of its inputs
  *   gateway -> main  scrape()   the whole process's Prometheus text
+ *                    repository(op)   the model repository's routes (src/model-repository.ts)
  *                    {type: 'log', lines}  JSON log lines, batched per event-loop turn: the
  *                                thread's events, and its access lines unless they go
  *                                straight to a file descriptor (log.ts)
@@ -23,6 +27,7 @@ import { ControlBlock, WorkerState } from '../shared/control.js';
 import { gatewayMetrics, type GatewayMetrics } from '../shared/metrics.js';
 import { ResultCache, type CacheLayout } from '../shared/result-cache.js';
 import { RpcPeer } from '../shared/rpc.js';
+import { DeadlineExceededError, SlabserveError } from '../shared/errors.js';
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
 import { currentThreadId, nameThread } from '../shared/threads.js';
@@ -36,6 +41,8 @@ import { createTokenizePool } from './tokenize-pool.js';
 import { loadModelTokenizer } from '../core/tokenizer.js';
 import { loadUws, type us_listen_socket } from './uws.js';
 import { registerWebSocket } from './ws.js';
+import { OwnerModels } from '../core/owner-models.js';
+import type { RepositoryAnswer, RepositoryOp } from '../model-repository.js';
 import type { WsOptions } from './ws-options.js';
 
 /**
@@ -67,6 +74,8 @@ export interface GatewayWorkerData {
   security?: Partial<GateOptions>;
   /** The result cache every gateway shares (src/shared/result-cache.ts); absent: off (--cache-mb 0). */
   cache?: { buffer: SharedArrayBuffer; layout: CacheLayout };
+  /** Lazy loading (--lazy-load): a request for a model of the repository not loaded loads it. */
+  lazyLoad?: boolean;
   /** Log level, the file descriptor access lines are written to (absent: they go to the main thread), and whether probes get access lines (--log-probes). */
   log?: { level: LogLevel; accessFd?: number; probes?: boolean };
 }
@@ -74,6 +83,8 @@ export interface GatewayWorkerData {
 export type GatewayMessage = { type: 'listening'; port: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
 
 const data = workerData as GatewayWorkerData;
+/** A load answers once the model is warmed up: give it as long as the inference thread does. */
+const REPOSITORY_RPC_MS = 11 * 60_000;
 const post = (m: GatewayMessage) => parentPort!.postMessage(m);
 
 const toMain = batchedLines((lines) => post({ type: 'log', lines }));
@@ -92,14 +103,16 @@ process.on('exit', flushLogs);
 async function main(): Promise<void> {
   const uws = loadUws();
   const control = new ControlBlock(data.control, data.owners);
-  const slabs = data.models.map((m) => new Slab(m.slab, m.layout));
+  const owned = new OwnerModels(data.models);
+  const { plans, slabs } = owned;
   const registry = new Registry();
   const metrics = gatewayMetrics(registry);
   const pool = createTokenizePool(data.tokenizerThreads, data.tokenizerQueue !== undefined ? { maxQueue: data.tokenizerQueue } : {});
-  const { infer, submitter } = await makeInfer(control, slabs, metrics, pool.tokenize);
+  const { infer, submitter } = await makeInfer(control, plans, slabs, metrics, pool.tokenize);
 
   const lag = new BusyLag();
   let info: unknown = { status: 'starting' };
+  let repository = repositoryOf(info);
   let listenSocket: us_listen_socket | null = null;
   const ready = () =>
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
@@ -110,7 +123,9 @@ async function main(): Promise<void> {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
   }
   const app = uws.App();
-  const closeWebSockets = registerWebSocket(app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access }, data.ws);
+  const askRepository = (op: RepositoryOp, timeoutMs: number) => rpc.call<RepositoryAnswer>('repository', op, timeoutMs);
+  const loadModel = data.lazyLoad ? lazyLoader(askRepository, () => repository.notLoaded) : undefined;
+  const closeWebSockets = registerWebSocket(app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access, loadModel }, data.ws);
   const stopListening = () => {
     if (listenSocket) uws.us_listen_socket_close(listenSocket);
     listenSocket = null;
@@ -135,6 +150,8 @@ async function main(): Promise<void> {
     },
     setInfo: (doc) => {
       info = doc;
+      repository = repositoryOf(doc);
+      infer.missingHint = missingHint(repository);
     },
     // The drain's first step: new connections are refused (not accepted, then reset); the open ones
     // are served, every answer closing its connection (Gate.closesConnection), until close().
@@ -150,6 +167,7 @@ async function main(): Promise<void> {
       return { pending: submitter.pendingCount };
     },
     pending: () => submitter.pendingCount,
+    ...owned.handlers(submitter, infer),
   });
   dieOnUncaught(() => {
     closeSockets();
@@ -159,11 +177,13 @@ async function main(): Promise<void> {
 
   registerRoutes(app, {
     infer,
+    loadModel,
     limits: data.limits,
     metrics,
     ready,
-    info: () => withCosts(info, data.models, slabs),
+    info: () => withCosts(info, infer, slabs),
     scrape: () => rpc.call<string>('scrape'),
+    repository: (op) => askRepository(op, REPOSITORY_RPC_MS),
     version: data.version,
     gate,
   });
@@ -178,9 +198,9 @@ async function main(): Promise<void> {
 }
 
 /** This thread's submitter (as owner `data.owner`) and the request pipeline over it (src/core/infer.ts). */
-async function makeInfer(control: ControlBlock, slabs: Slab[], metrics: GatewayMetrics, batchTokenizer: BatchTokenizer): Promise<{ infer: Infer; submitter: SlabSubmitter }> {
+async function makeInfer(control: ControlBlock, plans: ModelPlan[], slabs: Slab[], metrics: GatewayMetrics, batchTokenizer: BatchTokenizer): Promise<{ infer: Infer; submitter: SlabSubmitter }> {
   const submitter = new SlabSubmitter(slabs, control, data.owner, {
-    buckets: data.models.map((m) => ({ lengths: m.batching.buckets, capacities: m.capacities })),
+    buckets: plans.map((m) => ({ lengths: m.batching.buckets, capacities: m.capacities })),
     onCancel: (r) => {
       metrics.cancellations.inc({ reason: r.reason });
       metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
@@ -220,20 +240,58 @@ function dieOnUncaught(end: () => void): void {
   process.on('unhandledRejection', die);
 }
 
+/** The /info document's repository part: the model control mode and the folders not loaded. */
+function repositoryOf(doc: unknown): { mode: string; notLoaded: Set<string> } {
+  const repo = (doc as { repository?: { modelControlMode: string; notLoaded: string[] } }).repository;
+  return { mode: repo?.modelControlMode ?? 'none', notLoaded: new Set(repo?.notLoaded ?? []) };
+}
+
+/** What a 404 for a model not loaded adds: how to load it. */
+function missingHint(repo: { mode: string; notLoaded: Set<string> }): (name: string) => string {
+  return (name) => {
+    if (!repo.notLoaded.has(name)) return '';
+    return repo.mode === 'explicit'
+      ? `; "${name}" is in the model repository: POST /v2/repository/models/${name}/load loads it`
+      : `; "${name}" is in the model repository but not served: restart with --model ${name}, or with --model-control-mode explicit to load it while serving`;
+  };
+}
+
+/**
+ * Lazy loading (--lazy-load): a request naming a folder of the repository that is not loaded asks
+ * the main thread to load it (one load, shared by every request asking meanwhile, in every gateway)
+ * and waits for it within its own deadline.
+ */
+function lazyLoader(ask: (op: RepositoryOp, timeoutMs: number) => Promise<RepositoryAnswer>, notLoaded: () => Set<string>): (name: string, timeoutMs: number) => Promise<boolean> {
+  return async (name, timeoutMs) => {
+    if (!notLoaded().has(name)) return false;
+    let a: RepositoryAnswer;
+    try {
+      a = await ask({ op: 'ensure', name }, timeoutMs);
+    } catch {
+      throw new DeadlineExceededError(`model "${name}" was still loading at the request's deadline (${timeoutMs} ms); it goes on loading: retry`);
+    }
+    if (!a.ok) throw new SlabserveError(`model "${name}" could not be loaded: ${a.message}`, 'SLABSERVE_MODEL_LOAD_FAILED', a.type === 'unavailable' ? 'unavailable' : 'backend');
+    return true;
+  };
+}
+
 /** The /info document with each model's cost model as the inference thread last fitted it (ms = fixedMs + perRowMs x rows). */
-function withCosts(info: unknown, plans: ModelPlan[], slabs: Slab[]): unknown {
+function withCosts(info: unknown, infer: Infer, slabs: Slab[]): unknown {
   const doc = info as { models?: { name: string }[] };
   if (!Array.isArray(doc.models)) return info;
   const round = (v: number) => Math.round(v * 1000) / 1000;
+  const served = new Map(infer.list().map((m) => [m.plan.spec.name, m.plan]));
   return {
     ...doc,
-    models: doc.models.map((m, i) => ({
-      ...m,
-      costModel: plans[i]!.batching.buckets.map((bucket, b) => {
-        const c = slabs[i]!.cost(b);
+    models: doc.models.map((m) => {
+      const plan = served.get(m.name);
+      if (!plan) return m; // unloaded since the document was made
+      const costModel = plan.batching.buckets.map((bucket, b) => {
+        const c = slabs[plan.index]!.cost(b);
         return { bucket, fixedMs: round(c.fixedMs), perRowMs: round(c.perRowMs) };
-      }),
-    })),
+      });
+      return { ...m, costModel };
+    }),
   };
 }
 

@@ -209,7 +209,7 @@ export class RequestContext {
    * soon as it does. Must be called during the route handler's synchronous
    * part: uWS drops body chunks that arrive before onData is attached.
    */
-  readPayload(limit: number): Promise<unknown> {
+  readPayload(limit: number, opts: { emptyOk?: boolean } = {}): Promise<unknown> {
     const type = this.contentType;
     const isMsgpack = type !== 'application/json' && MSGPACK_TYPES.has(type);
     if (!isMsgpack && type !== '' && type !== 'application/json') {
@@ -233,6 +233,11 @@ export class RequestContext {
           refused = true;
           this.cancel.unlisten(onCancel);
           reject(payloadTooLarge(size, limit));
+          return;
+        }
+        if (isLast && size === 0 && opts.emptyOk) {
+          this.cancel.unlisten(onCancel);
+          resolve(undefined); // no body: the route's defaults
           return;
         }
         if (isLast && chunks === null && !isMsgpack) {

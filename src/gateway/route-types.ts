@@ -5,12 +5,15 @@
 import type { Gate, RouteAccess } from './gate.js';
 import type { RequestContext } from './http.js';
 import type { ServeDeps } from './serving.js';
+import type { RepositoryAnswer, RepositoryOp } from '../model-repository.js';
 
 export interface RouteDeps extends ServeDeps {
   /** The /info document. */
   info(): unknown;
   /** Prometheus text for the whole process. */
   scrape(): Promise<string>;
+  /** A model repository operation, done by the main thread (src/model-repository.ts). */
+  repository(op: RepositoryOp): Promise<RepositoryAnswer>;
   /** slabserve's version (KServe's server metadata); else the /info document's. */
   version?: string;
   /** Head size, connections and API key, checked before every route; ends every request (access log). */

@@ -18,7 +18,8 @@
  * the gateway's connections, before a route runs.
  *
  * Beside them (DEFAULT_ROUTES): TEI's /rerank, /tokenize, /decode (routes-tei.ts), OpenAI's
- * /v1/embeddings and /v1/models (routes-openai.ts), KServe v2 / Triton's /v2/... (routes-kserve.ts).
+ * /v1/embeddings and /v1/models (routes-openai.ts), KServe v2 / Triton's /v2/... (routes-kserve.ts)
+ * and Triton's model repository extension, /v2/repository/... (routes-repository.ts).
  *
  * Responses carry x-queue-time, x-inference-time, x-tokenization-time and
  * x-total-time (ms), as text-embeddings-inference sends them.
@@ -28,6 +29,7 @@ import { HttpError } from '../shared/errors.js';
 import { RequestContext } from './http.js';
 import { kserveRoutes } from './routes-kserve.js';
 import { openaiRoutes } from './routes-openai.js';
+import { REPOSITORY_ROUTES } from './routes-repository.js';
 import { teiRoutes } from './routes-tei.js';
 import type { Route, RouteDeps } from './route-types.js';
 import { ourFail, serveInference } from './serving.js';
@@ -63,7 +65,7 @@ function readiness(ctx: RequestContext, deps: RouteDeps): void {
  * (routes-tei.ts), OpenAI's embeddings (routes-openai.ts) and KServe v2 /
  * Triton's inference protocol (routes-kserve.ts).
  */
-export const DEFAULT_ROUTES: readonly Route[] = [...coreRoutes, ...teiRoutes, ...openaiRoutes, ...kserveRoutes];
+export const DEFAULT_ROUTES: readonly Route[] = [...coreRoutes, ...teiRoutes, ...openaiRoutes, ...kserveRoutes, ...REPOSITORY_ROUTES];
 
 /**
  * Registers `routes`, then a 405 (with Allow) for every known path asked with

@@ -8,6 +8,7 @@ import { z } from 'zod';
 import { EMBEDDING_TYPES, isEmbeddingType } from '../core/quantize.js';
 import { FieldValidationError, UnknownFieldError, ValidationError } from '../shared/errors.js';
 import { nearestName } from '../shared/nearest-name.js';
+import { POOLINGS, TASKS, type Task } from '../shared/model-config.js';
 
 /** Token ids with the special tokens ([CLS] ... [SEP]): pre-tokenized input, as TEI and OpenAI take it. */
 const tokenIds = z.array(z.number().int().nonnegative()).min(1);
@@ -170,6 +171,26 @@ export const KServeInferRequest = z.strictObject({
   outputs: z.array(z.strictObject({ name: z.string(), parameters: z.record(z.string(), z.unknown()).optional() })).optional(),
 });
 export type KServeInferRequest = z.infer<typeof KServeInferRequest>;
+
+// ------------------------------------------------------------ the model repository (Triton's extension)
+
+/** serve.json's fields: what a load's `parameters.config` may set over the folder's own. */
+export const ServeSettingsSchema = z.strictObject({
+  task: z.enum(TASKS as [Task, ...Task[]]).optional(),
+  pooling: z.enum(POOLINGS).optional(),
+  normalize: z.boolean().optional(),
+  maxLength: z.number().int().positive().optional(),
+  defaultPromptName: z.string().optional(),
+  defaultPrompt: z.string().optional(),
+});
+
+export const RepositoryIndexRequest = z.strictObject({ ready: z.boolean().optional() });
+export const RepositoryLoadRequest = z.strictObject({
+  parameters: z.strictObject({ config: z.union([z.string(), z.record(z.string(), z.unknown())]).optional() }).optional(),
+});
+export const RepositoryUnloadRequest = z.strictObject({
+  parameters: z.strictObject({ unload_dependents: z.boolean().optional() }).optional(),
+});
 
 // ------------------------------------------------------------ the hot bodies without zod
 

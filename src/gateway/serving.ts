@@ -15,7 +15,7 @@
  * run the model (/tokenize, /decode) are LocalEndpoints: parse and answer in one.
  */
 import type { Cancellation } from '../shared/cancel.js';
-import { InputTooLongError, NotReadyError } from '../shared/errors.js';
+import { InputTooLongError, ModelNotFoundError, NotReadyError } from '../shared/errors.js';
 import type { GatewayMetrics } from '../shared/metrics.js';
 import type { CounterCell, HistogramCell } from '../shared/metric-cells.js';
 import type { Task } from '../shared/model-config.js';
@@ -49,6 +49,12 @@ export interface EndpointContext {
   userAgent?: string | undefined;
   /** The model the request turned out to use, set by the parser as soon as it is known (metrics, access log; 'unknown' until then). */
   label: { model: string };
+  /**
+   * Lazy loading (--lazy-load): loads model `name` of the repository, resolving true once it takes
+   * requests (concurrent first requests share one load), false at once when the repository has no
+   * such folder; rejects with the load's failure, or past `timeoutMs`. Absent: off.
+   */
+  loadModel?: ((name: string, timeoutMs: number) => Promise<boolean>) | undefined;
 }
 
 /** One inference endpoint of a dialect. */
@@ -90,7 +96,7 @@ export function isAnswer(x: unknown): x is Answer & { value(): unknown } {
  * is still counted and logged under it).
  */
 export async function runEndpoint<S>(ep: Endpoint<S>, body: unknown, ec: EndpointContext): Promise<Served> {
-  const { call, state } = ep.parse(body, ec);
+  const { call, state } = await parseLoading(ep, body, ec);
   const model = (ec.label.model = call.model.plan.spec.name);
   let result: InferResult;
   try {
@@ -101,6 +107,17 @@ export async function runEndpoint<S>(ep: Endpoint<S>, body: unknown, ec: Endpoin
     throw err;
   }
   return { payload: ep.answer(result, call, state, ec), model, inputs: result.rows.rows.length / result.rows.width, result };
+}
+
+/** `ep.parse`; with lazy loading, a request naming a model of the repository that is not loaded loads it (within its deadline) and is parsed again. */
+async function parseLoading<S>(ep: Endpoint<S>, body: unknown, ec: EndpointContext): Promise<{ call: InferCall; state: S }> {
+  try {
+    return ep.parse(body, ec);
+  } catch (err) {
+    if (!(err instanceof ModelNotFoundError) || !ec.loadModel) throw err;
+    if (!(await ec.loadModel(err.model, ec.timeoutMs ?? ec.infer.requestTimeoutMs))) throw err;
+    return ep.parse(body, ec);
+  }
 }
 
 // ---------------------------------------------------------------- metrics, bound once per model
@@ -170,6 +187,8 @@ export interface ServeDeps {
   metrics: GatewayMetrics;
   /** Warmed up, inference alive, not draining. */
   ready(): boolean;
+  /** Lazy loading (EndpointContext.loadModel); absent: off. */
+  loadModel?: EndpointContext['loadModel'];
 }
 
 /** Answers an error in a dialect's shape (ours, OpenAI's, KServe's) and says which status it used. */
@@ -214,7 +233,7 @@ export function refuseBeforeBody(deps: ServeDeps, task: Task | null, pathModel: 
 /** The context a parser gets for an HTTP request. */
 function httpContext(ctx: RequestContext, deps: ServeDeps, params: readonly string[] | undefined, label: { model: string }): EndpointContext {
   const h = ctx.scheduling();
-  return { infer: deps.infer, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label, userAgent: ctx.userAgent };
+  return { infer: deps.infer, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label, userAgent: ctx.userAgent, loadModel: deps.loadModel };
 }
 
 /** Serves one inference endpoint over HTTP (see the header). */

@@ -40,6 +40,8 @@ export interface WsDeps {
   gate: Gate;
   /** One line per request (op) answered. */
   log: AccessLog;
+  /** Lazy loading (EndpointContext.loadModel); absent: off. */
+  loadModel?: EndpointContext['loadModel'];
 }
 
 type RequestId = string | number;
@@ -290,6 +292,7 @@ class WsApi {
       cancel,
       f32: msg.encoding === 'f32',
       label: { model: 'unknown' },
+      loadModel: this.deps.loadModel,
     };
     const started = performance.now();
     const done = (served: Served) => this.answered(ws, id, route, served, started);

@@ -124,14 +124,27 @@ export interface LoopOptions {
 /** Wake at least this often when idle, to refresh the heartbeat (default; LoopOptions.idleWakeMs). */
 export const IDLE_WAKE_MS = 1000;
 
+/** A model the loop serves: its runner and what the loop learns and queues for it. */
+interface LoopModel {
+  /** Its plan's index (ModelPlan.index): its slab's identity in every thread, never reused. */
+  readonly id: number;
+  readonly runner: LoopRunner;
+  readonly queue: ModelQueue;
+  readonly costs: CostModel;
+  readonly rates: ArrivalRate[];
+  /** The shared slab, when the runner writes rows into a private output (LoopOptions.sharedSlabs). */
+  readonly shared: Slab | undefined;
+  /** Its batches running now. */
+  running: number;
+}
+
 export class InferenceLoop {
-  private readonly runners: LoopRunner[];
+  /** The models served, in the order the scheduler sees them (`queues` is the same order). */
+  private readonly models: LoopModel[] = [];
+  private readonly queues: ModelQueue[] = [];
   private readonly control: ControlBlock;
   private readonly options: LoopOptions;
   private readonly scheduling: SchedulingOptions;
-  private readonly queues: ModelQueue[];
-  readonly costs: CostModel[];
-  private readonly rates: ArrivalRate[][];
   private readonly fair: FairShare;
   private readonly utilization = new Utilization();
   private readonly slo: SloModel | undefined;
@@ -145,37 +158,63 @@ export class InferenceLoop {
   private readonly ownersToWake = new Set<number>();
   private readonly clock: LoopClock;
 
+  /** `runners[i]` serves the model of id i (and `options.sharedSlabs[i]` is its shared slab); addModel() adds more. */
   constructor(runners: LoopRunner[], control: ControlBlock, options: LoopOptions) {
-    this.runners = runners;
     this.control = control;
     this.options = options;
     this.clock = options.clock ?? REAL_CLOCK;
     this.epoch = options.epoch ?? control.epoch;
     this.scheduling = options.scheduling ?? DEFAULT_SCHEDULING;
-    const classes = this.scheduling.priorityWeights.length;
-    this.queues = runners.map((r) => ({
-      options: r.options,
-      byClass: Array.from({ length: classes }, () => r.options.buckets.map(() => [] as QueuedRequest[])),
-    }));
-    this.costs = runners.map((r) => new CostModel(r.options.buckets, r.options.buckets.map((len) => batchCapacity(r.options, len))));
-    this.rates = runners.map((r) => r.options.buckets.map(() => new ArrivalRate()));
     this.fair = new FairShare(this.scheduling.priorityWeights);
+    runners.forEach((r, id) => this.addModel(id, r, options.sharedSlabs?.[id]));
     const target = this.scheduling.sloP99Ms;
     this.slo =
       target === undefined
         ? undefined
         : {
             targetMs: target,
-            costMs: (m, b, rows) => this.costs[m]!.predict(b, rows),
-            arrivalsPerMs: (m, b, now) => this.rates[m]![b]!.perMs(now),
+            costMs: (m, b, rows) => this.models[m]!.costs.predict(b, rows),
+            arrivalsPerMs: (m, b, now) => this.models[m]!.rates[b]!.perMs(now),
             utilization: (now) => this.utilization.at(now),
           };
   }
 
+  /** Serves one more model from the next round on (`shared`: as LoopOptions.sharedSlabs). */
+  addModel(id: number, runner: LoopRunner, shared?: Slab): void {
+    if (this.models.some((m) => m.id === id)) throw new Error(`model ${id} is served already`);
+    const buckets = runner.options.buckets;
+    const classes = this.scheduling.priorityWeights.length;
+    const queue: ModelQueue = { options: runner.options, byClass: Array.from({ length: classes }, () => buckets.map(() => [] as QueuedRequest[])) };
+    const costs = new CostModel(buckets, buckets.map((len) => batchCapacity(runner.options, len)));
+    this.models.push({ id, runner, queue, costs, rates: buckets.map(() => new ArrivalRate()), shared, running: 0 });
+    this.queues.push(queue);
+  }
+
+  /**
+   * Stops serving a model. Only an idle one: nothing on its ring, queued or running (the
+   * main thread retires a model from the gateways and waits for its slots to come back first).
+   */
+  removeModel(id: number): void {
+    const at = this.models.findIndex((m) => m.id === id);
+    const m = this.models[at];
+    if (!m) throw new Error(`model ${id} is not served`);
+    if (m.running > 0 || this.queuedOf(m) > 0 || m.runner.slab.submit.size() > 0) throw new Error(`model ${id} still has work: it cannot be removed`);
+    this.models.splice(at, 1);
+    this.queues.splice(at, 1);
+  }
+
+  /** The model of `id`. */
+  private model(id: number): LoopModel {
+    const m = this.models.find((x) => x.id === id);
+    if (!m) throw new Error(`model ${id} is not served`);
+    return m;
+  }
+
   /** Seeds the cost model (warm-up timings) and publishes it. */
-  seedCost(model: number, bucket: number, rows: number, ms: number): void {
-    this.costs[model]!.observe(bucket, rows, ms);
-    this.publishCosts(model);
+  seedCost(id: number, bucket: number, rows: number, ms: number): void {
+    const m = this.model(id);
+    m.costs.observe(bucket, rows, ms);
+    this.publishCosts(m);
   }
 
   /** Whether this thread is still the live inference thread (the main thread has not given it up). */
@@ -211,7 +250,7 @@ export class InferenceLoop {
           ...(this.slo ? { slo: this.slo } : {}),
         });
         if (d.kind === 'run') {
-          this.launch(d.model, d.priority, d.bucket, d.count);
+          this.launch(this.models[d.model]!, d.priority, d.bucket, d.count);
           continue;
         }
         if (d.kind === 'wait') timeout = Math.min(timeout, Math.max(0, d.untilMs - this.clock.now()));
@@ -235,9 +274,9 @@ export class InferenceLoop {
   /** Moves newly submitted slots from the rings into their class and bucket queues. */
   private intake(): void {
     const classes = this.fair.weights.length;
-    for (let m = 0; m < this.runners.length; m++) {
-      const slab = this.runners[m]!.slab;
-      const buckets = this.runners[m]!.options.buckets;
+    for (const m of this.models) {
+      const slab = m.runner.slab;
+      const buckets = m.runner.options.buckets;
       for (let slot = slab.submit.pop(); slot !== -1; slot = slab.submit.pop()) {
         slab.setHeader(slot, H_HOLDER, holderMark(this.epoch, false)); // first: if this thread dies, the main thread answers it
         const length = slab.header(slot, H_LENGTH);
@@ -251,9 +290,9 @@ export class InferenceLoop {
         const enqueuedAt = slab.time(slot, T_ENQUEUED);
         const deadline = slab.time(slot, T_DEADLINE);
         // A chunk's quantum: about one full batch of its size, so other requests fit between chunks.
-        const quantum = Math.max(0.5, this.costs[m]!.predict(b, INTERLEAVE_CHUNK));
+        const quantum = Math.max(0.5, m.costs.predict(b, INTERLEAVE_CHUNK));
         if (!this.hasQueued(priority)) this.fair.activate(priority, this.activeClasses());
-        enqueue(this.queues[m]!.byClass[priority]![b]!, {
+        enqueue(m.queue.byClass[priority]![b]!, {
           slot,
           length,
           enqueuedAt,
@@ -261,7 +300,7 @@ export class InferenceLoop {
           priority,
           key: orderKey(deadline, slab.header(slot, H_CHUNK), quantum),
         });
-        this.rates[m]![b]!.arrive(enqueuedAt);
+        m.rates[b]!.arrive(enqueuedAt);
       }
     }
     this.wakeOwners();
@@ -276,8 +315,8 @@ export class InferenceLoop {
   }
 
   /** A request leaves the queue (into a batch, expired or cancelled): its padded tokens are no longer queued work. */
-  private dequeued(model: number, slot: number, length: number): void {
-    const r = this.runners[model]!;
+  private dequeued(m: LoopModel, slot: number, length: number): void {
+    const r = m.runner;
     r.slab.setHeader(slot, H_HOLDER, holderMark(this.epoch, true));
     const b = bucketFor(r.options.buckets, length);
     Atomics.sub(r.slab.accounts, Account.QUEUED_TOKENS, r.options.buckets[b]!);
@@ -286,9 +325,9 @@ export class InferenceLoop {
 
   /** Drops cancelled requests (freeing their slots) and fails expired ones before they reach the device. */
   private sweep(now: number): void {
-    for (let m = 0; m < this.queues.length; m++) {
-      const slab = this.runners[m]!.slab;
-      for (const byBucket of this.queues[m]!.byClass) {
+    for (const m of this.models) {
+      const slab = m.runner.slab;
+      for (const byBucket of m.queue.byClass) {
         for (const fifo of byBucket) {
           let kept = 0;
           for (const q of fifo) {
@@ -310,14 +349,14 @@ export class InferenceLoop {
     this.wakeOwners();
   }
 
-  private launch(model: number, priority: number, bucket: number, count: number): void {
-    const runner = this.runners[model]!;
+  private launch(model: LoopModel, priority: number, bucket: number, count: number): void {
+    const runner = model.runner;
     const slab = runner.slab;
-    const taken = this.queues[model]!.byClass[priority]![bucket]!.splice(0, count);
+    const taken = model.queue.byClass[priority]![bucket]!.splice(0, count);
     const slots: number[] = [];
     const now = this.clock.now();
     // A request that would only finish after its deadline does not run: its answer would be a timeout anyway.
-    const finishesAt = now + this.costs[model]!.predict(bucket, taken.length);
+    const finishesAt = now + model.costs.predict(bucket, taken.length);
     for (const q of taken) {
       this.dequeued(model, q.slot, q.length);
       if (q.deadline <= finishesAt) {
@@ -333,8 +372,9 @@ export class InferenceLoop {
       return;
     }
     this.fair.charge(priority, slots.length * runner.options.buckets[bucket]!);
-    slab.counters[Counter.BUSY_UNTIL] = now + this.costs[model]!.predict(bucket, slots.length);
+    slab.counters[Counter.BUSY_UNTIL] = now + model.costs.predict(bucket, slots.length);
     this.inflight++;
+    model.running++;
     this.control.inflightBatches = this.inflight;
     const started = this.clock.now();
     this.runStarts.push(started);
@@ -343,6 +383,7 @@ export class InferenceLoop {
     void this.execute(model, bucket, slots, generations, started).finally(() => {
       if (!this.alive()) return; // given up: the main thread has answered these requests
       this.inflight--;
+      model.running--;
       this.control.inflightBatches = this.inflight;
       this.runStarts.splice(this.runStarts.indexOf(started), 1);
       this.control.heartbeat = this.clock.now(); // before the run start is cleared: the watchdog never sees a stale heartbeat and no run
@@ -363,8 +404,8 @@ export class InferenceLoop {
   }
 
   /** Runs one batch and ends its requests; a failed batch is split (splitFailedBatches). */
-  private async execute(model: number, bucket: number, slots: number[], generations: number[], started: number): Promise<void> {
-    const runner = this.runners[model]!;
+  private async execute(model: LoopModel, bucket: number, slots: number[], generations: number[], started: number): Promise<void> {
+    const runner = model.runner;
     const slab = runner.slab;
     try {
       const stats = await runner.run(slots, bucket);
@@ -391,8 +432,8 @@ export class InferenceLoop {
    * An input that fails alone while others of its batch ran is the input's
    * fault (SlotError.INPUT, 422); if nothing ran, the device is (INFERENCE, 500).
    */
-  private async split(model: number, bucket: number, slots: number[], generations: number[], started: number): Promise<void> {
-    const runner = this.runners[model]!;
+  private async split(model: LoopModel, bucket: number, slots: number[], generations: number[], started: number): Promise<void> {
+    const runner = model.runner;
     const slab = runner.slab;
     const levels = Math.ceil(Math.log2(slots.length));
     const failed: { slots: number[]; generations: number[] } = { slots: [], generations: [] };
@@ -447,17 +488,17 @@ export class InferenceLoop {
   }
 
   /** Counters, cost model and metrics of a run that succeeded. */
-  private recordRun(model: number, bucket: number, stats: BatchStats, started: number): void {
-    const c = this.runners[model]!.slab.counters;
+  private recordRun(model: LoopModel, bucket: number, stats: BatchStats, started: number): void {
+    const c = model.runner.slab.counters;
     c[Counter.BATCHES]! += 1;
     c[Counter.ROWS]! += stats.rows;
     c[Counter.REAL_TOKENS]! += stats.realTokens;
     c[Counter.PADDED_TOKENS]! += stats.paddedTokens;
     c[Counter.RUN_MS]! += stats.runMs;
-    this.costs[model]!.observe(bucket, stats.rows, stats.runMs);
+    model.costs.observe(bucket, stats.rows, stats.runMs);
     this.utilization.busy(started, started + stats.runMs);
     this.publishCosts(model);
-    this.options.onBatch?.(model, bucket, stats);
+    this.options.onBatch?.(model.id, bucket, stats);
   }
 
   /**
@@ -466,9 +507,9 @@ export class InferenceLoop {
    * was reused): it is left alone. Rows written into a private output are
    * copied into the shared slot first.
    */
-  private completeBatch(model: number, slots: number[], generations: number[], started: number, state: number, error: number): void {
-    const slab = this.runners[model]!.slab;
-    const shared = this.options.sharedSlabs?.[model];
+  private completeBatch(model: LoopModel, slots: number[], generations: number[], started: number, state: number, error: number): void {
+    const slab = model.runner.slab;
+    const shared = model.shared;
     const finished = this.clock.now();
     slots.forEach((slot, i) => {
       if (slab.header(slot, H_GENERATION) !== generations[i]) return;
@@ -481,27 +522,26 @@ export class InferenceLoop {
   }
 
   /** Fails a queued request whose deadline has passed; it never reaches the device. */
-  private expire(model: number, slot: number, length: number): void {
+  private expire(model: LoopModel, slot: number, length: number): void {
     if (this.finish(model, slot, SlotState.FAILED, SlotError.DEADLINE, SlotState.QUEUED)) {
-      const c = this.runners[model]!.slab.counters;
+      const c = model.runner.slab.counters;
       c[Counter.DROPPED_EXPIRED]! += 1;
       c[Counter.EXPIRED_TOKENS]! += length;
     }
   }
 
   /** Writes the cost model into the slab, where gateways read it (admission, /info). */
-  private publishCosts(model: number): void {
-    const slab: Slab = this.runners[model]!.slab;
-    const cost = this.costs[model]!;
-    cost.coefficients().forEach((k, b) => slab.setCost(b, k.fixedMs, k.perRowMs, k.samples));
+  private publishCosts(model: LoopModel): void {
+    const slab: Slab = model.runner.slab;
+    model.costs.coefficients().forEach((k, b) => slab.setCost(b, k.fixedMs, k.perRowMs, k.samples));
   }
 
   /**
    * Ends a request: `from` -> `state` and onto its owner's completion queue.
    * If its owner cancelled it meanwhile, the slot is freed instead (returns false).
    */
-  private finish(model: number, slot: number, state: number, error: number, from: number = SlotState.QUEUED): boolean {
-    const slab = this.runners[model]!.slab;
+  private finish(model: LoopModel, slot: number, state: number, error: number, from: number = SlotState.QUEUED): boolean {
+    const slab = model.runner.slab;
     slab.setHeader(slot, H_ERROR, error);
     const found = slab.transition(slot, from, state);
     if (found === SlotState.CANCELLED) {
@@ -515,8 +555,8 @@ export class InferenceLoop {
     return true;
   }
 
-  private freeCancelled(model: number, slot: number): void {
-    const slab = this.runners[model]!.slab;
+  private freeCancelled(model: LoopModel, slot: number): void {
+    const slab = model.runner.slab;
     if (slab.transition(slot, SlotState.CANCELLED, SlotState.FREE) === SlotState.CANCELLED) {
       slab.counters[Counter.CANCELLED_SKIPPED]! += 1;
       slab.free.push(slot);
@@ -530,11 +570,14 @@ export class InferenceLoop {
   }
 
   private publishQueueDepth(): void {
-    for (let m = 0; m < this.queues.length; m++) {
-      let n = 0;
-      for (const byBucket of this.queues[m]!.byClass) for (const fifo of byBucket) n += fifo.length;
-      this.runners[m]!.slab.counters[Counter.QUEUED] = n;
-    }
+    for (const m of this.models) m.runner.slab.counters[Counter.QUEUED] = this.queuedOf(m);
+  }
+
+  /** Requests of `m` waiting in its class and bucket queues. */
+  private queuedOf(m: LoopModel): number {
+    let n = 0;
+    for (const byBucket of m.queue.byClass) for (const fifo of byBucket) n += fifo.length;
+    return n;
   }
 
   /** Lets running batches finish, then fails every request still queued or still arriving. */
@@ -545,8 +588,8 @@ export class InferenceLoop {
       if (!this.alive()) return;
     }
     this.intake();
-    for (let m = 0; m < this.queues.length; m++) {
-      for (const byBucket of this.queues[m]!.byClass) {
+    for (const m of this.models) {
+      for (const byBucket of m.queue.byClass) {
         for (const fifo of byBucket) {
           for (const q of fifo) {
             this.dequeued(m, q.slot, q.length);

@@ -28,13 +28,14 @@ import { Registry } from 'prom-client';
 import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
 import { inferenceMetrics } from '../shared/metrics.js';
-import { RpcPeer } from '../shared/rpc.js';
+import { RpcPeer, type RpcHandlers } from '../shared/rpc.js';
 import type { ModelSpec } from '../shared/model-config.js';
 import { H_LENGTH, Slab, type SlabLayout } from '../shared/slab.js';
 import { currentThreadId, lowerThreadPriority, nameThread, threadsNamed } from '../shared/threads.js';
 import { cudaMissing, cudaUnavailableMessage, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
 import { InferenceHold } from './hold.js';
 import { IDLE_WAKE_MS, InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
+import { trimHeap } from './memory-trim.js';
 import { ModelRunner } from './runner.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
@@ -47,13 +48,34 @@ export interface InferenceWorkerData {
   intraOpNice: number;
   maxInflightBatches: number;
   scheduling: SchedulingOptions;
-  models: { spec: ModelSpec; slab: SharedArrayBuffer; layout: SlabLayout; batching: BatchingOptions }[];
+  /** The models to open at start; addModel() opens more while it runs. */
+  models: WorkerModel[];
   /** The control block's epoch when this thread was started: it is the live thread while the block holds it. */
   epoch: number;
   /** The longest its loop sleeps when idle (LoopOptions.idleWakeMs). */
   idleWakeMs?: number;
   /** Test hooks, present only when the server runs with SLABSERVE_TEST_HOOKS=1. */
   testHooks?: InferenceTestHooks;
+}
+
+/** A model as this thread needs it: its plan's id and spec, its slab, its batching. */
+export interface WorkerModel {
+  /** ModelPlan.index: the slab's identity in every thread, never reused. */
+  id: number;
+  spec: ModelSpec;
+  slab: SharedArrayBuffer;
+  layout: SlabLayout;
+  batching: BatchingOptions;
+}
+
+/** What addModel answers: how long the model took to open and warm up, and what it cost in memory. */
+export interface ModelOpened {
+  openMs: number;
+  warmUpMs: number;
+  /** Resident memory of the process after the warm-up minus before the session was created (other threads' churn included). */
+  rssBytes: number;
+  /** On CUDA: device memory in use after the warm-up minus before (nvidia-smi; other processes' included); null elsewhere. */
+  deviceBytes: number | null;
 }
 
 /** What a test may do to an inference thread (SLABSERVE_TEST_HOOKS=1 only). */
@@ -97,28 +119,31 @@ const post = (m: InferenceWorkerMessage) => parentPort!.postMessage(m);
 const control = new ControlBlock(data.control, data.owners);
 /** Whether this thread is still the live one (the main thread has not given it up). */
 const live = () => control.epoch === data.epoch;
-const sharedSlabs = data.models.map((m) => new Slab(m.slab, m.layout));
+/** Every model served, by id: its plan, its shared slab, and its runner (on a private output). */
+const served = new Map<number, { model: WorkerModel; shared: Slab; runner: ModelRunner }>();
 
-/** Opens every model on the requested device; with `auto`, falls back to CPU when CUDA cannot be used. */
-async function openRunners(): Promise<{ runners: ModelRunner[]; device: DeviceInfo; note?: string }> {
+/** Opens one model's session on `device` (not yet warmed up, not yet in the loop). */
+async function openModel(model: WorkerModel, device: DeviceInfo): Promise<{ model: WorkerModel; shared: Slab; runner: ModelRunner }> {
+  const shared = new Slab(model.slab, model.layout);
+  const runner = await ModelRunner.create(model.spec, shared.withPrivateOutput(), model.batching, device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches);
+  return { model, shared, runner };
+}
+
+/** Opens every start-up model on the requested device; with `auto`, falls back to CPU when CUDA cannot be used. */
+async function openRunners(): Promise<{ opened: { model: WorkerModel; shared: Slab; runner: ModelRunner }[]; device: DeviceInfo; note?: string }> {
   const want = parseDevice(data.device);
-  const open = (device: DeviceInfo) =>
-    Promise.all(
-      data.models.map((m) =>
-        ModelRunner.create(m.spec, sharedSlabs[data.models.indexOf(m)]!.withPrivateOutput(), m.batching, device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches),
-      ),
-    );
-  if (want.kind === 'cpu') return { runners: await open(describeCpu()), device: describeCpu() };
+  const open = (device: DeviceInfo) => Promise.all(data.models.map((m) => openModel(m, device)));
+  if (want.kind === 'cpu') return { opened: await open(describeCpu()), device: describeCpu() };
   // No CUDA session unless the pre-flight passes: a failing one prints onnxruntime's own errors.
   const missing = cudaMissing();
   if (missing && want.kind === 'cuda') throw new Error(cudaUnavailableMessage(missing));
-  if (missing) return { runners: await open(describeCpu()), device: describeCpu(), note: `auto: ${missing.reason}, using CPU` };
+  if (missing) return { opened: await open(describeCpu()), device: describeCpu(), note: `auto: ${missing.reason}, using CPU` };
   const gpu = describeCuda(want.id);
   try {
-    return { runners: await open(gpu), device: gpu };
+    return { opened: await open(gpu), device: gpu };
   } catch (err) {
     if (want.kind === 'cuda') throw err;
-    return { runners: await open(describeCpu()), device: describeCpu(), note: `auto: CUDA unavailable (${(err as Error).message.split('\n')[0]}), using CPU` };
+    return { opened: await open(describeCpu()), device: describeCpu(), note: `auto: CUDA unavailable (${(err as Error).message.split('\n')[0]}), using CPU` };
   }
 }
 
@@ -143,18 +168,17 @@ function claimPoolThreads(device: DeviceInfo): InferenceThreadIds {
 
 async function main(): Promise<void> {
   // Answers metrics scrapes; its port listener also keeps this thread alive
-  // while the loop sleeps in Atomics.waitAsync.
-  new RpcPeer(parentPort!, { metrics: () => registry.getMetricsAsJSON(), ...(data.testHooks ? testHookHandlers(data.testHooks) : {}) });
-  let runners: ModelRunner[];
+  // while the loop sleeps in Atomics.waitAsync. The model handlers join once the loop runs.
+  const handlers: RpcHandlers = { metrics: () => registry.getMetricsAsJSON(), ...(data.testHooks ? testHookHandlers(data.testHooks) : {}) };
+  new RpcPeer(parentPort!, handlers);
+  let device: DeviceInfo;
   let loop: InferenceLoop;
   try {
     const opened = await openRunners();
     const threads = claimPoolThreads(opened.device);
-    runners = opened.runners;
-    loop = createLoop(data.testHooks ? runners.map(hooked) : runners);
-    for (const [m, r] of runners.entries()) {
-      for (const t of await r.warmUp()) loop.seedCost(m, t.bucket, t.rows, t.ms);
-    }
+    device = opened.device;
+    loop = createLoop();
+    for (const o of opened.opened) await serve(loop, o);
     if (live()) {
       control.heartbeat = Date.now();
       control.workerState = WorkerState.READY;
@@ -165,12 +189,63 @@ async function main(): Promise<void> {
     post({ type: 'fatal', message: (err as Error).message });
     process.exit(1);
   }
+  Object.assign(handlers, modelHandlers(loop, device));
   await loop.run();
-  await Promise.all(runners.map((r) => r.release()));
+  await Promise.all([...served.values()].map((s) => s.runner.release()));
   if (live()) control.workerState = WorkerState.STOPPED;
   post({ type: 'stopped' });
   parentPort!.removeAllListeners('message');
   parentPort!.close();
+}
+
+/** Warms an opened model up (seeding its cost model) and hands it to the loop. Returns the warm-up's ms. */
+async function serve(loop: InferenceLoop, o: { model: WorkerModel; shared: Slab; runner: ModelRunner }): Promise<number> {
+  const started = performance.now();
+  const timings = await o.runner.warmUp();
+  loop.addModel(o.model.id, data.testHooks ? hooked(o.runner) : o.runner, o.shared);
+  for (const t of timings) loop.seedCost(o.model.id, t.bucket, t.rows, t.ms);
+  served.set(o.model.id, o);
+  return performance.now() - started;
+}
+
+/**
+ * RPC from the main thread while the loop runs (src/model-repository.ts):
+ *   addModel(WorkerModel) -> ModelOpened   opens, warms up and serves one more model
+ *   removeModel(id)                        stops serving an idle model and frees its session
+ * Warm-up runs go to onnxruntime beside the loop's batches, one bucket at a time.
+ */
+function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
+  return {
+    addModel: async (arg) => {
+      const model = arg as WorkerModel;
+      if (served.has(model.id)) throw new Error(`model ${model.id} is served already`);
+      const deviceUsed = () => (device.kind === 'cuda' ? (describeCuda(device.id).memoryUsedBytes ?? null) : null);
+      const deviceBefore = deviceUsed();
+      const rssBefore = process.memoryUsage.rss();
+      const started = performance.now();
+      const opened = await openModel(model, device);
+      const openMs = performance.now() - started;
+      let warmUpMs: number;
+      try {
+        warmUpMs = await serve(loop, opened);
+      } catch (err) {
+        await opened.runner.release();
+        throw err;
+      }
+      const deviceAfter = deviceUsed();
+      const deviceBytes = deviceBefore !== null && deviceAfter !== null ? deviceAfter - deviceBefore : null;
+      return { openMs, warmUpMs, rssBytes: process.memoryUsage.rss() - rssBefore, deviceBytes } satisfies ModelOpened;
+    },
+    removeModel: async (arg) => {
+      const id = arg as number;
+      const s = served.get(id);
+      if (!s) return;
+      loop.removeModel(id);
+      served.delete(id);
+      await s.runner.release();
+      trimHeap(); // the session's memory back to the system, not kept in malloc's free lists
+    },
+  };
 }
 
 // ------------------------------------------------------------------ test hooks (SLABSERVE_TEST_HOOKS=1 only)
@@ -246,22 +321,21 @@ function holdHook(hooks: InferenceTestHooks): () => Promise<void> | undefined {
   return () => hold.park(stay, data.idleWakeMs ?? IDLE_WAKE_MS);
 }
 
-function createLoop(runners: LoopRunner[]): InferenceLoop {
-  return new InferenceLoop(runners, control, {
+function createLoop(): InferenceLoop {
+  return new InferenceLoop([], control, {
     ...(data.testHooks ? { hold: holdHook(data.testHooks) } : {}),
     maxInflightBatches: data.maxInflightBatches,
     scheduling: data.scheduling,
     epoch: data.epoch,
     ...(data.idleWakeMs !== undefined ? { idleWakeMs: data.idleWakeMs } : {}),
     splitFailedBatches: true,
-    sharedSlabs,
     onSplit: (model, outcome) => post({ type: 'split', model, ...outcome }),
     onBatchError: (model, error) => {
       metrics.batchFailures.inc({ model });
       post({ type: 'batch-error', model, message: (error as Error)?.message ?? String(error) });
     },
     onBatch: (m, bucket, stats) => {
-      const { spec, batching } = data.models[m]!;
+      const { spec, batching } = served.get(m)!.model;
       const labels = { model: spec.name };
       metrics.batchSize.observe(labels, stats.rows);
       metrics.batchDuration.observe(labels, stats.runMs / 1000);

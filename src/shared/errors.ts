@@ -78,8 +78,19 @@ export class InputTooLongError extends SlabserveError {
 }
 
 export class ModelNotFoundError extends SlabserveError {
-  constructor(name: string, known: readonly string[]) {
-    super(`unknown model "${name}"; loaded: ${known.join(', ') || '(none)'}`, 'SLABSERVE_MODEL_NOT_FOUND', 'not_found');
+  /** The name asked for. */
+  readonly model: string;
+  /** `hint`: how to get it, when the repository has it (appended to the message). */
+  constructor(name: string, known: readonly string[], hint = '') {
+    super(`unknown model "${name}"; loaded: ${known.join(', ') || '(none)'}${hint}`, 'SLABSERVE_MODEL_NOT_FOUND', 'not_found');
+    this.model = name;
+  }
+}
+
+/** The model a request had found was unloaded (or replaced by a reload) before the request took its slots. */
+export class ModelUnloadedError extends SlabserveError {
+  constructor() {
+    super('the model was unloaded while this request was being prepared; retry (a reloaded model takes it)', 'SLABSERVE_MODEL_UNLOADED', 'unavailable');
   }
 }
 

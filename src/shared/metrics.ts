@@ -315,3 +315,52 @@ export function supervisionMetrics(registry: Registry, state: { abandonedInferen
     }),
   };
 }
+
+/** The model repository's (src/model-repository.ts), kept by the main thread. */
+export function repositoryMetrics(registry: Registry, state: { loaded(): { name: string; memoryBytes: number | null }[]; known(): string[] }) {
+  const registers = [registry];
+  new Gauge({
+    name: 'slabserve_model_loaded',
+    help: 'Whether each model of the repository is served now (1) or not (0).',
+    labelNames: ['model'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const name of state.known()) this.set({ model: name }, 0);
+      for (const m of state.loaded()) this.set({ model: m.name }, 1);
+    },
+  });
+  new Gauge({
+    name: 'slabserve_model_memory_bytes',
+    help: "Each loaded model's footprint as measured at its load: the process's resident memory after its session was created and warmed up, less before, plus its slab (absent for the models loaded at start).",
+    labelNames: ['model'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const m of state.loaded()) if (m.memoryBytes !== null) this.set({ model: m.name }, m.memoryBytes);
+    },
+  });
+  return {
+    loads: new Counter({
+      name: 'slabserve_model_loads_total',
+      help: 'Model loads and reloads, by outcome: ok, failed.',
+      labelNames: ['model', 'outcome'] as const,
+      registers,
+    }),
+    unloads: new Counter({
+      name: 'slabserve_model_unloads_total',
+      help: 'Model versions unloaded, by reason: request (an unload), reload (the version a reload replaced), budget (to make room for a load), idle (past --model-idle-unload-s).',
+      labelNames: ['model', 'reason'] as const,
+      registers,
+    }),
+    loadSeconds: new Histogram({
+      name: 'slabserve_model_load_seconds',
+      help: 'Time from a load request to the model taking requests: files read, session opened, every bucket warmed up, handed to the gateways.',
+      labelNames: ['model'] as const,
+      buckets: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120],
+      registers,
+    }),
+  };
+}
+
+export type RepositoryMetrics = ReturnType<typeof repositoryMetrics>;

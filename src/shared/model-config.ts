@@ -145,7 +145,8 @@ interface HfConfig {
   type_vocab_size?: number;
 }
 
-interface ServeJson {
+/** serve.json: what a folder may say about how it is served (a load's parameters.config says the same, over it). */
+export interface ServeSettings {
   task?: Task;
   pooling?: Pooling;
   normalize?: boolean;
@@ -154,10 +155,10 @@ interface ServeJson {
   defaultPrompt?: string;
 }
 
-export function loadModelSpec(dir: string, name = basename(dir), overrides: ModelOverrides = {}): ModelSpec {
+export function loadModelSpec(dir: string, name = basename(dir), overrides: ModelOverrides = {}, serveOver: ServeSettings = {}): ModelSpec {
   if (!isValidModelName(name)) throw new Error(`invalid model name "${name}"`);
   const config = readJsonFile<HfConfig>(join(dir, 'config.json'));
-  const serve: ServeJson = existsSync(join(dir, 'serve.json')) ? readJsonFile<ServeJson>(join(dir, 'serve.json')) : {};
+  const serve: ServeSettings = { ...(existsSync(join(dir, 'serve.json')) ? readJsonFile<ServeSettings>(join(dir, 'serve.json')) : {}), ...serveOver };
 
   const { path: onnxPath, dtype, source: dtypeSource } = chooseGraph(name, dir, overrides);
   const graphInputs = tokenInputs(name, onnxPath);
@@ -231,7 +232,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
  * flags, then serve.json, then config_sentence_transformers.json's
  * default_prompt_name. A name the model does not have is an error.
  */
-function chooseDefaultPrompt(name: string, folder: FolderSettings, overrides: ModelOverrides, serve: ServeJson): Sourced<{ name?: string; text: string }> | undefined {
+function chooseDefaultPrompt(name: string, folder: FolderSettings, overrides: ModelOverrides, serve: ServeSettings): Sourced<{ name?: string; text: string }> | undefined {
   const literal = first(sourced(overrides.defaultPrompt, 'flag'), sourced(serve.defaultPrompt, 'serve.json'));
   const named = first(sourced(overrides.defaultPromptName, 'flag'), sourced(serve.defaultPromptName, 'serve.json'), folder.defaultPromptName);
   // A literal text given at a level outranks a name given below it.

@@ -364,6 +364,11 @@ export class ResultCache {
     return freed;
   }
 
+  /** Whether `model` has a region here: the models of the start-up set do; a model loaded later (a new id) does not. */
+  covers(model: number): boolean {
+    return model < this.regions.length;
+  }
+
   /** Whether `model` has any entry: a request for it may be answered without a slot. */
   holds(model: number): boolean {
     return this.sum(model, S_LIVE) > 0;

@@ -32,6 +32,7 @@ import {
   InferenceError,
   InferenceRestartedError,
   InputFailedError,
+  ModelUnloadedError,
   OverloadedError,
   SlabserveError,
   ValidationError,
@@ -185,13 +186,14 @@ class Ticket {
 }
 
 export class SlabSubmitter {
+  /** By model id (ModelPlan.index), as every per-model array here: holes where a model was removed. */
   private readonly slabs: Slab[];
   private readonly owner: number;
   private readonly control: ControlBlock;
   private readonly bell: Doorbell;
   /** pending[model][slot]: the request waiting on that slot, if any, and which of its inputs the slot holds. */
-  private readonly pending: (Ticket | undefined)[][];
-  private readonly pendingInput: Int32Array[];
+  private readonly pending: (Ticket | undefined)[][] = [];
+  private readonly pendingInput: Int32Array[] = [];
   /** Inputs submitted and not yet settled. */
   private inFlight = 0;
   /** Slots held by reservations, not yet filled or given back. */
@@ -202,9 +204,9 @@ export class SlabSubmitter {
   private listening = false;
 
   /** Per model: bucket lengths and the batch capacity of each (for the queued-work tallies and admission). */
-  private readonly buckets: { lengths: number[]; capacities: number[] }[];
+  private readonly buckets: { lengths: number[]; capacities: number[] }[] = [];
   /** Per model: scratch for predictedWaitMs (no allocation per request). */
-  private readonly waitScratch: { request: Int32Array; queued: Int32Array; costs: BucketCost[] }[];
+  private readonly waitScratch: { request: Int32Array; queued: Int32Array; costs: BucketCost[] }[] = [];
   private readonly onCancel: ((r: CancelReport) => void) | undefined;
 
   constructor(
@@ -213,20 +215,46 @@ export class SlabSubmitter {
     owner: number,
     opts: { buckets?: { lengths: number[]; capacities: number[] }[]; onCancel?: (r: CancelReport) => void } = {},
   ) {
-    this.slabs = slabs;
     this.control = control;
     this.owner = owner;
     this.bell = control.ownerBell(owner);
-    this.pending = slabs.map((s) => new Array<Ticket | undefined>(s.layout.slotCount));
-    this.pendingInput = slabs.map((s) => new Int32Array(s.layout.slotCount));
-    this.buckets = slabs.map((s, m) => opts.buckets?.[m] ?? { lengths: [s.layout.maxLength], capacities: [1] });
-    this.waitScratch = this.buckets.map((b) => ({
-      request: new Int32Array(b.lengths.length),
-      queued: new Int32Array(b.lengths.length),
-      costs: b.capacities.map((capacity) => ({ capacity, fixedMs: 0, perRowMs: 0 })),
-    }));
+    this.slabs = [];
+    slabs.forEach((slab, id) => this.addModel(id, slab, opts.buckets?.[id]));
     this.onCancel = opts.onCancel;
     this.drain(); // completions left for a previous thread with this owner index (it died): free them
+  }
+
+  /** Submits to one more model from now on: model id `id` (ModelPlan.index), its slab and its buckets. */
+  addModel(id: number, slab: Slab, buckets: { lengths: number[]; capacities: number[] } = { lengths: [slab.layout.maxLength], capacities: [1] }): void {
+    if (this.slabs[id]) throw new Error(`model ${id} is submitted to already`);
+    this.slabs[id] = slab;
+    this.pending[id] = new Array<Ticket | undefined>(slab.layout.slotCount);
+    this.pendingInput[id] = new Int32Array(slab.layout.slotCount);
+    this.buckets[id] = buckets;
+    this.waitScratch[id] = {
+      request: new Int32Array(buckets.lengths.length),
+      queued: new Int32Array(buckets.lengths.length),
+      costs: buckets.capacities.map((capacity) => ({ capacity, fixedMs: 0, perRowMs: 0 })),
+    };
+  }
+
+  /**
+   * Forgets model `id` (unloaded): false, and nothing changes, while this owner still waits on
+   * any of its inputs. Its completions are drained first.
+   */
+  removeModel(id: number): boolean {
+    const slab = this.slabs[id];
+    if (!slab) return true;
+    const queue = slab.completions[this.owner]!;
+    for (let slot = queue.pop(); slot !== -1; slot = queue.pop()) this.complete(id, slab, slot);
+    if (this.pending[id]!.some((t) => t !== undefined)) return false;
+    for (const key of this.abandoned) if (Math.floor(key / 2 ** 32) === id) return false;
+    delete this.slabs[id];
+    delete this.pending[id];
+    delete this.pendingInput[id];
+    delete this.buckets[id];
+    delete this.waitScratch[id];
+    return true;
   }
 
   /** The bucket an input of `length` tokens is queued in (the last for anything longer: lengths are checked before). */
@@ -278,7 +306,7 @@ export class SlabSubmitter {
   reserve(model: number, count: number): SlotReservation {
     if (this.closed) throw new EngineClosedError();
     const slab = this.slabs[model];
-    if (!slab) throw new ValidationError(`no model with index ${model}`);
+    if (!slab) throw new ModelUnloadedError();
     if (!(count >= 1)) throw new ValidationError(`a request needs at least one slot, not ${count}`);
     const popped: number[] = [];
     while (popped.length < count) {
@@ -327,7 +355,7 @@ export class SlabSubmitter {
   submitRequest(model: number, inputs: readonly SubmitInput[], opts: RequestSubmitOptions): Promise<RequestRows> {
     if (this.closed) return Promise.reject(new EngineClosedError());
     const slab = this.slabs[model];
-    if (!slab) return Promise.reject(new ValidationError(`no model with index ${model}`));
+    if (!slab) return Promise.reject(new ModelUnloadedError());
     const n = inputs.length;
     if (n < 1) return Promise.reject(new ValidationError('a request needs at least one input'));
     for (const x of inputs) {
@@ -454,7 +482,8 @@ export class SlabSubmitter {
   /** Settles every finished request on this owner's completion queues. */
   drain(): void {
     for (let m = 0; m < this.slabs.length; m++) {
-      const slab = this.slabs[m]!;
+      const slab = this.slabs[m];
+      if (!slab) continue;
       const queue = slab.completions[this.owner]!;
       for (let slot = queue.pop(); slot !== -1; slot = queue.pop()) this.complete(m, slab, slot);
     }
@@ -504,6 +533,7 @@ export class SlabSubmitter {
     this.closed = true;
     this.drain();
     for (let m = 0; m < this.slabs.length; m++) {
+      if (!this.pending[m]) continue;
       for (let slot = 0; slot < this.pending[m]!.length; slot++) {
         const t = this.pending[m]![slot];
         if (!t) continue;
