@@ -411,7 +411,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     models: modelSet,
     inference,
     gateways: { callEvery: async <T>(method: string, arg: unknown) => [(await handlers[method as keyof typeof handlers](arg)) as T] },
-    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}) }),
+    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => modelSet.reusable(bytes) }),
     onChange: async () => {},
     log,
     drainTimeoutMs: requestTimeoutMs + 1000,

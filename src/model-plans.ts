@@ -48,12 +48,17 @@ export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
  * its settings read (`serve` over the folder's serve.json, for a load's parameters.config), its
  * batching checked, its slab made. Throws with the reason when the folder cannot be served.
  */
-export function planModel(folder: { name: string; dir: string }, index: number, opts: Omit<LoadModelsOptions, 'modelsDir' | 'models'> & { serve?: ServeSettings }): ModelPlan {
+export function planModel(
+  folder: { name: string; dir: string },
+  index: number,
+  opts: Omit<LoadModelsOptions, 'modelsDir' | 'models'> & { serve?: ServeSettings; reuse?: (bytes: number) => SharedArrayBuffer | undefined },
+): ModelPlan {
   const spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve);
   for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
   const batching = resolveBatching(spec, opts.batching);
   const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
-  const slab = Slab.create({ slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners });
+  const layout = { slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners };
+  const slab = Slab.create(layout, opts.reuse?.(Slab.byteLength(layout)));
   const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
   return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
 }

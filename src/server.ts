@@ -286,7 +286,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     models,
     inference,
     gateways: { callEvery: <T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]> => gateways.callEvery<T>(method, arg, timeoutMs) },
-    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}) }),
+    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => models.reusable(bytes) }),
     onChange: async () => {
       const doc = info();
       if (doc !== undefined) await gateways.callAll('setInfo', doc);

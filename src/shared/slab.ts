@@ -174,14 +174,29 @@ export class Slab {
   readonly accounts: Int32Array;
 
   /** Allocates and initialises a slab: every slot FREE and on the free list. */
-  static create(layout: SlabLayout): Slab {
+  /**
+   * A new slab; in `reuse` when given and of exactly this layout's size (a buffer an unloaded model
+   * no thread touches any more: zeroed first), else in a new SharedArrayBuffer.
+   */
+  static create(layout: SlabLayout, reuse?: SharedArrayBuffer): Slab {
     validateLayout(layout);
-    const slab = new Slab(new SharedArrayBuffer(offsets(layout).total), layout);
+    const bytes = offsets(layout).total;
+    let buffer: SharedArrayBuffer;
+    if (reuse && reuse.byteLength === bytes) {
+      new Uint8Array(reuse).fill(0);
+      buffer = reuse;
+    } else buffer = new SharedArrayBuffer(bytes);
+    const slab = new Slab(buffer, layout);
     slab.submit.init();
     slab.free.init();
     for (const q of slab.completions) q.init();
     for (let s = 0; s < layout.slotCount; s++) slab.free.push(s);
     return slab;
+  }
+
+  /** Bytes a slab of `layout` takes. */
+  static byteLength(layout: SlabLayout): number {
+    return offsets(layout).total;
   }
 
   /** Maps a slab another thread created (no initialisation). */
