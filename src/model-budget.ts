@@ -35,7 +35,11 @@ export class ModelBudget {
   /** Per model name: when it was last seen used, and the rows its slab had then. */
   private readonly seen = new Map<string, { at: number; rows: number }>();
 
-  constructor(opts: BudgetOptions) {
+  /** `now`: the clock it judges idleness by (ms; tests pass their own). */
+  constructor(
+    opts: BudgetOptions,
+    private readonly now: () => number = Date.now,
+  ) {
     this.opts = opts;
   }
 
@@ -46,7 +50,7 @@ export class ModelBudget {
 
   /** Marks `name` used now (a load, a request that waited for it). */
   touch(name: string, slab: Slab): void {
-    this.seen.set(name, { at: Date.now(), rows: slab.counters[Counter.ROWS]! });
+    this.seen.set(name, { at: this.now(), rows: slab.counters[Counter.ROWS]! });
   }
 
   /** Forgets an unloaded model. */
@@ -55,7 +59,7 @@ export class ModelBudget {
   }
 
   /** When `m` was last used: now if it holds a slot or ran rows since last looked at. */
-  lastUsed(m: BudgetModel, now = Date.now()): number {
+  lastUsed(m: BudgetModel, now = this.now()): number {
     const rows = m.slab.counters[Counter.ROWS]!;
     const s = this.seen.get(m.name);
     if (!s || s.rows !== rows || busy(m.slab)) {
@@ -75,7 +79,7 @@ export class ModelBudget {
     if (adding.memoryBytes > maxBytes) {
       throw new BudgetError(`model ${adding.name} needs about ${mib(adding.memoryBytes)} MiB, more than --model-memory-mb ${this.opts.modelMemoryMb} allows for all models`);
     }
-    const now = Date.now();
+    const now = this.now();
     const candidates = loaded
       .filter((m) => !this.opts.pinned.includes(m.name) && !busy(m.slab))
       .sort((a, b) => this.lastUsed(a, now) - this.lastUsed(b, now));
@@ -99,7 +103,7 @@ export class ModelBudget {
   idle(loaded: BudgetModel[]): BudgetModel[] {
     if (this.opts.idleUnloadS === undefined) return [];
     const limit = this.opts.idleUnloadS * 1000;
-    const now = Date.now();
+    const now = this.now();
     return loaded.filter((m) => !this.opts.pinned.includes(m.name) && !busy(m.slab) && now - this.lastUsed(m, now) >= limit);
   }
 }

@@ -44,9 +44,7 @@ describe('quietListenSockets, against a fake kernel', () => {
   it('gives up after timeoutMs and says how many are still waiting', async () => {
     const kernel = { ...fakeKernel([7], 0, 0), acceptQueueLength: () => 2 };
     const out = await quietListenSockets(4000, { timeoutMs: 30, pollMs: 1 }, kernel);
-    expect(out).toMatchObject({ sockets: 1, filtered: true, left: 2 });
-    expect(out.waitedMs).toBeGreaterThanOrEqual(30);
-    expect(out.why).toMatch(/^2 connection\(s\) still waiting after \d+ ms$/);
+    expect(out).toMatchObject({ sockets: 1, filtered: true, left: 2, why: `2 connection(s) still waiting after ${out.waitedMs} ms` });
   });
 
   it('says why when it cannot help: no listen socket, no kernel calls, a call that fails', async () => {
