@@ -16,7 +16,6 @@ import { WorkerState, type ControlBlock } from './shared/control.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { RpcPeer } from './shared/rpc.js';
-import { Slab } from './shared/slab.js';
 import { describeSettings } from './model-plans.js';
 import type { ModelSet } from './model-set.js';
 import { reclaimInference } from './slot-reclaim.js';
