@@ -13,7 +13,7 @@
  * (--force --no-models) runs tsc whatever changed, and records the list too.
  */
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -47,7 +47,12 @@ export function sourceList() {
     .join('\n');
 }
 
-const runTsc = () => execFileSync(process.execPath, [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(ROOT, 'tsconfig.json')], { stdio: 'inherit' });
+const runTsc = () => {
+  execFileSync(process.execPath, [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(ROOT, 'tsconfig.json')], { stdio: 'inherit' });
+  // tsc writes 0644; `npx slabserve` runs package.json's bin directly, so it must be executable
+  // (npm marks it only when it links bins at install, before dist/ exists on a fresh clone).
+  chmodSync(join(ROOT, 'dist', 'src', 'cli.js'), 0o755);
+};
 
 /**
  * Builds dist/ when a source changed (or always, with `force`); whether it did.
