@@ -515,7 +515,7 @@ describe('limits: each exceeded gets its status, type and code', () => {
     // early, or all three answered. So, whatever uWS read when: the answers are a prefix of the
     // requests, in order, each 200 with its own row; fewer than three, and the server closed the
     // connection, having cancelled the one request in progress (client_disconnect); the server answered
-    // 200 exactly the answers this client got, ran at most the cancelled request besides, and every slot
+    // 200 at least the answers this client got, ran at most the cancelled request besides, and every slot
     // comes back.
     const texts = ['pipelined first', 'pipelined second one', 'the third pipelined request'];
     const rows: number[][] = [];
@@ -554,7 +554,13 @@ describe('limits: each exceeded gets its status, type and code', () => {
         (m) => m.sum('slabserve_slots_in_use') === 0 && counts(m).cancelled - before.cancelled >= expected && counts(m).rowsRun - before.rowsRun >= n,
       );
       const after = counts(seen);
-      expect({ cancelled: after.cancelled - before.cancelled, answered200: after.answered200 - before.answered200 }).toEqual({ cancelled: expected, answered200: n });
+      // The server counts a 200 when it writes the answer; uWS closing the connection in the same
+      // tick drops bytes it has not flushed yet, so the client may have got fewer (CI saw 1 written,
+      // 0 received). Never more, and never more answered and cancelled than were sent.
+      const answered200 = after.answered200 - before.answered200;
+      expect(after.cancelled - before.cancelled).toBe(expected);
+      expect(answered200, 'answered 200 by the server').toBeGreaterThanOrEqual(n);
+      expect(answered200 + expected, 'answered and cancelled').toBeLessThanOrEqual(requests.length);
       expect(after.rowsRun - before.rowsRun).toBeLessThanOrEqual(n + expected);
     }
     console.log(`pipelining outcomes: ${outcomes.join('; ')}`);
