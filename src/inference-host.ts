@@ -126,6 +126,14 @@ export interface InferenceHoldHooks {
   releaseInference(): void;
   /** Inputs of `model` submitted and not yet taken in by the loop (on its submit ring): while held, every one sent. */
   inputsWaiting(model: string): number;
+  /**
+   * From now on a model loaded while serving blocks its session thread before it opens (synchronously,
+   * as onnxruntime-node's session creation blocks the thread that makes it), until releaseModelOpen().
+   */
+  holdModelOpen(): void;
+  /** Resolves once a session thread is blocked by holdModelOpen. */
+  modelOpenParked(): Promise<void>;
+  releaseModelOpen(): void;
 }
 
 /** A bound only to catch a hang: the loop parks at the end of its round (after a running batch, or a restart's warm-up). */
@@ -216,6 +224,7 @@ export class InferenceSupervisor {
   private readonly opts: Omit<InferenceThreadOptions, 'epoch' | 'testHooks' | 'logStart'> & SupervisionOptions;
   private readonly hooks: InferenceTestHooks | undefined;
   private readonly hold = new InferenceHold();
+  private readonly openHold = new InferenceHold();
   private current: ThreadRecord;
   private readonly abandonedThreads = new Set<ThreadRecord>();
   private restarting: Promise<void> | null = null;
@@ -234,7 +243,7 @@ export class InferenceSupervisor {
     this.models = models;
     this.control = control;
     this.opts = opts;
-    this.hooks = opts.enableTestHooks ? { poisonToken: -1, hold: this.hold.buffer } : undefined;
+    this.hooks = opts.enableTestHooks ? { poisonToken: -1, hold: this.hold.buffer, openHold: this.openHold.buffer } : undefined;
     this.current = this.start(true);
     this.ready = this.current.ready.then((device) => {
       this.watchdog = setInterval(() => this.watch(), watchMs(this.opts));
@@ -295,6 +304,18 @@ export class InferenceSupervisor {
         hooksOn();
         this.hold.release();
       },
+      holdModelOpen: () => {
+        hooksOn();
+        this.openHold.hold();
+      },
+      modelOpenParked: () => {
+        hooksOn();
+        return this.openHold.parked(PARK_LIMIT_MS);
+      },
+      releaseModelOpen: () => {
+        hooksOn();
+        this.openHold.release();
+      },
       inputsWaiting: (model) => {
         hooksOn();
         const plan = this.models.byName(model);
@@ -314,6 +335,7 @@ export class InferenceSupervisor {
     this.stopping = true;
     clearInterval(this.watchdog);
     this.hold.release(); // a test's hold never outlives the thread
+    this.openHold.release();
     this.control.requestStop();
     if (this.restarting) await this.restarting;
     const t = this.current;

@@ -417,6 +417,31 @@ describe('keys: --api-key, and --admin-api-key for the repository routes', () =>
   }, 60_000);
 });
 
+describe('a load opens its model beside the loop, on a thread of its own', () => {
+  it('while the opening thread is blocked (as onnxruntime-node blocks it creating a session), the served model answers; then the load completes', async () => {
+    process.env[TEST_HOOKS_ENV] = '1';
+    const server = await startServer(testServerConfig({ modelsDir: repo, models: ['tiny-embed'], modelControlMode: 'explicit' }));
+    delete process.env[TEST_HOOKS_ENV];
+    try {
+      await server.ready;
+      const hooks = server.testHooks!;
+      hooks.holdModelOpen();
+      const load = post(server.port, '/v2/repository/models/tiny-intent/load');
+      await hooks.modelOpenParked(); // a thread is blocked synchronously where the session would be created
+      expect((await stateOf(server.port, 'tiny-intent'))?.state).toBe('LOADING');
+      // Were the model opened in the inference thread, these would wait for the release.
+      const answers = await Promise.all(Array.from({ length: 16 }, (_, i) => post(server.port, '/embed', { inputs: `served during a load ${i}`, model: 'tiny-embed' })));
+      expect(answers.map((r) => r.status)).toEqual(Array.from({ length: 16 }, () => 200));
+      expect((await stateOf(server.port, 'tiny-intent'))?.state).toBe('LOADING');
+      hooks.releaseModelOpen();
+      expect((await load).status).toBe(200);
+      expect((await post(server.port, '/predict', { inputs: 'the loaded one answers', model: 'tiny-intent' })).status).toBe(200);
+    } finally {
+      await server.close();
+    }
+  }, 60_000);
+});
+
 describe('the inference thread dies during a load', () => {
   let server: Server;
   beforeAll(async () => {

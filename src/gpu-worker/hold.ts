@@ -54,6 +54,17 @@ export class InferenceHold {
   }
 
   /**
+   * A session thread opening a model: blocks it (the thread, synchronously, as onnxruntime-node's
+   * session creation does) while held; returns at once otherwise.
+   */
+  parkBlocking(): void {
+    if (Atomics.load(this.cell, HELD) !== 1) return;
+    Atomics.store(this.cell, PARKED, 1);
+    Atomics.notify(this.cell, PARKED);
+    while (Atomics.load(this.cell, HELD) === 1) Atomics.wait(this.cell, HELD, 1);
+  }
+
+  /**
    * Inference thread, LoopOptions.hold: undefined when not held; else a promise that settles on
    * release, or as soon as `stay()` says false (asked every `sliceMs`: it refreshes the heartbeat).
    */

@@ -29,15 +29,18 @@ import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
 import { inferenceMetrics } from '../shared/metrics.js';
 import { RpcPeer, type RpcHandlers } from '../shared/rpc.js';
-import type { ModelSpec } from '../shared/model-config.js';
-import { H_LENGTH, Slab, type SlabLayout } from '../shared/slab.js';
-import { currentThreadId, lowerThreadPriority, nameThread, threadsNamed } from '../shared/threads.js';
+import { H_LENGTH, Slab } from '../shared/slab.js';
+import { claimThreadsStarted, nameThread } from '../shared/threads.js';
 import { cudaMissing, cudaUnavailableMessage, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
 import { InferenceHold } from './hold.js';
 import { IDLE_WAKE_MS, InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
 import { trimHeap } from './memory-trim.js';
+import type { WorkerModel } from './worker-model.js';
 import { ModelRunner } from './runner.js';
+import { ThreadedRunner } from './threaded-runner.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
+
+export type { WorkerModel } from './worker-model.js';
 
 export interface InferenceWorkerData {
   control: SharedArrayBuffer;
@@ -58,16 +61,6 @@ export interface InferenceWorkerData {
   testHooks?: InferenceTestHooks;
 }
 
-/** A model as this thread needs it: its plan's id and spec, its slab, its batching. */
-export interface WorkerModel {
-  /** ModelPlan.index: the slab's identity in every thread, never reused. */
-  id: number;
-  spec: ModelSpec;
-  slab: SharedArrayBuffer;
-  layout: SlabLayout;
-  batching: BatchingOptions;
-}
-
 /** What addModel answers: how long the model took to open and warm up, and what it cost in memory. */
 export interface ModelOpened {
   openMs: number;
@@ -84,6 +77,8 @@ export interface InferenceTestHooks {
   poisonToken: number;
   /** The hold cell (InferenceHold): the supervisor's, the same for every thread it starts. */
   hold: SharedArrayBuffer;
+  /** The open hold (InferenceHold.parkBlocking): a session thread blocks before it opens its model while held. */
+  openHold: SharedArrayBuffer;
 }
 
 /**
@@ -119,10 +114,16 @@ const post = (m: InferenceWorkerMessage) => parentPort!.postMessage(m);
 const control = new ControlBlock(data.control, data.owners);
 /** Whether this thread is still the live one (the main thread has not given it up). */
 const live = () => control.epoch === data.epoch;
-/** Every model served, by id: its plan, its shared slab, and its runner (on a private output). */
-const served = new Map<number, { model: WorkerModel; shared: Slab; runner: ModelRunner }>();
+/** A model served: its plan, its shared slab, and its runner (on a private output), in this thread or on a session thread. */
+interface Served {
+  model: WorkerModel;
+  shared: Slab;
+  runner: LoopRunner & { release(): Promise<void> };
+}
+/** Every model served, by id. */
+const served = new Map<number, Served>();
 
-/** Opens one model's session on `device` (not yet warmed up, not yet in the loop). */
+/** Opens one start-up model's session on `device`, in this thread (not yet warmed up, not yet in the loop). */
 async function openModel(model: WorkerModel, device: DeviceInfo): Promise<{ model: WorkerModel; shared: Slab; runner: ModelRunner }> {
   const shared = new Slab(model.slab, model.layout);
   const runner = await ModelRunner.create(model.spec, shared.withPrivateOutput(), model.batching, device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches);
@@ -158,12 +159,8 @@ const metrics = inferenceMetrics(registry);
  * gives way to a gateway thread that has a request to answer.
  */
 function claimPoolThreads(device: DeviceInfo): InferenceThreadIds {
-  const inference = currentThreadId();
-  const pool = threadsNamed(OPENING_THREAD_NAME).filter((t) => t !== inference);
-  nameThread('inference', inference);
-  for (const t of pool) nameThread('onnxruntime', t);
-  if (device.kind === 'cpu' && data.intraOpNice > 0) lowerThreadPriority(pool, data.intraOpNice);
-  return { inference, pool };
+  const { own, pool } = claimThreadsStarted(OPENING_THREAD_NAME, 'inference', 'onnxruntime', device.kind === 'cpu' ? data.intraOpNice : 0);
+  return { inference: own, pool };
 }
 
 async function main(): Promise<void> {
@@ -178,7 +175,7 @@ async function main(): Promise<void> {
     const threads = claimPoolThreads(opened.device);
     device = opened.device;
     loop = createLoop();
-    for (const o of opened.opened) await serve(loop, o);
+    for (const o of opened.opened) serve(loop, o, await o.runner.warmUp());
     if (live()) {
       control.heartbeat = Date.now();
       control.workerState = WorkerState.READY;
@@ -198,21 +195,19 @@ async function main(): Promise<void> {
   parentPort!.close();
 }
 
-/** Warms an opened model up (seeding its cost model) and hands it to the loop. Returns the warm-up's ms. */
-async function serve(loop: InferenceLoop, o: { model: WorkerModel; shared: Slab; runner: ModelRunner }): Promise<number> {
-  const started = performance.now();
-  const timings = await o.runner.warmUp();
+/** Hands a warm model to the loop, its cost model seeded with the warm-up's timings. */
+function serve(loop: InferenceLoop, o: Served, timings: { bucket: number; rows: number; ms: number }[]): void {
   loop.addModel(o.model.id, data.testHooks ? hooked(o.runner) : o.runner, o.shared);
   for (const t of timings) loop.seedCost(o.model.id, t.bucket, t.rows, t.ms);
   served.set(o.model.id, o);
-  return performance.now() - started;
 }
 
 /**
  * RPC from the main thread while the loop runs (src/model-repository.ts):
  *   addModel(WorkerModel) -> ModelOpened   opens, warms up and serves one more model
  *   removeModel(id)                        stops serving an idle model and frees its session
- * Warm-up runs go to onnxruntime beside the loop's batches, one bucket at a time.
+ * A model added while serving opens, warms up and runs on a session thread of its own
+ * (threaded-runner.ts): this thread's loop goes on serving the others meanwhile.
  */
 function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
   return {
@@ -222,18 +217,21 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       const deviceUsed = () => (device.kind === 'cuda' ? (describeCuda(device.id).memoryUsedBytes ?? null) : null);
       const deviceBefore = deviceUsed();
       const rssBefore = process.memoryUsage.rss();
-      const started = performance.now();
-      const opened = await openModel(model, device);
-      const openMs = performance.now() - started;
-      let warmUpMs: number;
-      try {
-        warmUpMs = await serve(loop, opened);
-      } catch (err) {
-        await opened.runner.release();
-        throw err;
-      }
+      const shared = new Slab(model.slab, model.layout);
+      const runner = await ThreadedRunner.open(model, shared, {
+        device,
+        intraOpThreads: data.intraOpThreads,
+        intraOpNice: data.intraOpNice,
+        maxInflightBatches: data.maxInflightBatches,
+        ...(data.testHooks ? { openHold: data.testHooks.openHold } : {}),
+      });
+      serve(loop, { model, shared, runner }, runner.warmUpTimings);
+      // What opening freed (graph optimization's copies of the weights) stays in the session thread's
+      // own malloc arena otherwise: bert-base measured 946 MiB of RSS without this.
+      trimHeap();
       const deviceAfter = deviceUsed();
       const deviceBytes = deviceBefore !== null && deviceAfter !== null ? deviceAfter - deviceBefore : null;
+      const { openMs, warmUpMs } = runner.opened;
       return { openMs, warmUpMs, rssBytes: process.memoryUsage.rss() - rssBefore, deviceBytes } satisfies ModelOpened;
     },
     removeModel: async (arg) => {
@@ -282,7 +280,7 @@ function testHookHandlers(hooks: InferenceTestHooks) {
 }
 
 /** A runner whose runs obey the test hooks: hang, or swap the poison token for an id onnxruntime refuses. */
-function hooked(r: ModelRunner): LoopRunner {
+function hooked(r: LoopRunner): LoopRunner {
   const hooks = data.testHooks!;
   return {
     spec: r.spec,

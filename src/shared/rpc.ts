@@ -1,7 +1,7 @@
 /**
- * Request/response over a worker's message port, for control traffic only
- * (metrics scrapes, shutdown): never on the per-request data path, which
- * goes through the slabs.
+ * Request/response over a worker's message port, for control traffic
+ * (metrics scrapes, shutdown, loads) and one call per batch to a session
+ * thread: never per request, whose data goes through the slabs.
  */
 
 interface Port {
@@ -21,8 +21,10 @@ export function isRpcMessage(m: unknown): boolean {
 export class RpcPeer {
   private readonly port: Port;
   private readonly handlers: RpcHandlers;
-  private readonly pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
+  private readonly pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void; timer: NodeJS.Timeout | undefined }>();
   private nextId = 1;
+  /** Set once the other side is gone: every call then fails with it. */
+  private closedBecause: string | null = null;
 
   constructor(port: Port, handlers: RpcHandlers = {}) {
     this.port = port;
@@ -35,14 +37,21 @@ export class RpcPeer {
     });
   }
 
+  /** Calls `method` on the other side; `timeoutMs` 0: no time limit (a watchdog elsewhere bounds it). */
   call<T = unknown>(method: string, arg?: unknown, timeoutMs = 10_000): Promise<T> {
     const id = this.nextId++;
     return new Promise<T>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.pending.delete(id);
-        reject(new Error(`rpc ${method} timed out after ${timeoutMs} ms`));
-      }, timeoutMs);
-      timer.unref();
+      if (this.closedBecause !== null) {
+        reject(new Error(this.closedBecause));
+        return;
+      }
+      const timer =
+        timeoutMs > 0
+          ? setTimeout(() => {
+              this.pending.delete(id);
+              reject(new Error(`rpc ${method} timed out after ${timeoutMs} ms`));
+            }, timeoutMs).unref()
+          : undefined;
       this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject, timer });
       this.port.postMessage({ rpc: 'req', id, method, arg } satisfies RpcRequest);
     });
@@ -56,6 +65,16 @@ export class RpcPeer {
     } catch (err) {
       this.port.postMessage({ rpc: 'res', id: msg.id, error: (err as Error).message } satisfies RpcResponse);
     }
+  }
+
+  /** The other side is gone (its thread exited): fails every pending call, and every later one, with `reason`. */
+  close(reason: string): void {
+    this.closedBecause = reason;
+    for (const p of this.pending.values()) {
+      clearTimeout(p.timer);
+      p.reject(new Error(reason));
+    }
+    this.pending.clear();
   }
 
   private settle(msg: RpcResponse): void {

@@ -278,11 +278,18 @@ export class Slab {
    * rows here first and the loop copies them into the shared slots only after
    * checking the slots are still its own (a thread the main thread gave up,
    * returning late from a run, then writes into memory nobody reads).
+   * `buffer` (privateOutputBytes long) puts that region in memory the caller
+   * shares with a session thread that runs the model (session-thread.ts).
    */
-  withPrivateOutput(): Slab {
+  withPrivateOutput(buffer?: SharedArrayBuffer): Slab {
     const view = new Slab(this.buffer, this.layout);
-    (view as { output: Float32Array }).output = new Float32Array(this.output.length);
+    (view as { output: Float32Array }).output = buffer ? new Float32Array(buffer, 0, this.output.length) : new Float32Array(this.output.length);
     return view;
+  }
+
+  /** Bytes a private output region of this slab takes (withPrivateOutput). */
+  get privateOutputBytes(): number {
+    return this.output.byteLength;
   }
 
   /** Slots not on the free list: being filled, queued, running, or waiting to be read. */

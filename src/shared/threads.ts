@@ -110,3 +110,19 @@ export function lowerThreadPriority(tids: readonly number[], nice: number): numb
   }
   return done;
 }
+
+/**
+ * Claims the threads a library started while the calling thread was named
+ * `openingName` (a thread inherits its creator's name, and no other thread has
+ * that one): names them `poolName`, gives them at least nice value `nice`
+ * (0: left as they are), and names the calling thread `ownName`. Returns their ids.
+ * onnxruntime's intra-op pool is found so (worker.ts, session-thread.ts).
+ */
+export function claimThreadsStarted(openingName: string, ownName: string, poolName: string, nice: number): { own: number | null; pool: number[] } {
+  const own = currentThreadId();
+  const pool = threadsNamed(openingName).filter((t) => t !== own);
+  nameThread(ownName, own);
+  for (const t of pool) nameThread(poolName, t);
+  if (nice > 0) lowerThreadPriority(pool, nice);
+  return { own, pool };
+}
