@@ -46,7 +46,7 @@ import { SlabserveError, ValidationError } from './shared/errors.js';
 import { cacheMetrics, processMetrics, repositoryMetrics, supervisionMetrics } from './shared/metrics.js';
 import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from './shared/result-cache.js';
 import { Counter, Slab } from './shared/slab.js';
-import { threadCpuSeconds } from './shared/threads.js';
+import { processThreadIds, threadCpuSeconds, threadName } from './shared/threads.js';
 import { VERSION } from './version.js';
 
 export interface ServerConfig extends ModelOptions {
@@ -429,6 +429,12 @@ function namedThreads(inference: InferenceSupervisor, gateways: GatewaySuperviso
   for (const t of pool) named.set(t, 'onnxruntime');
   if (tid !== null) named.set(tid, 'inference');
   gateways.nameThreads(named); // after the pool: a gateway started while the sessions opened is still a gateway
+  // Session threads (models loaded while serving) and their pools name themselves (session-thread.ts).
+  for (const t of processThreadIds()) {
+    if (named.has(t)) continue;
+    const name = threadName(t);
+    if (name === 'session' || name === 'onnxruntime') named.set(t, name);
+  }
   return named;
 }
 

@@ -436,6 +436,11 @@ describe('a load opens its model beside the loop, on a thread of its own', () =>
       hooks.releaseModelOpen();
       expect((await load).status).toBe(200);
       expect((await post(server.port, '/predict', { inputs: 'the loaded one answers', model: 'tiny-intent' })).status).toBe(200);
+      // Its thread shows in the per-thread CPU (Linux: /proc names it).
+      if (process.platform === 'linux') {
+        const metrics = await (await fetch(`http://127.0.0.1:${server.port}/metrics`)).text();
+        expect(metrics).toMatch(/slabserve_thread_cpu_seconds_total\{thread="session"\} [0-9.e+-]+/);
+      }
     } finally {
       await server.close();
     }
