@@ -48,7 +48,7 @@ export class InferenceHold {
     const until = nowMs() + limitMs;
     while (Atomics.load(this.cell, PARKED) !== 1) {
       const left = until - nowMs();
-      if (left <= 0) throw new Error(`the inference loop did not park for the hold within ${limitMs} ms`);
+      if (left <= 0) throw new Error(`no thread parked for the hold within ${limitMs} ms`);
       await Atomics.waitAsync(this.cell, PARKED, 0, left).value;
     }
   }

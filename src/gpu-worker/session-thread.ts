@@ -12,7 +12,7 @@
  * load (docs/model-repository.md). A session cannot move between threads, so
  * the thread that opens it is the one that runs it.
  *
- * Messages to the parent: { type: 'opened', timings, threads } once warm, or
+ * Messages to the parent: { type: 'opened', openMs, warmUpMs, timings } once warm, or
  * { type: 'failed', message }; then RPC `run` and `release`.
  */
 import { parentPort, workerData } from 'node:worker_threads';
@@ -40,7 +40,7 @@ export interface SessionThreadData {
 export type WarmUpTimings = Awaited<ReturnType<ModelRunner['warmUp']>>;
 
 export type SessionThreadMessage =
-  | { type: 'opened'; openMs: number; warmUpMs: number; timings: WarmUpTimings; threads: { session: number | null; pool: number[] } }
+  | { type: 'opened'; openMs: number; warmUpMs: number; timings: WarmUpTimings }
   | { type: 'failed'; message: string };
 
 const data = workerData as SessionThreadData;
@@ -56,8 +56,8 @@ async function main(): Promise<void> {
   let timings: WarmUpTimings;
   try {
     const slab = new Slab(data.model.slab, data.model.layout).withPrivateOutput(data.output);
-    const started = performance.now();
     if (data.openHold) new InferenceHold(data.openHold).parkBlocking();
+    const started = performance.now();
     runner = await ModelRunner.create(data.model.spec, slab, data.model.batching, data.device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches);
     openMs = performance.now() - started;
     timings = await runner.warmUp();
@@ -66,7 +66,8 @@ async function main(): Promise<void> {
     post({ type: 'failed', message: (err as Error).message });
     return; // nothing holds the thread: it ends
   }
-  const claimed = claimThreadsStarted(OPENING, 'session', 'onnxruntime', data.device.kind === 'cpu' ? data.intraOpNice : 0);
+  // The main thread finds these by their names (slabserve_thread_cpu_seconds_total).
+  claimThreadsStarted(OPENING, 'session', 'onnxruntime', data.device.kind === 'cpu' ? data.intraOpNice : 0);
   new RpcPeer(parentPort!, {
     run: (arg) => {
       const { slots, bucket } = arg as { slots: number[]; bucket: number };
@@ -74,7 +75,7 @@ async function main(): Promise<void> {
     },
     release: () => runner.release(), // then the inference thread ends this thread
   });
-  post({ type: 'opened', openMs, warmUpMs, timings, threads: { session: claimed.own, pool: claimed.pool } });
+  post({ type: 'opened', openMs, warmUpMs, timings });
 }
 
 void main();

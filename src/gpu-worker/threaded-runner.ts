@@ -12,7 +12,7 @@ import { Worker } from 'node:worker_threads';
 import { RpcPeer } from '../shared/rpc.js';
 import { Slab } from '../shared/slab.js';
 import type { BatchStats } from './runner.js';
-import type { SessionThreadData, SessionThreadMessage, WarmUpTimings } from './session-thread.js';
+import type { SessionThreadData, SessionThreadMessage } from './session-thread.js';
 import type { WorkerModel } from './worker-model.js';
 import type { DeviceInfo } from './device.js';
 
@@ -51,12 +51,14 @@ export class ThreadedRunner {
     const worker = new Worker(new URL('./session-thread.js', import.meta.url), { workerData: data, name: `slabserve-session-${model.spec.name}` });
     const rpc = new RpcPeer(worker);
     let opened: ThreadedRunner['opened'];
+    let onMessage: ((m: SessionThreadMessage) => void) | undefined;
     try {
       opened = await new Promise((resolve, reject) => {
-        worker.on('message', (m: SessionThreadMessage) => {
+        onMessage = (m) => {
           if (m.type === 'opened') resolve(m);
           else if (m.type === 'failed') reject(new Error(m.message));
-        });
+        };
+        worker.on('message', onMessage);
         worker.once('error', reject);
         worker.once('exit', (code) => reject(new Error(`the session thread of ${model.spec.name} exited (code ${code}) while opening`)));
       });
@@ -64,6 +66,7 @@ export class ThreadedRunner {
       await worker.terminate();
       throw err;
     }
+    worker.off('message', onMessage!); // from now on its messages are RPC
     worker.removeAllListeners('error');
     worker.removeAllListeners('exit');
     // A thread that ends while serving (an uncaught error) fails its batches: the loop splits and answers them.
@@ -71,10 +74,6 @@ export class ThreadedRunner {
     worker.on('error', (err) => gone(`failed: ${err.message}`));
     worker.on('exit', (code) => gone(`exited (code ${code})`));
     return new ThreadedRunner(model, shared.withPrivateOutput(output), worker, rpc, opened);
-  }
-
-  get warmUpTimings(): WarmUpTimings {
-    return this.opened.timings;
   }
 
   /** One batch, on the session thread; no time limit here (the main thread's watchdog bounds a run). */

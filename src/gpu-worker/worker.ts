@@ -225,7 +225,7 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
         maxInflightBatches: data.maxInflightBatches,
         ...(data.testHooks ? { openHold: data.testHooks.openHold } : {}),
       });
-      serve(loop, { model, shared, runner }, runner.warmUpTimings);
+      serve(loop, { model, shared, runner }, runner.opened.timings);
       // What opening freed (graph optimization's copies of the weights) stays in the session thread's
       // own malloc arena otherwise: bert-base measured 946 MiB of RSS without this.
       trimHeap();

@@ -173,14 +173,14 @@ export class Slab {
   readonly costs: Float64Array;
   readonly accounts: Int32Array;
 
-  /** Allocates and initialises a slab: every slot FREE and on the free list. */
   /**
-   * A new slab; in `reuse` when given and of exactly this layout's size (a buffer an unloaded model
-   * no thread touches any more: zeroed first), else in a new SharedArrayBuffer.
+   * Allocates and initialises a slab: every slot FREE and on the free list. In `reuse` when given
+   * and of exactly this layout's size (a buffer an unloaded model no thread touches any more: zeroed
+   * first), else in a new SharedArrayBuffer.
    */
   static create(layout: SlabLayout, reuse?: SharedArrayBuffer): Slab {
     validateLayout(layout);
-    const bytes = offsets(layout).total;
+    const bytes = Slab.byteLength(layout);
     let buffer: SharedArrayBuffer;
     if (reuse && reuse.byteLength === bytes) {
       new Uint8Array(reuse).fill(0);
