@@ -8,11 +8,12 @@
  * drain had); quieting it first answers every one of them.
  */
 import net from 'node:net';
+import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
 import { afterEach, describe, expect, it } from 'vitest';
 import { quietListenSockets } from '../dist/src/accept-queue.js';
 import { linuxSockets, type KernelSockets } from '../dist/src/kernel-sockets.js';
-import { eventually, sleep } from './helpers.js';
+import { eventually } from './helpers.js';
 
 /** A kernel whose queues shrink by one per read: `queued` accepted, then `halfOpen` handshakes completed (and accepted). */
 function fakeKernel(fds: number[], queued: number, halfOpen: number): KernelSockets & { filtered: number[]; reads: number } {
@@ -120,7 +121,7 @@ async function startListener(): Promise<Listener> {
 }
 
 /** A client that connects and sends "ping": what it read, or its error code; `connected` once the handshake completed. */
-function ping(port: number): { connected: Promise<void>; result: Promise<string> } {
+function ping(port: number): { socket: net.Socket; connected: Promise<void>; result: Promise<string> } {
   const socket = net.connect({ port, host: '127.0.0.1' });
   const connected = new Promise<void>((r) => socket.once('connect', () => r()));
   const result = new Promise<string>((resolve) => {
@@ -130,7 +131,24 @@ function ping(port: number): { connected: Promise<void>; result: Promise<string>
     socket.on('end', () => resolve(read));
     socket.on('error', (e: NodeJS.ErrnoException) => resolve(e.code ?? e.message));
   });
-  return { connected, result };
+  return { socket, connected, result };
+}
+
+const TCP_SYN_SENT = 2;
+
+/**
+ * A client socket's state and how often it resent its last segment, from its
+ * own TCP_INFO (tcpi_state and tcpi_retransmits, bytes 0 and 2): SYN_SENT with
+ * a retransmission means its first SYN got no answer, the filter's drop.
+ */
+function clientTcpState(socket: net.Socket): { state: number; retransmits: number } {
+  const koffi = createRequire(import.meta.url)('koffi') as typeof import('koffi');
+  const getsockopt = koffi.load('libc.so.6').func('int getsockopt(int fd, int level, int name, _Out_ void *value, _Inout_ uint32_t *size)');
+  const fd = (socket as unknown as { _handle?: { fd: number } })._handle?.fd ?? -1;
+  if (fd < 0) return { state: -1, retransmits: 0 }; // libuv opens the socket on the next tick
+  const info = Buffer.alloc(256);
+  if (getsockopt(fd, 6 /* IPPROTO_TCP */, 11 /* TCP_INFO */, info, [info.length]) !== 0) throw new Error(`getsockopt(TCP_INFO) on fd ${fd}: errno ${koffi.errno()}`);
+  return { state: info.readUInt8(0), retransmits: info.readUInt8(2) };
 }
 
 const kernel = linuxSockets();
@@ -172,8 +190,14 @@ describe.skipIf(process.platform !== 'linux')('the kernel calls, on a real liste
     await Promise.all(queued.map((c) => c.connected));
     const quiet = quietListenSockets(listener.port, { timeoutMs: 10_000 }); // the filter is on when this returns
     const late = ping(listener.port);
-    const lateConnected = await Promise.race([late.connected.then(() => true), sleep(300).then(() => false)]);
-    expect(lateConnected).toBe(false); // its SYN was dropped: no connection the close could reset
+    let lateConnected = false;
+    void late.connected.then(() => (lateConnected = true));
+    // Its SYN was dropped: the kernel resends it after its first timeout (1 s) and it is still not
+    // connected, nor queued behind the four: no connection the close could reset.
+    await eventually('the late SYN resent, unanswered', async () => clientTcpState(late.socket), (t) => t.retransmits >= 1, 10_000);
+    expect(clientTcpState(late.socket).state).toBe(TCP_SYN_SENT);
+    expect(lateConnected).toBe(false);
+    expect(kernel instanceof Error ? kernel : kernel.acceptQueueLength(listener.fd)).toBe(4);
     listener.wake(1);
     const out = await quiet;
     expect(out).toMatchObject({ sockets: 1, filtered: true, left: 0 });
