@@ -11,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { clusterRole, clusterWorker, runClusterPrimary } from './cluster.js';
 import { createEngine, type Engine, type EngineOptions } from './engine.js';
-import { defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './server.js';
+import { DEFAULT_GRPC_PORT, defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './server.js';
 import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
@@ -181,6 +181,7 @@ program
   .description('serve the model repository over HTTP')
   .addOption(flag('--host <host>', 'address to listen on', 'HOST', undefined, D.host))
   .addOption(flag('--port <port>', 'port to listen on (0: any free port)', 'PORT', int(0), D.port))
+  .addOption(flag('--grpc-port <port>', `gRPC port, served beside HTTP and WebSocket by every gateway thread (default ${DEFAULT_GRPC_PORT}; a free port with --port 0; 0: no gRPC): docs/grpc.md`, 'GRPC_PORT', int(0)))
   .addOption(flag('--models-dir <dir>', 'model repository folder (default: the package models/)', 'MODELS_DIR'))
   .addOption(flag('--model <name>', 'serve only this model: a name under --models-dir or a folder path (repeatable, or comma-separated; default: all)', 'MODEL', collect))
   .addOption(flag('--model-control-mode <mode>', "none: the model set is fixed at start; explicit: POST /v2/repository/models/{name}/load and /unload change it while serving (Triton's names): docs/model-repository.md", 'MODEL_CONTROL_MODE', undefined, D.modelControlMode).choices(MODEL_CONTROL_MODES as unknown as string[]))
@@ -219,6 +220,7 @@ program
   .addOption(flag('--tokenizer-threads <n>', 'most tokenizer pool threads per gateway, for large client batches (started when needed)', 'TOKENIZER_THREADS', int(1), D.tokenizerThreads))
   .addOption(flag('--tokenizer-queue <n>', 'requests waiting for the tokenizer pool per gateway; past it, 429 at once (default: 256 per pool thread)', 'TOKENIZER_QUEUE', int(1)))
   .addOption(flag('--inline-tokenize-chars <n>', 'client batches up to this many characters are tokenized on the gateway thread itself', 'INLINE_TOKENIZE_CHARS', int(0), D.inlineTokenizeChars))
+  .addOption(flag('--grpc-stream-max-inflight <n>', 'gRPC: most messages of one stream answered at once; past it the stream is read no further until answers go out', 'GRPC_STREAM_MAX_INFLIGHT', int(1), D.grpcStreamMaxInflight))
   .addOption(flag('--ws-max-inflight <n>', 'WebSocket: most requests in flight per socket (the highest credit)', 'WS_MAX_INFLIGHT', int(1), D.wsMaxInflight))
   .addOption(flag('--ws-max-buffered-bytes <n>', "WebSocket: unsent bytes above which a socket's requests are held back", 'WS_MAX_BUFFERED_BYTES', int(1), D.wsMaxBufferedBytes))
   .addOption(flag('--ws-max-frame-bytes <n>', 'WebSocket: largest frame; a larger one closes the socket', 'WS_MAX_FRAME_BYTES', int(1), D.wsMaxFrameBytes))

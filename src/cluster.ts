@@ -31,7 +31,7 @@ import cluster, { type Worker as ClusterWorker } from 'node:cluster';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client';
 import { checkDevice } from './gpu-worker/device.js';
-import { defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './server.js';
+import { DEFAULT_GRPC_PORT, defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './server.js';
 import { ValidationError } from './shared/errors.js';
 import { RpcPeer } from './shared/rpc.js';
 import type { IndexEntry, ModelState, RepositoryAnswer, RepositoryOp } from './model-repository.js';
@@ -44,6 +44,8 @@ interface ProcessPlan {
   index: number;
   device: string;
   port: number;
+  /** gRPC's port, every process's (0: off). */
+  grpcPort: number;
   gatewayThreads: number;
   intraOpThreads: number;
   /** The models to load at start, when the repository routes changed the set since the flags said it (a restarted process serves what the others do). */
@@ -96,7 +98,7 @@ export function clusterRole(opts: ClusterOptions): 'primary' | 'worker' | null {
 }
 
 /** The processes to start: one per --devices entry, or --processes copies of --device (cpu when that is auto). */
-export function planProcesses(config: Pick<ServerConfig, 'device' | 'port' | 'gatewayThreads' | 'intraOpThreads'>, opts: ClusterOptions): Omit<ProcessPlan, 'port'>[] {
+export function planProcesses(config: Pick<ServerConfig, 'device' | 'port' | 'gatewayThreads' | 'intraOpThreads'>, opts: ClusterOptions): Omit<ProcessPlan, 'port' | 'grpcPort'>[] {
   let devices: string[];
   if (opts.devices !== undefined) {
     if (opts.devices.length === 0) throw new ValidationError('--devices: expected a comma-separated list like cuda:0,cuda:1');
@@ -150,7 +152,7 @@ function sendToPrimary(m: { slabserve: string; [k: string]: unknown }): void {
 
 export interface ClusterWorkerHooks {
   /** Config fields that override the flags in this process (port, device, threads, log, scrape, the repository's operations, the models at start). */
-  overrides: Pick<ServerConfig, 'port' | 'sharedPort' | 'device' | 'gatewayThreads' | 'intraOpThreads' | 'log' | 'scrape' | 'repository' | 'models'>;
+  overrides: Pick<ServerConfig, 'port' | 'grpcPort' | 'sharedPort' | 'device' | 'gatewayThreads' | 'intraOpThreads' | 'log' | 'scrape' | 'repository' | 'models'>;
   /** Call once startServer() has returned: reports to the primary, drains when it asks. */
   started(server: Server): void;
 }
@@ -216,6 +218,7 @@ export function clusterWorker(log: (line: string) => void): ClusterWorkerHooks {
   return {
     overrides: {
       port: plan.port,
+      grpcPort: plan.grpcPort,
       sharedPort: true,
       device: plan.device,
       gatewayThreads: plan.gatewayThreads,
@@ -300,7 +303,10 @@ export async function runClusterPrimary(config: ServerConfig, opts: ClusterOptio
   // uSockets sets SO_REUSEPORT only on a fixed port: with --port 0, pick one for all.
   const port = config.port === 0 ? await pickFreePort(config.host) : config.port;
   if (config.port !== 0) await ensurePortFree(config.host, port);
-  const primary = new ClusterPrimary(config, plans.map((p) => ({ ...p, port })));
+  // gRPC's port likewise: one for all (startServer's rule for one process: a free one with --port 0).
+  const grpcPort = config.grpcPort === 0 ? 0 : (config.grpcPort ?? (config.port === 0 ? await pickFreePort(config.host) : DEFAULT_GRPC_PORT));
+  if (grpcPort !== 0 && (config.grpcPort !== undefined || config.port !== 0)) await ensurePortFree(config.host, grpcPort, '--grpc-port');
+  const primary = new ClusterPrimary(config, plans.map((p) => ({ ...p, port, grpcPort })));
   process.on('SIGTERM', () => primary.signal('SIGTERM'));
   process.on('SIGINT', () => primary.signal('SIGINT'));
   // Workers run this same command line; they read their plan from the environment. Structured clone

@@ -18,6 +18,7 @@
  * loop while a test queues its requests (tests only; absent otherwise, and the
  * threads carry no hook).
  */
+import { lookup } from 'node:dns/promises';
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { join, resolve } from 'node:path';
 import { cpus } from 'node:os';
@@ -25,6 +26,7 @@ import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client
 import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DEFAULTS, type ModelOptions } from './engine.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import type { GatewayWorkerData } from './gateway/gateway-worker.js';
+import type { GrpcListen } from './gateway/grpc/server.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
 import { WS_DEFAULTS } from './gateway/ws-options.js';
 import { INLINE_TOKENIZE_CHARS } from './core/infer.js';
@@ -53,8 +55,12 @@ export interface ServerConfig extends ModelOptions {
   host: string;
   /** 0 picks a free port. */
   port: number;
-  /** The port is shared on purpose (a cluster's process): no check that nothing else listens on it. */
+  /** The port is shared on purpose (a cluster's process): no check that nothing else listens on it (nor on grpcPort). */
   sharedPort?: boolean;
+  /** gRPC's port (--grpc-port); 0: no gRPC. Absent: DEFAULT_GRPC_PORT, or a free port when `port` is 0. */
+  grpcPort?: number;
+  /** Most messages of one gRPC stream answered at once (--grpc-stream-max-inflight). */
+  grpcStreamMaxInflight?: number;
   device: string;
   gatewayThreads: number;
   batching: Partial<BatchingOptions>;
@@ -170,6 +176,7 @@ export const SERVER_DEFAULTS = {
   wsMaxBufferedBytes: WS_DEFAULTS.maxBufferedBytes,
   wsMaxFrameBytes: WS_DEFAULTS.maxFrameBytes,
   wsIdleTimeoutSeconds: WS_DEFAULTS.idleTimeoutSeconds,
+  grpcStreamMaxInflight: 256,
   priorities: DEFAULT_PRIORITIES,
   priorityAgeingMs: DEFAULT_SCHEDULING.priorityAgeingMs,
   cacheMb: 64,
@@ -177,8 +184,13 @@ export const SERVER_DEFAULTS = {
   logLevel: 'info' as LogLevel,
 } as const;
 
+/** gRPC's port when --grpc-port is not given (HTTP's is 8080). */
+export const DEFAULT_GRPC_PORT = 8081;
+
 export interface Server {
   readonly port: number;
+  /** gRPC's port; null when it is off (--grpc-port 0). */
+  readonly grpcPort: number | null;
   readonly url: string;
   /** Resolves once every model is warmed up (then /readyz answers 200). */
   readonly ready: Promise<DeviceInfo>;
@@ -213,18 +225,31 @@ type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
  * and take half its traffic without a word; a plain socket has no
  * SO_REUSEPORT, so this probe fails wherever anything listens there.
  */
-export function ensurePortFree(host: string, port: number): Promise<void> {
+export function ensurePortFree(host: string, port: number, flag = '--port'): Promise<void> {
   return new Promise((resolve, reject) => {
     const probe = createNetServer();
     probe.once('error', (err: NodeJS.ErrnoException) =>
       reject(
         err.code === 'EADDRINUSE'
-          ? new SlabserveError(`${host}:${port} is in use (another slabserve, or another program): stop it, or choose another --port`, 'SLABSERVE_PORT_IN_USE', 'unavailable')
+          ? new SlabserveError(`${host}:${port} is in use (another slabserve, or another program): stop it, or choose another ${flag}`, 'SLABSERVE_PORT_IN_USE', 'unavailable')
           : err,
       ),
     );
     probe.listen({ port, host, exclusive: true }, () => probe.close(() => resolve()));
   });
+}
+
+/**
+ * Where the gateways bind gRPC (null: off): --grpc-port, checked free as --port is (a cluster's
+ * primary checked it), or a free one when --port is 0 and --grpc-port not given; --host resolved to
+ * a numeric address, which a socket made outside Node's net needs.
+ */
+async function grpcListen(config: ServerConfig): Promise<GrpcListen | null> {
+  if (config.grpcPort === 0) return null;
+  const port = config.grpcPort ?? (config.port === 0 ? await pickFreePort(config.host) : DEFAULT_GRPC_PORT);
+  if (!config.sharedPort && (config.grpcPort !== undefined || config.port !== 0)) await ensurePortFree(config.host, port, '--grpc-port');
+  const { address } = await lookup(config.host);
+  return { address, port, streamMaxInflight: config.grpcStreamMaxInflight ?? SERVER_DEFAULTS.grpcStreamMaxInflight };
 }
 
 /** A port free right now on `host` (the kernel picks it). */
@@ -243,6 +268,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const log = config.log;
   // An operator's mistakes, before any thread starts: a taken port, a device this machine lacks.
   if (config.port !== 0 && !config.sharedPort) await ensurePortFree(config.host, config.port);
+  const grpc = await grpcListen(config);
   checkDevice(config.device);
   checkRepositoryFlags(config);
   const owners = 1 + config.gatewayThreads; // owner 0 is this thread
@@ -304,7 +330,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const idleTimer = config.modelIdleUnloadS !== undefined ? setInterval(() => void repository.unloadIdle().catch((err: Error) => log(`slabserve: idle unload: ${err.message}`)), IDLE_CHECK_MS) : undefined;
   idleTimer?.unref();
   const gateways: GatewaySupervisor = new GatewaySupervisor({
-    data: gatewayWorkerData(config, control, owners, cache),
+    data: { ...gatewayWorkerData(config, control, owners, cache), ...(grpc ? { grpc } : {}) },
     models,
     cache,
     log,
@@ -329,7 +355,8 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   }
   const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
   const url = `http://${shownHost}:${port}`;
-  log(`slabserve: listening on http://${config.host}:${port} (${config.gatewayThreads} gateway thread${config.gatewayThreads > 1 ? 's' : ''}); ready after warm-up`);
+  const grpcShown = grpc ? `, grpc on ${config.host}:${grpc.port}` : '';
+  log(`slabserve: listening on http://${config.host}:${port}${grpcShown} (${config.gatewayThreads} gateway thread${config.gatewayThreads > 1 ? 's' : ''}); ready after warm-up`);
 
   const ready = inference.ready.then(async (d) => {
     device = d;
@@ -341,9 +368,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   const close = () => {
     clearInterval(idleTimer);
-    return (closing ??= drain(config, port, control, gateways, inference).then(() => log('slabserve: stopped')));
+    return (closing ??= drain(config, grpc ? [port, grpc.port] : [port], control, gateways, inference).then(() => log('slabserve: stopped')));
   };
-  return { port, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
+  return { port, grpcPort: grpc?.port ?? null, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
 }
 
 /**
@@ -537,14 +564,16 @@ const ACCEPT_QUEUE_WAIT_MS = 1000;
  * refused, requests in flight finished (up to drainTimeoutMs), idle keep-alive
  * connections given drainGraceMs, then every socket closed and the threads stopped.
  */
-async function drain(config: ServerConfig, port: number, control: ControlBlock, gateways: GatewaySupervisor, inference: InferenceSupervisor): Promise<void> {
+async function drain(config: ServerConfig, ports: number[], control: ControlBlock, gateways: GatewaySupervisor, inference: InferenceSupervisor): Promise<void> {
   control.draining = true; // /readyz 503, new requests 503, every answer Connection: close
   gateways.beginClose(); // a gateway that ends now is not replaced
   const deadline = Date.now() + config.drainTimeoutMs;
   // New connections are refused from now on; the open ones are served until they close. The kernel
   // first stops taking new ones and the gateways accept those it has queued: closing then resets none.
-  const queued = await quietListenSockets(port, { timeoutMs: Math.min(ACCEPT_QUEUE_WAIT_MS, deadline - Date.now()) });
-  if (queued.why) config.log(`slabserve: closing the listen sockets may reset queued connections: ${queued.why}`);
+  const timeoutMs = Math.min(ACCEPT_QUEUE_WAIT_MS, deadline - Date.now());
+  for (const queued of await Promise.all(ports.map((p) => quietListenSockets(p, { timeoutMs })))) {
+    if (queued.why) config.log(`slabserve: closing the listen sockets may reset queued connections: ${queued.why}`);
+  }
   await gateways.callAll('stopListening', undefined, 2000);
   // Twice idle in a row: a request that passed the readiness check just before draining began
   // may still be reading its body or tokenizing, not yet submitted, at the first look.

@@ -32,7 +32,7 @@ import type { ModelPlan } from '../shared/model-plan.js';
 import { admission } from '../shared/admission.js';
 import type { Cancellation } from '../shared/cancel.js';
 import { nowMs } from '../shared/clock.js';
-import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError } from '../shared/errors.js';
+import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError, WrongTaskError } from '../shared/errors.js';
 import { checkModelName, type Task } from '../shared/model-config.js';
 import { fillMissing, lookUp, type ResultCache } from '../shared/result-cache.js';
 import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
@@ -232,7 +232,7 @@ export class Infer {
   resolve(task: Task, name?: string): ServedModel {
     if (name !== undefined) {
       const m = this.byName(name);
-      if (m.plan.spec.task !== task) throw new ValidationError(`model "${name}" is a ${m.plan.spec.task} model, not ${task}`);
+      if (m.plan.spec.task !== task) throw new WrongTaskError(`model "${name}" is a ${m.plan.spec.task} model, not ${task}`);
       return m;
     }
     const m = this.modelsOf(task)[0];

@@ -44,6 +44,7 @@ import { registerWebSocket } from './ws.js';
 import { OwnerModels } from '../core/owner-models.js';
 import type { RepositoryAnswer, RepositoryOp } from '../model-repository.js';
 import type { WsOptions } from './ws-options.js';
+import { startGatewayGrpc, type GatewayGrpc, type GrpcListen } from './grpc/server.js';
 
 /**
  * What a gateway thread starts with (src/server.ts gatewayWorkerData builds it).
@@ -76,11 +77,13 @@ export interface GatewayWorkerData {
   cache?: { buffer: SharedArrayBuffer; layout: CacheLayout };
   /** Lazy loading (--lazy-load): a request for a model of the repository not loaded loads it. */
   lazyLoad?: boolean;
+  /** gRPC beside HTTP (--grpc-port): where this thread binds it (SO_REUSEPORT, as uWS binds HTTP's); absent: off. */
+  grpc?: GrpcListen;
   /** Log level, the file descriptor access lines are written to (absent: they go to the main thread), and whether probes get access lines (--log-probes). */
   log?: { level: LogLevel; accessFd?: number; probes?: boolean };
 }
 
-export type GatewayMessage = { type: 'listening'; port: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
+export type GatewayMessage = { type: 'listening'; port: number; grpcPort?: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
 
 const data = workerData as GatewayWorkerData;
 /** A load answers once the model is warmed up: give it as long as the inference thread does. */
@@ -126,9 +129,11 @@ async function main(): Promise<void> {
   const askRepository = (op: RepositoryOp, timeoutMs: number) => rpc.call<RepositoryAnswer>('repository', op, timeoutMs);
   const loadModel = data.lazyLoad ? lazyLoader(askRepository, () => repository.notLoaded) : undefined;
   const closeWebSockets = registerWebSocket(app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access, loadModel }, data.ws);
+  let grpcServer: GatewayGrpc | null = null;
   const stopListening = () => {
     if (listenSocket) uws.us_listen_socket_close(listenSocket);
     listenSocket = null;
+    grpcServer?.stopListening();
   };
   /** Every socket closed: a thread that ends holding uWS sockets aborts the process. */
   const closeSockets = () => {
@@ -139,6 +144,7 @@ async function main(): Promise<void> {
       // the app's close below ends them too
     }
     (app as typeof app & { close(): void }).close();
+    grpcServer?.close();
   };
 
   const rpc = new RpcPeer(parentPort!, {
@@ -175,6 +181,7 @@ async function main(): Promise<void> {
     setImmediate(() => parentPort!.close());
   });
 
+  const repositoryOp = (op: RepositoryOp) => askRepository(op, REPOSITORY_RPC_MS);
   registerRoutes(app, {
     infer,
     loadModel,
@@ -183,17 +190,27 @@ async function main(): Promise<void> {
     ready,
     info: () => withCosts(info, infer, slabs),
     scrape: () => rpc.call<string>('scrape'),
-    repository: (op) => askRepository(op, REPOSITORY_RPC_MS),
+    repository: repositoryOp,
     version: data.version,
     gate,
   });
+  if (data.grpc) {
+    try {
+      const deps = { infer, loadModel, limits: data.limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
+      grpcServer = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: data.tokenizerThreads }, data.grpc);
+    } catch (err) {
+      post({ type: 'fatal', message: `cannot serve gRPC on ${data.host}:${data.grpc.port}: ${(err as Error).message}` });
+      closeSockets();
+      return;
+    }
+  }
   app.listen(data.host, data.port, (socket) => {
     if (!socket) {
       post({ type: 'fatal', message: `cannot listen on ${data.host}:${data.port} (in use, or not permitted)` });
       return;
     }
     listenSocket = socket;
-    post({ type: 'listening', port: uws.us_socket_local_port(socket), tid: currentThreadId() });
+    post({ type: 'listening', port: uws.us_socket_local_port(socket), ...(grpcServer ? { grpcPort: grpcServer.port } : {}), tid: currentThreadId() });
   });
 }
 

@@ -30,7 +30,7 @@
  */
 import { HttpError, ValidationError } from '../shared/errors.js';
 import { servedSources } from '../shared/model-config.js';
-import { classifications, embeddings, rowOf, type CallInputs, type ServedModel } from '../core/infer.js';
+import { classifications, embeddings, rowOf, type CallInputs, type InferCall, type InferResult, type ServedModel } from '../core/infer.js';
 import { floatAnswer } from './answers.js';
 import { float32RowsInJson } from './float-json.js';
 import type { Answer, RequestContext } from './http.js';
@@ -38,7 +38,7 @@ import type { Route, RouteDeps } from './route-types.js';
 import { KServeInferRequest, parseBody, type KServeTensor } from './schemas.js';
 import { serveInference, type Endpoint, type EndpointContext } from './serving.js';
 
-const MODEL_VERSION = '1';
+export const MODEL_VERSION = '1';
 const ROUTE = '/v2/infer';
 const PLATFORM = 'onnxruntime_onnx';
 
@@ -58,7 +58,7 @@ function kserve(handle: (ctx: RequestContext, deps: RouteDeps, params: string[])
   };
 }
 
-function checkVersion(version: string | undefined): void {
+export function checkVersion(version: string | undefined): void {
   if (version !== undefined && version !== MODEL_VERSION) {
     throw new HttpError(404, 'not_found', 'SLABSERVE_MODEL_VERSION_NOT_FOUND', `unknown model version "${version}"; the only version is "${MODEL_VERSION}"`);
   }
@@ -126,7 +126,7 @@ function outputsOf(model: ServedModel): TensorMeta[] {
 /** The token tensors a request may send: the graph's own (position_ids are the server's to compute). */
 const TOKEN_INPUTS = ['input_ids', 'attention_mask', 'token_type_ids'];
 
-function modelMetadata(model: ServedModel) {
+export function modelMetadata(model: ServedModel) {
   const spec = model.plan.spec;
   const inputs: TensorMeta[] = TOKEN_INPUTS.filter((name) => spec.graphInputs.includes(name)).map((name) => ({ name, datatype: 'INT64', shape: [-1, -1] }));
   if (spec.task === 'rerank') inputs.push({ name: 'query', datatype: 'BYTES', shape: [-1] }, { name: 'text', datatype: 'BYTES', shape: [-1] });
@@ -264,8 +264,11 @@ function callInputs(model: ServedModel, tensors: Map<string, KServeTensor>, trun
   return { kind: 'inputs', inputs: list, truncate };
 }
 
-/** POST /v2/models/{name}[/versions/{v}]/infer. */
-const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normalize: boolean | undefined }> = {
+/** What an infer request's answer needs: the outputs it asked for, its id, `normalize`. */
+export type InferState = { wanted: string[]; id: string | undefined; normalize: boolean | undefined };
+
+/** POST /v2/models/{name}[/versions/{v}]/infer (and gRPC's ModelInfer, grpc/kserve.ts, with the path's model and version from the message). */
+export const inferEndpoint: Endpoint<InferState> = {
   route: ROUTE,
   task: null,
   parse(raw, ec) {
@@ -296,30 +299,35 @@ const inferEndpoint: Endpoint<{ wanted: string[]; id: string | undefined; normal
   },
   truncateAdvice: () => 'send "parameters": {"truncate": true} to cut a text, or send shorter token tensors',
   answer(r, call, state) {
-    const spec = call.model.plan.spec;
-    const B = r.rows.rows.length / r.rows.width;
-    const produced = new Map<string, { shape: number[]; data: Float32Array[] }>();
-    if (spec.task === 'embed') {
-      produced.set('embedding', { shape: [B, spec.hiddenSize], data: embeddings(call.model, r.rows, state.normalize) });
-    } else if (spec.task === 'classify') {
-      const classes = classifications(call.model, r.rows);
-      produced.set('probabilities', { shape: [B, spec.labels.length], data: classes.map((c) => c.probabilities) });
-      produced.set('logits', { shape: [B, spec.labels.length], data: classes.map((c) => c.logits) });
-    } else {
-      const rows = Array.from({ length: B }, (_, i) => rowOf(r.rows, i));
-      produced.set('score', { shape: [B, 1], data: rows.map((row) => row.subarray(0, 1)) });
-      produced.set('logits', { shape: [B, 1], data: rows.map((row) => row.subarray(1, 2)) });
-    }
-    const outputs = state.wanted.map((w) => {
-      const p = produced.get(w)!;
-      const data = new Float32Array(p.data.reduce((n, row) => n + row.length, 0));
-      let at = 0;
-      for (const row of p.data) (data.set(row, at), (at += row.length));
-      return { name: w, shape: p.shape, data };
-    });
-    return inferAnswer({ model_name: spec.name, model_version: MODEL_VERSION, ...(state.id !== undefined ? { id: state.id } : {}) }, outputs);
+    const head = { model_name: call.model.plan.spec.name, model_version: MODEL_VERSION, ...(state.id !== undefined ? { id: state.id } : {}) };
+    return inferAnswer(head, inferOutputs(r, call, state));
   },
 };
+
+/** The FP32 output tensors an infer request asked for, in its order, each flat in row-major order. */
+export function inferOutputs(r: InferResult, call: InferCall, state: InferState): { name: string; shape: number[]; data: Float32Array }[] {
+  const spec = call.model.plan.spec;
+  const B = r.rows.rows.length / r.rows.width;
+  const produced = new Map<string, { shape: number[]; data: Float32Array[] }>();
+  if (spec.task === 'embed') {
+    produced.set('embedding', { shape: [B, spec.hiddenSize], data: embeddings(call.model, r.rows, state.normalize) });
+  } else if (spec.task === 'classify') {
+    const classes = classifications(call.model, r.rows);
+    produced.set('probabilities', { shape: [B, spec.labels.length], data: classes.map((c) => c.probabilities) });
+    produced.set('logits', { shape: [B, spec.labels.length], data: classes.map((c) => c.logits) });
+  } else {
+    const rows = Array.from({ length: B }, (_, i) => rowOf(r.rows, i));
+    produced.set('score', { shape: [B, 1], data: rows.map((row) => row.subarray(0, 1)) });
+    produced.set('logits', { shape: [B, 1], data: rows.map((row) => row.subarray(1, 2)) });
+  }
+  return state.wanted.map((w) => {
+    const p = produced.get(w)!;
+    const data = new Float32Array(p.data.reduce((n, row) => n + row.length, 0));
+    let at = 0;
+    for (const row of p.data) (data.set(row, at), (at += row.length));
+    return { name: w, shape: p.shape, data };
+  });
+}
 
 /**
  * An infer answer whose FP32 tensors are written from their float32 values,

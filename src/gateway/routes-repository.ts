@@ -31,7 +31,7 @@ async function ask(ctx: RequestContext, deps: RouteDeps, op: RepositoryOp, ok: (
 }
 
 /** The body of a load's `parameters.config`: serve.json's fields, as an object or a JSON string. */
-function serveSettings(config: string | Record<string, unknown> | undefined): ServeSettings | undefined {
+export function serveSettings(config: string | Record<string, unknown> | undefined): ServeSettings | undefined {
   if (config === undefined) return undefined;
   let value: unknown = config;
   if (typeof config === 'string') {

@@ -1,0 +1,130 @@
+/**
+ * The gRPC server of one gateway thread, beside its uWebSockets.js app: the
+ * same Infer (slabs, batches) and gate (API keys), so a gRPC call rides in
+ * the same batch as an HTTP or WebSocket request.
+ *
+ *   inference.GRPCInferenceService  KServe v2, Triton's repository RPCs (kserve.ts)
+ *   tei.v1.*                        text-embeddings-inference's services (tei.ts)
+ *   grpc.health.v1.Health           SERVING per service while ready and able to serve it; NOT_SERVING
+ *                                   while warming up or draining (grpc-health-check)
+ *   grpc.reflection.v1(alpha)       so grpcurl-style tools list and call the services (@grpc/reflection)
+ *
+ * Served by @grpc/grpc-js. Every gateway thread binds the port with
+ * SO_REUSEPORT (shared/reuseport.ts; Node 20's net cannot) and hands each
+ * connection it accepts to grpc-js through a connection injector, so the
+ * kernel spreads gRPC connections across the gateways as it does HTTP's.
+ * Messages larger than --max-body-bytes are refused by grpc-js
+ * (RESOURCE_EXHAUSTED) before they are parsed.
+ */
+import { createServer, type Server as NetServer } from 'node:net';
+import { fileURLToPath } from 'node:url';
+import * as grpc from '@grpc/grpc-js';
+import { loadSync, type PackageDefinition } from '@grpc/proto-loader';
+import { ReflectionService } from '@grpc/reflection';
+import { HealthImplementation, protoPath as healthProto, type ServingStatus } from 'grpc-health-check';
+import type { Task } from '../../shared/model-config.js';
+import { listenReusePort } from '../../shared/reuseport.js';
+import type { GrpcDeps } from './calls.js';
+import { kserveService, type KServeDeps } from './kserve.js';
+import { teiServices } from './tei.js';
+
+/** What the gateway tells its gRPC server (gateway-worker.ts GatewayWorkerData.grpc). */
+export interface GrpcListen {
+  /** A numeric address (the main thread resolved --host). */
+  address: string;
+  port: number;
+  /** Most messages of one stream answered at once (--grpc-stream-max-inflight). */
+  streamMaxInflight: number;
+}
+
+/** How proto-loader reads messages: field names as in the .proto, int64 as numbers, enums by name, unset fields absent. */
+const LOAD_OPTIONS = { keepCase: true, longs: Number, enums: String, defaults: false, oneofs: true } as const;
+
+/** The package's proto/ folder (this file is dist/src/gateway/grpc/server.js). */
+export const PROTO_DIR = fileURLToPath(new URL('../../../../proto/', import.meta.url));
+
+let definition: PackageDefinition | undefined;
+
+/** proto/inference.proto, proto/tei.proto and the health service, loaded once per thread. */
+export function grpcDefinition(): PackageDefinition {
+  return (definition ??= loadSync([`${PROTO_DIR}inference.proto`, `${PROTO_DIR}tei.proto`, healthProto], LOAD_OPTIONS));
+}
+
+/** Each service that serves only while a model of its task is served. */
+const SERVICE_TASKS: Record<string, Task | null> = {
+  '': null,
+  'inference.GRPCInferenceService': null,
+  'tei.v1.Info': null,
+  'tei.v1.Tokenize': null,
+  'tei.v1.Embed': 'embed',
+  'tei.v1.Predict': 'classify',
+  'tei.v1.Rerank': 'rerank',
+};
+
+/** How often health statuses follow readiness (Watch streams hear of a change within this). */
+const HEALTH_POLL_MS = 250;
+
+export interface GatewayGrpc {
+  readonly port: number;
+  /** The drain's first step: no new connection; each open one is told (GOAWAY) to start no new call. */
+  stopListening(): void;
+  /** Every connection closed (calls still open are cancelled). */
+  close(): void;
+}
+
+/** Starts this gateway's gRPC server on `listen`; resolves once it listens. */
+export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers: number }, listen: GrpcListen): Promise<GatewayGrpc> {
+  const def = grpcDefinition();
+  const loaded = grpc.loadPackageDefinition(def) as unknown as {
+    inference: { GRPCInferenceService: { service: grpc.ServiceDefinition } };
+    tei: { v1: Record<string, { service: grpc.ServiceDefinition }> };
+  };
+  const server = new grpc.Server({ 'grpc.max_receive_message_length': deps.limits.maxBodyBytes, 'grpc.max_send_message_length': -1 });
+  server.addService(loaded.inference.GRPCInferenceService.service, kserveService(deps) as unknown as grpc.UntypedServiceImplementation);
+  const tei = teiServices(deps, deps.version, deps.tokenizationWorkers);
+  for (const [name, impl] of Object.entries(tei)) server.addService(loaded.tei.v1[name]!.service, impl as unknown as grpc.UntypedServiceImplementation);
+  const health = new HealthImplementation(healthStatuses(deps));
+  health.addToServer(server);
+  new ReflectionService(def).addToServer(server);
+  let last = JSON.stringify(healthStatuses(deps));
+  const poll = setInterval(() => {
+    const now = healthStatuses(deps);
+    const shown = JSON.stringify(now);
+    if (shown === last) return;
+    last = shown;
+    for (const [service, status] of Object.entries(now)) health.setStatus(service, status);
+  }, HEALTH_POLL_MS);
+  poll.unref();
+
+  const injector = server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
+  const fd = listenReusePort(listen.address, listen.port);
+  const net: NetServer = createServer((socket) => injector.injectConnection(socket));
+  await new Promise<void>((resolve, reject) => {
+    net.once('error', reject);
+    net.listen({ fd }, () => resolve());
+  });
+  let listening = true;
+  const stopListening = () => {
+    if (!listening) return;
+    listening = false;
+    net.close();
+    injector.drain(2 ** 31 - 1); // GOAWAY now; the connections close at close()
+  };
+  return {
+    port: listen.port,
+    stopListening,
+    close() {
+      stopListening();
+      clearInterval(poll);
+      injector.destroy();
+      server.forceShutdown();
+    },
+  };
+}
+
+/** Each service's status now: SERVING when ready and a model of its task is served. */
+function healthStatuses(deps: GrpcDeps): Record<string, ServingStatus> {
+  const ready = deps.ready();
+  const tasks = new Set(deps.infer.list().map((m) => m.plan.spec.task));
+  return Object.fromEntries(Object.entries(SERVICE_TASKS).map(([service, task]) => [service, ready && (task === null || tasks.has(task)) ? 'SERVING' : 'NOT_SERVING']));
+}
