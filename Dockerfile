@@ -59,6 +59,7 @@ RUN node scripts/install-cuda-provider.mjs --force \
 COPY --from=build /app/dist/src ./dist/src
 COPY --from=build /app/dist/models ./dist/models
 COPY --from=build /app/models ./models
+COPY proto ./proto
 
 RUN groupadd --system --gid 10001 slabserve \
  && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home --shell /usr/sbin/nologin slabserve
@@ -68,8 +69,9 @@ USER 10001:10001
 # flags on purpose: a flag on the command line would win over the variable.
 ENV SLABSERVE_HOST=0.0.0.0 \
     SLABSERVE_PORT=8080 \
+    SLABSERVE_GRPC_PORT=8081 \
     SLABSERVE_DEVICE=auto
-EXPOSE 8080
+EXPOSE 8080 8081
 
 # /readyz: 200 once warmed up, the inference thread alive and not draining.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

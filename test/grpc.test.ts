@@ -1,0 +1,308 @@
+/**
+ * gRPC (src/gateway/grpc/), called by Python's grpcio (test/fixtures/grpc-client.py: the C core,
+ * message classes generated from proto/ by protoc) against a real server: answers equal an
+ * independent reference (a plain onnxruntime run of the unmodified graph, pooled here), a gRPC
+ * call rides in the same batch as HTTP requests, errors map to their gRPC codes with the
+ * SLABSERVE_ code in the trailers, deadlines and cancellation free the slots, streams answer in
+ * order, keys are checked, health follows readiness.
+ */
+import { spawn, spawnSync } from 'node:child_process';
+import { createServer } from 'node:net';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
+import { startServer, type Server } from '../dist/src/server.js';
+import { parseMetrics } from './fixtures/http-client.js';
+import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
+import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
+
+process.env.SLABSERVE_TEST_HOOKS = '1';
+
+const CLIENT = fileURLToPath(new URL('./fixtures/grpc-client.py', import.meta.url));
+const PROTOS = ['inference.proto', 'tei.proto'].map((f) => fileURLToPath(new URL(`../proto/${f}`, import.meta.url)));
+const TOLERANCE = 1e-5;
+
+/** A python3 with grpcio, and protoc (.ci/run installs python3-grpcio and protobuf-compiler). */
+const python = ['/usr/bin/python3', 'python3'].find((p) => spawnSync(p, ['-c', 'import grpc, google.protobuf'], { stdio: 'ignore' }).status === 0);
+const protoc = spawnSync('protoc', ['--version'], { stdio: 'ignore' }).status === 0;
+const runnable = Boolean(python && protoc);
+if (!runnable) console.warn('grpc.test: no python3 with grpcio, or no protoc: apt-get install python3-grpcio protobuf-compiler');
+
+type Reply = { ok?: any; error?: { code: string; details: string; trailing: Record<string, string> } };
+
+interface Call {
+  method: string;
+  kind?: 'unary' | 'stream' | 'client_stream';
+  request?: unknown;
+  requests?: unknown[];
+  metadata?: [string, string][];
+  timeout?: number;
+  cancel_after?: number;
+}
+
+/** Makes `calls` at once from one Python process, on one channel; their replies in order. */
+function grpcCalls(port: number, calls: Call[]): Promise<Reply[]> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(python!, [CLIENT], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out) as Reply[]) : reject(new Error(`grpc-client.py exited ${code}: ${err}`))));
+    child.stdin.end(JSON.stringify({ target: `127.0.0.1:${port}`, protos: PROTOS, calls }));
+  });
+}
+
+const one = async (port: number, call: Call) => (await grpcCalls(port, [call]))[0]!;
+
+/** base64 of a string's UTF-8 bytes: a BYTES element in protobuf's JSON form. */
+const b64 = (s: string) => Buffer.from(s, 'utf8').toString('base64');
+
+async function metrics(srv: Server) {
+  return parseMetrics(await (await fetch(srv.url + '/metrics')).text());
+}
+
+describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services beside HTTP', () => {
+  let server: Server;
+  let port: number;
+  let ref: Reference;
+  let intentRef: Reference;
+  let tok: TextTokenizer;
+  let words: string[];
+  let dim: number;
+
+  beforeAll(async () => {
+    if (!runnable) throw new Error('grpc.test needs python3 with grpcio and protoc: apt-get install python3-grpcio protobuf-compiler');
+    ref = await Reference.open('tiny-embed');
+    intentRef = await Reference.open('tiny-intent');
+    tok = await loadTokenizer(ref.spec.tokenizerPath);
+    words = vocabularyWords(ref.spec);
+    dim = ref.spec.hiddenSize;
+    server = await startServer(testServerConfig({ models: ['tiny-embed', 'tiny-intent'] }));
+    await server.ready;
+    port = server.grpcPort!;
+  });
+
+  afterAll(async () => {
+    await server?.close();
+    await ref?.close();
+    await intentRef?.close();
+  });
+
+  it('listens on its own port, a free one with --port 0', () => {
+    expect(server.grpcPort).toBeGreaterThan(0);
+    expect(server.grpcPort).not.toBe(server.port);
+  });
+
+  it("Embed, EmbedStream and KServe's ModelInfer (typed and raw) equal the graph run alone, pooled here", async () => {
+    const rand = makeRandom('grpc embed');
+    const texts = randomTexts(rand, words, 6, 12);
+    const rawTexts = Buffer.concat(texts.map((t) => Buffer.concat([Buffer.from(new Uint32Array([Buffer.byteLength(t)]).buffer), Buffer.from(t)])));
+    const replies = await grpcCalls(port, [
+      ...texts.map((t) => ({ method: '/tei.v1.Embed/Embed', request: { inputs: t } })),
+      { method: '/tei.v1.Embed/EmbedStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })) },
+      { method: '/inference.GRPCInferenceService/ModelInfer', request: { model_name: 'tiny-embed', inputs: [{ name: 'text', datatype: 'BYTES', shape: [texts.length], contents: { bytes_contents: texts.map(b64) } }] } },
+      { method: '/inference.GRPCInferenceService/ModelInfer', request: { model_name: 'tiny-embed', inputs: [{ name: 'text', datatype: 'BYTES', shape: [texts.length] }], raw_input_contents: [rawTexts.toString('base64')] } },
+    ]);
+    const unary = replies.slice(0, texts.length).map((r) => r.ok.embeddings as number[]);
+    const stream = (replies[texts.length]!.ok as { embeddings: number[] }[]).map((r) => r.embeddings);
+    const typed = replies[texts.length + 1]!.ok.outputs[0];
+    const raw = replies[texts.length + 2]!.ok;
+    expect(typed).toMatchObject({ name: 'embedding', datatype: 'FP32', shape: [String(texts.length), String(dim)] });
+    const rawRows = new Float32Array(new Uint8Array(Buffer.from(raw.raw_output_contents[0], 'base64')).buffer);
+    expect(raw.outputs[0].contents).toBeUndefined(); // raw in, raw out
+    let worst = 0;
+    for (let i = 0; i < texts.length; i++) {
+      const want = (await ref.rowOfText(tok, texts[i]!)).slice(0, dim);
+      for (const got of [unary[i]!, stream[i]!, typed.contents.fp32_contents.slice(i * dim, (i + 1) * dim), Array.from(rawRows.subarray(i * dim, (i + 1) * dim))]) {
+        expect(got).toHaveLength(dim);
+        worst = Math.max(worst, maxAbsDiff(got, want));
+      }
+    }
+    console.log(`grpc embed: worst |diff| ${worst.toExponential(2)} over ${texts.length} texts, 4 ways`);
+    expect(worst).toBeLessThan(TOLERANCE);
+  });
+
+  it('ModelInfer with INT64 input_ids and an attention mask (typed and raw) equals the graph run on the real tokens', async () => {
+    const rand = makeRandom('grpc tokens');
+    const lengths = [3, 7, 5];
+    const T = Math.max(...lengths);
+    const rows = lengths.map((n) => [101, ...Array.from({ length: n - 2 }, () => 1000 + Math.floor(rand() * 20000)), 102]);
+    const ids = rows.flatMap((r) => [...r, ...Array(T - r.length).fill(0)]);
+    const mask = rows.flatMap((r) => [...Array(r.length).fill(1), ...Array(T - r.length).fill(0)]);
+    const int64 = (v: number[]) => Buffer.from(new BigInt64Array(v.map(BigInt)).buffer).toString('base64');
+    const tensor = (name: string, data: number[]) => ({ name, datatype: 'INT64', shape: [rows.length, T], contents: { int64_contents: data } });
+    const [typed, raw] = await grpcCalls(port, [
+      { method: '/inference.GRPCInferenceService/ModelInfer', request: { model_name: 'tiny-embed', inputs: [tensor('input_ids', ids), tensor('attention_mask', mask)] } },
+      {
+        method: '/inference.GRPCInferenceService/ModelInfer',
+        request: { model_name: 'tiny-embed', inputs: ['input_ids', 'attention_mask'].map((name) => ({ name, datatype: 'INT64', shape: [rows.length, T] })), raw_input_contents: [int64(ids), int64(mask)] },
+      },
+    ]);
+    const rawRows = new Float32Array(new Uint8Array(Buffer.from(raw!.ok.raw_output_contents[0], 'base64')).buffer);
+    for (let i = 0; i < rows.length; i++) {
+      const want = (await ref.row(rows[i]!)).slice(0, dim);
+      expect(maxAbsDiff(typed!.ok.outputs[0].contents.fp32_contents.slice(i * dim, (i + 1) * dim), want)).toBeLessThan(TOLERANCE);
+      expect(maxAbsDiff(rawRows.subarray(i * dim, (i + 1) * dim), want)).toBeLessThan(TOLERANCE);
+    }
+  });
+
+  it("Predict answers the classifier's probabilities, best first, as the graph's softmax", async () => {
+    const text = randomTexts(makeRandom('grpc predict'), words, 1, 10)[0]!;
+    const r = await one(port, { method: '/tei.v1.Predict/Predict', request: { inputs: text } });
+    const want = (await intentRef.rowOfText(tok, text)).slice(0, intentRef.spec.labels.length);
+    const preds = r.ok.predictions as { label: string; score: number }[];
+    expect(preds.map((p) => p.score)).toEqual([...preds.map((p) => p.score)].sort((a, b) => b - a));
+    for (const p of preds) expect(Math.abs(p.score - want[intentRef.spec.labels.indexOf(p.label)]!)).toBeLessThan(TOLERANCE);
+  });
+
+  it('gRPC and HTTP requests queued together run in the same batches', async () => {
+    const texts = randomTexts(makeRandom('grpc batch'), words, 16, 6);
+    const lengths = texts.map((t) => tok.encode(t, { maxLength: 512, truncate: false }).ids.length);
+    const batching = await servedBatching(server.url, 'tiny-embed');
+    const want = batchesOfQueued(lengths, batching);
+    const before = await metrics(server);
+    const [grpcReplies, httpReplies] = await sentTogether(server.testHooks, { 'tiny-embed': 16 }, () =>
+      Promise.all([
+        grpcCalls(port, texts.slice(0, 8).map((t) => ({ method: '/tei.v1.Embed/Embed', request: { inputs: t } }))),
+        Promise.all(texts.slice(8).map((t) => fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: t }) }).then((r) => r.json()))),
+      ]),
+    );
+    const after = await metrics(server);
+    const batches = after.sum('slabserve_batch_size_count', { model: 'tiny-embed' }) - before.sum('slabserve_batch_size_count', { model: 'tiny-embed' });
+    console.log(`grpc batch: 8 gRPC + 8 HTTP requests in ${batches} batches (buckets make ${want})`);
+    expect(batches).toBe(want);
+    expect(batches).toBeLessThan(2); // both transports in one batch: 16 short texts fit one bucket's capacity
+    expect(grpcReplies.every((r) => r.ok?.embeddings.length === dim)).toBe(true);
+    expect((httpReplies as number[][][]).every((r) => r[0]!.length === dim)).toBe(true);
+  });
+
+  it("maps the server's errors to gRPC codes, the SLABSERVE_ code in the trailers", async () => {
+    const replies = await grpcCalls(port, [
+      { method: '/inference.GRPCInferenceService/ModelInfer', request: { model_name: 'no-such-model', inputs: [] } },
+      { method: '/tei.v1.Embed/Embed', request: { inputs: '' } },
+      { method: '/tei.v1.Rerank/Rerank', request: { query: 'a', texts: ['b'] }, metadata: [['x-model', 'tiny-embed']] },
+      { method: '/tei.v1.Embed/Embed', request: { inputs: 'word '.repeat(600) } },
+      { method: '/tei.v1.Embed/Embed', request: { inputs: 'x' }, metadata: [['x-priority', 'urgent-ish']] },
+      { method: '/tei.v1.Embed/EmbedSparse', request: { inputs: 'x' } },
+    ]);
+    const codes = replies.map((r) => [r.error?.code, r.error?.trailing['slabserve-code']]);
+    expect(codes).toEqual([
+      ['NOT_FOUND', 'SLABSERVE_MODEL_NOT_FOUND'],
+      ['INVALID_ARGUMENT', 'SLABSERVE_INVALID_INPUT'],
+      ['FAILED_PRECONDITION', 'SLABSERVE_WRONG_TASK'],
+      ['INVALID_ARGUMENT', 'SLABSERVE_INPUT_TOO_LONG'],
+      ['INVALID_ARGUMENT', 'SLABSERVE_INVALID_INPUT'],
+      ['FAILED_PRECONDITION', 'SLABSERVE_WRONG_TASK'],
+    ]);
+    // The too-long advice is one that works here: truncate: true cuts it, and the row is the cut text's.
+    expect(replies[3]!.error!.details).toMatch(/truncate/);
+    const cut = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'word '.repeat(600), truncate: true } });
+    expect(cut.ok.embeddings).toHaveLength(dim);
+    expect(maxAbsDiff(cut.ok.embeddings, (await ref.rowOfText(tok, 'word '.repeat(600), true)).slice(0, dim))).toBeLessThan(TOLERANCE);
+  });
+
+  it("a call whose deadline passes while queued ends DEADLINE_EXCEEDED and never reaches the device; a cancelled one frees its slots", async () => {
+    const hooks = server.testHooks!;
+    const before = await metrics(server);
+    await hooks.holdInference();
+    let replies: Reply[];
+    try {
+      const pending = grpcCalls(port, [
+        { method: '/tei.v1.Embed/Embed', request: { inputs: 'a deadline of 300 ms' }, timeout: 0.3 },
+        { method: '/tei.v1.Embed/Embed', request: { inputs: 'cancelled by its client' }, cancel_after: 0.3 },
+      ]);
+      await eventually('both inputs queued', async () => hooks.inputsWaiting('tiny-embed'), (n) => n === 2, 10_000);
+      replies = await pending; // both end while the loop is held
+    } finally {
+      hooks.releaseInference();
+    }
+    expect(replies.map((r) => r.error?.code)).toEqual(['DEADLINE_EXCEEDED', 'CANCELLED']);
+    await eventually('their slots freed', async () => (await metrics(server)).sum('slabserve_slots_in_use', { model: 'tiny-embed' }), (n) => n === 0, 10_000);
+    // Neither ran: the next batch is the next request's alone.
+    const ok = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'after' } });
+    expect(ok.ok.embeddings).toHaveLength(dim);
+    const after = await metrics(server);
+    expect(after.sum('slabserve_batch_size_sum', { model: 'tiny-embed' }) - before.sum('slabserve_batch_size_sum', { model: 'tiny-embed' })).toBe(1);
+  });
+
+  it('a stream answers each message in order; a failing message ends it with its status after the answers before it', async () => {
+    const texts = randomTexts(makeRandom('grpc stream'), words, 5, 8);
+    const [good, bad] = await grpcCalls(port, [
+      { method: '/tei.v1.Embed/EmbedStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })) },
+      { method: '/tei.v1.Embed/EmbedStream', kind: 'stream', requests: [{ inputs: texts[0] }, { inputs: '' }, { inputs: texts[1] }] },
+    ]);
+    expect(good!.ok).toHaveLength(texts.length);
+    for (let i = 0; i < texts.length; i++) expect(maxAbsDiff(good!.ok[i].embeddings, (await ref.rowOfText(tok, texts[i]!)).slice(0, dim))).toBeLessThan(TOLERANCE);
+    expect(bad!.error?.code).toBe('INVALID_ARGUMENT');
+    expect(bad!.ok).toHaveLength(1);
+    expect(maxAbsDiff(bad!.ok[0].embeddings, (await ref.rowOfText(tok, texts[0]!)).slice(0, dim))).toBeLessThan(TOLERANCE);
+  });
+
+  it('Tokenize and Decode answer as /tokenize and /decode; Info names the model', async () => {
+    const [t, d, info] = await grpcCalls(port, [
+      { method: '/tei.v1.Tokenize/Tokenize', request: { inputs: 'hello world', add_special_tokens: true } },
+      { method: '/tei.v1.Tokenize/Decode', request: { ids: [7592, 2088] } },
+      { method: '/tei.v1.Info/Info', request: {}, metadata: [['x-model', 'tiny-intent']] },
+    ]);
+    const http = (await (await fetch(server.url + '/tokenize', { method: 'POST', body: JSON.stringify({ inputs: 'hello world' }), headers: { 'content-type': 'application/json' } })).json()) as { id: number }[][];
+    expect(t!.ok.tokens.map((x: { id: number }) => x.id)).toEqual(http[0]!.map((x) => x.id));
+    expect(d!.ok.text).toBe(tok.decode([7592, 2088], false));
+    expect(info!.ok).toMatchObject({ model_id: 'tiny-intent', model_type: 'MODEL_TYPE_CLASSIFIER', max_input_length: 512 });
+  });
+
+  it('health: SERVING per service while ready and able to serve it (no reranker: Rerank NOT_SERVING)', async () => {
+    const check = (service: string) => ({ method: '/grpc.health.v1.Health/Check', request: { service } });
+    const healthProto = fileURLToPath(new URL('../node_modules/grpc-health-check/proto/health/v1/health.proto', import.meta.url));
+    const replies = await new Promise<Reply[]>((resolve, reject) => {
+      const child = spawn(python!, [CLIENT], { stdio: ['pipe', 'pipe', 'pipe'] });
+      let out = '';
+      child.stdout.on('data', (x) => (out += x));
+      child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out) as Reply[]) : reject(new Error(`exit ${code}`))));
+      child.stdin.end(JSON.stringify({ target: `127.0.0.1:${port}`, protos: [healthProto], calls: ['', 'tei.v1.Embed', 'tei.v1.Predict', 'tei.v1.Rerank', 'inference.GRPCInferenceService'].map(check) }));
+    });
+    expect(replies.map((r) => r.ok?.status)).toEqual(['SERVING', 'SERVING', 'SERVING', 'NOT_SERVING', 'SERVING']);
+  });
+});
+
+describe.skipIf(!runnable && !process.env.CI)('gRPC: API keys, message size, a taken port', () => {
+  let server: Server;
+  const KEY = 'grpc-test-key-0123456789abcdef';
+  const ADMIN = 'grpc-admin-key-0123456789abcdef';
+
+  beforeAll(async () => {
+    server = await startServer(testServerConfig({ models: ['tiny-embed'], apiKeys: [KEY], adminApiKeys: [ADMIN], maxBodyBytes: 4096 }));
+    await server.ready;
+  });
+  afterAll(async () => server?.close());
+
+  it('needs `authorization: Bearer <key>`: UNAUTHENTICATED without one or with a wrong one; admin keys for the repository', async () => {
+    const embed = (md: [string, string][]) => ({ method: '/tei.v1.Embed/Embed', request: { inputs: 'hi' }, metadata: md });
+    const index = (md: [string, string][]) => ({ method: '/inference.GRPCInferenceService/RepositoryIndex', request: {}, metadata: md });
+    const r = await grpcCalls(server.grpcPort!, [
+      embed([]),
+      embed([['authorization', 'Bearer wrong-key-0123456789abcdef']]),
+      embed([['authorization', `Bearer ${KEY}`]]),
+      index([['authorization', `Bearer ${KEY}`]]),
+      index([['authorization', `Bearer ${ADMIN}`]]),
+      { method: '/inference.GRPCInferenceService/ServerLive', request: {} },
+    ]);
+    expect(r.map((x) => x.error?.code ?? 'OK')).toEqual(['UNAUTHENTICATED', 'UNAUTHENTICATED', 'OK', 'UNAUTHENTICATED', 'OK', 'OK']);
+    expect(r[0]!.error!.trailing['slabserve-code']).toBe('SLABSERVE_UNAUTHORIZED');
+  });
+
+  it('refuses a message over --max-body-bytes with RESOURCE_EXHAUSTED', async () => {
+    const r = await one(server.grpcPort!, { method: '/tei.v1.Embed/Embed', request: { inputs: 'x'.repeat(8000) }, metadata: [['authorization', `Bearer ${KEY}`]] });
+    expect(r.error?.code).toBe('RESOURCE_EXHAUSTED');
+  });
+
+  it('a taken --grpc-port stops the start before warm-up, naming the flag', async () => {
+    const blocker = createServer();
+    const taken = await new Promise<number>((r) => blocker.listen(0, '127.0.0.1', () => r((blocker.address() as { port: number }).port)));
+    try {
+      await expect(startServer(testServerConfig({ models: ['tiny-embed'], grpcPort: taken }))).rejects.toMatchObject({ code: 'SLABSERVE_PORT_IN_USE', message: expect.stringContaining('--grpc-port') });
+    } finally {
+      blocker.close();
+    }
+  });
+});
