@@ -20,6 +20,8 @@ process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const CLIENT = fileURLToPath(new URL('./fixtures/grpc-client.py', import.meta.url));
 const PROTOS = ['inference.proto', 'tei.proto'].map((f) => fileURLToPath(new URL(`../proto/${f}`, import.meta.url)));
+const HEALTH_PROTO = fileURLToPath(new URL('../node_modules/grpc-health-check/proto/health/v1/health.proto', import.meta.url));
+const REFLECTION_PROTO = fileURLToPath(new URL('../node_modules/@grpc/reflection/build/proto/grpc/reflection/v1/reflection.proto', import.meta.url));
 const TOLERANCE = 1e-5;
 
 /** A python3 with grpcio, and protoc (.ci/run installs python3-grpcio and protobuf-compiler). */
@@ -32,7 +34,7 @@ type Reply = { ok?: any; error?: { code: string; details: string; trailing: Reco
 
 interface Call {
   method: string;
-  kind?: 'unary' | 'stream' | 'client_stream';
+  kind?: 'unary' | 'stream' | 'client_stream' | 'server_stream';
   request?: unknown;
   requests?: unknown[];
   metadata?: [string, string][];
@@ -40,16 +42,22 @@ interface Call {
   cancel_after?: number;
 }
 
-/** Makes `calls` at once from one Python process, on one channel; their replies in order. */
-function grpcCalls(port: number, calls: Call[]): Promise<Reply[]> {
+/**
+ * Makes `calls` at once from one Python process, on one channel (messages from `protos`); their
+ * replies in order. `onReply` hears each reply of a stream as it arrives.
+ */
+function grpcCalls(port: number, calls: Call[], protos = PROTOS, onReply?: (call: number, reply: any) => void): Promise<Reply[]> {
   return new Promise((resolve, reject) => {
     const child = spawn(python!, [CLIENT], { stdio: ['pipe', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (err += d));
+    child.stderr.on('data', (d: Buffer) => {
+      err += d;
+      for (const line of d.toString().split('\n')) if (line.startsWith('{"call"')) onReply?.(JSON.parse(line).call, JSON.parse(line).reply);
+    });
     child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out) as Reply[]) : reject(new Error(`grpc-client.py exited ${code}: ${err}`))));
-    child.stdin.end(JSON.stringify({ target: `127.0.0.1:${port}`, protos: PROTOS, calls }));
+    child.stdin.end(JSON.stringify({ target: `127.0.0.1:${port}`, protos, calls }));
   });
 }
 
@@ -253,15 +261,17 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
 
   it('health: SERVING per service while ready and able to serve it (no reranker: Rerank NOT_SERVING)', async () => {
     const check = (service: string) => ({ method: '/grpc.health.v1.Health/Check', request: { service } });
-    const healthProto = fileURLToPath(new URL('../node_modules/grpc-health-check/proto/health/v1/health.proto', import.meta.url));
-    const replies = await new Promise<Reply[]>((resolve, reject) => {
-      const child = spawn(python!, [CLIENT], { stdio: ['pipe', 'pipe', 'pipe'] });
-      let out = '';
-      child.stdout.on('data', (x) => (out += x));
-      child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out) as Reply[]) : reject(new Error(`exit ${code}`))));
-      child.stdin.end(JSON.stringify({ target: `127.0.0.1:${port}`, protos: [healthProto], calls: ['', 'tei.v1.Embed', 'tei.v1.Predict', 'tei.v1.Rerank', 'inference.GRPCInferenceService'].map(check) }));
-    });
+    const replies = await grpcCalls(port, ['', 'tei.v1.Embed', 'tei.v1.Predict', 'tei.v1.Rerank', 'inference.GRPCInferenceService'].map(check), [HEALTH_PROTO]);
     expect(replies.map((r) => r.ok?.status)).toEqual(['SERVING', 'SERVING', 'SERVING', 'NOT_SERVING', 'SERVING']);
+  });
+
+  it('reflection lists every service and gives the files that define them', async () => {
+    const [r] = await grpcCalls(port, [{ method: '/grpc.reflection.v1.ServerReflection/ServerReflectionInfo', kind: 'stream', requests: [{ list_services: '' }, { file_containing_symbol: 'tei.v1.Embed' }] }], [REFLECTION_PROTO]);
+    const services = (r!.ok[0].list_services_response.service as { name: string }[]).map((x) => x.name);
+    expect(services).toEqual(expect.arrayContaining(['inference.GRPCInferenceService', 'tei.v1.Embed', 'tei.v1.Predict', 'tei.v1.Rerank', 'tei.v1.Tokenize', 'tei.v1.Info', 'grpc.health.v1.Health']));
+    const files = r!.ok[1].file_descriptor_response.file_descriptor_proto as string[];
+    expect(files.length).toBeGreaterThan(0);
+    expect(Buffer.from(files[0]!, 'base64').toString('latin1')).toContain('EmbedRequest');
   });
 });
 
@@ -303,6 +313,36 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: API keys, message size, a t
       await expect(startServer(testServerConfig({ models: ['tiny-embed'], grpcPort: taken }))).rejects.toMatchObject({ code: 'SLABSERVE_PORT_IN_USE', message: expect.stringContaining('--grpc-port') });
     } finally {
       blocker.close();
+    }
+  });
+});
+
+describe.skipIf(!runnable && !process.env.CI)('gRPC while draining', () => {
+  it('a call in flight when the drain starts is answered; health turns NOT_SERVING first; a call after it is refused', async () => {
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'] }));
+    await server.ready;
+    const port = server.grpcPort!;
+    const hooks = server.testHooks!;
+    const watch: string[] = [];
+    let closing: Promise<void> | null = null;
+    await hooks.holdInference();
+    try {
+      const calls = grpcCalls(port, [
+        { method: '/grpc.health.v1.Health/Watch', kind: 'server_stream', request: { service: '' } },
+        { method: '/tei.v1.Embed/Embed', request: { inputs: 'in flight when the drain starts' } },
+      ], [HEALTH_PROTO, ...PROTOS], (i, reply) => i === 0 && watch.push(reply.status));
+      await eventually('watching, and the call queued', async () => ({ watch: [...watch], waiting: hooks.inputsWaiting('tiny-embed') }), (v) => v.watch[0] === 'SERVING' && v.waiting === 1, 20_000);
+      closing = server.close();
+      await eventually('health NOT_SERVING', async () => [...watch], (w) => w.includes('NOT_SERVING'), 20_000);
+      const refused = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'after the drain began' } });
+      expect(refused.error?.code).toBe('UNAVAILABLE');
+      hooks.releaseInference();
+      const [watched, inFlight] = await calls;
+      expect(inFlight!.ok?.embeddings).toHaveLength(128);
+      expect(watched!.ok).toEqual([{ status: 'SERVING' }, { status: 'NOT_SERVING' }]);
+    } finally {
+      hooks.releaseInference();
+      await (closing ?? server.close());
     }
   });
 });

@@ -87,13 +87,14 @@ export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers:
   health.addToServer(server);
   new ReflectionService(def).addToServer(server);
   let last = JSON.stringify(healthStatuses(deps));
-  const poll = setInterval(() => {
+  const refreshHealth = () => {
     const now = healthStatuses(deps);
     const shown = JSON.stringify(now);
     if (shown === last) return;
     last = shown;
     for (const [service, status] of Object.entries(now)) health.setStatus(service, status);
-  }, HEALTH_POLL_MS);
+  };
+  const poll = setInterval(refreshHealth, HEALTH_POLL_MS);
   poll.unref();
 
   const injector = server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
@@ -107,6 +108,7 @@ export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers:
   const stopListening = () => {
     if (!listening) return;
     listening = false;
+    refreshHealth(); // draining: NOT_SERVING now, before any connection closes
     net.close();
     injector.drain(2 ** 31 - 1); // GOAWAY now; the connections close at close()
   };
