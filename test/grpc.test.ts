@@ -7,7 +7,10 @@
  * order, keys are checked, health follows readiness.
  */
 import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
@@ -40,13 +43,15 @@ interface Call {
   metadata?: [string, string][];
   timeout?: number;
   cancel_after?: number;
+  read_when_exists?: string;
+  progress?: boolean;
 }
 
 /**
  * Makes `calls` at once from one Python process, on one channel (messages from `protos`); their
  * replies in order. `onReply` hears each reply of a stream as it arrives.
  */
-function grpcCalls(port: number, calls: Call[], protos = PROTOS, onReply?: (call: number, reply: any) => void): Promise<Reply[]> {
+function grpcCalls(port: number, calls: Call[], protos = PROTOS, onReply?: (call: number, reply: any) => void, options: [string, number][] = []): Promise<Reply[]> {
   return new Promise((resolve, reject) => {
     const child = spawn(python!, [CLIENT], { stdio: ['pipe', 'pipe', 'pipe'] });
     let out = '';
@@ -57,7 +62,7 @@ function grpcCalls(port: number, calls: Call[], protos = PROTOS, onReply?: (call
       for (const line of d.toString().split('\n')) if (line.startsWith('{"call"')) onReply?.(JSON.parse(line).call, JSON.parse(line).reply);
     });
     child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out) as Reply[]) : reject(new Error(`grpc-client.py exited ${code}: ${err}`))));
-    child.stdin.end(JSON.stringify({ target: `127.0.0.1:${port}`, protos, calls }));
+    child.stdin.end(JSON.stringify({ target: `127.0.0.1:${port}`, protos, calls, options }));
   });
 }
 
@@ -328,7 +333,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC while draining', () => {
     await hooks.holdInference();
     try {
       const calls = grpcCalls(port, [
-        { method: '/grpc.health.v1.Health/Watch', kind: 'server_stream', request: { service: '' } },
+        { method: '/grpc.health.v1.Health/Watch', kind: 'server_stream', request: { service: '' }, progress: true },
         { method: '/tei.v1.Embed/Embed', request: { inputs: 'in flight when the drain starts' } },
       ], [HEALTH_PROTO, ...PROTOS], (i, reply) => i === 0 && watch.push(reply.status));
       await eventually('watching, and the call queued', async () => ({ watch: [...watch], waiting: hooks.inputsWaiting('tiny-embed') }), (v) => v.watch[0] === 'SERVING' && v.waiting === 1, 20_000);
@@ -345,4 +350,40 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC while draining', () => {
       await (closing ?? server.close());
     }
   });
+});
+
+describe.skipIf(!runnable && !process.env.CI)('gRPC streams: flow control', () => {
+  it("a stream whose reader does not read stops being read, and holds back no other caller; once read, every answer comes, in order", async () => {
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'] }));
+    const gate = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'read');
+    try {
+      await server.ready;
+      const port = server.grpcPort!;
+      const N = 2000;
+      const texts = Array.from({ length: N }, (_, i) => `message number ${i}`);
+      // BDP probing off: the client's window stays 64 KiB instead of growing to megabytes.
+      const streaming = grpcCalls(port, [{ method: '/tei.v1.Embed/EmbedStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })), read_when_exists: gate }], PROTOS, undefined, [['grpc.http2.bdp_probe', 0]]);
+      const answered = async () => (await metrics(server)).sum('slabserve_request_duration_seconds_count', { route: '/tei.v1.Embed/EmbedStream' });
+      // Stalled: the same count three scrapes in a row, after some answers went out.
+      let seen: number[] = [];
+      await eventually('the stream stalled', async () => (seen = [...seen.slice(-2), await answered()]), (v) => v.length === 3 && v[0]! > 0 && v.every((x) => x === v[0]), 60_000);
+      console.log(`grpc flow control: ${seen[0]} of ${N} messages answered while the reader did not read`);
+      // Bounded by what the windows and the server's write buffer hold, not by N (without the
+      // server's back-pressure it stalls past 1200 here: the client's own send window).
+      expect(seen[0]).toBeLessThan(512);
+      // Another caller is not held back meanwhile.
+      const other = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'another caller' } });
+      expect(other.ok?.embeddings).toHaveLength(128);
+      writeFileSync(gate, '');
+      const [r] = await streaming;
+      expect(r!.ok).toHaveLength(N);
+      // In order: each answer is its own message's.
+      const probes = [0, 1, N - 1];
+      const rows = await grpcCalls(port, probes.map((i) => ({ method: '/tei.v1.Embed/Embed', request: { inputs: texts[i] } })));
+      probes.forEach((i, k) => expect(maxAbsDiff(r!.ok[i].embeddings, rows[k]!.ok.embeddings)).toBeLessThan(TOLERANCE));
+    } finally {
+      writeFileSync(gate, '');
+      await server.close();
+    }
+  }, 120_000);
 });
