@@ -387,3 +387,78 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC streams: flow control', () =
     }
   }, 120_000);
 });
+
+describe.skipIf(!runnable && !process.env.CI)('gRPC: the repository RPCs, a reranker, the other streams, overload', () => {
+  let server: Server;
+  let port: number;
+  const SLOTS = 8;
+
+  beforeAll(async () => {
+    server = await startServer(testServerConfig({ models: ['tiny-embed', 'tiny-intent'], modelControlMode: 'explicit', slotsPerModel: SLOTS }));
+    await server.ready;
+    port = server.grpcPort!;
+  });
+  afterAll(async () => server?.close());
+
+  it('RepositoryModelLoad loads a model while serving; Rerank and RerankStream then answer as /rerank; RepositoryModelUnload takes it away', async () => {
+    const spec = await Reference.open('tiny-rerank');
+    const texts = randomTexts(makeRandom('grpc rerank'), vocabularyWords(spec.spec), 4, 8);
+    await spec.close();
+    const [loaded] = await grpcCalls(port, [{ method: '/inference.GRPCInferenceService/RepositoryModelLoad', request: { model_name: 'tiny-rerank' } }]);
+    expect(loaded!.ok).toEqual({});
+    const [index, ranked, streamed, stream2] = await grpcCalls(port, [
+      { method: '/inference.GRPCInferenceService/RepositoryIndex', request: { ready: true } },
+      { method: '/tei.v1.Rerank/Rerank', request: { query: texts[0], texts: texts.slice(1), return_text: true } },
+      { method: '/tei.v1.Rerank/RerankStream', kind: 'client_stream', requests: texts.slice(1).map((t) => ({ query: texts[0], text: t, return_text: true })) },
+      { method: '/tei.v1.Predict/PredictStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })) },
+    ]);
+    expect((index!.ok.models as { name: string }[]).map((m) => m.name).sort()).toEqual(['tiny-embed', 'tiny-intent', 'tiny-rerank']);
+    const http = (await (await fetch(server.url + '/rerank', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: texts[0], texts: texts.slice(1), return_text: true }) })).json()) as { index: number; score: number; text: string }[];
+    const shape = (ranks: { index?: number; score: number; text?: string }[]) => ranks.map((r) => ({ index: r.index ?? 0, text: r.text }));
+    expect(shape(ranked!.ok.ranks)).toEqual(shape(http));
+    expect(shape(streamed!.ok.ranks)).toEqual(shape(http));
+    ranked!.ok.ranks.forEach((r: { score: number }, i: number) => expect(Math.abs(r.score - http[i]!.score)).toBeLessThan(TOLERANCE));
+    expect(ranked!.ok.metadata.compute_tokens).toBeGreaterThan(0);
+    expect(stream2!.ok).toHaveLength(texts.length);
+    const [unloaded, after] = await grpcCalls(port, [
+      { method: '/inference.GRPCInferenceService/RepositoryModelUnload', request: { model_name: 'tiny-rerank' } },
+      { method: '/inference.GRPCInferenceService/RepositoryModelUnload', request: { model_name: 'no-such-folder' } },
+    ]);
+    expect(unloaded!.ok).toEqual({});
+    expect(after!.error?.code).toBe('INVALID_ARGUMENT'); // Triton answers a repository refusal 400: INVALID_ARGUMENT
+    const gone = await one(port, { method: '/tei.v1.Rerank/Rerank', request: { query: 'a', texts: ['b'] } });
+    expect(gone.error?.code).toBe('NOT_FOUND');
+  });
+
+  it('PredictPair tokenizes the two inputs as a pair: the classifier\'s answer for that pair, not for either text', async () => {
+    const [pair, a] = await grpcCalls(port, [
+      { method: '/tei.v1.Predict/PredictPair', request: { inputs: ['where is my parcel', 'it shipped yesterday'], raw_scores: true } },
+      { method: '/tei.v1.Predict/Predict', request: { inputs: 'where is my parcel', raw_scores: true } },
+    ]);
+    const ref = await Reference.open('tiny-intent');
+    try {
+      const tokenizer = await loadTokenizer(ref.spec.tokenizerPath);
+      const enc = tokenizer.encodePair!('where is my parcel', 'it shipped yesterday', { maxLength: 512, truncate: false });
+      const logits = (await ref.row(enc.ids, enc.typeIds)).slice(ref.spec.labels.length);
+      for (const p of pair!.ok.predictions as { label: string; score: number }[]) expect(Math.abs(p.score - logits[ref.spec.labels.indexOf(p.label)]!)).toBeLessThan(TOLERANCE);
+      expect(pair!.ok.predictions[0]).not.toEqual(a!.ok.predictions[0]);
+    } finally {
+      await ref.close();
+    }
+  });
+
+  it('no free slot: RESOURCE_EXHAUSTED with the retry delay in the trailers', async () => {
+    const hooks = server.testHooks!;
+    await hooks.holdInference();
+    try {
+      const fill = Promise.all(Array.from({ length: SLOTS }, (_, i) => fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: `filler ${i}` }) })));
+      await eventually('every slot taken', async () => hooks.inputsWaiting('tiny-embed'), (n) => n === SLOTS, 10_000);
+      const r = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'one too many' } });
+      expect(r.error).toMatchObject({ code: 'RESOURCE_EXHAUSTED', trailing: { 'slabserve-code': 'SLABSERVE_OVERLOADED', 'retry-after': expect.stringMatching(/^[1-9]\d*$/), 'grpc-retry-pushback-ms': expect.stringMatching(/^[1-9]\d*000$/) } });
+      hooks.releaseInference();
+      expect((await fill).map((f) => f.status)).toEqual(Array(SLOTS).fill(200));
+    } finally {
+      hooks.releaseInference();
+    }
+  });
+});
