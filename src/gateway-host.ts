@@ -11,6 +11,7 @@
 import { Worker } from 'node:worker_threads';
 import type { Registry } from 'prom-client';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
+import type { GrpcListen } from './gateway/grpc/server.js';
 import { RpcPeer } from './shared/rpc.js';
 import type { ResultCache } from './shared/result-cache.js';
 import type { ModelSet } from './model-set.js';
@@ -38,8 +39,13 @@ interface GatewayHandle {
 }
 
 export interface GatewaySupervisorOptions {
-  /** What every gateway thread starts with, less its id, owner index, port and models. */
-  data: Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models'>;
+  /** What every gateway thread starts with, less its id, owner index, port, models and what it serves. */
+  data: Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models' | 'http' | 'grpc'>;
+  /**
+   * What each serves: the first `http` gateways HTTP (and gRPC too when `grpc.threads` is 0); the
+   * `grpc.threads` after them gRPC only. `grpc` null: no gRPC.
+   */
+  roles: { http: number; grpc: { listen: GrpcListen; threads: number } | null };
   /** The models served now: a gateway starts with the set as it is then. */
   models: ModelSet;
   /** The result cache the gateways share (null: off): a dead gateway's entry locks are freed before its replacement starts. */
@@ -104,7 +110,7 @@ export class GatewaySupervisor {
   /** Adds each gateway's kernel thread id and name (`gateway-N`) to `named`. */
   nameThreads(named: Map<number, string>): void {
     this.gateways.forEach((g, i) => {
-      if (g.tid) named.set(g.tid, `gateway-${i}`);
+      if (g.tid) named.set(g.tid, i < this.opts.roles.http ? `gateway-${i}` : `grpc-${i}`);
     });
   }
 
@@ -133,9 +139,17 @@ export class GatewaySupervisor {
     );
   }
 
+  /** What gateway `gatewayId` serves (GatewaySupervisorOptions.roles). */
+  private roleOf(gatewayId: number): Pick<GatewayWorkerData, 'http' | 'grpc'> {
+    const { http, grpc } = this.opts.roles;
+    const servesHttp = gatewayId < http;
+    const servesGrpc = grpc !== null && (grpc.threads === 0 || !servesHttp);
+    return { http: servesHttp, ...(servesGrpc ? { grpc: grpc.listen } : {}) };
+  }
+
   /** Starts gateway `gatewayId` on `port`; resolves with the port it listens on. */
   private startOne(gatewayId: number, port: number): Promise<number> {
-    const data: GatewayWorkerData = { ...this.opts.data, models: this.opts.models.serving(), gatewayId, owner: 1 + gatewayId, port };
+    const data: GatewayWorkerData = { ...this.opts.data, ...this.roleOf(gatewayId), models: this.opts.models.serving(), gatewayId, owner: 1 + gatewayId, port };
     const entry = new URL('./gateway/gateway-worker.js', import.meta.url);
     const name = `slabserve-gateway-${gatewayId}`;
     const worker = this.opts.testHooks ? new Worker(gatewayTestEntry(entry), { eval: true, workerData: data, name }) : new Worker(entry, { workerData: data, name });

@@ -61,6 +61,8 @@ export interface ServerConfig extends ModelOptions {
   grpcPort?: number;
   /** Most messages of one gRPC stream answered at once (--grpc-stream-max-inflight). */
   grpcStreamMaxInflight?: number;
+  /** Threads that serve gRPC only (--grpc-threads); 0 (default): the gateway threads serve it beside HTTP. */
+  grpcThreads?: number;
   device: string;
   gatewayThreads: number;
   batching: Partial<BatchingOptions>;
@@ -177,6 +179,7 @@ export const SERVER_DEFAULTS = {
   wsMaxFrameBytes: WS_DEFAULTS.maxFrameBytes,
   wsIdleTimeoutSeconds: WS_DEFAULTS.idleTimeoutSeconds,
   grpcStreamMaxInflight: 256,
+  grpcThreads: 0,
   priorities: DEFAULT_PRIORITIES,
   priorityAgeingMs: DEFAULT_SCHEDULING.priorityAgeingMs,
   cacheMb: 64,
@@ -271,7 +274,8 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const grpc = await grpcListen(config);
   checkDevice(config.device);
   checkRepositoryFlags(config);
-  const owners = 1 + config.gatewayThreads; // owner 0 is this thread
+  const grpcThreads = config.grpcThreads ?? 0;
+  const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
   const planning = { batching: config.batching, overrides: modelOverrides(config), warn: log, slotsPerModel: config.slotsPerModel, owners };
   const plans = loadModels({
     ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
@@ -330,7 +334,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const idleTimer = config.modelIdleUnloadS !== undefined ? setInterval(() => void repository.unloadIdle().catch((err: Error) => log(`slabserve: idle unload: ${err.message}`)), IDLE_CHECK_MS) : undefined;
   idleTimer?.unref();
   const gateways: GatewaySupervisor = new GatewaySupervisor({
-    data: { ...gatewayWorkerData(config, control, owners, cache), ...(grpc ? { grpc } : {}) },
+    data: gatewayWorkerData(config, control, owners, cache),
+    // With --grpc-threads, the gateways serve HTTP and the threads after them gRPC; else each serves both.
+    roles: { http: config.gatewayThreads, grpc: grpc ? { listen: grpc, threads: grpcThreads } : null },
     models,
     cache,
     log,
@@ -345,7 +351,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   try {
     // uSockets sets SO_REUSEPORT only for a fixed port, so with --port 0 pick a free port first:
     // the first gateway binds it, the others join, and a gateway restarted after a crash rejoins it.
-    port = await gateways.start(config.gatewayThreads, config.port === 0 ? await pickFreePort(config.host) : config.port);
+    port = await gateways.start(config.gatewayThreads + (grpc ? grpcThreads : 0), config.port === 0 ? await pickFreePort(config.host) : config.port);
   } catch (err) {
     // Stop cleanly: terminating the inference thread while onnxruntime opens its
     // sessions aborts the process, so ask it to stop and wait for it to exit.
@@ -355,7 +361,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   }
   const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
   const url = `http://${shownHost}:${port}`;
-  const grpcShown = grpc ? `, grpc on ${config.host}:${grpc.port}` : '';
+  const grpcShown = grpc ? `, grpc on ${config.host}:${grpc.port}${grpcThreads > 0 ? ` (${grpcThreads} thread${grpcThreads > 1 ? 's' : ''} of its own)` : ''}` : '';
   log(`slabserve: listening on http://${config.host}:${port}${grpcShown} (${config.gatewayThreads} gateway thread${config.gatewayThreads > 1 ? 's' : ''}); ready after warm-up`);
 
   const ready = inference.ready.then(async (d) => {
@@ -501,7 +507,7 @@ function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySuperv
 }
 
 /** What every gateway thread starts with (GatewaySupervisor adds its id, owner index and port). */
-function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: number, cache: ResultCache | null): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models'> {
+function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: number, cache: ResultCache | null): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models' | 'http' | 'grpc'> {
   return {
     control: control.buffer,
     ...(cache ? { cache: { buffer: cache.buffer, layout: cache.layout } } : {}),

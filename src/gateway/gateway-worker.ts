@@ -77,7 +77,9 @@ export interface GatewayWorkerData {
   cache?: { buffer: SharedArrayBuffer; layout: CacheLayout };
   /** Lazy loading (--lazy-load): a request for a model of the repository not loaded loads it. */
   lazyLoad?: boolean;
-  /** gRPC beside HTTP (--grpc-port): where this thread binds it (SO_REUSEPORT, as uWS binds HTTP's); absent: off. */
+  /** Whether this thread serves HTTP and WebSocket (false: a thread of gRPC's own, --grpc-threads). */
+  http: boolean;
+  /** gRPC (--grpc-port): where this thread binds it (SO_REUSEPORT, as uWS binds HTTP's); absent: this thread serves none. */
   grpc?: GrpcListen;
   /** Log level, the file descriptor access lines are written to (absent: they go to the main thread), and whether probes get access lines (--log-probes). */
   log?: { level: LogLevel; accessFd?: number; probes?: boolean };
@@ -203,6 +205,10 @@ async function main(): Promise<void> {
       closeSockets();
       return;
     }
+  }
+  if (!data.http) {
+    post({ type: 'listening', port: data.port, grpcPort: grpcServer!.port, tid: currentThreadId() });
+    return;
   }
   app.listen(data.host, data.port, (socket) => {
     if (!socket) {
