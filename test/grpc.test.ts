@@ -462,3 +462,22 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: the repository RPCs, a rera
     }
   });
 });
+
+describe.skipIf(!runnable && !process.env.CI)('gRPC on threads of its own (--grpc-threads)', () => {
+  it('a thread that serves only gRPC answers calls, the gateway answers HTTP, and the metrics name it grpc-N', async () => {
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'], gatewayThreads: 1, grpcThreads: 1 }));
+    try {
+      await server.ready;
+      const [r] = await grpcCalls(server.grpcPort!, [{ method: '/tei.v1.Embed/Embed', request: { inputs: 'on a thread of its own' } }]);
+      expect(r!.ok.embeddings).toHaveLength(128);
+      const http = await fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: 'over HTTP' }) });
+      expect(http.status).toBe(200);
+      const m = await metrics(server);
+      expect(m.has('slabserve_thread_cpu_seconds_total', { thread: 'grpc-1' })).toBe(true);
+      expect(m.has('slabserve_thread_cpu_seconds_total', { thread: 'gateway-0' })).toBe(true);
+      expect(m.sum('slabserve_request_duration_seconds_count', { route: '/tei.v1.Embed/Embed' })).toBe(1);
+    } finally {
+      await server.close();
+    }
+  });
+});
