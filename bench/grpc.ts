@@ -1,7 +1,8 @@
 /**
  * Where gRPC belongs (docs/grpc.md): on the uWebSockets.js gateway threads
  * beside HTTP (`--grpc-threads 0`, the default) or on threads of its own
- * (`--grpc-threads 1`), with the same number of threads either way. Per
+ * (`--grpc-threads 1`): one gateway thread serving both (the default on 2
+ * cores), two serving both, one for each. Per
  * placement, in alternating rounds: HTTP alone (wrk), gRPC alone (Python
  * grpcio, bench/grpc-load.py), and both at once; req/s, P99, and the server's
  * CPU per request from /proc. Texts are distinct and the result cache off, so
@@ -104,6 +105,7 @@ async function main(): Promise<void> {
   const script = join(tmpdir(), 'slabserve-grpc-bench.lua');
   writeFileSync(script, WRK_SCRIPT);
   const placements = [
+    { name: 'on the 1 gateway thread', args: ['--gateway-threads', '1', '--grpc-threads', '0'] },
     { name: 'on the 2 gateway threads', args: ['--gateway-threads', '2', '--grpc-threads', '0'] },
     { name: '1 gateway + 1 gRPC thread', args: ['--gateway-threads', '1', '--grpc-threads', '1'] },
   ];
@@ -111,7 +113,7 @@ async function main(): Promise<void> {
   const rows: Row[] = [];
   for (let round = 0; round < o.rounds; round++) {
     for (const p of round % 2 === 0 ? placements : [...placements].reverse()) {
-      const grpcPort = 18500 + round * 2 + placements.indexOf(p);
+      const grpcPort = 18500 + round * placements.length + placements.indexOf(p);
       const server = await startServerProcess({ cliPath: CLI, args: ['--host', '127.0.0.1', '--port', '0', '--grpc-port', String(grpcPort), '--model', 'tiny-embed', '--device', 'cpu', ...p.args] });
       try {
         await measure(server, grpcPort, 'both', { ...o, seconds: 1, script }); // warm both paths
