@@ -252,6 +252,36 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
     expect(maxAbsDiff(bad!.ok[0].embeddings, (await ref.rowOfText(tok, texts[0]!)).slice(0, dim))).toBeLessThan(TOLERANCE);
   });
 
+  it("TEI's fields reach the endpoint: dimensions, truncation_direction, prompt_name; x-priority; the streams of Tokenize, Decode and PredictPair answer as their unary calls", async () => {
+    const rand = makeRandom('grpc fields');
+    const long = Array.from({ length: 700 }, () => words[Math.floor(rand() * words.length)]).join(' ');
+    const short = 'where is my parcel';
+    const replies = await grpcCalls(port, [
+      { method: '/tei.v1.Embed/Embed', request: { inputs: short, dimensions: 16 } },
+      { method: '/tei.v1.Embed/Embed', request: { inputs: long, truncate: true, truncation_direction: 'TRUNCATION_DIRECTION_LEFT' } },
+      { method: '/tei.v1.Embed/Embed', request: { inputs: short, prompt_name: 'no-such-prompt' } },
+      { method: '/tei.v1.Embed/Embed', request: { inputs: short }, metadata: [['x-priority', 'bulk']] },
+      { method: '/tei.v1.Tokenize/TokenizeStream', kind: 'stream', requests: [{ inputs: short, add_special_tokens: true }, { inputs: 'hello' }] },
+      { method: '/tei.v1.Tokenize/DecodeStream', kind: 'stream', requests: [{ ids: [7592, 2088] }, { ids: [101, 7592, 102], skip_special_tokens: true }] },
+      { method: '/tei.v1.Predict/PredictPairStream', kind: 'stream', requests: [{ inputs: [short, 'it shipped'] }, { inputs: ['a', 'b'] }] },
+      { method: '/tei.v1.Predict/PredictPair', request: { inputs: [short, 'it shipped'] } },
+      { method: '/tei.v1.Tokenize/Tokenize', request: { inputs: 'hello' } },
+    ]);
+    const full = (await ref.rowOfText(tok, short)).slice(0, dim);
+    const first16 = full.slice(0, 16);
+    const norm = Math.hypot(...first16);
+    expect(maxAbsDiff(replies[0]!.ok.embeddings, first16.map((v) => v / norm))).toBeLessThan(TOLERANCE);
+    const left = tok.encode(long, { maxLength: 512, truncate: true, direction: 'left' });
+    expect(left.ids.length).toBe(512);
+    expect(maxAbsDiff(replies[1]!.ok.embeddings, (await ref.row(left.ids, left.typeIds)).slice(0, dim))).toBeLessThan(TOLERANCE);
+    expect(replies[2]!.error).toMatchObject({ code: 'INVALID_ARGUMENT', details: expect.stringContaining('no-such-prompt') });
+    expect(maxAbsDiff(replies[3]!.ok.embeddings, full)).toBeLessThan(TOLERANCE);
+    expect(replies[4]!.ok.map((r: { tokens: { id: number }[] }) => r.tokens.length)).toEqual([tok.encode(short, { maxLength: 512, truncate: false }).ids.length, replies[8]!.ok.tokens.length]);
+    expect(replies[5]!.ok.map((r: { text: string }) => r.text)).toEqual([tok.decode([7592, 2088], false), tok.decode([101, 7592, 102], true)]);
+    expect(replies[6]!.ok).toHaveLength(2);
+    expect(replies[6]!.ok[0].predictions).toEqual(replies[7]!.ok.predictions);
+  });
+
   it('Tokenize and Decode answer as /tokenize and /decode; Info names the model', async () => {
     const [t, d, info] = await grpcCalls(port, [
       { method: '/tei.v1.Tokenize/Tokenize', request: { inputs: 'hello world', add_special_tokens: true } },
