@@ -1219,10 +1219,11 @@ describe('the real server (slabserve serve with the Deployment settings)', () =>
         .flatMap((i) => [...i.args.matchAll(/(SLABSERVE_\w+)=(\S+)/g)].map((m) => [m[1]!, m[2]!])),
     );
     const deployEnv = Object.fromEntries((container.env as Obj[]).map((e) => [e.name as string, String(e.value)]));
+    // this machine: any free port on loopback (HTTP's and gRPC's: without the image's fixed 8081), no GPU, the two small default models
+    const { SLABSERVE_GRPC_PORT: _imageGrpcPort, ...imageEnv } = dockerEnv;
     child = await startCli({
-      ...dockerEnv,
+      ...imageEnv,
       ...deployEnv,
-      // this machine: any free port on loopback, no GPU, the two small default models
       SLABSERVE_PORT: '0',
       SLABSERVE_HOST: '127.0.0.1',
       SLABSERVE_DEVICE: 'cpu',

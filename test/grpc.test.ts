@@ -14,7 +14,8 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { pickFreePort, startServer, type Server } from '../dist/src/server.js';
+import { serveCli } from './cli-process.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
@@ -203,10 +204,10 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
     expect(codes).toEqual([
       ['NOT_FOUND', 'SLABSERVE_MODEL_NOT_FOUND'],
       ['INVALID_ARGUMENT', 'SLABSERVE_INVALID_INPUT'],
-      ['FAILED_PRECONDITION', 'SLABSERVE_WRONG_TASK'],
+      ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
       ['INVALID_ARGUMENT', 'SLABSERVE_INPUT_TOO_LONG'],
       ['INVALID_ARGUMENT', 'SLABSERVE_INVALID_INPUT'],
-      ['FAILED_PRECONDITION', 'SLABSERVE_WRONG_TASK'],
+      ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
     ]);
     // The too-long advice is one that works here: truncate: true cuts it, and the row is the cut text's.
     expect(replies[3]!.error!.details).toMatch(/truncate/);
@@ -509,5 +510,20 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC on threads of its own (--grp
     } finally {
       await server.close();
     }
+  });
+});
+
+describe.skipIf(!runnable && !process.env.CI)('gRPC from the CLI', () => {
+  it('`slabserve serve --grpc-port N` serves gRPC there (the variable SLABSERVE_GRPC_PORT=0 of the test run loses to the flag) and drains on SIGTERM', async () => {
+    const grpcPort = await pickFreePort('127.0.0.1');
+    const server = await serveCli(['--grpc-port', String(grpcPort)]);
+    try {
+      expect(server.stderr()).toContain(`grpc on 127.0.0.1:${grpcPort}`);
+      const r = await one(grpcPort, { method: '/tei.v1.Embed/Embed', request: { inputs: 'from the command line' } });
+      expect(r.ok?.embeddings).toHaveLength(128);
+    } finally {
+      server.kill('SIGTERM');
+    }
+    expect((await server.exited).code).toBe(0);
   });
 });

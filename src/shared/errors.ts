@@ -35,13 +35,11 @@ export class ValidationError extends SlabserveError {
   }
 }
 
-/** A model named for a task it does not do (a classifier asked to embed). 422; gRPC's FAILED_PRECONDITION, as TEI answers it. */
-export class WrongTaskError extends ValidationError {
-  constructor(message: string) {
-    super(message);
-    (this as { code: string }).code = 'SLABSERVE_WRONG_TASK';
-  }
-}
+/**
+ * A model named for a task it does not do (a classifier asked to embed): 422 with the code every
+ * invalid input has (clients match on it), but gRPC's FAILED_PRECONDITION, as TEI answers it.
+ */
+export class WrongTaskError extends ValidationError {}
 
 /** A ValidationError that names the (first) offending top-level field: OpenAI's `param`. */
 export class FieldValidationError extends ValidationError {

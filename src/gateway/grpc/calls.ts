@@ -81,23 +81,23 @@ function scopeOf(call: AnyCall, deps: GrpcDeps, route: string, access: RouteAcce
   };
 }
 
-/** Counts and logs one answered or failed request of `scope`, by the status it ended with. */
-function finished(scope: CallScope, call: AnyCall, started: number, model: string, err?: unknown): void {
+/** Counts and logs one answered or failed request of method `route`, by the status it ended with (a refused key too). */
+function finished(deps: GrpcDeps, route: string, call: AnyCall, started: number, model: string, err?: unknown): void {
   const seconds = (performance.now() - started) / 1000;
-  const metrics = metricsOf(scope.deps.metrics, scope.route);
+  const metrics = metricsOf(deps.metrics, route);
   const status = err === undefined ? 200 : statusOf(err);
   if (err !== undefined) {
     metrics.countFailure(err);
     metrics.failed(model, status, seconds);
   }
-  const log = scope.deps.log;
+  const log = deps.log;
   const internal = err !== undefined && !(err instanceof SlabserveError);
   if (!log.enabled && !internal) return;
   log.record({
     reqId: requestId(metadataText(call.metadata, 'x-request-id') ?? ''),
     method: 'GRPC',
-    route: scope.route,
-    path: scope.route,
+    route,
+    path: route,
     model,
     status,
     ms: seconds * 1000,
@@ -139,18 +139,16 @@ export function unaryInference<Req, S>(deps: GrpcDeps, route: string, m: Inferen
     const started = performance.now();
     const label = { model: 'unknown' };
     let cancel: Cancellation | null = null;
-    let scope: CallScope | null = null;
     const fail = (err: unknown) => {
-      if (scope) finished(scope, call, started, label.model, err);
+      finished(deps, route, call, started, label.model, err);
       callback(statusFor(err, cancel));
     };
     try {
-      scope = scopeOf(call, deps, route, 'key');
+      const scope = scopeOf(call, deps, route, 'key');
       cancel = cancellationOf(call);
-      const s = scope;
-      serveOne(m, call.request, s, cancel, label).then((served) => {
+      serveOne(m, call.request, scope, cancel, label).then((served) => {
         metricsOf(deps.metrics, route).ok(served, (performance.now() - started) / 1000);
-        finished(s, call, started, served.model);
+        finished(deps, route, call, started, served.model);
         callback(null, served.payload);
       }, fail);
     } catch (err) {
@@ -163,16 +161,14 @@ export function unaryInference<Req, S>(deps: GrpcDeps, route: string, m: Inferen
 export function unaryLocal<Req>(deps: GrpcDeps, route: string, answer: (req: Req, scope: CallScope) => unknown, access: RouteAccess = 'key') {
   return (call: ServerUnaryCall<Req, unknown>, callback: sendUnaryData<unknown>): void => {
     const started = performance.now();
-    let scope: CallScope | null = null;
     const fail = (err: unknown) => {
-      if (scope) finished(scope, call, started, 'unknown', err);
+      finished(deps, route, call, started, 'unknown', err);
       callback(statusFor(err, null));
     };
     try {
-      scope = scopeOf(call, deps, route, access);
-      const s = scope;
-      Promise.resolve(answer(call.request, s)).then((reply) => {
-        finished(s, call, started, 'unknown');
+      const scope = scopeOf(call, deps, route, access);
+      Promise.resolve(answer(call.request, scope)).then((reply) => {
+        finished(deps, route, call, started, 'unknown');
         callback(null, reply);
       }, fail);
     } catch (err) {
@@ -200,6 +196,7 @@ export function streamOf<Req>(deps: GrpcDeps, route: string, serve: (req: Req, s
     try {
       scope = scopeOf(call, deps, route, 'key');
     } catch (err) {
+      finished(deps, route, call, performance.now(), 'unknown', err);
       call.emit('error', statusFor(err, null));
       return;
     }
@@ -230,13 +227,14 @@ export function streamOf<Req>(deps: GrpcDeps, route: string, serve: (req: Req, s
         if (ended) break;
         queue.shift();
         if ('err' in out) {
-          finished(scope, call, head.started, head.label.model, out.err);
+          finished(deps, route, call, head.started, head.label.model, out.err);
           endWith(out.err, head.cancel);
           break;
         }
         metricsOf(deps.metrics, route).ok(out, (performance.now() - head.started) / 1000);
-        finished(scope, call, head.started, out.model);
-        if (!call.write(out.payload)) await new Promise((r) => call.once('drain', r));
+        finished(deps, route, call, head.started, out.model);
+        if (!call.write(out.payload)) await drained(call);
+        if (!holdBack() && call.isPaused()) call.resume(); // room again: read on while the rest are answered
       }
       writing = false;
       if (ended) return;
@@ -262,6 +260,19 @@ export function streamOf<Req>(deps: GrpcDeps, route: string, serve: (req: Req, s
   };
 }
 
+/** Resolves once the call's write buffer has drained, or the call is cancelled (then no drain comes). */
+function drained(call: ServerDuplexStream<unknown, unknown>): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      call.off('drain', done);
+      call.off('cancelled', done);
+      resolve();
+    };
+    call.on('drain', done);
+    call.on('cancelled', done);
+  });
+}
+
 /** A stream method that runs the model, each message through `m`. */
 export function streamInference<Req, S>(deps: GrpcDeps, route: string, m: InferenceMethod<Req, S>) {
   return streamOf<Req>(deps, route, (req, scope, cancel, label) => serveOne(m, req, scope, cancel, label));
@@ -282,14 +293,14 @@ export function gatheredInference<Req, S>(deps: GrpcDeps, route: string, maxMess
     const label = { model: 'unknown' };
     const cancel = cancellationOf(call);
     let scope: CallScope;
-    const fail = (err: unknown, counted = true) => {
-      if (counted) finished(scope, call, started, label.model, err);
+    const fail = (err: unknown) => {
+      finished(deps, route, call, started, label.model, err);
       callback(statusFor(err, cancel));
     };
     try {
       scope = scopeOf(call, deps, route, 'key');
     } catch (err) {
-      fail(err, false);
+      fail(err);
       return;
     }
     const reqs: Req[] = [];
@@ -307,7 +318,7 @@ export function gatheredInference<Req, S>(deps: GrpcDeps, route: string, maxMess
       if (failed) return;
       serveOne({ endpoint: m.endpoint, body: (r: Req[], s) => m.body(r, s) }, reqs, scope, cancel, label).then((served) => {
         metricsOf(deps.metrics, route).ok(served, (performance.now() - started) / 1000);
-        finished(scope, call, started, served.model);
+        finished(deps, route, call, started, served.model);
         callback(null, served.payload);
       }, fail);
     });
