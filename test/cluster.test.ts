@@ -119,13 +119,38 @@ function serverPidOf(serverPort: number, clientPort: number, pids: number[]): nu
   return null;
 }
 
-/** Whether `pid` is still a live slabserve process (not gone, not a zombie, not a reused pid). */
-function alive(pid: number): boolean {
+/** A process's start time (clock ticks after boot, /proc/PID/stat field 22): with its pid, which process it is. */
+function startTime(pid: number): string | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+/** When each process of the cluster started, recorded as it announced itself (seen()). */
+const startTimes = new Map<number, string | null>();
+
+/** A cluster process announced itself: remember it by pid and start time. */
+function seen(pid: number): void {
+  if (!startTimes.has(pid)) startTimes.set(pid, startTime(pid));
+  everyPid.add(pid);
+}
+
+/**
+ * Whether `pid` is still a live slabserve process of this test: not gone, not a zombie, and not a
+ * reused pid. pids wrap at 32768 here, and other test files start `cli.js serve` processes all the
+ * time: a pid seen earlier must still have the start time it had then (SIGKILL to a reused pid
+ * once killed another file's server in the middle of its drain), and its command line `marker`.
+ */
+function alive(pid: number, marker = 'cli.js'): boolean {
   if (!existsSync(`/proc/${pid}`)) return false;
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     const state = stat.slice(stat.lastIndexOf(')') + 2)[0];
-    return state !== 'Z' && readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('cli.js');
+    if (startTimes.has(pid) && startTimes.get(pid) !== startTime(pid)) return false;
+    return state !== 'Z' && readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(marker);
   } catch {
     return false;
   }
@@ -212,7 +237,7 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
       stderr += d;
       for (const m of stderr.matchAll(/cluster: process (\d+) \([^)]*\) started, pid (\d+)/g)) {
         pidOf.set(Number(m[1]), Number(m[2]));
-        everyPid.add(Number(m[2]));
+        seen(Number(m[2]));
       }
     });
     port = Number((await logLine(/cluster: 2 processes \(cpu, cpu\) on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
@@ -423,6 +448,6 @@ describe('cluster start-up failures', () => {
     expect(o.stderr).toMatch(/cluster: process \d \(cpu\) failed to start \(exit code 1\); stopping the cluster/);
     const pids = [...o.stderr.matchAll(/started, pid (\d+)/g)].map((m) => Number(m[1]));
     expect(pids.length).toBeGreaterThan(0);
-    expect(pids.filter(alive)).toEqual([]);
+    expect(pids.filter((pid) => alive(pid, 'slabserve-no-such-model'))).toEqual([]); // its own command line: its pids may be reused by now
   });
 });
