@@ -277,8 +277,9 @@ program
     const role = clusterRole(clusterOptions);
     if (role === 'primary') return runClusterPrimary(config, clusterOptions);
     const worker = role === 'worker' ? clusterWorker(log) : null;
-    const server = await startServer({ ...config, ...worker?.overrides });
-    worker?.started(server);
+    // The handlers go first: a gateway can answer /readyz 200 before the last gateway has started
+    // and startServer has returned, and a SIGTERM then must drain, not kill the process.
+    const starting = startServer({ ...config, ...worker?.overrides });
     let signals = 0;
     const onSignal = (sig: string) => {
       signals++;
@@ -291,10 +292,13 @@ program
         return;
       }
       log(`slabserve: ${sig}: draining (up to ${f.drainTimeoutMs} ms), send again to exit at once`);
-      void server.close().then(() => process.exit(0));
+      // Still starting: drain once started (a start that fails exits by itself below).
+      void starting.then((server) => server.close()).then(() => process.exit(0), () => {});
     };
     process.on('SIGTERM', () => onSignal('SIGTERM'));
     process.on('SIGINT', () => onSignal('SIGINT'));
+    const server = await starting;
+    worker?.started(server);
     try {
       await server.ready;
     } catch (err) {

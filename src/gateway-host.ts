@@ -71,6 +71,11 @@ export class GatewaySupervisor {
   /** The port every gateway listens on (known once the first one does). */
   port = 0;
 
+  /** gRPC's port (known once the first gRPC thread listens); null: no gRPC. */
+  get grpcPort(): number | null {
+    return this.opts.roles.grpc?.listen.port ?? null;
+  }
+
   constructor(opts: GatewaySupervisorOptions) {
     this.opts = opts;
   }
@@ -168,6 +173,9 @@ export class GatewaySupervisor {
         if (m.type === 'listening') {
           handle.started = true;
           handle.tid = m.tid;
+          const grpc = this.opts.roles.grpc;
+          // The first gRPC thread bound a port the kernel picked: the others (and replacements) join it.
+          if (grpc && grpc.listen.port === 0 && m.grpcPort !== undefined) grpc.listen = { ...grpc.listen, port: m.grpcPort };
           res(m.port);
         } else if (m.type === 'fatal' && handle.started) {
           // It reported an uncaught error and is closing its sockets: it ends by itself; make sure it does.

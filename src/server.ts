@@ -244,15 +244,30 @@ export function ensurePortFree(host: string, port: number, flag = '--port'): Pro
 
 /**
  * Where the gateways bind gRPC (null: off): --grpc-port, checked free as --port is (a cluster's
- * primary checked it), or a free one when --port is 0 and --grpc-port not given; --host resolved to
+ * primary checked it), or, when --port is 0 and --grpc-port not given, one the kernel picks as the
+ * first gateway binds it (GatewaySupervisor.grpcPort); --host resolved to
  * a numeric address, which a socket made outside Node's net needs.
  */
 async function grpcListen(config: ServerConfig): Promise<GrpcListen | null> {
   if (config.grpcPort === 0) return null;
-  const port = config.grpcPort ?? (config.port === 0 ? await pickFreePort(config.host) : DEFAULT_GRPC_PORT);
+  const port = config.grpcPort ?? (config.port === 0 ? 0 : DEFAULT_GRPC_PORT); // 0: the first gateway binds a port the kernel picks
   if (!config.sharedPort && (config.grpcPort !== undefined || config.port !== 0)) await ensurePortFree(config.host, port, '--grpc-port');
   const { address } = await lookup(config.host);
-  return { address, port, streamMaxInflight: config.grpcStreamMaxInflight ?? SERVER_DEFAULTS.grpcStreamMaxInflight };
+  const threads = (config.grpcThreads ?? 0) || config.gatewayThreads;
+  return { address, port, streamMaxInflight: config.grpcStreamMaxInflight ?? SERVER_DEFAULTS.grpcStreamMaxInflight, threads: config.sharedPort ? 2 : threads }; // a cluster's processes share it
+}
+
+/**
+ * The port the first gateway binds. A fixed --port is itself. With --port 0 and one gateway, 0: uWS
+ * binds a port the kernel picks, free at that moment (exclusively: uSockets sets SO_REUSEPORT only
+ * on a fixed port; a gateway restarted after a crash binds the number again once the dead one's
+ * socket is gone). Several gateways must share the port, so they get a port picked first and bound
+ * with SO_REUSEPORT; another process of the same user picking the same free port meanwhile would
+ * share it, so one gateway (what the tests start) takes the atomic way.
+ */
+async function firstBindPort(config: ServerConfig): Promise<number> {
+  if (config.port !== 0) return config.port;
+  return config.gatewayThreads === 1 ? 0 : pickFreePort(config.host);
 }
 
 /** A port free right now on `host` (the kernel picks it). */
@@ -349,9 +364,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   let closing: Promise<void> | null = null;
   let port: number;
   try {
-    // uSockets sets SO_REUSEPORT only for a fixed port, so with --port 0 pick a free port first:
-    // the first gateway binds it, the others join, and a gateway restarted after a crash rejoins it.
-    port = await gateways.start(config.gatewayThreads + (grpc ? grpcThreads : 0), config.port === 0 ? await pickFreePort(config.host) : config.port);
+    port = await gateways.start(config.gatewayThreads + (grpc ? grpcThreads : 0), await firstBindPort(config));
   } catch (err) {
     // Stop cleanly: terminating the inference thread while onnxruntime opens its
     // sessions aborts the process, so ask it to stop and wait for it to exit.
@@ -361,7 +374,8 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   }
   const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
   const url = `http://${shownHost}:${port}`;
-  const grpcShown = grpc ? `, grpc on ${config.host}:${grpc.port}${grpcThreads > 0 ? ` (${grpcThreads} thread${grpcThreads > 1 ? 's' : ''} of its own)` : ''}` : '';
+  const grpcPort = gateways.grpcPort;
+  const grpcShown = grpc ? `, grpc on ${config.host}:${grpcPort}${grpcThreads > 0 ? ` (${grpcThreads} thread${grpcThreads > 1 ? 's' : ''} of its own)` : ''}` : '';
   log(`slabserve: listening on http://${config.host}:${port}${grpcShown} (${config.gatewayThreads} gateway thread${config.gatewayThreads > 1 ? 's' : ''}); ready after warm-up`);
 
   const ready = inference.ready.then(async (d) => {
@@ -374,9 +388,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
 
   const close = () => {
     clearInterval(idleTimer);
-    return (closing ??= drain(config, grpc ? [port, grpc.port] : [port], control, gateways, inference).then(() => log('slabserve: stopped')));
+    return (closing ??= drain(config, grpcPort !== null ? [port, grpcPort] : [port], control, gateways, inference).then(() => log('slabserve: stopped')));
   };
-  return { port, grpcPort: grpc?.port ?? null, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
+  return { port, grpcPort, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
 }
 
 /**

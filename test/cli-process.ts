@@ -6,8 +6,8 @@
  */
 import { spawn } from 'node:child_process';
 import http from 'node:http';
+import net from 'node:net';
 import { fileURLToPath } from 'node:url';
-import { pickFreePort } from '../dist/src/server.js';
 import { eventually } from './helpers.js';
 
 export const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
@@ -33,11 +33,30 @@ export function getStatus(port: number, path: string, timeoutMs = 2000): Promise
 }
 
 /**
+ * A free port below the kernel's ephemeral range (32768 and up). The servers that tests start with
+ * port 0 take ports from that range, and a port this file picked (free when picked, bound by the
+ * child a second later) could meanwhile be handed to one of them: both would then bind it with
+ * SO_REUSEPORT and share it (a readiness probe answered by the other server, a SIGTERM sent before
+ * the child listened). Random in 20000-29999, checked free.
+ */
+export async function portOutsideEphemeral(): Promise<number> {
+  for (;;) {
+    const port = 20000 + Math.floor(Math.random() * 10000);
+    const free = await new Promise<boolean>((resolve) => {
+      const probe = net.createServer();
+      probe.once('error', () => resolve(false));
+      probe.listen({ port, host: '127.0.0.1', exclusive: true }, () => probe.close(() => resolve(true)));
+    });
+    if (free) return port;
+  }
+}
+
+/**
  * Starts `slabserve serve --host 127.0.0.1 --port P --device cpu --model tiny-embed ...args`
  * and resolves once it is ready. `env` is added to this process's environment.
  */
 export async function serveCli(args: string[], opts: { env?: Record<string, string>; readyWithinMs?: number; killAfterMs?: number } = {}): Promise<CliServer> {
-  const port = await pickFreePort('127.0.0.1');
+  const port = await portOutsideEphemeral();
   const child = spawn(process.execPath, [CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...opts.env },

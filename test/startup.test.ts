@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { checkDevice, cudaMissing, missingGpu, systemProbes, type CudaProbes } from '../dist/src/gpu-worker/device.js';
 import { pickFreePort } from '../dist/src/server.js';
-import { serveCli } from './cli-process.js';
+import { portOutsideEphemeral, serveCli } from './cli-process.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
 /** Whether this machine shows a GPU (then the no-GPU cases below do not apply). */
@@ -78,7 +78,7 @@ describe('start-up checks, before the inference thread starts', () => {
   });
 
   it('the same start with every mistake mended does start (what the checks above look for is printed)', async () => {
-    const port = await pickFreePort('127.0.0.1');
+    const port = await portOutsideEphemeral();
     const { spawn } = await import('node:child_process');
     const child = spawn(process.execPath, [CLI, 'serve', '--host', '127.0.0.1', '--device', 'cpu', '--port', String(port), '--model', 'tiny-embed'], { stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';

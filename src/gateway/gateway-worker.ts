@@ -44,7 +44,7 @@ import { registerWebSocket } from './ws.js';
 import { OwnerModels } from '../core/owner-models.js';
 import type { RepositoryAnswer, RepositoryOp } from '../model-repository.js';
 import type { WsOptions } from './ws-options.js';
-import { startGatewayGrpc, type GatewayGrpc, type GrpcListen } from './grpc/server.js';
+import type { GatewayGrpc, GrpcListen } from './grpc/server.js';
 
 /**
  * What a gateway thread starts with (src/server.ts gatewayWorkerData builds it).
@@ -160,6 +160,7 @@ async function main(): Promise<void> {
       info = doc;
       repository = repositoryOf(doc);
       infer.missingHint = missingHint(repository);
+      grpcServer?.refreshHealth(); // told once ready: SERVING now
     },
     // The drain's first step: new connections are refused (not accepted, then reset); the open ones
     // are served, every answer closing its connection (Gate.closesConnection), until close().
@@ -199,6 +200,8 @@ async function main(): Promise<void> {
   if (data.grpc) {
     try {
       const deps = { infer, loadModel, limits: data.limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
+      // Loaded only where gRPC is served: grpc-js and the protos add to every thread's start-up.
+      const { startGatewayGrpc } = await import('./grpc/server.js');
       grpcServer = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: data.tokenizerThreads }, data.grpc);
     } catch (err) {
       post({ type: 'fatal', message: `cannot serve gRPC on ${data.host}:${data.grpc.port}: ${(err as Error).message}` });

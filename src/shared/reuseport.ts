@@ -26,6 +26,7 @@ interface Libc {
   setsockopt(fd: number, level: number, name: number, value: Buffer, size: number): number;
   bind(fd: number, addr: Buffer, size: number): number;
   listen(fd: number, backlog: number): number;
+  getsockname(fd: number, addr: Buffer, size: number[]): number;
   inet_pton(af: number, src: string, dst: Buffer): number;
   close(fd: number): number;
   errno(): number;
@@ -43,6 +44,7 @@ function bindLibc(): Libc | Error {
       setsockopt: c.func('int setsockopt(int fd, int level, int name, const void *value, uint32_t size)'),
       bind: c.func('int bind(int fd, const void *addr, uint32_t size)'),
       listen: c.func('int listen(int fd, int backlog)'),
+      getsockname: c.func('int getsockname(int fd, _Out_ void *addr, _Inout_ uint32_t *size)'),
       inet_pton: c.func('int inet_pton(int af, const char *src, _Out_ void *dst)'),
       close: c.func('int close(int fd)'),
       errno: () => koffi.errno(),
@@ -58,9 +60,13 @@ const ERRNO_NAMES: Record<number, string> = { 98: 'EADDRINUSE', 99: 'EADDRNOTAVA
 /**
  * A listening socket on `address` (a numeric IPv4 or IPv6 address: resolve
  * names first) and `port`, with SO_REUSEPORT, non-blocking: its file
- * descriptor, for `net.Server.listen({fd})`. Throws with errno's name.
+ * descriptor, for `net.Server.listen({fd})`, and the port it is bound to.
+ * Port 0 binds a port the kernel picks, free at that moment: the first
+ * thread binds it so, the others join the port it got (a port picked
+ * beforehand and bound later may meanwhile be picked by another process of
+ * the same user, whose SO_REUSEPORT bind would then share it). Throws with errno's name.
  */
-export function listenReusePort(address: string, port: number): number {
+export function listenReusePort(address: string, port: number, reusePort = true): { fd: number; port: number } {
   const c = (libc ??= bindLibc());
   if (c instanceof Error) throw c;
   const v6 = address.includes(':');
@@ -80,9 +86,11 @@ export function listenReusePort(address: string, port: number): number {
     throw Object.assign(new Error(`${what} on ${address}:${port}: ${ERRNO_NAMES[errno] ?? `errno ${errno}`}`), { code: ERRNO_NAMES[errno] });
   };
   step(c.setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, one, 4) === 0, 'setsockopt(SO_REUSEADDR)');
-  step(c.setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, one, 4) === 0, 'setsockopt(SO_REUSEPORT)');
+  if (reusePort) step(c.setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, one, 4) === 0, 'setsockopt(SO_REUSEPORT)');
   if (v6) step(c.setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, zero, 4) === 0, 'setsockopt(IPV6_V6ONLY)'); // "::" takes IPv4 too, as Node's
   step(c.bind(fd, addr, addr.length) === 0, 'bind');
   step(c.listen(fd, BACKLOG) === 0, 'listen');
-  return fd;
+  const bound = Buffer.alloc(addr.length);
+  step(c.getsockname(fd, bound, [bound.length]) === 0, 'getsockname');
+  return { fd, port: bound.readUInt16BE(2) };
 }

@@ -32,9 +32,12 @@ import { teiServices } from './tei.js';
 export interface GrpcListen {
   /** A numeric address (the main thread resolved --host). */
   address: string;
+  /** 0: a port the kernel picks (the first gRPC thread binds it; GatewaySupervisor gives the others that port). */
   port: number;
   /** Most messages of one stream answered at once (--grpc-stream-max-inflight). */
   streamMaxInflight: number;
+  /** Threads serving the port: with one, it is bound without SO_REUSEPORT, so nothing else can join it. */
+  threads: number;
 }
 
 /** How proto-loader reads messages: field names as in the .proto, int64 as numbers, enums by name, unset fields absent. */
@@ -65,7 +68,10 @@ const SERVICE_TASKS: Record<string, Task | null> = {
 const HEALTH_POLL_MS = 250;
 
 export interface GatewayGrpc {
+  /** The port it listens on (the kernel's pick when asked for port 0). */
   readonly port: number;
+  /** Health statuses follow readiness now (the server turned ready), not at the next poll. */
+  refreshHealth(): void;
   /** The drain's first step: no new connection; each open one is told (GOAWAY) to start no new call. */
   stopListening(): void;
   /** Every connection closed (calls still open are cancelled). */
@@ -98,7 +104,7 @@ export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers:
   poll.unref();
 
   const injector = server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
-  const fd = listenReusePort(listen.address, listen.port);
+  const { fd, port } = listenReusePort(listen.address, listen.port, listen.threads > 1);
   const net: NetServer = createServer((socket) => injector.injectConnection(socket));
   await new Promise<void>((resolve, reject) => {
     net.once('error', reject);
@@ -113,7 +119,8 @@ export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers:
     injector.drain(2 ** 31 - 1); // GOAWAY now; the connections close at close()
   };
   return {
-    port: listen.port,
+    port,
+    refreshHealth,
     stopListening,
     close() {
       stopListening();
