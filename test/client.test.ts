@@ -31,6 +31,7 @@ import {
 } from '../dist/src/client/index.js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { fakePredictions, fakeRerank, fakeRow, fakeTokens, FakeHttpServer, FakeWsServer, type FakeWsOptions } from './fixtures/fake-slab-server.js';
+import { portOutsideEphemeral } from './cli-process.js';
 
 const seed = Number(process.env.SLABSERVE_TEST_SEED ?? Math.floor(Math.random() * 2 ** 31));
 console.log(`client.test: seed ${seed}`);
@@ -763,10 +764,15 @@ describe.skipIf(!realServerBuilt)('API keys (docs/security.md) against a real se
 
   it('a reconnect refused with 401 (the server came back with other keys) closes the client: no reconnect loop', async () => {
     const events: SlabClientEvent[] = [];
-    const client = await connect(server.url, { apiKey: KEY, reconnect: { initialDelayMs: 10, maxDelayMs: 50 }, onEvent: (e) => events.push(e) });
+    // A server of its own on a port below the kernel's ephemeral range: the client's reconnects to a
+    // port nothing listens on walk local ephemeral ports, and one equal to an ephemeral server port
+    // would hold it (a self-connect) when the server comes back.
+    const first = await start([KEY], await portOutsideEphemeral());
+    await first.ready;
+    const client = await connect(first.url, { apiKey: KEY, reconnect: { initialDelayMs: 10, maxDelayMs: 50 }, onEvent: (e) => events.push(e) });
     expect((await client.embed('before')).length).toBe(1);
-    const port = server.port;
-    await server.close();
+    const port = first.port;
+    await first.close();
     await until(() => client.state === 'reconnecting');
     const waiting = later(client.embed('while reconnecting'));
     // Attempts fail while nothing listens; then the port answers, with keys that are not the client's.
