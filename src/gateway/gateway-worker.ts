@@ -135,7 +135,11 @@ async function main(): Promise<void> {
   const stopListening = () => {
     if (listenSocket) uws.us_listen_socket_close(listenSocket);
     listenSocket = null;
-    grpcServer?.stopListening();
+    try {
+      grpcServer?.stopListening();
+    } catch (err) {
+      logger.warn({ err: (err as Error).message }, 'gRPC: stopping to listen failed'); // uWS must still close below
+    }
   };
   /** Every socket closed: a thread that ends holding uWS sockets aborts the process. */
   const closeSockets = () => {
@@ -146,7 +150,11 @@ async function main(): Promise<void> {
       // the app's close below ends them too
     }
     (app as typeof app & { close(): void }).close();
-    grpcServer?.close();
+    try {
+      grpcServer?.close();
+    } catch (err) {
+      logger.warn({ err: (err as Error).message }, 'gRPC: closing failed');
+    }
   };
 
   const rpc = new RpcPeer(parentPort!, {
