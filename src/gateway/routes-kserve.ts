@@ -299,10 +299,14 @@ export const inferEndpoint: Endpoint<InferState> = {
   },
   truncateAdvice: () => 'send "parameters": {"truncate": true} to cut a text, or send shorter token tensors',
   answer(r, call, state) {
-    const head = { model_name: call.model.plan.spec.name, model_version: MODEL_VERSION, ...(state.id !== undefined ? { id: state.id } : {}) };
-    return inferAnswer(head, inferOutputs(r, call, state));
+    return inferAnswer(inferHead(call, state), inferOutputs(r, call, state));
   },
 };
+
+/** An infer answer's fields beside its outputs: the model, its version, the request's id. */
+export function inferHead(call: InferCall, state: InferState): { model_name: string; model_version: string; id?: string } {
+  return { model_name: call.model.plan.spec.name, model_version: MODEL_VERSION, ...(state.id !== undefined ? { id: state.id } : {}) };
+}
 
 /** The FP32 output tensors an infer request asked for, in its order, each flat in row-major order. */
 export function inferOutputs(r: InferResult, call: InferCall, state: InferState): { name: string; shape: number[]; data: Float32Array }[] {

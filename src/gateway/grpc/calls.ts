@@ -106,6 +106,12 @@ function finished(deps: GrpcDeps, route: string, call: AnyCall, started: number,
   });
 }
 
+/** An answered request: its route metrics (inputs, queue time, duration) and its access line. */
+function succeeded(deps: GrpcDeps, route: string, call: AnyCall, started: number, served: Served): void {
+  metricsOf(deps.metrics, route).ok(served, (performance.now() - started) / 1000);
+  finished(deps, route, call, started, served.model);
+}
+
 /** A cancellation that follows the call: cancelled by the client, or by grpc-js when its deadline passes. */
 function cancellationOf(call: AnyCall): Cancellation {
   const cancel = new Cancellation();
@@ -147,8 +153,7 @@ export function unaryInference<Req, S>(deps: GrpcDeps, route: string, m: Inferen
       const scope = scopeOf(call, deps, route, 'key');
       cancel = cancellationOf(call);
       serveOne(m, call.request, scope, cancel, label).then((served) => {
-        metricsOf(deps.metrics, route).ok(served, (performance.now() - started) / 1000);
-        finished(deps, route, call, started, served.model);
+        succeeded(deps, route, call, started, served);
         callback(null, served.payload);
       }, fail);
     } catch (err) {
@@ -231,8 +236,7 @@ export function streamOf<Req>(deps: GrpcDeps, route: string, serve: (req: Req, s
           endWith(out.err, head.cancel);
           break;
         }
-        metricsOf(deps.metrics, route).ok(out, (performance.now() - head.started) / 1000);
-        finished(deps, route, call, head.started, out.model);
+        succeeded(deps, route, call, head.started, out);
         if (!call.write(out.payload)) await drained(call);
         if (!holdBack() && call.isPaused()) call.resume(); // room again: read on while the rest are answered
       }
@@ -317,8 +321,7 @@ export function gatheredInference<Req, S>(deps: GrpcDeps, route: string, maxMess
     call.on('end', () => {
       if (failed) return;
       serveOne({ endpoint: m.endpoint, body: (r: Req[], s) => m.body(r, s) }, reqs, scope, cancel, label).then((served) => {
-        metricsOf(deps.metrics, route).ok(served, (performance.now() - started) / 1000);
-        finished(deps, route, call, started, served.model);
+        succeeded(deps, route, call, started, served);
         callback(null, served.payload);
       }, fail);
     });

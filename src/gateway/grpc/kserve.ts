@@ -15,7 +15,7 @@
  */
 import { SlabserveError, ValidationError } from '../../shared/errors.js';
 import type { RepositoryAnswer, RepositoryOp } from '../../model-repository.js';
-import { checkVersion, inferEndpoint, inferOutputs, MODEL_VERSION, modelMetadata, type InferState } from '../routes-kserve.js';
+import { checkVersion, inferEndpoint, inferHead, inferOutputs, modelMetadata, type InferState } from '../routes-kserve.js';
 import { serveSettings } from '../routes-repository.js';
 import type { Endpoint } from '../serving.js';
 import { unaryInference, unaryLocal, type GrpcDeps, type InferenceMethod } from './calls.js';
@@ -135,7 +135,7 @@ const modelInfer: InferenceMethod<InferMessage, GrpcInferState> = {
     truncateAdvice: inferEndpoint.truncateAdvice as Endpoint<GrpcInferState>['truncateAdvice'],
     answer(r, call, state) {
       const outputs = inferOutputs(r, call, state);
-      const head = { model_name: call.model.plan.spec.name, model_version: MODEL_VERSION, ...(state.id !== undefined ? { id: state.id } : {}) };
+      const head = inferHead(call, state);
       if (state.raw) {
         return {
           ...head,
