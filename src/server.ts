@@ -254,7 +254,8 @@ async function grpcListen(config: ServerConfig): Promise<GrpcListen | null> {
   if (!config.sharedPort && (config.grpcPort !== undefined || config.port !== 0)) await ensurePortFree(config.host, port, '--grpc-port');
   const { address } = await lookup(config.host);
   const threads = (config.grpcThreads ?? 0) || config.gatewayThreads;
-  return { address, port, streamMaxInflight: config.grpcStreamMaxInflight ?? SERVER_DEFAULTS.grpcStreamMaxInflight, threads: config.sharedPort ? 2 : threads }; // a cluster's processes share it
+  // Shared by several threads, or by a cluster's processes.
+  return { address, port, streamMaxInflight: config.grpcStreamMaxInflight ?? SERVER_DEFAULTS.grpcStreamMaxInflight, shared: threads > 1 || config.sharedPort === true };
 }
 
 /**

@@ -36,8 +36,8 @@ export interface GrpcListen {
   port: number;
   /** Most messages of one stream answered at once (--grpc-stream-max-inflight). */
   streamMaxInflight: number;
-  /** Threads serving the port: with one, it is bound without SO_REUSEPORT, so nothing else can join it. */
-  threads: number;
+  /** Whether other threads or processes bind the port too (SO_REUSEPORT); false: bound so that nothing else can join it. */
+  shared: boolean;
 }
 
 /** How proto-loader reads messages: field names as in the .proto, int64 as numbers, enums by name, unset fields absent. */
@@ -104,7 +104,7 @@ export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers:
   poll.unref();
 
   const injector = server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
-  const { fd, port } = listenReusePort(listen.address, listen.port, listen.threads > 1);
+  const { fd, port } = listenReusePort(listen.address, listen.port, listen.shared);
   const net: NetServer = createServer((socket) => injector.injectConnection(socket));
   await new Promise<void>((resolve, reject) => {
     net.once('error', reject);
