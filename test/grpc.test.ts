@@ -45,6 +45,7 @@ interface Call {
   timeout?: number;
   cancel_after?: number;
   read_when_exists?: string;
+  cancel_when_exists?: string;
   progress?: boolean;
 }
 
@@ -354,24 +355,31 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: API keys, message size, a t
 });
 
 describe.skipIf(!runnable && !process.env.CI)('gRPC while draining', () => {
-  // Health turning NOT_SERVING when the drain starts is not asserted here: a Watch opened right after
-  // ready was once seen NOT_SERVING for 20 s while /readyz said 200, beside drain.test (about one run in
-  // five); until that is understood, a test of it would fail at random (issue 24, left open).
-  it('a call in flight when the drain starts is answered; a call after it is refused', async () => {
+  it('a call in flight when the drain starts is answered; health turns NOT_SERVING first; a call after it is refused', async () => {
     const server = await startServer(testServerConfig({ models: ['tiny-embed'] }));
     await server.ready;
     const port = server.grpcPort!;
     const hooks = server.testHooks!;
+    const watch: string[] = [];
     let closing: Promise<void> | null = null;
     await hooks.holdInference();
     try {
-      const inFlight = one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'in flight when the drain starts' } });
-      await eventually('the call queued', async () => hooks.inputsWaiting('tiny-embed'), (n) => n === 1, 20_000);
+      const calls = grpcCalls(port, [
+        { method: '/grpc.health.v1.Health/Watch', kind: 'server_stream', request: { service: '' }, progress: true },
+        { method: '/tei.v1.Embed/Embed', request: { inputs: 'in flight when the drain starts' } },
+      ], [HEALTH_PROTO, ...PROTOS], (i, reply) => i === 0 && watch.push(reply.status));
+      // A ready server's first word is SERVING: the health service once kept a status read before ready.
+      await eventually('watching, and the call queued', async () => ({ watch: [...watch], waiting: hooks.inputsWaiting('tiny-embed') }), (v) => v.watch.length > 0 && v.waiting === 1, 20_000);
+      expect(watch[0]).toBe('SERVING');
       closing = server.close();
+      await eventually('health NOT_SERVING', async () => [...watch], (w) => w.includes('NOT_SERVING'), 20_000);
       const refused = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'after the drain began' } });
       expect(refused.error?.code).toBe('UNAVAILABLE');
       hooks.releaseInference();
-      expect((await inFlight).ok?.embeddings).toHaveLength(128);
+      const [watched, inFlight] = await calls;
+      expect(inFlight!.ok?.embeddings).toHaveLength(128);
+      // Changes only, each once (the health protocol's Watch).
+      expect(watched!.ok).toEqual([{ status: 'SERVING' }, { status: 'NOT_SERVING' }]);
     } finally {
       hooks.releaseInference();
       await (closing ?? server.close());
@@ -455,6 +463,27 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: the repository RPCs, a rera
     expect(after!.error?.code).toBe('INVALID_ARGUMENT'); // Triton answers a repository refusal 400: INVALID_ARGUMENT
     const gone = await one(port, { method: '/tei.v1.Rerank/Rerank', request: { query: 'a', texts: ['b'] } });
     expect(gone.error?.code).toBe('NOT_FOUND');
+  });
+
+  it("health follows the models: a Watch on tei.v1.Rerank turns SERVING when a reranker loads and NOT_SERVING when it unloads; a Watch on the server hears no change", async () => {
+    const stop = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'stop');
+    const rerank: string[] = [];
+    const server: string[] = [];
+    const watch = (service: string) => ({ method: '/grpc.health.v1.Health/Watch', kind: 'server_stream' as const, request: { service }, progress: true, cancel_when_exists: stop });
+    const watches = grpcCalls(port, [watch('tei.v1.Rerank'), watch('')], [HEALTH_PROTO], (i, reply) => (i === 0 ? rerank : server).push(reply.status));
+    try {
+      await eventually('both watching', async () => [rerank.length, server.length], ([r, s]) => r! > 0 && s! > 0);
+      expect((await one(port, { method: '/inference.GRPCInferenceService/RepositoryModelLoad', request: { model_name: 'tiny-rerank' } })).ok).toEqual({});
+      await eventually('Rerank SERVING', async () => [...rerank], (r) => r.length >= 2);
+      expect((await one(port, { method: '/inference.GRPCInferenceService/RepositoryModelUnload', request: { model_name: 'tiny-rerank' } })).ok).toEqual({});
+      await eventually('Rerank NOT_SERVING again', async () => [...rerank], (r) => r.length >= 3);
+    } finally {
+      writeFileSync(stop, '');
+    }
+    const [onRerank, onServer] = await watches;
+    expect(onRerank!.ok).toEqual([{ status: 'NOT_SERVING' }, { status: 'SERVING' }, { status: 'NOT_SERVING' }]);
+    expect(onServer!.ok).toEqual([{ status: 'SERVING' }]); // a change elsewhere is not news to this Watch
+    expect([onRerank!.error?.code, onServer!.error?.code]).toEqual(['CANCELLED', 'CANCELLED']);
   });
 
   it('PredictPair tokenizes the two inputs as a pair: the classifier\'s answer for that pair, not for either text', async () => {

@@ -89,16 +89,18 @@ export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers:
   server.addService(loaded.inference.GRPCInferenceService.service, kserveService(deps) as unknown as grpc.UntypedServiceImplementation);
   const tei = teiServices(deps, deps.version, deps.tokenizationWorkers);
   for (const [name, impl] of Object.entries(tei)) server.addService(loaded.tei.v1[name]!.service, impl as unknown as grpc.UntypedServiceImplementation);
-  const health = new HealthImplementation(healthStatuses(deps));
+  // `shown` is exactly what the health service holds, read once: two reads straddling the turn to
+  // ready (start-up under load) once left it NOT_SERVING for good, a refresh seeing no change.
+  const shown = healthStatuses(deps);
+  const health = new HealthImplementation({ ...shown });
   health.addToServer(server);
   new ReflectionService(def).addToServer(server);
-  let last = JSON.stringify(healthStatuses(deps));
   const refreshHealth = () => {
-    const now = healthStatuses(deps);
-    const shown = JSON.stringify(now);
-    if (shown === last) return;
-    last = shown;
-    for (const [service, status] of Object.entries(now)) health.setStatus(service, status);
+    for (const [service, status] of Object.entries(healthStatuses(deps))) {
+      if (shown[service] === status) continue; // a Watch hears of changes only (the health protocol)
+      shown[service] = status;
+      health.setStatus(service, status);
+    }
   };
   const poll = setInterval(refreshHealth, HEALTH_POLL_MS);
   poll.unref();
