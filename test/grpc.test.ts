@@ -58,10 +58,17 @@ function grpcCalls(port: number, calls: Call[], protos = PROTOS, onReply?: (call
     const child = spawn(python!, [CLIENT], { stdio: ['pipe', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
+    let partial = ''; // a progress line can come in two chunks
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d: Buffer) => {
       err += d;
-      for (const line of d.toString().split('\n')) if (line.startsWith('{"call"')) onReply?.(JSON.parse(line).call, JSON.parse(line).reply);
+      const lines = (partial + d.toString()).split('\n');
+      partial = lines.pop()!;
+      for (const line of lines) {
+        if (!line.startsWith('{"call"')) continue;
+        const { call, reply } = JSON.parse(line);
+        onReply?.(call, reply);
+      }
     });
     child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out) as Reply[]) : reject(new Error(`grpc-client.py exited ${code}: ${err}`))));
     child.stdin.end(JSON.stringify({ target: `127.0.0.1:${port}`, protos, calls, options }));
