@@ -113,6 +113,12 @@ const LOAD_RPC_MS = 10 * 60_000;
 
 /** The environment variable that turns the test hooks on (read when a server or an engine starts). */
 export const TEST_HOOKS_ENV = 'SLABSERVE_TEST_HOOKS';
+/**
+ * With the test hooks on, the inference thread starts with the open hold held (holdModelOpen): it
+ * opens its start-up models only at releaseModelOpen(), so a test sees the server listening and not
+ * ready for as long as it needs, however fast warm-up is.
+ */
+export const TEST_HOLD_START_ENV = 'SLABSERVE_TEST_HOLD_START';
 
 /**
  * What a test may do to the inference loop through a server or an engine (SLABSERVE_TEST_HOOKS=1):
@@ -244,6 +250,7 @@ export class InferenceSupervisor {
     this.control = control;
     this.opts = opts;
     this.hooks = opts.enableTestHooks ? { poisonToken: -1, hold: this.hold.buffer, openHold: this.openHold.buffer } : undefined;
+    if (this.hooks && process.env[TEST_HOLD_START_ENV] === '1') this.openHold.hold();
     this.current = this.start(true);
     this.ready = this.current.ready.then((device) => {
       this.watchdog = setInterval(() => this.watch(), watchMs(this.opts));

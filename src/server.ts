@@ -36,7 +36,7 @@ import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
 import { GatewaySupervisor } from './gateway-host.js';
-import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
+import { InferenceSupervisor, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
 import { ModelRepository, type ModelControlMode, type RepositoryAnswer, type RepositoryOp } from './model-repository.js';
 import { ModelSet } from './model-set.js';
 import { ModelBudget } from './model-budget.js';
@@ -217,7 +217,7 @@ export interface ServerTestHooks extends InferenceHoldHooks {
   gatewayFault(gatewayId: number): void;
 }
 
-export { TEST_HOOKS_ENV };
+export { TEST_HOLD_START_ENV, TEST_HOOKS_ENV };
 
 type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 

@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { pack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { pickFreePort, SERVER_DEFAULTS, startServer, type Server } from '../dist/src/server.js';
+import { pickFreePort, SERVER_DEFAULTS, startServer, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type Server } from '../dist/src/server.js';
 import { VERSION } from '../dist/src/version.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
@@ -762,10 +762,17 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
   let readyzDuringWarmUp: Reply | undefined;
 
   beforeAll(async () => {
-    // Large batches make warm-up (which times a quarter of each bucket's capacity) long enough to be
-    // polled on a fast machine too: a warm-up over before the first poll would show no 503.
-    const batching = { maxBatchSize: 128, maxBatchTokens: 16_384 };
-    server = await startServer(config({ port: await freePort(), gatewayThreads: 2, batching }));
+    // The models' opening is held (TEST_HOLD_START_ENV) until a few polls have seen the server not
+    // ready: a warm-up over before the first poll (a slow start of the gateways) would show no 503.
+    const port = await freePort();
+    process.env[TEST_HOOKS_ENV] = '1';
+    process.env[TEST_HOLD_START_ENV] = '1';
+    try {
+      server = await startServer(config({ port, gatewayThreads: 2 }));
+    } finally {
+      delete process.env[TEST_HOOKS_ENV];
+      delete process.env[TEST_HOLD_START_ENV];
+    }
     // startServer resolves once the gateways listen, before warm-up ends: poll from now.
     let readyResolved = false;
     const ready = server.ready.then(() => {
@@ -775,6 +782,7 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
     try {
       let afterReady = 0;
       while (afterReady < 3 && samples.length < 100_000) {
+        if (samples.length === 3) server.testHooks!.releaseModelOpen();
         const resolvedBefore = readyResolved;
         const rz = await poller.get('/readyz');
         if (!livezDuringWarmUp && rz.status === 503) {

@@ -133,6 +133,8 @@ async function openModel(model: WorkerModel, device: DeviceInfo): Promise<{ mode
 /** Opens every start-up model on the requested device; with `auto`, falls back to CPU when CUDA cannot be used. */
 async function openRunners(): Promise<{ opened: { model: WorkerModel; shared: Slab; runner: ModelRunner }[]; device: DeviceInfo; note?: string }> {
   const want = parseDevice(data.device);
+  // Test hooks only: while the open hold is held (TEST_HOLD_START_ENV), the start-up models wait here.
+  if (data.testHooks) new InferenceHold(data.testHooks.openHold).parkBlocking();
   const open = (device: DeviceInfo) => Promise.all(data.models.map((m) => openModel(m, device)));
   if (want.kind === 'cpu') return { opened: await open(describeCpu()), device: describeCpu() };
   // No CUDA session unless the pre-flight passes: a failing one prints onnxruntime's own errors.
