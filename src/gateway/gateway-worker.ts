@@ -141,8 +141,8 @@ async function main(): Promise<void> {
       logger.warn({ err: (err as Error).message }, 'gRPC: stopping to listen failed'); // uWS must still close below
     }
   };
-  /** Every socket closed: a thread that ends holding uWS sockets aborts the process. */
-  const closeSockets = () => {
+  /** Every socket closed: a thread that ends holding uWS sockets aborts the process. gRPC's, once their calls end (bounded). */
+  const closeSockets = (): Promise<void> => {
     stopListening();
     try {
       closeWebSockets();
@@ -150,11 +150,7 @@ async function main(): Promise<void> {
       // the app's close below ends them too
     }
     (app as typeof app & { close(): void }).close();
-    try {
-      grpcServer?.close();
-    } catch (err) {
-      logger.warn({ err: (err as Error).message }, 'gRPC: closing failed');
-    }
+    return (grpcServer?.close() ?? Promise.resolve()).catch((err: Error) => logger.warn({ err: err.message }, 'gRPC: closing failed'));
   };
 
   const rpc = new RpcPeer(parentPort!, {
@@ -175,7 +171,7 @@ async function main(): Promise<void> {
     stopListening,
     // Called once requests in flight have finished (or the drain timed out).
     close: async () => {
-      closeSockets();
+      await closeSockets();
       await pool.close();
       lag.stop();
       flushLogs(); // before the answer: the main thread stops listening once every gateway has closed
@@ -187,7 +183,7 @@ async function main(): Promise<void> {
     ...owned.handlers(submitter, infer),
   });
   dieOnUncaught(() => {
-    closeSockets();
+    void closeSockets();
     void pool.close().catch(() => {});
     setImmediate(() => parentPort!.close());
   });
@@ -213,7 +209,7 @@ async function main(): Promise<void> {
       grpcServer = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: data.tokenizerThreads }, data.grpc);
     } catch (err) {
       post({ type: 'fatal', message: `cannot serve gRPC on ${data.host}:${data.grpc.port}: ${(err as Error).message}` });
-      closeSockets();
+      void closeSockets();
       return;
     }
   }

@@ -15,6 +15,8 @@
  * most `streamMaxInflight` run at once per stream, and a stream whose reader
  * does not read (its writes buffer) stops reading its own messages, which
  * holds back that client through HTTP/2 flow control and no other stream.
+ * When the drain starts, a stream reads no more messages, answers those it has
+ * read and ends with OK (open-streams.ts).
  */
 import { Metadata, status as Status, type sendUnaryData, type ServerDuplexStream, type ServerReadableStream, type ServerUnaryCall } from '@grpc/grpc-js';
 import { Cancellation } from '../../shared/cancel.js';
@@ -26,6 +28,7 @@ import { statusOf } from '../http.js';
 import type { AccessLog } from '../log.js';
 import { requestId } from '../security.js';
 import { metricsOf, refuseBeforeBody, runEndpoint, type Endpoint, type EndpointContext, type LocalEndpoint, type ServeDeps, type Served } from '../serving.js';
+import type { OpenStreams } from './open-streams.js';
 import { grpcStatusOf } from './status.js';
 
 export interface GrpcDeps extends ServeDeps {
@@ -33,6 +36,8 @@ export interface GrpcDeps extends ServeDeps {
   log: AccessLog;
   /** Most messages of one stream answered at once (--grpc-stream-max-inflight). */
   streamMaxInflight: number;
+  /** This server's open streams, ended well by the drain. */
+  streams: OpenStreams;
 }
 
 type AnyCall = ServerUnaryCall<unknown, unknown> | ServerReadableStream<unknown, unknown> | ServerDuplexStream<unknown, unknown>;
@@ -207,17 +212,27 @@ export function streamOf<Req>(deps: GrpcDeps, route: string, serve: (req: Req, s
     }
     const queue: { done: Promise<Served | { err: unknown }>; cancel: Cancellation; started: number; label: { model: string } }[] = [];
     let ended = false; // the call has its status
-    let inputDone = false;
+    let inputDone = false; // no more messages: the client half-closed, or the drain started
     let writing = false;
     const cancelAll = (why: string) => {
       for (const q of queue) q.cancel.cancel(why);
     };
-    call.once('cancelled', () => {
+    const forget = deps.streams.add(() => {
+      if (ended || inputDone) return;
+      inputDone = true;
+      call.pause();
+      void flush();
+    });
+    const end = () => {
       ended = true;
+      forget();
+    };
+    call.once('cancelled', () => {
+      end();
       cancelAll('client_disconnect');
     });
     const endWith = (err: unknown, cancel: Cancellation) => {
-      ended = true;
+      end();
       cancelAll('stream_failed');
       call.emit('error', statusFor(err, cancel));
     };
@@ -244,12 +259,12 @@ export function streamOf<Req>(deps: GrpcDeps, route: string, serve: (req: Req, s
       if (ended) return;
       if (!holdBack() && call.isPaused()) call.resume();
       if (inputDone && queue.length === 0) {
-        ended = true;
+        end();
         call.end();
       }
     };
     call.on('data', (req: Req) => {
-      if (ended) return;
+      if (ended || inputDone) return; // read after the drain started: not answered (the stream ends OK before it)
       const cancel = new Cancellation();
       const label = { model: 'unknown' };
       const done = serve(req, scope, cancel, label).catch((err: unknown) => ({ err }));

@@ -26,6 +26,7 @@ import type { Task } from '../../shared/model-config.js';
 import { listenReusePort } from '../../shared/reuseport.js';
 import type { GrpcDeps } from './calls.js';
 import { kserveService, type KServeDeps } from './kserve.js';
+import { OpenStreams } from './open-streams.js';
 import { teiServices } from './tei.js';
 
 /** What the gateway tells its gRPC server (gateway-worker.ts GatewayWorkerData.grpc). */
@@ -64,6 +65,9 @@ const SERVICE_TASKS: Record<string, Task | null> = {
   'tei.v1.Rerank': 'rerank',
 };
 
+/** How long close() waits for open calls to end and their last frames to go out. */
+const CLOSE_GRACE_MS = 1000;
+
 /** How often health statuses follow readiness (Watch streams hear of a change within this). */
 const HEALTH_POLL_MS = 250;
 
@@ -74,12 +78,14 @@ export interface GatewayGrpc {
   refreshHealth(): void;
   /** The drain's first step: no new connection; each open one is told (GOAWAY) to start no new call. */
   stopListening(): void;
-  /** Every connection closed (calls still open are cancelled). */
-  close(): void;
+  /** Every connection closed once its calls have ended, at most CLOSE_GRACE_MS from now (calls still open then are cancelled). */
+  close(): Promise<void>;
 }
 
 /** Starts this gateway's gRPC server on `listen`; resolves once it listens. */
-export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers: number }, listen: GrpcListen): Promise<GatewayGrpc> {
+export async function startGatewayGrpc(given: Omit<KServeDeps, 'streams'> & { tokenizationWorkers: number }, listen: GrpcListen): Promise<GatewayGrpc> {
+  const streams = new OpenStreams();
+  const deps = { ...given, streams };
   const def = grpcDefinition();
   const loaded = grpc.loadPackageDefinition(def) as unknown as {
     inference: { GRPCInferenceService: { service: grpc.ServiceDefinition } };
@@ -118,17 +124,28 @@ export async function startGatewayGrpc(deps: KServeDeps & { tokenizationWorkers:
     listening = false;
     refreshHealth(); // draining: NOT_SERVING now, before any connection closes
     net.close();
-    injector.drain(2 ** 31 - 1); // GOAWAY now; the connections close at close()
+    streams.drain(); // each open stream answers what it has read, then ends OK
+    injector.drain(2 ** 31 - 1); // GOAWAY now; each connection closes once its calls have ended, or at close()
   };
   return {
     port,
     refreshHealth,
     stopListening,
-    close() {
+    async close() {
       stopListening();
       clearInterval(poll);
-      injector.destroy();
-      server.forceShutdown();
+      // The last answers and statuses are written before the connections go; a call still open
+      // after the grace (a health Watch, a reader that does not read) is cancelled.
+      await new Promise<void>((resolve) => {
+        const force = setTimeout(() => {
+          server.forceShutdown();
+          resolve();
+        }, CLOSE_GRACE_MS);
+        server.tryShutdown(() => {
+          clearTimeout(force);
+          resolve();
+        });
+      });
     },
   };
 }
