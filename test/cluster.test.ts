@@ -7,6 +7,8 @@
  * process, so its socket's inode is in that process's /proc/<pid>/fd; the
  * connection's inode is in /proc/net/tcp (server port, client port). Linux only.
  */
+import * as grpc from '@grpc/grpc-js';
+import { loadSync } from '@grpc/proto-loader';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import net from 'node:net';
@@ -16,10 +18,12 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
+import { portOutsideEphemeral } from './cli-process.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, sleep, vocabularyWords } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
+const TEI_PROTO = fileURLToPath(new URL('../proto/tei.proto', import.meta.url));
 
 // ------------------------------------------------------------------ a keep-alive connection
 
@@ -92,31 +96,48 @@ class Connection {
   }
 }
 
-/** The server process holding the accepted end of the connection from `clientPort` (null if not accepted yet). */
-function serverPidOf(serverPort: number, clientPort: number, pids: number[]): number | null {
-  const hex = (p: number) => ':' + p.toString(16).toUpperCase().padStart(4, '0');
-  let inode: string | undefined;
+/** The inodes of /proc/net/tcp's sockets that `match` their fields (local address, remote address, state). */
+function tcpInodes(match: (local: string, remote: string, state: string) => boolean): Set<string> {
+  const inodes = new Set<string>();
   for (const line of readFileSync('/proc/net/tcp', 'utf8').split('\n').slice(1)) {
     const f = line.trim().split(/\s+/);
-    if (f.length > 9 && f[1]!.endsWith(hex(serverPort)) && f[2]!.endsWith(hex(clientPort))) inode = f[9];
+    if (f.length > 9 && f[9] !== '0' && match(f[1]!, f[2]!, f[3]!)) inodes.add(f[9]!);
   }
-  if (!inode || inode === '0') return null;
-  for (const pid of pids) {
-    let fds: string[] = [];
+  return inodes;
+}
+
+const hexPort = (p: number) => ':' + p.toString(16).toUpperCase().padStart(4, '0');
+
+/** Whether process `pid` holds one of the sockets `inodes`. */
+function holdsSocket(pid: number, inodes: Set<string>): boolean {
+  let fds: string[] = [];
+  try {
+    fds = readdirSync(`/proc/${pid}/fd`);
+  } catch {
+    return false;
+  }
+  for (const fd of fds) {
     try {
-      fds = readdirSync(`/proc/${pid}/fd`);
+      const link = readlinkSync(`/proc/${pid}/fd/${fd}`);
+      if (link.startsWith('socket:[') && inodes.has(link.slice(8, -1))) return true;
     } catch {
-      continue;
-    }
-    for (const fd of fds) {
-      try {
-        if (readlinkSync(`/proc/${pid}/fd/${fd}`) === `socket:[${inode}]`) return pid;
-      } catch {
-        // closed meanwhile
-      }
+      // closed meanwhile
     }
   }
-  return null;
+  return false;
+}
+
+/** The server process holding the accepted end of the connection from `clientPort` (null if not accepted yet). */
+function serverPidOf(serverPort: number, clientPort: number, pids: number[]): number | null {
+  const inodes = tcpInodes((local, remote) => local.endsWith(hexPort(serverPort)) && remote.endsWith(hexPort(clientPort)));
+  if (inodes.size === 0) return null;
+  return pids.find((pid) => holdsSocket(pid, inodes)) ?? null;
+}
+
+/** The processes among `pids` holding a socket that listens on `port` (TCP state 0A). */
+function listenersOn(port: number, pids: number[]): number[] {
+  const inodes = tcpInodes((local, _remote, state) => local.endsWith(hexPort(port)) && state === '0A');
+  return pids.filter((pid) => holdsSocket(pid, inodes));
 }
 
 /** A process's start time (clock ticks after boot, /proc/PID/stat field 22): with its pid, which process it is. */
@@ -161,6 +182,7 @@ function alive(pid: number, marker = 'cli.js'): boolean {
 let primary: ChildProcess;
 let stderr = '';
 let port = 0;
+let grpcPort = 0;
 /** Worker pid by process index, as the primary logs them (latest first start or restart). */
 const pidOf = new Map<number, number>();
 const everyPid = new Set<number>();
@@ -226,10 +248,11 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
     texts = () => randomTexts(rand, words, 1 + Math.floor(rand() * 3), 12);
     embedRef = await PlainReference.open('tiny-embed');
     tok = await loadTokenizer(spec.tokenizerPath);
+    grpcPort = await portOutsideEphemeral();
 
     primary = spawn(
       process.execPath,
-      [CLI, 'serve', '--processes', '2', '--port', '0', '--host', '127.0.0.1', '--model', 'tiny-embed', '--drain-timeout-ms', '5000', '--slots-per-model', '256'],
+      [CLI, 'serve', '--processes', '2', '--port', '0', '--grpc-port', String(grpcPort), '--host', '127.0.0.1', '--model', 'tiny-embed', '--drain-timeout-ms', '5000', '--slots-per-model', '256'],
       { stdio: ['ignore', 'ignore', 'pipe'] },
     );
     exited = new Promise((resolve) => primary.once('exit', (code, signal) => resolve({ code, signal })));
@@ -285,6 +308,23 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
     expect(m.sum('slabserve_cluster_scrape_missing_processes')).toBe(0);
     expect(m.sum('slabserve_slots', { model: 'tiny-embed' })).toBe(2 * 256);
     expect(m.sum('slabserve_slots_in_use')).toBe(0);
+  });
+
+  it('every process serves gRPC on the one --grpc-port: each holds its own listen socket on it (SO_REUSEPORT), and calls get the reference rows', async () => {
+    const pids = [pidOf.get(0)!, pidOf.get(1)!];
+    expect(listenersOn(grpcPort, pids).sort()).toEqual([...pids].sort());
+    const loaded = grpc.loadPackageDefinition(loadSync(TEI_PROTO, { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true })) as any;
+    for (let i = 0; i < 4; i++) {
+      // A channel, and so a connection, of its own each time: the kernel picks the process.
+      const client = new loaded.tei.v1.Embed(`127.0.0.1:${grpcPort}`, grpc.credentials.createInsecure(), { 'grpc.use_local_subchannel_pool': 1 });
+      const sent = [texts()[0]!];
+      try {
+        const reply = await new Promise<{ embeddings: number[] }>((resolve, reject) => client.Embed({ inputs: sent[0] }, (err: Error | null, r: { embeddings: number[] }) => (err ? reject(err) : resolve(r))));
+        expect(await worstRow(sent, JSON.stringify([reply.embeddings]))).toBeLessThan(TOLERANCE);
+      } finally {
+        client.close();
+      }
+    }
   });
 
   let killedIndex = -1;

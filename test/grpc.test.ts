@@ -6,6 +6,8 @@
  * SLABSERVE_ code in the trailers, deadlines and cancellation free the slots, streams answer in
  * order, keys are checked, health follows readiness.
  */
+import * as grpc from '@grpc/grpc-js';
+import { loadSync } from '@grpc/proto-loader';
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
@@ -27,6 +29,8 @@ const PROTOS = ['inference.proto', 'tei.proto'].map((f) => fileURLToPath(new URL
 const HEALTH_PROTO = fileURLToPath(new URL('../node_modules/grpc-health-check/proto/health/v1/health.proto', import.meta.url));
 const REFLECTION_PROTO = fileURLToPath(new URL('../node_modules/@grpc/reflection/build/proto/grpc/reflection/v1/reflection.proto', import.meta.url));
 const TOLERANCE = 1e-5;
+/** TEI's and KServe's own protos, unchanged (test/fixtures/upstream-protos/README.md). */
+const UPSTREAM_PROTOS = ['tei.proto', 'grpc_predict_v2.proto'].map((f) => fileURLToPath(new URL(`./fixtures/upstream-protos/${f}`, import.meta.url)));
 
 /** A python3 with grpcio, and protoc (.ci/run installs python3-grpcio and protobuf-compiler). */
 const python = ['/usr/bin/python3', 'python3'].find((p) => spawnSync(p, ['-c', 'import grpc, google.protobuf'], { stdio: 'ignore' }).status === 0);
@@ -46,6 +50,7 @@ interface Call {
   cancel_after?: number;
   read_when_exists?: string;
   cancel_when_exists?: string;
+  open_until_exists?: string;
   progress?: boolean;
 }
 
@@ -143,6 +148,72 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
     }
     console.log(`grpc embed: worst |diff| ${worst.toExponential(2)} over ${texts.length} texts, 4 ways`);
     expect(worst).toBeLessThan(TOLERANCE);
+  });
+
+  it('a Node client (@grpc/grpc-js, its stubs loaded from proto/ by @grpc/proto-loader): Embed and ModelInfer equal /embed by value; an error carries its code and SLABSERVE_ trailer', async () => {
+    const loaded = grpc.loadPackageDefinition(loadSync(PROTOS, { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true })) as any;
+    const target = `127.0.0.1:${port}`;
+    const embedder = new loaded.tei.v1.Embed(target, grpc.credentials.createInsecure());
+    const kserve = new loaded.inference.GRPCInferenceService(target, grpc.credentials.createInsecure());
+    const call = (client: any, method: string, request: object, metadata = new grpc.Metadata()) =>
+      new Promise<any>((resolve, reject) => client[method](request, metadata, (err: grpc.ServiceError | null, reply: unknown) => (err ? reject(err) : resolve(reply))));
+    try {
+      const texts = randomTexts(makeRandom('grpc-js client'), words, 5, 10);
+      const [embedded, inferred, http] = await Promise.all([
+        Promise.all(texts.map((t) => call(embedder, 'Embed', { inputs: t }))),
+        call(kserve, 'ModelInfer', { model_name: 'tiny-embed', inputs: [{ name: 'text', datatype: 'BYTES', shape: [texts.length], contents: { bytes_contents: texts.map((t) => Buffer.from(t)) } }] }),
+        fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: texts }) }).then(async (r) => (await r.json()) as number[][]),
+      ]);
+      const rows = inferred.outputs[0].contents.fp32_contents as number[];
+      expect(inferred.outputs[0].shape).toEqual([String(texts.length), String(dim)]);
+      texts.forEach((_, i) => {
+        expect(maxAbsDiff(embedded[i].embeddings, http[i]!)).toBeLessThan(TOLERANCE);
+        expect(maxAbsDiff(rows.slice(i * dim, (i + 1) * dim), http[i]!)).toBeLessThan(TOLERANCE);
+      });
+      const metadata = new grpc.Metadata();
+      metadata.set('x-model', 'no-such-model');
+      const err = (await call(embedder, 'Embed', { inputs: 'hello' }, metadata).catch((e: unknown) => e)) as grpc.ServiceError;
+      expect(err.code).toBe(grpc.status.NOT_FOUND);
+      expect(err.metadata.get('slabserve-code')).toEqual(['SLABSERVE_MODEL_NOT_FOUND']);
+    } finally {
+      embedder.close();
+      kserve.close();
+    }
+  });
+
+  it("message classes generated from TEI's and KServe's published protos call the server unchanged and get the answers ours get", async () => {
+    const texts = randomTexts(makeRandom('grpc upstream protos'), words, 3, 10);
+    const calls: Call[] = [
+      { method: '/tei.v1.Info/Info', request: {} },
+      { method: '/tei.v1.Embed/Embed', request: { inputs: texts[0], truncate: true, normalize: true, dimensions: 64 } },
+      { method: '/tei.v1.Embed/EmbedStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })) },
+      { method: '/tei.v1.Predict/Predict', request: { inputs: texts[1], raw_scores: true }, metadata: [['x-model', 'tiny-intent']] },
+      { method: '/tei.v1.Tokenize/Tokenize', request: { inputs: texts[2], add_special_tokens: true } },
+      { method: '/tei.v1.Tokenize/Decode', request: { ids: [7592, 2088], skip_special_tokens: true } },
+      { method: '/inference.GRPCInferenceService/ModelMetadata', request: { name: 'tiny-embed' } },
+      { method: '/inference.GRPCInferenceService/ModelInfer', request: { model_name: 'tiny-embed', inputs: [{ name: 'text', datatype: 'BYTES', shape: [texts.length], contents: { bytes_contents: texts.map(b64) } }] } },
+    ];
+    const [theirs, ours] = await Promise.all([grpcCalls(port, calls, UPSTREAM_PROTOS), grpcCalls(port, calls)]);
+    // Floats differ by batching noise, timings by the clock: compare them apart.
+    // `floats` gathers each float with its counterpart in `pair` (ours) when given.
+    const floats: [number, number][] = [];
+    const structure = (v: unknown, pair?: unknown, gather = false): unknown => {
+      if (typeof v === 'number' && !Number.isInteger(v)) {
+        if (gather) floats.push([v, pair as number]);
+        return 'float';
+      }
+      if (Array.isArray(v)) return v.map((x, i) => structure(x, (pair as unknown[] | undefined)?.[i], gather));
+      if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).filter(([k]) => k !== 'metadata').map(([k, x]) => [k, structure(x, (pair as Record<string, unknown> | undefined)?.[k], gather)]));
+      return v;
+    };
+    theirs.forEach((reply, i) => {
+      expect(reply.error, calls[i]!.method).toBeUndefined();
+      expect(structure(reply, ours[i], true), calls[i]!.method).toEqual(structure(ours[i]));
+    });
+    expect(floats.length).toBeGreaterThan(64 * 2);
+    expect(Math.max(...floats.map(([a, b]) => Math.abs(a - b)))).toBeLessThan(TOLERANCE);
+    expect(theirs[1]!.ok.embeddings).toHaveLength(64);
+    expect(theirs[0]!.ok.model_id).toBe('tiny-embed');
   });
 
   it('ModelInfer with INT64 input_ids and an attention mask (typed and raw) equals the graph run on the real tokens', async () => {
@@ -261,6 +332,20 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
     expect(maxAbsDiff(bad!.ok[0].embeddings, (await ref.rowOfText(tok, texts[0]!)).slice(0, dim))).toBeLessThan(TOLERANCE);
   });
 
+  it('a stream of 1,000 messages: every answer, in order, each equal to /embed for its text; each message run once', async () => {
+    const texts = randomTexts(makeRandom('grpc stream of 1000'), words, 1000, 10);
+    const before = await metrics(server);
+    const [streamed] = await grpcCalls(port, [{ method: '/tei.v1.Embed/EmbedStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })) }]);
+    const after = await metrics(server);
+    const ran = (m: Awaited<ReturnType<typeof metrics>>) => m.sum('slabserve_batch_size_sum', { model: 'tiny-embed' });
+    expect(ran(after) - ran(before)).toBe(texts.length); // the result cache is off: one row per message
+    const http = (await (await fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: texts }) })).json()) as number[][];
+    const answers = streamed!.ok as { embeddings: number[] }[];
+    expect(answers).toHaveLength(texts.length);
+    const misplaced = answers.map((a, i) => (maxAbsDiff(a.embeddings, http[i]!) < TOLERANCE ? -1 : i)).filter((i) => i >= 0);
+    expect(misplaced).toEqual([]);
+  });
+
   it("TEI's fields reach the endpoint: dimensions, truncation_direction, prompt_name; x-priority; the streams of Tokenize, Decode and PredictPair answer as their unary calls", async () => {
     const rand = makeRandom('grpc fields');
     const long = Array.from({ length: 700 }, () => words[Math.floor(rand() * words.length)]).join(' ');
@@ -307,6 +392,41 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
     const check = (service: string) => ({ method: '/grpc.health.v1.Health/Check', request: { service } });
     const replies = await grpcCalls(port, ['', 'tei.v1.Embed', 'tei.v1.Predict', 'tei.v1.Rerank', 'inference.GRPCInferenceService'].map(check), [HEALTH_PROTO]);
     expect(replies.map((r) => r.ok?.status)).toEqual(['SERVING', 'SERVING', 'SERVING', 'NOT_SERVING', 'SERVING']);
+  });
+
+  it("KServe's ServerLive, ServerReady, ModelReady, ServerMetadata and ModelMetadata answer as /v2/health/*, /v2 and /v2/models/{name}; an unknown model is NOT_FOUND", async () => {
+    const kserve = (method: string, request: object = {}) => ({ method: `/inference.GRPCInferenceService/${method}`, request });
+    const [live, ready, modelReady, serverMeta, embedMeta, intentMeta, unknownReady, unknownMeta, badVersion] = await grpcCalls(port, [
+      kserve('ServerLive'),
+      kserve('ServerReady'),
+      kserve('ModelReady', { name: 'tiny-intent' }),
+      kserve('ServerMetadata'),
+      kserve('ModelMetadata', { name: 'tiny-embed' }),
+      kserve('ModelMetadata', { name: 'tiny-intent', version: '1' }),
+      kserve('ModelReady', { name: 'no-such-model' }),
+      kserve('ModelMetadata', { name: 'no-such-model' }),
+      kserve('ModelMetadata', { name: 'tiny-embed', version: '7' }),
+    ]);
+    const http = async (path: string) => (await (await fetch(server.url + path)).json()) as Record<string, unknown>;
+    expect(live!.ok).toEqual(await http('/v2/health/live'));
+    expect(ready!.ok).toEqual(await http('/v2/health/ready'));
+    expect(modelReady!.ok).toEqual({ ready: true });
+    const { extensions, ...serverHttp } = await http('/v2');
+    expect(extensions).toEqual([]); // protobuf's JSON leaves an empty list out
+    expect(serverMeta!.ok).toEqual(serverHttp);
+    // The HTTP document less its `parameters` extension, which the proto's message has no field for.
+    type Meta = { inputs: { shape: (string | number)[] }[]; outputs: { shape: (string | number)[] }[] };
+    const shapesAsNumbers = (m: Meta) => ({ ...m, inputs: m.inputs.map((t) => ({ ...t, shape: t.shape.map(Number) })), outputs: m.outputs.map((t) => ({ ...t, shape: t.shape.map(Number) })) });
+    for (const [got, name] of [[embedMeta!, 'tiny-embed'], [intentMeta!, 'tiny-intent']] as const) {
+      const { parameters, ...want } = await http(`/v2/models/${name}`);
+      expect(parameters).toBeDefined();
+      expect(shapesAsNumbers(got.ok as Meta)).toEqual(want);
+    }
+    for (const missing of [unknownReady!, unknownMeta!]) {
+      expect(missing.error).toMatchObject({ code: 'NOT_FOUND', details: expect.stringContaining('no-such-model') });
+      expect(missing.error!.trailing['slabserve-code']).toBe('SLABSERVE_MODEL_NOT_FOUND');
+    }
+    expect(badVersion!.error).toMatchObject({ code: 'NOT_FOUND', details: expect.stringContaining('"7"'), trailing: { 'slabserve-code': 'SLABSERVE_MODEL_VERSION_NOT_FOUND' } });
   });
 
   it('reflection lists every service and gives the files that define them', async () => {
@@ -388,6 +508,38 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC while draining', () => {
       // Changes only, each once (the health protocol's Watch).
       expect(watched!.ok).toEqual([{ status: 'SERVING' }, { status: 'NOT_SERVING' }]);
     } finally {
+      hooks.releaseInference();
+      await (closing ?? server.close());
+    }
+  });
+
+  it('a drain with 32 streams open (their clients not half-closed): each answers every message it read, then ends OK; none is cut', async () => {
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'] }));
+    await server.ready;
+    const port = server.grpcPort!;
+    const hooks = server.testHooks!;
+    const halfClose = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'half-close');
+    const STREAMS = 32;
+    const EACH = 3;
+    let closing: Promise<void> | null = null;
+    await hooks.holdInference();
+    try {
+      const streams = grpcCalls(port, Array.from({ length: STREAMS }, (_, s): Call => ({
+        method: '/tei.v1.Embed/EmbedStream',
+        kind: 'stream',
+        open_until_exists: halfClose,
+        requests: Array.from({ length: EACH }, (_, m) => ({ inputs: `stream ${s} message ${m}` })),
+      })));
+      await eventually('every message queued', async () => hooks.inputsWaiting('tiny-embed'), (n) => n === STREAMS * EACH, 30_000);
+      closing = server.close();
+      hooks.releaseInference();
+      await closing; // the server has closed: every stream ended before it, the clients still holding theirs open
+      writeFileSync(halfClose, '');
+      const replies = await streams;
+      expect(replies.map((r) => r.error?.code ?? 'OK')).toEqual(Array(STREAMS).fill('OK'));
+      expect(replies.map((r) => (r.ok as { embeddings: number[] }[]).filter((a) => a.embeddings.length === 128).length)).toEqual(Array(STREAMS).fill(EACH));
+    } finally {
+      writeFileSync(halfClose, '');
       hooks.releaseInference();
       await (closing ?? server.close());
     }
