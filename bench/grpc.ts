@@ -1,14 +1,21 @@
 /**
- * Where gRPC belongs (docs/grpc.md): on the uWebSockets.js gateway threads
- * beside HTTP (`--grpc-threads 0`, the default) or on threads of its own
- * (`--grpc-threads 1`): one gateway thread serving both (the default on 2
- * cores), two serving both, one for each. Per
- * placement, in alternating rounds: HTTP alone (wrk), gRPC alone (Python
- * grpcio, bench/grpc-load.py), and both at once; req/s, P99, and the server's
- * CPU per request from /proc. Texts are distinct and the result cache off, so
- * every request runs on the device.
+ * gRPC against the other transports (docs/grpc.md), two questions, each in
+ * alternating rounds, medians reported:
  *
- *   node dist/bench/grpc.js [--rounds 3] [--seconds 5] [--connections 32]
+ *   --mode transports (default)  one server (the defaults): HTTP (wrk, 64 connections), WebSocket
+ *                                (64 requests in flight on one socket), gRPC unary (64 closed loops,
+ *                                a channel each) and gRPC streaming (64 messages in flight on one
+ *                                EmbedStream), one after another; req/s, P99, the server's CPU and
+ *                                the load generator's per request
+ *   --mode placements            where gRPC belongs: on the uWebSockets.js gateway thread beside
+ *                                HTTP, on two that serve both, or on a thread of its own
+ *                                (--grpc-threads 1); HTTP alone, gRPC alone, both at once
+ *
+ * Texts are distinct and short (about 10 tokens) on every transport, and the
+ * result cache is off, so every request runs on the device. The load
+ * generators share the server's cores: the figures are ratios, not ceilings.
+ *
+ *   node dist/bench/grpc.js [--mode transports|placements] [--rounds 3] [--seconds 5] [--connections 64]
  */
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
@@ -16,13 +23,16 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
+import { runLoad } from './load.js';
 import { describeMachine, machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
+import type { Workload } from './workloads.js';
 
 const SPEC = {
-  rounds: { type: 'int', min: 1, default: 3, help: 'alternating rounds per placement' },
+  mode: { type: 'string', default: 'transports', choices: ['transports', 'placements'], help: 'what to compare' },
+  rounds: { type: 'int', min: 1, default: 3, help: 'alternating rounds' },
   seconds: { type: 'int', min: 1, default: 5, help: 'length of each load window' },
-  connections: { type: 'int', min: 1, default: 32, help: 'connections of each load generator' },
+  connections: { type: 'int', min: 1, default: 64, help: 'connections (or messages in flight) of each load' },
 } as const;
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -30,6 +40,7 @@ const CLI = join(root, 'dist/src/cli.js');
 const TEI_PROTO = join(root, 'proto/tei.proto');
 const LOAD = join(root, 'bench/grpc-load.py');
 const PYTHON = '/usr/bin/python3';
+const MODEL = 'tiny-embed';
 
 /** wrk's Lua: every request a distinct text. */
 const WRK_SCRIPT = `counter = 0
@@ -44,6 +55,8 @@ interface Load {
   requests: number;
   seconds: number;
   p99Ms: number;
+  /** The load generator's own CPU over the window, ms. */
+  clientCpuMs: number;
 }
 
 function run(cmd: string, args: string[]): Promise<string> {
@@ -57,85 +70,124 @@ function run(cmd: string, args: string[]): Promise<string> {
   });
 }
 
+/** wrk under bash, whose `times` then says the CPU its child (wrk) used. */
 async function wrk(origin: string, seconds: number, connections: number, script: string): Promise<Load> {
-  const out = await run('wrk', ['-t2', `-c${connections}`, `-d${seconds}s`, '--latency', '-s', script, origin]);
+  const out = await run('bash', ['-c', `wrk -t2 -c${connections} -d${seconds}s --latency -s ${script} ${origin} && times`]);
   const ms = (v: string, unit: string) => Number(v) * (unit === 'us' ? 1e-3 : unit === 's' ? 1e3 : 1);
   const p99 = /99%\s+([\d.]+)(us|ms|s)/.exec(out);
   const total = /(\d+) requests in ([\d.]+)s/.exec(out);
-  if (!p99 || !total) throw new Error(`cannot read wrk's output:\n${out}`);
-  return { requests: Number(total[1]), seconds: Number(total[2]), p99Ms: ms(p99[1]!, p99[2]!) };
+  const children = /\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s\s*$/.exec(out); // times' second line: children's user and system
+  if (!p99 || !total || !children) throw new Error(`cannot read wrk's output:\n${out}`);
+  const clientCpuMs = (Number(children[1]) * 60 + Number(children[2]) + Number(children[3]) * 60 + Number(children[4])) * 1000;
+  return { requests: Number(total[1]), seconds: Number(total[2]), p99Ms: ms(p99[1]!, p99[2]!), clientCpuMs };
 }
 
-async function grpcLoad(port: number, seconds: number, connections: number): Promise<Load> {
-  const r = JSON.parse(await run(PYTHON, [LOAD, `127.0.0.1:${port}`, String(seconds), String(connections), TEI_PROTO])) as { requests: number; errors: number; seconds: number; p99_ms: number };
+async function grpcLoad(port: number, seconds: number, connections: number, mode: 'unary' | 'stream'): Promise<Load> {
+  const r = JSON.parse(await run(PYTHON, [LOAD, `127.0.0.1:${port}`, String(seconds), String(connections), TEI_PROTO, mode])) as { requests: number; errors: number; seconds: number; p99_ms: number; cpu_s: number };
   if (r.errors > 0) throw new Error(`${r.errors} gRPC calls failed`);
-  return { requests: r.requests, seconds: r.seconds, p99Ms: r.p99_ms };
+  return { requests: r.requests, seconds: r.seconds, p99Ms: r.p99_ms, clientCpuMs: r.cpu_s * 1000 };
 }
 
-interface Row {
-  placement: string;
-  load: string;
-  httpRps: number;
-  httpP99: number;
-  grpcRps: number;
-  grpcP99: number;
-  cpuUsPerReq: number;
+/** `depth` requests in flight on one socket, each a distinct text (bench/load.ts's thin WebSocket client). */
+async function wsLoad(server: ServerProcess, seconds: number, depth: number): Promise<Load> {
+  const requests = Array.from({ length: 200_000 }, (_, i) => [{ text: `ws request number ${i} of the bench`, ids: [], typeIds: [] }]);
+  const workload = { name: 'short', description: 'distinct short texts', requests, bodies: [], form: 'text' } as unknown as Workload;
+  const o = await runLoad({ target: server, model: MODEL, transport: 'ws', workload, arrivals: { kind: 'closed', concurrency: depth }, ws: { sockets: 1, depth }, warmupMs: 500, durationMs: seconds * 1000 }, Math.random);
+  try {
+    if (o.errors > 0) throw new Error(`${o.errors} WebSocket requests failed: ${o.firstError}`);
+    return { requests: o.requests, seconds: o.windowMs / 1000, p99Ms: o.histogram.getValueAtPercentile(99) / 1000, clientCpuMs: o.clientCpuMs };
+  } finally {
+    o.histogram.destroy();
+  }
 }
 
-async function measure(server: ServerProcess, grpcPort: number, load: 'http' | 'grpc' | 'both', o: { seconds: number; connections: number; script: string }): Promise<Omit<Row, 'placement'>> {
+const median = (v: number[]) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
+
+/** A load's figures with the server's CPU over it. */
+async function measured(server: ServerProcess, load: () => Promise<Load>) {
   const cpu0 = server.cpuMs()!;
-  const [h, g] = await Promise.all([
-    load !== 'grpc' ? wrk(server.origin, o.seconds, o.connections, o.script) : null,
-    load !== 'http' ? grpcLoad(grpcPort, o.seconds, o.connections) : null,
-  ]);
-  const cpuMs = server.cpuMs()! - cpu0;
-  const reqs = (h?.requests ?? 0) + (g?.requests ?? 0);
-  return {
-    load,
-    httpRps: h ? h.requests / h.seconds : 0,
-    httpP99: h?.p99Ms ?? 0,
-    grpcRps: g ? g.requests / g.seconds : 0,
-    grpcP99: g?.p99Ms ?? 0,
-    cpuUsPerReq: (cpuMs * 1000) / reqs,
-  };
+  const l = await load();
+  const serverCpuMs = server.cpuMs()! - cpu0;
+  return { ...l, rps: l.requests / l.seconds, serverUs: (serverCpuMs * 1000) / l.requests, clientUs: (l.clientCpuMs * 1000) / l.requests };
 }
 
-async function main(): Promise<void> {
-  const o = parseOptions('node dist/bench/grpc.js [options]', SPEC);
-  const script = join(tmpdir(), 'slabserve-grpc-bench.lua');
-  writeFileSync(script, WRK_SCRIPT);
-  const placements = [
+async function transports(o: { rounds: number; seconds: number; connections: number }, script: string): Promise<void> {
+  const grpcPort = 18400 + Math.floor(Math.random() * 90);
+  const server = await startServerProcess({ cliPath: CLI, args: ['--host', '127.0.0.1', '--port', '0', '--grpc-port', String(grpcPort), '--model', MODEL, '--device', 'cpu'] });
+  const c = o.connections;
+  const loads = [
+    { name: `HTTP (wrk, ${c} connections)`, load: (s: number) => wrk(server.origin, s, c, script) },
+    { name: `WebSocket (${c} in flight on 1 socket)`, load: (s: number) => wsLoad(server, s, c) },
+    { name: `gRPC unary (${c} channels)`, load: (s: number) => grpcLoad(grpcPort, s, c, 'unary') },
+    { name: `gRPC stream (${c} in flight on 1 stream)`, load: (s: number) => grpcLoad(grpcPort, s, c, 'stream') },
+  ];
+  const rows: { name: string; rps: number; p99Ms: number; serverUs: number; clientUs: number }[] = [];
+  try {
+    for (const l of loads) await l.load(1); // warm every path
+    for (let round = 0; round < o.rounds; round++) {
+      for (const l of round % 2 === 0 ? loads : [...loads].reverse()) {
+        const r = { name: l.name, ...(await measured(server, () => l.load(o.seconds))) };
+        rows.push(r);
+        console.log(`round ${round + 1} ${l.name}: ${r.rps.toFixed(0)} req/s, P99 ${r.p99Ms.toFixed(1)} ms, server ${r.serverUs.toFixed(0)} us CPU/request, client ${r.clientUs.toFixed(0)} us`);
+      }
+    }
+  } finally {
+    await server.stop();
+  }
+  const http = median(rows.filter((r) => r.name === loads[0]!.name).map((r) => r.rps));
+  console.log(`\n| transport | req/s | vs HTTP | P99 ms | server CPU us/request | client CPU us/request |\n|---|---:|---:|---:|---:|---:|`);
+  for (const l of loads) {
+    const rs = rows.filter((r) => r.name === l.name);
+    const m = (k: 'rps' | 'p99Ms' | 'serverUs' | 'clientUs') => median(rs.map((r) => r[k]));
+    console.log(`| ${l.name} | ${m('rps').toFixed(0)} | ${(m('rps') / http).toFixed(2)}x | ${m('p99Ms').toFixed(1)} | ${m('serverUs').toFixed(0)} | ${m('clientUs').toFixed(0)} |`);
+  }
+}
+
+async function placements(o: { rounds: number; seconds: number; connections: number }, script: string): Promise<void> {
+  const where = [
     { name: 'on the 1 gateway thread', args: ['--gateway-threads', '1', '--grpc-threads', '0'] },
     { name: 'on the 2 gateway threads', args: ['--gateway-threads', '2', '--grpc-threads', '0'] },
     { name: '1 gateway + 1 gRPC thread', args: ['--gateway-threads', '1', '--grpc-threads', '1'] },
   ];
-  console.log(machineLine(describeMachine()));
-  const rows: Row[] = [];
+  const rows: { placement: string; load: string; httpRps: number; httpP99: number; grpcRps: number; grpcP99: number; serverUs: number }[] = [];
   for (let round = 0; round < o.rounds; round++) {
-    for (const p of round % 2 === 0 ? placements : [...placements].reverse()) {
-      const grpcPort = 18500 + round * placements.length + placements.indexOf(p);
-      const server = await startServerProcess({ cliPath: CLI, args: ['--host', '127.0.0.1', '--port', '0', '--grpc-port', String(grpcPort), '--model', 'tiny-embed', '--device', 'cpu', ...p.args] });
+    for (const p of round % 2 === 0 ? where : [...where].reverse()) {
+      const grpcPort = 18500 + round * where.length + where.indexOf(p);
+      const server = await startServerProcess({ cliPath: CLI, args: ['--host', '127.0.0.1', '--port', '0', '--grpc-port', String(grpcPort), '--model', MODEL, '--device', 'cpu', ...p.args] });
+      const both = (load: string, seconds: number) =>
+        Promise.all([load !== 'grpc' ? wrk(server.origin, seconds, o.connections, script) : null, load !== 'http' ? grpcLoad(grpcPort, seconds, o.connections, 'unary') : null]);
       try {
-        await measure(server, grpcPort, 'both', { ...o, seconds: 1, script }); // warm both paths
-        for (const load of ['http', 'grpc', 'both'] as const) {
-          const r = { placement: p.name, ...(await measure(server, grpcPort, load, { ...o, script })) };
+        await both('both', 1); // warm both paths
+        for (const load of ['http', 'grpc', 'both']) {
+          const cpu0 = server.cpuMs()!;
+          const [h, g] = await both(load, o.seconds);
+          const reqs = (h?.requests ?? 0) + (g?.requests ?? 0);
+          const r = { placement: p.name, load, httpRps: h ? h.requests / h.seconds : 0, httpP99: h?.p99Ms ?? 0, grpcRps: g ? g.requests / g.seconds : 0, grpcP99: g?.p99Ms ?? 0, serverUs: ((server.cpuMs()! - cpu0) * 1000) / reqs };
           rows.push(r);
-          console.log(`round ${round + 1} ${p.name}, ${load}: HTTP ${r.httpRps.toFixed(0)} req/s P99 ${r.httpP99.toFixed(1)} ms, gRPC ${r.grpcRps.toFixed(0)} req/s P99 ${r.grpcP99.toFixed(1)} ms, server ${r.cpuUsPerReq.toFixed(0)} us CPU/request`);
+          console.log(`round ${round + 1} ${p.name}, ${load}: HTTP ${r.httpRps.toFixed(0)} req/s P99 ${r.httpP99.toFixed(1)} ms, gRPC ${r.grpcRps.toFixed(0)} req/s P99 ${r.grpcP99.toFixed(1)} ms, server ${r.serverUs.toFixed(0)} us CPU/request`);
         }
       } finally {
         await server.stop();
       }
     }
   }
-  const median = (v: number[]) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
   console.log(`\n| placement | load | HTTP req/s | HTTP P99 ms | gRPC req/s | gRPC P99 ms | server CPU us/request |\n|---|---|---:|---:|---:|---:|---:|`);
-  for (const p of placements) {
+  for (const p of where) {
     for (const load of ['http', 'grpc', 'both']) {
       const rs = rows.filter((r) => r.placement === p.name && r.load === load);
-      const m = (k: keyof Row) => median(rs.map((r) => r[k] as number));
-      console.log(`| ${p.name} | ${load} | ${m('httpRps').toFixed(0)} | ${m('httpP99').toFixed(1)} | ${m('grpcRps').toFixed(0)} | ${m('grpcP99').toFixed(1)} | ${m('cpuUsPerReq').toFixed(0)} |`);
+      const m = (k: 'httpRps' | 'httpP99' | 'grpcRps' | 'grpcP99' | 'serverUs') => median(rs.map((r) => r[k]));
+      console.log(`| ${p.name} | ${load} | ${m('httpRps').toFixed(0)} | ${m('httpP99').toFixed(1)} | ${m('grpcRps').toFixed(0)} | ${m('grpcP99').toFixed(1)} | ${m('serverUs').toFixed(0)} |`);
     }
   }
+}
+
+async function main(): Promise<void> {
+  const o = parseOptions('node dist/bench/grpc.js [options]', SPEC);
+  const script = join(tmpdir(), 'slabserve-grpc-bench.lua');
+  writeFileSync(script, WRK_SCRIPT);
+  console.log(machineLine(describeMachine()));
+  if (o.mode === 'placements') await placements(o, script);
+  else await transports(o, script);
 }
 
 main().catch((err: unknown) => {
