@@ -8,7 +8,6 @@
  * connection's inode is in /proc/net/tcp (server port, client port). Linux only.
  */
 import * as grpc from '@grpc/grpc-js';
-import { loadSync } from '@grpc/proto-loader';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import net from 'node:net';
@@ -19,6 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { portOutsideEphemeral } from './cli-process.js';
+import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, sleep, vocabularyWords } from './helpers.js';
 
@@ -313,13 +313,13 @@ describe('a cluster of two CPU processes on one port (serve --processes 2)', () 
   it('every process serves gRPC on the one --grpc-port: each holds its own listen socket on it (SO_REUSEPORT), and calls get the reference rows', async () => {
     const pids = [pidOf.get(0)!, pidOf.get(1)!];
     expect(listenersOn(grpcPort, pids).sort()).toEqual([...pids].sort());
-    const loaded = grpc.loadPackageDefinition(loadSync(TEI_PROTO, { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true })) as any;
+    const loaded = grpcJsPackages(TEI_PROTO);
     for (let i = 0; i < 4; i++) {
       // A channel, and so a connection, of its own each time: the kernel picks the process.
       const client = new loaded.tei.v1.Embed(`127.0.0.1:${grpcPort}`, grpc.credentials.createInsecure(), { 'grpc.use_local_subchannel_pool': 1 });
       const sent = [texts()[0]!];
       try {
-        const reply = await new Promise<{ embeddings: number[] }>((resolve, reject) => client.Embed({ inputs: sent[0] }, (err: Error | null, r: { embeddings: number[] }) => (err ? reject(err) : resolve(r))));
+        const reply = (await unaryCall(client, 'Embed', { inputs: sent[0] })) as { embeddings: number[] };
         expect(await worstRow(sent, JSON.stringify([reply.embeddings]))).toBeLessThan(TOLERANCE);
       } finally {
         client.close();

@@ -7,7 +7,6 @@
  * order, keys are checked, health follows readiness.
  */
 import * as grpc from '@grpc/grpc-js';
-import { loadSync } from '@grpc/proto-loader';
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
@@ -18,6 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { portOutsideEphemeral, serveCli } from './cli-process.js';
+import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
@@ -151,17 +151,15 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
   });
 
   it('a Node client (@grpc/grpc-js, its stubs loaded from proto/ by @grpc/proto-loader): Embed and ModelInfer equal /embed by value; an error carries its code and SLABSERVE_ trailer', async () => {
-    const loaded = grpc.loadPackageDefinition(loadSync(PROTOS, { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true })) as any;
+    const loaded = grpcJsPackages(PROTOS);
     const target = `127.0.0.1:${port}`;
     const embedder = new loaded.tei.v1.Embed(target, grpc.credentials.createInsecure());
     const kserve = new loaded.inference.GRPCInferenceService(target, grpc.credentials.createInsecure());
-    const call = (client: any, method: string, request: object, metadata = new grpc.Metadata()) =>
-      new Promise<any>((resolve, reject) => client[method](request, metadata, (err: grpc.ServiceError | null, reply: unknown) => (err ? reject(err) : resolve(reply))));
     try {
       const texts = randomTexts(makeRandom('grpc-js client'), words, 5, 10);
       const [embedded, inferred, http] = await Promise.all([
-        Promise.all(texts.map((t) => call(embedder, 'Embed', { inputs: t }))),
-        call(kserve, 'ModelInfer', { model_name: 'tiny-embed', inputs: [{ name: 'text', datatype: 'BYTES', shape: [texts.length], contents: { bytes_contents: texts.map((t) => Buffer.from(t)) } }] }),
+        Promise.all(texts.map((t) => unaryCall(embedder, 'Embed', { inputs: t }))),
+        unaryCall(kserve, 'ModelInfer', { model_name: 'tiny-embed', inputs: [{ name: 'text', datatype: 'BYTES', shape: [texts.length], contents: { bytes_contents: texts.map((t) => Buffer.from(t)) } }] }),
         fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: texts }) }).then(async (r) => (await r.json()) as number[][]),
       ]);
       const rows = inferred.outputs[0].contents.fp32_contents as number[];
@@ -172,7 +170,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
       });
       const metadata = new grpc.Metadata();
       metadata.set('x-model', 'no-such-model');
-      const err = (await call(embedder, 'Embed', { inputs: 'hello' }, metadata).catch((e: unknown) => e)) as grpc.ServiceError;
+      const err = (await unaryCall(embedder, 'Embed', { inputs: 'hello' }, metadata).catch((e: unknown) => e)) as grpc.ServiceError;
       expect(err.code).toBe(grpc.status.NOT_FOUND);
       expect(err.metadata.get('slabserve-code')).toEqual(['SLABSERVE_MODEL_NOT_FOUND']);
     } finally {
