@@ -88,11 +88,20 @@ async function grpcLoad(port: number, seconds: number, connections: number, mode
   return { requests: r.requests, seconds: r.seconds, p99Ms: r.p99_ms, clientCpuMs: r.cpu_s * 1000 };
 }
 
+/** The WebSocket load's texts, distinct as the others' (made once: the loop takes request i of them). */
+let wsTexts: Workload | undefined;
+const wsWorkload = () =>
+  (wsTexts ??= {
+    name: 'short',
+    description: 'distinct short texts',
+    requests: Array.from({ length: 200_000 }, (_, i) => [{ text: `ws request number ${i} of the bench`, ids: [], typeIds: [] }]),
+    bodies: [],
+    form: 'text',
+  } as unknown as Workload);
+
 /** `depth` requests in flight on one socket, each a distinct text (bench/load.ts's thin WebSocket client). */
 async function wsLoad(server: ServerProcess, seconds: number, depth: number): Promise<Load> {
-  const requests = Array.from({ length: 200_000 }, (_, i) => [{ text: `ws request number ${i} of the bench`, ids: [], typeIds: [] }]);
-  const workload = { name: 'short', description: 'distinct short texts', requests, bodies: [], form: 'text' } as unknown as Workload;
-  const o = await runLoad({ target: server, model: MODEL, transport: 'ws', workload, arrivals: { kind: 'closed', concurrency: depth }, ws: { sockets: 1, depth }, warmupMs: 500, durationMs: seconds * 1000 }, Math.random);
+  const o = await runLoad({ target: server, model: MODEL, transport: 'ws', workload: wsWorkload(), arrivals: { kind: 'closed', concurrency: depth }, ws: { sockets: 1, depth }, warmupMs: 500, durationMs: seconds * 1000 }, Math.random);
   try {
     if (o.errors > 0) throw new Error(`${o.errors} WebSocket requests failed: ${o.firstError}`);
     return { requests: o.requests, seconds: o.windowMs / 1000, p99Ms: o.histogram.getValueAtPercentile(99) / 1000, clientCpuMs: o.clientCpuMs };
