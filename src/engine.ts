@@ -24,7 +24,7 @@ import { OwnerModels } from './core/owner-models.js';
 import { ModelSet } from './model-set.js';
 import { ControlBlock } from './shared/control.js';
 import { EngineClosedError } from './shared/errors.js';
-import { servedSources, type Dtype, type ModelOverrides, type Pooling, type ServeSettings, type SettingSources, type Task } from './shared/model-config.js';
+import { servedSources, type Dtype, type ModelOverrides, type ModelOutput, type Pooling, type ServedPooling, type ServeSettings, type SettingSources, type Task } from './shared/model-config.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { cacheLayoutOf, ResultCache } from './shared/result-cache.js';
 import { Counter, Slab } from './shared/slab.js';
@@ -139,8 +139,10 @@ export interface ModelInfo {
   /** Which of the folder's graphs is served. */
   dtype: string;
   /** Embedding models: how token states become one vector, and whether it is L2-normalised by default. */
-  pooling?: Pooling;
+  pooling?: ServedPooling;
   normalize?: boolean;
+  /** Embedding models: what they answer with (`dense` rows, `sparse` weights: /embed_sparse). */
+  outputs?: readonly ModelOutput[];
   /** Embedding models: false when a prompt's tokens are left out of the pooling (1_Pooling/config.json include_prompt). */
   includePrompt?: boolean;
   /** Embedding models: their prompts by name, and the one a text gets when its request names none. */
@@ -194,10 +196,10 @@ export function describeModel(m: ServedModel['plan']): ModelInfo {
     name: m.spec.name,
     task: m.spec.task,
     maxLength: m.maxLength,
-    dimension: m.spec.task === 'embed' ? m.spec.hiddenSize : m.spec.labels.length,
+    dimension: m.spec.task === 'embed' ? m.spec.dimension : m.spec.labels.length,
     labels: m.spec.labels,
     dtype: m.spec.dtype,
-    ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize, includePrompt: m.spec.includePrompt, prompts: m.spec.prompts } : {}),
+    ...(m.spec.task === 'embed' ? { pooling: m.spec.pooling, normalize: m.spec.normalize, outputs: m.spec.outputs, includePrompt: m.spec.includePrompt, prompts: m.spec.prompts } : {}),
     ...(m.spec.defaultPrompt ? { defaultPrompt: m.spec.defaultPrompt } : {}),
     sources: servedSources(m.spec, m.maxLength),
     inputs: m.spec.graphInputs,

@@ -275,7 +275,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
       { method: '/tei.v1.Rerank/Rerank', request: { query: 'a', texts: ['b'] }, metadata: [['x-model', 'tiny-embed']] },
       { method: '/tei.v1.Embed/Embed', request: { inputs: 'word '.repeat(600) } },
       { method: '/tei.v1.Embed/Embed', request: { inputs: 'x' }, metadata: [['x-priority', 'urgent-ish']] },
-      // The sparse and per-token outputs are not served yet (issue 25): a clear refusal from each.
+      // No model here gives sparse weights (test/sparse.test.ts serves SPLADE); per-token outputs are not served yet.
       { method: '/tei.v1.Embed/EmbedSparse', request: { inputs: 'x' } },
       { method: '/tei.v1.Embed/EmbedSparseStream', kind: 'stream', requests: [{ inputs: 'x' }] },
       { method: '/tei.v1.Embed/EmbedAll', request: { inputs: 'x' } },
@@ -288,12 +288,12 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
       ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
       ['INVALID_ARGUMENT', 'SLABSERVE_INPUT_TOO_LONG'],
       ['INVALID_ARGUMENT', 'SLABSERVE_INVALID_INPUT'],
-      ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
-      ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
+      ['FAILED_PRECONDITION', 'SLABSERVE_OUTPUT_UNAVAILABLE'],
+      ['FAILED_PRECONDITION', 'SLABSERVE_OUTPUT_UNAVAILABLE'],
       ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
       ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
     ]);
-    expect(replies.slice(5).map((r) => /has no (sparse|per-token) output/.exec(r.error!.details)?.[1])).toEqual(['sparse', 'sparse', 'per-token', 'per-token']);
+    expect(replies.slice(5).map((r) => /(sparse|per-token) output/.exec(r.error!.details)?.[1])).toEqual(['sparse', 'sparse', 'per-token', 'per-token']);
     // The too-long advice is one that works here: truncate: true cuts it, and the row is the cut text's.
     expect(replies[3]!.error!.details).toMatch(/truncate/);
     const cut = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'word '.repeat(600), truncate: true } });

@@ -98,6 +98,7 @@ const SERVER_TYPES = new Set<string>([
   'unavailable',
   'payload_too_large',
   'unsupported_media_type',
+  'unsupported_output',
   'method_not_allowed',
   'unauthorized',
 ]);
@@ -122,6 +123,8 @@ export function typeOfStatus(status: number): ClientErrorType {
     case 408:
     case 504:
       return 'timeout';
+    case 424:
+      return 'unsupported_output';
     case 429:
       return 'overloaded';
     case 499:

@@ -32,8 +32,8 @@ import type { ModelPlan } from '../shared/model-plan.js';
 import { admission } from '../shared/admission.js';
 import type { Cancellation } from '../shared/cancel.js';
 import { nowMs } from '../shared/clock.js';
-import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OverloadedError, ValidationError, WrongTaskError } from '../shared/errors.js';
-import { checkModelName, type Task } from '../shared/model-config.js';
+import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OutputUnavailableError, OverloadedError, ValidationError, WrongTaskError } from '../shared/errors.js';
+import { checkModelName, type ModelOutput, type Task } from '../shared/model-config.js';
 import { fillMissing, lookUp, type ResultCache } from '../shared/result-cache.js';
 import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
 import { partSizeFor, submitInParts } from './client-batches.js';
@@ -237,6 +237,24 @@ export class Infer {
     }
     const m = this.modelsOf(task)[0];
     if (!m) throw new ModelNotFoundError(`(any ${task} model)`, this.names());
+    return m;
+  }
+
+  /**
+   * The named embedding model, which must give `output`, or the first that
+   * does: a model without it is refused 424 naming what it gives (TEI's answer
+   * to /embed_sparse on a dense model).
+   */
+  resolveOutput(output: ModelOutput, route: string, name?: string): ServedModel {
+    if (name !== undefined) {
+      const m = this.resolve('embed', name);
+      if (!m.plan.spec.outputs.includes(output)) {
+        throw new OutputUnavailableError(`model "${name}" has no ${output} output for ${route}: it gives ${m.plan.spec.outputs.join(' and ')}`);
+      }
+      return m;
+    }
+    const m = this.modelsOf('embed').find((x) => x.plan.spec.outputs.includes(output));
+    if (!m) throw new OutputUnavailableError(`no model served gives a ${output} output for ${route} (served: ${this.names().join(', ') || 'none'})`);
     return m;
   }
 
@@ -668,7 +686,7 @@ export function rowOf(r: RequestRows, i: number): Float32Array {
  * each row (`normalize` false; default: the model's own setting).
  */
 export function embeddings(model: ServedModel, r: RequestRows, normalize?: boolean): Float32Array[] {
-  const dim = model.plan.spec.hiddenSize;
+  const dim = model.plan.spec.dimension;
   const keep = normalize ?? model.plan.spec.normalize;
   const out: Float32Array[] = new Array(r.rows.length / r.width);
   for (let i = 0; i < out.length; i++) {

@@ -275,3 +275,33 @@ export function float32RowsInJson(pieces: readonly string[], rows: readonly Floa
   }
   return out.subarray(0, at);
 }
+
+/**
+ * The JSON text `[[{"index":i,"value":v},...],...]` of sparse rows (TEI's
+ * /embed_sparse answer), each value the shortest decimal of its float32.
+ */
+export function sparseRowsJson(rows: readonly { indices: Uint32Array; values: Float32Array }[]): Uint8Array {
+  const HEAD = '{"index":';
+  const MID = ',"value":';
+  let bound = 2;
+  for (const r of rows) bound += 3 + r.indices.length * (HEAD.length + 10 + MID.length + MAX_FLOAT32_CHARS + 2);
+  const out = new Uint8Array(bound);
+  let at = 0;
+  out[at++] = 91;
+  for (let r = 0; r < rows.length; r++) {
+    if (r > 0) out[at++] = 44;
+    out[at++] = 91;
+    const { indices, values } = rows[r]!;
+    for (let k = 0; k < indices.length; k++) {
+      if (k > 0) out[at++] = 44;
+      at += utf8.encodeInto(HEAD, out.subarray(at)).written;
+      at += utf8.encodeInto(String(indices[k]), out.subarray(at)).written;
+      at += utf8.encodeInto(MID, out.subarray(at)).written;
+      at = writeFloat32(out, at, values[k]!);
+      out[at++] = 125; // '}'
+    }
+    out[at++] = 93;
+  }
+  out[at++] = 93;
+  return out.subarray(0, at);
+}

@@ -109,7 +109,7 @@ function outputsOf(model: ServedModel): TensorMeta[] {
   const spec = model.plan.spec;
   switch (spec.task) {
     case 'embed':
-      return [{ name: 'embedding', datatype: 'FP32', shape: [-1, spec.hiddenSize] }];
+      return [{ name: 'embedding', datatype: 'FP32', shape: [-1, spec.dimension] }];
     case 'classify':
       return [
         { name: 'probabilities', datatype: 'FP32', shape: [-1, spec.labels.length] },
@@ -314,7 +314,7 @@ export function inferOutputs(r: InferResult, call: InferCall, state: InferState)
   const B = r.rows.rows.length / r.rows.width;
   const produced = new Map<string, { shape: number[]; data: Float32Array[] }>();
   if (spec.task === 'embed') {
-    produced.set('embedding', { shape: [B, spec.hiddenSize], data: embeddings(call.model, r.rows, state.normalize) });
+    produced.set('embedding', { shape: [B, spec.dimension], data: embeddings(call.model, r.rows, state.normalize) });
   } else if (spec.task === 'classify') {
     const classes = classifications(call.model, r.rows);
     produced.set('probabilities', { shape: [B, spec.labels.length], data: classes.map((c) => c.probabilities) });

@@ -54,7 +54,7 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     const model = ec.infer.byName(body.model);
     const name = (ec.label.model = model.plan.spec.name);
     if (model.plan.spec.task !== 'embed') throw new FieldValidationError(`model "${name}" is a ${model.plan.spec.task} model, not an embedding model`, 'model');
-    const dim = model.plan.spec.hiddenSize;
+    const dim = model.plan.spec.dimension;
     if (body.dimensions !== undefined && body.dimensions > dim) throw new FieldValidationError(`dimensions ${body.dimensions} exceeds model "${name}"'s ${dim}`, 'dimensions');
     const call = prompted(
       {

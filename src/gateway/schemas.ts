@@ -61,6 +61,17 @@ export const EmbedRequest = z.strictObject({
 });
 export type EmbedRequest = z.infer<typeof EmbedRequest>;
 
+/** POST /embed_sparse: TEI's body (no normalize: SPLADE weights are served as they are). */
+export const EmbedSparseRequest = z.strictObject({
+  ...scheduling,
+  inputs,
+  truncate: z.boolean().optional(),
+  truncation_direction,
+  model: z.string().optional(),
+  ...prompts,
+});
+export type EmbedSparseRequest = z.infer<typeof EmbedSparseRequest>;
+
 /**
  * Hugging Face's text-classification parameters (its Inference API and
  * `@huggingface/inference`'s `textClassification`): how scores are made from
@@ -177,7 +188,7 @@ export type KServeInferRequest = z.infer<typeof KServeInferRequest>;
 /** serve.json's fields: what a load's `parameters.config` may set over the folder's own. */
 export const ServeSettingsSchema = z.strictObject({
   task: z.enum(TASKS as [Task, ...Task[]]).optional(),
-  pooling: z.enum(POOLINGS).optional(),
+  pooling: z.enum([...POOLINGS, 'splade']).optional(),
   normalize: z.boolean().optional(),
   maxLength: z.number().int().positive().optional(),
   defaultPromptName: z.string().optional(),

@@ -5,10 +5,11 @@
  * WebSocket ops (ws.ts) serve these same endpoints, so `/embed` over HTTP
  * and `{op: "embed"}` over /ws answer the same thing.
  */
-import { FieldValidationError, ValidationError } from '../shared/errors.js';
-import type { Task } from '../shared/model-config.js';
+import { FieldValidationError, OutputUnavailableError, ValidationError } from '../shared/errors.js';
+import type { ModelOutput, Task } from '../shared/model-config.js';
 import { floatAnswer, quantizedRowsAnswer, rowsAnswer } from './answers.js';
-import { float32RowsInJson } from './float-json.js';
+import { float32RowsInJson, sparseRowsJson } from './float-json.js';
+import { sparseEntries, sparseOf } from '../core/sparse.js';
 import {
   classifications,
   embeddings,
@@ -23,6 +24,7 @@ import {
 import {
   DecodeRequest,
   EmbedRequest,
+  EmbedSparseRequest,
   parseBody,
   PredictRequest,
   quickEmbedRequest,
@@ -36,8 +38,11 @@ import { quantizeRow, scalesTheUnitRow, type EmbeddingType } from '../core/quant
 import { similaritiesToFirst } from '../core/similarity.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from './serving.js';
 
+/** What a route runs on: a task's models, any model (null), or embedding models that give an output. */
+type Wanted = Task | null | { output: ModelOutput; route: string };
+
 /** Checks the request's size and picks its model: the path's and the body's names must agree. */
-function pickModel(ec: EndpointContext, task: Task | null, count: number, bodyModel: string | undefined): ServedModel {
+function pickModel(ec: EndpointContext, want: Wanted, count: number, bodyModel: string | undefined): ServedModel {
   if (ec.pathModel !== undefined && bodyModel !== undefined && bodyModel !== ec.pathModel) {
     throw new ValidationError(`the path names model "${ec.pathModel}" but the body names "${bodyModel}"`);
   }
@@ -45,7 +50,8 @@ function pickModel(ec: EndpointContext, task: Task | null, count: number, bodyMo
     throw new ValidationError(`${count} inputs exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`);
   }
   const name = ec.pathModel ?? bodyModel;
-  const model = task === null ? ec.infer.anyModel(name) : ec.infer.resolve(task, name);
+  const model =
+    want === null ? ec.infer.anyModel(name) : typeof want === 'string' ? ec.infer.resolve(want, name) : ec.infer.resolveOutput(want.output, want.route, name);
   ec.label.model = model.plan.spec.name;
   return model;
 }
@@ -58,10 +64,10 @@ function scheduling(ec: EndpointContext, body: { timeout?: number | undefined; p
 
 function inputsCall(
   ec: EndpointContext,
-  task: Task,
+  want: Wanted,
   body: { inputs: Inputs; truncate?: boolean | undefined; truncation_direction?: 'right' | 'left' | undefined; model?: string | undefined; timeout?: number; priority?: string },
 ) {
-  const model = pickModel(ec, task, inputCount(body.inputs), body.model);
+  const model = pickModel(ec, want, inputCount(body.inputs), body.model);
   const inputs = { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? ec.limits.truncate, direction: body.truncation_direction };
   return { model, inputs, ...scheduling(ec, body) };
 }
@@ -89,13 +95,44 @@ export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: Emb
   parse(raw, ec) {
     const body = quickEmbedRequest(raw) ?? parseBody(EmbedRequest, raw);
     const type = checkEmbeddingType(body.embedding_type, body.normalize);
-    return { call: prompted(inputsCall(ec, 'embed', body), body), state: { normalize: body.normalize, type } };
+    const call = prompted(inputsCall(ec, 'embed', body), body);
+    if (call.model.plan.spec.pooling === 'splade') checkSpladeRows(call.model, body.normalize, type);
+    return { call, state: { normalize: body.normalize, type } };
   },
   answer(r, call, state, ec) {
     const rows = embeddings(call.model, r.rows, state.normalize);
     const type = state.type;
     if (type !== 'float') return quantizedRowsAnswer(rows.map((v) => quantizeRow(v, type)));
     return ec.f32 ? rows.map((v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : rowsAnswer(rows);
+  },
+};
+
+/**
+ * A SPLADE model's /embed rows are its vocabulary-wide weights as they are:
+ * `normalize: true` is refused as TEI refuses it, and so are the quantized
+ * types, which scale a normalised row.
+ */
+function checkSpladeRows(model: ServedModel, normalize: boolean | undefined, type: EmbeddingType): void {
+  const name = model.plan.spec.name;
+  if (normalize === true) throw new OutputUnavailableError(`\`normalize\` is not available for SPLADE models ("${name}"): its rows are token weights`);
+  if (type !== 'float') throw new OutputUnavailableError(`embedding_type "${type}" is not available for SPLADE models ("${name}"): only float rows`);
+}
+
+/**
+ * POST /embed_sparse `{inputs, truncate?, truncation_direction?, prompt_name?, model?}` ->
+ * per input its non-zero weights `[{index, value}]`, ids ascending (TEI's route).
+ * A model without a sparse output (SPLADE's) is 424; with no model named, the first that has one.
+ */
+export const embedSparseEndpoint: Endpoint<null> = {
+  route: '/embed_sparse',
+  task: 'embed',
+  parse(raw, ec) {
+    const body = parseBody(EmbedSparseRequest, raw);
+    return { call: prompted(inputsCall(ec, { output: 'sparse', route: '/embed_sparse' }, body), body), state: null };
+  },
+  answer(r, call) {
+    const rows = embeddings(call.model, r.rows, false).map(sparseOf);
+    return floatAnswer(() => rows.map(sparseEntries), () => sparseRowsJson(rows));
   },
 };
 
@@ -308,6 +345,7 @@ export const decodeEndpoint: LocalEndpoint = {
 /** The WebSocket ops that run the model, by name. */
 export const TEI_ENDPOINTS: ReadonlyMap<string, Endpoint<never>> = new Map<string, Endpoint<never>>([
   ['embed', embedEndpoint as Endpoint<never>],
+  ['embed_sparse', embedSparseEndpoint as Endpoint<never>],
   ['predict', predictEndpoint as Endpoint<never>],
   ['rerank', rerankEndpoint as Endpoint<never>],
   ['similarity', similarityEndpoint as Endpoint<never>],

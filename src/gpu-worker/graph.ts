@@ -6,7 +6,9 @@
  *   embed:    last_hidden_state -> pooling (the model's mode: cls, mean, max,
  *             mean_sqrt_len, weightedmean, lasttoken) -> L2 norm
  *             outputs `slabserve_embedding` [B, H] (normalised) and
- *             `slabserve_norm` [B, 1]; a model that pools without its
+ *             `slabserve_norm` [B, 1]; SPLADE: logits [B,T,V] ->
+ *             log(1 + relu) -> max or sum over the real tokens, [B, V], then
+ *             the same norm (so `normalize: false` rows are the weights); a model that pools without its
  *             prompt (include_prompt false) takes one more input,
  *             `slabserve_pooling_mask` [B, T]: the attention mask with the
  *             prompt's tokens off
@@ -18,7 +20,7 @@
  * It works on any Hugging Face BERT-style export (optimum or torch.onnx) whose
  * outputs are `last_hidden_state` or `logits`, and on ours from `npm run models`.
  */
-import type { ModelSpec, Pooling } from '../shared/model-config.js';
+import type { ModelSpec, Pooling, SpladeSettings } from '../shared/model-config.js';
 import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/onnx-graph.js';
 
 export interface PreparedModel {
@@ -62,19 +64,21 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
   const hasPoolingMask = spec.task === 'embed' && !spec.includePrompt && spec.pooling !== 'cls';
 
   if (spec.task === 'embed') {
-    const hidden = asFloat(b, graph, findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec));
     const poolingMask = hasPoolingMask ? b.addInput(POOLING_MASK, inputType, ['batch_size', 'sequence_length']) : 'attention_mask';
-    const pooled = pool(b, hidden, spec.pooling, opset, poolingMask);
+    const pooled =
+      spec.pooling === 'splade'
+        ? spladePool(b, asFloat(b, graph, findOutput(outputNames, ['logits'], spec)), spec.splade!, opset, poolingMask)
+        : pool(b, asFloat(b, graph, findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec)), spec.pooling, opset, poolingMask);
     // L2 normalisation, with the norm kept so the caller can undo it.
     const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [pooled, pooled]), axes(b, 1)], { keepdims: 1 })]);
     const safeNorm = b.op('Max', [norm, scalar(b, 'slabserve_eps_norm', 1e-12)]);
     b.node('Div', [pooled, safeNorm], undefined, ['slabserve_embedding']);
     b.node('Identity', [norm], undefined, ['slabserve_norm']);
     for (const name of outputNames) b.removeOutput(name);
-    b.addOutput('slabserve_embedding', 'float', ['batch_size', spec.hiddenSize]);
+    b.addOutput('slabserve_embedding', 'float', ['batch_size', spec.dimension]);
     b.addOutput('slabserve_norm', 'float', ['batch_size', 1]);
     outputs = [
-      { name: 'slabserve_embedding', width: spec.hiddenSize },
+      { name: 'slabserve_embedding', width: spec.dimension },
       { name: 'slabserve_norm', width: 1 },
     ];
   } else if (spec.task === 'rerank') {
@@ -195,6 +199,21 @@ function pool(b: GraphBuilder, hidden: string, mode: Pooling, opset: number, mas
       return sumOver(b.op('Mul', [hidden, isLast]));
     }
   }
+}
+
+/**
+ * SPLADE's row per input from the masked-LM logits [B,T,V], as
+ * sentence-transformers' SpladePooling computes it: the logits times the mask,
+ * relu, log1p (twice for log1p_relu), then max or sum over T. Padding gives
+ * log1p(relu(0)) = 0, which neither a max of values >= 0 nor a sum changes.
+ */
+function spladePool(b: GraphBuilder, logits: string, s: SpladeSettings, opset: number, maskInput: string): string {
+  const mask = b.op('Unsqueeze', [b.op('Cast', [maskInput], { to: onnx.TensorProto.DataType.FLOAT }), axes(b, 2)]); // [B,T,1]
+  const log1p = (x: string) => b.op('Log', [b.op('Add', [x, scalar(b, 'slabserve_one', 1)])]);
+  let weights = log1p(b.op('Relu', [b.op('Mul', [logits, mask])]));
+  if (s.activation === 'log1p_relu') weights = log1p(weights);
+  if (s.strategy === 'sum') return b.op('ReduceSum', [weights, axes(b, 1)], { keepdims: 0 });
+  return opset >= 18 ? b.op('ReduceMax', [weights, axes(b, 1)], { keepdims: 0 }) : b.op('ReduceMax', [weights], { axes: [1], keepdims: 0 });
 }
 
 /** The running count of the mask along each row, [B,T,1]: 1, 2, ... n over the real tokens. */

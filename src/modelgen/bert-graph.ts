@@ -28,7 +28,12 @@
 import { GraphBuilder, encodeModel, makeModel, onnx } from '../shared/onnx-graph.js';
 import { Rng } from './rng.js';
 
-export type BertTask = 'embed' | 'classify';
+/**
+ * embed: last_hidden_state (BertModel); classify: pooler + classifier logits
+ * (ForSequenceClassification); mlm: a masked-LM head's logits over the
+ * vocabulary per token (ForMaskedLM, what SPLADE models are).
+ */
+export type BertTask = 'embed' | 'classify' | 'mlm';
 
 export interface BertSpec {
   layers: number;
@@ -157,7 +162,7 @@ export function validateBertSpec(spec: BertSpec): void {
     if (!spec.numLabels || !Number.isSafeInteger(spec.numLabels) || spec.numLabels < 1) {
       throw new RangeError('task "classify" needs numLabels >= 1');
     }
-  } else if (spec.task !== 'embed') {
+  } else if (spec.task !== 'embed' && spec.task !== 'mlm') {
     throw new RangeError(`unknown task "${String(spec.task)}"`);
   }
   if (!Number.isSafeInteger(spec.seed)) throw new RangeError('seed must be an integer');
@@ -183,7 +188,7 @@ class BertParts {
     this.init = { ...DEFAULT_INIT, ...spec.init };
     this.eps = spec.layerNormEps ?? 1e-12;
     this.root = new Rng(spec.seed);
-    this.b = new GraphBuilder(spec.task === 'classify' ? 'bert_for_sequence_classification' : 'bert_model');
+    this.b = new GraphBuilder(spec.task === 'classify' ? 'bert_for_sequence_classification' : spec.task === 'mlm' ? 'bert_for_masked_lm' : 'bert_model');
     this.c = sharedConstants(this.b, spec);
   }
 
@@ -321,13 +326,34 @@ function encoderLayer(g: BertParts, l: number, x: string, bias: string): string 
   });
 }
 
-/** The outputs: last_hidden_state (embed), or pooler + classifier logits (classify). */
+/**
+ * Mean of the masked-LM head's decoder bias: a logit is about N(this, 1), so
+ * log(1 + relu(logit)) is non-zero for about 1 in 2000 vocabulary entries per
+ * token, and a SPLADE row of a short text has tens of non-zeros, as a trained
+ * SPLADE model's does, not half the vocabulary.
+ */
+const MLM_BIAS_MEAN = -3.3;
+
+/** The outputs: last_hidden_state (embed), pooler + classifier logits (classify), or the masked-LM logits (mlm). */
 function addHead(g: BertParts, x: string): void {
   const { b, spec, init, c } = g;
   const H = spec.hidden;
   if (spec.task === 'embed') {
     b.node('Identity', [x], undefined, ['last_hidden_state']);
     b.addOutput('last_hidden_state', 'float', [BATCH_DIM, SEQUENCE_DIM, H]);
+    return;
+  }
+  if (spec.task === 'mlm') {
+    // BertOnlyMLMHead: transform (dense, GELU, LayerNorm), then the decoder over the vocabulary.
+    b.scoped('cls', () => {
+      const h = g.dense(x, 'cls.predictions.transform.dense', H, H, init.denseGain);
+      const gelu = b.op('Mul', [b.op('Mul', [h, c.half]), b.op('Add', [c.oneF, b.op('Erf', [b.op('Div', [h, c.sqrt2])])])]);
+      const t = g.layerNorm(gelu, 'cls.predictions.transform.LayerNorm');
+      const w = g.normal('cls.predictions.decoder.weight', [H, spec.vocabSize], 1 / Math.sqrt(H));
+      const bias = g.normal('cls.predictions.bias', [spec.vocabSize], 0.3, MLM_BIAS_MEAN);
+      b.node('Add', [b.op('MatMul', [t, w]), bias], undefined, ['logits']);
+    });
+    b.addOutput('logits', 'float', [BATCH_DIM, SEQUENCE_DIM, spec.vocabSize]);
     return;
   }
   const pooled = b.scoped('pooler', () => {

@@ -64,6 +64,8 @@ export interface Preset {
    * serve.json: their pooling, max_seq_length and prompts (bge's, MiniLM's layouts).
    */
   sentenceTransformers?: SentenceTransformersLayout;
+  /** A masked-LM preset written as a sentence-transformers SparseEncoder folder (MLMTransformer, SpladePooling): SPLADE. */
+  sparseEncoder?: { poolingStrategy: 'max' | 'sum' };
   serve: ServeJson;
   /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
@@ -134,6 +136,15 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     serve: { task: 'embed' },
     sentenceTransformers: { pooling: 'cls', maxSeqLength: 512, prompts: { query: 'Represent this sentence for searching relevant passages: ' } },
   },
+  'tiny-splade': {
+    name: 'tiny-splade',
+    description:
+      'SPLADE layout (naver/splade-v3): BERT WordPiece with its masked-LM head (BertForMaskedLM), a sentence-transformers SparseEncoder folder ' +
+      '(MLMTransformer, SpladePooling max over log(1 + relu(logits)), max_seq_length 512)',
+    spec: { ...encoder(2, 128, 2, 512), task: 'mlm', seed: 20_012 },
+    serve: { task: 'embed' },
+    sparseEncoder: { poolingStrategy: 'max' },
+  },
   'tiny-minilm': {
     name: 'tiny-minilm',
     description: 'all-MiniLM-L6-v2 layout: BERT WordPiece, a sentence-transformers folder with mean pooling, Normalize, max_seq_length 256',
@@ -203,7 +214,7 @@ export function buildConfigJson(preset: Preset): Record<string, unknown> {
   const classify = s.task === 'classify';
   const config: Record<string, unknown> = {
     _name_or_path: `slabserve/${preset.name}`,
-    architectures: [classify ? 'BertForSequenceClassification' : 'BertModel'],
+    architectures: [classify ? 'BertForSequenceClassification' : s.task === 'mlm' ? 'BertForMaskedLM' : 'BertModel'],
     attention_probs_dropout_prob: 0.1,
     classifier_dropout: null,
     gradient_checkpointing: false,
@@ -370,6 +381,18 @@ function sentenceTransformersFiles(hidden: number, st: SentenceTransformersLayou
   };
 }
 
+/** A sentence-transformers SparseEncoder folder's own files (SPLADE): MLMTransformer, then SpladePooling. */
+function sparseEncoderFiles(s: BertSpec, poolingStrategy: 'max' | 'sum'): Record<string, string> {
+  const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
+  const module = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.sparse_encoder.models.${kind}` });
+  return {
+    'modules.json': json([module('MLMTransformer', 0, ''), module('SpladePooling', 1, '1_SpladePooling')]),
+    '1_SpladePooling/config.json': json({ pooling_strategy: poolingStrategy, activation_function: 'relu', word_embedding_dimension: s.vocabSize }),
+    'sentence_bert_config.json': json({ max_seq_length: s.maxPositions, do_lower_case: false }),
+    'config_sentence_transformers.json': json({ model_type: 'SparseEncoder', prompts: { query: '', document: '' }, default_prompt_name: null, similarity_fn_name: 'dot' }),
+  };
+}
+
 /** A ModernBertConfig: its special ids are the tokenizer's, after the pieces. */
 function modernbertConfigJson(name: string, s: BertSpec): Record<string, unknown> {
   const id = (t: (typeof MODERNBERT_SPECIALS)[number]) => s.vocabSize - MODERNBERT_SPECIALS.length + MODERNBERT_SPECIALS.indexOf(t);
@@ -452,6 +475,7 @@ export function buildPresetFiles(name: string): PresetFiles {
     'tokenizer_config.json': JSON.stringify(buildTokenizerConfigJson(), null, 2) + '\n',
   };
   if (preset.sentenceTransformers) return { ...bert, ...sentenceTransformersFiles(spec.hidden, preset.sentenceTransformers) };
+  if (preset.sparseEncoder) return { ...bert, ...sparseEncoderFiles(spec, preset.sparseEncoder.poolingStrategy) };
   return { ...bert, 'serve.json': JSON.stringify(preset.serve, null, 2) + '\n' };
 }
 

@@ -19,4 +19,5 @@ export const STATUS_OF_TYPE: Readonly<Record<ErrorType, number>> = {
   cancelled: 499,
   backend: 500,
   unavailable: 503,
+  unsupported_output: 424,
 };

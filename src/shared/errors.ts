@@ -16,7 +16,8 @@ export type ErrorType =
   | 'payload_too_large' // HTTP body (413), URL (414) or request head (431) over its limit
   | 'unsupported_media_type' // HTTP body neither JSON nor msgpack: 415
   | 'method_not_allowed' // HTTP method not served on that path: 405
-  | 'unauthorized'; // no API key, or not a valid one: 401
+  | 'unauthorized' // no API key, or not a valid one: 401
+  | 'unsupported_output'; // an output the model does not give (sparse of a dense model, per-token of SPLADE): 424, as TEI
 
 export class SlabserveError extends Error {
   readonly code: string;
@@ -40,6 +41,17 @@ export class ValidationError extends SlabserveError {
  * invalid input has (clients match on it), but gRPC's FAILED_PRECONDITION, as TEI answers it.
  */
 export class WrongTaskError extends ValidationError {}
+
+/**
+ * An output the model cannot give: sparse weights of a model without a sparse
+ * head, token vectors of a SPLADE model, `normalize` of SPLADE weights. 424 as
+ * text-embeddings-inference answers it; gRPC FAILED_PRECONDITION.
+ */
+export class OutputUnavailableError extends SlabserveError {
+  constructor(message: string) {
+    super(message, 'SLABSERVE_OUTPUT_UNAVAILABLE', 'unsupported_output');
+  }
+}
 
 /** A ValidationError that names the (first) offending top-level field: OpenAI's `param`. */
 export class FieldValidationError extends ValidationError {

@@ -3,9 +3,11 @@
  * is to be served, read as sentence-transformers and text-embeddings-inference
  * read it:
  *
- *   modules.json                  the module chain: Transformer, Pooling, Normalize (Dense and
- *                                 others change the vectors and are refused)
- *   <pooling>/config.json         the pooling mode (1_Pooling/config.json in every export seen)
+ *   modules.json                  the module chain: Transformer, Pooling, Normalize, or a
+ *                                 SparseEncoder's MLMTransformer and SpladePooling (SPLADE);
+ *                                 modules that change the vectors otherwise are refused
+ *   <pooling>/config.json         the pooling mode (1_Pooling/config.json in every export seen),
+ *                                 or SpladePooling's strategy and activation
  *   sentence_bert_config.json     max_seq_length, do_lower_case (texts lowercased before the tokenizer)
  *   config.json                   model_type, max_position_embeddings, pad_token_id
  *   tokenizer_config.json         model_max_length
@@ -22,6 +24,16 @@ import { join } from 'node:path';
 export const POOLINGS = ['cls', 'mean', 'max', 'mean_sqrt_len', 'weightedmean', 'lasttoken'] as const;
 export type Pooling = (typeof POOLINGS)[number];
 
+/**
+ * SPLADE's pooling (sentence-transformers' SpladePooling): per vocabulary
+ * entry, log(1 + relu(logit)) (twice log1p with `log1p_relu`) over the real
+ * tokens, by max or sum.
+ */
+export interface SpladeSettings {
+  strategy: 'max' | 'sum';
+  activation: 'relu' | 'log1p_relu';
+}
+
 /** A value and the file (or 'default') it came from. */
 export interface Sourced<T> {
   value: T;
@@ -31,6 +43,8 @@ export interface Sourced<T> {
 export interface FolderSettings {
   /** From the Pooling module's config.json; absent when the folder has none. */
   pooling?: Sourced<Pooling>;
+  /** A SparseEncoder folder's SpladePooling (its config.json); absent otherwise. */
+  splade?: Sourced<SpladeSettings>;
   /** Whether modules.json ends in a Normalize module; absent without modules.json. */
   normalize?: Sourced<boolean>;
   /** sentence_bert_config.json's max_seq_length. */
@@ -97,6 +111,8 @@ export function readFolderSettings(dir: string, config: HfConfigFields, tokenize
   }
   readPrompts(dir, settings);
   if (modules) settings.normalize = { value: modules.some((m) => moduleKind(m) === 'Normalize'), source: 'modules.json' };
+  const spladeModule = modules?.find((m) => moduleKind(m) === 'SpladePooling');
+  if (spladeModule) settings.splade = readSplade(dir, spladeModule.path ?? '1_SpladePooling');
 
   const sbert = readOptional<{ max_seq_length?: unknown; do_lower_case?: unknown }>(dir, 'sentence_bert_config.json');
   if (sbert?.max_seq_length !== undefined) {
@@ -137,19 +153,36 @@ function moduleKind(m: StModule): string {
   return String(m.type ?? '').split('.').pop() ?? '';
 }
 
-/** Modules that leave the vectors as the Transformer, Pooling and Normalize modules make them. */
-const SERVED_MODULES = new Set(['Transformer', 'Pooling', 'Normalize']);
+/** Module chains served: a SentenceTransformer's, and a SparseEncoder's (SPLADE). */
+const DENSE_MODULES = new Set(['Transformer', 'Pooling', 'Normalize']);
+const SPARSE_MODULES = new Set(['MLMTransformer', 'SpladePooling']);
 
 function checkModules(dir: string, modules: StModule[]): void {
+  const sparse = modules.some((m) => SPARSE_MODULES.has(moduleKind(m)));
+  const served = sparse ? SPARSE_MODULES : DENSE_MODULES;
   for (const m of modules) {
     const kind = moduleKind(m);
-    if (!SERVED_MODULES.has(kind)) {
+    if (!served.has(kind)) {
       throw new Error(
         `${join(dir, 'modules.json')}: module ${m.path ?? m.name ?? '?'} (${m.type ?? 'no type'}) is not supported: ` +
-          `slabserve serves Transformer, Pooling and Normalize modules only, and the vectors would not be the model's without it`,
+          `slabserve serves Transformer, Pooling and Normalize modules, or MLMTransformer then SpladePooling, and the vectors would not be the model's without it`,
       );
     }
   }
+  if (sparse && !(modules.some((m) => moduleKind(m) === 'MLMTransformer') && modules.some((m) => moduleKind(m) === 'SpladePooling'))) {
+    throw new Error(`${join(dir, 'modules.json')}: a SparseEncoder folder needs both MLMTransformer and SpladePooling`);
+  }
+}
+
+/** SpladePooling's config.json (its defaults where a key is missing, as sentence-transformers has them). */
+function readSplade(dir: string, path: string): Sourced<SpladeSettings> {
+  const file = `${path ? `${path}/` : ''}config.json`;
+  const config = readOptional<{ pooling_strategy?: unknown; activation_function?: unknown }>(dir, file) ?? {};
+  const strategy = config.pooling_strategy ?? 'max';
+  const activation = config.activation_function ?? 'relu';
+  if (strategy !== 'max' && strategy !== 'sum') throw new Error(`${join(dir, file)}: pooling_strategy must be "max" or "sum", got ${String(strategy)}`);
+  if (activation !== 'relu' && activation !== 'log1p_relu') throw new Error(`${join(dir, file)}: activation_function must be "relu" or "log1p_relu", got ${String(activation)}`);
+  return { value: { strategy, activation }, source: file };
 }
 
 /** The one pooling mode a sentence-transformers Pooling config turns on. */

@@ -29,9 +29,19 @@ import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { InvalidModelNameError } from './errors.js';
 import { onnxInputNames } from './onnx-inputs.js';
-import { POOLINGS, readFolderSettings, readJsonFile, type FolderSettings, type Pooling, type Sourced } from './hf-folder.js';
+import { POOLINGS, readFolderSettings, readJsonFile, type FolderSettings, type Pooling, type Sourced, type SpladeSettings } from './hf-folder.js';
 
-export { POOLINGS, type Pooling } from './hf-folder.js';
+export { POOLINGS, type Pooling, type SpladeSettings } from './hf-folder.js';
+
+/**
+ * What an embedding model can answer with: `dense` pooled rows (/embed),
+ * `sparse` weights by token id (/embed_sparse: SPLADE). A classifier or
+ * reranker has none of these.
+ */
+export type ModelOutput = 'dense' | 'sparse';
+
+/** How an embedding model's rows are made: one of sentence-transformers' poolings of the token states, or SPLADE's of the masked-LM logits. */
+export type ServedPooling = Pooling | 'splade';
 
 export type Task = 'embed' | 'classify' | 'rerank';
 export const TASKS: readonly Task[] = ['embed', 'classify', 'rerank'];
@@ -79,8 +89,17 @@ export interface ModelSpec {
   dtype: Exclude<Dtype, 'auto'>;
   tokenizerPath: string;
   task: Task;
-  /** embed only: how token states become one vector. */
-  pooling: Pooling;
+  /** embed only: how token states become one vector ('splade': the masked-LM logits, as {@link splade} says). */
+  pooling: ServedPooling;
+  /** pooling 'splade' only: SpladePooling's strategy and activation. */
+  splade?: SpladeSettings;
+  /**
+   * Floats in an embedding row: the hidden size, or for SPLADE the vocabulary
+   * (the row is a weight per token id). classify and rerank: the hidden size.
+   */
+  dimension: number;
+  /** The outputs it serves (embed only; empty for classify and rerank). */
+  outputs: readonly ModelOutput[];
   /** embed only: whether results are L2-normalised unless the caller says otherwise. */
   normalize: boolean;
   /** Longest input in tokens, [CLS] and [SEP] included. */
@@ -143,12 +162,14 @@ interface HfConfig {
   id2label?: Record<string, string>;
   num_labels?: number;
   type_vocab_size?: number;
+  vocab_size?: number;
 }
 
 /** serve.json: what a folder may say about how it is served (a load's parameters.config says the same, over it). */
 export interface ServeSettings {
   task?: Task;
-  pooling?: Pooling;
+  /** 'splade' too, for a ForMaskedLM graph whose folder is no SparseEncoder (TEI's --pooling splade). */
+  pooling?: ServedPooling;
   normalize?: boolean;
   maxLength?: number;
   defaultPromptName?: string;
@@ -176,12 +197,19 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   if (!Number.isInteger(hiddenSize) || hiddenSize! < 1) throw new Error(`model ${name}: config.json lacks hidden_size (or DistilBERT's dim)`);
 
   const warnings: string[] = [];
-  const pooling = first<Pooling>(sourced(overrides.pooling, 'flag'), sourced(serve.pooling, 'serve.json'), folder.pooling) ?? { value: 'mean', source: 'default' };
-  if (!POOLINGS.includes(pooling.value)) throw new Error(`model ${name}: unknown pooling "${String(pooling.value)}" (${pooling.source}); expected one of ${POOLINGS.join(', ')}`);
+  const folderPooling = folder.splade ? { value: 'splade' as const, source: folder.splade.source } : folder.pooling;
+  const pooling = first<ServedPooling>(sourced(overrides.pooling, 'flag'), sourced(serve.pooling, 'serve.json'), folderPooling) ?? { value: 'mean', source: 'default' };
+  if (!POOLINGS.includes(pooling.value as Pooling) && pooling.value !== 'splade') {
+    throw new Error(`model ${name}: unknown pooling "${String(pooling.value)}" (${pooling.source}); expected one of ${POOLINGS.join(', ')} or splade`);
+  }
+  const splade = task === 'embed' && pooling.value === 'splade' ? spladeOf(name, config, folder) : undefined;
   if (task === 'embed' && pooling.source === 'default') {
     warnings.push(`model ${name}: the folder names no pooling (no 1_Pooling/config.json): mean pooling; --pooling or serve.json to choose`);
   }
-  const normalize = first<boolean>(sourced(serve.normalize, 'serve.json'), folder.normalize) ?? { value: true, source: 'default' };
+  // SPLADE weights are served as they are (TEI refuses normalize for them): no Normalize module follows SpladePooling.
+  const normalize = first<boolean>(sourced(serve.normalize, 'serve.json'), folder.normalize) ?? (splade ? { value: false, source: 'splade' } : { value: true, source: 'default' });
+  if (splade && normalize.value) throw new Error(`model ${name}: SPLADE weights are not normalised (normalize true from ${normalize.source})`);
+  const dimension = splade ? config.vocab_size! : hiddenSize!;
   const maxLength = inputLimit(name, folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
   const defaultPrompt = task === 'embed' ? chooseDefaultPrompt(name, folder, overrides, serve) : undefined;
 
@@ -204,6 +232,9 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     tokenizerPath,
     task,
     pooling: pooling.value,
+    ...(splade ? { splade } : {}),
+    dimension,
+    outputs: task !== 'embed' ? [] : splade ? ['dense', 'sparse'] : ['dense'],
     normalize: normalize.value,
     maxLength: maxLength.value,
     hiddenSize: hiddenSize!,
@@ -223,8 +254,21 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
       ...(defaultPrompt ? { defaultPrompt: defaultPrompt.source } : {}),
     },
     warnings,
-    outputWidth: task === 'embed' ? hiddenSize! + 1 : 2 * labels.length,
+    outputWidth: task === 'embed' ? dimension + 1 : 2 * labels.length,
   };
+}
+
+/**
+ * SPLADE's settings: the folder's SpladePooling, or max over log(1 + relu) where
+ * serve.json asked for it. The graph must be a masked-LM's (TEI's check: its
+ * logits are per vocabulary entry), and config.json must say the vocabulary's size.
+ */
+function spladeOf(name: string, config: HfConfig, folder: FolderSettings): SpladeSettings {
+  if (!(config.architectures ?? []).some((a) => a.endsWith('ForMaskedLM'))) {
+    throw new Error(`model ${name}: SPLADE pooling needs a ForMaskedLM model (config.json architectures: ${(config.architectures ?? []).join(', ') || 'none'})`);
+  }
+  if (!Number.isInteger(config.vocab_size) || config.vocab_size! < 1) throw new Error(`model ${name}: config.json lacks vocab_size, which SPLADE rows are as wide as`);
+  return folder.splade?.value ?? { strategy: 'max', activation: 'relu' };
 }
 
 /**

@@ -23,6 +23,7 @@ export const GRPC_CODE_OF_TYPE: Readonly<Record<ErrorType, Status>> = {
   cancelled: Status.CANCELLED,
   backend: Status.INTERNAL,
   unavailable: Status.UNAVAILABLE, // 503
+  unsupported_output: Status.FAILED_PRECONDITION, // 424, as TEI's gRPC answers a missing output
 };
 
 /** `err` as the status a call ends with: code, message and trailing metadata. */

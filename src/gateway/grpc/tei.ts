@@ -8,15 +8,17 @@
  * absent means the model's own setting, and a model of another task answers
  * FAILED_PRECONDITION (status.ts).
  *
- * EmbedSparse and EmbedAll (and their streams) answer FAILED_PRECONDITION
- * naming what the model gives: the server has no sparse or per-token output yet.
+ * EmbedSparse is /embed_sparse (a model without a sparse output: FAILED_PRECONDITION,
+ * as its 424). EmbedAll (and its stream) answers FAILED_PRECONDITION naming what
+ * the model gives: the server has no per-token output yet.
  */
 import { classifications, embeddings, type InferResult, type ServedModel } from '../../core/infer.js';
 import { ValidationError, WrongTaskError } from '../../shared/errors.js';
 import type { Task } from '../../shared/model-config.js';
 import { shorten } from '../routes-openai.js';
 import type { Endpoint } from '../serving.js';
-import { decodeEndpoint, embedEndpoint, labelScores, predictEndpoint, rerankEndpoint, tokenizeEndpoint } from '../tei.js';
+import { sparseEntries, sparseOf } from '../../core/sparse.js';
+import { decodeEndpoint, embedEndpoint, embedSparseEndpoint, labelScores, predictEndpoint, rerankEndpoint, tokenizeEndpoint } from '../tei.js';
 import {
   gatheredInference,
   localEndpoint,
@@ -81,7 +83,7 @@ const embed: InferenceMethod<EmbedMessage, EmbedState> = {
     parse(raw, ec) {
       const { dimensions, ...body } = raw as EmbedMessage & { model?: string };
       const { call, state } = embedEndpoint.parse(body, ec);
-      const dim = call.model.plan.spec.hiddenSize;
+      const dim = call.model.plan.spec.dimension;
       if (dimensions !== undefined && (dimensions < 1 || dimensions > dim)) throw new ValidationError(`dimensions ${dimensions}: model "${call.model.plan.spec.name}" gives 1 to ${dim}`);
       return { call, state: { normalize: state.normalize, dimensions, chars: body.inputs.length, started: performance.now() } };
     },
@@ -101,7 +103,36 @@ const embed: InferenceMethod<EmbedMessage, EmbedState> = {
   }),
 };
 
-/** EmbedSparse and EmbedAll: the outputs the server does not have yet, refused by the model's task. */
+interface SparseMessage {
+  inputs: string;
+  truncate?: boolean;
+  truncation_direction?: unknown;
+  prompt_name?: string;
+}
+
+/** EmbedSparse: /embed_sparse's parse, the one input's non-zero weights as `sparse_embeddings`. */
+const embedSparse: InferenceMethod<SparseMessage, { chars: number; started: number }> = {
+  endpoint: {
+    route: '/tei.v1.Embed/EmbedSparse',
+    task: 'embed',
+    parse(raw, ec) {
+      const { call } = embedSparseEndpoint.parse(raw, ec);
+      return { call, state: { chars: (raw as SparseMessage).inputs.length, started: performance.now() } };
+    },
+    answer(r, call, s) {
+      const row = sparseOf(embeddings(call.model, r.rows, false)[0]!);
+      return { sparse_embeddings: sparseEntries(row), metadata: timings(r, s.chars, s.started) };
+    },
+  },
+  body: (req, scope) => ({
+    inputs: req.inputs,
+    ...common(req, scope),
+    ...directionField(req),
+    ...(req.prompt_name !== undefined ? { prompt_name: req.prompt_name } : {}),
+  }),
+};
+
+/** EmbedAll: the output the server does not have yet, refused by the model's task. */
 function unavailableOutput(route: string, what: string): InferenceMethod<{ inputs: string }, null> {
   return {
     endpoint: {
@@ -283,15 +314,14 @@ function info(deps: GrpcDeps, version: string, tokenizationWorkers: number) {
 
 /** The services of tei.v1, by service name, each a handler per method. */
 export function teiServices(deps: GrpcDeps, version: string, tokenizationWorkers: number) {
-  const sparse = unavailableOutput('/tei.v1.Embed/EmbedSparse', 'sparse');
   const all = unavailableOutput('/tei.v1.Embed/EmbedAll', 'per-token');
   return {
     Info: { Info: unaryLocal(deps, '/tei.v1.Info/Info', info(deps, version, tokenizationWorkers)) },
     Embed: {
       Embed: unaryInference(deps, '/tei.v1.Embed/Embed', embed),
       EmbedStream: streamInference(deps, '/tei.v1.Embed/EmbedStream', embed),
-      EmbedSparse: unaryInference(deps, '/tei.v1.Embed/EmbedSparse', sparse),
-      EmbedSparseStream: streamInference(deps, '/tei.v1.Embed/EmbedSparseStream', sparse),
+      EmbedSparse: unaryInference(deps, '/tei.v1.Embed/EmbedSparse', embedSparse),
+      EmbedSparseStream: streamInference(deps, '/tei.v1.Embed/EmbedSparseStream', embedSparse),
       EmbedAll: unaryInference(deps, '/tei.v1.Embed/EmbedAll', all),
       EmbedAllStream: streamInference(deps, '/tei.v1.Embed/EmbedAllStream', all),
     },
