@@ -18,7 +18,7 @@ import { checkDevice, cudaMissing, parseDevice, type DeviceInfo } from './gpu-wo
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
-import { bucketPlans, loadModels, packageRoot, planModel } from './model-plans.js';
+import { bucketPlans, loadModels, packageRoot, planModel, TOKEN_OUTPUT_MB } from './model-plans.js';
 import { ModelRepository, type IndexEntry } from './model-repository.js';
 import { OwnerModels } from './core/owner-models.js';
 import { ModelSet } from './model-set.js';
@@ -66,6 +66,8 @@ export interface EngineOptions extends ModelOptions {
   maxInflightBatches?: number;
   /** Request slots per model: how many requests may be queued or running at once. Default 1024. */
   slotsPerModel?: number;
+  /** MiB of token vectors per model that has them (embedAll): its token area. Default 32. */
+  tokenOutputMb?: number;
   /** Deadline of a request that names none, ms. Default 30000. */
   requestTimeoutMs?: number;
   /** onnxruntime intra-op threads; 0 (default): every core, asleep between runs (src/gpu-worker/runner.ts). */
@@ -101,6 +103,7 @@ export const ENGINE_DEFAULTS = {
   device: 'auto',
   maxInflightBatches: 1,
   slotsPerModel: 1024,
+  tokenOutputMb: TOKEN_OUTPUT_MB,
   requestTimeoutMs: 30_000,
   intraOpThreads: 0,
   intraOpNice: 10,
@@ -157,6 +160,8 @@ export interface ModelInfo {
 
 export interface ModelStats {
   slotsInUse: number;
+  /** Pages of the token area taken (requests for token vectors in flight: /embed_all). */
+  tokenPagesInUse: number;
   queued: number;
   batches: number;
   rows: number;
@@ -212,6 +217,7 @@ export function slabStats(slab: Slab): ModelStats {
   const c = slab.counters;
   return {
     slotsInUse: slab.slotsInUse(),
+    tokenPagesInUse: slab.tokenPagesInUse(),
     queued: c[Counter.QUEUED]!,
     batches: c[Counter.BATCHES]!,
     rows: c[Counter.ROWS]!,
@@ -368,6 +374,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     overrides: modelOverrides(options),
     warn: log,
     slotsPerModel: options.slotsPerModel ?? ENGINE_DEFAULTS.slotsPerModel,
+    tokenOutputMb: options.tokenOutputMb ?? ENGINE_DEFAULTS.tokenOutputMb,
     owners,
   };
   const plans = loadModels({

@@ -26,9 +26,18 @@ export interface LoadModelsOptions {
   warn?: (line: string) => void;
   batching?: Partial<BatchingOptions>;
   slotsPerModel: number;
+  /** MiB of token vectors per model with them (/embed_all): its token area, a page per input in flight. Default {@link TOKEN_OUTPUT_MB}. */
+  tokenOutputMb?: number;
   /** Threads that submit requests (each gets its own completion queue). */
   owners: number;
 }
+
+/**
+ * MiB of a model's token area by default (--token-output-mb): 128 inputs of
+ * 512 tokens of 128 floats, or 21 of bert-base's 512 x 768. Its private copy on
+ * the inference thread doubles it.
+ */
+export const TOKEN_OUTPUT_MB = 32;
 
 export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
   const modelsDir = resolve(opts.modelsDir ?? join(packageRoot, 'models'));
@@ -53,14 +62,26 @@ export function planModel(
   index: number,
   opts: Omit<LoadModelsOptions, 'modelsDir' | 'models'> & { serve?: ServeSettings; reuse?: (bytes: number) => SharedArrayBuffer | undefined },
 ): ModelPlan {
-  const spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve);
+  let spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve);
   for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
   const batching = resolveBatching(spec, opts.batching);
   const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
-  const layout = { slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners };
+  const tokenPages = tokenPagesOf(spec.tokenWidth, maxLength, opts.slotsPerModel, opts.tokenOutputMb ?? TOKEN_OUTPUT_MB);
+  if (spec.tokenWidth > 0 && tokenPages === 0) {
+    const mb = (maxLength * spec.tokenWidth * 4) / 2 ** 20;
+    opts.warn?.(`slabserve: warning: model ${spec.name}: one input's token vectors (${mb.toFixed(2)} MiB) do not fit --token-output-mb ${opts.tokenOutputMb ?? TOKEN_OUTPUT_MB}: /embed_all is off for it`);
+    spec = { ...spec, outputs: spec.outputs.filter((o) => o !== 'tokens'), tokenWidth: 0 };
+  }
+  const layout = { slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners, tokenPages, tokenWidth: spec.tokenWidth };
   const slab = Slab.create(layout, opts.reuse?.(Slab.byteLength(layout)));
   const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
   return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
+}
+
+/** Pages of a model's token area: as many inputs of `maxLength` tokens as `mb` holds, at most one per slot. */
+function tokenPagesOf(tokenWidth: number, maxLength: number, slots: number, mb: number): number {
+  if (tokenWidth === 0) return 0;
+  return Math.min(slots, Math.floor((mb * 2 ** 20) / (maxLength * tokenWidth * 4)));
 }
 
 /** Why `modelsDir` gives no model, for an operator: it is not there, or holds no model folder. */

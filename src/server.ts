@@ -68,6 +68,8 @@ export interface ServerConfig extends ModelOptions {
   batching: Partial<BatchingOptions>;
   maxInflightBatches: number;
   slotsPerModel: number;
+  /** MiB of token vectors per model that has them (/embed_all). */
+  tokenOutputMb: number;
   requestTimeoutMs: number;
   intraOpThreads: number;
   intraOpNice: number;
@@ -161,6 +163,7 @@ export const SERVER_DEFAULTS = {
   device: ENGINE_DEFAULTS.device,
   maxInflightBatches: ENGINE_DEFAULTS.maxInflightBatches,
   slotsPerModel: ENGINE_DEFAULTS.slotsPerModel,
+  tokenOutputMb: ENGINE_DEFAULTS.tokenOutputMb,
   requestTimeoutMs: ENGINE_DEFAULTS.requestTimeoutMs,
   intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
   intraOpNice: ENGINE_DEFAULTS.intraOpNice,
@@ -292,7 +295,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   checkRepositoryFlags(config);
   const grpcThreads = config.grpcThreads ?? 0;
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
-  const planning = { batching: config.batching, overrides: modelOverrides(config), warn: log, slotsPerModel: config.slotsPerModel, owners };
+  const planning = { batching: config.batching, overrides: modelOverrides(config), warn: log, slotsPerModel: config.slotsPerModel, tokenOutputMb: config.tokenOutputMb, owners };
   const plans = loadModels({
     ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
     ...(config.models && config.models.length ? { models: config.models } : {}),
@@ -448,6 +451,8 @@ function registerMainThreadMetrics(
           queued: st.queued,
           slotsInUse: st.slotsInUse,
           slots: p.layout.slotCount,
+          tokenPagesInUse: st.tokenPagesInUse,
+          tokenPages: p.layout.tokenPages ?? 0,
           realTokens: st.realTokens,
           paddedTokens: st.paddedTokens,
           expired: st.droppedExpired,
@@ -503,6 +508,7 @@ function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cac
       truncate: config.truncate ?? false,
       requestTimeoutMs: config.requestTimeoutMs,
       slotsPerModel: config.slotsPerModel,
+      tokenOutputMb: config.tokenOutputMb,
     },
     gatewayThreads: config.gatewayThreads,
     /** The model repository (docs/model-repository.md): whether models load at runtime, and the folders not loaded. */

@@ -53,7 +53,7 @@ export function reclaimInference(plans: ModelPlan[], slabs: Slab[], control: Con
           if (slab.transition(slot, state, SlotState.FREE) !== state) continue;
           if (counted) unqueue(slot);
           slab.counters[Counter.CANCELLED_SKIPPED]! += 1;
-          slab.free.push(slot);
+          slab.freeSlot(slot);
           return;
         }
         return; // FREE, FILLING, DONE, FAILED: not the inference side's
@@ -111,7 +111,7 @@ export function reclaimOwner(slabs: Slab[], owner: number): { cancelled: number;
     for (let slot = queue.pop(); slot !== -1; slot = queue.pop()) {
       const state = slab.state(slot);
       if ((state === SlotState.DONE || state === SlotState.FAILED) && slab.transition(slot, state, SlotState.FREE) === state) {
-        slab.free.push(slot);
+        slab.freeSlot(slot);
         freed++;
       }
     }
@@ -126,7 +126,7 @@ export function freeStuckFilling(slabs: Slab[], owner: number, filling: { model:
     const slab = slabs[f.model]!;
     if (slab.header(f.slot, H_OWNER) !== owner || slab.header(f.slot, H_GENERATION) !== f.generation) continue;
     if (slab.transition(f.slot, SlotState.FILLING, SlotState.FREE) === SlotState.FILLING) {
-      slab.free.push(f.slot);
+      slab.freeSlot(f.slot);
       freed++;
     }
   }

@@ -275,11 +275,11 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
       { method: '/tei.v1.Rerank/Rerank', request: { query: 'a', texts: ['b'] }, metadata: [['x-model', 'tiny-embed']] },
       { method: '/tei.v1.Embed/Embed', request: { inputs: 'word '.repeat(600) } },
       { method: '/tei.v1.Embed/Embed', request: { inputs: 'x' }, metadata: [['x-priority', 'urgent-ish']] },
-      // No model here gives sparse weights (test/sparse.test.ts serves SPLADE); per-token outputs are not served yet.
+      // No model here gives sparse weights (test/sparse.test.ts serves SPLADE); a classifier gives no token vectors.
       { method: '/tei.v1.Embed/EmbedSparse', request: { inputs: 'x' } },
       { method: '/tei.v1.Embed/EmbedSparseStream', kind: 'stream', requests: [{ inputs: 'x' }] },
-      { method: '/tei.v1.Embed/EmbedAll', request: { inputs: 'x' } },
-      { method: '/tei.v1.Embed/EmbedAllStream', kind: 'stream', requests: [{ inputs: 'x' }] },
+      { method: '/tei.v1.Embed/EmbedAll', request: { inputs: 'x' }, metadata: [['x-model', 'tiny-intent']] },
+      { method: '/tei.v1.Embed/EmbedAllStream', kind: 'stream', requests: [{ inputs: 'x' }], metadata: [['x-model', 'tiny-intent']] },
     ]);
     const codes = replies.map((r) => [r.error?.code, r.error?.trailing['slabserve-code']]);
     expect(codes).toEqual([
@@ -293,7 +293,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: TEI and KServe services bes
       ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
       ['FAILED_PRECONDITION', 'SLABSERVE_INVALID_INPUT'],
     ]);
-    expect(replies.slice(5).map((r) => /(sparse|per-token) output/.exec(r.error!.details)?.[1])).toEqual(['sparse', 'sparse', 'per-token', 'per-token']);
+    expect(replies.slice(5).map((r) => /sparse output|a classify model/.exec(r.error!.details)?.[0])).toEqual(['sparse output', 'sparse output', 'a classify model', 'a classify model']);
     // The too-long advice is one that works here: truncate: true cuts it, and the row is the cut text's.
     expect(replies[3]!.error!.details).toMatch(/truncate/);
     const cut = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'word '.repeat(600), truncate: true } });

@@ -128,7 +128,7 @@ describe('a SparseEncoder folder is read as sentence-transformers reads it', () 
     const info = (await (await fetch(`${server.url}/info`)).json()) as { models: { name: string; pooling?: string; outputs?: string[]; dimension: number }[] };
     const of = (name: string) => info.models.find((m) => m.name === name);
     expect(of('tiny-splade')).toMatchObject({ pooling: 'splade', outputs: ['dense', 'sparse'], dimension: 30522 });
-    expect(of('tiny-embed')).toMatchObject({ pooling: 'mean', outputs: ['dense'], dimension: 128 });
+    expect(of('tiny-embed')).toMatchObject({ pooling: 'mean', outputs: ['dense', 'tokens'], dimension: 128 });
   });
 
   it('refuses, naming the file, what it cannot serve as the folder means it', () => {
@@ -214,7 +214,7 @@ describe('/embed_sparse', () => {
   it('a model without a sparse output is 424 naming what it gives; a bad body is 422 and names the field', async () => {
     const dense = await post('/embed_sparse', { inputs: 'hello', model: 'tiny-embed' });
     expect([dense.status, dense.body.code, dense.body.type]).toEqual([424, 'SLABSERVE_OUTPUT_UNAVAILABLE', 'unsupported_output']);
-    expect(dense.body.error).toMatch(/"tiny-embed" has no sparse output .*it gives dense/);
+    expect(dense.body.error).toMatch(/"tiny-embed" has no sparse output .*it gives dense and tokens/);
     expect((await post('/models/tiny-embed/embed_sparse', { inputs: 'hello' })).status).toBe(424);
     const normalize = await post('/embed_sparse', { inputs: 'hello', normalize: true });
     expect([normalize.status, normalize.body.code]).toEqual([422, 'SLABSERVE_INVALID_INPUT']);

@@ -135,6 +135,12 @@ export interface InferCall {
   priority?: number | undefined;
   /** Cancels the request wherever it is (waiting for the tokenizer pool, queued, running). */
   cancel?: Cancellation | undefined;
+  /**
+   * Each input's token vectors too (InferResult.rows.tokens: /embed_all): its
+   * slots take pages of the model's token area, the result cache is passed by,
+   * and the request runs whole (at most one part's inputs).
+   */
+  tokenRows?: boolean | undefined;
 }
 
 export interface InferResult {
@@ -302,11 +308,16 @@ export class Infer {
     const deadline = nowMs() + timeoutMs;
     const count = callCount(call.inputs);
     const partSize = this.partSize(model);
-    if (count > partSize) return this.inferInParts(call, count, deadline, timeoutMs, partSize);
+    const tokenRows = call.tokenRows === true;
+    if (count > partSize) {
+      if (tokenRows) throw new ValidationError(`${count} inputs of token vectors in one request; at most ${partSize} for model "${model.plan.spec.name}" (--max-batch-size, at least 32, at most a quarter of --slots-per-model)`);
+      return this.inferInParts(call, count, deadline, timeoutMs, partSize);
+    }
     // With the cache, a request tokenized here is looked up before it takes a slot (a full hit needs
     // none); one bound for the tokenizer pool takes its slots first, so overload is refused before the pool works.
-    const cache = this.cacheOf(model);
-    let held = cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, count, timeoutMs);
+    // The cache keeps pooled rows only: a request for token vectors runs.
+    const cache = tokenRows ? null : this.cacheOf(model);
+    let held = cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, count, timeoutMs, tokenRows);
     try {
       const t0 = nowMs();
       const pending = this.tokenize(model, call.inputs, call.cancel);
@@ -320,7 +331,7 @@ export class Infer {
         rows = { rows: look.rows, width, queueMs: 0, inferenceMs: 0 }; // answered here: no slot, no queue, no run
       } else {
         const run = look ? look.missing.map((i) => tokens[i]!) : tokens;
-        held ??= this.hold(model, run.length, timeoutMs);
+        held ??= this.hold(model, run.length, timeoutMs, tokenRows);
         this.admitWait(this.submitter.predictedWaitMs(index, run), timeoutMs);
         rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
         if (look) rows = { ...rows, rows: fillMissing(cache!, index, tokens, look, rows.rows, width) };
@@ -466,9 +477,9 @@ export class Infer {
    * request that will be refused never waits for the tokenizer pool, and one
    * admitted cannot lose its slots while it is tokenized.
    */
-  private hold(model: ServedModel, count: number, timeoutMs: number): SlotReservation {
+  private hold(model: ServedModel, count: number, timeoutMs: number, tokenRows = false): SlotReservation {
     if (!(count >= 1)) throw new ValidationError('inputs must not be empty');
-    const held = this.submitter.reserve(model.plan.index, count);
+    const held = this.submitter.reserve(model.plan.index, count, tokenRows);
     try {
       this.admitWait(this.submitter.predictedWaitMs(model.plan.index), timeoutMs);
     } catch (err) {
@@ -722,4 +733,12 @@ export function rerankScores(r: RequestRows, raw: boolean): RerankScore[] {
   const out: RerankScore[] = new Array(r.rows.length / r.width);
   for (let i = 0; i < out.length; i++) out[i] = { index: i, score: r.rows[i * r.width + column]! };
   return out;
+}
+
+/** Input i's token vectors (views of its copy): one Float32Array of tokenWidth floats per token. Needs a call with tokenRows. */
+export function tokenVectors(r: RequestRows, i: number): Float32Array[] {
+  const flat = r.tokens?.[i];
+  const width = r.tokenWidth ?? 0;
+  if (!flat || width === 0) throw new Error(`input ${i} has no token vectors: its call did not ask for them (tokenRows)`);
+  return Array.from({ length: flat.length / width }, (_, t) => flat.subarray(t * width, (t + 1) * width));
 }

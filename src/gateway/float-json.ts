@@ -305,3 +305,25 @@ export function sparseRowsJson(rows: readonly { indices: Uint32Array; values: Fl
   out[at++] = 93;
   return out.subarray(0, at);
 }
+
+/** The JSON text `[[[a,...],...],...]` of lists of rows (TEI's /embed_all: per input, per token). */
+export function float32RowListsJson(lists: readonly (readonly Float32Array[])[]): Uint8Array {
+  let bound = 2;
+  for (const rows of lists) for (const row of rows) bound += row.length * (MAX_FLOAT32_CHARS + 1) + 3;
+  bound += lists.length * 3;
+  const out = new Uint8Array(bound);
+  let at = 0;
+  out[at++] = 91;
+  for (let l = 0; l < lists.length; l++) {
+    if (l > 0) out[at++] = 44;
+    out[at++] = 91;
+    const rows = lists[l]!;
+    for (let r = 0; r < rows.length; r++) {
+      if (r > 0) out[at++] = 44;
+      at = float32RowJsonInto(out, at, rows[r]!);
+    }
+    out[at++] = 93;
+  }
+  out[at++] = 93;
+  return out.subarray(0, at);
+}

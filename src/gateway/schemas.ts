@@ -72,6 +72,10 @@ export const EmbedSparseRequest = z.strictObject({
 });
 export type EmbedSparseRequest = z.infer<typeof EmbedSparseRequest>;
 
+/** POST /embed_all: TEI's body. */
+export const EmbedAllRequest = EmbedSparseRequest;
+export type EmbedAllRequest = EmbedSparseRequest;
+
 /**
  * Hugging Face's text-classification parameters (its Inference API and
  * `@huggingface/inference`'s `textClassification`): how scores are made from

@@ -7,8 +7,8 @@
  */
 import { FieldValidationError, OutputUnavailableError, ValidationError } from '../shared/errors.js';
 import type { ModelOutput, Task } from '../shared/model-config.js';
-import { floatAnswer, quantizedRowsAnswer, rowsAnswer } from './answers.js';
-import { float32RowsInJson, sparseRowsJson } from './float-json.js';
+import { floatAnswer, quantizedRowsAnswer, rowLists, rowsAnswer } from './answers.js';
+import { float32RowListsJson, float32RowsInJson, sparseRowsJson } from './float-json.js';
 import { sparseEntries, sparseOf } from '../core/sparse.js';
 import {
   classifications,
@@ -17,12 +17,14 @@ import {
   inputList,
   isSingleInput,
   rerankScores,
+  tokenVectors,
   type ServedModel,
   type Inputs,
   type Classification,
 } from '../core/infer.js';
 import {
   DecodeRequest,
+  EmbedAllRequest,
   EmbedRequest,
   EmbedSparseRequest,
   parseBody,
@@ -133,6 +135,25 @@ export const embedSparseEndpoint: Endpoint<null> = {
   answer(r, call) {
     const rows = embeddings(call.model, r.rows, false).map(sparseOf);
     return floatAnswer(() => rows.map(sparseEntries), () => sparseRowsJson(rows));
+  },
+};
+
+/**
+ * POST /embed_all `{inputs, truncate?, truncation_direction?, prompt_name?, model?}` ->
+ * per input, per token (special tokens included, padding never), its vector: the
+ * token states (TEI's route). A model without token vectors (SPLADE) is 424.
+ */
+export const embedAllEndpoint: Endpoint<null> = {
+  route: '/embed_all',
+  task: 'embed',
+  parse(raw, ec) {
+    const body = parseBody(EmbedAllRequest, raw);
+    const call = prompted(inputsCall(ec, { output: 'tokens', route: '/embed_all' }, body), body);
+    return { call: { ...call, tokenRows: true }, state: null };
+  },
+  answer(r, call) {
+    const lists = Array.from({ length: r.rows.rows.length / r.rows.width }, (_, i) => tokenVectors(r.rows, i));
+    return floatAnswer(() => lists.map(rowLists), () => float32RowListsJson(lists));
   },
 };
 
@@ -346,6 +367,7 @@ export const decodeEndpoint: LocalEndpoint = {
 export const TEI_ENDPOINTS: ReadonlyMap<string, Endpoint<never>> = new Map<string, Endpoint<never>>([
   ['embed', embedEndpoint as Endpoint<never>],
   ['embed_sparse', embedSparseEndpoint as Endpoint<never>],
+  ['embed_all', embedAllEndpoint as Endpoint<never>],
   ['predict', predictEndpoint as Endpoint<never>],
   ['rerank', rerankEndpoint as Endpoint<never>],
   ['similarity', similarityEndpoint as Endpoint<never>],

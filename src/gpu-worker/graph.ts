@@ -36,7 +36,12 @@ export interface PreparedModel {
   hasPositionIds: boolean;
   /** Whether the pooling takes its own mask ({@link POOLING_MASK}: include_prompt false). */
   hasPoolingMask: boolean;
+  /** The per-token output, [B, T, width] (a model with token vectors: spec.tokenWidth > 0), fetched only for runs that ask. */
+  tokenOutput?: { name: string; width: number };
 }
+
+/** The per-token output's name: the token states as they are (TEI's /embed_all). */
+export const TOKEN_OUTPUT = 'slabserve_tokens';
 
 /** The input that tells the pooling which tokens count, where it is not the attention mask. */
 export const POOLING_MASK = 'slabserve_pooling_mask';
@@ -60,15 +65,22 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
   const b = GraphBuilder.wrap(graph);
   const outputNames = b.outputNames();
   let outputs: PreparedModel['outputs'];
+  let tokenOutput: PreparedModel['tokenOutput'];
   // [CLS] pooling takes the first token's state whatever the mask says, as sentence-transformers does.
   const hasPoolingMask = spec.task === 'embed' && !spec.includePrompt && spec.pooling !== 'cls';
 
+  if (spec.colbert) throw new Error(`model ${spec.name}: PyLate (ColBERT) folders are read but not served yet: the Dense projection is not in the graph`);
   if (spec.task === 'embed') {
     const poolingMask = hasPoolingMask ? b.addInput(POOLING_MASK, inputType, ['batch_size', 'sequence_length']) : 'attention_mask';
-    const pooled =
-      spec.pooling === 'splade'
-        ? spladePool(b, asFloat(b, graph, findOutput(outputNames, ['logits'], spec)), spec.splade!, opset, poolingMask)
-        : pool(b, asFloat(b, graph, findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec)), spec.pooling, opset, poolingMask);
+    let pooled: string;
+    if (spec.pooling === 'splade') {
+      pooled = spladePool(b, asFloat(b, graph, findOutput(outputNames, ['logits'], spec)), spec.splade!, opset, poolingMask);
+    } else {
+      const hidden = asFloat(b, graph, findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec));
+      pooled = pool(b, hidden, spec.pooling, opset, poolingMask);
+      if (spec.tokenWidth > 0) tokenOutput = { name: TOKEN_OUTPUT, width: spec.tokenWidth };
+      if (tokenOutput) b.node('Identity', [hidden], undefined, [TOKEN_OUTPUT]);
+    }
     // L2 normalisation, with the norm kept so the caller can undo it.
     const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [pooled, pooled]), axes(b, 1)], { keepdims: 1 })]);
     const safeNorm = b.op('Max', [norm, scalar(b, 'slabserve_eps_norm', 1e-12)]);
@@ -77,6 +89,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
     for (const name of outputNames) b.removeOutput(name);
     b.addOutput('slabserve_embedding', 'float', ['batch_size', spec.dimension]);
     b.addOutput('slabserve_norm', 'float', ['batch_size', 1]);
+    if (tokenOutput) b.addOutput(TOKEN_OUTPUT, 'float', ['batch_size', 'sequence_length', tokenOutput.width]);
     outputs = [
       { name: 'slabserve_embedding', width: spec.dimension },
       { name: 'slabserve_norm', width: 1 },
@@ -109,6 +122,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
     hasTokenTypeIds: inputNames.includes('token_type_ids'),
     hasPositionIds: inputNames.includes('position_ids'),
     hasPoolingMask,
+    ...(tokenOutput ? { tokenOutput } : {}),
   };
 }
 

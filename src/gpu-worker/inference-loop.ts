@@ -30,6 +30,7 @@ import {
   H_LENGTH,
   H_OWNER,
   H_PRIORITY,
+  H_TOKEN_PAGE,
   INTERLEAVE_CHUNK,
   SlotError,
   SlotState,
@@ -513,7 +514,11 @@ export class InferenceLoop {
     const finished = this.clock.now();
     slots.forEach((slot, i) => {
       if (slab.header(slot, H_GENERATION) !== generations[i]) return;
-      if (shared && state === SlotState.DONE) shared.slotOutput(slot).set(slab.slotOutput(slot));
+      if (shared && state === SlotState.DONE) {
+        shared.slotOutput(slot).set(slab.slotOutput(slot));
+        const page = slab.header(slot, H_TOKEN_PAGE);
+        if (page > 0) shared.pageTokens(page - 1, slab.header(slot, H_LENGTH)).set(slab.pageTokens(page - 1, slab.header(slot, H_LENGTH)));
+      }
       slab.setTime(slot, T_STARTED, started);
       slab.setTime(slot, T_FINISHED, finished);
       this.finish(model, slot, state, error, SlotState.RUNNING);
@@ -559,7 +564,7 @@ export class InferenceLoop {
     const slab = model.runner.slab;
     if (slab.transition(slot, SlotState.CANCELLED, SlotState.FREE) === SlotState.CANCELLED) {
       slab.counters[Counter.CANCELLED_SKIPPED]! += 1;
-      slab.free.push(slot);
+      slab.freeSlot(slot);
     }
   }
 

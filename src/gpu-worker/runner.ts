@@ -11,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import type { ModelSpec } from '../shared/model-config.js';
-import { H_LENGTH, H_POOL_FROM, type Slab } from '../shared/slab.js';
+import { H_ATTENDED, H_LENGTH, H_POOL_FROM, H_TOKEN_PAGE, type Slab } from '../shared/slab.js';
 import { POOLING_MASK, prepareModel, type PreparedModel } from './graph.js';
 import type { DeviceInfo } from './device.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
@@ -213,6 +213,8 @@ export class ModelRunner {
       // Longest first, so that each run pads to its own longest input.
       const order = this.padToLongest && slots.length > 1 ? [...slots].sort((a, b) => length(b) - length(a)) : slots;
       const outputs = this.prepared.outputs.map((o) => o.name);
+      const tokenOutput = this.prepared.tokenOutput;
+      const withTokens = tokenOutput ? [...outputs, tokenOutput.name] : outputs;
       let realTokens = 0;
       let paddedTokens = 0;
       let runMs = 0;
@@ -220,10 +222,13 @@ export class ModelRunner {
         const T = this.padToLongest ? Math.max(1, length(order[at]!)) : bucketLength;
         const part = order.slice(at, at + this.rowsPerRun(T, order.length));
         realTokens += this.fill(buf, part, T);
+        // The token vectors leave onnxruntime only for a run holding an input that asked for them.
+        const tokens = tokenOutput !== undefined && part.some((slot) => this.slab.header(slot, H_TOKEN_PAGE) > 0);
         const started = performance.now();
-        const out = await this.session.run(this.feeds(buf, part.length, T), outputs);
+        const out = await this.session.run(this.feeds(buf, part.length, T), tokens ? withTokens : outputs);
         runMs += performance.now() - started;
         this.scatter(out, part);
+        if (tokens) this.scatterTokens(out[tokenOutput.name]!.data as Float32Array, part, T, tokenOutput.width);
         paddedTokens += part.length * T;
         at += part.length;
       }
@@ -259,12 +264,13 @@ export class ModelRunner {
     for (let r = 0; r < slots.length; r++) {
       const slot = slots[r]!;
       const len = this.slab.header(slot, H_LENGTH);
+      const attended = this.slab.header(slot, H_ATTENDED) || len;
       const ids = this.slab.slotIds(slot);
       const types = this.slab.slotTypeIds(slot);
       let at = r * T * s;
       for (let t = 0; t < len; t++, at += s) {
         ids32[at] = ids[t]!;
-        mask32[at] = 1;
+        mask32[at] = t < attended ? 1 : 0;
         types32[at] = types[t]!;
       }
       for (let t = len; t < T; t++, at += s) {
@@ -296,6 +302,17 @@ export class ModelRunner {
         this.slab.slotOutput(slots[r]!).set(data.subarray(r * width, r * width + width), offset);
       }
       offset += width;
+    }
+  }
+
+  /** Copies each asking slot's real tokens' vectors (row r of [B, T, width]) into its page of the token area. */
+  private scatterTokens(data: Float32Array, slots: readonly number[], T: number, width: number): void {
+    for (let r = 0; r < slots.length; r++) {
+      const slot = slots[r]!;
+      const page = this.slab.header(slot, H_TOKEN_PAGE);
+      if (page === 0) continue;
+      const len = this.slab.header(slot, H_LENGTH);
+      this.slab.pageTokens(page - 1, len).set(data.subarray(r * T * width, (r * T + len) * width));
     }
   }
 

@@ -4,14 +4,16 @@
  * read it:
  *
  *   modules.json                  the module chain: Transformer, Pooling, Normalize, or a
- *                                 SparseEncoder's MLMTransformer and SpladePooling (SPLADE);
+ *                                 SparseEncoder's MLMTransformer and SpladePooling (SPLADE), or
+ *                                 PyLate's Transformer and Dense (ColBERT: a vector per token);
  *                                 modules that change the vectors otherwise are refused
  *   <pooling>/config.json         the pooling mode (1_Pooling/config.json in every export seen),
  *                                 or SpladePooling's strategy and activation
  *   sentence_bert_config.json     max_seq_length, do_lower_case (texts lowercased before the tokenizer)
  *   config.json                   model_type, max_position_embeddings, pad_token_id
  *   tokenizer_config.json         model_max_length
- *   config_sentence_transformers.json   prompts, default_prompt_name
+ *   config_sentence_transformers.json   prompts, default_prompt_name; a PyLate folder's query and
+ *                                 document prefixes, lengths, query expansion and skiplist
  *
  * Each setting comes with the file it came from (`source`), so that start-up
  * and /info can say why a model is served as it is. Nothing here knows about
@@ -40,11 +42,44 @@ export interface Sourced<T> {
   source: string;
 }
 
+/** What a PyLate (ColBERT) folder says: its Dense projection, and how queries and documents are marked. */
+export interface ColbertFolder {
+  /** The Dense module's folder, relative to the model's (1_Dense), with its config.json and model.safetensors. */
+  densePath: string;
+  inFeatures: number;
+  outFeatures: number;
+  bias: boolean;
+  activation: 'identity' | 'tanh';
+  /** Tokens put after [CLS] (PyLate: "[Q] " and "[D] ", or colbert-ir's [unused0] and [unused1]); '' for none. */
+  queryPrefix: string;
+  documentPrefix: string;
+  /** Tokens of a query (padded to it with [MASK] when expanded) and at most of a document, the prefix included. */
+  queryLength: number;
+  documentLength: number;
+  doQueryExpansion: boolean;
+  attendToExpansionTokens: boolean;
+  /** Tokens whose vectors a document leaves out (punctuation by default). */
+  skiplistWords: string[];
+}
+
+/** PyLate's defaults, where its config_sentence_transformers.json says nothing. */
+const PYLATE_DEFAULTS = {
+  queryPrefix: '[Q] ',
+  documentPrefix: '[D] ',
+  queryLength: 32,
+  documentLength: 180,
+  doQueryExpansion: true,
+  attendToExpansionTokens: false,
+  skiplistWords: [...'!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~'],
+} as const;
+
 export interface FolderSettings {
   /** From the Pooling module's config.json; absent when the folder has none. */
   pooling?: Sourced<Pooling>;
   /** A SparseEncoder folder's SpladePooling (its config.json); absent otherwise. */
   splade?: Sourced<SpladeSettings>;
+  /** A PyLate folder's ColBERT settings; absent otherwise. */
+  colbert?: ColbertFolder;
   /** Whether modules.json ends in a Normalize module; absent without modules.json. */
   normalize?: Sourced<boolean>;
   /** sentence_bert_config.json's max_seq_length. */
@@ -113,6 +148,8 @@ export function readFolderSettings(dir: string, config: HfConfigFields, tokenize
   if (modules) settings.normalize = { value: modules.some((m) => moduleKind(m) === 'Normalize'), source: 'modules.json' };
   const spladeModule = modules?.find((m) => moduleKind(m) === 'SpladePooling');
   if (spladeModule) settings.splade = readSplade(dir, spladeModule.path ?? '1_SpladePooling');
+  const denseModule = modules?.find((m) => moduleKind(m) === 'Dense');
+  if (denseModule) settings.colbert = readColbert(dir, denseModule.path ?? '1_Dense');
 
   const sbert = readOptional<{ max_seq_length?: unknown; do_lower_case?: unknown }>(dir, 'sentence_bert_config.json');
   if (sbert?.max_seq_length !== undefined) {
@@ -156,22 +193,66 @@ function moduleKind(m: StModule): string {
 /** Module chains served: a SentenceTransformer's, and a SparseEncoder's (SPLADE). */
 const DENSE_MODULES = new Set(['Transformer', 'Pooling', 'Normalize']);
 const SPARSE_MODULES = new Set(['MLMTransformer', 'SpladePooling']);
+/** PyLate's chain: the Transformer's token states projected by its own Dense module (pylate.models.Dense). */
+const COLBERT_MODULES = new Set(['Transformer', 'Dense']);
+
+/** Whether a module is PyLate's (a ColBERT folder), not sentence-transformers' own Dense after a Pooling. */
+const isPylate = (m: StModule) => String(m.type ?? '').startsWith('pylate.');
 
 function checkModules(dir: string, modules: StModule[]): void {
   const sparse = modules.some((m) => SPARSE_MODULES.has(moduleKind(m)));
-  const served = sparse ? SPARSE_MODULES : DENSE_MODULES;
+  const served = sparse ? SPARSE_MODULES : modules.some(isPylate) ? COLBERT_MODULES : DENSE_MODULES;
   for (const m of modules) {
     const kind = moduleKind(m);
     if (!served.has(kind)) {
       throw new Error(
         `${join(dir, 'modules.json')}: module ${m.path ?? m.name ?? '?'} (${m.type ?? 'no type'}) is not supported: ` +
-          `slabserve serves Transformer, Pooling and Normalize modules, or MLMTransformer then SpladePooling, and the vectors would not be the model's without it`,
+          `slabserve serves Transformer, Pooling and Normalize modules, MLMTransformer then SpladePooling, or PyLate's Transformer then Dense, and the vectors would not be the model's without it`,
       );
     }
   }
   if (sparse && !(modules.some((m) => moduleKind(m) === 'MLMTransformer') && modules.some((m) => moduleKind(m) === 'SpladePooling'))) {
     throw new Error(`${join(dir, 'modules.json')}: a SparseEncoder folder needs both MLMTransformer and SpladePooling`);
   }
+}
+
+/** A PyLate folder: its Dense module's config.json, and config_sentence_transformers.json's ColBERT fields (PyLate's defaults where absent). */
+function readColbert(dir: string, densePath: string): ColbertFolder {
+  const file = `${densePath}/config.json`;
+  const dense = readOptional<{ in_features?: unknown; out_features?: unknown; bias?: unknown; activation_function?: unknown }>(dir, file);
+  if (!dense) throw new Error(`${join(dir, file)}: missing (the Dense module's in_features, out_features, bias, activation_function)`);
+  const positive = (v: unknown, what: string, where: string) => {
+    if (!Number.isInteger(v) || (v as number) < 1) throw new Error(`${where}: ${what} must be a positive integer, got ${String(v)}`);
+    return v as number;
+  };
+  const act = String(dense.activation_function ?? 'torch.nn.modules.linear.Identity');
+  const activation = act.endsWith('Identity') ? 'identity' : act.endsWith('Tanh') ? 'tanh' : null;
+  if (!activation) throw new Error(`${join(dir, file)}: activation_function ${act} is not supported (Identity or Tanh)`);
+  const stFile = 'config_sentence_transformers.json';
+  const st = readOptional<Record<string, unknown>>(dir, stFile) ?? {};
+  const where = join(dir, stFile);
+  const text = (k: string, d: string) => (st[k] === undefined || st[k] === null ? d : typeof st[k] === 'string' ? st[k] : fail(`${where}: ${k} must be a text`));
+  const flag = (k: string, d: boolean) => (st[k] === undefined || st[k] === null ? d : typeof st[k] === 'boolean' ? st[k] : fail(`${where}: ${k} must be true or false`));
+  const skiplist = st.skiplist_words ?? PYLATE_DEFAULTS.skiplistWords;
+  if (!Array.isArray(skiplist) || !skiplist.every((w) => typeof w === 'string')) throw new Error(`${where}: skiplist_words must be a list of texts`);
+  return {
+    densePath,
+    inFeatures: positive(dense.in_features, 'in_features', join(dir, file)),
+    outFeatures: positive(dense.out_features, 'out_features', join(dir, file)),
+    bias: dense.bias !== false,
+    activation,
+    queryPrefix: text('query_prefix', PYLATE_DEFAULTS.queryPrefix),
+    documentPrefix: text('document_prefix', PYLATE_DEFAULTS.documentPrefix),
+    queryLength: st.query_length == null ? PYLATE_DEFAULTS.queryLength : positive(st.query_length, 'query_length', where),
+    documentLength: st.document_length == null ? PYLATE_DEFAULTS.documentLength : positive(st.document_length, 'document_length', where),
+    doQueryExpansion: flag('do_query_expansion', PYLATE_DEFAULTS.doQueryExpansion),
+    attendToExpansionTokens: flag('attend_to_expansion_tokens', PYLATE_DEFAULTS.attendToExpansionTokens),
+    skiplistWords: skiplist as string[],
+  };
+}
+
+function fail(message: string): never {
+  throw new Error(message);
 }
 
 /** SpladePooling's config.json (its defaults where a key is missing, as sentence-transformers has them). */

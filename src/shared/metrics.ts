@@ -127,6 +127,8 @@ export interface ProcessState {
     name: string;
     queued: number;
     slotsInUse: number;
+    tokenPagesInUse: number;
+    tokenPages: number;
     slots: number;
     realTokens: number;
     paddedTokens: number;
@@ -155,6 +157,8 @@ const PER_MODEL_GAUGES: readonly [name: string, help: string, key: keyof ModelSt
   ['slabserve_queue_depth', 'Requests queued for the device, not yet in a batch.', 'queued'],
   ['slabserve_slots_in_use', 'Request slots taken (filling, queued, running or being answered).', 'slotsInUse'],
   ['slabserve_slots', 'Request slots per model (--slots-per-model): the admission limit.', 'slots'],
+  ['slabserve_token_pages_in_use', 'Pages of the token area taken: inputs whose token vectors are in flight (/embed_all, ColBERT).', 'tokenPagesInUse'],
+  ['slabserve_token_pages', 'Pages of the token area per model (--token-output-mb / one input of max length): the admission limit for token vectors; 0 without token outputs.', 'tokenPages'],
   ['slabserve_requests_expired_total', 'Requests dropped before running: their deadline had passed.', 'expired'],
   ['slabserve_expired_tokens_total', 'Real tokens of requests dropped before running because their deadline passed (work saved).', 'expiredTokens'],
   ['slabserve_batch_split_runs_total', 'Runs of a half (of a half...) of a failed batch, retried to find the inputs that make it fail.', 'splitRuns'],

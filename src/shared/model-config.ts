@@ -29,16 +29,38 @@ import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { InvalidModelNameError } from './errors.js';
 import { onnxInputNames } from './onnx-inputs.js';
-import { POOLINGS, readFolderSettings, readJsonFile, type FolderSettings, type Pooling, type Sourced, type SpladeSettings } from './hf-folder.js';
+import { POOLINGS, readFolderSettings, readJsonFile, type ColbertFolder, type FolderSettings, type Pooling, type Sourced, type SpladeSettings } from './hf-folder.js';
 
 export { POOLINGS, type Pooling, type SpladeSettings } from './hf-folder.js';
 
 /**
  * What an embedding model can answer with: `dense` pooled rows (/embed),
- * `sparse` weights by token id (/embed_sparse: SPLADE). A classifier or
+ * `sparse` weights by token id (/embed_sparse: SPLADE), `tokens` a vector per
+ * token (/embed_all: the token states). A classifier or
  * reranker has none of these.
  */
-export type ModelOutput = 'dense' | 'sparse';
+export type ModelOutput = 'dense' | 'sparse' | 'tokens';
+
+/**
+ * A ColBERT model (a PyLate folder) as served: its token vectors are the
+ * Dense projection of the token states, L2-normalised (graph.ts); queries and
+ * documents get their marker token after [CLS] (core/colbert.ts).
+ */
+export interface ColbertSpec {
+  /** Token ids of the markers; null where the prefix is '' (none inserted). */
+  queryPrefixId: number | null;
+  documentPrefixId: number | null;
+  queryLength: number;
+  documentLength: number;
+  doQueryExpansion: boolean;
+  attendToExpansionTokens: boolean;
+  /** The tokenizer's mask token: what an expanded query is padded with. */
+  maskId: number;
+  /** Token ids whose vectors a document leaves out. */
+  skiplistIds: number[];
+  /** The projection: weights in `weightsPath` (safetensors: linear.weight [out, in], linear.bias). */
+  dense: { weightsPath: string; inFeatures: number; outFeatures: number; bias: boolean; activation: 'identity' | 'tanh' };
+}
 
 /** How an embedding model's rows are made: one of sentence-transformers' poolings of the token states, or SPLADE's of the masked-LM logits. */
 export type ServedPooling = Pooling | 'splade';
@@ -93,6 +115,8 @@ export interface ModelSpec {
   pooling: ServedPooling;
   /** pooling 'splade' only: SpladePooling's strategy and activation. */
   splade?: SpladeSettings;
+  /** A ColBERT model only (outputs ['tokens']): its projection and markers. */
+  colbert?: ColbertSpec;
   /**
    * Floats in an embedding row: the hidden size, or for SPLADE the vocabulary
    * (the row is a weight per token id). classify and rerank: the hidden size.
@@ -100,6 +124,8 @@ export interface ModelSpec {
   dimension: number;
   /** The outputs it serves (embed only; empty for classify and rerank). */
   outputs: readonly ModelOutput[];
+  /** Floats per token vector (/embed_all): the hidden size; 0 for a model without token vectors (SPLADE, classify, rerank). */
+  tokenWidth: number;
   /** embed only: whether results are L2-normalised unless the caller says otherwise. */
   normalize: boolean;
   /** Longest input in tokens, [CLS] and [SEP] included. */
@@ -210,6 +236,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   const normalize = first<boolean>(sourced(serve.normalize, 'serve.json'), folder.normalize) ?? (splade ? { value: false, source: 'splade' } : { value: true, source: 'default' });
   if (splade && normalize.value) throw new Error(`model ${name}: SPLADE weights are not normalised (normalize true from ${normalize.source})`);
   const dimension = splade ? config.vocab_size! : hiddenSize!;
+  const colbert = task === 'embed' && folder.colbert ? colbertOf(name, dir, folder.colbert, hiddenSize!, tokenizerPath) : undefined;
   const maxLength = inputLimit(name, folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
   const defaultPrompt = task === 'embed' ? chooseDefaultPrompt(name, folder, overrides, serve) : undefined;
 
@@ -234,7 +261,9 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     pooling: pooling.value,
     ...(splade ? { splade } : {}),
     dimension,
-    outputs: task !== 'embed' ? [] : splade ? ['dense', 'sparse'] : ['dense'],
+    outputs: task !== 'embed' ? [] : splade ? ['dense', 'sparse'] : colbert ? ['tokens'] : ['dense', 'tokens'],
+    tokenWidth: task !== 'embed' || splade ? 0 : colbert ? colbert.dense.outFeatures : hiddenSize!,
+    ...(colbert ? { colbert } : {}),
     normalize: normalize.value,
     maxLength: maxLength.value,
     hiddenSize: hiddenSize!,
@@ -256,6 +285,44 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     warnings,
     outputWidth: task === 'embed' ? dimension + 1 : 2 * labels.length,
   };
+}
+
+/** A PyLate folder's settings with its markers, mask and skiplist as token ids of its tokenizer. */
+function colbertOf(name: string, dir: string, f: ColbertFolder, hiddenSize: number, tokenizerPath: string): ColbertSpec {
+  if (f.inFeatures !== hiddenSize) throw new Error(`model ${name}: ${f.densePath}/config.json in_features ${f.inFeatures} is not the hidden size ${hiddenSize}`);
+  const weightsPath = join(dir, f.densePath, 'model.safetensors');
+  if (!existsSync(weightsPath)) throw new Error(`model ${name}: no ${f.densePath}/model.safetensors (the Dense projection's weights)`);
+  const ids = tokenIdsOf(readJsonFile(tokenizerPath));
+  const config = existsSync(join(dir, 'tokenizer_config.json')) ? readJsonFile<{ mask_token?: unknown }>(join(dir, 'tokenizer_config.json')) : {};
+  const maskToken = typeof config.mask_token === 'string' ? config.mask_token : '[MASK]';
+  const id = (token: string, what: string) => {
+    const v = ids(token);
+    if (v === undefined) throw new Error(`model ${name}: the ${what} "${token}" is not a token of its tokenizer.json`);
+    return v;
+  };
+  return {
+    queryPrefixId: f.queryPrefix === '' ? null : id(f.queryPrefix, 'query prefix'),
+    documentPrefixId: f.documentPrefix === '' ? null : id(f.documentPrefix, 'document prefix'),
+    queryLength: f.queryLength,
+    documentLength: f.documentLength,
+    doQueryExpansion: f.doQueryExpansion,
+    attendToExpansionTokens: f.attendToExpansionTokens && f.doQueryExpansion,
+    maskId: id(maskToken, 'mask token'),
+    // As PyLate's convert_tokens_to_ids: a word that is no token is left out (it would be [UNK]'s id there).
+    skiplistIds: f.skiplistWords.flatMap((w) => ids(w) ?? []),
+    dense: { weightsPath, inFeatures: f.inFeatures, outFeatures: f.outFeatures, bias: f.bias, activation: f.activation },
+  };
+}
+
+/** A token's id in tokenizer.json: its added tokens, then the model's vocabulary (an object for WordPiece and BPE, [piece, score] pairs for Unigram). */
+function tokenIdsOf(tokenizerJson: unknown): (token: string) => number | undefined {
+  const t = tokenizerJson as { added_tokens?: { id: number; content: string }[]; model?: { vocab?: unknown } } | null;
+  const map = new Map<string, number>();
+  const vocab = t?.model?.vocab;
+  if (Array.isArray(vocab)) vocab.forEach((entry, i) => map.set(String((entry as unknown[])[0]), i));
+  else if (vocab && typeof vocab === 'object') for (const [k, v] of Object.entries(vocab)) map.set(k, Number(v));
+  for (const a of t?.added_tokens ?? []) map.set(a.content, a.id);
+  return (token) => map.get(token);
 }
 
 /**

@@ -14,6 +14,8 @@
  *   ids           Int32  x maxLength per slot    token ids
  *   typeIds       Uint8  x maxLength per slot    token type ids (0 or 1 for BERT)
  *   output        Float32 x outputWidth per slot the row the model returned
+ *   token free    IndexQueue  pages of the token area ready to be taken (models with per-token outputs)
+ *   tokens        Float32 x maxLength x tokenWidth per page: one input's token vectors
  *   counters      Float64 x COUNTERS             written by the inference thread only
  *   costs         Float64 x MAX_BUCKETS x 3      the fitted cost model (fixed ms, ms per row, samples)
  *   accounts      Int32 x ACCOUNTS               shared tallies (queued padded tokens), Atomics only
@@ -80,7 +82,20 @@ export const H_HOLDER = 7;
  * include_prompt false. 0 for every other input.
  */
 export const H_POOL_FROM = 8;
-export const HEADER_I32 = 9;
+/**
+ * The slot's page of the token area plus one (0: none): a request for token
+ * vectors (/embed_all) takes a page with each slot, the inference thread
+ * writes the input's token vectors there, the owner copies them out, and the
+ * page goes back with the slot ({@link Slab.freeSlot}).
+ */
+export const H_TOKEN_PAGE = 9;
+/**
+ * Leading tokens the attention sees, when fewer than H_LENGTH (0: all): the
+ * rest run with attention mask 0 and still give a vector (ColBERT's query
+ * expansion: [MASK] tokens that attend but are not attended to).
+ */
+export const H_ATTENDED = 10;
+export const HEADER_I32 = 11;
 
 /** H_HOLDER of a slot taken by the inference thread of `epoch`: queued there, or dequeued (in a batch, or leaving). */
 export function holderMark(epoch: number, dequeued: boolean): number {
@@ -131,6 +146,10 @@ export interface SlabLayout {
   maxLength: number;
   outputWidth: number;
   owners: number;
+  /** Pages of the token area (one input's token vectors each; at most slotCount); 0 or absent: none. */
+  tokenPages?: number;
+  /** Floats per token vector in the token area. */
+  tokenWidth?: number;
 }
 
 const ALIGN = 64;
@@ -152,10 +171,13 @@ function offsets(l: SlabLayout) {
   const ids = take(l.slotCount * l.maxLength * 4);
   const typeIds = take(l.slotCount * l.maxLength);
   const output = take(l.slotCount * l.outputWidth * 4);
+  const pages = l.tokenPages ?? 0;
+  const tokenFree = take(pages > 0 ? IndexQueue.byteLength(pages) : 0);
+  const tokens = take(pages * l.maxLength * (l.tokenWidth ?? 0) * 4);
   const counters = take(COUNTERS * 8);
   const costs = take(MAX_BUCKETS * COST_F64 * 8);
   const accounts = take(ACCOUNTS * 4);
-  return { submit, free, completions, headers, times, ids, typeIds, output, counters, costs, accounts, total: at };
+  return { submit, free, completions, headers, times, ids, typeIds, output, tokenFree, tokens, counters, costs, accounts, total: at };
 }
 
 export class Slab {
@@ -169,6 +191,9 @@ export class Slab {
   readonly ids: Int32Array;
   readonly typeIds: Uint8Array;
   readonly output: Float32Array;
+  /** Free pages of the token area (null: the model has none). */
+  readonly tokenFree: IndexQueue | null;
+  readonly tokens: Float32Array;
   readonly counters: Float64Array;
   readonly costs: Float64Array;
   readonly accounts: Int32Array;
@@ -191,6 +216,10 @@ export class Slab {
     slab.free.init();
     for (const q of slab.completions) q.init();
     for (let s = 0; s < layout.slotCount; s++) slab.free.push(s);
+    if (slab.tokenFree) {
+      slab.tokenFree.init();
+      for (let p = 0; p < layout.tokenPages!; p++) slab.tokenFree.push(p);
+    }
     return slab;
   }
 
@@ -213,6 +242,8 @@ export class Slab {
     this.ids = new Int32Array(buffer, o.ids, layout.slotCount * layout.maxLength);
     this.typeIds = new Uint8Array(buffer, o.typeIds, layout.slotCount * layout.maxLength);
     this.output = new Float32Array(buffer, o.output, layout.slotCount * layout.outputWidth);
+    this.tokenFree = layout.tokenPages ? new IndexQueue(buffer, o.tokenFree, layout.tokenPages) : null;
+    this.tokens = new Float32Array(buffer, o.tokens, (layout.tokenPages ?? 0) * layout.maxLength * (layout.tokenWidth ?? 0));
     this.counters = new Float64Array(buffer, o.counters, COUNTERS);
     this.costs = new Float64Array(buffer, o.costs, MAX_BUCKETS * COST_F64);
     this.accounts = new Int32Array(buffer, o.accounts, ACCOUNTS);
@@ -272,34 +303,65 @@ export class Slab {
     return this.output.subarray(slot * w, slot * w + w);
   }
 
+  /** The first `length` token vectors of page `page` (a view). */
+  pageTokens(page: number, length: number): Float32Array {
+    const size = this.layout.maxLength * (this.layout.tokenWidth ?? 0);
+    return this.tokens.subarray(page * size, page * size + length * (this.layout.tokenWidth ?? 0));
+  }
+
   /**
-   * This slab with a private output region: every other region is shared.
+   * FREE now (or never taken): its token page, if it holds one, goes back to
+   * the token area, then the slot onto the free list. Every side that frees a
+   * slot frees it here, so a page never outlives its slot.
+   */
+  freeSlot(slot: number): void {
+    const page = this.header(slot, H_TOKEN_PAGE);
+    if (page > 0) {
+      this.setHeader(slot, H_TOKEN_PAGE, 0);
+      this.tokenFree!.push(page - 1);
+    }
+    this.free.push(slot);
+  }
+
+  /**
+   * This slab with private output and token regions: every other region is shared.
    * The inference thread gives its runners this view, so a batch writes its
    * rows here first and the loop copies them into the shared slots only after
    * checking the slots are still its own (a thread the main thread gave up,
    * returning late from a run, then writes into memory nobody reads).
-   * `buffer` (privateOutputBytes long) puts that region in memory the caller
+   * `buffer` (privateOutputBytes long) puts those regions in memory the caller
    * shares with a session thread that runs the model (session-thread.ts).
    */
   withPrivateOutput(buffer?: SharedArrayBuffer): Slab {
     const view = new Slab(this.buffer, this.layout);
-    (view as { output: Float32Array }).output = buffer ? new Float32Array(buffer, 0, this.output.length) : new Float32Array(this.output.length);
+    const tokensAt = align(this.output.byteLength);
+    const mem = buffer ?? new ArrayBuffer(this.privateOutputBytes);
+    (view as { output: Float32Array }).output = new Float32Array(mem, 0, this.output.length);
+    (view as { tokens: Float32Array }).tokens = new Float32Array(mem, tokensAt, this.tokens.length);
     return view;
   }
 
-  /** Bytes a private output region of this slab takes (withPrivateOutput). */
+  /** Bytes the private output and token regions of this slab take (withPrivateOutput). */
   get privateOutputBytes(): number {
-    return this.output.byteLength;
+    return align(this.output.byteLength) + this.tokens.byteLength;
   }
 
   /** Slots not on the free list: being filled, queued, running, or waiting to be read. */
   slotsInUse(): number {
     return this.layout.slotCount - this.free.size();
   }
+
+  /** Pages of the token area taken (with their slots, by requests for token vectors). */
+  tokenPagesInUse(): number {
+    return this.tokenFree ? (this.layout.tokenPages ?? 0) - this.tokenFree.size() : 0;
+  }
 }
 
 function validateLayout(l: SlabLayout): void {
   for (const [k, v] of Object.entries(l)) {
-    if (!Number.isInteger(v) || v < 1) throw new RangeError(`slab ${k} must be a positive integer, got ${v}`);
+    const optional = k === 'tokenPages' || k === 'tokenWidth';
+    if (!Number.isInteger(v) || v < (optional ? 0 : 1)) throw new RangeError(`slab ${k} must be a ${optional ? 'whole number' : 'positive integer'}, got ${v}`);
   }
+  if ((l.tokenPages ?? 0) > l.slotCount) throw new RangeError(`slab tokenPages (${l.tokenPages}) must not exceed slotCount (${l.slotCount})`);
+  if ((l.tokenPages ?? 0) > 0 && !((l.tokenWidth ?? 0) > 0)) throw new RangeError('slab tokenWidth must be positive where there are token pages');
 }

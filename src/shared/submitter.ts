@@ -47,6 +47,8 @@ import {
   H_LENGTH,
   H_OWNER,
   H_POOL_FROM,
+  H_TOKEN_PAGE,
+  H_ATTENDED,
   H_PRIORITY,
   HEADER_I32,
   INTERLEAVE_CHUNK,
@@ -77,6 +79,8 @@ export interface SubmitInput {
   typeIds: ArrayLike<number> | null;
   /** Leading tokens the pooling leaves out (slab.ts H_POOL_FROM); default 0. */
   poolFrom?: number | undefined;
+  /** Leading tokens the attention sees when fewer than all (slab.ts H_ATTENDED: ColBERT's query expansion); default all. */
+  attended?: number | undefined;
 }
 
 /** How one request (all its inputs) is submitted: {@link SlabSubmitter.submitRequest}. */
@@ -101,6 +105,9 @@ export interface RequestRows {
   queueMs: number;
   /** Longest batch run among its inputs, ms. */
   inferenceMs: number;
+  /** With token pages taken (reserve's `tokens`): each input's token vectors, [length x tokenWidth] (copies). */
+  tokens?: Float32Array[];
+  tokenWidth?: number;
 }
 
 /**
@@ -301,9 +308,11 @@ export class SlabSubmitter {
   /**
    * Takes `count` free slots of `model` for one request, all or none: with
    * fewer free, rejects with OverloadedError at once and holds nothing. The
-   * slots are FILLING and this owner's until submitted or released.
+   * slots are FILLING and this owner's until submitted or released. With
+   * `tokens`, each slot takes a page of the model's token area too (its
+   * inputs' token vectors come back in RequestRows.tokens), all or none.
    */
-  reserve(model: number, count: number): SlotReservation {
+  reserve(model: number, count: number, tokens = false): SlotReservation {
     if (this.closed) throw new EngineClosedError();
     const slab = this.slabs[model];
     if (!slab) throw new ModelUnloadedError();
@@ -315,22 +324,45 @@ export class SlabSubmitter {
       popped.push(slot);
     }
     if (popped.length < count) {
-      for (const slot of popped) slab.free.push(slot); // still FREE: nothing else to undo
+      for (const slot of popped) slab.freeSlot(slot); // still FREE: nothing else to undo
       throw new OverloadedError(
         count > slab.layout.slotCount
           ? `${count} inputs need more slots than the ${slab.layout.slotCount} this model has (--slots-per-model)`
           : `${count} request slot${count === 1 ? '' : 's'} needed, fewer free of ${slab.layout.slotCount}; retry shortly`,
       );
     }
-    for (const slot of popped) this.acquire(slab, slot);
+    const pages = tokens ? this.takePages(slab, count, popped) : null;
+    for (const [i, slot] of popped.entries()) {
+      this.acquire(slab, slot);
+      if (pages) slab.setHeader(slot, H_TOKEN_PAGE, pages[i]! + 1);
+    }
     this.reserved += count;
     return new SlotReservation(model, popped, (slot) => {
       this.reserved--;
       if (slab.transition(slot, SlotState.FILLING, SlotState.FREE) !== SlotState.FILLING) {
         throw new Error(`reserved slot ${slot} is not FILLING (state ${slab.state(slot)})`);
       }
-      slab.free.push(slot);
+      slab.freeSlot(slot);
     });
+  }
+
+  /** `count` pages of the token area, all or none: with fewer free, the popped slots go back and OverloadedError. */
+  private takePages(slab: Slab, count: number, popped: number[]): number[] {
+    const pages: number[] = [];
+    while (pages.length < count && slab.tokenFree) {
+      const page = slab.tokenFree.pop();
+      if (page === -1) break;
+      pages.push(page);
+    }
+    if (pages.length === count) return pages;
+    for (const page of pages) slab.tokenFree!.push(page);
+    for (const slot of popped) slab.free.push(slot); // still FREE, and holding no page
+    const total = slab.layout.tokenPages ?? 0;
+    throw new OverloadedError(
+      count > total
+        ? `${count} inputs of token vectors need more than the ${total} the model's token area holds at once (--token-output-mb)`
+        : `${count} inputs of token vectors need room in the model's token area, fewer of its ${total} free; retry shortly`,
+    );
   }
 
   /** FREE -> FILLING for a slot just popped off the free list, marked as this owner's; returns its new generation. */
@@ -397,6 +429,7 @@ export class SlabSubmitter {
     else types.fill(0, 0, len);
     slab.setHeader(slot, H_LENGTH, len);
     slab.setHeader(slot, H_POOL_FROM, x.poolFrom ?? 0);
+    slab.setHeader(slot, H_ATTENDED, x.attended ?? 0);
     slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
     slab.setHeader(slot, H_CHUNK, Math.floor(((opts.firstInput ?? 0) + i) / INTERLEAVE_CHUNK));
     slab.setHeader(slot, H_ERROR, SlotError.NONE);
@@ -510,6 +543,11 @@ export class SlabSubmitter {
     }
     const r = t.result;
     r.rows.set(slab.slotOutput(slot), i * r.width);
+    const page = slab.header(slot, H_TOKEN_PAGE);
+    if (page > 0) {
+      (r.tokens ??= new Array<Float32Array>(t.slots.length))[i] = slab.pageTokens(page - 1, slab.header(slot, H_LENGTH)).slice();
+      r.tokenWidth = slab.layout.tokenWidth!;
+    }
     const started = slab.time(slot, T_STARTED);
     r.queueMs = Math.max(r.queueMs, started - slab.time(slot, T_ENQUEUED));
     r.inferenceMs = Math.max(r.inferenceMs, slab.time(slot, T_FINISHED) - started);
@@ -525,7 +563,7 @@ export class SlabSubmitter {
     if (slab.transition(slot, state, SlotState.FREE) !== state) {
       throw new Error(`slot ${slot} changed state while its owner released it`);
     }
-    slab.free.push(slot);
+    slab.freeSlot(slot);
   }
 
   /** Rejects every request still waiting (after the inference thread has stopped). */

@@ -8,17 +8,16 @@
  * absent means the model's own setting, and a model of another task answers
  * FAILED_PRECONDITION (status.ts).
  *
- * EmbedSparse is /embed_sparse (a model without a sparse output: FAILED_PRECONDITION,
- * as its 424). EmbedAll (and its stream) answers FAILED_PRECONDITION naming what
- * the model gives: the server has no per-token output yet.
+ * EmbedSparse is /embed_sparse and EmbedAll /embed_all (a model without that
+ * output: FAILED_PRECONDITION, as their 424).
  */
-import { classifications, embeddings, type InferResult, type ServedModel } from '../../core/infer.js';
-import { ValidationError, WrongTaskError } from '../../shared/errors.js';
+import { classifications, embeddings, tokenVectors, type InferResult, type ServedModel } from '../../core/infer.js';
+import { ValidationError } from '../../shared/errors.js';
 import type { Task } from '../../shared/model-config.js';
 import { shorten } from '../routes-openai.js';
 import type { Endpoint } from '../serving.js';
 import { sparseEntries, sparseOf } from '../../core/sparse.js';
-import { decodeEndpoint, embedEndpoint, embedSparseEndpoint, labelScores, predictEndpoint, rerankEndpoint, tokenizeEndpoint } from '../tei.js';
+import { decodeEndpoint, embedAllEndpoint, embedEndpoint, embedSparseEndpoint, labelScores, predictEndpoint, rerankEndpoint, tokenizeEndpoint } from '../tei.js';
 import {
   gatheredInference,
   localEndpoint,
@@ -103,11 +102,21 @@ const embed: InferenceMethod<EmbedMessage, EmbedState> = {
   }),
 };
 
+/** EmbedSparseRequest and EmbedAllRequest: the same fields. */
 interface SparseMessage {
   inputs: string;
   truncate?: boolean;
   truncation_direction?: unknown;
   prompt_name?: string;
+}
+
+function sparseBody(req: SparseMessage, scope: CallScope) {
+  return {
+    inputs: req.inputs,
+    ...common(req, scope),
+    ...directionField(req),
+    ...(req.prompt_name !== undefined ? { prompt_name: req.prompt_name } : {}),
+  };
 }
 
 /** EmbedSparse: /embed_sparse's parse, the one input's non-zero weights as `sparse_embeddings`. */
@@ -124,30 +133,25 @@ const embedSparse: InferenceMethod<SparseMessage, { chars: number; started: numb
       return { sparse_embeddings: sparseEntries(row), metadata: timings(r, s.chars, s.started) };
     },
   },
-  body: (req, scope) => ({
-    inputs: req.inputs,
-    ...common(req, scope),
-    ...directionField(req),
-    ...(req.prompt_name !== undefined ? { prompt_name: req.prompt_name } : {}),
-  }),
+  body: sparseBody,
 };
 
-/** EmbedAll: the output the server does not have yet, refused by the model's task. */
-function unavailableOutput(route: string, what: string): InferenceMethod<{ inputs: string }, null> {
-  return {
-    endpoint: {
-      route,
-      task: 'embed',
-      parse(raw, ec) {
-        const model = ec.infer.resolve('embed', (raw as { model?: string }).model);
-        ec.label.model = model.plan.spec.name;
-        throw new WrongTaskError(`model "${model.plan.spec.name}" has no ${what} output: it gives pooled dense embeddings (Embed)`);
-      },
-      answer: () => null,
+/** EmbedAll: /embed_all's parse, the one input's token vectors as `token_embeddings`. */
+const embedAll: InferenceMethod<SparseMessage, { chars: number; started: number }> = {
+  endpoint: {
+    route: '/tei.v1.Embed/EmbedAll',
+    task: 'embed',
+    parse(raw, ec) {
+      const { call } = embedAllEndpoint.parse(raw, ec);
+      return { call, state: { chars: (raw as SparseMessage).inputs.length, started: performance.now() } };
     },
-    body: (req, scope) => ({ inputs: req.inputs, model: metadataText(scope.metadata, 'x-model') }),
-  };
-}
+    answer(r, _call, s) {
+      const token_embeddings = tokenVectors(r.rows, 0).map((v) => ({ embeddings: Array.from(v) }));
+      return { token_embeddings, metadata: timings(r, s.chars, s.started) };
+    },
+  },
+  body: sparseBody,
+};
 
 interface PredictMessage {
   inputs: string | string[];
@@ -314,7 +318,6 @@ function info(deps: GrpcDeps, version: string, tokenizationWorkers: number) {
 
 /** The services of tei.v1, by service name, each a handler per method. */
 export function teiServices(deps: GrpcDeps, version: string, tokenizationWorkers: number) {
-  const all = unavailableOutput('/tei.v1.Embed/EmbedAll', 'per-token');
   return {
     Info: { Info: unaryLocal(deps, '/tei.v1.Info/Info', info(deps, version, tokenizationWorkers)) },
     Embed: {
@@ -322,8 +325,8 @@ export function teiServices(deps: GrpcDeps, version: string, tokenizationWorkers
       EmbedStream: streamInference(deps, '/tei.v1.Embed/EmbedStream', embed),
       EmbedSparse: unaryInference(deps, '/tei.v1.Embed/EmbedSparse', embedSparse),
       EmbedSparseStream: streamInference(deps, '/tei.v1.Embed/EmbedSparseStream', embedSparse),
-      EmbedAll: unaryInference(deps, '/tei.v1.Embed/EmbedAll', all),
-      EmbedAllStream: streamInference(deps, '/tei.v1.Embed/EmbedAllStream', all),
+      EmbedAll: unaryInference(deps, '/tei.v1.Embed/EmbedAll', embedAll),
+      EmbedAllStream: streamInference(deps, '/tei.v1.Embed/EmbedAllStream', embedAll),
     },
     Predict: {
       Predict: unaryInference(deps, '/tei.v1.Predict/Predict', predict),
