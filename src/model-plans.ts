@@ -115,7 +115,11 @@ function modelFolder(modelsDir: string, given: string): { name: string; dir: str
 export function describeSettings(plan: ModelPlan): string {
   const { spec } = plan;
   const parts = [`task=${spec.task} (${spec.sources.task})`, `dtype=${spec.dtype} (${spec.sources.dtype})`];
-  if (spec.task === 'embed') {
+  const c = spec.colbert;
+  if (c) {
+    const dense = `${c.dense.inFeatures}->${c.dense.outFeatures}${c.dense.activation === 'tanh' ? ' tanh' : ''}`;
+    parts.push(`colbert=dense ${dense}, query ${c.queryLength}${c.doQueryExpansion ? ' expanded' : ''}, document ${c.documentLength} (modules.json, config_sentence_transformers.json)`);
+  } else if (spec.task === 'embed') {
     parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
     if (!spec.includePrompt) parts.push('include_prompt=false (1_Pooling/config.json)');
   }

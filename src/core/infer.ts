@@ -28,6 +28,7 @@
  * read by the functions at the end of this file; answer shapes are the
  * dialects' business (routes*.ts, ws.ts, the engine). Transport-free.
  */
+import { colbertTextLength, markColbert, type ColbertInputType } from './colbert.js';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { admission } from '../shared/admission.js';
 import type { Cancellation } from '../shared/cancel.js';
@@ -59,6 +60,8 @@ export type Tokens = Pick<Encoding, 'ids'> & {
   typeIds: Int32Array | null;
   /** Leading tokens the pooling leaves out (a prompt's, include_prompt false); default 0. */
   poolFrom?: number;
+  /** Leading tokens the attention sees, where fewer than all (ColBERT's query expansion); default all. */
+  attended?: number;
 };
 
 export interface Timing {
@@ -108,6 +111,8 @@ export function inputCount(inputs: Inputs): number {
 export interface Truncation {
   truncate: boolean;
   direction?: TruncationDirection | undefined;
+  /** Tokens an input may have, where fewer than the model's max length (a ColBERT query's). */
+  maxLength?: number | undefined;
 }
 
 /** What one request runs, one input per slot. */
@@ -120,6 +125,8 @@ export type CallInputs =
       direction?: TruncationDirection | undefined;
       /** Leading tokens of each text input the pooling leaves out: its prompt's (prompts.ts, include_prompt false). */
       poolFrom?: number | undefined;
+      /** A ColBERT model's inputs: marked, cut and expanded as PyLate does for this type (core/colbert.ts). */
+      colbert?: ColbertInputType | undefined;
     }
   /** (query, text) pairs for a cross-encoder: one query for every text, or one per text. */
   | { kind: 'pairs'; queries: readonly string[]; texts: readonly string[]; truncate: boolean }
@@ -152,6 +159,8 @@ export interface InferResult {
   timing: Timing;
   /** With the result cache on: 'hit' when every input was answered from it (no slot, no run; timing 0), else 'miss'. Absent: off. */
   cache?: 'hit' | 'miss';
+  /** A call with tokenRows: each input's token ids as they ran (rows.tokens[i] has a vector for each). */
+  inputIds?: Int32Array[];
 }
 
 /** Client batches of at most this many characters are tokenized inline by default (--inline-tokenize-chars), larger ones on the tokenizer pool. */
@@ -234,8 +243,17 @@ export class Infer {
     return list;
   }
 
-  /** The named model, or the first of the right task; checks the task matches. */
+  /**
+   * The named model, or the first of the right task; checks the task matches.
+   * Every route of the embed task but /embed_sparse and /embed_all reads
+   * pooled rows, so for 'embed' this is resolveOutput('dense'): a ColBERT
+   * model (token vectors only) is 424 there.
+   */
   resolve(task: Task, name?: string): ServedModel {
+    return task === 'embed' ? this.resolveOutput('dense', 'this route', name) : this.ofTask(task, name);
+  }
+
+  private ofTask(task: Task, name?: string): ServedModel {
     if (name !== undefined) {
       const m = this.byName(name);
       if (m.plan.spec.task !== task) throw new WrongTaskError(`model "${name}" is a ${m.plan.spec.task} model, not ${task}`);
@@ -253,13 +271,15 @@ export class Infer {
    */
   resolveOutput(output: ModelOutput, route: string, name?: string): ServedModel {
     if (name !== undefined) {
-      const m = this.resolve('embed', name);
+      const m = this.ofTask('embed', name);
       if (!m.plan.spec.outputs.includes(output)) {
         throw new OutputUnavailableError(`model "${name}" has no ${output} output for ${route}: it gives ${m.plan.spec.outputs.join(' and ')}`);
       }
       return m;
     }
-    const m = this.modelsOf('embed').find((x) => x.plan.spec.outputs.includes(output));
+    const embedders = this.modelsOf('embed');
+    if (embedders.length === 0) throw new ModelNotFoundError('(any embed model)', this.names());
+    const m = embedders.find((x) => x.plan.spec.outputs.includes(output));
     if (!m) throw new OutputUnavailableError(`no model served gives a ${output} output for ${route} (served: ${this.names().join(', ') || 'none'})`);
     return m;
   }
@@ -309,6 +329,11 @@ export class Infer {
     const count = callCount(call.inputs);
     const partSize = this.partSize(model);
     const tokenRows = call.tokenRows === true;
+    const spec = model.plan.spec;
+    // Routes that name a model of any task (OpenAI's, KServe's) reach here too: pooled rows need a dense output.
+    if (spec.task === 'embed' && !tokenRows && !spec.outputs.includes('dense')) {
+      throw new OutputUnavailableError(`model "${spec.name}" has no dense output: it gives ${spec.outputs.join(' and ')} (/embed_all)`);
+    }
     if (count > partSize) {
       if (tokenRows) throw new ValidationError(`${count} inputs of token vectors in one request; at most ${partSize} for model "${model.plan.spec.name}" (--max-batch-size, at least 32, at most a quarter of --slots-per-model)`);
       return this.inferInParts(call, count, deadline, timeoutMs, partSize);
@@ -338,7 +363,14 @@ export class Infer {
       }
       let tokenCount = 0;
       for (const t of tokens) tokenCount += t.ids.length;
-      return this.answered(model, deadline, { rows, tokens: tokenCount, tokenizeMs, timing: timingOf(rows), ...(look ? { cache: look.missing.length === 0 ? 'hit' : 'miss' } : {}) });
+      return this.answered(model, deadline, {
+        rows,
+        tokens: tokenCount,
+        tokenizeMs,
+        timing: timingOf(rows),
+        ...(look ? { cache: look.missing.length === 0 ? 'hit' : 'miss' } : {}),
+        ...(tokenRows ? { inputIds: tokens.map((t) => t.ids) } : {}),
+      });
     } finally {
       held?.release();
     }
@@ -504,6 +536,7 @@ export class Infer {
   private tokenize(model: ServedModel, inputs: CallInputs, cancel: Cancellation | undefined): Tokens[] | Promise<Tokens[]> {
     switch (inputs.kind) {
       case 'inputs': {
+        if (inputs.colbert) return this.colbertTokens(model, inputs.inputs, inputs.colbert, inputs.direction, cancel);
         const encoded = this.encodeInputs(model, inputs.inputs, inputs, cancel);
         if (!inputs.poolFrom) return encoded;
         const mark = (e: Encoding[]) => poolingFrom(inputs.inputs, e, inputs.poolFrom!, inputs.direction);
@@ -515,6 +548,16 @@ export class Infer {
         this.checkTokens(model, inputs.tokens);
         return inputs.tokens as Tokens[];
     }
+  }
+
+  /** A ColBERT model's texts, cut to their type's length (always, as PyLate does), marked and a query expanded. */
+  private colbertTokens(model: ServedModel, inputs: readonly Input[], kind: ColbertInputType, direction: TruncationDirection | undefined, cancel: Cancellation | undefined): Tokens[] | Promise<Tokens[]> {
+    if (inputs.some((x) => typeof x !== 'string')) throw new ValidationError('a ColBERT model takes texts, not token ids: the server puts in its query and document markers');
+    const c = model.plan.spec.colbert!;
+    const maxLength = colbertTextLength(c, kind, model.plan.maxLength);
+    const encoded = this.encodeTexts(model, inputs as string[], { truncate: true, direction, maxLength }, cancel);
+    const mark = (list: Encoding[]) => list.map((e) => markColbert(e, c, kind, model.plan.maxLength));
+    return encoded instanceof Promise ? encoded.then(mark) : mark(encoded);
   }
 
   /**
@@ -529,7 +572,7 @@ export class Infer {
       if (t.length === 0) throw new ValidationError('inputs must not be empty strings');
       chars += t.length;
     }
-    const opts = { maxLength: model.plan.maxLength, truncate: cut.truncate, direction: cut.direction };
+    const opts = { maxLength: cut.maxLength ?? model.plan.maxLength, truncate: cut.truncate, direction: cut.direction };
     if (texts.length === 1 && chars <= this.inlineTokenizeChars) return [model.tokenizer.encode(texts[0]!, opts)];
     if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts as string[], opts, cancel);
     return model.tokenizer.encodeBatch(texts as string[], opts);

@@ -72,9 +72,12 @@ export const EmbedSparseRequest = z.strictObject({
 });
 export type EmbedSparseRequest = z.infer<typeof EmbedSparseRequest>;
 
-/** POST /embed_all: TEI's body. */
-export const EmbedAllRequest = EmbedSparseRequest;
-export type EmbedAllRequest = EmbedSparseRequest;
+/** POST /embed_all: TEI's body, and `input_type` for a ColBERT model (PyLate's query or document marking). */
+export const EmbedAllRequest = z.strictObject({
+  ...EmbedSparseRequest.shape,
+  input_type: z.enum(['query', 'document']).optional(),
+});
+export type EmbedAllRequest = z.infer<typeof EmbedAllRequest>;
 
 /**
  * Hugging Face's text-classification parameters (its Inference API and

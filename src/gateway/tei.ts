@@ -9,6 +9,7 @@ import { FieldValidationError, OutputUnavailableError, ValidationError } from '.
 import type { ModelOutput, Task } from '../shared/model-config.js';
 import { floatAnswer, quantizedRowsAnswer, rowLists, rowsAnswer } from './answers.js';
 import { float32RowListsJson, float32RowsInJson, sparseRowsJson } from './float-json.js';
+import { keptTokens, type ColbertInputType } from '../core/colbert.js';
 import { sparseEntries, sparseOf } from '../core/sparse.js';
 import {
   classifications,
@@ -139,23 +140,40 @@ export const embedSparseEndpoint: Endpoint<null> = {
 };
 
 /**
- * POST /embed_all `{inputs, truncate?, truncation_direction?, prompt_name?, model?}` ->
+ * POST /embed_all `{inputs, truncate?, truncation_direction?, prompt_name?, model?, input_type?}` ->
  * per input, per token (special tokens included, padding never), its vector: the
- * token states (TEI's route). A model without token vectors (SPLADE) is 424.
+ * token states (TEI's route). A ColBERT model's are its projected, normalised
+ * vectors, marked by `input_type` (required there; core/colbert.ts). A model
+ * without token vectors (SPLADE) is 424.
  */
-export const embedAllEndpoint: Endpoint<null> = {
+export const embedAllEndpoint: Endpoint<ColbertInputType | null> = {
   route: '/embed_all',
   task: 'embed',
   parse(raw, ec) {
     const body = parseBody(EmbedAllRequest, raw);
     const call = prompted(inputsCall(ec, { output: 'tokens', route: '/embed_all' }, body), body);
-    return { call: { ...call, tokenRows: true }, state: null };
+    const kind = colbertInputType(call.model, body.input_type);
+    return { call: { ...call, inputs: { ...call.inputs, colbert: kind ?? undefined }, tokenRows: true }, state: kind };
   },
-  answer(r, call) {
-    const lists = Array.from({ length: r.rows.rows.length / r.rows.width }, (_, i) => tokenVectors(r.rows, i));
+  answer(r, call, kind) {
+    const lists = Array.from({ length: r.rows.rows.length / r.rows.width }, (_, i) => {
+      const vectors = tokenVectors(r.rows, i);
+      return kind ? keptTokens(r.inputIds![i]!, call.model.plan.spec.colbert!, kind).map((t) => vectors[t]!) : vectors;
+    });
     return floatAnswer(() => lists.map(rowLists), () => float32RowListsJson(lists));
   },
 };
+
+/** `input_type` where the model is ColBERT (required: a query and a document are marked and cut apart), refused elsewhere. */
+function colbertInputType(model: ServedModel, type: ColbertInputType | undefined): ColbertInputType | null {
+  const name = model.plan.spec.name;
+  if (!model.plan.spec.colbert) {
+    if (type !== undefined) throw new FieldValidationError(`input_type is for ColBERT models; "${name}" gives its token states as they are`, 'input_type');
+    return null;
+  }
+  if (type === undefined) throw new FieldValidationError(`"${name}" is a ColBERT model: say "input_type": "query" or "document" (they are marked and cut to different lengths)`, 'input_type');
+  return type;
+}
 
 /** Which numbers a classification answers with: softmax probabilities (the default), the logits, or their sigmoids. */
 type ScoreKind = 'probabilities' | 'logits' | 'sigmoid';

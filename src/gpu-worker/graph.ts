@@ -20,7 +20,8 @@
  * It works on any Hugging Face BERT-style export (optimum or torch.onnx) whose
  * outputs are `last_hidden_state` or `logits`, and on ours from `npm run models`.
  */
-import type { ModelSpec, Pooling, SpladeSettings } from '../shared/model-config.js';
+import type { ColbertSpec, ModelSpec, Pooling, SpladeSettings } from '../shared/model-config.js';
+import { readSafetensors } from '../shared/safetensors.js';
 import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/onnx-graph.js';
 
 export interface PreparedModel {
@@ -69,7 +70,6 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
   // [CLS] pooling takes the first token's state whatever the mask says, as sentence-transformers does.
   const hasPoolingMask = spec.task === 'embed' && !spec.includePrompt && spec.pooling !== 'cls';
 
-  if (spec.colbert) throw new Error(`model ${spec.name}: PyLate (ColBERT) folders are read but not served yet: the Dense projection is not in the graph`);
   if (spec.task === 'embed') {
     const poolingMask = hasPoolingMask ? b.addInput(POOLING_MASK, inputType, ['batch_size', 'sequence_length']) : 'attention_mask';
     let pooled: string;
@@ -78,8 +78,10 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
     } else {
       const hidden = asFloat(b, graph, findOutput(outputNames, ['last_hidden_state', 'token_embeddings'], spec));
       pooled = pool(b, hidden, spec.pooling, opset, poolingMask);
-      if (spec.tokenWidth > 0) tokenOutput = { name: TOKEN_OUTPUT, width: spec.tokenWidth };
-      if (tokenOutput) b.node('Identity', [hidden], undefined, [TOKEN_OUTPUT]);
+      if (spec.tokenWidth > 0) {
+        tokenOutput = { name: TOKEN_OUTPUT, width: spec.tokenWidth };
+        b.node('Identity', [spec.colbert ? colbertVectors(b, hidden, spec.colbert.dense) : hidden], undefined, [TOKEN_OUTPUT]);
+      }
     }
     // L2 normalisation, with the norm kept so the caller can undo it.
     const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [pooled, pooled]), axes(b, 1)], { keepdims: 1 })]);
@@ -213,6 +215,32 @@ function pool(b: GraphBuilder, hidden: string, mode: Pooling, opset: number, mas
       return sumOver(b.op('Mul', [hidden, isLast]));
     }
   }
+}
+
+/**
+ * A PyLate model's token vectors from the token states [B,T,H]: its Dense
+ * module (activation(x W^T + b), weights from its model.safetensors), then
+ * L2-normalised per token as PyLate's normalize (x / max(|x|, 1e-12)).
+ */
+function colbertVectors(b: GraphBuilder, hidden: string, dense: ColbertSpec['dense']): string {
+  const tensors = readSafetensors(dense.weightsPath);
+  const weight = tensors.get('linear.weight');
+  if (!weight || weight.shape.join() !== `${dense.outFeatures},${dense.inFeatures}`) {
+    throw new Error(`${dense.weightsPath}: expected linear.weight [${dense.outFeatures}, ${dense.inFeatures}], found ${weight ? `[${weight.shape.join(', ')}]` : 'none'}`);
+  }
+  // MatMul takes [H, D]: the weight transposed.
+  const { inFeatures: h, outFeatures: d } = dense;
+  const wt = new Float32Array(h * d);
+  for (let o = 0; o < d; o++) for (let i = 0; i < h; i++) wt[i * d + o] = weight.data[o * h + i]!;
+  let x = b.op('MatMul', [hidden, b.addInitializer('slabserve_colbert_weight', 'float', wt, [h, d])]);
+  if (dense.bias) {
+    const bias = tensors.get('linear.bias');
+    if (!bias || bias.data.length !== d) throw new Error(`${dense.weightsPath}: expected linear.bias [${d}] (the Dense config says bias: true)`);
+    x = b.op('Add', [x, b.addInitializer('slabserve_colbert_bias', 'float', bias.data, [d])]);
+  }
+  if (dense.activation === 'tanh') x = b.op('Tanh', [x]);
+  const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [x, x]), axes(b, 2)], { keepdims: 1 })]);
+  return b.op('Div', [x, b.op('Max', [norm, scalar(b, 'slabserve_eps_norm', 1e-12)])]);
 }
 
 /**

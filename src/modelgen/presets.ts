@@ -18,6 +18,8 @@ import { join } from 'node:path';
 import { buildBertModel, type BertSpec } from './bert-graph.js';
 import { POOLINGS, type Pooling } from '../shared/hf-folder.js';
 import { quantizeDynamicInt8, toFloat16Variant } from './quantize.js';
+import { Rng } from './rng.js';
+import { encodeSafetensors } from '../shared/safetensors.js';
 import { buildBertTokenizerJson, buildByteBpeTokenizerJson, buildModernBertTokenizerJson, buildUnigramTokenizerJson, MODERNBERT_SPECIALS, QWEN_SPECIALS, XLMR_SPECIALS } from './tokenizer-json.js';
 
 /** The 8 intents of the tiny-intent classifier, by class id. */
@@ -66,12 +68,16 @@ export interface Preset {
   sentenceTransformers?: SentenceTransformersLayout;
   /** A masked-LM preset written as a sentence-transformers SparseEncoder folder (MLMTransformer, SpladePooling): SPLADE. */
   sparseEncoder?: { poolingStrategy: 'max' | 'sum' };
+  /** A PyLate folder (ColBERT): Transformer then Dense to `dim`, its [Q] / [D] markers added to the tokenizer. */
+  colbert?: { dim: number };
   serve: ServeJson;
   /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
 }
 
 const VOCAB = 30522;
+/** PyLate's default markers: added to the tokenizer as plain tokens, trailing space included (ids VOCAB, VOCAB + 1). */
+const COLBERT_MARKERS = ['[Q] ', '[D] '] as const;
 const MAX_POSITIONS = 512;
 const TYPE_VOCAB = 2;
 
@@ -144,6 +150,15 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     spec: { ...encoder(2, 128, 2, 512), task: 'mlm', seed: 20_012 },
     serve: { task: 'embed' },
     sparseEncoder: { poolingStrategy: 'max' },
+  },
+  'tiny-colbert': {
+    name: 'tiny-colbert',
+    description:
+      'PyLate ColBERT layout (colbertv2 / GTE-ModernColBERT): BERT WordPiece with "[Q] " and "[D] " added, Transformer then a Dense projection to 32 ' +
+      '(1_Dense/model.safetensors), query length 32 with [MASK] expansion, document length 180, punctuation skiplist',
+    spec: { ...encoder(2, 128, 2, 512), vocabSize: VOCAB + COLBERT_MARKERS.length, task: 'embed', seed: 20_013 },
+    serve: { task: 'embed' },
+    colbert: { dim: 32 },
   },
   'tiny-minilm': {
     name: 'tiny-minilm',
@@ -393,6 +408,43 @@ function sparseEncoderFiles(s: BertSpec, poolingStrategy: 'max' | 'sum'): Record
   };
 }
 
+/**
+ * A PyLate folder's own files (pylate.models.ColBERT.save): Transformer, then
+ * its Dense (no bias, identity, as PyLate creates it) with seeded weights, the
+ * markers as added tokens, and its ColBERT settings (PyLate's defaults).
+ */
+function pylateFiles(s: BertSpec, dim: number): Record<string, string | Uint8Array> {
+  const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
+  const tokenizer = buildBertTokenizerJson() as { added_tokens: object[] };
+  COLBERT_MARKERS.forEach((content, i) =>
+    tokenizer.added_tokens.push({ id: VOCAB + i, content, single_word: false, lstrip: false, rstrip: false, normalized: true, special: false }),
+  );
+  const weight = new Rng(s.seed).fork('colbert dense').normalArray(dim * s.hidden, 1 / Math.sqrt(s.hidden));
+  return {
+    'tokenizer.json': JSON.stringify(tokenizer, null, 2),
+    'modules.json': json([
+      { idx: 0, name: '0', path: '', type: 'sentence_transformers.models.Transformer' },
+      { idx: 1, name: '1', path: '1_Dense', type: 'pylate.models.Dense.Dense' },
+    ]),
+    '1_Dense/config.json': json({ in_features: s.hidden, out_features: dim, bias: false, activation_function: 'torch.nn.modules.linear.Identity', use_residual: false }),
+    '1_Dense/model.safetensors': encodeSafetensors({ 'linear.weight': { shape: [dim, s.hidden], data: weight } }),
+    'sentence_bert_config.json': json({ max_seq_length: 179, do_lower_case: false }),
+    'config_sentence_transformers.json': json({
+      model_type: 'ColBERT',
+      prompts: { query: '', document: '' },
+      default_prompt_name: null,
+      similarity_fn_name: 'MaxSim',
+      query_prefix: COLBERT_MARKERS[0],
+      document_prefix: COLBERT_MARKERS[1],
+      query_length: 32,
+      document_length: 180,
+      attend_to_expansion_tokens: false,
+      skiplist_words: [...'!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~'],
+      do_query_expansion: true,
+    }),
+  };
+}
+
 /** A ModernBertConfig: its special ids are the tokenizer's, after the pieces. */
 function modernbertConfigJson(name: string, s: BertSpec): Record<string, unknown> {
   const id = (t: (typeof MODERNBERT_SPECIALS)[number]) => s.vocabSize - MODERNBERT_SPECIALS.length + MODERNBERT_SPECIALS.indexOf(t);
@@ -476,6 +528,7 @@ export function buildPresetFiles(name: string): PresetFiles {
   };
   if (preset.sentenceTransformers) return { ...bert, ...sentenceTransformersFiles(spec.hidden, preset.sentenceTransformers) };
   if (preset.sparseEncoder) return { ...bert, ...sparseEncoderFiles(spec, preset.sparseEncoder.poolingStrategy) };
+  if (preset.colbert) return { ...bert, ...pylateFiles(spec, preset.colbert.dim) };
   return { ...bert, 'serve.json': JSON.stringify(preset.serve, null, 2) + '\n' };
 }
 

@@ -149,7 +149,7 @@ export function readFolderSettings(dir: string, config: HfConfigFields, tokenize
   const spladeModule = modules?.find((m) => moduleKind(m) === 'SpladePooling');
   if (spladeModule) settings.splade = readSplade(dir, spladeModule.path ?? '1_SpladePooling');
   const denseModule = modules?.find((m) => moduleKind(m) === 'Dense');
-  if (denseModule) settings.colbert = readColbert(dir, denseModule.path ?? '1_Dense');
+  if (denseModule && modules!.some(isPylate)) settings.colbert = readColbert(dir, denseModule.path ?? '1_Dense');
 
   const sbert = readOptional<{ max_seq_length?: unknown; do_lower_case?: unknown }>(dir, 'sentence_bert_config.json');
   if (sbert?.max_seq_length !== undefined) {
@@ -214,13 +214,18 @@ function checkModules(dir: string, modules: StModule[]): void {
   if (sparse && !(modules.some((m) => moduleKind(m) === 'MLMTransformer') && modules.some((m) => moduleKind(m) === 'SpladePooling'))) {
     throw new Error(`${join(dir, 'modules.json')}: a SparseEncoder folder needs both MLMTransformer and SpladePooling`);
   }
+  if (served === COLBERT_MODULES && modules.filter((m) => moduleKind(m) === 'Dense').length !== 1) {
+    throw new Error(`${join(dir, 'modules.json')}: a PyLate folder with ${modules.filter((m) => moduleKind(m) === 'Dense').length} Dense modules is not supported (one is)`);
+  }
 }
 
 /** A PyLate folder: its Dense module's config.json, and config_sentence_transformers.json's ColBERT fields (PyLate's defaults where absent). */
 function readColbert(dir: string, densePath: string): ColbertFolder {
   const file = `${densePath}/config.json`;
-  const dense = readOptional<{ in_features?: unknown; out_features?: unknown; bias?: unknown; activation_function?: unknown }>(dir, file);
+  const dense = readOptional<{ in_features?: unknown; out_features?: unknown; bias?: unknown; activation_function?: unknown; use_residual?: unknown }>(dir, file);
   if (!dense) throw new Error(`${join(dir, file)}: missing (the Dense module's in_features, out_features, bias, activation_function)`);
+  // PyLate's residual Dense (since late 2025) adds a second projection of the input: not served.
+  if (dense.use_residual === true) throw new Error(`${join(dir, file)}: use_residual true is not supported (a Dense without the residual projection is)`);
   const positive = (v: unknown, what: string, where: string) => {
     if (!Number.isInteger(v) || (v as number) < 1) throw new Error(`${where}: ${what} must be a positive integer, got ${String(v)}`);
     return v as number;

@@ -229,7 +229,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     throw new Error(`model ${name}: unknown pooling "${String(pooling.value)}" (${pooling.source}); expected one of ${POOLINGS.join(', ')} or splade`);
   }
   const splade = task === 'embed' && pooling.value === 'splade' ? spladeOf(name, config, folder) : undefined;
-  if (task === 'embed' && pooling.source === 'default') {
+  if (task === 'embed' && pooling.source === 'default' && !folder.colbert) {
     warnings.push(`model ${name}: the folder names no pooling (no 1_Pooling/config.json): mean pooling; --pooling or serve.json to choose`);
   }
   // SPLADE weights are served as they are (TEI refuses normalize for them): no Normalize module follows SpladePooling.
@@ -237,7 +237,9 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   if (splade && normalize.value) throw new Error(`model ${name}: SPLADE weights are not normalised (normalize true from ${normalize.source})`);
   const dimension = splade ? config.vocab_size! : hiddenSize!;
   const colbert = task === 'embed' && folder.colbert ? colbertOf(name, dir, folder.colbert, hiddenSize!, tokenizerPath) : undefined;
-  const maxLength = inputLimit(name, folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
+  // PyLate cuts queries and documents to their own lengths; its sentence_bert_config.json records whichever ran last.
+  const colbertLength = colbert ? { value: Math.max(colbert.queryLength, colbert.documentLength), source: 'config_sentence_transformers.json' } : undefined;
+  const maxLength = inputLimit(name, colbert ? { ...folder, maxSeqLength: colbertLength } : folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
   const defaultPrompt = task === 'embed' ? chooseDefaultPrompt(name, folder, overrides, serve) : undefined;
 
   const labels: string[] = [];

@@ -136,7 +136,7 @@ const embedSparse: InferenceMethod<SparseMessage, { chars: number; started: numb
   body: sparseBody,
 };
 
-/** EmbedAll: /embed_all's parse, the one input's token vectors as `token_embeddings`. */
+/** EmbedAll: /embed_all's parse, the one input's token vectors as `token_embeddings`; `x-input-type` metadata is a ColBERT model's input_type. */
 const embedAll: InferenceMethod<SparseMessage, { chars: number; started: number }> = {
   endpoint: {
     route: '/tei.v1.Embed/EmbedAll',
@@ -150,7 +150,10 @@ const embedAll: InferenceMethod<SparseMessage, { chars: number; started: number 
       return { token_embeddings, metadata: timings(r, s.chars, s.started) };
     },
   },
-  body: sparseBody,
+  body: (req, scope) => {
+    const inputType = metadataText(scope.metadata, 'x-input-type');
+    return { ...sparseBody(req, scope), ...(inputType !== undefined ? { input_type: inputType } : {}) };
+  },
 };
 
 interface PredictMessage {
