@@ -121,6 +121,7 @@ export function describeSettings(plan: ModelPlan): string {
     parts.push(`colbert=dense ${dense}, query ${c.queryLength}${c.doQueryExpansion ? ' expanded' : ''}, document ${c.documentLength} (modules.json, config_sentence_transformers.json)`);
   } else if (spec.task === 'embed') {
     parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
+    if (spec.m3) parts.push(`m3=colbert ${spec.hiddenSize}->${spec.m3.colbert.dim} and sparse (colbert_linear.safetensors, sparse_linear.safetensors)`);
     if (!spec.includePrompt) parts.push('include_prompt=false (1_Pooling/config.json)');
   }
   if (spec.defaultPrompt) parts.push(`defaultPrompt=${JSON.stringify(spec.defaultPrompt.name ?? spec.defaultPrompt.text)} (${spec.sources.defaultPrompt})`);

@@ -6,7 +6,8 @@
  * tokenize does ([CLS], the marker, the text cut to its length less one,
  * [SEP], a query padded with [MASK] that the attention does not see), runs
  * the unmodified model.onnx on one input alone, projects the token states with
- * the Dense weights it reads from 1_Dense/model.safetensors itself, normalises
+ * the Dense weights it reads from 1_Dense/model.safetensors itself
+ * (fixtures/safetensors.ts), normalises
  * in float64 and drops a document's skiplist tokens. The server answers the
  * same texts queued together, queries and documents of many lengths in one go.
  */
@@ -22,6 +23,7 @@ import { writePreset } from '../dist/src/modelgen/presets.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';
+import { readF32Tensors } from './fixtures/safetensors.js';
 import { sentTogether } from './fixtures/queued-together.js';
 import { makeRandom, randomTexts, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 
@@ -48,20 +50,8 @@ let tok: TextTokenizer;
 let words: string[];
 const folders = new Map<string, Folder>();
 
-/** linear.weight from a safetensors file, read here: 8-byte header length, JSON header, little-endian F32 data. */
-function readWeight(path: string): { data: Float32Array; shape: number[] } {
-  const bytes = readFileSync(path);
-  const n = Number(bytes.readBigUInt64LE(0));
-  const header = JSON.parse(bytes.subarray(8, 8 + n).toString('utf8')) as Record<string, { dtype: string; shape: number[]; data_offsets: [number, number] }>;
-  const t = header['linear.weight']!;
-  const raw = bytes.subarray(8 + n + t.data_offsets[0], 8 + n + t.data_offsets[1]);
-  const data = new Float32Array(raw.length / 4);
-  for (let i = 0; i < data.length; i++) data[i] = raw.readFloatLE(i * 4);
-  return { data, shape: t.shape };
-}
-
 async function readFolder(dir: string): Promise<Folder> {
-  const { data, shape } = readWeight(join(dir, '1_Dense', 'model.safetensors'));
+  const { data, shape } = readF32Tensors(join(dir, '1_Dense', 'model.safetensors')).get('linear.weight')!;
   const tj = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as { model: { vocab: Record<string, number> }; added_tokens: { id: number; content: string }[] };
   const vocab = new Map(Object.entries(tj.model.vocab));
   for (const a of tj.added_tokens) vocab.set(a.content, a.id);

@@ -327,3 +327,46 @@ export function float32RowListsJson(lists: readonly (readonly Float32Array[])[])
   out[at++] = 93;
   return out.subarray(0, at);
 }
+
+/** One input of /embed's `outputs` answer: the outputs asked for. */
+export interface OutputsItem {
+  dense?: Float32Array;
+  sparse?: { indices: Uint32Array; values: Float32Array };
+  colbert?: readonly Float32Array[];
+}
+
+/** The JSON text `[{"dense": [...], "sparse": [{index, value}], "colbert": [[...]]}, ...]`, each key where the item has it. */
+export function outputsJson(items: readonly OutputsItem[]): Uint8Array {
+  const parts: Uint8Array[] = [];
+  const text = (s: string) => parts.push(new TextEncoder().encode(s));
+  // Each writer makes a list; one item's value is that list without its outer brackets.
+  const inner = (listJson: Uint8Array) => parts.push(listJson.subarray(1, listJson.length - 1));
+  text('[');
+  items.forEach((x, i) => {
+    text(i > 0 ? ',{' : '{');
+    let sep = '';
+    if (x.dense) {
+      text(`${sep}"dense":`);
+      inner(float32RowsJson([x.dense]));
+      sep = ',';
+    }
+    if (x.sparse) {
+      text(`${sep}"sparse":`);
+      inner(sparseRowsJson([x.sparse]));
+      sep = ',';
+    }
+    if (x.colbert) {
+      text(`${sep}"colbert":`);
+      inner(float32RowListsJson([x.colbert]));
+    }
+    text('}');
+  });
+  text(']');
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}

@@ -49,11 +49,20 @@ const prompts = {
 /** Quantized rows (core/quantize.ts): Cohere's names. */
 const embedding_type = z.enum(EMBEDDING_TYPES, { error: `must be one of ${EMBEDDING_TYPES.map((t) => `"${t}"`).join(', ')}` }).optional();
 
+/** What /embed may answer per input instead of the dense row: any of these, each at most once (a BGE-M3 model gives all three from one pass). */
+export const EMBED_OUTPUTS = ['dense', 'sparse', 'colbert'] as const;
+export type EmbedOutput = (typeof EMBED_OUTPUTS)[number];
+
 export const EmbedRequest = z.strictObject({
   ...scheduling,
   inputs,
   normalize: z.boolean().optional(),
   embedding_type,
+  outputs: z
+    .array(z.enum(EMBED_OUTPUTS, { error: `must be one of ${EMBED_OUTPUTS.map((o) => `"${o}"`).join(', ')}` }))
+    .min(1)
+    .refine((list) => new Set(list).size === list.length, 'names an output twice')
+    .optional(),
   truncate: z.boolean().optional(),
   truncation_direction,
   model: z.string().optional(),

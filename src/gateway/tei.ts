@@ -8,9 +8,10 @@
 import { FieldValidationError, OutputUnavailableError, ValidationError } from '../shared/errors.js';
 import type { ModelOutput, Task } from '../shared/model-config.js';
 import { floatAnswer, quantizedRowsAnswer, rowLists, rowsAnswer } from './answers.js';
-import { float32RowListsJson, float32RowsInJson, sparseRowsJson } from './float-json.js';
+import { float32RowListsJson, float32RowsInJson, outputsJson, sparseRowsJson, type OutputsItem } from './float-json.js';
 import { keptTokens, type ColbertInputType } from '../core/colbert.js';
-import { sparseEntries, sparseOf } from '../core/sparse.js';
+import { sparseEntries, sparseOf, type SparseRow } from '../core/sparse.js';
+import { m3Colbert, m3Sparse } from '../core/m3.js';
 import {
   classifications,
   embeddings,
@@ -21,6 +22,7 @@ import {
   tokenVectors,
   type ServedModel,
   type Inputs,
+  type InferResult,
   type Classification,
 } from '../core/infer.js';
 import {
@@ -29,6 +31,7 @@ import {
   EmbedRequest,
   EmbedSparseRequest,
   parseBody,
+  type EmbedOutput,
   PredictRequest,
   quickEmbedRequest,
   quickPredictRequest,
@@ -92,7 +95,7 @@ export function checkEmbeddingType(type: EmbeddingType | undefined, normalize: b
  * POST /embed `{inputs, normalize?, truncate?, model?, prompt_name?, prompt?, embedding_type?}` -> one row per input:
  * numbers (f32 bytes over WebSocket when asked), or quantized (integer lists; bytes in msgpack and WebSocket frames).
  */
-export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: EmbeddingType }> = {
+export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: EmbeddingType; outputs: readonly EmbedOutput[] | null }> = {
   route: '/embed',
   task: 'embed',
   parse(raw, ec) {
@@ -100,15 +103,59 @@ export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: Emb
     const type = checkEmbeddingType(body.embedding_type, body.normalize);
     const call = prompted(inputsCall(ec, 'embed', body), body);
     if (call.model.plan.spec.pooling === 'splade') checkSpladeRows(call.model, body.normalize, type);
-    return { call, state: { normalize: body.normalize, type } };
+    const outputs = body.outputs ? checkOutputs(call.model, body.outputs, type) : null;
+    // BGE-M3's sparse and colbert outputs come from its token vectors: those slots take pages of the token area.
+    const tokenRows = outputs !== null && call.model.plan.spec.m3 !== undefined && outputs.some((o) => o !== 'dense');
+    return { call: tokenRows ? { ...call, tokenRows } : call, state: { normalize: body.normalize, type, outputs } };
   },
   answer(r, call, state, ec) {
+    if (state.outputs) return outputsAnswer(r, call.model, state.outputs, state.normalize);
     const rows = embeddings(call.model, r.rows, state.normalize);
     const type = state.type;
     if (type !== 'float') return quantizedRowsAnswer(rows.map((v) => quantizeRow(v, type)));
     return ec.f32 ? rows.map((v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : rowsAnswer(rows);
   },
 };
+
+/** `outputs` the model gives (424 naming what it gives), float rows only. */
+function checkOutputs(model: ServedModel, outputs: readonly EmbedOutput[], type: EmbeddingType): readonly EmbedOutput[] {
+  const spec = model.plan.spec;
+  const missing = outputs.filter((o) => !spec.outputs.includes(o));
+  if (missing.length > 0) throw new OutputUnavailableError(`model "${spec.name}" has no ${missing.join(' or ')} output: it gives ${spec.outputs.join(' and ')}`);
+  if (type !== 'float') throw new FieldValidationError(`embedding_type "${type}" applies to rows; with \`outputs\` each output is answered in float`, 'embedding_type');
+  return outputs;
+}
+
+/** Per input `{dense?, sparse?, colbert?}`: the outputs asked for, in /embed's, /embed_sparse's and /embed_all's forms. */
+function outputsAnswer(r: InferResult, model: ServedModel, outputs: readonly EmbedOutput[], normalize: boolean | undefined) {
+  const count = r.rows.rows.length / r.rows.width;
+  const dense = outputs.includes('dense') ? embeddings(model, r.rows, normalize) : null;
+  const sparse = outputs.includes('sparse') ? sparseRowsOf(r, model) : null;
+  const m3 = model.plan.spec.m3;
+  const colbert = outputs.includes('colbert') ? Array.from({ length: count }, (_, i) => m3Colbert(r.inputIds![i]!.length, r.rows.tokens![i]!, m3!)) : null;
+  const items: OutputsItem[] = Array.from({ length: count }, (_, i) => ({
+    ...(dense ? { dense: dense[i]! } : {}),
+    ...(sparse ? { sparse: sparse[i]! } : {}),
+    ...(colbert ? { colbert: colbert[i]! } : {}),
+  }));
+  const value = () =>
+    items.map((x) => ({
+      ...(x.dense ? { dense: Array.from(x.dense) } : {}),
+      ...(x.sparse ? { sparse: sparseEntries(x.sparse) } : {}),
+      ...(x.colbert ? { colbert: rowLists(x.colbert) } : {}),
+    }));
+  return floatAnswer(value, () => outputsJson(items));
+}
+
+/**
+ * Each input's sparse weights: a SPLADE model's pooled row (its non-zeros), or
+ * BGE-M3's per-token weights (its token vectors and ids: core/m3.ts).
+ */
+export function sparseRowsOf(r: InferResult, model: ServedModel): SparseRow[] {
+  const m3 = model.plan.spec.m3;
+  if (!m3) return embeddings(model, r.rows, false).map(sparseOf);
+  return r.inputIds!.map((ids, i) => m3Sparse(ids, r.rows.tokens![i]!, m3));
+}
 
 /**
  * A SPLADE model's /embed rows are its vocabulary-wide weights as they are:
@@ -131,10 +178,12 @@ export const embedSparseEndpoint: Endpoint<null> = {
   task: 'embed',
   parse(raw, ec) {
     const body = parseBody(EmbedSparseRequest, raw);
-    return { call: prompted(inputsCall(ec, { output: 'sparse', route: '/embed_sparse' }, body), body), state: null };
+    const call = prompted(inputsCall(ec, { output: 'sparse', route: '/embed_sparse' }, body), body);
+    // BGE-M3's weights come from its token vectors (core/m3.ts), SPLADE's from its pooled row.
+    return { call: call.model.plan.spec.m3 ? { ...call, tokenRows: true } : call, state: null };
   },
   answer(r, call) {
-    const rows = embeddings(call.model, r.rows, false).map(sparseOf);
+    const rows = sparseRowsOf(r, call.model);
     return floatAnswer(() => rows.map(sparseEntries), () => sparseRowsJson(rows));
   },
 };

@@ -20,8 +20,8 @@
  * It works on any Hugging Face BERT-style export (optimum or torch.onnx) whose
  * outputs are `last_hidden_state` or `logits`, and on ours from `npm run models`.
  */
-import type { ColbertSpec, ModelSpec, Pooling, SpladeSettings } from '../shared/model-config.js';
-import { readSafetensors } from '../shared/safetensors.js';
+import type { ColbertSpec, M3Spec, ModelSpec, Pooling, SpladeSettings } from '../shared/model-config.js';
+import { readSafetensors, type F32Tensor } from '../shared/safetensors.js';
 import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/onnx-graph.js';
 
 export interface PreparedModel {
@@ -80,7 +80,8 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
       pooled = pool(b, hidden, spec.pooling, opset, poolingMask);
       if (spec.tokenWidth > 0) {
         tokenOutput = { name: TOKEN_OUTPUT, width: spec.tokenWidth };
-        b.node('Identity', [spec.colbert ? colbertVectors(b, hidden, spec.colbert.dense) : hidden], undefined, [TOKEN_OUTPUT]);
+        const vectors = spec.colbert ? colbertVectors(b, hidden, spec.colbert.dense) : spec.m3 ? m3Heads(b, hidden, spec.m3) : hidden;
+        b.node('Identity', [vectors], undefined, [TOKEN_OUTPUT]);
       }
     }
     // L2 normalisation, with the norm kept so the caller can undo it.
@@ -228,17 +229,40 @@ function colbertVectors(b: GraphBuilder, hidden: string, dense: ColbertSpec['den
   if (!weight || weight.shape.join() !== `${dense.outFeatures},${dense.inFeatures}`) {
     throw new Error(`${dense.weightsPath}: expected linear.weight [${dense.outFeatures}, ${dense.inFeatures}], found ${weight ? `[${weight.shape.join(', ')}]` : 'none'}`);
   }
-  // MatMul takes [H, D]: the weight transposed.
-  const { inFeatures: h, outFeatures: d } = dense;
-  const wt = new Float32Array(h * d);
-  for (let o = 0; o < d; o++) for (let i = 0; i < h; i++) wt[i * d + o] = weight.data[o * h + i]!;
-  let x = b.op('MatMul', [hidden, b.addInitializer('slabserve_colbert_weight', 'float', wt, [h, d])]);
-  if (dense.bias) {
-    const bias = tensors.get('linear.bias');
-    if (!bias || bias.data.length !== d) throw new Error(`${dense.weightsPath}: expected linear.bias [${d}] (the Dense config says bias: true)`);
-    x = b.op('Add', [x, b.addInitializer('slabserve_colbert_bias', 'float', bias.data, [d])]);
-  }
-  if (dense.activation === 'tanh') x = b.op('Tanh', [x]);
+  const bias = dense.bias ? tensors.get('linear.bias') : undefined;
+  if (dense.bias && bias?.data.length !== dense.outFeatures) throw new Error(`${dense.weightsPath}: expected linear.bias [${dense.outFeatures}] (the Dense config says bias: true)`);
+  const x = linear(b, hidden, weight, bias, 'slabserve_colbert');
+  return normalizeLast(b, dense.activation === 'tanh' ? b.op('Tanh', [x]) : x);
+}
+
+/**
+ * BGE-M3's per-token heads from the token states [B,T,H], as FlagEmbedding
+ * computes them: each token's colbert vector, colbert_linear(h) L2-normalised,
+ * and its sparse weight, relu(sparse_linear(h)), side by side: [B,T,dim+1].
+ * Which tokens count ([CLS] never for colbert; the specials never for sparse)
+ * is the gateway's (core/m3.ts): it has the ids.
+ */
+function m3Heads(b: GraphBuilder, hidden: string, m3: M3Spec): string {
+  const head = (path: string, name: string) => {
+    const t = readSafetensors(path); // shapes checked at load (model-config.ts)
+    return linear(b, hidden, t.get('weight')!, t.get('bias'), name);
+  };
+  const colbert = normalizeLast(b, head(m3.colbert.weightsPath, 'slabserve_m3_colbert'));
+  const sparse = b.op('Relu', [head(m3.sparse.weightsPath, 'slabserve_m3_sparse')]);
+  return b.op('Concat', [colbert, sparse], { axis: 2 });
+}
+
+/** x W^T (+ bias) over the last axis of [B,T,in], for a torch Linear's weight [out, in]. */
+function linear(b: GraphBuilder, x: string, weight: F32Tensor, bias: F32Tensor | undefined, name: string): string {
+  const [out, inp] = weight.shape as [number, number];
+  const wt = new Float32Array(inp * out); // MatMul takes [in, out]: the weight transposed
+  for (let o = 0; o < out; o++) for (let i = 0; i < inp; i++) wt[i * out + o] = weight.data[o * inp + i]!;
+  const y = b.op('MatMul', [x, b.addInitializer(`${name}_weight`, 'float', wt, [inp, out])]);
+  return bias ? b.op('Add', [y, b.addInitializer(`${name}_bias`, 'float', bias.data, [out])]) : y;
+}
+
+/** Each vector of [B,T,D] over its L2 norm (at least 1e-12), as torch's F.normalize. */
+function normalizeLast(b: GraphBuilder, x: string): string {
   const norm = b.op('Sqrt', [b.op('ReduceSum', [b.op('Mul', [x, x]), axes(b, 2)], { keepdims: 1 })]);
   return b.op('Div', [x, b.op('Max', [norm, scalar(b, 'slabserve_eps_norm', 1e-12)])]);
 }

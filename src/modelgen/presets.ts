@@ -70,6 +70,8 @@ export interface Preset {
   sparseEncoder?: { poolingStrategy: 'max' | 'sum' };
   /** A PyLate folder (ColBERT): Transformer then Dense to `dim`, its [Q] / [D] markers added to the tokenizer. */
   colbert?: { dim: number };
+  /** BGE-M3's heads beside the encoder: colbert_linear and sparse_linear as safetensors, CLS pooling and Normalize. */
+  m3?: boolean;
   serve: ServeJson;
   /** classify (and rerank, one label): label names by class id. */
   labels?: readonly string[];
@@ -114,6 +116,17 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     spec: { ...encoder(2, 128, 2, 512), vocabSize: 0, maxPositions: 514, typeVocabSize: 1, positionPaddingIdx: 1, tokenTypeIds: false, layerNormEps: 1e-5, task: 'embed', seed: 20_006 },
     family: 'xlm-roberta',
     serve: { task: 'embed' },
+  },
+  'tiny-m3': {
+    name: 'tiny-m3',
+    description:
+      'BGE-M3 layout: XLM-RoBERTa (Unigram tokenizer, <s> </s>), a sentence-transformers folder (CLS pooling, Normalize), and FlagEmbedding\'s two heads ' +
+      'beside it as safetensors (colbert_linear [128, 128], sparse_linear [1, 128]): dense, sparse and colbert from one pass',
+    // vocabSize: the Unigram tokenizer's, filled in when built (presetSpec)
+    spec: { ...encoder(2, 128, 2, 512), vocabSize: 0, maxPositions: 514, typeVocabSize: 1, positionPaddingIdx: 1, tokenTypeIds: false, layerNormEps: 1e-5, task: 'embed', seed: 20_014 },
+    family: 'xlm-roberta',
+    serve: { task: 'embed' },
+    m3: true,
   },
   'tiny-qwen3': {
     name: 'tiny-qwen3',
@@ -481,8 +494,8 @@ function modernbertFiles(s: BertSpec): Record<string, string> {
   };
 }
 
-/** The files of an XLM-RoBERTa-layout folder (multilingual-e5's). */
-function xlmrFiles(s: BertSpec): Record<string, string> {
+/** The files of an XLM-RoBERTa-layout folder (multilingual-e5's; with `m3`, BGE-M3's). */
+function xlmrFiles(s: BertSpec, m3: boolean): Record<string, string | Uint8Array> {
   const json = (o: unknown) => JSON.stringify(o, null, 2) + '\n';
   return {
     'tokenizer.json': JSON.stringify(buildUnigramTokenizerJson().json, null, 2),
@@ -498,7 +511,24 @@ function xlmrFiles(s: BertSpec): Record<string, string> {
       clean_up_tokenization_spaces: true,
       tokenizer_class: 'XLMRobertaTokenizer',
     }),
-    ...sentenceTransformersFiles(s.hidden, { pooling: 'mean', maxSeqLength: s.maxPositions - 2, prompts: { query: 'query: ', passage: 'passage: ' } }),
+    ...(m3
+      ? { ...sentenceTransformersFiles(s.hidden, { pooling: 'cls', maxSeqLength: s.maxPositions - 2 }), ...m3Heads(s) }
+      : sentenceTransformersFiles(s.hidden, { pooling: 'mean', maxSeqLength: s.maxPositions - 2, prompts: { query: 'query: ', passage: 'passage: ' } })),
+  };
+}
+
+/**
+ * BGE-M3's heads as FlagEmbedding saves them (nn.Linear state dicts: weight,
+ * bias), here as safetensors: colbert_linear hidden -> hidden, sparse_linear
+ * hidden -> 1. Seeded; the sparse bias 0, so about half the tokens weigh > 0.
+ */
+function m3Heads(s: BertSpec): Record<string, Uint8Array> {
+  const rng = new Rng(s.seed);
+  const h = s.hidden;
+  const tensor = (label: string, shape: number[], std: number) => ({ shape, data: rng.fork(label).normalArray(shape.reduce((a, b) => a * b, 1), std) });
+  return {
+    'colbert_linear.safetensors': encodeSafetensors({ weight: tensor('colbert weight', [h, h], 1 / Math.sqrt(h)), bias: tensor('colbert bias', [h], 0.02) }),
+    'sparse_linear.safetensors': encodeSafetensors({ weight: tensor('sparse weight', [1, h], 1 / Math.sqrt(h)), bias: { shape: [1], data: new Float32Array(1) } }),
   };
 }
 
@@ -517,7 +547,7 @@ export function buildPresetFiles(name: string): PresetFiles {
   const preset = getPreset(name);
   const spec = presetSpec(preset);
   const config = JSON.stringify(buildConfigJson(preset), null, 2) + '\n';
-  if (preset.family === 'xlm-roberta') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...xlmrFiles(spec) };
+  if (preset.family === 'xlm-roberta') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...xlmrFiles(spec, preset.m3 === true) };
   if (preset.family === 'qwen3') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...qwenFiles(spec) };
   if (preset.family === 'modernbert') return { 'model.onnx': buildBertModel(spec), 'config.json': config, ...modernbertFiles(spec) };
   const bert = {

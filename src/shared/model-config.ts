@@ -29,6 +29,7 @@ import { existsSync, readdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { InvalidModelNameError } from './errors.js';
 import { onnxInputNames } from './onnx-inputs.js';
+import { safetensorsShapes } from './safetensors.js';
 import { POOLINGS, readFolderSettings, readJsonFile, type ColbertFolder, type FolderSettings, type Pooling, type Sourced, type SpladeSettings } from './hf-folder.js';
 
 export { POOLINGS, type Pooling, type SpladeSettings } from './hf-folder.js';
@@ -39,7 +40,20 @@ export { POOLINGS, type Pooling, type SpladeSettings } from './hf-folder.js';
  * token (/embed_all: the token states). A classifier or
  * reranker has none of these.
  */
-export type ModelOutput = 'dense' | 'sparse' | 'tokens';
+export type ModelOutput = 'dense' | 'sparse' | 'tokens' | 'colbert';
+
+/**
+ * BGE-M3's two heads beside its dense row (FlagEmbedding's layout:
+ * colbert_linear and sparse_linear in the folder's root, here as safetensors):
+ * the token output is each token's normalised colbert vector and its sparse
+ * weight, relu(sparse_linear(h)), one column after it (graph.ts, core/m3.ts).
+ */
+export interface M3Spec {
+  colbert: { weightsPath: string; dim: number };
+  sparse: { weightsPath: string };
+  /** The tokenizer's cls, eos, pad and unk ids: sparse weights leave them out, as FlagEmbedding does. */
+  unusedIds: number[];
+}
 
 /**
  * A ColBERT model (a PyLate folder) as served: its token vectors are the
@@ -117,6 +131,8 @@ export interface ModelSpec {
   splade?: SpladeSettings;
   /** A ColBERT model only (outputs ['tokens']): its projection and markers. */
   colbert?: ColbertSpec;
+  /** A BGE-M3 model only (outputs dense, sparse and colbert from one pass). */
+  m3?: M3Spec;
   /**
    * Floats in an embedding row: the hidden size, or for SPLADE the vocabulary
    * (the row is a weight per token id). classify and rerank: the hidden size.
@@ -237,6 +253,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   if (splade && normalize.value) throw new Error(`model ${name}: SPLADE weights are not normalised (normalize true from ${normalize.source})`);
   const dimension = splade ? config.vocab_size! : hiddenSize!;
   const colbert = task === 'embed' && folder.colbert ? colbertOf(name, dir, folder.colbert, hiddenSize!, tokenizerPath) : undefined;
+  const m3 = task === 'embed' && !splade && !colbert ? m3Of(name, dir, hiddenSize!, tokenizerPath, warnings) : undefined;
   // PyLate cuts queries and documents to their own lengths; its sentence_bert_config.json records whichever ran last.
   const colbertLength = colbert ? { value: Math.max(colbert.queryLength, colbert.documentLength), source: 'config_sentence_transformers.json' } : undefined;
   const maxLength = inputLimit(name, colbert ? { ...folder, maxSeqLength: colbertLength } : folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
@@ -263,9 +280,10 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
     pooling: pooling.value,
     ...(splade ? { splade } : {}),
     dimension,
-    outputs: task !== 'embed' ? [] : splade ? ['dense', 'sparse'] : colbert ? ['tokens'] : ['dense', 'tokens'],
-    tokenWidth: task !== 'embed' || splade ? 0 : colbert ? colbert.dense.outFeatures : hiddenSize!,
+    outputs: task !== 'embed' ? [] : splade ? ['dense', 'sparse'] : colbert ? ['tokens'] : m3 ? ['dense', 'sparse', 'colbert'] : ['dense', 'tokens'],
+    tokenWidth: task !== 'embed' || splade ? 0 : colbert ? colbert.dense.outFeatures : m3 ? m3.colbert.dim + 1 : hiddenSize!,
     ...(colbert ? { colbert } : {}),
+    ...(m3 ? { m3 } : {}),
     normalize: normalize.value,
     maxLength: maxLength.value,
     hiddenSize: hiddenSize!,
@@ -314,6 +332,45 @@ function colbertOf(name: string, dir: string, f: ColbertFolder, hiddenSize: numb
     skiplistIds: f.skiplistWords.flatMap((w) => ids(w) ?? []),
     dense: { weightsPath, inFeatures: f.inFeatures, outFeatures: f.outFeatures, bias: f.bias, activation: f.activation },
   };
+}
+
+/**
+ * BGE-M3's heads where the folder has them as safetensors (colbert_linear,
+ * sparse_linear: nn.Linear state dicts, weight and bias); FlagEmbedding's
+ * torch pickles alone are not read, and the model is served dense only.
+ */
+function m3Of(name: string, dir: string, hiddenSize: number, tokenizerPath: string, warnings: string[]): M3Spec | undefined {
+  const file = (head: string) => join(dir, `${head}.safetensors`);
+  const have = (head: string) => existsSync(file(head));
+  if (!have('colbert_linear') && !have('sparse_linear')) {
+    if (existsSync(join(dir, 'colbert_linear.pt'))) {
+      warnings.push(
+        `model ${name}: colbert_linear.pt and sparse_linear.pt are torch pickles, not read: served dense only. To serve its sparse and colbert outputs, ` +
+          `save them as safetensors beside them: python -c "import torch, safetensors.torch as s; [s.save_file(torch.load(f'${'{h}'}.pt'), f'${'{h}'}.safetensors') for h in ('colbert_linear', 'sparse_linear')]"`,
+      );
+    }
+    return undefined;
+  }
+  for (const head of ['colbert_linear', 'sparse_linear']) if (!have(head)) throw new Error(`model ${name}: ${head}.safetensors is missing (BGE-M3's heads come as a pair)`);
+  const shape = (head: string, key: string) => safetensorsShapes(file(head)).get(key)?.shape.join(',') ?? 'none';
+  const colbertShape = shape('colbert_linear', 'weight');
+  const dim = Number(colbertShape.split(',')[0]);
+  const expect = (head: string, key: string, want: string) => {
+    if (shape(head, key) !== want) throw new Error(`model ${name}: ${head}.safetensors ${key} is [${shape(head, key)}], expected [${want}] (hidden size ${hiddenSize})`);
+  };
+  expect('colbert_linear', 'weight', `${dim},${hiddenSize}`);
+  expect('colbert_linear', 'bias', `${dim}`);
+  expect('sparse_linear', 'weight', `1,${hiddenSize}`);
+  expect('sparse_linear', 'bias', '1');
+  const ids = tokenIdsOf(readJsonFile(tokenizerPath));
+  const config = existsSync(join(dir, 'tokenizer_config.json')) ? readJsonFile<Record<string, unknown>>(join(dir, 'tokenizer_config.json')) : {};
+  const unusedIds = ['cls_token', 'eos_token', 'pad_token', 'unk_token'].flatMap((k) => {
+    const token = config[k] as string | { content?: unknown } | undefined; // a text, or an AddedToken as transformers saves some
+    const text = typeof token === 'string' ? token : typeof token?.content === 'string' ? token.content : undefined;
+    const id = text === undefined ? undefined : ids(text);
+    return id === undefined ? [] : [id];
+  });
+  return { colbert: { weightsPath: file('colbert_linear'), dim }, sparse: { weightsPath: file('sparse_linear') }, unusedIds: [...new Set(unusedIds)] };
 }
 
 /** A token's id in tokenizer.json: its added tokens, then the model's vocabulary (an object for WordPiece and BPE, [piece, score] pairs for Unigram). */

@@ -16,8 +16,8 @@ import { ValidationError } from '../../shared/errors.js';
 import type { Task } from '../../shared/model-config.js';
 import { shorten } from '../routes-openai.js';
 import type { Endpoint } from '../serving.js';
-import { sparseEntries, sparseOf } from '../../core/sparse.js';
-import { decodeEndpoint, embedAllEndpoint, embedEndpoint, embedSparseEndpoint, labelScores, predictEndpoint, rerankEndpoint, tokenizeEndpoint } from '../tei.js';
+import { sparseEntries } from '../../core/sparse.js';
+import { decodeEndpoint, embedAllEndpoint, embedEndpoint, embedSparseEndpoint, sparseRowsOf, labelScores, predictEndpoint, rerankEndpoint, tokenizeEndpoint } from '../tei.js';
 import {
   gatheredInference,
   localEndpoint,
@@ -129,8 +129,7 @@ const embedSparse: InferenceMethod<SparseMessage, { chars: number; started: numb
       return { call, state: { chars: (raw as SparseMessage).inputs.length, started: performance.now() } };
     },
     answer(r, call, s) {
-      const row = sparseOf(embeddings(call.model, r.rows, false)[0]!);
-      return { sparse_embeddings: sparseEntries(row), metadata: timings(r, s.chars, s.started) };
+      return { sparse_embeddings: sparseEntries(sparseRowsOf(r, call.model)[0]!), metadata: timings(r, s.chars, s.started) };
     },
   },
   body: sparseBody,
