@@ -2,7 +2,7 @@
  * The HTTP API of one gateway thread. Routes (JSON by default; msgpack with
  * Content-Type / Accept application/msgpack):
  *
- *   POST /embed                    {inputs, normalize?, truncate?, model?, embedding_type?} -> number[][] (quantized: integer lists)
+ *   POST /embed                    {inputs, normalize?, truncate?, model?, embedding_type?, chunks?} -> number[][] (quantized: integer lists; chunks: a row each)
  *   POST /predict                  {inputs, raw_scores?, truncate?, model?} -> [{label, score}] (or one list per input)
  *   POST /models/{name}/embed      the same, model named in the path
  *   POST /models/{name}/predict

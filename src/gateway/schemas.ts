@@ -67,6 +67,8 @@ export const EmbedRequest = z.strictObject({
   truncation_direction,
   model: z.string().optional(),
   ...prompts,
+  /** Late chunking: [start, end) spans of the one text, a row each (core/late-chunking.ts checks them, naming the chunk). */
+  chunks: z.array(z.unknown(), { error: 'must be a list of [start, end] spans' }).optional(),
 });
 export type EmbedRequest = z.infer<typeof EmbedRequest>;
 

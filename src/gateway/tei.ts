@@ -6,7 +6,7 @@
  * and `{op: "embed"}` over /ws answer the same thing.
  */
 import { FieldValidationError, OutputUnavailableError, ValidationError } from '../shared/errors.js';
-import type { ModelOutput, Task } from '../shared/model-config.js';
+import type { ModelOutput, Pooling, Task } from '../shared/model-config.js';
 import { floatAnswer, quantizedRowsAnswer, rowLists, rowsAnswer } from './answers.js';
 import { float32RowListsJson, float32RowsInJson, outputsJson, sparseRowsJson, type OutputsItem } from './float-json.js';
 import { keptTokens, type ColbertInputType } from '../core/colbert.js';
@@ -39,7 +39,9 @@ import {
   SimilarityRequest,
   TokenizeRequest,
 } from './schemas.js';
-import { prompted } from '../core/prompts.js';
+import { prompted, requestPrompt } from '../core/prompts.js';
+import { checkChunks, chunkTokens, codePoints, holdsToken, normalizeInPlace, poolChunk, runTokenStarts, textTokenStarts } from '../core/late-chunking.js';
+import type { RequestRows } from '../shared/submitter.js';
 import { quantizeRow, scalesTheUnitRow, type EmbeddingType } from '../core/quantize.js';
 import { similaritiesToFirst } from '../core/similarity.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from './serving.js';
@@ -92,15 +94,20 @@ export function checkEmbeddingType(type: EmbeddingType | undefined, normalize: b
 }
 
 /**
- * POST /embed `{inputs, normalize?, truncate?, model?, prompt_name?, prompt?, embedding_type?}` -> one row per input:
+ * POST /embed `{inputs, normalize?, truncate?, model?, prompt_name?, prompt?, embedding_type?, chunks?}` -> one row per input
+ * (with `chunks`, one per chunk of the one text: {@link lateChunked}):
  * numbers (f32 bytes over WebSocket when asked), or quantized (integer lists; bytes in msgpack and WebSocket frames).
  */
-export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: EmbeddingType; outputs: readonly EmbedOutput[] | null }> = {
+export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: EmbeddingType; outputs: readonly EmbedOutput[] | null; chunks?: ChunkPlan }> = {
   route: '/embed',
   task: 'embed',
   parse(raw, ec) {
     const body = quickEmbedRequest(raw) ?? parseBody(EmbedRequest, raw);
     const type = checkEmbeddingType(body.embedding_type, body.normalize);
+    if (body.chunks !== undefined) {
+      if (body.outputs) throw new FieldValidationError('chunks answer pooled dense rows: `outputs` cannot be combined with them', 'outputs');
+      return lateChunked(ec, body, body.chunks, type);
+    }
     const call = prompted(inputsCall(ec, 'embed', body), body);
     if (call.model.plan.spec.pooling === 'splade') checkSpladeRows(call.model, body.normalize, type);
     const outputs = body.outputs ? checkOutputs(call.model, body.outputs, type) : null;
@@ -110,7 +117,7 @@ export const embedEndpoint: Endpoint<{ normalize: boolean | undefined; type: Emb
   },
   answer(r, call, state, ec) {
     if (state.outputs) return outputsAnswer(r, call.model, state.outputs, state.normalize);
-    const rows = embeddings(call.model, r.rows, state.normalize);
+    const rows = state.chunks ? chunkRows(call.model, r.rows, state.chunks, state.normalize) : embeddings(call.model, r.rows, state.normalize);
     const type = state.type;
     if (type !== 'float') return quantizedRowsAnswer(rows.map((v) => quantizeRow(v, type)));
     return ec.f32 ? rows.map((v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : rowsAnswer(rows);
@@ -155,6 +162,74 @@ export function sparseRowsOf(r: InferResult, model: ServedModel): SparseRow[] {
   const m3 = model.plan.spec.m3;
   if (!m3) return embeddings(model, r.rows, false).map(sparseOf);
   return r.inputIds!.map((ids, i) => m3Sparse(ids, r.rows.tokens![i]!, m3));
+}
+
+/** What a late-chunked /embed answer needs: each chunk's token indices in the run, how many tokens ran, the model's pooling. */
+interface ChunkPlan {
+  tokens: Int32Array[];
+  ran: number;
+  pooling: Pooling;
+}
+
+/**
+ * /embed with `chunks`: late chunking (core/late-chunking.ts has the rules).
+ * The one text (its prompt before it) runs whole as one input whose token
+ * states come back (tokenRows); answer() pools each chunk from them. Chunks
+ * never change which model answers: the one /embed picks, 424 when it has no
+ * token states (SPLADE, or its token area is off).
+ *
+ * The text is tokenized here rather than by Infer, because the offsets must
+ * be those of the tokens that ran: encode() exactly as Infer would (the
+ * model's max length, the request's truncation, its 413) gives the tokens
+ * the call runs, and tokenize() of the same text gives their offsets,
+ * matched id by id (runTokenStarts), truncation included. Both run on the
+ * event loop, so the text is bounded as /tokenize's texts are.
+ */
+function lateChunked(ec: EndpointContext, body: EmbedRequest, raw: readonly unknown[], type: EmbeddingType) {
+  const text = chunkedText(body.inputs);
+  const model = pickModel(ec, 'embed', 1, body.model);
+  const spec = model.plan.spec;
+  if (!spec.outputs.includes('tokens') || spec.pooling === 'splade') {
+    throw new OutputUnavailableError(`model "${spec.name}" has no token states to pool chunks from: it gives ${spec.outputs.join(' and ')}`);
+  }
+  const tok = model.tokenizer;
+  if (!tok.tokenize) throw new ValidationError(`model "${spec.name}"'s tokenizer cannot report token offsets, which chunks need`);
+  const chunks = checkChunks(raw, codePoints(text), ec.limits.maxClientBatchSize);
+  const prompt = requestPrompt(model, body);
+  if (prompt.length + text.length > MAX_TOKENIZE_CHARS) {
+    throw new ValidationError(`${prompt.length + text.length} characters with chunks; at most ${MAX_TOKENIZE_CHARS} (their offsets are computed on the gateway's event loop)`);
+  }
+  const direction = body.truncation_direction;
+  const encoded = tok.encode(prompt + text, { maxLength: model.plan.maxLength, truncate: body.truncate ?? ec.limits.truncate, direction });
+  const spans = tok.tokenize(prompt + text, true);
+  const shift = codePoints(prompt);
+  const whole = textTokenStarts(spans, shift);
+  const tokens = chunkTokens(chunks, runTokenStarts(encoded.ids, spans, direction, shift), (c) => holdsToken(c, whole));
+  const inputs = { kind: 'tokens' as const, tokens: [{ ids: encoded.ids, typeIds: encoded.typeIds }] };
+  const plan: ChunkPlan = { tokens, ran: encoded.ids.length, pooling: spec.pooling };
+  return { call: { model, inputs, ...scheduling(ec, body), tokenRows: true }, state: { normalize: body.normalize, type, outputs: null, chunks: plan } };
+}
+
+/** The one text a request with chunks embeds: a string, or a list holding one. */
+function chunkedText(inputs: Inputs): string {
+  const list = inputList(inputs);
+  if (list.length !== 1) throw new FieldValidationError(`chunks are spans of one text: give one input, not ${list.length}`, 'chunks');
+  const text = list[0];
+  if (typeof text !== 'string') throw new FieldValidationError('chunks are spans of a text: token ids have no character offsets', 'chunks');
+  if (text.length === 0) throw new ValidationError('inputs must not be empty strings');
+  return text;
+}
+
+/** A late-chunked answer's rows: each chunk pooled from the text's token states, normalised as the model's rows are. */
+function chunkRows(model: ServedModel, r: RequestRows, plan: ChunkPlan, normalize: boolean | undefined): Float32Array[] {
+  const states = r.tokens?.[0];
+  const width = r.tokenWidth ?? 0;
+  if (!states || width === 0 || states.length !== plan.ran * width) throw new Error(`late chunking: expected the token states of ${plan.ran} tokens`);
+  const keep = normalize ?? model.plan.spec.normalize;
+  return plan.tokens.map((rows) => {
+    const row = poolChunk(states, width, rows, plan.pooling);
+    return keep ? normalizeInPlace(row) : row;
+  });
 }
 
 /**
