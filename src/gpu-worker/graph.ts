@@ -272,14 +272,21 @@ function normalizeLast(b: GraphBuilder, x: string): string {
  * sentence-transformers' SpladePooling computes it: the logits times the mask,
  * relu, log1p (twice for log1p_relu), then max or sum over T. Padding gives
  * log1p(relu(0)) = 0, which neither a max of values >= 0 nor a sum changes.
+ *
+ * With max, the max is taken first: relu and log1p rise with their input, so
+ * f(max x) is max f(x), the same float (f of the same element). The [B,T,V]
+ * tensor, the largest any model here makes, is then read twice (mask, max)
+ * instead of written four times more; on CPU that was most of the run
+ * (docs/architecture.md, Sparse rows).
  */
 function spladePool(b: GraphBuilder, logits: string, s: SpladeSettings, opset: number, maskInput: string): string {
   const mask = b.op('Unsqueeze', [b.op('Cast', [maskInput], { to: onnx.TensorProto.DataType.FLOAT }), axes(b, 2)]); // [B,T,1]
   const log1p = (x: string) => b.op('Log', [b.op('Add', [x, scalar(b, 'slabserve_one', 1)])]);
-  let weights = log1p(b.op('Relu', [b.op('Mul', [logits, mask])]));
-  if (s.activation === 'log1p_relu') weights = log1p(weights);
-  if (s.strategy === 'sum') return b.op('ReduceSum', [weights, axes(b, 1)], { keepdims: 0 });
-  return opset >= 18 ? b.op('ReduceMax', [weights, axes(b, 1)], { keepdims: 0 }) : b.op('ReduceMax', [weights], { axes: [1], keepdims: 0 });
+  const activate = (x: string) => (s.activation === 'log1p_relu' ? log1p(log1p(b.op('Relu', [x]))) : log1p(b.op('Relu', [x])));
+  const masked = b.op('Mul', [logits, mask]);
+  if (s.strategy === 'sum') return b.op('ReduceSum', [activate(masked), axes(b, 1)], { keepdims: 0 });
+  const max = opset >= 18 ? b.op('ReduceMax', [masked, axes(b, 1)], { keepdims: 0 }) : b.op('ReduceMax', [masked], { axes: [1], keepdims: 0 });
+  return activate(max);
 }
 
 /** The running count of the mask along each row, [B,T,1]: 1, 2, ... n over the real tokens. */
