@@ -17,7 +17,6 @@
  *
  *   node dist/bench/grpc.js [--mode transports|placements] [--rounds 3] [--seconds 5] [--connections 64]
  */
-import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -27,6 +26,7 @@ import { runLoad } from './load.js';
 import { describeMachine, machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
 import type { Workload } from './workloads.js';
+import { median, postScript, run, wrk, type Load } from './wrk.js';
 
 const SPEC = {
   mode: { type: 'string', default: 'transports', choices: ['transports', 'placements'], help: 'what to compare' },
@@ -43,44 +43,7 @@ const PYTHON = '/usr/bin/python3';
 const MODEL = 'tiny-embed';
 
 /** wrk's Lua: every request a distinct text. */
-const WRK_SCRIPT = `counter = 0
-request = function()
-  counter = counter + 1
-  local body = '{"inputs":"http request ' .. counter .. ' of thread ' .. tostring(wrk.thread) .. ' in the bench"}'
-  return wrk.format("POST", "/embed", {["Content-Type"] = "application/json"}, body)
-end
-`;
-
-interface Load {
-  requests: number;
-  seconds: number;
-  p99Ms: number;
-  /** The load generator's own CPU over the window, ms. */
-  clientCpuMs: number;
-}
-
-function run(cmd: string, args: string[]): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (err += d));
-    child.on('exit', (code) => (code === 0 ? resolve(out) : reject(new Error(`${cmd} exited ${code}: ${err.slice(-500)}`))));
-  });
-}
-
-/** wrk under bash, whose `times` then says the CPU its child (wrk) used. */
-async function wrk(origin: string, seconds: number, connections: number, script: string): Promise<Load> {
-  const out = await run('bash', ['-c', `wrk -t2 -c${connections} -d${seconds}s --latency -s ${script} ${origin} && times`]);
-  const ms = (v: string, unit: string) => Number(v) * (unit === 'us' ? 1e-3 : unit === 's' ? 1e3 : 1);
-  const p99 = /99%\s+([\d.]+)(us|ms|s)/.exec(out);
-  const total = /(\d+) requests in ([\d.]+)s/.exec(out);
-  const children = /\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s\s*$/.exec(out); // times' second line: children's user and system
-  if (!p99 || !total || !children) throw new Error(`cannot read wrk's output:\n${out}`);
-  const clientCpuMs = (Number(children[1]) * 60 + Number(children[2]) + Number(children[3]) * 60 + Number(children[4])) * 1000;
-  return { requests: Number(total[1]), seconds: Number(total[2]), p99Ms: ms(p99[1]!, p99[2]!), clientCpuMs };
-}
+const WRK_SCRIPT = postScript('/embed', `'{"inputs":"http request ' .. counter .. ' of thread ' .. tostring(wrk.thread) .. ' in the bench"}'`);
 
 async function grpcLoad(port: number, seconds: number, connections: number, mode: 'unary' | 'stream'): Promise<Load> {
   const r = JSON.parse(await run(PYTHON, [LOAD, `127.0.0.1:${port}`, String(seconds), String(connections), TEI_PROTO, mode])) as { requests: number; errors: number; seconds: number; p99_ms: number; cpu_s: number };
@@ -110,7 +73,6 @@ async function wsLoad(server: ServerProcess, seconds: number, depth: number): Pr
   }
 }
 
-const median = (v: number[]) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
 
 /** A load's figures with the server's CPU over it. */
 async function measured(server: ServerProcess, load: () => Promise<Load>) {

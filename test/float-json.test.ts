@@ -16,7 +16,9 @@ import { describe, expect, it } from 'vitest';
 import {
   MAX_FLOAT32_CHARS,
   float32RowJsonInto,
+  float32RowListsJsonView,
   float32RowsJson,
+  outputsJson,
   writeFloat32,
 } from '../dist/src/gateway/float-json.js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
@@ -263,5 +265,32 @@ describe('float32RowsJson', () => {
     const out = new Uint8Array(5 + row.length * (MAX_FLOAT32_CHARS + 1) + 2);
     const end = float32RowJsonInto(out, 5, row);
     expect(text(out.subarray(5, end))).toBe(expected([row]).slice(1, -1));
+  });
+});
+
+describe('float32RowListsJsonView and outputsJson (/embed_all, /embed with outputs)', () => {
+  const text = (bytes: Uint8Array): string => Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length).toString('latin1');
+  const row = (v: Float32Array) => `[${Array.from(v, reference).join(',')}]`;
+
+  it('lists of rows: per input, per token; empty lists included', () => {
+    const lists = [Array.from({ length: 5 }, () => unitRow(16)), [], Array.from({ length: 40 }, () => unitRow(128))];
+    expect(text(float32RowListsJsonView(lists))).toBe(`[${lists.map((rows) => `[${rows.map(row).join(',')}]`).join(',')}]`);
+    expect(text(float32RowListsJsonView([]))).toBe('[]');
+  });
+
+  it('outputs of several inputs, each key where asked, none overwritten by the next (the writers share a scratch buffer)', () => {
+    const items = Array.from({ length: 4 }, (_, i) => ({
+      ...(i !== 1 ? { dense: unitRow(32) } : {}),
+      ...(i !== 2 ? { sparse: { indices: Uint32Array.from([3, 17, 900 + i]), values: Float32Array.from([0.5, 1.25, gaussian()]) } } : {}),
+      ...(i !== 3 ? { colbert: Array.from({ length: 3 + i }, () => unitRow(8)) } : {}),
+    }));
+    const want = items.map((x) => {
+      const keys: string[] = [];
+      if (x.dense) keys.push(`"dense":${row(x.dense)}`);
+      if (x.sparse) keys.push(`"sparse":[${Array.from(x.sparse.indices, (index, k) => `{"index":${index},"value":${reference(x.sparse!.values[k]!)}}`).join(',')}]`);
+      if (x.colbert) keys.push(`"colbert":[${x.colbert.map(row).join(',')}]`);
+      return `{${keys.join(',')}}`;
+    });
+    expect(text(outputsJson(items))).toBe(`[${want.join(',')}]`);
   });
 });

@@ -223,6 +223,14 @@ export function float32RowJsonInto(out: Uint8Array, at: number, row: Float32Arra
 let scratch = new Uint8Array(1 << 14);
 const SCRATCH_MAX = 1 << 20;
 
+/** The scratch buffer if it holds `bound` bytes (grown up to SCRATCH_MAX), else a buffer of its own. */
+function scratchOf(bound: number): Uint8Array {
+  if (bound <= scratch.length) return scratch;
+  const out = new Uint8Array(bound);
+  if (bound <= SCRATCH_MAX) scratch = out;
+  return out;
+}
+
 /**
  * The JSON text `[[a,b,...],[...]]` (no spaces) of the rows, as a view of a
  * scratch buffer: valid only until the next call on this thread. For a
@@ -231,11 +239,7 @@ const SCRATCH_MAX = 1 << 20;
 export function float32RowsJsonView(rows: readonly Float32Array[]): Uint8Array {
   let bound = 2;
   for (const row of rows) bound += row.length * (MAX_FLOAT32_CHARS + 1) + 3;
-  let out = scratch;
-  if (bound > out.length) {
-    out = new Uint8Array(bound);
-    if (bound <= SCRATCH_MAX) scratch = out;
-  }
+  const out = scratchOf(bound);
   let at = 0;
   out[at++] = 91;
   for (let r = 0; r < rows.length; r++) {
@@ -306,12 +310,16 @@ export function sparseRowsJson(rows: readonly { indices: Uint32Array; values: Fl
   return out.subarray(0, at);
 }
 
-/** The JSON text `[[[a,...],...],...]` of lists of rows (TEI's /embed_all: per input, per token). */
-export function float32RowListsJson(lists: readonly (readonly Float32Array[])[]): Uint8Array {
-  let bound = 2;
+/**
+ * The JSON text `[[[a,...],...],...]` of lists of rows (TEI's /embed_all: per
+ * input, per token), as a view of the scratch buffer (float32RowsJsonView's):
+ * valid until the next call on this thread. A token answer is ten times a
+ * pooled row's bytes; a fresh buffer each was a third of the gateway's GC.
+ */
+export function float32RowListsJsonView(lists: readonly (readonly Float32Array[])[]): Uint8Array {
+  let bound = 2 + lists.length * 3;
   for (const rows of lists) for (const row of rows) bound += row.length * (MAX_FLOAT32_CHARS + 1) + 3;
-  bound += lists.length * 3;
-  const out = new Uint8Array(bound);
+  const out = scratchOf(bound);
   let at = 0;
   out[at++] = 91;
   for (let l = 0; l < lists.length; l++) {
@@ -339,15 +347,15 @@ export interface OutputsItem {
 export function outputsJson(items: readonly OutputsItem[]): Uint8Array {
   const parts: Uint8Array[] = [];
   const text = (s: string) => parts.push(new TextEncoder().encode(s));
-  // Each writer makes a list; one item's value is that list without its outer brackets.
-  const inner = (listJson: Uint8Array) => parts.push(listJson.subarray(1, listJson.length - 1));
+  // Each writer makes a list; one item's value is that list without its outer brackets, copied out of the scratch buffer.
+  const inner = (listJson: Uint8Array) => parts.push(listJson.slice(1, listJson.length - 1));
   text('[');
   items.forEach((x, i) => {
     text(i > 0 ? ',{' : '{');
     let sep = '';
     if (x.dense) {
       text(`${sep}"dense":`);
-      inner(float32RowsJson([x.dense]));
+      inner(float32RowsJsonView([x.dense]));
       sep = ',';
     }
     if (x.sparse) {
@@ -357,7 +365,7 @@ export function outputsJson(items: readonly OutputsItem[]): Uint8Array {
     }
     if (x.colbert) {
       text(`${sep}"colbert":`);
-      inner(float32RowListsJson([x.colbert]));
+      inner(float32RowListsJsonView([x.colbert]));
     }
     text('}');
   });

@@ -8,7 +8,7 @@
 import { FieldValidationError, OutputUnavailableError, ValidationError } from '../shared/errors.js';
 import type { ModelOutput, Pooling, Task } from '../shared/model-config.js';
 import { floatAnswer, quantizedRowsAnswer, rowLists, rowsAnswer } from './answers.js';
-import { float32RowListsJson, float32RowsInJson, outputsJson, sparseRowsJson, type OutputsItem } from './float-json.js';
+import { float32RowListsJsonView, float32RowsInJson, outputsJson, sparseRowsJson, type OutputsItem } from './float-json.js';
 import { keptTokens, type ColbertInputType } from '../core/colbert.js';
 import { sparseEntries, sparseOf, type SparseRow } from '../core/sparse.js';
 import { m3Colbert, m3Sparse } from '../core/m3.js';
@@ -284,7 +284,7 @@ export const embedAllEndpoint: Endpoint<ColbertInputType | null> = {
       const vectors = tokenVectors(r.rows, i);
       return kind ? keptTokens(r.inputIds![i]!, call.model.plan.spec.colbert!, kind).map((t) => vectors[t]!) : vectors;
     });
-    return floatAnswer(() => lists.map(rowLists), () => float32RowListsJson(lists));
+    return floatAnswer(() => lists.map(rowLists), () => float32RowListsJsonView(lists));
   },
 };
 

@@ -277,7 +277,7 @@ function normalizeLast(b: GraphBuilder, x: string): string {
  * f(max x) is max f(x), the same float (f of the same element). The [B,T,V]
  * tensor, the largest any model here makes, is then read twice (mask, max)
  * instead of written four times more; on CPU that was most of the run
- * (docs/architecture.md, Sparse rows).
+ * (docs/tuning.md, Memory).
  */
 function spladePool(b: GraphBuilder, logits: string, s: SpladeSettings, opset: number, maskInput: string): string {
   const mask = b.op('Unsqueeze', [b.op('Cast', [maskInput], { to: onnx.TensorProto.DataType.FLOAT }), axes(b, 2)]); // [B,T,1]
