@@ -33,6 +33,7 @@ process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const TOLERANCE = 1e-5;
 const TEI_PROTO = fileURLToPath(new URL('../proto/tei.proto', import.meta.url));
+const SLABSERVE_PROTO = fileURLToPath(new URL('../proto/slabserve.proto', import.meta.url));
 type Entry = { index: number; value: number };
 type Outputs = { dense: number[]; sparse: Entry[]; colbert: number[][] };
 
@@ -227,6 +228,44 @@ describe('/embed with outputs on BGE-M3', () => {
       metadata.set('x-model', 'tiny-m3');
       const reply = await unaryCall(client, 'EmbedSparse', { inputs: text }, metadata);
       expectOutputs({ sparse: reply.sparse_embeddings }, want, 'gRPC');
+    } finally {
+      client.close();
+    }
+  });
+
+  it('over gRPC, slabserve.v1.Outputs: Embed (all three when none is named, or those named) and EmbedStream, each the reference', async () => {
+    const texts = randomTexts(makeRandom('m3 grpc outputs'), words, 3, 25);
+    const client = new (grpcJsPackages([TEI_PROTO, SLABSERVE_PROTO]).slabserve.v1.Outputs)(`127.0.0.1:${server.grpcPort}`, grpc.credentials.createInsecure());
+    const metadata = new grpc.Metadata();
+    metadata.set('x-model', 'tiny-m3');
+    const asOutputs = (m: { dense: number[]; sparse: Entry[]; colbert: { embeddings: number[] }[] }): Partial<Outputs> => ({
+      ...(m.dense.length ? { dense: m.dense } : {}),
+      ...(m.sparse.length ? { sparse: m.sparse } : {}),
+      ...(m.colbert.length ? { colbert: m.colbert.map((v) => v.embeddings) } : {}),
+    });
+    try {
+      const all = await unaryCall(client, 'Embed', { inputs: texts[0] }, metadata);
+      const want = await reference(texts[0]!);
+      expect([all.dense.length, all.colbert.length]).toEqual([want.dense.length, want.colbert.length]);
+      expectOutputs(asOutputs(all), want, 'gRPC Embed, all');
+      const sparse = await unaryCall(client, 'Embed', { inputs: texts[0], outputs: ['sparse'] }, metadata);
+      expect([sparse.dense.length, sparse.colbert.length, sparse.sparse.length]).toEqual([0, 0, want.sparse.length]);
+      const stream = client.EmbedStream(metadata);
+      const replies: Parameters<typeof asOutputs>[0][] = [];
+      const ended = new Promise<void>((resolve, reject) => {
+        stream.on('data', (m: Parameters<typeof asOutputs>[0]) => replies.push(m));
+        stream.on('end', resolve);
+        stream.on('error', reject);
+      });
+      for (const t of texts) stream.write({ inputs: t, outputs: ['dense', 'colbert'] });
+      stream.end();
+      await ended;
+      expect(replies).toHaveLength(texts.length);
+      for (const [i, t] of texts.entries()) expectOutputs(asOutputs(replies[i]!), await reference(t), `gRPC EmbedStream ${i}`);
+      const plain = new grpc.Metadata();
+      plain.set('x-model', 'tiny-embed');
+      const err = (await unaryCall(client, 'Embed', { inputs: 'x', outputs: ['colbert'] }, plain).catch((e: unknown) => e)) as grpc.ServiceError;
+      expect([err.code, err.metadata.get('slabserve-code')[0]]).toEqual([grpc.status.FAILED_PRECONDITION, 'SLABSERVE_OUTPUT_UNAVAILABLE']);
     } finally {
       client.close();
     }

@@ -133,18 +133,23 @@ function checkOutputs(model: ServedModel, outputs: readonly EmbedOutput[], type:
   return outputs;
 }
 
-/** Per input `{dense?, sparse?, colbert?}`: the outputs asked for, in /embed's, /embed_sparse's and /embed_all's forms. */
-function outputsAnswer(r: InferResult, model: ServedModel, outputs: readonly EmbedOutput[], normalize: boolean | undefined) {
+/** Per input, the outputs asked for: the dense row, the sparse weights, the colbert vectors (gRPC's slabserve.v1.Outputs too). */
+export function outputItems(r: InferResult, model: ServedModel, outputs: readonly EmbedOutput[], normalize: boolean | undefined): OutputsItem[] {
   const count = r.rows.rows.length / r.rows.width;
   const dense = outputs.includes('dense') ? embeddings(model, r.rows, normalize) : null;
   const sparse = outputs.includes('sparse') ? sparseRowsOf(r, model) : null;
   const m3 = model.plan.spec.m3;
   const colbert = outputs.includes('colbert') ? Array.from({ length: count }, (_, i) => m3Colbert(r.inputIds![i]!.length, r.rows.tokens![i]!, m3!)) : null;
-  const items: OutputsItem[] = Array.from({ length: count }, (_, i) => ({
+  return Array.from({ length: count }, (_, i) => ({
     ...(dense ? { dense: dense[i]! } : {}),
     ...(sparse ? { sparse: sparse[i]! } : {}),
     ...(colbert ? { colbert: colbert[i]! } : {}),
   }));
+}
+
+/** Per input `{dense?, sparse?, colbert?}`, in /embed's, /embed_sparse's and /embed_all's forms. */
+function outputsAnswer(r: InferResult, model: ServedModel, outputs: readonly EmbedOutput[], normalize: boolean | undefined) {
+  const items = outputItems(r, model, outputs, normalize);
   const value = () =>
     items.map((x) => ({
       ...(x.dense ? { dense: Array.from(x.dense) } : {}),

@@ -5,6 +5,7 @@
  *
  *   inference.GRPCInferenceService  KServe v2, Triton's repository RPCs (kserve.ts)
  *   tei.v1.*                        text-embeddings-inference's services (tei.ts)
+ *   slabserve.v1.Outputs            several outputs of one pass (BGE-M3's dense, sparse, colbert: outputs.ts)
  *   grpc.health.v1.Health           SERVING per service while ready and able to serve it; NOT_SERVING
  *                                   while warming up or draining (grpc-health-check)
  *   grpc.reflection.v1(alpha)       so grpcurl-style tools list and call the services (@grpc/reflection)
@@ -27,6 +28,7 @@ import { listenReusePort } from '../../shared/reuseport.js';
 import type { GrpcDeps } from './calls.js';
 import { kserveService, type KServeDeps } from './kserve.js';
 import { OpenStreams } from './open-streams.js';
+import { outputsServices } from './outputs.js';
 import { teiServices } from './tei.js';
 
 /** What the gateway tells its gRPC server (gateway-worker.ts GatewayWorkerData.grpc). */
@@ -49,9 +51,9 @@ export const PROTO_DIR = fileURLToPath(new URL('../../../../proto/', import.meta
 
 let definition: PackageDefinition | undefined;
 
-/** proto/inference.proto, proto/tei.proto and the health service, loaded once per thread. */
+/** proto/inference.proto, proto/tei.proto, proto/slabserve.proto and the health service, loaded once per thread. */
 export function grpcDefinition(): PackageDefinition {
-  return (definition ??= loadSync([`${PROTO_DIR}inference.proto`, `${PROTO_DIR}tei.proto`, healthProto], LOAD_OPTIONS));
+  return (definition ??= loadSync([`${PROTO_DIR}inference.proto`, `${PROTO_DIR}tei.proto`, `${PROTO_DIR}slabserve.proto`, healthProto], LOAD_OPTIONS));
 }
 
 /** Each service that serves only while a model of its task is served. */
@@ -63,6 +65,7 @@ const SERVICE_TASKS: Record<string, Task | null> = {
   'tei.v1.Embed': 'embed',
   'tei.v1.Predict': 'classify',
   'tei.v1.Rerank': 'rerank',
+  'slabserve.v1.Outputs': 'embed',
 };
 
 /** How long close() waits for open calls to end and their last frames to go out. */
@@ -90,11 +93,13 @@ export async function startGatewayGrpc(given: Omit<KServeDeps, 'streams'> & { to
   const loaded = grpc.loadPackageDefinition(def) as unknown as {
     inference: { GRPCInferenceService: { service: grpc.ServiceDefinition } };
     tei: { v1: Record<string, { service: grpc.ServiceDefinition }> };
+    slabserve: { v1: Record<string, { service: grpc.ServiceDefinition }> };
   };
   const server = new grpc.Server({ 'grpc.max_receive_message_length': deps.limits.maxBodyBytes, 'grpc.max_send_message_length': -1 });
   server.addService(loaded.inference.GRPCInferenceService.service, kserveService(deps) as unknown as grpc.UntypedServiceImplementation);
   const tei = teiServices(deps, deps.version, deps.tokenizationWorkers);
   for (const [name, impl] of Object.entries(tei)) server.addService(loaded.tei.v1[name]!.service, impl as unknown as grpc.UntypedServiceImplementation);
+  for (const [name, impl] of Object.entries(outputsServices(deps))) server.addService(loaded.slabserve.v1[name]!.service, impl as unknown as grpc.UntypedServiceImplementation);
   // `shown` is exactly what the health service holds, read once: two reads straddling the turn to
   // ready (start-up under load) once left it NOT_SERVING for good, a refresh seeing no change.
   const shown = healthStatuses(deps);

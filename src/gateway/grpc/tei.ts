@@ -39,19 +39,19 @@ function direction(v: unknown): 'right' | 'left' | undefined {
 }
 
 /** The fields every TEI message shares, as the HTTP body's (absent where the message leaves them unset). */
-function common(req: { truncate?: boolean }, scope: CallScope) {
+export function common(req: { truncate?: boolean }, scope: CallScope) {
   const model = metadataText(scope.metadata, 'x-model');
   return { ...(req.truncate === true ? { truncate: true } : {}), ...(model !== undefined ? { model } : {}) };
 }
 
 /** TEI's truncation_direction, where the HTTP body takes one (/embed, /predict; the pair inputs have none). */
-function directionField(req: { truncation_direction?: unknown }) {
+export function directionField(req: { truncation_direction?: unknown }) {
   const d = direction(req.truncation_direction);
   return d === 'left' ? { truncation_direction: d } : {};
 }
 
 /** TEI's Metadata: where the call's time went, in ns. */
-function timings(r: InferResult, chars: number, started: number) {
+export function timings(r: InferResult, chars: number, started: number) {
   const ns = (ms: number) => Math.round(ms * 1e6);
   return {
     compute_chars: chars,
