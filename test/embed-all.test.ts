@@ -246,3 +246,21 @@ describe('a model whose one input does not fit the token area', () => {
     }
   });
 });
+
+describe('a model loaded while serving (its session on a thread of its own)', () => {
+  it('answers the same token vectors: the token area crosses to the session thread and back', async () => {
+    const loaded = await startServer(testServerConfig({ modelsDir: root, models: ['tiny-splade'], modelControlMode: 'explicit', tokenOutputMb: TOKEN_OUTPUT_MB }));
+    try {
+      await loaded.ready;
+      const load = await fetch(`${loaded.url}/v2/repository/models/tiny-embed/load`, { method: 'POST' });
+      expect(load.status).toBe(200);
+      const texts = randomTexts(makeRandom('embed_all session thread'), words, 4, 30);
+      const r = await fetch(`${loaded.url}/embed_all`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny-embed', inputs: texts }) });
+      expect(r.status).toBe(200);
+      const body = (await r.json()) as number[][][];
+      for (const [i, t] of texts.entries()) expectTokens(body[i]!, await tokenStates(idsOf(t)), `session thread input ${i}`);
+    } finally {
+      await loaded.close();
+    }
+  });
+});
