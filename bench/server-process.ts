@@ -45,6 +45,8 @@ export interface ServerOptions {
   args: string[];
   /** Ms to wait for `ready at`. */
   startTimeoutMs?: number;
+  /** Variables set for the server beside the bench's own (those named SLABSERVE_* are never passed on). */
+  env?: Record<string, string>;
 }
 
 const CLK_TCK = 100; // USER_HZ: 100 on every Linux the bench is meant for
@@ -134,7 +136,7 @@ export async function startChildServer(opts: {
 
 /** Starts `node <cli> serve <args>` with no SLABSERVE_* variables from this environment; resolves when it is ready. */
 export async function startServerProcess(opts: ServerOptions): Promise<ServerProcess> {
-  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SLABSERVE_')));
+  const env = { ...Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SLABSERVE_'))), ...opts.env };
   // The benches measure the device path: their workloads repeat texts, which the result cache
   // (on by default) would answer instead. Off unless a bench sets --cache-mb itself.
   const args = opts.args.includes('--cache-mb') ? opts.args : [...opts.args, '--cache-mb', '0'];

@@ -243,6 +243,8 @@ program
   .addOption(flag('--max-discard-bytes <n>', 'a refusal decided before the body has arrived (413, 401, 429, ...) reads and drops up to this many body bytes in all before it is answered, so a client that writes its whole body first reads it; a larger body: answered and closed at once', 'MAX_DISCARD_BYTES', int(0), D.maxDiscardBytes))
   .addOption(flag('--discard-timeout-ms <ms>', 'how long such a refusal waits for the rest of the body before it is answered and the connection closed', 'DISCARD_TIMEOUT_MS', int(1), D.discardTimeoutMs))
   .addOption(flag('--log-probes [bool]', 'access lines for health probes (/livez, /readyz, /health, /v2/health/*) and /metrics scrapes too', 'LOG_PROBES', bool, false).preset(true))
+  .addOption(flag('--otlp-endpoint <url>', 'OpenTelemetry traces to this OTLP/HTTP endpoint, e.g. http://localhost:4318 (also OTEL_EXPORTER_OTLP_ENDPOINT; off when none is set: docs/tracing.md)', 'OTLP_ENDPOINT'))
+  .addOption(flag('--otlp-service-name <name>', "the traces' service.name (also OTEL_SERVICE_NAME; default slabserve)", 'OTLP_SERVICE_NAME'))
   .addOption(flag('--log-level <level>', 'least level logged (JSON lines: events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
   .action(async (f: ServeFlags, cmd: Command) => {
     const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, adminApiKey, pinModel, loadModel, ...same } = f;

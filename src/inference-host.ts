@@ -5,6 +5,7 @@
  * requests answered 503 (src/slot-reclaim.ts), and a new one started on the
  * same slabs. The models it runs are planned in src/model-plans.ts.
  */
+import type { TracingConfig } from './shared/tracing.js';
 import { Worker } from 'node:worker_threads';
 import type { Registry } from 'prom-client';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
@@ -37,6 +38,8 @@ export interface InferenceThreadOptions {
   logStart?: boolean;
   /** The longest the inference loop sleeps when idle (it refreshes the heartbeat then); default the loop's (1 s). */
   idleWakeMs?: number;
+  /** Tracing on: a span per batch carrying a sampled request (docs/tracing.md). */
+  tracing?: TracingConfig | undefined;
 }
 
 export interface InferenceThread {
@@ -67,6 +70,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     epoch: opts.epoch ?? control.epoch,
     ...(opts.idleWakeMs !== undefined ? { idleWakeMs: opts.idleWakeMs } : {}),
     ...(opts.testHooks ? { testHooks: opts.testHooks } : {}),
+    ...(opts.tracing ? { tracing: opts.tracing } : {}),
   };
   const worker = new Worker(new URL('./gpu-worker/worker.js', import.meta.url), { workerData, name: 'slabserve-inference' });
   const threads: InferenceThreadIds = { inference: null, pool: [] };

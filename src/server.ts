@@ -18,6 +18,7 @@
  * loop while a test queues its requests (tests only; absent otherwise, and the
  * threads carry no hook).
  */
+import { resolveTracing, type TracingConfig } from './shared/tracing.js';
 import { lookup } from 'node:dns/promises';
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { join, resolve } from 'node:path';
@@ -147,6 +148,10 @@ export interface ServerConfig extends ModelOptions {
   logProbes?: boolean;
   /** Gateway threads write access lines (one per request) straight to this file descriptor (the CLI: 1, stdout); absent, they reach `log`. */
   accessLogFd?: number;
+  /** Traces to this OTLP/HTTP endpoint (its base: /v1/traces appended; --otlp-endpoint); absent: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, or off (docs/tracing.md). */
+  otlpEndpoint?: string;
+  /** The traces' service.name (--otlp-service-name); default OTEL_SERVICE_NAME, else slabserve. */
+  otlpServiceName?: string;
   log: (line: string) => void;
 }
 
@@ -293,6 +298,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const grpc = await grpcListen(config);
   checkDevice(config.device);
   checkRepositoryFlags(config);
+  const tracing = tracingOf(config);
   const grpcThreads = config.grpcThreads ?? 0;
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
   const planning = { batching: config.batching, overrides: modelOverrides(config), warn: log, slotsPerModel: config.slotsPerModel, tokenOutputMb: config.tokenOutputMb, owners };
@@ -313,6 +319,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   log(`slabserve: opening ${plans.map((p) => p.spec.name).join(', ')} on device ${config.device}; warm-up follows`);
   const inference = new InferenceSupervisor(models, control, {
     ...inferenceOptions(config, testHooks),
+    tracing: tracing ?? undefined,
     onRestart: (e) => {
       supervision.inferenceRestarts.inc({ reason: e.reason });
       supervision.restartFailedInputs.inc(e.answered);
@@ -353,7 +360,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const idleTimer = config.modelIdleUnloadS !== undefined ? setInterval(() => void repository.unloadIdle().catch((err: Error) => log(`slabserve: idle unload: ${err.message}`)), IDLE_CHECK_MS) : undefined;
   idleTimer?.unref();
   const gateways: GatewaySupervisor = new GatewaySupervisor({
-    data: gatewayWorkerData(config, control, owners, cache),
+    data: { ...gatewayWorkerData(config, control, owners, cache), ...(tracing ? { tracing } : {}) },
     // With --grpc-threads, the gateways serve HTTP and the threads after them gRPC; else each serves both.
     roles: { http: config.gatewayThreads, grpc: grpc ? { listen: grpc, threads: grpcThreads } : null },
     models,
@@ -413,6 +420,15 @@ function resultCache(config: ServerConfig, plans: ModelPlan[], owners: number): 
   const cache = ResultCache.create(layout);
   config.log(`slabserve: result cache ${config.cacheMb} MiB, ${layout.sets * WAYS} rows per model of at most ${KEY_TOKENS} tokens`);
   return cache;
+}
+
+/** Tracing as the flags and OpenTelemetry's variables say (docs/tracing.md), or null; a value it cannot use stops the start. */
+function tracingOf(config: ServerConfig): TracingConfig | null {
+  try {
+    return resolveTracing({ otlpEndpoint: config.otlpEndpoint, otlpServiceName: config.otlpServiceName }, process.env);
+  } catch (err) {
+    throw new ValidationError((err as Error).message);
+  }
 }
 
 /** The inference thread's settings, from the server's. */

@@ -26,6 +26,7 @@ import { Cancellation } from '../shared/cancel.js';
 import { nowMs } from '../shared/clock.js';
 import { CancelledError, DeadlineExceededError, OverloadedError } from '../shared/errors.js';
 import type { RequestRows, SlabSubmitter, SlotReservation, SubmitInput } from '../shared/submitter.js';
+import type { SpanIds } from '../shared/trace-context.js';
 
 /** Parts of one request queued or running at once: one runs while the next waits its turn. */
 export const PARTS_IN_FLIGHT = 2;
@@ -65,6 +66,17 @@ export interface PartedRequest {
   deadline: number;
   priority: number | undefined;
   cancel: Cancellation | undefined;
+  /** The request's sampled span (tracing): each part's slots carry it. */
+  trace?: SpanIds | undefined;
+}
+
+/** A part's trace into the request's: the earliest queueing and start, the latest end, every batch once. */
+function mergeTrace(out: RequestRows, t: NonNullable<RequestRows['trace']>): void {
+  const m = (out.trace ??= { enqueuedAt: Infinity, startedAt: Infinity, finishedAt: 0, batches: [] });
+  m.enqueuedAt = Math.min(m.enqueuedAt, t.enqueuedAt);
+  m.startedAt = Math.min(m.startedAt, t.startedAt);
+  m.finishedAt = Math.max(m.finishedAt, t.finishedAt);
+  for (const b of t.batches) if (!m.batches.some((x) => x.spanId === b.spanId)) m.batches.push(b);
 }
 
 /** The rows of a parted request, and whether the cache answered every input. */
@@ -117,8 +129,9 @@ export async function submitInParts(r: PartedRequest): Promise<PartedRows> {
     out.allCached = false;
     const reservation = held ?? (p === 0 && r.takeFirst ? r.takeFirst(run.length) : await reserveWaiting(r, run.length, () => failure !== undefined));
     try {
-      const opts = { deadline: r.deadline, priority: r.priority, reservation, firstInput: p * r.partSize };
+      const opts = { deadline: r.deadline, priority: r.priority, reservation, firstInput: p * r.partSize, trace: r.trace };
       const got = await tracked((cancel) => r.submitter.submitRequest(r.model, run, { ...opts, cancel }));
+      if (got.trace) mergeTrace(out, got.trace);
       out.rows.set(look ? r.cache!.fill(inputs, look, got.rows) : got.rows, p * r.partSize * r.width);
       out.queueMs = Math.max(out.queueMs, got.queueMs);
       out.inferenceMs = Math.max(out.inferenceMs, got.inferenceMs);

@@ -28,6 +28,7 @@
  * read by the functions at the end of this file; answer shapes are the
  * dialects' business (routes*.ts, ws.ts, the engine). Transport-free.
  */
+import type { SpanIds } from '../shared/trace-context.js';
 import { colbertTextLength, markColbert, type ColbertInputType } from './colbert.js';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { admission } from '../shared/admission.js';
@@ -148,6 +149,8 @@ export interface InferCall {
    * and the request runs whole (at most one part's inputs).
    */
   tokenRows?: boolean | undefined;
+  /** The request's sampled span (tracing on): its slots carry it, for their batches' spans to link to. */
+  trace?: SpanIds | undefined;
 }
 
 export interface InferResult {
@@ -358,7 +361,7 @@ export class Infer {
         const run = look ? look.missing.map((i) => tokens[i]!) : tokens;
         held ??= this.hold(model, run.length, timeoutMs, tokenRows);
         this.admitWait(this.submitter.predictedWaitMs(index, run), timeoutMs);
-        rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held });
+        rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held, trace: call.trace });
         if (look) rows = { ...rows, rows: fillMissing(cache!, index, tokens, look, rows.rows, width) };
       }
       let tokenCount = 0;
@@ -416,6 +419,7 @@ export class Infer {
         deadline,
         priority: call.priority,
         cancel: call.cancel,
+        trace: call.trace,
       });
       return this.answered(model, deadline, { rows, tokens: spent.tokens, tokenizeMs: spent.tokenizeMs, timing: timingOf(rows), ...(cache ? { cache: rows.allCached ? 'hit' : 'miss' } : {}) });
     } finally {

@@ -19,12 +19,14 @@
  *                                thread's events, and its access lines unless they go
  *                                straight to a file descriptor (log.ts)
  */
+import { startThreadTracing, type TracingConfig } from '../shared/tracing.js';
+import { RequestTracing } from './request-trace.js';
 import { parentPort, workerData } from 'node:worker_threads';
 import { Registry } from 'prom-client';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
-import { gatewayMetrics, type GatewayMetrics } from '../shared/metrics.js';
+import { traceDropMetric, gatewayMetrics, type GatewayMetrics } from '../shared/metrics.js';
 import { ResultCache, type CacheLayout } from '../shared/result-cache.js';
 import { RpcPeer } from '../shared/rpc.js';
 import { DeadlineExceededError, SlabserveError } from '../shared/errors.js';
@@ -83,6 +85,8 @@ export interface GatewayWorkerData {
   grpc?: GrpcListen;
   /** Log level, the file descriptor access lines are written to (absent: they go to the main thread), and whether probes get access lines (--log-probes). */
   log?: { level: LogLevel; accessFd?: number; probes?: boolean };
+  /** Tracing on (--otlp-endpoint, OTEL_EXPORTER_OTLP_*): a span per request (request-trace.ts). */
+  tracing?: TracingConfig;
 }
 
 export type GatewayMessage = { type: 'listening'; port: number; grpcPort?: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
@@ -112,6 +116,9 @@ async function main(): Promise<void> {
   const { plans, slabs } = owned;
   const registry = new Registry();
   const metrics = gatewayMetrics(registry);
+  const threadTracing = data.tracing ? startThreadTracing(data.tracing) : null;
+  if (threadTracing) traceDropMetric(registry, threadTracing.dropped);
+  const tracing = threadTracing ? new RequestTracing(threadTracing) : undefined;
   const pool = createTokenizePool(data.tokenizerThreads, data.tokenizerQueue !== undefined ? { maxQueue: data.tokenizerQueue } : {});
   const { infer, submitter } = await makeInfer(control, plans, slabs, metrics, pool.tokenize);
 
@@ -130,7 +137,7 @@ async function main(): Promise<void> {
   const app = uws.App();
   const askRepository = (op: RepositoryOp, timeoutMs: number) => rpc.call<RepositoryAnswer>('repository', op, timeoutMs);
   const loadModel = data.lazyLoad ? lazyLoader(askRepository, () => repository.notLoaded) : undefined;
-  const closeWebSockets = registerWebSocket(app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access, loadModel }, data.ws);
+  const closeWebSockets = registerWebSocket(app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access, loadModel, tracing }, data.ws);
   let grpcServer: GatewayGrpc | null = null;
   const stopListening = () => {
     if (listenSocket) uws.us_listen_socket_close(listenSocket);
@@ -173,6 +180,7 @@ async function main(): Promise<void> {
     close: async () => {
       await closeSockets();
       await pool.close();
+      await threadTracing?.shutdown().catch(() => {}); // the last spans, within the export timeout
       lag.stop();
       flushLogs(); // before the answer: the main thread stops listening once every gateway has closed
       // Once this answer is out, let the thread end by itself when uWS has released its sockets.
@@ -192,6 +200,7 @@ async function main(): Promise<void> {
   registerRoutes(app, {
     infer,
     loadModel,
+    tracing,
     limits: data.limits,
     metrics,
     ready,
@@ -203,7 +212,7 @@ async function main(): Promise<void> {
   });
   if (data.grpc) {
     try {
-      const deps = { infer, loadModel, limits: data.limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
+      const deps = { infer, loadModel, tracing, limits: data.limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
       // Loaded only where gRPC is served: grpc-js and the protos add to every thread's start-up.
       const { startGatewayGrpc } = await import('./grpc/server.js');
       grpcServer = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: data.tokenizerThreads }, data.grpc);

@@ -106,6 +106,8 @@ export class RequestContext {
   private readonly deadlineHeader: string;
   private readonly priorityHeader: string;
   readonly startedAt = performance.now();
+  /** W3C trace context headers ('' when absent): a traced request's parent. */
+  readonly traceContext: { traceparent: string; tracestate: string };
   /** The client's x-request-id when sane, else a new one; echoed in the x-request-id response header. */
   readonly requestId: string;
   /** The route's pattern (a metrics and log label, never the raw URL). */
@@ -150,6 +152,7 @@ export class RequestContext {
     this.bodyPending = cl === '' ? req.getHeader('transfer-encoding') !== '' : this.contentLength! > 0;
     this.deadlineHeader = req.getHeader('x-deadline-ms');
     this.priorityHeader = req.getHeader('x-priority');
+    this.traceContext = { traceparent: req.getHeader('traceparent'), tracestate: req.getHeader('tracestate') };
     this.closesAfterAnswer = this.bodyPending && /\bclose\b/i.test(req.getHeader('connection'));
     // From the start: chunks uWS gets before a handler is set are lost, and with them the end of the body.
     if (this.closesAfterAnswer) this.readBody(DROP);

@@ -21,6 +21,8 @@ import type { CounterCell, HistogramCell } from '../shared/metric-cells.js';
 import type { Task } from '../shared/model-config.js';
 import { statusOf, type Answer, type RequestContext } from './http.js';
 import type { InferCall, Infer, InferResult } from '../core/infer.js';
+import type { SpanIds } from '../shared/trace-context.js';
+import type { RequestSpan, RequestTracing } from './request-trace.js';
 
 export interface GatewayLimits {
   /** Most bytes in a request body (--max-body-bytes). */
@@ -55,6 +57,8 @@ export interface EndpointContext {
    * such folder; rejects with the load's failure, or past `timeoutMs`. Absent: off.
    */
   loadModel?: ((name: string, timeoutMs: number) => Promise<boolean>) | undefined;
+  /** The request's sampled span (tracing): its slots carry it (InferCall.trace). */
+  trace?: SpanIds | undefined;
 }
 
 /** One inference endpoint of a dialect. */
@@ -100,7 +104,7 @@ export async function runEndpoint<S>(ep: Endpoint<S>, body: unknown, ec: Endpoin
   const model = (ec.label.model = call.model.plan.spec.name);
   let result: InferResult;
   try {
-    result = await ec.infer.infer(call);
+    result = await ec.infer.infer(ec.trace ? { ...call, trace: ec.trace } : call);
   } catch (err) {
     // The advice must be one that works on this route: its own way of asking for truncation.
     if (err instanceof InputTooLongError && ep.truncateAdvice) throw new InputTooLongError(err.length, err.maxLength, ep.truncateAdvice(state));
@@ -189,6 +193,14 @@ export interface ServeDeps {
   ready(): boolean;
   /** Lazy loading (EndpointContext.loadModel); absent: off. */
   loadModel?: EndpointContext['loadModel'];
+  /** Tracing on: this thread's request spans (request-trace.ts). */
+  tracing?: RequestTracing | undefined;
+}
+
+/** The SLABSERVE_ code of an error, for spans. */
+export function errorCode(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' ? code : undefined;
 }
 
 /** Answers an error in a dialect's shape (ours, OpenAI's, KServe's) and says which status it used. */
@@ -231,9 +243,16 @@ export function refuseBeforeBody(deps: ServeDeps, task: Task | null, pathModel: 
 }
 
 /** The context a parser gets for an HTTP request. */
-function httpContext(ctx: RequestContext, deps: ServeDeps, params: readonly string[] | undefined, label: { model: string }): EndpointContext {
+function httpContext(ctx: RequestContext, deps: ServeDeps, params: readonly string[] | undefined, label: { model: string }, span: RequestSpan | null): EndpointContext {
   const h = ctx.scheduling();
-  return { infer: deps.infer, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label, userAgent: ctx.userAgent, loadModel: deps.loadModel };
+  return { infer: deps.infer, limits: deps.limits, pathModel: params?.[0], params, timeoutMs: h.timeoutMs, priority: h.priority, cancel: ctx.cancel, label, userAgent: ctx.userAgent, loadModel: deps.loadModel, trace: span?.ids };
+}
+
+/** An HTTP request's span (tracing on and sampled), its parent from traceparent. */
+function httpSpan(ctx: RequestContext, deps: ServeDeps, route: string): RequestSpan | null {
+  if (!deps.tracing) return null;
+  const startedAt = performance.timeOrigin + ctx.startedAt;
+  return deps.tracing.start({ name: `${ctx.method} ${route}`, transport: 'http', startedAt, carrier: ctx.traceContext, requestId: ctx.requestId, route });
 }
 
 /** Serves one inference endpoint over HTTP (see the header). */
@@ -258,18 +277,22 @@ async function serveHttp(
 ): Promise<void> {
   const metrics = metricsOf(deps.metrics, route);
   const label = { model: 'unknown' }; // a model name becomes a label only once it is known to exist
+  const span = httpSpan(ctx, deps, route);
   try {
     if (refuse !== undefined) refuseBeforeBody(deps, refuse, params?.[0], label);
     const body = await ctx.readPayload(deps.limits.maxBodyBytes);
-    const pending = run(body, httpContext(ctx, deps, params, label));
+    const pending = run(body, httpContext(ctx, deps, params, label, span));
     const served = pending instanceof Promise ? await pending : pending;
     ctx.model = served.model;
     sendServed(ctx, served);
     metrics.ok(served, (performance.now() - ctx.startedAt) / 1000);
+    span?.end({ status: 200, model: served.model, result: served.result });
   } catch (err) {
     ctx.model = label.model;
     metrics.countFailure(err);
-    metrics.failed(label.model, fail(ctx, err), (performance.now() - ctx.startedAt) / 1000);
+    const status = fail(ctx, err);
+    metrics.failed(label.model, status, (performance.now() - ctx.startedAt) / 1000);
+    span?.end({ status, errorCode: errorCode(err), model: label.model });
   }
 }
 

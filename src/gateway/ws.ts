@@ -23,7 +23,9 @@ import { statusOf } from './http.js';
 import type { Infer } from '../core/infer.js';
 import type { AccessLog } from './log.js';
 import { chooseProtocol, decodeMsgpack, requestId, shown } from './security.js';
-import { isAnswer, metricsOf, runEndpoint, type Endpoint, type EndpointContext, type GatewayLimits, type Served } from './serving.js';
+import { errorCode, isAnswer, metricsOf, runEndpoint, type Endpoint, type EndpointContext, type GatewayLimits, type Served } from './serving.js';
+import type { RequestSpan, RequestTracing } from './request-trace.js';
+import { nowMs } from '../shared/clock.js';
 import { TEI_ENDPOINTS, TEI_LOCAL_ENDPOINTS } from './tei.js';
 import type { HttpRequest, HttpResponse, TemplatedApp, us_socket_context_t, WebSocket } from './uws.js';
 import type { WsOptions } from './ws-options.js';
@@ -42,6 +44,8 @@ export interface WsDeps {
   log: AccessLog;
   /** Lazy loading (EndpointContext.loadModel); absent: off. */
   loadModel?: EndpointContext['loadModel'];
+  /** Tracing on: a span per request op, its parent from the frame's traceparent (request-trace.ts). */
+  tracing?: RequestTracing | undefined;
 }
 
 type RequestId = string | number;
@@ -284,6 +288,7 @@ class WsApi {
       return;
     }
     const cancel = new Cancellation();
+    const span = this.span(op, route, msg);
     const ec: EndpointContext = {
       infer: this.deps.infer,
       limits: this.deps.limits,
@@ -293,10 +298,15 @@ class WsApi {
       f32: msg.encoding === 'f32',
       label: { model: 'unknown' },
       loadModel: this.deps.loadModel,
+      trace: span?.ids,
     };
     const started = performance.now();
-    const done = (served: Served) => this.answered(ws, id, route, served, started);
+    const done = (served: Served) => {
+      this.answered(ws, id, route, served, started);
+      span?.end({ status: 200, model: served.model, result: served.result });
+    };
     const failed = (err: unknown) => {
+      span?.end({ status: statusOf(err), errorCode: errorCode(err), model: ec.label.model });
       state.inflight.delete(id);
       metricsOf(this.deps.metrics, route).failed(ec.label.model, 'error', (performance.now() - started) / 1000); // sendError counts the failure
       this.sendError(ws, id, cancel.cancelled && !(err instanceof SlabserveError) ? new CancelledError() : err, route, started, ec.label.model);
@@ -312,6 +322,14 @@ class WsApi {
     }
     state.inflight.set(id, cancel);
     runEndpoint(endpoint as Endpoint<unknown>, body, ec).then(done, failed);
+  }
+
+  /** A request op's span (tracing on and sampled), its parent from the frame's `traceparent` / `tracestate`. */
+  private span(op: string, route: string, msg: Record<string, unknown>): RequestSpan | null {
+    if (!this.deps.tracing) return null;
+    const text = (v: unknown) => (typeof v === 'string' ? v : undefined);
+    const carrier = { traceparent: text(msg.traceparent), tracestate: text(msg.tracestate) };
+    return this.deps.tracing.start({ name: `WS ${op}`, transport: 'websocket', startedAt: nowMs(), carrier, route });
   }
 
   /** Why request `id` may not start now (a duplicate id, no credit, not ready, a bad deadline), or null. */
@@ -369,6 +387,6 @@ class WsApi {
 
 /** A request frame's body, as the HTTP route's: the frame less the fields only the socket reads. */
 function frameBody(msg: Record<string, unknown>): Record<string, unknown> {
-  const { id: _id, op: _op, deadline_ms: _deadline, encoding: _encoding, ...body } = msg;
+  const { id: _id, op: _op, deadline_ms: _deadline, encoding: _encoding, traceparent: _parent, tracestate: _state, ...body } = msg;
   return body;
 }

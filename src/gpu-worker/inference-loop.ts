@@ -17,6 +17,7 @@
  * the main thread has given up (its epoch is no longer the control block's:
  * see src/shared/control.ts) touches no slot again, whatever it was doing.
  */
+import type { TraceBatch } from './batch-trace.js';
 import { nowMs } from '../shared/clock.js';
 import type { ControlBlock } from '../shared/control.js';
 import type { Doorbell } from '../shared/doorbell.js';
@@ -92,6 +93,8 @@ export interface LoopOptions {
   onBatchError?: (model: string, error: unknown) => void;
   /** Called after every successful batch (metrics), and after every successful part of a split one. */
   onBatch?: (model: number, bucket: number, stats: BatchStats) => void;
+  /** Tracing on: a successful batch's span, before its requests complete (batch-trace.ts). */
+  traceBatch?: TraceBatch;
   /**
    * Split a failed batch in halves and run each again, recursively, so only
    * the inputs that make the run fail fail (default false: the whole batch
@@ -412,7 +415,7 @@ export class InferenceLoop {
       const stats = await runner.run(slots, bucket);
       if (!this.alive()) return;
       this.recordRun(model, bucket, stats, started);
-      this.completeBatch(model, slots, generations, started, SlotState.DONE, SlotError.NONE);
+      this.completeBatch(model, slots, generations, started, SlotState.DONE, SlotError.NONE, { bucket, stats });
       return;
     } catch (err: unknown) {
       if (!this.alive()) return;
@@ -462,7 +465,7 @@ export class InferenceLoop {
         const stats = await runner.run(live, bucket);
         if (!this.alive()) return;
         this.recordRun(model, bucket, stats, partStarted);
-        this.completeBatch(model, live, liveGens, started, SlotState.DONE, SlotError.NONE);
+        this.completeBatch(model, live, liveGens, started, SlotState.DONE, SlotError.NONE, { bucket, stats });
         ran += live.length;
         ok = true;
       } catch {
@@ -508,10 +511,15 @@ export class InferenceLoop {
    * was reused): it is left alone. Rows written into a private output are
    * copied into the shared slot first.
    */
-  private completeBatch(model: LoopModel, slots: number[], generations: number[], started: number, state: number, error: number): void {
+  private completeBatch(model: LoopModel, slots: number[], generations: number[], started: number, state: number, error: number, ran?: { bucket: number; stats: BatchStats }): void {
     const slab = model.runner.slab;
     const shared = model.shared;
     const finished = this.clock.now();
+    if (ran && this.options.traceBatch) {
+      const own = slots.filter((slot, i) => slab.header(slot, H_GENERATION) === generations[i]);
+      const bucketLength = model.runner.options.buckets[ran.bucket]!;
+      this.options.traceBatch(slab, own, { model: model.runner.spec.name, bucketLength, stats: ran.stats, startedMs: started, finishedMs: finished });
+    }
     slots.forEach((slot, i) => {
       if (slab.header(slot, H_GENERATION) !== generations[i]) return;
       if (shared && state === SlotState.DONE) {

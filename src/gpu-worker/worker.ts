@@ -27,7 +27,9 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { Registry } from 'prom-client';
 import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
-import { inferenceMetrics } from '../shared/metrics.js';
+import { inferenceMetrics, traceDropMetric } from '../shared/metrics.js';
+import { startThreadTracing, type TracingConfig } from '../shared/tracing.js';
+import { batchTracing } from './batch-trace.js';
 import { RpcPeer, type RpcHandlers } from '../shared/rpc.js';
 import { H_LENGTH, Slab } from '../shared/slab.js';
 import { claimThreadsStarted, nameThread } from '../shared/threads.js';
@@ -59,6 +61,8 @@ export interface InferenceWorkerData {
   idleWakeMs?: number;
   /** Test hooks, present only when the server runs with SLABSERVE_TEST_HOOKS=1. */
   testHooks?: InferenceTestHooks;
+  /** Tracing on (--otlp-endpoint, OTEL_EXPORTER_OTLP_*): a span per batch carrying a sampled request. */
+  tracing?: TracingConfig;
 }
 
 /** What addModel answers: how long the model took to open and warm up, and what it cost in memory. */
@@ -152,6 +156,8 @@ async function openRunners(): Promise<{ opened: { model: WorkerModel; shared: Sl
 
 const registry = new Registry();
 const metrics = inferenceMetrics(registry);
+const tracing = data.tracing ? startThreadTracing(data.tracing) : null;
+if (tracing) traceDropMetric(registry, tracing.dropped);
 
 /**
  * Finds onnxruntime's intra-op pool threads, names them, and on CPU gives them
@@ -176,7 +182,7 @@ async function main(): Promise<void> {
     const opened = await openRunners();
     const threads = claimPoolThreads(opened.device);
     device = opened.device;
-    loop = createLoop();
+    loop = createLoop(device);
     for (const o of opened.opened) serve(loop, o, await o.runner.warmUp());
     if (live()) {
       control.heartbeat = Date.now();
@@ -191,6 +197,7 @@ async function main(): Promise<void> {
   Object.assign(handlers, modelHandlers(loop, device));
   await loop.run();
   await Promise.all([...served.values()].map((s) => s.runner.release()));
+  await tracing?.shutdown().catch(() => {}); // the last batch spans, within the export timeout
   if (live()) control.workerState = WorkerState.STOPPED;
   post({ type: 'stopped' });
   parentPort!.removeAllListeners('message');
@@ -321,7 +328,7 @@ function holdHook(hooks: InferenceTestHooks): () => Promise<void> | undefined {
   return () => hold.park(stay, data.idleWakeMs ?? IDLE_WAKE_MS);
 }
 
-function createLoop(): InferenceLoop {
+function createLoop(device: DeviceInfo): InferenceLoop {
   return new InferenceLoop([], control, {
     ...(data.testHooks ? { hold: holdHook(data.testHooks) } : {}),
     maxInflightBatches: data.maxInflightBatches,
@@ -334,6 +341,7 @@ function createLoop(): InferenceLoop {
       metrics.batchFailures.inc({ model });
       post({ type: 'batch-error', model, message: (error as Error)?.message ?? String(error) });
     },
+    ...(tracing ? { traceBatch: batchTracing(tracing, device.label) } : {}),
     onBatch: (m, bucket, stats) => {
       const { spec, batching } = served.get(m)!.model;
       const labels = { model: spec.name };

@@ -121,6 +121,19 @@ export function inferenceMetrics(registry: Registry) {
 }
 export type InferenceMetrics = ReturnType<typeof inferenceMetrics>;
 
+/** slabserve_trace_spans_dropped_total of a thread that makes spans (tracing.ts): read from its processor at scrape time. */
+export function traceDropMetric(registry: Registry, dropped: () => number): void {
+  new Counter({
+    name: 'slabserve_trace_spans_dropped_total',
+    help: 'Spans not exported: the export queue was full (a slow or absent collector) or an export failed.',
+    registers: [registry],
+    collect() {
+      this.reset();
+      this.inc(dropped());
+    },
+  });
+}
+
 /** What the main thread reads from shared memory at scrape time. */
 export interface ProcessState {
   models(): {

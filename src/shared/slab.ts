@@ -16,6 +16,7 @@
  *   output        Float32 x outputWidth per slot the row the model returned
  *   token free    IndexQueue  pages of the token area ready to be taken (models with per-token outputs)
  *   tokens        Float32 x maxLength x tokenWidth per page: one input's token vectors
+ *   traces        Int32 x TRACE_I32 per slot     the request span it carries, the batch span it ran in (trace-context.ts)
  *   counters      Float64 x COUNTERS             written by the inference thread only
  *   costs         Float64 x MAX_BUCKETS x 3      the fitted cost model (fixed ms, ms per row, samples)
  *   accounts      Int32 x ACCOUNTS               shared tallies (queued padded tokens), Atomics only
@@ -34,6 +35,7 @@
  * (bumped on every acquire) lets an owner check that a completion belongs to
  * the request it is waiting for.
  */
+import { TRACE_I32 } from './trace-context.js';
 import { IndexQueue } from './index-queue.js';
 
 export const SlotState = {
@@ -174,10 +176,11 @@ function offsets(l: SlabLayout) {
   const pages = l.tokenPages ?? 0;
   const tokenFree = take(pages > 0 ? IndexQueue.byteLength(pages) : 0);
   const tokens = take(pages * l.maxLength * (l.tokenWidth ?? 0) * 4);
+  const traces = take(l.slotCount * TRACE_I32 * 4);
   const counters = take(COUNTERS * 8);
   const costs = take(MAX_BUCKETS * COST_F64 * 8);
   const accounts = take(ACCOUNTS * 4);
-  return { submit, free, completions, headers, times, ids, typeIds, output, tokenFree, tokens, counters, costs, accounts, total: at };
+  return { submit, free, completions, headers, times, ids, typeIds, output, tokenFree, tokens, traces, counters, costs, accounts, total: at };
 }
 
 export class Slab {
@@ -194,6 +197,8 @@ export class Slab {
   /** Free pages of the token area (null: the model has none). */
   readonly tokenFree: IndexQueue | null;
   readonly tokens: Float32Array;
+  /** Each slot's trace context (TRACE_I32 words at slot * TRACE_I32: trace-context.ts). */
+  readonly traces: Int32Array;
   readonly counters: Float64Array;
   readonly costs: Float64Array;
   readonly accounts: Int32Array;
@@ -244,6 +249,7 @@ export class Slab {
     this.output = new Float32Array(buffer, o.output, layout.slotCount * layout.outputWidth);
     this.tokenFree = layout.tokenPages ? new IndexQueue(buffer, o.tokenFree, layout.tokenPages) : null;
     this.tokens = new Float32Array(buffer, o.tokens, (layout.tokenPages ?? 0) * layout.maxLength * (layout.tokenWidth ?? 0));
+    this.traces = new Int32Array(buffer, o.traces, layout.slotCount * TRACE_I32);
     this.counters = new Float64Array(buffer, o.counters, COUNTERS);
     this.costs = new Float64Array(buffer, o.costs, MAX_BUCKETS * COST_F64);
     this.accounts = new Int32Array(buffer, o.accounts, ACCOUNTS);

@@ -19,6 +19,7 @@
  * after its result was written, or one of a previous thread with this owner
  * index that died (the main thread starts a new one; src/server.ts).
  */
+import { readBatchSpan, TRACE_I32, writeRequestSpan, type SpanIds } from './trace-context.js';
 import { predictedWaitMs, type BucketCost } from './admission.js';
 import { bucketFor } from './buckets.js';
 import { Cancellation } from './cancel.js';
@@ -95,6 +96,8 @@ export interface RequestSubmitOptions {
   reservation?: SlotReservation | undefined;
   /** These inputs' place in their client request (a later part of a large one: core/client-batches.ts); default 0. */
   firstInput?: number | undefined;
+  /** The request's sampled span, for its batches' spans to link to (tracing on); absent: not traced. */
+  trace?: SpanIds | undefined;
 }
 
 /** One request's rows: input i's row is `rows.subarray(i * width, (i + 1) * width)` (a copy, out of the slab). */
@@ -108,6 +111,18 @@ export interface RequestRows {
   /** With token pages taken (reserve's `tokens`): each input's token vectors, [length x tokenWidth] (copies). */
   tokens?: Float32Array[];
   tokenWidth?: number;
+  /** A traced request: when its first input was queued, and its batches' run (epoch ms), and those batches' spans (each once). */
+  trace?: { enqueuedAt: number; startedAt: number; finishedAt: number; batches: SpanIds[] };
+}
+
+/** A traced request's times and batch spans, with this slot's (RequestRows.trace). */
+function traceOf(r: RequestRows, slab: Slab, slot: number): void {
+  const tr = (r.trace ??= { enqueuedAt: Infinity, startedAt: Infinity, finishedAt: 0, batches: [] });
+  tr.enqueuedAt = Math.min(tr.enqueuedAt, slab.time(slot, T_ENQUEUED));
+  tr.startedAt = Math.min(tr.startedAt, slab.time(slot, T_STARTED));
+  tr.finishedAt = Math.max(tr.finishedAt, slab.time(slot, T_FINISHED));
+  const batch = readBatchSpan(slab.traces, slot * TRACE_I32);
+  if (batch && !tr.batches.some((b) => b.spanId === batch.spanId)) tr.batches.push(batch);
 }
 
 /**
@@ -178,6 +193,8 @@ class Ticket {
   readonly promise: Promise<RequestRows>;
   cancel: Cancellation | undefined;
   onCancel: ((reason: string) => void) | undefined;
+  /** Whether its request is traced: its rows carry their batches' spans and times. */
+  traced = false;
 
   constructor(model: number, count: number, width: number) {
     this.model = model;
@@ -407,6 +424,7 @@ export class SlabSubmitter {
     }
     const slots = held ?? own!;
     const t = new Ticket(model, n, slab.layout.outputWidth);
+    t.traced = opts.trace !== undefined;
     for (let i = 0; i < n; i++) this.fill(slab, model, t, i, slots.take(), inputs[i]!, opts);
     own?.release(); // nothing is left in it
     this.control.workerBell.ring(); // once per request, however many inputs
@@ -433,6 +451,7 @@ export class SlabSubmitter {
     slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
     slab.setHeader(slot, H_CHUNK, Math.floor(((opts.firstInput ?? 0) + i) / INTERLEAVE_CHUNK));
     slab.setHeader(slot, H_ERROR, SlotError.NONE);
+    writeRequestSpan(slab.traces, slot * TRACE_I32, opts.trace ?? null);
     slab.setTime(slot, T_ENQUEUED, nowMs());
     slab.setTime(slot, T_DEADLINE, opts.deadline);
     t.slots[i] = slot;
@@ -551,6 +570,7 @@ export class SlabSubmitter {
     const started = slab.time(slot, T_STARTED);
     r.queueMs = Math.max(r.queueMs, started - slab.time(slot, T_ENQUEUED));
     r.inferenceMs = Math.max(r.inferenceMs, slab.time(slot, T_FINISHED) - started);
+    if (t.traced) traceOf(r, slab, slot);
     this.release(slab, slot, state);
     if (--t.remaining === 0 && !t.settled) {
       t.settled = true;

@@ -27,8 +27,10 @@ import { unauthorized } from '../gate.js';
 import { statusOf } from '../http.js';
 import type { AccessLog } from '../log.js';
 import { requestId } from '../security.js';
-import { metricsOf, refuseBeforeBody, runEndpoint, type Endpoint, type EndpointContext, type LocalEndpoint, type ServeDeps, type Served } from '../serving.js';
+import { errorCode, metricsOf, refuseBeforeBody, runEndpoint, type Endpoint, type EndpointContext, type LocalEndpoint, type ServeDeps, type Served } from '../serving.js';
 import type { OpenStreams } from './open-streams.js';
+import type { RequestSpan } from '../request-trace.js';
+import { nowMs } from '../../shared/clock.js';
 import { grpcStatusOf } from './status.js';
 
 export interface GrpcDeps extends ServeDeps {
@@ -140,8 +142,24 @@ export interface InferenceMethod<Req, S> {
 
 /** One request through the skeleton: refuse, parse, infer, answer (Served.payload is the reply message). */
 async function serveOne<Req, S>(m: InferenceMethod<Req, S>, req: Req, scope: CallScope, cancel: Cancellation, label: { model: string }): Promise<Served> {
-  refuseBeforeBody(scope.deps, m.endpoint.task, m.pathModel?.(req), label);
-  return runEndpoint(m.endpoint, m.body(req, scope), scope.context(label, cancel));
+  const span = callSpan(scope);
+  try {
+    refuseBeforeBody(scope.deps, m.endpoint.task, m.pathModel?.(req), label);
+    const served = await runEndpoint(m.endpoint, m.body(req, scope), { ...scope.context(label, cancel), trace: span?.ids });
+    span?.end({ status: 200, model: served.model, result: served.result });
+    return served;
+  } catch (err) {
+    span?.end({ status: statusOf(err), errorCode: errorCode(err), model: label.model });
+    throw err;
+  }
+}
+
+/** A call's (or a stream message's) span, tracing on and sampled: its parent from `traceparent` / `tracestate` metadata. */
+function callSpan(scope: CallScope): RequestSpan | null {
+  const tracing = scope.deps.tracing;
+  if (!tracing) return null;
+  const carrier = { traceparent: metadataText(scope.metadata, 'traceparent'), tracestate: metadataText(scope.metadata, 'tracestate') };
+  return tracing.start({ name: `GRPC ${scope.route}`, transport: 'grpc', startedAt: nowMs(), carrier, requestId: metadataText(scope.metadata, 'x-request-id'), route: scope.route });
 }
 
 /** A unary method that runs the model. */

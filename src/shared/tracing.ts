@@ -1,0 +1,196 @@
+/**
+ * OpenTelemetry traces (docs/tracing.md): the configuration, read once in the
+ * main thread from the flags and OpenTelemetry's own variables, and the
+ * tracer each thread that makes spans starts from it (gateway threads: a span
+ * per request; the inference thread: a span per batch). Spans leave each
+ * thread through a batch span processor and an OTLP/HTTP exporter, so a
+ * collector that is slow or down costs a request nothing: the processor's
+ * queue is bounded, and every span it drops (queue full, export failed) is
+ * counted in slabserve_trace_spans_dropped_total.
+ *
+ *   --otlp-endpoint URL           or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the traces URL as given),
+ *                                 or OTEL_EXPORTER_OTLP_ENDPOINT (its base: /v1/traces appended).
+ *                                 None set: tracing is off, and costs one test per request.
+ *   --otlp-service-name NAME      or OTEL_SERVICE_NAME; default slabserve
+ *   OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL   http/protobuf (default) or http/json
+ *   OTEL_TRACES_SAMPLER(_ARG)     always_on, always_off, traceidratio, parentbased_always_on
+ *                                 (default), parentbased_always_off, parentbased_traceidratio;
+ *                                 the ratio in [0, 1] (default 1)
+ *   OTEL_SDK_DISABLED=true        off, whatever else is set
+ */
+import type { Tracer } from '@opentelemetry/api';
+import { ExportResultCode, type ExportResult } from '@opentelemetry/core';
+import { OTLPTraceExporter as JsonExporter } from '@opentelemetry/exporter-trace-otlp-http';
+import { OTLPTraceExporter as ProtobufExporter } from '@opentelemetry/exporter-trace-otlp-proto';
+import { resourceFromAttributes } from '@opentelemetry/resources';
+import {
+  AlwaysOffSampler,
+  AlwaysOnSampler,
+  BasicTracerProvider,
+  BatchSpanProcessor,
+  ParentBasedSampler,
+  TraceIdRatioBasedSampler,
+  type ReadableSpan,
+  type Sampler,
+  type SpanExporter,
+  type SpanProcessor,
+} from '@opentelemetry/sdk-trace-base';
+
+export const OTLP_PROTOCOLS = ['http/protobuf', 'http/json'] as const;
+export const TRACE_SAMPLERS = ['always_on', 'always_off', 'traceidratio', 'parentbased_always_on', 'parentbased_always_off', 'parentbased_traceidratio'] as const;
+export type TraceSampler = (typeof TRACE_SAMPLERS)[number];
+
+/** What every thread's tracer is made from (plain data: it crosses to the threads in workerData). */
+export interface TracingConfig {
+  /** The OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces. */
+  url: string;
+  protocol: (typeof OTLP_PROTOCOLS)[number];
+  serviceName: string;
+  sampler: TraceSampler;
+  /** traceidratio's ratio, in [0, 1]. */
+  ratio: number;
+}
+
+/** The flags that say where traces go (the variables are read from `env`). */
+export interface TracingOptions {
+  otlpEndpoint?: string | undefined;
+  otlpServiceName?: string | undefined;
+}
+
+/** The processor's bounds: spans waiting for export, spans per export, ms between exports, ms an export may take. */
+const QUEUE = { maxQueueSize: 2048, maxExportBatchSize: 512, scheduledDelayMillis: 1000, exportTimeoutMillis: 10_000 } as const;
+
+/** Tracing as the flags and the variables ask, or null (off); throws naming the variable or flag for a value it cannot use. */
+export function resolveTracing(o: TracingOptions, env: NodeJS.ProcessEnv): TracingConfig | null {
+  if (env.OTEL_SDK_DISABLED?.trim().toLowerCase() === 'true') return null;
+  const url = tracesUrl(o, env);
+  if (url === null) return null;
+  const protocol = (env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL ?? env.OTEL_EXPORTER_OTLP_PROTOCOL ?? 'http/protobuf').trim();
+  if (!(OTLP_PROTOCOLS as readonly string[]).includes(protocol)) {
+    throw new Error(`OTEL_EXPORTER_OTLP_PROTOCOL "${protocol}" is not served: ${OTLP_PROTOCOLS.join(' or ')} (a collector takes both on its OTLP/HTTP port, 4318)`);
+  }
+  const sampler = (env.OTEL_TRACES_SAMPLER ?? 'parentbased_always_on').trim().toLowerCase();
+  if (!(TRACE_SAMPLERS as readonly string[]).includes(sampler)) throw new Error(`OTEL_TRACES_SAMPLER "${sampler}" is not one of ${TRACE_SAMPLERS.join(', ')}`);
+  const arg = env.OTEL_TRACES_SAMPLER_ARG?.trim();
+  const ratio = arg === undefined || arg === '' ? 1 : Number(arg);
+  if (!(ratio >= 0 && ratio <= 1)) throw new Error(`OTEL_TRACES_SAMPLER_ARG "${arg}" must be a ratio from 0 to 1`);
+  const serviceName = o.otlpServiceName ?? env.OTEL_SERVICE_NAME ?? 'slabserve';
+  return { url, protocol: protocol as TracingConfig['protocol'], serviceName, sampler: sampler as TraceSampler, ratio };
+}
+
+/** The traces URL: the flag or OTEL_EXPORTER_OTLP_ENDPOINT as a base (/v1/traces appended), OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is. */
+function tracesUrl(o: TracingOptions, env: NodeJS.ProcessEnv): string | null {
+  const [given, what, base] =
+    o.otlpEndpoint !== undefined ? [o.otlpEndpoint, '--otlp-endpoint', true]
+    : env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT ? [env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, 'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT', false]
+    : env.OTEL_EXPORTER_OTLP_ENDPOINT ? [env.OTEL_EXPORTER_OTLP_ENDPOINT, 'OTEL_EXPORTER_OTLP_ENDPOINT', true]
+    : [null, '', false];
+  if (given === null || given.trim() === '') return null;
+  let url: URL;
+  try {
+    url = new URL(given.trim());
+  } catch {
+    throw new Error(`${what} "${given}" is not a URL (e.g. http://localhost:4318)`);
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new Error(`${what} "${given}": OTLP/HTTP takes an http:// or https:// URL`);
+  if (base && !url.pathname.endsWith('/v1/traces')) url.pathname = `${url.pathname.replace(/\/+$/, '')}/v1/traces`;
+  return url.href;
+}
+
+/** One thread's tracers and its export. */
+export interface ThreadTracing {
+  /** Spans of requests: the configured sampler decides, after the caller's traceparent. */
+  tracer: Tracer;
+  /** Spans of batches: always recorded, and made only for a batch carrying a sampled request. */
+  batchTracer: Tracer;
+  /** Spans dropped so far: the queue full, or an export that failed. */
+  dropped(): number;
+  /** Exports what is queued (at most the export timeout), then stops. */
+  shutdown(): Promise<void>;
+}
+
+/** This thread's tracing, from the config the main thread resolved. */
+export function startThreadTracing(config: TracingConfig, exporter: SpanExporter = exporterOf(config)): ThreadTracing {
+  const counted = new DropCountingProcessor(exporter);
+  const resource = resourceFromAttributes({ 'service.name': config.serviceName });
+  const provider = new BasicTracerProvider({ resource, sampler: samplerOf(config), spanProcessors: [counted] });
+  const batches = new BasicTracerProvider({ resource, sampler: new AlwaysOnSampler(), spanProcessors: [counted] });
+  return {
+    tracer: provider.getTracer('slabserve'),
+    batchTracer: batches.getTracer('slabserve'),
+    dropped: () => counted.dropped,
+    shutdown: async () => {
+      await Promise.all([provider.shutdown(), batches.shutdown()]);
+    },
+  };
+}
+
+function exporterOf(c: TracingConfig): SpanExporter {
+  const options = { url: c.url, timeoutMillis: QUEUE.exportTimeoutMillis };
+  return c.protocol === 'http/json' ? new JsonExporter(options) : new ProtobufExporter(options);
+}
+
+function samplerOf(c: TracingConfig): Sampler {
+  const ratio = new TraceIdRatioBasedSampler(c.ratio);
+  switch (c.sampler) {
+    case 'always_on':
+      return new AlwaysOnSampler();
+    case 'always_off':
+      return new AlwaysOffSampler();
+    case 'traceidratio':
+      return ratio;
+    case 'parentbased_always_on':
+      return new ParentBasedSampler({ root: new AlwaysOnSampler() });
+    case 'parentbased_always_off':
+      return new ParentBasedSampler({ root: new AlwaysOffSampler() });
+    case 'parentbased_traceidratio':
+      return new ParentBasedSampler({ root: ratio });
+  }
+}
+
+/**
+ * The SDK's BatchSpanProcessor, its drops counted: it drops a span when its
+ * queue holds maxQueueSize spans not yet handed to the exporter (counted here
+ * by the same rule: sampled spans ended, less those handed over), and an
+ * export that fails loses its spans.
+ */
+class DropCountingProcessor implements SpanProcessor {
+  dropped = 0;
+  private waiting = 0;
+  private readonly inner: BatchSpanProcessor;
+
+  constructor(exporter: SpanExporter) {
+    const counting: SpanExporter = {
+      export: (spans, done) => {
+        this.waiting -= spans.length;
+        exporter.export(spans, (r: ExportResult) => {
+          if (r.code !== ExportResultCode.SUCCESS) this.dropped += spans.length;
+          done(r);
+        });
+      },
+      shutdown: () => exporter.shutdown(),
+      ...(exporter.forceFlush ? { forceFlush: () => exporter.forceFlush!() } : {}),
+    };
+    this.inner = new BatchSpanProcessor(counting, QUEUE);
+  }
+
+  onStart(): void {}
+
+  onEnd(span: ReadableSpan): void {
+    if ((span.spanContext().traceFlags & 1) === 0) return; // not sampled: the processor ignores it too
+    if (this.waiting >= QUEUE.maxQueueSize) {
+      this.dropped++;
+      return;
+    }
+    this.waiting++;
+    this.inner.onEnd(span);
+  }
+
+  forceFlush(): Promise<void> {
+    return this.inner.forceFlush();
+  }
+
+  shutdown(): Promise<void> {
+    return this.inner.shutdown();
+  }
+}
