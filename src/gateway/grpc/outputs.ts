@@ -27,7 +27,9 @@ const embedOutputs: InferenceMethod<EmbedOutputsMessage, State> = {
     task: 'embed',
     parse(raw, ec) {
       const body = raw as EmbedOutputsMessage & { model?: string };
-      const outputs = body.outputs?.length ? body.outputs : EMBED_OUTPUTS.filter((o) => ec.infer.resolve('embed', body.model).plan.spec.outputs.includes(o));
+      // None named: every one of dense, sparse and colbert the model gives.
+      const gives = body.outputs?.length ? null : ec.infer.resolve('embed', body.model).plan.spec.outputs;
+      const outputs = gives ? EMBED_OUTPUTS.filter((o) => gives.includes(o)) : body.outputs!;
       const { call, state } = embedEndpoint.parse({ ...body, outputs }, ec);
       return { call, state: { normalize: state.normalize, outputs: state.outputs!, chars: body.inputs.length, started: performance.now() } };
     },
