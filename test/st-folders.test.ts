@@ -316,6 +316,8 @@ describe('--dtype: which of the folder\'s graphs', () => {
     expect(() => loadModelSpec(embedDir, undefined, { dtype: 'int8' })).toThrow(/--dtype int8 but .* has no model_int8\.onnx or model_quantized\.onnx .*; it has: fp32, fp16/);
 
     const engine = await createEngine({ device: 'cpu', models: [embedDir, intentDir], dtype: 'fp16', log: () => {} });
+    const plainIntent = await ort.InferenceSession.create(readFileSync(join(modelsDir, 'tiny-intent', 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    const intentTok = await loadTokenizer(join(modelsDir, 'tiny-intent', 'tokenizer.json'));
     try {
       expect(engine.info().map((m) => m.dtype)).toEqual(['fp16', 'fp16']);
       const rand = makeRandom('st fp16');
@@ -328,13 +330,30 @@ describe('--dtype: which of the folder\'s graphs', () => {
       }
       // float16 keeps about 3 decimal digits of each token state
       expect(worst).toBeLessThan(2e-3);
-      const classes = await engine.classify(texts.slice(0, 4));
+      const classes = await engine.classify(texts);
       for (const c of classes) {
         expect(c.probabilities.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 5);
         expect(Math.max(...c.logits.map((l, k) => Math.abs(Math.log(c.probabilities[k]!) - (l - Math.log(c.logits.reduce((a, x) => a + Math.exp(x), 0))))))).toBeLessThan(1e-4);
       }
+      // The logits against the unmodified fp32 graph's, run here on each text alone: this graph differs from it
+      // only in its output cast to float16, so each logit is within half a float16 step of the fp32 one
+      // (2^-11 of its size), plus the float32 noise of running batched.
+      let worstLogit = 0;
+      for (const [i, t] of texts.entries()) {
+        const ids = intentTok.encode(t, { maxLength: 512, truncate: false }).ids;
+        const i64 = (f: (k: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: ids.length }, (_, k) => BigInt(f(k))), [1, ids.length]);
+        const want = (await plainIntent.run({ input_ids: i64((k) => ids[k]!), attention_mask: i64(() => 1), token_type_ids: i64(() => 0) })).logits!.data as Float32Array;
+        expect(classes[i]!.logits).toHaveLength(want.length);
+        want.forEach((w, k) => {
+          const diff = Math.abs(classes[i]!.logits[k]! - w);
+          worstLogit = Math.max(worstLogit, diff / (Math.abs(w) * 2 ** -11 + TOLERANCE));
+          expect(diff, `text ${i} logit ${k}: ${classes[i]!.logits[k]} against ${w}`).toBeLessThan(Math.abs(w) * 2 ** -11 + TOLERANCE);
+        });
+      }
+      console.log(`fp16 logits vs the fp32 graph: worst difference ${worstLogit.toFixed(3)} of the bound (half a float16 step + ${TOLERANCE}) over ${texts.length} texts`);
     } finally {
       await engine.close();
+      await plainIntent.release();
     }
   });
 });
