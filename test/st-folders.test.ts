@@ -13,6 +13,7 @@
  * can be counted: test/fixtures/queued-together.ts).
  */
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
@@ -44,6 +45,11 @@ const POOLING_KEYS: Record<Pooling, string> = {
 const MODULE = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
 
 let root: string;
+/** What the tests use of a Rust `tokenizers` Tokenizer that truncates. */
+interface RustTruncating {
+  setTruncation(maxLength: number, options: { direction: 'right' | 'left' }): void;
+  encode(text: string): Promise<{ getIds(): number[] }>;
+}
 const E5_PROMPTS = { query: 'query: ', passage: 'passage: ' };
 /** The folders with include_prompt false: [CLS] (which ignores it) and modes that read the mask. */
 const INSTRUCT_POOLINGS: Pooling[] = ['mean', 'max', 'weightedmean', 'cls'];
@@ -363,6 +369,13 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
     const rand = makeRandom('st max_seq_length');
     const words = vocabularyWords(loadModelSpec(join(root, 'st-short')));
     const long = Array.from({ length: 6 }, () => Array.from({ length: 50 + Math.floor(rand() * 80) }, () => words[Math.floor(rand() * words.length)]).join(' '));
+    // The reference ids: the Rust tokenizers library's for the folder's tokenizer.json, truncated to max_seq_length.
+    const rustCutting = (direction: 'right' | 'left') => {
+      const t = (createRequire(import.meta.url)('tokenizers') as { Tokenizer: { fromFile(p: string): RustTruncating } }).Tokenizer.fromFile(join(root, 'st-short', 'tokenizer.json'));
+      t.setTruncation(MAX_SEQ_LENGTH, { direction });
+      return t;
+    };
+    const [rustRight, rustLeft] = [rustCutting('right'), rustCutting('left')];
     for (const text of long) {
       const full = tok.encode(text, { maxLength: 512, truncate: false }).ids;
       expect(full.length).toBeGreaterThan(MAX_SEQ_LENGTH);
@@ -370,7 +383,7 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
       expect(refused.status, JSON.stringify(refused.body)).toBe(413);
       const cut = await post('/embed', { model: 'st-short', inputs: text, truncate: true });
       expect(cut.status).toBe(200);
-      const ids = tok.encode(text, { maxLength: MAX_SEQ_LENGTH, truncate: true }).ids;
+      const ids = Int32Array.from((await rustRight.encode(text)).getIds());
       expect(ids.length).toBe(MAX_SEQ_LENGTH);
       expect(ids[ids.length - 1]).toBe(full[full.length - 1]); // [SEP] kept
       expect(maxAbsDiff(cut.body[0], pooled(await tokenStates(ids), 'cls', true))).toBeLessThan(TOLERANCE);
@@ -386,6 +399,7 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
     expect(left.status, JSON.stringify(left.body)).toBe(200);
     for (const [i, text] of long.entries()) {
       const ids = fromLeft(text);
+      expect(Array.from(ids), 'the Rust library cuts the same tokens').toEqual((await rustLeft.encode(text)).getIds());
       expect(tok.encode(text, { maxLength: MAX_SEQ_LENGTH, truncate: true, direction: 'left' }).ids).toEqual(ids);
       expect(maxAbsDiff(left.body[i], pooled(await tokenStates(ids), 'cls', true))).toBeLessThan(TOLERANCE);
       const one = await post('/embed', { model: 'st-short', inputs: text, truncate: true, truncation_direction: 'left' });
