@@ -803,10 +803,16 @@ describe('pre-tokenized inputs on /embed and /predict', () => {
       [{ inputs: [101, 'x'] }, 422],
       [{ inputs: long }, 413],
     ];
+    // docs/errors.md: a bad field is validation / SLABSERVE_INVALID_INPUT, an input over the model's length too_long / SLABSERVE_INPUT_TOO_LONG.
+    const errorOf: Record<number, { type: string; code: string }> = {
+      422: { type: 'validation', code: 'SLABSERVE_INVALID_INPUT' },
+      413: { type: 'too_long', code: 'SLABSERVE_INPUT_TOO_LONG' },
+    };
     for (const [body, status] of cases) {
       const r = await post('/embed', body);
       expect(r.status, JSON.stringify(body).slice(0, 80)).toBe(status);
-      expect(r.body.type).toBeDefined();
+      expect({ type: r.body.type, code: r.body.code }, JSON.stringify(body).slice(0, 80)).toEqual(errorOf[status]);
+      expect(typeof r.body.error).toBe('string');
     }
     const cut = await post('/embed', { inputs: long, truncate: true });
     expect(cut.status).toBe(200);
