@@ -419,14 +419,15 @@ describe('overload at three times capacity', () => {
   const SLOTS = 16;
   /** Inputs per request: each takes that many slots, so the server saturates at a request rate this client can triple. */
   const INPUTS = 4;
-  /** The server's --inline-tokenize-chars (SERVER_DEFAULTS): requests with more characters, all inputs together, go to the tokenizer pool. */
-  const INLINE_CHARS = 1024;
+  // One onnxruntime thread: on a 2-core machine the default (one per core, spinning) leaves the
+  // gateway thread, which answers the refusals, no core of its own.
+  const CONFIG = testServerConfig({ models: ['tiny-embed'], slotsPerModel: SLOTS, maxClientBatchSize: INPUTS, intraOpThreads: 1, batching: { maxBatchTokens: 2048 } });
+  /** The server's --inline-tokenize-chars, its default (SERVER_DEFAULTS in the built server): requests with more characters, all inputs together, go to the tokenizer pool. */
+  const INLINE_CHARS = CONFIG.inlineTokenizeChars;
   let server: ChildServer;
 
   beforeAll(async () => {
-    // One onnxruntime thread: on a 2-core machine the default (one per core, spinning) leaves the
-    // gateway thread, which answers the refusals, no core of its own.
-    server = await ChildServer.start('overload', testServerConfig({ models: ['tiny-embed'], slotsPerModel: SLOTS, maxClientBatchSize: INPUTS, intraOpThreads: 1, batching: { maxBatchTokens: 2048 } }));
+    server = await ChildServer.start('overload', CONFIG);
   });
 
   afterAll(async () => {
@@ -585,7 +586,7 @@ describe('overload at three times capacity', () => {
 
   it('excess is refused (429) without reaching inference, every admitted request is answered right, RSS stays bounded, and the server recovers', { timeout: 90_000 }, async () => {
     const rand = makeRandom('faults overload');
-    // Requests under --inline-tokenize-chars (1024, all inputs together): tokenized on the gateway's
+    // Requests under --inline-tokenize-chars (all inputs together): tokenized on the gateway's
     // event loop. (The next test sends requests that go through the tokenizer pool.)
     const pool = await textPool(rand, 12, 0, 240, [12, 28]);
     const request = () => Array.from({ length: INPUTS }, () => pick(rand, pool));
