@@ -89,11 +89,18 @@ describe('the result cache on (two gateway threads)', () => {
   it('GET /info says the cache: its size, the rows each model may keep, the longest key', async () => {
     const r = await client.get('/info');
     expect(r.status).toBe(200);
-    const rowsPerModel = r.body.cache.rowsPerModel as number;
-    expect(r.body.cache).toEqual({ megabytes: 16, rowsPerModel, maxKeyTokens: 64 });
-    // Sets of 8; 16 MiB holds thousands of short rows of each model.
-    expect(rowsPerModel % 8).toBe(0);
-    expect(rowsPerModel).toBeGreaterThan(1000);
+    // The rows each model may keep, from the table's layout (docs/cache.md, Sizing; src/shared/result-cache.ts): an
+    // entry is 6 header words, room for a 64-token key and the model's row (tiny-embed's 128 floats and its norm,
+    // tiny-intent's probabilities and logits), in whole 64-byte lines; every model has as many sets of 8 as fit in
+    // 16 MiB together (less the few hundred bytes of counters at its head, which here fit in what is left over).
+    const entryBytes = (width: number) => Math.ceil((6 + 64 + width) / 16) * 64;
+    const entries = { 'tiny-embed': entryBytes(DIM + 1), 'tiny-intent': entryBytes(2 * intentRef.spec.labels.length) };
+    const sets = Math.floor((16 * 2 ** 20) / (8 * (entries['tiny-embed'] + entries['tiny-intent'])));
+    expect(r.body.cache).toEqual({ megabytes: 16, rowsPerModel: 8 * sets, maxKeyTokens: 64 });
+    expect(8 * sets).toBeGreaterThan(1000); // 16 MiB holds thousands of short rows of each model
+    // And each model's region of the table is that many entries.
+    const m = await scrape(client);
+    for (const [model, bytes] of Object.entries(entries)) expect(m.sum('slabserve_cache_capacity_bytes', { model }), model).toBe(8 * sets * bytes);
   });
 
   it('the same texts twice: the second is x-cache: hit, bit for bit the first (the reference), and no batch runs for it', async () => {
@@ -272,8 +279,15 @@ describe('the in-process engine with cacheMb', () => {
       expect(engine.stats()['tiny-embed']!.rows).toBe(rowsRun);
       expect(again.map(bits)).toEqual(first.map(bits));
       await expectReference(texts, again.map(bits));
-      // normalize false on a hit: the caller's row is scaled, the cached one is not.
-      await engine.embed(texts, { normalize: false });
+      // normalize false on a hit: the caller's row is scaled (the reference's row times its norm), the cached one is not.
+      const scaled = await engine.embed(texts, { normalize: false });
+      expect(engine.stats()['tiny-embed']!.rows).toBe(rowsRun); // a hit: nothing ran
+      for (const [i, t] of texts.entries()) {
+        const ref = await embedRef.rowOfText(embedTok, t);
+        const norm = ref[DIM]!;
+        expect(Math.abs(norm - 1), 'a norm that scaling shows').toBeGreaterThan(0.1);
+        expect(maxAbsDiff(scaled[i]!, ref.slice(0, DIM).map((v) => v * norm)), `text ${i} unnormalised`).toBeLessThan(TOLERANCE * norm);
+      }
       expect((await engine.embed(texts)).map(bits)).toEqual(first.map(bits));
       expect(engine.stats()['tiny-embed']!.rows).toBe(rowsRun);
     } finally {

@@ -628,15 +628,30 @@ for (const { padTo, srv } of PADDINGS) describe(`TEI /rerank, padded to the ${pa
 });
 
 describe('TEI /rerank', () => {
-  it('truncate cuts a long pair (longest_first), as encodePair does; without it, 413', async () => {
-    const query = 'where is my parcel';
-    const long = 'parcel delivery '.repeat(100);
-    expect((await post('/rerank', { query, texts: [long] })).status).toBe(413);
-    const r = await post('/rerank', { query, texts: [long, 'short'], truncate: true, raw_scores: true });
-    expect(r.status).toBe(200);
-    const pair = tok.encodePair!(query, long, { maxLength: 128, truncate: true });
-    const got = (r.body as { index: number; score: number }[]).find((x) => x.index === 0)!;
-    expect(Math.abs(got.score - (await rerankRef.rerank(pair.ids, pair.typeIds)).logit)).toBeLessThan(TOLERANCE);
+  it('truncate cuts a long pair (longest_first) as the Rust tokenizers library does; without it, 413', async () => {
+    const rand = makeRandom('rerank truncate');
+    const wordsOf = (min: number, spread: number) => Array.from({ length: min + Math.floor(rand() * spread) }, () => words[Math.floor(rand() * words.length)]).join(' ');
+    // A query long enough that longest_first cuts it too, beside texts longer than the model's 128 tokens and a short one.
+    const query = wordsOf(70, 40);
+    const texts = [wordsOf(130, 100), wordsOf(2, 6), wordsOf(90, 60), wordsOf(130, 100)];
+    expect((await post('/rerank', { query, texts: [texts[0]] })).status).toBe(413);
+    const r = await post('/rerank', { query, texts, truncate: true, raw_scores: true });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    // The reference ids: the Rust library's, truncated to the model's length (its default strategy, longest_first).
+    const { Tokenizer } = createRequire(import.meta.url)('tokenizers') as {
+      Tokenizer: { fromFile(p: string): { setTruncation(maxLength: number): void; encode(a: string, b: string): Promise<{ getIds(): number[]; getTypeIds(): number[] }> } };
+    };
+    const rust = Tokenizer.fromFile(rerankRef.spec.tokenizerPath);
+    rust.setTruncation(BUCKETS[BUCKETS.length - 1]!);
+    for (const [i, text] of texts.entries()) {
+      const pair = await rust.encode(query, text);
+      const ids = pair.getIds();
+      const typeIds = pair.getTypeIds();
+      if (i !== 1) expect(ids.length, `pair ${i}`).toBe(BUCKETS[BUCKETS.length - 1]);
+      expect(typeIds, `pair ${i}: the text kept`).toContain(1);
+      const got = (r.body as { index: number; score: number }[]).find((x) => x.index === i)!;
+      expect(Math.abs(got.score - (await rerankRef.rerank(ids, typeIds)).logit), `pair ${i}`).toBeLessThan(TOLERANCE);
+    }
   });
 
   it('bad requests get 4xx and leave no slot behind', async () => {
@@ -788,10 +803,16 @@ describe('pre-tokenized inputs on /embed and /predict', () => {
       [{ inputs: [101, 'x'] }, 422],
       [{ inputs: long }, 413],
     ];
+    // docs/errors.md: a bad field is validation / SLABSERVE_INVALID_INPUT, an input over the model's length too_long / SLABSERVE_INPUT_TOO_LONG.
+    const errorOf: Record<number, { type: string; code: string }> = {
+      422: { type: 'validation', code: 'SLABSERVE_INVALID_INPUT' },
+      413: { type: 'too_long', code: 'SLABSERVE_INPUT_TOO_LONG' },
+    };
     for (const [body, status] of cases) {
       const r = await post('/embed', body);
       expect(r.status, JSON.stringify(body).slice(0, 80)).toBe(status);
-      expect(r.body.type).toBeDefined();
+      expect({ type: r.body.type, code: r.body.code }, JSON.stringify(body).slice(0, 80)).toEqual(errorOf[status]);
+      expect(typeof r.body.error).toBe('string');
     }
     const cut = await post('/embed', { inputs: long, truncate: true });
     expect(cut.status).toBe(200);

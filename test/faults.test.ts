@@ -419,14 +419,17 @@ describe('overload at three times capacity', () => {
   const SLOTS = 16;
   /** Inputs per request: each takes that many slots, so the server saturates at a request rate this client can triple. */
   const INPUTS = 4;
-  /** The server's --inline-tokenize-chars (SERVER_DEFAULTS): requests with more characters, all inputs together, go to the tokenizer pool. */
-  const INLINE_CHARS = 1024;
+  // One onnxruntime thread: on a 2-core machine the default (one per core, spinning) leaves the
+  // gateway thread, which answers the refusals, no core of its own. One gateway thread (testServerConfig's):
+  // the head-first probe below orders events on it.
+  const CONFIG = testServerConfig({ models: ['tiny-embed'], slotsPerModel: SLOTS, maxClientBatchSize: INPUTS, intraOpThreads: 1, batching: { maxBatchTokens: 2048 } });
+  /** The server's --inline-tokenize-chars, its default (SERVER_DEFAULTS in the built server): requests with more characters, all inputs together, go to the tokenizer pool. */
+  const INLINE_CHARS = CONFIG.inlineTokenizeChars;
   let server: ChildServer;
 
   beforeAll(async () => {
-    // One onnxruntime thread: on a 2-core machine the default (one per core, spinning) leaves the
-    // gateway thread, which answers the refusals, no core of its own.
-    server = await ChildServer.start('overload', testServerConfig({ models: ['tiny-embed'], slotsPerModel: SLOTS, maxClientBatchSize: INPUTS, intraOpThreads: 1, batching: { maxBatchTokens: 2048 } }));
+    expect(CONFIG.gatewayThreads).toBe(1);
+    server = await ChildServer.start('overload', CONFIG);
   });
 
   afterAll(async () => {
@@ -585,7 +588,7 @@ describe('overload at three times capacity', () => {
 
   it('excess is refused (429) without reaching inference, every admitted request is answered right, RSS stays bounded, and the server recovers', { timeout: 90_000 }, async () => {
     const rand = makeRandom('faults overload');
-    // Requests under --inline-tokenize-chars (1024, all inputs together): tokenized on the gateway's
+    // Requests under --inline-tokenize-chars (all inputs together): tokenized on the gateway's
     // event loop. (The next test sends requests that go through the tokenizer pool.)
     const pool = await textPool(rand, 12, 0, 240, [12, 28]);
     const request = () => Array.from({ length: INPUTS }, () => pick(rand, pool));
@@ -627,7 +630,11 @@ describe('overload at three times capacity', () => {
         const texts = request();
         const body = JSON.stringify({ inputs: texts });
         socket.write(requestHead('POST', '/embed', { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }));
-        const early = await readResponse(socket, state, 150);
+        // Refused before its body, or waiting for it? Once the gateway thread has answered a request sent after
+        // this head (/livez, on another connection: it reads its sockets in the order they became readable), it
+        // has read this head, and an answer to it, if it gave one, was sent before that one.
+        await (await fetch(`${server.url}/livez`, { signal: AbortSignal.timeout(CLIENT_TIMEOUT_MS) })).arrayBuffer();
+        const early = state.data.length > 0 ? await readResponse(socket, state, CLIENT_TIMEOUT_MS) : null;
         if (early) {
           probe.early++;
           if (early.status !== 429) probe.errors.push(`an answer before the body: ${early.status} ${early.body.slice(0, 200)}`);
@@ -669,7 +676,10 @@ describe('overload at three times capacity', () => {
       const r = await readResponse(socket, state, CLIENT_TIMEOUT_MS);
       expect(r?.status, r?.body).toBe(200);
       expect(await wrongAnswer('/embed', texts, JSON.parse(r!.body))).toBeNull();
-      await sleep(20);
+      // Nothing stray after it: the next answer on the connection is the next request's.
+      socket.write(requestHead('GET', '/livez', {}));
+      const next = await readResponse(socket, state, CLIENT_TIMEOUT_MS);
+      expect({ status: next?.status, body: next?.body }).toEqual({ status: 200, body: JSON.stringify({ status: 'alive' }) });
       expect(state.data.length).toBe(0);
       expect(state.closed).toBe(false);
     } finally {

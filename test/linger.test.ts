@@ -14,11 +14,15 @@ import { parseMetrics } from './fixtures/http-client.js';
 import { eventually, testServerConfig } from './helpers.js';
 
 const MIB = 2 ** 20;
+/** How long rawPost holds its body back for an answer that does not come: only a hang's bound. */
+const HOLD_LIMIT_MS = 10_000;
 let server: Server;
 const url = (s: Server, path = '/embed') => `http://127.0.0.1:${s.port}${path}`;
 
 beforeAll(async () => {
-  server = await startServer(testServerConfig({ models: ['tiny-embed'], maxBodyBytes: 2 * MIB }));
+  // A discard timeout past rawPost's hold limit: an answer held back until the body is in (as for a client that
+  // sent Connection: close) can never pass for one given at once.
+  server = await startServer(testServerConfig({ models: ['tiny-embed'], maxBodyBytes: 2 * MIB, discardTimeoutMs: 6 * HOLD_LIMIT_MS }));
   await server.ready;
 }, 120_000);
 
@@ -28,23 +32,47 @@ afterAll(async () => {
 
 /**
  * A raw client: the request head, then `bodyBytes` of body written as fast
- * as the socket takes it, then its FIN. What it read, how much it wrote
- * before the connection ended, and any error on the way.
+ * as the socket takes it, then its FIN. With `holdAt`, it stops writing once
+ * it has written that many bytes of body, until the answer has begun to
+ * arrive (or, should none come, for HOLD_LIMIT_MS: a hang's bound). What it
+ * read, how much it wrote before the connection ended, how much it had
+ * written when the answer began and when the server's FIN came, and any
+ * error on the way.
  */
-function rawPost(s: Server, head: string, bodyBytes: number): Promise<{ read: string; written: number; error?: string; ms: number }> {
+function rawPost(
+  s: Server,
+  head: string,
+  bodyBytes: number,
+  holdAt = Infinity,
+): Promise<{ read: string; written: number; writtenAtAnswer: number; writtenAtEnd: number; error?: string; ms: number }> {
   return new Promise((resolve) => {
     const started = performance.now();
     const sock = net.connect(s.port, '127.0.0.1');
     let read = '';
     let written = 0;
+    let writtenAtAnswer = NaN;
+    let writtenAtEnd = NaN;
     let error: string | undefined;
-    sock.on('data', (d) => (read += d.toString('latin1')));
+    let answered: () => void = () => {};
+    const answer = new Promise<void>((r) => (answered = r));
+    sock.on('data', (d) => {
+      if (read === '') writtenAtAnswer = written;
+      read += d.toString('latin1');
+      answered();
+    });
+    sock.on('end', () => (writtenAtEnd = written));
     sock.on('error', (e: NodeJS.ErrnoException) => (error = e.code));
-    sock.on('close', () => resolve({ read, written, ms: performance.now() - started, ...(error ? { error } : {}) }));
+    sock.on('close', () => resolve({ read, written, writtenAtAnswer, writtenAtEnd, ms: performance.now() - started, ...(error ? { error } : {}) }));
     sock.write(head);
     const chunk = Buffer.alloc(MIB, 0x20);
+    let held = false;
     const pump = () => {
       while (written < bodyBytes && !sock.destroyed) {
+        if (written >= holdAt && !held) {
+          held = true;
+          const limit = setTimeout(answered, HOLD_LIMIT_MS);
+          return void answer.then(() => (clearTimeout(limit), pump()));
+        }
         const n = Math.min(chunk.length, bodyBytes - written);
         written += n;
         if (!sock.write(chunk.subarray(0, n))) return void sock.once('drain', pump);
@@ -54,6 +82,7 @@ function rawPost(s: Server, head: string, bodyBytes: number): Promise<{ read: st
     pump();
   });
 }
+
 
 describe('a body over --max-body-bytes', () => {
   it('declared by Content-Length (64 MiB): fetch reads the 413, five times in five, and the server keeps serving', async () => {
@@ -83,11 +112,17 @@ describe('a body over --max-body-bytes', () => {
 
   it('on a raw socket: the status line arrives while the body is still being written; the server closes once it has all been read', async () => {
     const total = 32 * MIB;
-    const r = await rawPost(server, `POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${total}\r\n\r\n`, total);
+    // The client holds the last 24 MiB back until the answer has begun: it comes only if the server answers
+    // before the body is complete.
+    const r = await rawPost(server, `POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${total}\r\n\r\n`, total, 8 * MIB);
     expect(r.read).toMatch(/^HTTP\/1\.1 413 /);
     expect(r.read.toLowerCase()).toContain('connection: close');
     expect(r.error).toBeUndefined(); // no reset, no broken pipe
     expect(r.written).toBe(total);
+    // In that order: the status line while the body was still being written, the server's FIN only after all of it.
+    console.log(`linger: the answer began after ${(r.writtenAtAnswer / MIB).toFixed(0)} of ${total / MIB} MiB written; the server's FIN after ${(r.writtenAtEnd / MIB).toFixed(0)}`);
+    expect(r.writtenAtAnswer).toBeLessThanOrEqual(8 * MIB);
+    expect(r.writtenAtEnd).toBe(total);
   });
 
   it('a declared length the client never sends in full, then its FIN: a whole answer, and the connection closed', async () => {

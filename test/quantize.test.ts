@@ -188,6 +188,8 @@ let tok: TextTokenizer;
 let texts: string[];
 /** The server's float rows for `texts` (JSON /embed), checked against the independent reference first. */
 let floatRows: Float32Array[];
+/** The independent reference's rows for `texts` (PlainReference: the unmodified graph on each text alone, pooled and normalised by the test). */
+let refRows: Float64Array[];
 let openai: OpenAI;
 
 async function postJson(path: string, body: unknown, accept = 'application/json'): Promise<{ status: number; body: any; bytes: Uint8Array; type: string }> {
@@ -228,9 +230,11 @@ beforeAll(async () => {
   const r = await postJson('/embed', { inputs: texts });
   expect(r.status).toBe(200);
   floatRows = (r.body as number[][]).map((row) => Float32Array.from(row));
+  refRows = [];
   for (let i = 0; i < texts.length; i++) {
     const want = await ref.embedding(tok.encode(texts[i]!, { maxLength: ref.spec.maxLength, truncate: false }).ids);
     expect(maxAbsDiff(floatRows[i]!, want), `float row ${i} against the independent reference`).toBeLessThan(TOLERANCE);
+    refRows.push(want);
   }
   openai = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'unused', maxRetries: 0 });
 }, 120_000);
@@ -311,6 +315,8 @@ describe('embedding_type on a server', () => {
     const short = await openai.embeddings.create({ model: 'tiny-embed', input: texts, encoding_format: 'float', dimensions: 61 });
     const shortRows = short.data.map((d) => Float32Array.from(d.embedding));
     expect(shortRows[0]).toHaveLength(61);
+    // Each the reference row's first 61 components, renormalised (Matryoshka shortening).
+    shortRows.forEach((row, i) => expect(maxAbsDiff(row, unit(refRows[i]!.subarray(0, 61))), `dimensions 61 row ${i} against the reference`).toBeLessThan(TOLERANCE));
     for (const type of QTYPES) {
       const r = await openai.embeddings.create({ model: 'tiny-embed', input: texts, encoding_format: 'float', dimensions: 61, embedding_type: type } as any);
       for (const d of r.data) expect(d.embedding).toHaveLength(type.endsWith('binary') ? 8 : 61);

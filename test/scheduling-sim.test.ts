@@ -1,15 +1,19 @@
 /**
  * The scheduling policy under load, on a virtual clock: Poisson arrivals
- * (fixed seeds) submitted through the real SlabSubmitter, refused by the real
- * admission rule, and scheduled by the real InferenceLoop (its scheduler,
- * cost model, fair share and deadline checks), with a fake device whose run
- * time follows a known cost model and which writes each request's own row
+ * submitted through the real SlabSubmitter, refused by the real admission
+ * rule, and scheduled by the real InferenceLoop (its scheduler, cost model,
+ * fair share and deadline checks), with a fake device whose run time follows
+ * a known cost model and which writes each request's own row
  * (test/fixtures/scheduler-sim.ts). The loop runs on an injected virtual
- * clock (LoopOptions.clock), so no real clock decides anything and every run
- * is the same: P99 bounds and shares can be asserted, not just orders.
+ * clock (LoopOptions.clock), so no real clock decides anything and a run is
+ * a function of its arrivals: P99 bounds and shares can be asserted, not
+ * just orders. Each property holds for any arrivals, so it is checked on
+ * SEEDS arrival seeds drawn afresh each run (printed; SLABSERVE_TEST_SEED
+ * replays a run's draw), with thresholds that hold over hundreds of seeds.
  */
 import { describe, expect, it } from 'vitest';
 import { percentile, poissonLoad, simulate, type SimOptions } from './fixtures/scheduler-sim.js';
+import { makeRandom } from './helpers.js';
 
 // A device with a real batching gain: 1 ms per batch plus 5 us per padded token.
 const deviceMs = (rows: number, len: number) => 1 + 0.005 * rows * len;
@@ -20,115 +24,145 @@ const base: SimOptions = { batching, deviceMs };
 type Result = Awaited<ReturnType<typeof simulate>>;
 const meanBatch = (r: Result) => r.batches.reduce((s, b) => s + b.rows, 0) / r.batches.length;
 
+/** Arrival seeds each property is checked on. */
+const SEEDS = 3;
+/** SEEDS seeds for poissonLoad, drawn for this run (the draw's seed printed by makeRandom, and the seeds themselves). */
+function seedsFor(property: string): number[] {
+  const rand = makeRandom(`scheduling-sim ${property}`);
+  const seeds = Array.from({ length: SEEDS }, () => Math.floor(rand() * 2 ** 31));
+  console.log(`scheduling-sim ${property}: arrival seeds ${seeds.join(', ')}`);
+  return seeds;
+}
+
 describe('the simulation', () => {
   it('is deterministic: the same arrivals give the same batches and latencies, whatever the real clock did', async () => {
-    const load = poissonLoad(10, 2.5, 1_000, { timeoutMs: 30_000 });
-    const runs = [await simulate(load, { ...base, sloP99Ms: 50 }), await simulate(load, { ...base, sloP99Ms: 50 })];
-    expect(runs[0]!.batches.length).toBeGreaterThan(50);
-    expect(runs[1]!.batches).toEqual(runs[0]!.batches);
-    expect([...runs[1]!.latency]).toEqual([...runs[0]!.latency]);
+    for (const seed of seedsFor('deterministic')) {
+      const load = poissonLoad(seed, 2.5, 1_000, { timeoutMs: 30_000 });
+      const runs = [await simulate(load, { ...base, sloP99Ms: 50 }), await simulate(load, { ...base, sloP99Ms: 50 })];
+      expect(runs[0]!.batches.length, `seed ${seed}`).toBeGreaterThan(50);
+      expect(runs[1]!.batches, `seed ${seed}`).toEqual(runs[0]!.batches);
+      expect([...runs[1]!.latency], `seed ${seed}`).toEqual([...runs[0]!.latency]);
+    }
   });
 });
 
 describe('latency target (--slo-p99-ms)', () => {
   it('at low load dispatches at once: batches of about one, latency about one run', async () => {
-    const load = poissonLoad(1, 0.05, 20_000, { timeoutMs: 30_000 });
-    const r = await simulate(load, { ...base, sloP99Ms: 50 });
-    expect(r.latency.size).toBe(load.length);
-    expect(meanBatch(r)).toBeLessThan(1.3);
-    expect(percentile([...r.latency.values()], 50)).toBeLessThan(3);
+    for (const seed of seedsFor('low load')) {
+      const load = poissonLoad(seed, 0.05, 20_000, { timeoutMs: 30_000 });
+      const r = await simulate(load, { ...base, sloP99Ms: 50 });
+      expect(r.latency.size, `seed ${seed}`).toBe(load.length);
+      expect(meanBatch(r), `seed ${seed}`).toBeLessThan(1.3);
+      expect(percentile([...r.latency.values()], 50), `seed ${seed}`).toBeLessThan(3);
+    }
   });
 
   it('as load rises it packs fuller batches than dispatch-when-idle, and P99 stays under the target', async () => {
-    const load = poissonLoad(2, 1.5, 10_000, { timeoutMs: 30_000 }); // ~40% of capacity
-    const fixed = await simulate(load, base);
-    const slo = await simulate(load, { ...base, sloP99Ms: 50 });
-    expect(slo.latency.size).toBe(load.length);
-    expect(percentile([...slo.latency.values()], 99)).toBeLessThan(50);
-    expect(meanBatch(slo)).toBeGreaterThan(meanBatch(fixed) * 1.5);
-    // fuller batches: less device time for the same work
-    const deviceTime = (r: Result) => r.batches.reduce((s, b) => s + deviceMs(b.rows, batching.buckets[b.bucket]!), 0);
-    expect(deviceTime(slo)).toBeLessThan(deviceTime(fixed));
-    // The last requests have no company coming: the loop's own wake-up, when their wait for it ends, runs them in time.
-    for (const q of load.slice(-8)) expect(slo.latency.get(q.id), `request ${q.id}`).toBeLessThan(50);
+    for (const seed of seedsFor('rising load')) {
+      const load = poissonLoad(seed, 1.5, 10_000, { timeoutMs: 30_000 }); // ~40% of capacity
+      const fixed = await simulate(load, base);
+      const slo = await simulate(load, { ...base, sloP99Ms: 50 });
+      expect(slo.latency.size, `seed ${seed}`).toBe(load.length);
+      expect(percentile([...slo.latency.values()], 99), `seed ${seed}`).toBeLessThan(50);
+      expect(meanBatch(slo), `seed ${seed}`).toBeGreaterThan(meanBatch(fixed) * 1.5);
+      // fuller batches: less device time for the same work
+      const deviceTime = (r: Result) => r.batches.reduce((s, b) => s + deviceMs(b.rows, batching.buckets[b.bucket]!), 0);
+      expect(deviceTime(slo), `seed ${seed}`).toBeLessThan(deviceTime(fixed));
+      // The last requests have no company coming: the loop's own wake-up, when their wait for it ends, runs them in time.
+      for (const q of load.slice(-8)) expect(slo.latency.get(q.id), `seed ${seed}, request ${q.id}`).toBeLessThan(50);
+    }
   });
 
   it('for each feasible target the P99 stays under it', async () => {
-    const load = poissonLoad(3, 2.5, 8_000, { timeoutMs: 30_000 }); // ~70% of capacity
-    // (20 ms would not be feasible: a full batch of the longest bucket alone runs 21.5 ms.)
-    for (const target of [40, 80, 160]) {
-      const r = await simulate(load, { ...base, sloP99Ms: target });
-      const lat = [...r.latency.values()];
-      expect(r.latency.size + r.rejected.size).toBe(load.length);
-      expect(r.rejected.size).toBeLessThan(load.length * 0.01);
-      expect(percentile(lat, 99)).toBeLessThan(target);
+    for (const seed of seedsFor('feasible targets')) {
+      const load = poissonLoad(seed, 2.5, 8_000, { timeoutMs: 30_000 }); // ~70% of capacity
+      // (20 ms would not be feasible: a full batch of the longest bucket alone runs 21.5 ms.)
+      for (const target of [40, 80, 160]) {
+        const r = await simulate(load, { ...base, sloP99Ms: target });
+        const lat = [...r.latency.values()];
+        expect(r.latency.size + r.rejected.size, `seed ${seed}, target ${target}`).toBe(load.length);
+        expect(r.rejected.size, `seed ${seed}, target ${target}`).toBeLessThan(load.length * 0.01);
+        expect(percentile(lat, 99), `seed ${seed}, target ${target}`).toBeLessThan(target);
+      }
     }
   });
 
   it('when the target cannot be met it sheds load instead of letting every request be late', async () => {
-    const load = poissonLoad(4, 10, 3_000, { timeoutMs: 30_000 }); // ~3x capacity
-    const r = await simulate(load, { ...base, sloP99Ms: 50 });
-    // Judged as the gateway judges them, each when it arrives, 39% are refused (this seed); the copy of
-    // the loop this test once drove judged arrivals only when a run ended, and refused 62%.
-    expect(r.rejected.size).toBeGreaterThan(load.length * 0.3);
-    const served = [...r.latency.values()];
-    expect(served.length).toBeGreaterThan(load.length * 0.2);
-    expect(percentile(served, 99)).toBeLessThan(50 * 2); // admitted work stays near the target
+    for (const seed of seedsFor('overload shedding')) {
+      const load = poissonLoad(seed, 10, 3_000, { timeoutMs: 30_000 }); // ~3x capacity
+      const r = await simulate(load, { ...base, sloP99Ms: 50 });
+      // Judged as the gateway judges them, each when it arrives, 38-40% are refused (over hundreds of seeds); the
+      // copy of the loop this test once drove judged arrivals only when a run ended, and refused 62%.
+      expect(r.rejected.size, `seed ${seed}`).toBeGreaterThan(load.length * 0.3);
+      const served = [...r.latency.values()];
+      expect(served.length, `seed ${seed}`).toBeGreaterThan(load.length * 0.2);
+      expect(percentile(served, 99), `seed ${seed}`).toBeLessThan(50 * 2); // admitted work stays near the target
+    }
   });
 
   it('a rare long input is not starved by a steady stream of efficient short batches', async () => {
-    const load = poissonLoad(5, 3, 5_000, { timeoutMs: 30_000, lengths: (r) => (r() < 0.01 ? 200 : 10) });
-    const r = await simulate(load, { ...base, sloP99Ms: 40 });
-    const rare = load.filter((q) => q.length === 200);
-    expect(rare.length).toBeGreaterThan(5);
-    for (const q of rare) expect(r.latency.get(q.id), `request ${q.id}`).toBeLessThan(40 + 10);
+    for (const seed of seedsFor('rare long input')) {
+      const load = poissonLoad(seed, 3, 5_000, { timeoutMs: 30_000, lengths: (r) => (r() < 0.01 ? 200 : 10) });
+      const r = await simulate(load, { ...base, sloP99Ms: 40 });
+      const rare = load.filter((q) => q.length === 200);
+      expect(rare.length, `seed ${seed}`).toBeGreaterThan(5);
+      for (const q of rare) expect(r.latency.get(q.id), `seed ${seed}, request ${q.id}`).toBeLessThan(40 + 10);
+    }
   });
 });
 
 describe('deadlines and admission', () => {
   it('admission refuses early instead of timing out late under overload', async () => {
-    const load = poissonLoad(6, 10, 3_000, { timeoutMs: 200 }); // ~3x capacity
-    const without = await simulate(load, { ...base, admission: false });
-    const withAdmission = await simulate(load, base);
-    const failedLate = (r: Result) => r.expired.size + r.late.size;
-    // Without admission most requests are accepted and then time out.
-    expect(failedLate(without)).toBeGreaterThan(load.length * 0.4);
-    // With it the excess is refused at once and what is admitted mostly makes its deadline.
-    expect(withAdmission.rejected.size).toBeGreaterThan(load.length * 0.3);
-    const admitted = load.length - withAdmission.rejected.size;
-    expect(failedLate(withAdmission)).toBeLessThan(admitted * 0.05);
-    expect(withAdmission.latency.size).toBeGreaterThan(without.latency.size);
+    for (const seed of seedsFor('admission')) {
+      const load = poissonLoad(seed, 10, 3_000, { timeoutMs: 200 }); // ~3x capacity
+      const without = await simulate(load, { ...base, admission: false });
+      const withAdmission = await simulate(load, base);
+      const failedLate = (r: Result) => r.expired.size + r.late.size;
+      // Without admission most requests are accepted and then time out.
+      expect(failedLate(without), `seed ${seed}`).toBeGreaterThan(load.length * 0.4);
+      // With it the excess is refused at once and what is admitted mostly makes its deadline.
+      expect(withAdmission.rejected.size, `seed ${seed}`).toBeGreaterThan(load.length * 0.3);
+      const admitted = load.length - withAdmission.rejected.size;
+      expect(failedLate(withAdmission), `seed ${seed}`).toBeLessThan(admitted * 0.05);
+      expect(withAdmission.latency.size, `seed ${seed}`).toBeGreaterThan(without.latency.size);
+    }
   });
 
   it('a request never runs when it would finish past its deadline', async () => {
-    const load = poissonLoad(7, 8, 2_000, { timeoutMs: 30 });
-    const r = await simulate(load, { ...base, admission: false });
-    expect(r.expired.size).toBeGreaterThan(0);
-    expect(r.late.size).toBe(0);
-    for (const b of r.batches) for (const d of b.deadlines) expect(b.start).toBeLessThan(d);
+    for (const seed of seedsFor('deadlines')) {
+      const load = poissonLoad(seed, 8, 2_000, { timeoutMs: 30 });
+      const r = await simulate(load, { ...base, admission: false });
+      expect(r.expired.size, `seed ${seed}`).toBeGreaterThan(0);
+      expect(r.late.size, `seed ${seed}`).toBe(0);
+      for (const b of r.batches) for (const d of b.deadlines) expect(b.start, `seed ${seed}`).toBeLessThan(d);
+    }
   });
 });
 
 describe('priority classes', () => {
   it('under overload interactive and bulk share the device 4:1 in tokens, and bulk still progresses', async () => {
-    // Each class alone offers more than the device can do, so both stay backlogged.
-    const load = poissonLoad(8, 30, 1_000, { timeoutMs: 600_000, bulkShare: 0.5, lengths: () => 12 });
-    const r = await simulate(load, { ...base, admission: false, ageingMs: 1e9 });
-    // Measure while both classes are backlogged: the first half of the run.
-    const firstHalf = r.batches.filter((b) => b.start < 500);
-    const served = [0, 0];
-    for (const b of firstHalf) served[b.priority]! += b.rows;
-    expect(served[1]).toBeGreaterThan(0);
-    expect(served[0]! / served[1]!).toBeGreaterThan(3);
-    expect(served[0]! / served[1]!).toBeLessThan(5);
+    for (const seed of seedsFor('priority shares')) {
+      // Each class alone offers more than the device can do, so both stay backlogged.
+      const load = poissonLoad(seed, 30, 1_000, { timeoutMs: 600_000, bulkShare: 0.5, lengths: () => 12 });
+      const r = await simulate(load, { ...base, admission: false, ageingMs: 1e9 });
+      // Measure while both classes are backlogged: the first half of the run.
+      const firstHalf = r.batches.filter((b) => b.start < 500);
+      const served = [0, 0];
+      for (const b of firstHalf) served[b.priority]! += b.rows;
+      expect(served[1], `seed ${seed}`).toBeGreaterThan(0);
+      expect(served[0]! / served[1]!, `seed ${seed}`).toBeGreaterThan(3);
+      expect(served[0]! / served[1]!, `seed ${seed}`).toBeLessThan(5);
+    }
   });
 
   it('with ageing, a bulk request waits at most about the ageing time even under an interactive flood', async () => {
-    const load = poissonLoad(9, 8, 3_000, { timeoutMs: 600_000, bulkShare: 0.02, lengths: () => 12 });
-    const r = await simulate(load, { ...base, admission: false, weights: [1000, 1], ageingMs: 100 });
-    const bulk = load.filter((q) => q.priority === 1);
-    expect(bulk.length).toBeGreaterThan(10);
-    for (const q of bulk) expect(r.latency.get(q.id)).toBeLessThan(100 + 20);
+    for (const seed of seedsFor('ageing')) {
+      const load = poissonLoad(seed, 8, 3_000, { timeoutMs: 600_000, bulkShare: 0.02, lengths: () => 12 });
+      const r = await simulate(load, { ...base, admission: false, weights: [1000, 1], ageingMs: 100 });
+      const bulk = load.filter((q) => q.priority === 1);
+      expect(bulk.length, `seed ${seed}`).toBeGreaterThan(10);
+      for (const q of bulk) expect(r.latency.get(q.id), `seed ${seed}, request ${q.id}`).toBeLessThan(100 + 20);
+    }
   });
 });
 

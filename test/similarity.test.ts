@@ -45,12 +45,17 @@ function cosine(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return dot / Math.sqrt(aa * bb);
 }
 
-async function refEmbedding(text: string, truncate = false): Promise<Float64Array> {
-  return ref.embedding(tok.encode(text, { maxLength: MAX_LENGTH, truncate }).ids);
+/** The reference row of `text`; `truncate` cuts it to MAX_LENGTH tokens at the right, or (`'left'`) by this file's own code at the left. */
+async function refEmbedding(text: string, truncate: boolean | 'left' = false): Promise<Float64Array> {
+  if (truncate !== 'left') return ref.embedding(tok.encode(text, { maxLength: MAX_LENGTH, truncate }).ids);
+  // Left: the last tokens stay, [CLS] and [SEP] around them.
+  const ids = tok.encode(text, { maxLength: 4 * MAX_LENGTH, truncate: false }).ids;
+  if (ids.length <= MAX_LENGTH) return ref.embedding(ids);
+  return ref.embedding(Int32Array.from([ids[0]!, ...ids.subarray(ids.length - (MAX_LENGTH - 1), ids.length - 1), ids[ids.length - 1]!]));
 }
 
 /** What /similarity must answer, from the independent reference. */
-async function refSimilarities(source: string, sentences: string[], truncate = false): Promise<number[]> {
+async function refSimilarities(source: string, sentences: string[], truncate: boolean | 'left' = false): Promise<number[]> {
   const s = await refEmbedding(source, truncate);
   return Promise.all(sentences.map(async (t) => cosine(s, await refEmbedding(t, truncate))));
 }
@@ -160,6 +165,8 @@ describe('POST /similarity', () => {
     expect(cut.status, cut.text).toBe(200);
     expectScores(cut.body, await refSimilarities(long, sentences, true), 'truncated');
     const left = await post('/similarity', { inputs: { source_sentence: long, sentences }, parameters: { truncate: true, truncation_direction: 'Left' } });
+    expect(left.status, left.text).toBe(200);
+    expectScores(left.body, await refSimilarities(long, sentences, 'left'), 'truncated on the left');
     expect(maxAbsDiff(left.body, cut.body)).toBeGreaterThan(1e-3); // the other end of the text was kept
     const prompt = await post('/similarity', { inputs: { source_sentence: 'a', sentences: ['b'] }, parameters: { prompt_name: 'query' } });
     expect({ status: prompt.status, code: prompt.body.code }).toEqual({ status: 422, code: 'SLABSERVE_INVALID_INPUT' });

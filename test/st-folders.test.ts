@@ -13,6 +13,7 @@
  * can be counted: test/fixtures/queued-together.ts).
  */
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
@@ -44,6 +45,11 @@ const POOLING_KEYS: Record<Pooling, string> = {
 const MODULE = (kind: string, idx: number, path: string) => ({ idx, name: String(idx), path, type: `sentence_transformers.models.${kind}` });
 
 let root: string;
+/** What the tests use of a Rust `tokenizers` Tokenizer that truncates. */
+interface RustTruncating {
+  setTruncation(maxLength: number, options: { direction: 'right' | 'left' }): void;
+  encode(text: string): Promise<{ getIds(): number[] }>;
+}
 const E5_PROMPTS = { query: 'query: ', passage: 'passage: ' };
 /** The folders with include_prompt false: [CLS] (which ignores it) and modes that read the mask. */
 const INSTRUCT_POOLINGS: Pooling[] = ['mean', 'max', 'weightedmean', 'cls'];
@@ -316,6 +322,8 @@ describe('--dtype: which of the folder\'s graphs', () => {
     expect(() => loadModelSpec(embedDir, undefined, { dtype: 'int8' })).toThrow(/--dtype int8 but .* has no model_int8\.onnx or model_quantized\.onnx .*; it has: fp32, fp16/);
 
     const engine = await createEngine({ device: 'cpu', models: [embedDir, intentDir], dtype: 'fp16', log: () => {} });
+    const plainIntent = await ort.InferenceSession.create(readFileSync(join(modelsDir, 'tiny-intent', 'model.onnx')), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    const intentTok = await loadTokenizer(join(modelsDir, 'tiny-intent', 'tokenizer.json'));
     try {
       expect(engine.info().map((m) => m.dtype)).toEqual(['fp16', 'fp16']);
       const rand = makeRandom('st fp16');
@@ -328,13 +336,30 @@ describe('--dtype: which of the folder\'s graphs', () => {
       }
       // float16 keeps about 3 decimal digits of each token state
       expect(worst).toBeLessThan(2e-3);
-      const classes = await engine.classify(texts.slice(0, 4));
+      const classes = await engine.classify(texts);
       for (const c of classes) {
         expect(c.probabilities.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 5);
         expect(Math.max(...c.logits.map((l, k) => Math.abs(Math.log(c.probabilities[k]!) - (l - Math.log(c.logits.reduce((a, x) => a + Math.exp(x), 0))))))).toBeLessThan(1e-4);
       }
+      // The logits against the unmodified fp32 graph's, run here on each text alone: this graph differs from it
+      // only in its output cast to float16, so each logit is within half a float16 step of the fp32 one
+      // (2^-11 of its size), plus the float32 noise of running batched.
+      let worstLogit = 0;
+      for (const [i, t] of texts.entries()) {
+        const ids = intentTok.encode(t, { maxLength: 512, truncate: false }).ids;
+        const i64 = (f: (k: number) => number) => new ort.Tensor('int64', BigInt64Array.from({ length: ids.length }, (_, k) => BigInt(f(k))), [1, ids.length]);
+        const want = (await plainIntent.run({ input_ids: i64((k) => ids[k]!), attention_mask: i64(() => 1), token_type_ids: i64(() => 0) })).logits!.data as Float32Array;
+        expect(classes[i]!.logits).toHaveLength(want.length);
+        want.forEach((w, k) => {
+          const diff = Math.abs(classes[i]!.logits[k]! - w);
+          worstLogit = Math.max(worstLogit, diff / (Math.abs(w) * 2 ** -11 + TOLERANCE));
+          expect(diff, `text ${i} logit ${k}: ${classes[i]!.logits[k]} against ${w}`).toBeLessThan(Math.abs(w) * 2 ** -11 + TOLERANCE);
+        });
+      }
+      console.log(`fp16 logits vs the fp32 graph: worst difference ${worstLogit.toFixed(3)} of the bound (half a float16 step + ${TOLERANCE}) over ${texts.length} texts`);
     } finally {
       await engine.close();
+      await plainIntent.release();
     }
   });
 });
@@ -344,6 +369,13 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
     const rand = makeRandom('st max_seq_length');
     const words = vocabularyWords(loadModelSpec(join(root, 'st-short')));
     const long = Array.from({ length: 6 }, () => Array.from({ length: 50 + Math.floor(rand() * 80) }, () => words[Math.floor(rand() * words.length)]).join(' '));
+    // The reference ids: the Rust tokenizers library's for the folder's tokenizer.json, truncated to max_seq_length.
+    const rustCutting = (direction: 'right' | 'left') => {
+      const t = (createRequire(import.meta.url)('tokenizers') as { Tokenizer: { fromFile(p: string): RustTruncating } }).Tokenizer.fromFile(join(root, 'st-short', 'tokenizer.json'));
+      t.setTruncation(MAX_SEQ_LENGTH, { direction });
+      return t;
+    };
+    const [rustRight, rustLeft] = [rustCutting('right'), rustCutting('left')];
     for (const text of long) {
       const full = tok.encode(text, { maxLength: 512, truncate: false }).ids;
       expect(full.length).toBeGreaterThan(MAX_SEQ_LENGTH);
@@ -351,7 +383,7 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
       expect(refused.status, JSON.stringify(refused.body)).toBe(413);
       const cut = await post('/embed', { model: 'st-short', inputs: text, truncate: true });
       expect(cut.status).toBe(200);
-      const ids = tok.encode(text, { maxLength: MAX_SEQ_LENGTH, truncate: true }).ids;
+      const ids = Int32Array.from((await rustRight.encode(text)).getIds());
       expect(ids.length).toBe(MAX_SEQ_LENGTH);
       expect(ids[ids.length - 1]).toBe(full[full.length - 1]); // [SEP] kept
       expect(maxAbsDiff(cut.body[0], pooled(await tokenStates(ids), 'cls', true))).toBeLessThan(TOLERANCE);
@@ -367,6 +399,7 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
     expect(left.status, JSON.stringify(left.body)).toBe(200);
     for (const [i, text] of long.entries()) {
       const ids = fromLeft(text);
+      expect(Array.from(ids), 'the Rust library cuts the same tokens').toEqual((await rustLeft.encode(text)).getIds());
       expect(tok.encode(text, { maxLength: MAX_SEQ_LENGTH, truncate: true, direction: 'left' }).ids).toEqual(ids);
       expect(maxAbsDiff(left.body[i], pooled(await tokenStates(ids), 'cls', true))).toBeLessThan(TOLERANCE);
       const one = await post('/embed', { model: 'st-short', inputs: text, truncate: true, truncation_direction: 'left' });

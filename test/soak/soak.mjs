@@ -23,6 +23,12 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
+/**
+ * The pass bound on RSS growth, percent (first window to last): the default of --max-growth-pct, and
+ * the bound test/soak/README.md states (issue 14's; the recorded 10-minute run grew -2.6%).
+ */
+const MAX_GROWTH_PCT = 5;
+
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const { mulberry32 } = await import(join(root, 'dist/src/modelgen/rng.js'));
 const { loadModelSpec } = await import(join(root, 'dist/src/shared/model-config.js'));
@@ -39,7 +45,7 @@ const { values: opt, positionals: serveArgs } = parseArgs({
     concurrency: { type: 'string', default: '32' },
     'sample-seconds': { type: 'string', default: '5' },
     'max-words': { type: 'string', default: '24' },
-    'max-growth-pct': { type: 'string', default: '10' },
+    'max-growth-pct': { type: 'string', default: String(MAX_GROWTH_PCT) },
     seed: { type: 'string', default: '1' },
     json: { type: 'string' },
     help: { type: 'boolean', short: 'h' },
