@@ -1,11 +1,12 @@
 /**
- * What tracing costs (docs/tracing.md): three servers side by side, tracing
- * off, and on with a parent-based ratio of 0.1 and of 1.0 (requests carry no
- * traceparent, so the ratio decides), exporting over http/protobuf to a
- * receiver in this process that answers at once. wrk at 64 connections,
- * distinct short texts, alternating rounds, medians: req/s, P99, the server's
- * CPU per request, and from those the CPU of one sampled request (a request
- * span, its two children and its share of a batch span, exported).
+ * What tracing costs (docs/tracing.md), in alternating rounds, medians: a
+ * server with tracing off, and one with it on (the default sampler, which
+ * follows the caller's parent) exporting over http/protobuf to a receiver in
+ * this process that answers at once. The traced server is loaded three ways
+ * by wrk's script: every request with an unsampled traceparent (flags 00),
+ * one in ten sampled, every one sampled; so the CPU of a sampled request is
+ * the difference between two loads of the same process, not of two processes.
+ * 64 connections, distinct short texts; req/s, P99, the server's CPU per request.
  *
  *   node dist/bench/tracing.js [--rounds 3] [--seconds 5] [--connections 64]
  */
@@ -17,7 +18,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
 import { describeMachine, machineLine } from './machine.js';
-import { startServerProcess, type ServerProcess } from './server-process.js';
+import { startServerProcess } from './server-process.js';
 import { median, postScript, wrk } from './wrk.js';
 
 const SPEC = {
@@ -44,39 +45,56 @@ async function main(): Promise<void> {
   const o = parseOptions('node dist/bench/tracing.js [options]', SPEC);
   console.log(machineLine(describeMachine()));
   const rx = await receiver();
-  const script = join(tmpdir(), 'slabserve-tracing-bench.lua');
-  writeFileSync(script, postScript('/embed', `'{"inputs":"traced request ' .. counter .. ' of thread ' .. tostring(wrk.thread) .. ' in the bench"}'`));
+  // A fresh W3C traceparent per request; `every` in ten requests sampled (flags 01), the rest not (00).
+  const scriptOf = (name: string, every: number) => {
+    const path = join(tmpdir(), `slabserve-tracing-bench-${name}.lua`);
+    const hex = (n: number) => Array.from({ length: n }, () => "string.format('%08x', math.random(0, 2147483647))").join(' .. ');
+    writeFileSync(
+      path,
+      `counter = 0
+request = function()
+  counter = counter + 1
+  local body = '{"inputs":"traced request ' .. counter .. ' of thread ' .. tostring(wrk.thread) .. ' in the bench"}'
+  local flags = (counter % 10 < ${every}) and '01' or '00'
+  local parent = '00-' .. ${hex(4)} .. '-' .. ${hex(2)} .. '-' .. flags
+  return wrk.format("POST", "/embed", {["Content-Type"] = "application/json", ["traceparent"] = parent}, body)
+end
+`,
+    );
+    return path;
+  };
   const base = ['--host', '127.0.0.1', '--port', '0', '--grpc-port', '0', '--model', 'tiny-embed', '--device', 'cpu'];
-  const sides: { name: string; ratio: number; server?: ServerProcess; env?: Record<string, string> }[] = [
-    { name: 'tracing off', ratio: 0 },
-    { name: 'ratio 0.1', ratio: 0.1, env: { OTEL_TRACES_SAMPLER: 'parentbased_traceidratio', OTEL_TRACES_SAMPLER_ARG: '0.1' } },
-    { name: 'ratio 1.0', ratio: 1, env: { OTEL_TRACES_SAMPLER: 'parentbased_traceidratio', OTEL_TRACES_SAMPLER_ARG: '1' } },
+  const off = await startServerProcess({ cliPath: CLI, args: base });
+  const on = await startServerProcess({ cliPath: CLI, args: [...base, '--otlp-endpoint', rx.url] });
+  const sides = [
+    { name: 'tracing off', sampled: 0, server: off, script: scriptOf('off', 0) },
+    { name: 'on, no request sampled', sampled: 0, server: on, script: scriptOf('none', 0) },
+    { name: 'on, 1 in 10 sampled', sampled: 0.1, server: on, script: scriptOf('tenth', 1) },
+    { name: 'on, every request sampled', sampled: 1, server: on, script: scriptOf('all', 10) },
   ];
   try {
-    for (const s of sides) {
-      const args = s.env ? [...base, '--otlp-endpoint', rx.url] : base;
-      s.server = await startServerProcess({ cliPath: CLI, args, ...(s.env ? { env: s.env } : {}) });
-      await wrk(s.server.origin, 1, o.connections, script); // warm
-    }
+    for (const s of sides) await wrk(s.server.origin, 1, o.connections, s.script); // warm
     const rows: { name: string; rps: number; p99Ms: number; serverUs: number }[] = [];
     for (let round = 0; round < o.rounds; round++) {
       for (const s of round % 2 === 0 ? sides : [...sides].reverse()) {
-        const cpu0 = s.server!.cpuMs()!;
-        const l = await wrk(s.server!.origin, o.seconds, o.connections, script);
-        const serverUs = ((s.server!.cpuMs()! - cpu0) * 1000) / l.requests;
+        const cpu0 = s.server.cpuMs()!;
+        const l = await wrk(s.server.origin, o.seconds, o.connections, s.script);
+        const serverUs = ((s.server.cpuMs()! - cpu0) * 1000) / l.requests;
         rows.push({ name: s.name, rps: l.requests / l.seconds, p99Ms: l.p99Ms, serverUs });
         console.log(`round ${round + 1} ${s.name}: ${(l.requests / l.seconds).toFixed(0)} req/s, P99 ${l.p99Ms.toFixed(1)} ms, server ${serverUs.toFixed(0)} us CPU/request`);
       }
     }
     const m = (name: string, k: 'rps' | 'p99Ms' | 'serverUs') => median(rows.filter((r) => r.name === name).map((r) => r[k]));
-    console.log(`\n| tracing | req/s | vs off | P99 ms | server CPU us/request | CPU per sampled request, us |\n|---|---:|---:|---:|---:|---:|`);
+    console.log(`\n| load | req/s | vs off | P99 ms | server CPU us/request | CPU per sampled request, us |\n|---|---:|---:|---:|---:|---:|`);
+    const none = m('on, no request sampled', 'serverUs');
     for (const s of sides) {
-      const extra = s.ratio > 0 ? ((m(s.name, 'serverUs') - m('tracing off', 'serverUs')) / s.ratio).toFixed(0) : '';
+      const extra = s.sampled > 0 ? ((m(s.name, 'serverUs') - none) / s.sampled).toFixed(0) : '';
       console.log(`| ${s.name} | ${m(s.name, 'rps').toFixed(0)} | ${(m(s.name, 'rps') / m('tracing off', 'rps')).toFixed(2)}x | ${m(s.name, 'p99Ms').toFixed(1)} | ${m(s.name, 'serverUs').toFixed(0)} | ${extra} |`);
     }
     console.log(`receiver got ${(rx.bytes() / 2 ** 20).toFixed(1)} MiB of spans`);
   } finally {
-    for (const s of sides) await s.server?.stop();
+    await off.stop();
+    await on.stop();
     rx.close();
   }
 }
