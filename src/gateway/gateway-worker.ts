@@ -180,7 +180,7 @@ async function main(): Promise<void> {
     close: async () => {
       await closeSockets();
       await pool.close();
-      await threadTracing?.shutdown().catch(() => {}); // the last spans, within the export timeout
+      await threadTracing?.shutdown().catch(() => {}); // the last spans, waiting at most its grace
       lag.stop();
       flushLogs(); // before the answer: the main thread stops listening once every gateway has closed
       // Once this answer is out, let the thread end by itself when uWS has released its sockets.

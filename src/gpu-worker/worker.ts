@@ -197,7 +197,7 @@ async function main(): Promise<void> {
   Object.assign(handlers, modelHandlers(loop, device));
   await loop.run();
   await Promise.all([...served.values()].map((s) => s.runner.release()));
-  await tracing?.shutdown().catch(() => {}); // the last batch spans, within the export timeout
+  await tracing?.shutdown().catch(() => {}); // the last batch spans, waiting at most its grace
   if (live()) control.workerState = WorkerState.STOPPED;
   post({ type: 'stopped' });
   parentPort!.removeAllListeners('message');

@@ -57,8 +57,11 @@ export interface TracingOptions {
   otlpServiceName?: string | undefined;
 }
 
+/** How long a thread that ends waits for its last spans to be exported. */
+const SHUTDOWN_GRACE_MS = 2000;
+
 /** The processor's bounds: spans waiting for export, spans per export, ms between exports, ms an export may take. */
-const QUEUE = { maxQueueSize: 2048, maxExportBatchSize: 512, scheduledDelayMillis: 1000, exportTimeoutMillis: 10_000 } as const;
+const QUEUE = { maxQueueSize: 2048, maxExportBatchSize: 512, scheduledDelayMillis: 1000, exportTimeoutMillis: 5000 } as const;
 
 /** Tracing as the flags and the variables ask, or null (off); throws naming the variable or flag for a value it cannot use. */
 export function resolveTracing(o: TracingOptions, env: NodeJS.ProcessEnv): TracingConfig | null {
@@ -105,7 +108,7 @@ export interface ThreadTracing {
   batchTracer: Tracer;
   /** Spans dropped so far: the queue full, or an export that failed. */
   dropped(): number;
-  /** Exports what is queued (at most the export timeout), then stops. */
+  /** Exports what is queued, waiting at most SHUTDOWN_GRACE_MS (a dead collector must not hold a drain), then stops. */
   shutdown(): Promise<void>;
 }
 
@@ -120,7 +123,9 @@ export function startThreadTracing(config: TracingConfig, exporter: SpanExporter
     batchTracer: batches.getTracer('slabserve'),
     dropped: () => counted.dropped,
     shutdown: async () => {
-      await Promise.all([provider.shutdown(), batches.shutdown()]);
+      let timer: NodeJS.Timeout | undefined;
+      const grace = new Promise<void>((resolve) => (timer = setTimeout(resolve, SHUTDOWN_GRACE_MS)));
+      await Promise.race([Promise.all([provider.shutdown(), batches.shutdown()]), grace]).finally(() => clearTimeout(timer));
     },
   };
 }
