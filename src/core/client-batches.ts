@@ -25,7 +25,7 @@
 import { Cancellation } from '../shared/cancel.js';
 import { nowMs } from '../shared/clock.js';
 import { CancelledError, DeadlineExceededError, OverloadedError } from '../shared/errors.js';
-import type { RequestRows, SlabSubmitter, SlotReservation, SubmitInput } from '../shared/submitter.js';
+import { mergeTrace, type RequestRows, type SlabSubmitter, type SlotReservation, type SubmitInput } from '../shared/submitter.js';
 import type { SpanIds } from '../shared/trace-context.js';
 
 /** Parts of one request queued or running at once: one runs while the next waits its turn. */
@@ -68,15 +68,6 @@ export interface PartedRequest {
   cancel: Cancellation | undefined;
   /** The request's sampled span (tracing): each part's slots carry it. */
   trace?: SpanIds | undefined;
-}
-
-/** A part's trace into the request's: the earliest queueing and start, the latest end, every batch once. */
-function mergeTrace(out: RequestRows, t: NonNullable<RequestRows['trace']>): void {
-  const m = (out.trace ??= { enqueuedAt: Infinity, startedAt: Infinity, finishedAt: 0, batches: [] });
-  m.enqueuedAt = Math.min(m.enqueuedAt, t.enqueuedAt);
-  m.startedAt = Math.min(m.startedAt, t.startedAt);
-  m.finishedAt = Math.max(m.finishedAt, t.finishedAt);
-  for (const b of t.batches) if (!m.batches.some((x) => x.spanId === b.spanId)) m.batches.push(b);
 }
 
 /** The rows of a parted request, and whether the cache answered every input. */

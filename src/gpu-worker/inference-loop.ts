@@ -525,7 +525,8 @@ export class InferenceLoop {
       if (shared && state === SlotState.DONE) {
         shared.slotOutput(slot).set(slab.slotOutput(slot));
         const page = slab.header(slot, H_TOKEN_PAGE);
-        if (page > 0) shared.pageTokens(page - 1, slab.header(slot, H_LENGTH)).set(slab.pageTokens(page - 1, slab.header(slot, H_LENGTH)));
+        const length = slab.header(slot, H_LENGTH);
+        if (page > 0) shared.pageTokens(page - 1, length).set(slab.pageTokens(page - 1, length));
       }
       slab.setTime(slot, T_STARTED, started);
       slab.setTime(slot, T_FINISHED, finished);

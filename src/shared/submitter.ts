@@ -112,17 +112,30 @@ export interface RequestRows {
   tokens?: Float32Array[];
   tokenWidth?: number;
   /** A traced request: when its first input was queued, and its batches' run (epoch ms), and those batches' spans (each once). */
-  trace?: { enqueuedAt: number; startedAt: number; finishedAt: number; batches: SpanIds[] };
+  trace?: RequestTrace;
 }
 
-/** A traced request's times and batch spans, with this slot's (RequestRows.trace). */
+export interface RequestTrace {
+  enqueuedAt: number;
+  startedAt: number;
+  finishedAt: number;
+  batches: SpanIds[];
+}
+
+/** `part` (a slot's, or a part of a client batch's) into a traced request's: the earliest queueing and start, the latest end, every batch once. */
+export function mergeTrace(r: RequestRows, part: RequestTrace): void {
+  const m = (r.trace ??= { enqueuedAt: Infinity, startedAt: Infinity, finishedAt: 0, batches: [] });
+  m.enqueuedAt = Math.min(m.enqueuedAt, part.enqueuedAt);
+  m.startedAt = Math.min(m.startedAt, part.startedAt);
+  m.finishedAt = Math.max(m.finishedAt, part.finishedAt);
+  for (const b of part.batches) if (!m.batches.some((x) => x.spanId === b.spanId)) m.batches.push(b);
+}
+
+/** A traced slot's times and the batch span it ran in, into its request's (RequestRows.trace). */
 function traceOf(r: RequestRows, slab: Slab, slot: number): void {
-  const tr = (r.trace ??= { enqueuedAt: Infinity, startedAt: Infinity, finishedAt: 0, batches: [] });
-  tr.enqueuedAt = Math.min(tr.enqueuedAt, slab.time(slot, T_ENQUEUED));
-  tr.startedAt = Math.min(tr.startedAt, slab.time(slot, T_STARTED));
-  tr.finishedAt = Math.max(tr.finishedAt, slab.time(slot, T_FINISHED));
   const batch = readBatchSpan(slab.traces, slot * TRACE_I32);
-  if (batch && !tr.batches.some((b) => b.spanId === batch.spanId)) tr.batches.push(batch);
+  const times = { enqueuedAt: slab.time(slot, T_ENQUEUED), startedAt: slab.time(slot, T_STARTED), finishedAt: slab.time(slot, T_FINISHED) };
+  mergeTrace(r, { ...times, batches: batch ? [batch] : [] });
 }
 
 /**
