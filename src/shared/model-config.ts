@@ -312,9 +312,8 @@ function colbertOf(name: string, dir: string, f: ColbertFolder, hiddenSize: numb
   if (f.inFeatures !== hiddenSize) throw new Error(`model ${name}: ${f.densePath}/config.json in_features ${f.inFeatures} is not the hidden size ${hiddenSize}`);
   const weightsPath = join(dir, f.densePath, 'model.safetensors');
   if (!existsSync(weightsPath)) throw new Error(`model ${name}: no ${f.densePath}/model.safetensors (the Dense projection's weights)`);
-  const ids = tokenIdsOf(readJsonFile(tokenizerPath));
-  const config = existsSync(join(dir, 'tokenizer_config.json')) ? readJsonFile<{ mask_token?: unknown }>(join(dir, 'tokenizer_config.json')) : {};
-  const maskToken = typeof config.mask_token === 'string' ? config.mask_token : '[MASK]';
+  const { ids, special } = tokenizerTokens(dir, tokenizerPath);
+  const maskToken = special('mask_token') ?? '[MASK]';
   const id = (token: string, what: string) => {
     const v = ids(token);
     if (v === undefined) throw new Error(`model ${name}: the ${what} "${token}" is not a token of its tokenizer.json`);
@@ -362,15 +361,25 @@ function m3Of(name: string, dir: string, hiddenSize: number, tokenizerPath: stri
   expect('colbert_linear', 'bias', `${dim}`);
   expect('sparse_linear', 'weight', `1,${hiddenSize}`);
   expect('sparse_linear', 'bias', '1');
-  const ids = tokenIdsOf(readJsonFile(tokenizerPath));
-  const config = existsSync(join(dir, 'tokenizer_config.json')) ? readJsonFile<Record<string, unknown>>(join(dir, 'tokenizer_config.json')) : {};
+  const { ids, special } = tokenizerTokens(dir, tokenizerPath);
   const unusedIds = ['cls_token', 'eos_token', 'pad_token', 'unk_token'].flatMap((k) => {
-    const token = config[k] as string | { content?: unknown } | undefined; // a text, or an AddedToken as transformers saves some
-    const text = typeof token === 'string' ? token : typeof token?.content === 'string' ? token.content : undefined;
+    const text = special(k);
     const id = text === undefined ? undefined : ids(text);
     return id === undefined ? [] : [id];
   });
   return { colbert: { weightsPath: file('colbert_linear'), dim }, sparse: { weightsPath: file('sparse_linear') }, unusedIds: [...new Set(unusedIds)] };
+}
+
+/** A folder's token ids (tokenizer.json) and its special tokens by role (tokenizer_config.json's mask_token, cls_token, ...). */
+function tokenizerTokens(dir: string, tokenizerPath: string): { ids: (token: string) => number | undefined; special: (key: string) => string | undefined } {
+  const ids = tokenIdsOf(readJsonFile(tokenizerPath));
+  const configPath = join(dir, 'tokenizer_config.json');
+  const config = existsSync(configPath) ? readJsonFile<Record<string, unknown>>(configPath) : {};
+  const special = (key: string) => {
+    const token = config[key] as string | { content?: unknown } | undefined; // a text, or an AddedToken as transformers saves some
+    return typeof token === 'string' ? token : typeof token?.content === 'string' ? token.content : undefined;
+  };
+  return { ids, special };
 }
 
 /** A token's id in tokenizer.json: its added tokens, then the model's vocabulary (an object for WordPiece and BPE, [piece, score] pairs for Unigram). */
