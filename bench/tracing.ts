@@ -6,9 +6,16 @@
  * by wrk's script: every request with an unsampled traceparent (flags 00),
  * one in ten sampled, every one sampled; so the CPU of a sampled request is
  * the difference between two loads of the same process, not of two processes.
- * 64 connections, distinct short texts; req/s, P99, the server's CPU per request.
+ * 64 connections, distinct short texts; req/s, P99, the server's CPU per request,
+ * and that of its gateway threads and its inference thread, where spans are
+ * made and exported: the whole process's CPU per request moves with the
+ * batches the load happened to form (20% between rounds here), the gateway's
+ * far less, so a sampled request's cost is read from those threads.
  *
- *   node dist/bench/tracing.js [--rounds 3] [--seconds 5] [--connections 64]
+ * First, the traced path alone in this process (tracing-path.ts): what a
+ * sampled request costs where the load cannot move it.
+ *
+ *   node dist/bench/tracing.js [--rounds 3] [--seconds 5] [--connections 64] [--path-requests 100000]
  */
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -19,12 +26,14 @@ import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
 import { describeMachine, machineLine } from './machine.js';
 import { startServerProcess } from './server-process.js';
+import { measureTracedPath } from './tracing-path.js';
 import { median, postScript, wrk } from './wrk.js';
 
 const SPEC = {
   rounds: { type: 'int', min: 1, default: 3, help: 'alternating rounds' },
   seconds: { type: 'int', min: 1, default: 5, help: 'length of each load window' },
   connections: { type: 'int', min: 1, default: 64, help: 'wrk connections' },
+  'path-requests': { type: 'int', min: 1000, default: 100000, help: 'sampled requests through the traced path alone (tracing-path.ts)' },
 } as const;
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -41,9 +50,24 @@ async function receiver(): Promise<{ url: string; bytes: () => number; close: ()
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, bytes: () => bytes, close: () => server.close() };
 }
 
+interface Row {
+  name: string;
+  rps: number;
+  p99Ms: number;
+  /** CPU per request: the whole process, its gateway threads, its inference thread (slabserve_thread_cpu_seconds_total). */
+  serverUs: number;
+  gatewayUs: number;
+  inferenceUs: number;
+}
+
+/** CPU seconds of the threads whose label starts with `prefix`. */
+const threadSum = (threads: Map<string, number>, prefix: string) => [...threads].reduce((sum, [name, s]) => (name.startsWith(prefix) ? sum + s : sum), 0);
+
 async function main(): Promise<void> {
   const o = parseOptions('node dist/bench/tracing.js [options]', SPEC);
   console.log(machineLine(describeMachine()));
+  const path = await measureTracedPath(o['path-requests']);
+  console.log(`the traced path alone (tracing-path.ts): ${path.cpuUs.toFixed(1)} us of CPU per sampled request, ${path.spansPerRequest.toFixed(2)} spans and ${path.bytesPerRequest.toFixed(0)} bytes of protobuf each`);
   const rx = await receiver();
   // A fresh W3C traceparent per request; `every` in ten requests sampled (flags 01), the rest not (00).
   const scriptOf = (name: string, every: number) => {
@@ -74,22 +98,25 @@ end
   ];
   try {
     for (const s of sides) await wrk(s.server.origin, 1, o.connections, s.script); // warm
-    const rows: { name: string; rps: number; p99Ms: number; serverUs: number }[] = [];
+    const rows: Row[] = [];
     for (let round = 0; round < o.rounds; round++) {
       for (const s of round % 2 === 0 ? sides : [...sides].reverse()) {
         const cpu0 = s.server.cpuMs()!;
+        const threads0 = (await s.server.counters('tiny-embed')).threadCpuS;
         const l = await wrk(s.server.origin, o.seconds, o.connections, s.script);
-        const serverUs = ((s.server.cpuMs()! - cpu0) * 1000) / l.requests;
-        rows.push({ name: s.name, rps: l.requests / l.seconds, p99Ms: l.p99Ms, serverUs });
-        console.log(`round ${round + 1} ${s.name}: ${(l.requests / l.seconds).toFixed(0)} req/s, P99 ${l.p99Ms.toFixed(1)} ms, server ${serverUs.toFixed(0)} us CPU/request`);
+        const threads1 = (await s.server.counters('tiny-embed')).threadCpuS;
+        const perRequest = (prefix: string) => (threadSum(threads1, prefix) - threadSum(threads0, prefix)) * 1e6 / l.requests;
+        const row = { name: s.name, rps: l.requests / l.seconds, p99Ms: l.p99Ms, serverUs: ((s.server.cpuMs()! - cpu0) * 1000) / l.requests, gatewayUs: perRequest('gateway'), inferenceUs: perRequest('inference') };
+        rows.push(row);
+        console.log(`round ${round + 1} ${s.name}: ${row.rps.toFixed(0)} req/s, P99 ${l.p99Ms.toFixed(1)} ms, server ${row.serverUs.toFixed(0)} us CPU/request (gateway threads ${row.gatewayUs.toFixed(0)}, inference thread ${row.inferenceUs.toFixed(0)})`);
       }
     }
-    const m = (name: string, k: 'rps' | 'p99Ms' | 'serverUs') => median(rows.filter((r) => r.name === name).map((r) => r[k]));
-    console.log(`\n| load | req/s | vs off | P99 ms | server CPU us/request | CPU per sampled request, us |\n|---|---:|---:|---:|---:|---:|`);
-    const none = m('on, no request sampled', 'serverUs');
+    const m = (name: string, k: Exclude<keyof Row, 'name'>) => median(rows.filter((r) => r.name === name).map((r) => r[k]));
+    console.log(`\n| load | req/s | vs off | P99 ms | server CPU us/request | gateway threads | inference thread | a sampled request's extra CPU, gateway + inference, us |\n|---|---:|---:|---:|---:|---:|---:|---:|`);
+    const none = 'on, no request sampled';
     for (const s of sides) {
-      const extra = s.sampled > 0 ? ((m(s.name, 'serverUs') - none) / s.sampled).toFixed(0) : '';
-      console.log(`| ${s.name} | ${m(s.name, 'rps').toFixed(0)} | ${(m(s.name, 'rps') / m('tracing off', 'rps')).toFixed(2)}x | ${m(s.name, 'p99Ms').toFixed(1)} | ${m(s.name, 'serverUs').toFixed(0)} | ${extra} |`);
+      const extra = s.sampled > 0 ? ((m(s.name, 'gatewayUs') + m(s.name, 'inferenceUs') - m(none, 'gatewayUs') - m(none, 'inferenceUs')) / s.sampled).toFixed(0) : '';
+      console.log(`| ${s.name} | ${m(s.name, 'rps').toFixed(0)} | ${(m(s.name, 'rps') / m('tracing off', 'rps')).toFixed(2)}x | ${m(s.name, 'p99Ms').toFixed(1)} | ${m(s.name, 'serverUs').toFixed(0)} | ${m(s.name, 'gatewayUs').toFixed(0)} | ${m(s.name, 'inferenceUs').toFixed(0)} | ${extra} |`);
     }
     console.log(`receiver got ${(rx.bytes() / 2 ** 20).toFixed(1)} MiB of spans`);
   } finally {

@@ -4,15 +4,19 @@
  * `traceparent` / `tracestate` (HTTP headers, a WebSocket frame's fields, gRPC
  * metadata), the configured sampler deciding the rest. A sampled request's ids
  * ride in its slots (shared/trace-context.ts), so the span of each batch it
- * rode in links to it, and it links back to them. Its children, made when it
- * ends from the times its slots recorded: `tokenize` and `queue`.
+ * rode in links to it, and it links back to them. Its children, from the
+ * times its slots recorded: `tokenize` and `queue`. All three are made when it
+ * ends, as SpanRecords (shared/span-record.ts: why not the SDK's Tracer).
  *
- * An unsampled request makes a non-recording span and nothing else; with
+ * An unsampled request costs the sampler's decision and nothing else; with
  * tracing off there is no RequestTracing at all.
  */
-import { ROOT_CONTEXT, SpanKind, SpanStatusCode, TraceFlags, trace, type Attributes, type Span, type Tracer } from '@opentelemetry/api';
+import { isSpanContextValid, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Link, type SpanContext } from '@opentelemetry/api';
 import { W3CTraceContextPropagator } from '@opentelemetry/core';
+import { SamplingDecision } from '@opentelemetry/sdk-trace-base';
 import type { InferResult } from '../core/infer.js';
+import { nowMs } from '../shared/clock.js';
+import { newSpanId, newTraceId, sampledContext, SpanRecord } from '../shared/span-record.js';
 import type { SpanIds } from '../shared/trace-context.js';
 import type { ThreadTracing } from '../shared/tracing.js';
 
@@ -52,59 +56,69 @@ export interface RequestEnd {
 }
 
 export class RequestTracing {
-  private readonly tracer: Tracer;
+  private readonly tracing: ThreadTracing;
 
   constructor(tracing: ThreadTracing) {
-    this.tracer = tracing.tracer;
+    this.tracing = tracing;
   }
 
   /** The request's span, or null where the sampler says no. */
   start(s: RequestStart): RequestSpan | null {
-    const parent = s.carrier.traceparent ? w3c.extract(ROOT_CONTEXT, s.carrier, carrierGetter) : ROOT_CONTEXT;
+    const context = s.carrier.traceparent ? w3c.extract(ROOT_CONTEXT, s.carrier, carrierGetter) : ROOT_CONTEXT;
+    const given = trace.getSpanContext(context);
+    const parent = given && isSpanContextValid(given) ? sampledContext(given.traceId, given.spanId, given.traceState, true) : undefined;
+    const traceId = parent?.traceId ?? newTraceId();
     const attributes: Attributes = { 'slabserve.transport': s.transport, 'http.route': s.route };
     if (s.requestId) attributes['slabserve.request_id'] = s.requestId;
-    const span = this.tracer.startSpan(s.name, { kind: SpanKind.SERVER, startTime: s.startedAt, attributes }, parent);
-    return span.isRecording() ? new RequestSpan(this.tracer, span) : null;
+    const sampled = this.tracing.sampler.shouldSample(context, traceId, s.name, SpanKind.SERVER, attributes, []);
+    if (sampled.decision !== SamplingDecision.RECORD_AND_SAMPLED) return null;
+    const own = sampledContext(traceId, newSpanId(), sampled.traceState ?? parent?.traceState);
+    return new RequestSpan(this.tracing, s, own, parent, attributes);
   }
 }
 
 export class RequestSpan {
   /** What its slots carry (InferCall.trace). */
   readonly ids: SpanIds;
-  private readonly tracer: Tracer;
-  private readonly span: Span;
+  private readonly tracing: ThreadTracing;
+  private readonly name: string;
+  private readonly startMs: number;
+  private readonly context: SpanContext;
+  private readonly parent: SpanContext | undefined;
+  private readonly attributes: Attributes;
 
-  constructor(tracer: Tracer, span: Span) {
-    this.tracer = tracer;
-    this.span = span;
-    const c = span.spanContext();
-    this.ids = { traceId: c.traceId, spanId: c.spanId };
+  constructor(tracing: ThreadTracing, s: RequestStart, context: SpanContext, parent: SpanContext | undefined, attributes: Attributes) {
+    this.tracing = tracing;
+    this.name = s.name;
+    this.startMs = s.startedAt;
+    this.context = context;
+    this.parent = parent;
+    this.attributes = attributes;
+    this.ids = { traceId: context.traceId, spanId: context.spanId };
   }
 
+  /** Exports its span, and its children when it was queued. */
   end(e: RequestEnd): void {
-    const span = this.span;
-    span.setAttribute('slabserve.model', e.model);
-    span.setAttribute('http.response.status_code', e.status);
-    if (e.errorCode) span.setAttribute('slabserve.error.code', e.errorCode);
-    if (e.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR, message: e.errorCode });
+    const a = this.attributes;
+    a['slabserve.model'] = e.model;
+    a['http.response.status_code'] = e.status;
+    if (e.errorCode) a['slabserve.error.code'] = e.errorCode;
     const r = e.result;
     if (r) {
-      span.setAttribute('slabserve.inputs', r.rows.rows.length / r.rows.width);
-      span.setAttribute('slabserve.tokens', r.tokens);
-      if (r.cache) span.setAttribute('slabserve.cache', r.cache);
-      this.children(r);
+      a['slabserve.inputs'] = r.rows.rows.length / r.rows.width;
+      a['slabserve.tokens'] = r.tokens;
+      if (r.cache) a['slabserve.cache'] = r.cache;
     }
-    span.end();
-  }
-
-  /** `tokenize` (ending as its first input was queued) and `queue` (until its first batch started); links to its batches. */
-  private children(r: InferResult): void {
-    const t = r.rows.trace;
-    if (!t || !Number.isFinite(t.enqueuedAt)) return; // answered from the cache: it never queued
-    const inside = trace.setSpan(ROOT_CONTEXT, this.span);
-    const child = (name: string, from: number, to: number) => this.tracer.startSpan(name, { kind: SpanKind.INTERNAL, startTime: from }, inside).end(to);
+    const t = r?.rows.trace;
+    const links: Link[] = t ? t.batches.map((b) => ({ context: sampledContext(b.traceId, b.spanId) })) : [];
+    const status = e.status >= 500 ? { code: SpanStatusCode.ERROR, message: e.errorCode } : undefined;
+    const { origin } = this.tracing;
+    this.tracing.export(new SpanRecord(origin, this.name, SpanKind.SERVER, this.context, this.parent, this.startMs, nowMs(), a, links, status));
+    // `tokenize` ends as its first input was queued, `queue` as its first batch started; a cache hit never queued
+    if (!t || !Number.isFinite(t.enqueuedAt) || !r) return;
+    const child = (name: string, from: number, to: number) =>
+      this.tracing.export(new SpanRecord(origin, name, SpanKind.INTERNAL, sampledContext(this.ids.traceId, newSpanId(), this.context.traceState), this.context, from, to));
     child('tokenize', t.enqueuedAt - r.tokenizeMs, t.enqueuedAt);
     child('queue', t.enqueuedAt, t.startedAt);
-    for (const b of t.batches) this.span.addLink({ context: { ...b, traceFlags: TraceFlags.SAMPLED, isRemote: false } });
   }
 }

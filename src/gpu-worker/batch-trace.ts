@@ -7,8 +7,9 @@
  * into those slots, so each request span links to the batch it rode in. A
  * batch of untraced requests costs one read per slot.
  */
-import { SpanKind, TraceFlags, type Link } from '@opentelemetry/api';
+import { SpanKind, type Link } from '@opentelemetry/api';
 import type { Slab } from '../shared/slab.js';
+import { newSpanId, newTraceId, sampledContext, SpanRecord } from '../shared/span-record.js';
 import { readRequestSpan, TRACE_I32, writeBatchSpan } from '../shared/trace-context.js';
 import type { ThreadTracing } from '../shared/tracing.js';
 import type { BatchStats } from './runner.js';
@@ -28,34 +29,30 @@ export type TraceBatch = (slab: Slab, slots: readonly number[], batch: BatchRun)
 
 /** LoopOptions.traceBatch over this thread's tracing, on `device` (cpu, cuda:0). */
 export function batchTracing(tracing: ThreadTracing, device: string): TraceBatch {
-  return (slab, slots, b) => {
+  return function traceBatch(slab, slots, b) {
     let links: Link[] | null = null;
     let traced: number[] | null = null;
     for (const slot of slots) {
       const request = readRequestSpan(slab.traces, slot * TRACE_I32);
       if (!request) continue;
-      (links ??= []).push({ context: { ...request, traceFlags: TraceFlags.SAMPLED, isRemote: true } });
+      (links ??= []).push({ context: sampledContext(request.traceId, request.spanId, undefined, true) });
       (traced ??= []).push(slot);
     }
     if (!links || !traced) return;
     const { rows, realTokens, paddedTokens, runMs } = b.stats;
-    const span = tracing.batchTracer.startSpan(`batch ${b.model}`, {
-      kind: SpanKind.INTERNAL,
-      startTime: b.startedMs,
-      links,
-      attributes: {
-        'slabserve.model': b.model,
-        'slabserve.batch.size': rows,
-        'slabserve.batch.bucket': b.bucketLength,
-        'slabserve.batch.tokens.real': realTokens,
-        'slabserve.batch.tokens.padded': paddedTokens,
-        'slabserve.batch.padding_efficiency': paddedTokens > 0 ? realTokens / paddedTokens : 1,
-        'slabserve.batch.run_ms': runMs,
-        'slabserve.device': device,
-      },
-    });
-    span.end(b.finishedMs);
-    const ids = span.spanContext();
+    const ids = { traceId: newTraceId(), spanId: newSpanId() };
+    const attributes = {
+      'slabserve.model': b.model,
+      'slabserve.batch.size': rows,
+      'slabserve.batch.bucket': b.bucketLength,
+      'slabserve.batch.tokens.real': realTokens,
+      'slabserve.batch.tokens.padded': paddedTokens,
+      'slabserve.batch.padding_efficiency': paddedTokens > 0 ? realTokens / paddedTokens : 1,
+      'slabserve.batch.run_ms': runMs,
+      'slabserve.device': device,
+    };
+    const context = sampledContext(ids.traceId, ids.spanId);
+    tracing.export(new SpanRecord(tracing.origin, `batch ${b.model}`, SpanKind.INTERNAL, context, undefined, b.startedMs, b.finishedMs, attributes, links));
     for (const slot of traced) writeBatchSpan(slab.traces, slot * TRACE_I32, ids);
   };
 }

@@ -20,15 +20,18 @@ export interface SpanIds {
   spanId: string;
 }
 
+/** Hex text and words meet here: Buffer's native hex codec, one string per read. */
+const scratch = Buffer.allocUnsafe(16);
+
 /** `hex` (8 digits a word) into words[at..]. */
 function writeHex(words: Int32Array, at: number, hex: string, count: number): void {
-  for (let i = 0; i < count; i++) words[at + i] = parseInt(hex.slice(i * 8, i * 8 + 8), 16) | 0;
+  scratch.write(hex, 0, count * 4, 'hex');
+  for (let i = 0; i < count; i++) words[at + i] = scratch.readInt32BE(i * 4);
 }
 
 function readHex(words: Int32Array, at: number, count: number): string {
-  let s = '';
-  for (let i = 0; i < count; i++) s += (words[at + i]! >>> 0).toString(16).padStart(8, '0');
-  return s;
+  for (let i = 0; i < count; i++) scratch.writeInt32BE(words[at + i]!, i * 4);
+  return scratch.toString('hex', 0, count * 4);
 }
 
 /** Marks slot `i`'s context (its TRACE_I32 words at `base`) with a sampled request span, or none; clears its batch span. */
@@ -54,6 +57,6 @@ export function writeBatchSpan(words: Int32Array, base: number, span: SpanIds): 
 /** The batch span a traced slot ran in, or null (not traced, or no batch span made). */
 export function readBatchSpan(words: Int32Array, base: number): SpanIds | null {
   if (words[base + FLAGS] !== 1) return null;
-  const spanId = readHex(words, base + BATCH + 4, 2);
-  return spanId === '0000000000000000' ? null : { traceId: readHex(words, base + BATCH, 4), spanId };
+  if (words[base + BATCH + 4] === 0 && words[base + BATCH + 5] === 0) return null;
+  return { traceId: readHex(words, base + BATCH, 4), spanId: readHex(words, base + BATCH + 4, 2) };
 }

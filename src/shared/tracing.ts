@@ -1,8 +1,9 @@
 /**
  * OpenTelemetry traces (docs/tracing.md): the configuration, read once in the
  * main thread from the flags and OpenTelemetry's own variables, and the
- * tracer each thread that makes spans starts from it (gateway threads: a span
- * per request; the inference thread: a span per batch). Spans leave each
+ * sampler and export each thread that makes spans starts from it (gateway
+ * threads: a span per request; the inference thread: a span per batch; both
+ * made as finished spans, span-record.ts). Spans leave each
  * thread through a batch span processor and an OTLP/HTTP exporter, so a
  * collector that is slow or down costs a request nothing: the processor's
  * queue is bounded, and every span it drops (queue full, export failed) is
@@ -18,15 +19,15 @@
  *                                 the ratio in [0, 1] (default 1)
  *   OTEL_SDK_DISABLED=true        off, whatever else is set
  */
-import type { Tracer } from '@opentelemetry/api';
 import { ExportResultCode, type ExportResult } from '@opentelemetry/core';
 import { OTLPTraceExporter as JsonExporter } from '@opentelemetry/exporter-trace-otlp-http';
-import { OTLPTraceExporter as ProtobufExporter } from '@opentelemetry/exporter-trace-otlp-proto';
+import { OTLPExporterBase } from '@opentelemetry/otlp-exporter-base';
+import { convertLegacyHttpOptions, createOtlpHttpExportDelegate } from '@opentelemetry/otlp-exporter-base/node-http';
+import { ProtobufTraceSerializer, TraceExporterMetricsHelper } from '@opentelemetry/otlp-transformer';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import {
   AlwaysOffSampler,
   AlwaysOnSampler,
-  BasicTracerProvider,
   BatchSpanProcessor,
   ParentBasedSampler,
   TraceIdRatioBasedSampler,
@@ -35,12 +36,14 @@ import {
   type SpanExporter,
   type SpanProcessor,
 } from '@opentelemetry/sdk-trace-base';
+import { serializeSpans } from './otlp-protobuf.js';
+import type { SpanOrigin } from './span-record.js';
 
 export const OTLP_PROTOCOLS = ['http/protobuf', 'http/json'] as const;
 export const TRACE_SAMPLERS = ['always_on', 'always_off', 'traceidratio', 'parentbased_always_on', 'parentbased_always_off', 'parentbased_traceidratio'] as const;
 export type TraceSampler = (typeof TRACE_SAMPLERS)[number];
 
-/** What every thread's tracer is made from (plain data: it crosses to the threads in workerData). */
+/** What every thread's tracing is made from (plain data: it crosses to the threads in workerData). */
 export interface TracingConfig {
   /** The OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces. */
   url: string;
@@ -100,12 +103,14 @@ function tracesUrl(o: TracingOptions, env: NodeJS.ProcessEnv): string | null {
   return url.href;
 }
 
-/** One thread's tracers and its export. */
+/** One thread's sampler and export: its spans are SpanRecords (span-record.ts), made where the work was done. */
 export interface ThreadTracing {
-  /** Spans of requests: the configured sampler decides, after the caller's traceparent. */
-  tracer: Tracer;
-  /** Spans of batches: always recorded, and made only for a batch carrying a sampled request. */
-  batchTracer: Tracer;
+  /** Decides a request span, after its parent: the configured sampler. Batch spans are not sampled (made only for a batch carrying a sampled request). */
+  sampler: Sampler;
+  /** What every span of this thread shares (service.name, the scope). */
+  origin: SpanOrigin;
+  /** Queues a finished span for export; a span that finds the queue full is dropped, and counted. */
+  export(span: ReadableSpan): void;
   /** Spans dropped so far: the queue full, or an export that failed. */
   dropped(): number;
   /** Exports what is queued, waiting at most SHUTDOWN_GRACE_MS (a dead collector must not hold a drain), then stops. */
@@ -115,17 +120,16 @@ export interface ThreadTracing {
 /** This thread's tracing, from the config the main thread resolved. */
 export function startThreadTracing(config: TracingConfig, exporter: SpanExporter = exporterOf(config)): ThreadTracing {
   const counted = new DropCountingProcessor(exporter);
-  const resource = resourceFromAttributes({ 'service.name': config.serviceName });
-  const provider = new BasicTracerProvider({ resource, sampler: samplerOf(config), spanProcessors: [counted] });
-  const batches = new BasicTracerProvider({ resource, sampler: new AlwaysOnSampler(), spanProcessors: [counted] });
+  const origin: SpanOrigin = { resource: resourceFromAttributes({ 'service.name': config.serviceName }), scope: { name: 'slabserve' } };
   return {
-    tracer: provider.getTracer('slabserve'),
-    batchTracer: batches.getTracer('slabserve'),
+    sampler: samplerOf(config),
+    origin,
+    export: (span) => counted.onEnd(span),
     dropped: () => counted.dropped,
     shutdown: async () => {
       let timer: NodeJS.Timeout | undefined;
       const grace = new Promise<void>((resolve) => (timer = setTimeout(resolve, SHUTDOWN_GRACE_MS)));
-      await Promise.race([Promise.all([provider.shutdown(), batches.shutdown()]), grace]).finally(() => clearTimeout(timer));
+      await Promise.race([counted.shutdown(), grace]).finally(() => clearTimeout(timer));
     },
   };
 }
@@ -133,6 +137,20 @@ export function startThreadTracing(config: TracingConfig, exporter: SpanExporter
 function exporterOf(c: TracingConfig): SpanExporter {
   const options = { url: c.url, timeoutMillis: QUEUE.exportTimeoutMillis };
   return c.protocol === 'http/json' ? new JsonExporter(options) : new ProtobufExporter(options);
+}
+
+/**
+ * OTLP/HTTP in protobuf: the OpenTelemetry exporter's own parts (the HTTP
+ * delegate: retries, the timeout, OTEL_EXPORTER_OTLP_HEADERS, compression),
+ * as @opentelemetry/exporter-trace-otlp-proto assembles them, with the
+ * serializer of otlp-protobuf.ts (why: there).
+ */
+class ProtobufExporter extends OTLPExporterBase<ReadableSpan[]> implements SpanExporter {
+  constructor(options: { url: string; timeoutMillis: number }) {
+    const http = convertLegacyHttpOptions(options, 'TRACES', 'v1/traces', { 'Content-Type': 'application/x-protobuf' });
+    const serializer = { serializeRequest: serializeSpans, deserializeResponse: ProtobufTraceSerializer.deserializeResponse };
+    super(createOtlpHttpExportDelegate(http, serializer, 'otlp_http_span_exporter', TraceExporterMetricsHelper, undefined));
+  }
 }
 
 function samplerOf(c: TracingConfig): Sampler {
