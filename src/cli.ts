@@ -294,13 +294,17 @@ program
         process.kill(process.pid, sig);
         return;
       }
-      log(`slabserve: ${sig}: draining (up to ${f.drainTimeoutMs} ms), send again to exit at once`);
+      // The drain begins before it is announced: a client that reads the line and then asks must meet
+      // it (a 503 closing its connection), however long this thread is kept from running in between.
       // Still starting: drain once started (a start that fails exits by itself below).
-      void starting.then((server) => server.close()).then(() => process.exit(0), () => {});
+      const closing = started ? started.close() : starting.then((server) => server.close());
+      log(`slabserve: ${sig}: draining (up to ${f.drainTimeoutMs} ms), send again to exit at once`);
+      void closing.then(() => process.exit(0), () => {});
     };
+    let started: Awaited<typeof starting> | null = null;
     process.on('SIGTERM', () => onSignal('SIGTERM'));
     process.on('SIGINT', () => onSignal('SIGINT'));
-    const server = await starting;
+    const server = (started = await starting);
     worker?.started(server);
     try {
       await server.ready;
