@@ -17,6 +17,7 @@ import { WorkerState, type ControlBlock } from './shared/control.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { RpcPeer } from './shared/rpc.js';
+import { autoIntraOpThreads } from './gpu-worker/intra-op-threads.js';
 import { describeSettings } from './model-plans.js';
 import type { ModelSet } from './model-set.js';
 import { reclaimInference } from './slot-reclaim.js';
@@ -86,7 +87,8 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
           if (m.note) opts.log(`slabserve: ${m.note}`);
           opts.log(`slabserve: device ${describeDevice(m.device)}`);
           for (const plan of models) {
-            opts.log(`slabserve: model ${plan.spec.name} ${describeSettings(plan)} device=${m.device.label} buckets=${plan.batching.buckets.join(',')} maxBatchSize=${plan.batching.maxBatchSize}`);
+            const threads = m.device.kind === 'cpu' ? ` intraOpThreads=${opts.intraOpThreads || `${autoIntraOpThreads(plan.spec.hiddenSize)} (auto)`}` : '';
+            opts.log(`slabserve: model ${plan.spec.name} ${describeSettings(plan)} device=${m.device.label}${threads} buckets=${plan.batching.buckets.join(',')} maxBatchSize=${plan.batching.maxBatchSize}`);
           }
         }
         res(m.device);

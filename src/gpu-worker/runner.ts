@@ -8,31 +8,19 @@
  * attention mask 0, so the graph ignores them.
  */
 import { readFileSync } from 'node:fs';
-import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import type { ModelSpec } from '../shared/model-config.js';
 import { H_ATTENDED, H_LENGTH, H_POOL_FROM, H_TOKEN_PAGE, type Slab } from '../shared/slab.js';
 import { POOLING_MASK, prepareModel, type PreparedModel } from './graph.js';
 import type { DeviceInfo } from './device.js';
+import { autoIntraOpThreads } from './intra-op-threads.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
 export interface SessionOptions {
-  /** onnxruntime intra-op threads; 0: {@link autoIntraOpThreads}. */
+  /** onnxruntime intra-op threads; 0: {@link autoIntraOpThreads} (intra-op-threads.ts). */
   intraOpThreads: number;
 }
 
-/**
- * Intra-op threads when 0 is asked: every core. They sleep between runs
- * (INTRA_OP_SPINNING) and give way to the gateways (--intra-op-nice), so they
- * take mostly the CPU the gateways leave idle. Measured (asleep through runs
- * then) on 2 cores against one thread, two servers side by side: minilm-l6 at 16
- * HTTP clients 1.25-1.4x the req/s; tiny-embed 1.2x over WebSocket (64 in
- * flight), 1.15-1.2x at one client (P50 1.6 against 1.9 ms), equal over HTTP
- * at 64 clients (0.97-1.10 by round), where the gateway has no CPU to spare.
- */
-export function autoIntraOpThreads(): number {
-  return Math.max(1, availableParallelism());
-}
 
 /**
  * On CPU, pool threads spin while a run lasts and sleep between runs
@@ -199,7 +187,7 @@ export class ModelRunner {
     const sess = await ort.InferenceSession.create(bytes, {
       executionProviders: providers,
       graphOptimizationLevel: 'all',
-      intraOpNumThreads: session.intraOpThreads === 0 ? autoIntraOpThreads() : session.intraOpThreads,
+      intraOpNumThreads: session.intraOpThreads === 0 ? autoIntraOpThreads(spec.hiddenSize) : session.intraOpThreads,
       extra: device.kind === 'cpu' ? INTRA_OP_SPINNING : NO_SPINNING,
       ...(spec.pooling === 'splade' ? {} : SESSION_MEMORY),
       logSeverityLevel: 3,

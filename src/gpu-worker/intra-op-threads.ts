@@ -1,0 +1,32 @@
+/**
+ * How many intra-op threads onnxruntime gets for a model on CPU when
+ * --intra-op-threads is 0 (the default). Apart from runner.ts, which opens the
+ * sessions, so that the main thread can say what was chosen without loading
+ * onnxruntime.
+ */
+import { availableParallelism } from 'node:os';
+
+/** Below this hidden size a model's operators are too small to split over threads (autoIntraOpThreads). */
+export const SPLIT_HIDDEN_SIZE = 256;
+
+/**
+ * Intra-op threads when 0 is asked: every core, for a model whose operators
+ * are worth splitting; one thread for a model narrower than SPLIT_HIDDEN_SIZE.
+ * The pool sleeps between runs (INTRA_OP_SPINNING) and gives way to the
+ * gateways (--intra-op-nice), so it takes mostly the CPU they leave idle.
+ *
+ * Measured on the 2-core VM, 2026-12-03, three servers side by side (1 and 2
+ * threads, and the transformers.js peer, whose onnxruntime runs one thread
+ * here), wrk, 3 alternating rounds, medians: tiny-embed (hidden 128) with one
+ * thread took 0.72-0.78x the CPU per request of two at 4 to 64 connections, and
+ * 1.25x the req/s at 4 (3071 against 2465), the same at 16 and 64; alone, a
+ * run of 8 or 32 rows took 1.2-1.4x less wall time on two threads but 1.5-2x
+ * the CPU, and a row alone was slower on two (257 against 201 µs). minilm-l6
+ * (hidden 384) is the other way: two threads 1.4x the req/s at 16 and 64
+ * connections (306 against 216, 327 against 247), its runs 1.5x faster.
+ * With one connection two threads answer sooner either way (tiny-embed 1790
+ * against 1452 req/s, for 1.22x the CPU): --intra-op-threads 2 for that.
+ */
+export function autoIntraOpThreads(hiddenSize: number): number {
+  return hiddenSize < SPLIT_HIDDEN_SIZE ? 1 : Math.max(1, availableParallelism());
+}
