@@ -282,7 +282,8 @@ program
     const worker = role === 'worker' ? clusterWorker(log) : null;
     // The handlers go first: a gateway can answer /readyz 200 before the last gateway has started
     // and startServer has returned, and a SIGTERM then must drain, not kill the process.
-    const starting = startServer({ ...config, ...worker?.overrides });
+    const stop = new AbortController();
+    const starting = startServer({ ...config, ...worker?.overrides, signal: stop.signal });
     let signals = 0;
     const onSignal = (sig: string) => {
       signals++;
@@ -294,17 +295,17 @@ program
         process.kill(process.pid, sig);
         return;
       }
-      // The drain begins before it is announced: a client that reads the line and then asks must meet
-      // it (a 503 closing its connection), however long this thread is kept from running in between.
-      // Still starting: drain once started (a start that fails exits by itself below).
-      const closing = started ? started.close() : starting.then((server) => server.close());
+      // The drain begins before it is announced, even mid-start (a gateway may already serve while the
+      // next starts): a client that reads the line and then asks meets it, a 503 closing its connection.
+      // The rest of the drain runs once started (a start that fails exits by itself below).
+      stop.abort();
+      const closing = starting.then((server) => server.close());
       log(`slabserve: ${sig}: draining (up to ${f.drainTimeoutMs} ms), send again to exit at once`);
       void closing.then(() => process.exit(0), () => {});
     };
-    let started: Awaited<typeof starting> | null = null;
     process.on('SIGTERM', () => onSignal('SIGTERM'));
     process.on('SIGINT', () => onSignal('SIGINT'));
-    const server = (started = await starting);
+    const server = await starting;
     worker?.started(server);
     try {
       await server.ready;

@@ -66,6 +66,12 @@ export interface ServerConfig extends ModelOptions {
   grpcThreads?: number;
   device: string;
   gatewayThreads: number;
+  /**
+   * Aborting it begins the drain at once, even while the server is still starting: from that
+   * moment every gateway already serving refuses new requests (503, closing its connection), and
+   * the rest of the drain (close()) runs as soon as the start is done (SIGTERM in the CLI).
+   */
+  signal?: AbortSignal;
   batching: Partial<BatchingOptions>;
   maxInflightBatches: number;
   slotsPerModel: number;
@@ -310,6 +316,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const models = new ModelSet(plans);
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const control = ControlBlock.create(owners);
+  // Before any gateway starts: one may serve while the next is still starting (gateways.start).
+  config.signal?.addEventListener('abort', () => (control.draining = true), { once: true });
+  if (config.signal?.aborted) control.draining = true;
   const cache = resultCache(config, plans, owners);
   // Metrics: this thread's share, computed from shared memory at scrape time.
   const registry = new Registry();
@@ -401,6 +410,9 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     clearInterval(idleTimer);
     return (closing ??= drain(config, grpcPort !== null ? [port, grpcPort] : [port], control, gateways, inference).then(() => log('slabserve: stopped')));
   };
+  // Aborted (now or later): the drain already began (the draining flag, above); the rest runs now.
+  if (config.signal?.aborted) void close();
+  else config.signal?.addEventListener('abort', () => void close(), { once: true });
   return { port, grpcPort, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
 }
 

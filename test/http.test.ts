@@ -907,6 +907,80 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
   });
 });
 
+describe('the stop signal (SIGTERM in the CLI): the drain begins the moment it is aborted, even while starting', () => {
+  /** Starts a server on a free port with the stop signal and the log lines kept, its warm-up held (test hooks). */
+  async function start(stop: AbortController, lines: string[]): Promise<Server> {
+    const port = await freePort();
+    process.env[TEST_HOOKS_ENV] = '1';
+    process.env[TEST_HOLD_START_ENV] = '1';
+    try {
+      return await startServer(config({ port, gatewayThreads: 2, signal: stop.signal, log: (l: string) => lines.push(l) }));
+    } finally {
+      delete process.env[TEST_HOOKS_ENV];
+      delete process.env[TEST_HOLD_START_ENV];
+    }
+  }
+
+  it('aborted: the next request on an open connection is 503 NOT_READY with Connection: close, with no wait; the server then stops by itself', async () => {
+    const stop = new AbortController();
+    const lines: string[] = [];
+    const server = await start(stop, lines);
+    const conn = await RawConnection.open(server.port);
+    try {
+      const ask = async () => {
+        const from = conn.received;
+        await conn.write(requestHead('POST', '/embed', { 'content-type': 'application/json', 'content-length': 12 }) + '{"inputs":1}');
+        return conn.response(15_000, from);
+      };
+      // Warming up (held): refused, and the connection kept.
+      const before = await ask();
+      expect({ status: before.status, connection: before.headers.connection }).toEqual({ status: 503, connection: undefined });
+      stop.abort(); // nothing awaited between this and the request
+      const after = await ask();
+      expect({ status: after.status, connection: after.headers.connection, code: (JSON.parse(after.body) as { code: string }).code }).toEqual({ status: 503, connection: 'close', code: 'SLABSERVE_NOT_READY' });
+      await conn.serverClose();
+      server.testHooks!.releaseModelOpen();
+      await eventually('the server stops without close()', async () => lines, (l) => l.includes('slabserve: stopped'), 30_000, (l) => l.slice(-3).join(' | '));
+    } finally {
+      conn.destroy();
+      await server.close();
+    }
+  });
+
+  it('aborted while the second gateway starts: the first, already serving, refuses with Connection: close; the server stops by itself', async () => {
+    const stop = new AbortController();
+    const lines: string[] = [];
+    const port = await freePort();
+    process.env[TEST_HOOKS_ENV] = '1';
+    process.env[TEST_HOLD_START_ENV] = '1';
+    let returned = false;
+    const starting = startServer(config({ port, gatewayThreads: 2, signal: stop.signal, log: (l: string) => lines.push(l) })).finally(() => (returned = true));
+    let conn: RawConnection | null = null;
+    try {
+      // The first gateway listens while the second is still starting (gateways start one after the other).
+      while (!conn && !returned) conn = await RawConnection.open(port).catch(() => sleep(2).then(() => null));
+      const inWindow = !returned;
+      console.log(`stop signal mid-start: the first gateway answered ${inWindow ? 'before' : 'after'} startServer returned`);
+      conn ??= await RawConnection.open(port);
+      stop.abort();
+      await conn.write(requestHead('POST', '/embed', { 'content-type': 'application/json', 'content-length': 12 }) + '{"inputs":1}');
+      const after = await conn.response();
+      expect({ status: after.status, connection: after.headers.connection }).toEqual({ status: 503, connection: 'close' });
+      const server = await starting;
+      server.testHooks!.releaseModelOpen();
+      await eventually('the server stops without close()', async () => lines, (l) => l.includes('slabserve: stopped'), 30_000, (l) => l.slice(-3).join(' | '));
+      const refused = await fetch(`${server.url}/readyz`).then((r) => String(r.status), (e: Error & { cause?: { code?: string } }) => e.cause?.code ?? e.message);
+      expect(refused).toBe('ECONNREFUSED');
+      await server.close(); // the same drain: resolves at once
+    } finally {
+      delete process.env[TEST_HOOKS_ENV];
+      delete process.env[TEST_HOLD_START_ENV];
+      conn?.destroy();
+      await starting.then((s) => s.close(), () => {});
+    }
+  });
+});
+
 // =================================================================== start-up and shut-down in a child process
 
 describe('start-up and shut-down in child processes (when these go wrong, the process aborts)', () => {
