@@ -28,7 +28,7 @@ export function run(cmd: string, args: string[]): Promise<string> {
 
 /** wrk under bash, whose `times` then says the CPU its child (wrk) used. `script` is a Lua file's path. */
 export async function wrk(origin: string, seconds: number, connections: number, script: string): Promise<Load> {
-  const out = await run('bash', ['-c', `wrk -t2 -c${connections} -d${seconds}s --latency -s ${script} ${origin} && times`]);
+  const out = await run('bash', ['-c', `wrk -t${Math.min(2, connections)} -c${connections} -d${seconds}s --latency -s ${script} ${origin} && times`]);
   const ms = (v: string, unit: string) => Number(v) * (unit === 'us' ? 1e-3 : unit === 's' ? 1e3 : 1);
   const p99 = /99%\s+([\d.]+)(us|ms|s)/.exec(out);
   const total = /(\d+) requests in ([\d.]+)s/.exec(out);
