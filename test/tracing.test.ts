@@ -185,6 +185,26 @@ describe('the sampler, protobuf, and a collector that is down', () => {
     }
   });
 
+  it('parentbased_traceidratio 1: every request without a parent traced, each a trace of its own; an unsampled parent still followed', async () => {
+    const rx = await startOtlpReceiver();
+    const server = await tracedServer(rx, { OTEL_TRACES_SAMPLER: 'parentbased_traceidratio', OTEL_TRACES_SAMPLER_ARG: '1' });
+    try {
+      const unsampled = parentIds();
+      expect(await embed(server, 'an unsampled parent', { traceparent: unsampled.traceparent.replace(/01$/, '00') })).toBe(200);
+      const n = 12;
+      for (let i = 0; i < n; i++) expect(await embed(server, `request ${i} with no parent ${randomBytes(3).toString('hex')}`)).toBe(200);
+      const roots = await eventually('a root span per request', async () => rx.spans.filter((s) => s.kind === 2), (r) => r.length >= n);
+      expect(new Set(roots.map((r) => r.traceId)).size).toBe(n);
+      expect(roots.every((r) => r.parentSpanId === '' && r.name === 'POST /embed')).toBe(true);
+      // Each with its tokenize and queue children in its own trace.
+      for (const r of roots) await eventually('its children', async () => spansOf(rx, r.traceId), (t) => t.length >= 3);
+      expect(spansOf(rx, unsampled.traceId)).toEqual([]);
+    } finally {
+      await server.close();
+      await rx.close();
+    }
+  });
+
   it('a collector that is down: requests answered as ever, the spans counted dropped', async () => {
     const rx = await startOtlpReceiver();
     const dead = { url: rx.url };
