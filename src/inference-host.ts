@@ -198,6 +198,11 @@ interface ThreadRecord {
 function watchMs(o: Pick<SupervisionOptions, 'inferenceTimeoutMs' | 'heartbeatTimeoutMs'>): number {
   return Math.min(1000, Math.max(50, Math.min(o.inferenceTimeoutMs, o.heartbeatTimeoutMs) / 20));
 }
+/**
+ * The longest the idle inference loop sleeps (it wakes to refresh its heartbeat): each wake costs an
+ * idle process a few hundred microseconds of CPU, so the 30 s default timeout gets one every 5 s.
+ */
+const IDLE_WAKE_MAX_MS = 5000;
 /** Backoff between failed starts of a replacement thread: doubles from this, up to MAX_BACKOFF_MS. */
 const FIRST_BACKOFF_MS = 500;
 const MAX_BACKOFF_MS = 10_000;
@@ -407,8 +412,8 @@ export class InferenceSupervisor {
     const plans = this.models.plans();
     const t = startInferenceThread(plans, this.control, {
       ...this.opts,
-      // a quarter of the heartbeat timeout, at most a second: readiness never sees a stale heartbeat at rest
-      idleWakeMs: Math.min(1000, this.opts.heartbeatTimeoutMs / 4),
+      // a quarter of the heartbeat timeout, at most IDLE_WAKE_MAX_MS: readiness never sees a stale heartbeat at rest
+      idleWakeMs: Math.min(IDLE_WAKE_MAX_MS, this.opts.heartbeatTimeoutMs / 4),
       epoch,
       logStart: first,
       ...(this.hooks ? { testHooks: { ...this.hooks } } : {}),

@@ -487,6 +487,37 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: API keys, message size, a t
   });
 });
 
+describe.skipIf(!runnable && !process.env.CI)('gRPC health when nothing tells the gateway (a batch hung past --heartbeat-timeout-ms)', () => {
+  it('Check reads readiness at the call (no Watch open, nothing polls); a Watch open meanwhile hears NOT_SERVING, then SERVING once the thread is replaced', { timeout: 60_000 }, async () => {
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'], heartbeatTimeoutMs: 600, inferenceTimeoutMs: 8000 }));
+    const stop = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'stop');
+    try {
+      await server.ready;
+      const port = server.grpcPort!;
+      const check = async () => (await grpcCalls(port, [{ method: '/grpc.health.v1.Health/Check', request: { service: 'tei.v1.Embed' } }], [HEALTH_PROTO]))[0]!.ok?.status;
+      expect(await check()).toBe('SERVING');
+      // The next run hangs in the inference thread: readiness turns false once the heartbeat is 600 ms old,
+      // and nothing tells the gateway (the thread is replaced only after --inference-timeout-ms).
+      await server.testHooks!.inferenceFault('hang', 1);
+      const hung = fetch(`${server.url}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"inputs": "the run that hangs"}' }).then((r) => r.status);
+      await eventually('/readyz 503', async () => (await fetch(`${server.url}/readyz`)).status, (s) => s === 503, 5000);
+      expect(await check()).toBe('NOT_SERVING');
+      // A Watch opened now: its first word is NOT_SERVING; the poll (while a Watch is open) hears the replacement's SERVING.
+      const seen: string[] = [];
+      const watch = grpcCalls(port, [{ method: '/grpc.health.v1.Health/Watch', kind: 'server_stream', request: { service: 'tei.v1.Embed' }, progress: true, cancel_when_exists: stop }], [HEALTH_PROTO], (_i, reply) => seen.push(reply.status));
+      expect(await hung).toBe(503); // answered by the replacement's start: the hung run's input
+      await eventually('the Watch hears SERVING again', async () => [...seen], (w) => w.includes('SERVING'), 30_000);
+      writeFileSync(stop, '');
+      const [watched] = await watch;
+      expect(watched!.ok).toEqual([{ status: 'NOT_SERVING' }, { status: 'SERVING' }]);
+      expect(await check()).toBe('SERVING');
+    } finally {
+      writeFileSync(stop, '');
+      await server.close();
+    }
+  });
+});
+
 describe.skipIf(!runnable && !process.env.CI)('gRPC while draining', () => {
   it('a call in flight when the drain starts is answered; health turns NOT_SERVING first; a call after it is refused', async () => {
     const server = await startServer(testServerConfig({ models: ['tiny-embed'] }));

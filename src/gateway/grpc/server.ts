@@ -7,7 +7,7 @@
  *   tei.v1.*                        text-embeddings-inference's services (tei.ts)
  *   slabserve.v1.Outputs            several outputs of one pass (BGE-M3's dense, sparse, colbert: outputs.ts)
  *   grpc.health.v1.Health           SERVING per service while ready and able to serve it; NOT_SERVING
- *                                   while warming up or draining (grpc-health-check)
+ *                                   while warming up or draining (health.ts)
  *   grpc.reflection.v1(alpha)       so grpcurl-style tools list and call the services (@grpc/reflection)
  *
  * Served by @grpc/grpc-js. Every gateway thread binds the port with
@@ -22,10 +22,11 @@ import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import { loadSync, type PackageDefinition } from '@grpc/proto-loader';
 import { ReflectionService } from '@grpc/reflection';
-import { HealthImplementation, protoPath as healthProto, type ServingStatus } from 'grpc-health-check';
+import { protoPath as healthProto, type ServingStatus } from 'grpc-health-check';
 import type { Task } from '../../shared/model-config.js';
 import { listenReusePort } from '../../shared/reuseport.js';
 import type { GrpcDeps } from './calls.js';
+import { addFollowedHealth } from './health.js';
 import { kserveService, type KServeDeps } from './kserve.js';
 import { OpenStreams } from './open-streams.js';
 import { outputsServices } from './outputs.js';
@@ -71,13 +72,10 @@ const SERVICE_TASKS: Record<string, Task | null> = {
 /** How long close() waits for open calls to end and their last frames to go out. */
 const CLOSE_GRACE_MS = 1000;
 
-/** How often health statuses follow readiness (Watch streams hear of a change within this). */
-const HEALTH_POLL_MS = 250;
-
 export interface GatewayGrpc {
   /** The port it listens on (the kernel's pick when asked for port 0). */
   readonly port: number;
-  /** Health statuses follow readiness now (the server turned ready), not at the next poll. */
+  /** Health statuses follow readiness now (the server turned ready, a model came or went), not at the next poll. */
   refreshHealth(): void;
   /** The drain's first step: no new connection; each open one is told (GOAWAY) to start no new call. */
   stopListening(): void;
@@ -100,21 +98,8 @@ export async function startGatewayGrpc(given: Omit<KServeDeps, 'streams'> & { to
   const tei = teiServices(deps, deps.version, deps.tokenizationWorkers);
   for (const [name, impl] of Object.entries(tei)) server.addService(loaded.tei.v1[name]!.service, impl as unknown as grpc.UntypedServiceImplementation);
   for (const [name, impl] of Object.entries(outputsServices(deps))) server.addService(loaded.slabserve.v1[name]!.service, impl as unknown as grpc.UntypedServiceImplementation);
-  // `shown` is exactly what the health service holds, read once: two reads straddling the turn to
-  // ready (start-up under load) once left it NOT_SERVING for good, a refresh seeing no change.
-  const shown = healthStatuses(deps);
-  const health = new HealthImplementation({ ...shown });
-  health.addToServer(server);
+  const health = addFollowedHealth(server, () => healthStatuses(deps));
   new ReflectionService(def).addToServer(server);
-  const refreshHealth = () => {
-    for (const [service, status] of Object.entries(healthStatuses(deps))) {
-      if (shown[service] === status) continue; // a Watch hears of changes only (the health protocol)
-      shown[service] = status;
-      health.setStatus(service, status);
-    }
-  };
-  const poll = setInterval(refreshHealth, HEALTH_POLL_MS);
-  poll.unref();
 
   const injector = server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
   const { fd, port } = listenReusePort(listen.address, listen.port, listen.shared);
@@ -127,18 +112,18 @@ export async function startGatewayGrpc(given: Omit<KServeDeps, 'streams'> & { to
   const stopListening = () => {
     if (!listening) return;
     listening = false;
-    refreshHealth(); // draining: NOT_SERVING now, before any connection closes
+    health.refresh(); // draining: NOT_SERVING now, before any connection closes
     net.close();
     streams.drain(); // each open stream answers what it has read, then ends OK
     injector.drain(2 ** 31 - 1); // GOAWAY now; each connection closes once its calls have ended, or at close()
   };
   return {
     port,
-    refreshHealth,
+    refreshHealth: health.refresh,
     stopListening,
     async close() {
       stopListening();
-      clearInterval(poll);
+      health.close();
       // The last answers and statuses are written before the connections go; a call still open
       // after the grace (a health Watch, a reader that does not read) is cancelled.
       await new Promise<void>((resolve) => {
