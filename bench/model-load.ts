@@ -88,7 +88,7 @@ async function main(): Promise<void> {
   try {
     for (const m of ['tiny-embed', ...o.models]) writePreset(m, dir);
     const server = await startServerProcess({ cliPath: CLI, args: ['--host', '127.0.0.1', '--port', '0', '--device', 'cpu', '--models-dir', dir, '--model', 'tiny-embed', '--model-control-mode', 'explicit'] });
-    const client = await createLoadClient('http', server.origin, o.clients);
+    const client = createLoadClient(server.origin, o.clients);
     const loop = closedLoop(client, o.clients);
     try {
       await new Promise((r) => setTimeout(r, 1000));

@@ -73,7 +73,7 @@ function introLines(o: QuickOptions, spec: ModelSpec, m: Machine, seqs: Seq[], s
       `buckets ${shape.bucketMix.map((x) => `${x.T}:${((100 * x.n) / seqs.length).toFixed(0)}%`).join(' ')}`,
     `phases: ${o.warmupMs / 1000}s warm-up + ${o.durationMs / 1000}s measured, ${o.rounds} rounds in alternating order, ${o.report} round reported; ` +
       `${o.engines ? `engine: device ${o.device}, ${o.concurrency} closed-loop callers; ` : ''}` +
-      `${o.http ? `http: ${o.httpClients.join(' and ')} clients, one keep-alive connection each (${o.httpClient === 'http' ? 'node:http Agent' : 'undici Pool'}), server in a child process; ` : ''}` +
+      `${o.http ? `http: ${o.httpClients.join(' and ')} clients, one keep-alive connection each (load generator: ${o.loadGenerator === 'auto' ? 'wrk where installed' : o.loadGenerator}), server in a child process; ` : ''}` +
       `intra-op threads ${o.intra}${o.intra === 0 ? ' (onnxruntime default)' : ''}`,
   ];
 }
@@ -148,7 +148,7 @@ async function main(): Promise<void> {
         ids: o.ids,
         seed: o.seed,
         requests: o.requests,
-        http: o.http ? { clients: o.httpClients, client: o.httpClient } : null,
+        http: o.http ? { clients: o.httpClients, generator: o.loadGenerator } : null,
         ws: o.ws ? o.wsConfigs : null,
       },
       workload: { sequences: seqs.length, minTokens: shape.minTokens, maxTokens: shape.maxTokens, bucketMix: shape.bucketMix },

@@ -182,7 +182,7 @@ function phaseTable(phases: PhaseResult[]): string {
         : `${fmtNum(p.offeredRps)} req/s${p.loadFraction != null ? ` (${fmtPct(p.loadFraction, 0)})` : ''}${p.arrivals === 'bursts' ? ', bursts' : ''}`;
     return [
       p.target,
-      p.transport,
+      p.generator ? `${p.transport} (${p.generator})` : p.transport,
       p.loop,
       load,
       fmtNum(p.rps),
@@ -193,6 +193,8 @@ function phaseTable(phases: PhaseResult[]): string {
       fmtNum(p.latencyMs.p99),
       p.server ? fmtNum(p.server.meanBatch) : '–',
       p.server ? fmtPct(p.server.paddingEfficiency) : '–',
+      p.cpuMsPerRequest != null ? fmtNum(p.cpuMsPerRequest * 1000) : '–',
+      p.clientCpuMsPerRequest != null ? fmtNum(p.clientCpuMsPerRequest * 1000) : '–',
       String(g.reduce((a, x) => a + x.errors, 0)),
       String(g.reduce((a, x) => a + x.rejected, 0)),
     ];
@@ -210,10 +212,12 @@ function phaseTable(phases: PhaseResult[]): string {
     'P99 ms',
     'mean batch',
     'padding eff.',
+    'server CPU µs/req',
+    'load gen. CPU µs/req',
     'errors',
     'rejected',
   ];
-  const lines = [table(header, rows, ['l', 'l', 'l', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r'])];
+  const lines = [table(header, rows, ['l', 'l', 'l', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r'])];
   const flags = new Map<string, string>();
   for (const g of groups) if (g[0].serverArgs?.length && !flags.has(g[0].target)) flags.set(g[0].target, g[0].serverArgs.join(' '));
   const extras: string[] = [];

@@ -143,8 +143,10 @@ export interface PhaseResult {
   server?: ServerSide;
   /** CPU of the measured process (the server for HTTP/WS, this process for in-process) per request, ms. */
   cpuMsPerRequest?: number;
-  /** The load generator's CPU per request, ms (HTTP/WS). */
+  /** The load generator's CPU per request, ms (HTTP/WS): wrk's, or this process's (the Node generator). */
   clientCpuMsPerRequest?: number;
+  /** What sent the load (HTTP/WS): wrk, or the Node generator (bench/load.ts). */
+  generator?: 'wrk' | 'node';
 }
 
 export interface ServerSide {

@@ -1,10 +1,16 @@
 /**
  * wrk, the C load generator (apt-get install wrk), as the HTTP load of the
- * benches that compare routes or transports: it costs about 30 us of client
- * CPU a request where a Node client costs 180, so more of the 2 cores are the
- * server's. Its CPU is read from bash's `times` after it exits.
+ * benches: it costs about 30 us of client CPU a request where a Node client
+ * costs 180, so more of the 2 cores are the server's. Its CPU is read from
+ * bash's `times` after it exits.
+ *
+ *   wrk()          a Lua script's load (the benches that compare routes or transports)
+ *   wrkWorkload()  a workload's bodies in turn, closed loop, with the latency
+ *                  distribution at every 0.1 percentile (bench/load.ts runs the
+ *                  suite's, the quick bench's and the floor's HTTP closed loops so)
  */
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
 
 export interface Load {
   requests: number;
@@ -52,3 +58,84 @@ end
 }
 
 export const median = (v: number[]) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
+
+/** Whether wrk is on the PATH (`wrk --version` prints its banner and exits 1). */
+export function wrkInstalled(): boolean {
+  return /^wrk /.test(spawnSync('wrk', ['--version'], { encoding: 'utf8' }).stdout ?? '');
+}
+
+/** What running without wrk costs, for the warning the benches print then. */
+export const NODE_GENERATOR_COST =
+  'the Node load generator runs instead: it spends about 179 us of CPU per request on this 2-core machine against wrk\'s 31, CPU the server under test does not get (apt-get install wrk)';
+
+/** A workload run by wrkWorkload(). Latencies in microseconds. */
+export interface WrkWorkloadRun {
+  /** Answers received, of any status. */
+  requests: number;
+  seconds: number;
+  /** Answers other than 2xx/3xx. */
+  non2xx: number;
+  /** Socket errors by kind (connect, read, write, timeout): requests lost, not answered. */
+  socketErrors: Record<string, number>;
+  clientCpuMs: number;
+  /** The latency at percentiles 0.1, 0.2, ... 100 (1000 values; the last is the maximum). */
+  quantilesUs: number[];
+}
+
+/**
+ * The Lua for wrkWorkload(): POST /embed of `bodies` in turn, each wrk thread
+ * from its own place (the first from `first`), and a summary line at the end.
+ */
+export function workloadScript(bodies: Buffer[], first: number, threads: number): string {
+  // Long brackets of a level no body contains: the bodies go in as they are, no escaping.
+  let level = 0;
+  const texts = bodies.map((b) => b.toString('utf8'));
+  while (texts.some((t) => t.includes(`]${'='.repeat(level)}]`))) level++;
+  const [open, close] = [`[${'='.repeat(level)}[`, `]${'='.repeat(level)}]`];
+  const stride = Math.max(1, Math.floor(bodies.length / threads));
+  return `local bodies = {
+${texts.map((t) => `${open}${t}${close},`).join('\n')}
+}
+local n = #bodies
+local headers = {["Content-Type"] = "application/json"}
+local started = 0
+setup = function(thread)
+  thread:set("offset", (${first} + started * ${stride}) % n)
+  started = started + 1
+end
+local i = 0
+request = function()
+  local k = (offset + i) % n + 1
+  i = i + 1
+  return wrk.format("POST", "/embed", headers, bodies[k])
+end
+done = function(summary, latency, requests)
+  local q = {}
+  for p = 1, 999 do q[p] = latency:percentile(p / 10) end
+  q[1000] = latency.max -- percentile(100) asks for one more than there are
+  local e = summary.errors
+  io.write(string.format('SLABSERVE_WRK {"requests":%d,"durationUs":%d,"non2xx":%d,"connect":%d,"read":%d,"write":%d,"timeout":%d,"quantilesUs":[%s]}\\n',
+    summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout, table.concat(q, ",")))
+end
+`;
+}
+
+/** wrk's closed loop over a workload's bodies (workloadScript) for `seconds` (whole seconds: wrk's unit). */
+export async function wrkWorkload(origin: string, bodies: Buffer[], opts: { connections: number; seconds: number; timeoutMs: number; first: number; scriptPath: string }): Promise<WrkWorkloadRun> {
+  const threads = Math.min(2, opts.connections);
+  writeFileSync(opts.scriptPath, workloadScript(bodies, opts.first, threads));
+  const timeoutS = Math.max(1, Math.ceil(opts.timeoutMs / 1000));
+  const out = await run('bash', ['-c', `wrk -t${threads} -c${opts.connections} -d${opts.seconds}s --timeout ${timeoutS}s -s ${opts.scriptPath} ${origin} && times`]);
+  const line = /^SLABSERVE_WRK (.*)$/m.exec(out);
+  const cpu = /\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s\s*$/.exec(out);
+  if (!line || !cpu) throw new Error(`cannot read wrk's output:\n${out}`);
+  const r = JSON.parse(line[1]!) as { requests: number; durationUs: number; non2xx: number; connect: number; read: number; write: number; timeout: number; quantilesUs: number[] };
+  return {
+    requests: r.requests,
+    seconds: r.durationUs / 1e6,
+    non2xx: r.non2xx,
+    socketErrors: { connect: r.connect, read: r.read, write: r.write, timeout: r.timeout },
+    clientCpuMs: (Number(cpu[1]) * 60 + Number(cpu[2]) + Number(cpu[3]) * 60 + Number(cpu[4])) * 1000,
+    quantilesUs: r.quantilesUs,
+  };
+}

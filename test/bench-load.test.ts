@@ -6,7 +6,8 @@
 import http from 'node:http';
 import { type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { arrivalTimes, runLoad, type LoadTarget } from '../dist/bench/load.js';
+import { arrivalTimes, histogramOfQuantiles, runLoad, type LoadTarget } from '../dist/bench/load.js';
+import { wrkInstalled } from '../dist/bench/wrk.js';
 import { makeWorkload, summarizeWorkload } from '../dist/bench/workloads.js';
 import type { Histogram } from 'hdr-histogram-js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
@@ -74,11 +75,15 @@ class StandIn {
   status = 200;
   budget = Infinity;
   answered = 0;
+  /** The bodies received, when set to a list. */
+  bodies: string[] | null = null;
   onFirst: (() => void) | null = null;
   private readonly held: (() => void)[] = [];
   readonly server = http.createServer((req, res) => {
-    req.resume();
+    let body = '';
+    req.on('data', (d: Buffer) => (body += d));
     req.on('end', () => {
+      this.bodies?.push(body);
       const first = this.onFirst;
       this.onFirst = null;
       first?.();
@@ -171,7 +176,7 @@ describe('the load generator against a stand-in server', () => {
     }
   });
 
-  it('closed loop: counts the answers received inside the window (none before it, none after), refusals apart from errors', async () => {
+  it('closed loop (the Node generator): counts the answers received inside the window (none before it, none after), refusals apart from errors', async () => {
     const w = await makeWorkload('short', spec, 6, 64);
     const IN_WINDOW = 40;
     /**
@@ -200,7 +205,7 @@ describe('the load generator against a stand-in server', () => {
           return null;
         },
       };
-      const o = await runLoad({ target: windowTarget, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 4 }, warmupMs: 100, durationMs: 1000 }, mulberry32(1));
+      const o = await runLoad({ target: windowTarget, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 4 }, warmupMs: 100, durationMs: 1000, generator: 'node' }, mulberry32(1));
       expect({ marks, answeredBefore, answeredInside }).toEqual({ marks: 2, answeredBefore: 0, answeredInside: IN_WINDOW });
       // Callers kept sending after the window: answered, not counted.
       expect(standIn.answered).toBeGreaterThan(IN_WINDOW);
@@ -223,6 +228,86 @@ describe('the load generator against a stand-in server', () => {
       expect(ok.tokens).toBeLessThanOrEqual(IN_WINDOW * 32);
     } finally {
       ok.histogram.destroy();
+    }
+  });
+});
+
+describe.skipIf(!wrkInstalled())('wrk as the HTTP closed loop (apt-get install wrk; .ci/run installs it)', () => {
+  const standIn = new StandIn();
+  let target: LoadTarget;
+  beforeAll(async () => {
+    await new Promise<void>((res) => standIn.server.listen(0, '127.0.0.1', res));
+    target = { origin: `http://127.0.0.1:${(standIn.server.address() as AddressInfo).port}`, cpuMs: () => null };
+  });
+  afterAll(() => new Promise<void>((res) => standIn.server.close(() => res())));
+
+  it('sends the workload\'s bodies in turn, counts the answers of the measured run and their latencies, and says it ran', async () => {
+    const w = await makeWorkload('short', spec, 7, 32);
+    standIn.status = 200;
+    standIn.allow(Infinity);
+    standIn.bodies = [];
+    let measuredFrom = -1;
+    let measuredTo = -1;
+    // The window opens after the warm-up run and closes after the measured one: the stand-in's count then.
+    let marks = 0;
+    const counted: LoadTarget = { origin: target.origin, cpuMs: () => ((marks++ === 0 ? (measuredFrom = standIn.answered) : (measuredTo = standIn.answered)), null) };
+    const o = await runLoad({ target: counted, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 4 }, warmupMs: 1000, durationMs: 1000 }, mulberry32(2));
+    try {
+      const sent = standIn.bodies;
+      standIn.bodies = null;
+      expect(o.generator).toBe('wrk');
+      expect(measuredFrom).toBeGreaterThan(0); // the warm-up ran first, outside the window
+      // The stand-in answered each request wrk counted; at most one per connection more (in flight when wrk stopped).
+      const answered = measuredTo - measuredFrom;
+      expect(o.requests).toBeLessThanOrEqual(answered);
+      expect(o.requests).toBeGreaterThanOrEqual(answered - 4);
+      expect({ errors: o.errors, inputs: o.inputs }).toEqual({ errors: 0, inputs: o.requests });
+      expect(o.histogram.totalCount).toBe(o.requests);
+      expect(o.windowMs).toBeGreaterThan(900);
+      expect(o.clientCpuMs).toBeGreaterThan(0);
+      // Every body is one of the workload's, and with as many requests as bodies or more, every body went out.
+      const bodies = new Set(w.bodies.map((b) => b.toString('utf8')));
+      expect(sent.filter((b) => !bodies.has(b))).toEqual([]);
+      expect(new Set(sent).size).toBe(Math.min(bodies.size, sent.length));
+    } finally {
+      o.histogram.destroy();
+    }
+  });
+
+  it('an answer other than 2xx is an error, never a request', async () => {
+    const w = await makeWorkload('short', spec, 8, 16);
+    standIn.status = 503;
+    standIn.allow(Infinity);
+    const o = await runLoad({ target, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 2 }, warmupMs: 0, durationMs: 1000 }, mulberry32(3));
+    standIn.status = 200;
+    try {
+      expect(o.requests).toBe(0);
+      expect(o.errors).toBeGreaterThan(0);
+      expect(o.firstError).toMatch(/answers were not 2xx/);
+    } finally {
+      o.histogram.destroy();
+    }
+  });
+});
+
+describe('wrk\'s latency summary as a histogram', () => {
+  it('keeps the count and every 0.1 percentile of the latencies it came from', () => {
+    const r = makeRandom('bench-load quantiles');
+    const n = 20_000 + Math.floor(r() * 10_000);
+    const lat = Array.from({ length: n }, () => Math.round(200 + 5000 * -Math.log(1 - r()))).sort((a, b) => a - b);
+    // wrk's percentile(p): the smallest value with at least round(p/100 x n + 0.5) values at or below it.
+    const at = (p: number) => lat[Math.min(n, Math.round((p / 100) * n + 0.5)) - 1]!;
+    const quantiles = Array.from({ length: 1000 }, (_, k) => (k === 999 ? lat[n - 1]! : at((k + 1) / 10)));
+    const h = histogramOfQuantiles(quantiles, n);
+    try {
+      expect(h.totalCount).toBe(n);
+      for (const p of [50, 90, 99, 99.9]) {
+        const got = h.getValueAtPercentile(p);
+        expect(Math.abs(got - at(p)) / at(p), `p${p}: ${got} against ${at(p)}`).toBeLessThan(0.01); // HDR's 3 digits, and 0.1-percentile steps
+      }
+      expect(h.maxValue).toBeGreaterThanOrEqual(lat[n - 1]!);
+    } finally {
+      h.destroy();
     }
   });
 });

@@ -136,6 +136,9 @@ function fullResults(): SuiteResults {
         round: r + 1,
         rps: batchedRps[r],
         server: server(21.4, 0.71, [3, 2, 5, 9, 40, 80, 0, 0]),
+        generator: 'wrk',
+        cpuMsPerRequest: [0.41, 0.43, 0.4][r]!,
+        clientCpuMsPerRequest: [0.031, 0.029, 0.03][r]!,
       }),
       phase({
         id: `batching/tiny-embed/short/http-64/unbatched/r${r + 1}`,
@@ -435,12 +438,13 @@ describe('bench report', () => {
     expect(md.indexOf('## Batching gain')).toBeLessThan(md.indexOf('## Bucketing gain'));
     const batched = rowsStartingWith(md, 'slabserve batched').find((r) => r[5] === '2410, 2380, 2450');
     expect(batched).toBeDefined();
-    expect(batched!.slice(0, 5)).toEqual(['slabserve batched', 'http', 'closed', '64', '2410']);
+    expect(batched!.slice(0, 5)).toEqual(['slabserve batched', 'http (wrk)', 'closed', '64', '2410']);
     expect(batched![10]).toBe('21.4'); // mean batch
     expect(batched![11]).toBe('71.0%'); // padding efficiency
+    expect(batched!.slice(12, 14)).toEqual(['410', '31']); // the median round's (round 1, 2410 req/s) server and load generator CPU, µs per request
     const unbatched = rowsStartingWith(md, 'slabserve max-batch-size 1').find((r) => r[5] === '612, 598, 605');
     expect(unbatched![4]).toBe('605');
-    expect(unbatched![12]).toBe('2'); // errors over all rounds
+    expect(unbatched!.slice(1, 2).concat(unbatched!.slice(12, 15))).toEqual(['http', '–', '–', '2']); // no generator or CPU recorded; errors over all rounds
     expect(md).toContain('`ECONNRESET`');
     expect(md).toContain('`--pad-to longest`');
     const fifo = rowsStartingWith(md, 'slabserve FIFO pad-to longest').map((r) => r[11]);

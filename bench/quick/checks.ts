@@ -12,7 +12,7 @@ import type { Seq } from './workload.js';
 
 /** Before timing over /ws: the f32 rows must be the vectors POST /embed answers (same server). */
 export async function checkWs(o: QuickOptions, server: ServerProcess, seqs: Seq[], n = 4): Promise<{ line: string; rowBytes: number }> {
-  const client = await createLoadClient(o.httpClient, server.origin, 1);
+  const client = createLoadClient(server.origin, 1);
   try {
     let maxDiff = 0;
     let dim = 0;
@@ -38,7 +38,7 @@ export async function checkWs(o: QuickOptions, server: ServerProcess, seqs: Seq[
  * engine at hand) that the vectors match engine.embed of the same texts.
  */
 export async function checkServer(o: QuickOptions, name: string, server: ServerProcess, seqs: Seq[], engine: Engine | undefined, n = 16): Promise<string> {
-  const client = await createLoadClient(o.httpClient, server.origin, 1);
+  const client = createLoadClient(server.origin, 1);
   try {
     const before = await server.counters(o.model);
     let maxDiff = 0;

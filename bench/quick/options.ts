@@ -28,7 +28,7 @@ export function optionTable(repoRoot: string) {
     'skip-http': { type: 'boolean', help: 'skip the HTTP table' },
     'http-only': { type: 'boolean', help: 'raw rows and the HTTP table only (no engine phases)' },
     'http-clients': { type: 'ints', min: 1, default: [1, 64], help: 'concurrent HTTP clients, one keep-alive connection each' },
-    'http-client': { type: 'string', choices: ['http', 'undici'], value: 'KIND', default: 'http', help: 'http (node:http keep-alive Agent) or undici (undici Pool, if installed)' },
+    'load-generator': { type: 'string', choices: ['auto', 'wrk', 'node'], value: 'G', default: 'auto', help: "HTTP rows' load generator: wrk (apt-get install wrk), the Node one (node:http, about 6x the CPU per request), or wrk where installed" },
     ws: { type: 'strings', default: ['1x64', '4x16'], help: 'WebSocket rows against the batched server, SOCKETSxIN_FLIGHT each' },
     'skip-ws': { type: 'boolean', help: 'no WebSocket rows' },
     'skip-floor': { type: 'boolean', help: 'no floor table (slabserve beside the floor server: bench/floor.ts)' },
@@ -79,7 +79,7 @@ export function parseQuickOptions(repoRoot: string, argv?: string[]) {
     ws: http && wsConfigs.length > 0,
     floor: http && !o['skip-floor'],
     httpClients: unique(o['http-clients']),
-    httpClient: o['http-client'],
+    loadGenerator: o['load-generator'] as 'auto' | 'wrk' | 'node',
     wsConfigs,
     json: o.json,
   };

@@ -9,7 +9,7 @@ import hdr from 'hdr-histogram-js';
 import type * as ort from 'onnxruntime-node';
 import type { Engine } from '../../src/engine.js';
 import { mulberry32 as rng } from '../../src/modelgen/rng.js';
-import { runLoad } from '../load.js';
+import { runLoad, type Generator } from '../load.js';
 import { runRawLoop, type RawBatch } from '../raw-ort.js';
 import type { ServerProcess } from '../server-process.js';
 import type { Workload } from '../workloads.js';
@@ -36,7 +36,8 @@ export interface PhaseResult {
   cores: number;
   cpuUsPerSeq: number;
   /** http and ws: the load generator (this process) and its connections. */
-  client?: { cores: number; elu: number; cpuUsPerReq: number; connections: number | null };
+  /** http/ws: the load generator (wrk or this process: bench/load.ts) and what it spent. */
+  client?: { generator: Generator; cores: number; elu: number; cpuUsPerReq: number; connections: number | null };
   /** ws only: sockets and requests in flight per socket. */
   ws?: { sockets: number; depth: number };
   sequences: number;
@@ -184,7 +185,7 @@ export async function runServer(
       arrivals: { kind: 'closed', concurrency: clients },
       warmupMs: o.warmupMs,
       durationMs: o.durationMs,
-      client: o.httpClient,
+      generator: o.loadGenerator,
       ...(ws ? { ws: { sockets: ws.sockets, depth: ws.depth }, rowBytes: ws.rowBytes } : {}),
     },
     rng(o.seed + round),
@@ -212,7 +213,7 @@ export async function runServer(
       ortMsPerBatch: ((after.runSeconds - before.runSeconds) * 1000) / batches,
       cores: serverCpu / r.windowMs,
       cpuUsPerSeq: (serverCpu * 1000) / r.requests,
-      client: { cores: r.clientCpuMs / r.windowMs, elu: r.clientElu, cpuUsPerReq: (r.clientCpuMs * 1000) / r.requests, connections: r.connections },
+      client: { generator: r.generator, cores: r.clientCpuMs / r.windowMs, elu: r.clientElu, cpuUsPerReq: (r.clientCpuMs * 1000) / r.requests, connections: r.connections },
       ...(ws ? { ws: { sockets: ws.sockets, depth: ws.depth } } : {}),
       sequences: r.requests,
       batches,

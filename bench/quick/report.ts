@@ -126,7 +126,7 @@ function httpRow(r: QuickResults, n: string): string[] {
     fmt(x.cores, 2),
     fmt(x.cpuUsPerSeq, 0),
     x.client ? fmt(x.client.cores, 2) : '',
-    x.client ? pct(100 * x.client.elu) : '',
+    x.client ? (x.client.generator === 'wrk' ? 'wrk' : pct(100 * x.client.elu)) : '',
     x.client ? fmt(x.client.connections, 0) : '',
     ratio(unbatched),
     ratio(engine),
@@ -255,7 +255,8 @@ export function legend(r: QuickResults): string {
                 counts the wait behind the other batch, since onnxruntime-node runs a session synchronously)
   cores         process CPU time (all threads) / wall time; http rows: the server process only
   CPU us/seq    process CPU time per sequence (http rows: server process CPU per request)
-  client cores  http rows: the load generator's CPU (this process) / wall time; client ELU: its event loop's utilization
+  client cores  http rows: the load generator's CPU (wrk's, or this process's) / wall time; client ELU: the Node
+                generator's event loop utilization ('wrk' where wrk sent the load: bench/load.ts)
   conns         http rows: TCP connections the client opened in the phase (one per client: keep-alive held); ws rows: sockets
   in flight     (WebSocket table) requests in flight at once: http clients, or ws sockets x requests pipelined per socket
   client us/req the load generator's CPU per request (this process)

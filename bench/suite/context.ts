@@ -52,6 +52,7 @@ export class SuiteContext {
         arrivals,
         warmupMs,
         durationMs,
+        generator: this.options.loadGenerator,
         onProgress: (p) => this.progress.tick(p.elapsedMs / p.totalMs, `${p.answered} answered, ${p.rejected} rejected, ${p.errors} errors`),
       },
       this.loadRandom,

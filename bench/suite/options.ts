@@ -34,6 +34,7 @@ export const SUITE_OPTIONS = {
   'gpu-results': { type: 'string', value: 'DIR', help: 'include a bench/gpu/run.sh output folder in the report' },
   out: { type: 'string', value: 'DIR', help: 'where the results go (default: bench/results/<date>-<host>)' },
   'no-progress': { type: 'boolean', help: 'plain lines instead of progress bars' },
+  'load-generator': { type: 'string', choices: ['auto', 'wrk', 'node'], default: 'auto', value: 'G', help: "HTTP closed loops' load generator: wrk (apt-get install wrk), the Node one (about 6x the CPU per request), or wrk where installed" },
 } as const;
 
 export interface SuiteOptions {
@@ -59,6 +60,8 @@ export interface SuiteOptions {
   out?: string;
   /** Progress bars (a terminal, and not --no-progress). */
   progress: boolean;
+  /** HTTP closed loops' load generator (bench/load.ts). */
+  loadGenerator: 'auto' | 'wrk' | 'node';
 }
 
 /** The suite's settings from `argv` (default: this process's arguments); --help prints and exits. */
@@ -81,5 +84,6 @@ export function parseSuiteOptions(argv = process.argv.slice(2)): SuiteOptions {
     ...(o['gpu-results'] !== undefined ? { gpuResults: o['gpu-results'] } : {}),
     ...(o.out !== undefined ? { out: o.out } : {}),
     progress: !o['no-progress'] && process.stderr.isTTY === true,
+    loadGenerator: o['load-generator'] as SuiteOptions['loadGenerator'],
   };
 }

@@ -87,6 +87,7 @@ function record(m: PhaseMeta, windowMs: number, c: { requests: number; inputs: n
 /** A load phase's record; destroys the outcome's histogram (its compressed copy is kept). */
 export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
   const p = record(m, o.windowMs, o, o.histogram);
+  p.generator = o.generator;
   if (o.before && o.after) p.server = serverSide(o.before, o.after, o.countersMs);
   if (o.serverCpuMs !== null && o.requests > 0) p.cpuMsPerRequest = round(o.serverCpuMs / o.requests, 4);
   if (o.requests > 0) p.clientCpuMsPerRequest = round(o.clientCpuMs / o.requests, 4);
