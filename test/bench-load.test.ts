@@ -109,6 +109,18 @@ class StandIn {
   }
 }
 
+/** A stand-in listening while the tests of the calling describe block run; `target()` is where. */
+function listeningStandIn(): { standIn: StandIn; target: () => LoadTarget } {
+  const standIn = new StandIn();
+  let target: LoadTarget;
+  beforeAll(async () => {
+    await new Promise<void>((res) => standIn.server.listen(0, '127.0.0.1', res));
+    target = { origin: `http://127.0.0.1:${(standIn.server.address() as AddressInfo).port}`, cpuMs: () => null };
+  });
+  afterAll(() => new Promise<void>((res) => standIn.server.close(() => res())));
+  return { standIn, target: () => target };
+}
+
 /** The generator's draws, replayed: runLoad takes one draw for its starting request, then the arrival schedule. */
 function scheduleOf(seed: number, ratePerS: number, totalMs: number): number[] {
   const r = mulberry32(seed);
@@ -122,13 +134,7 @@ function recordedMs(h: Histogram): number[] {
 }
 
 describe('the load generator against a stand-in server', () => {
-  const standIn = new StandIn();
-  let target: LoadTarget;
-  beforeAll(async () => {
-    await new Promise<void>((res) => standIn.server.listen(0, '127.0.0.1', res));
-    target = { origin: `http://127.0.0.1:${(standIn.server.address() as AddressInfo).port}`, cpuMs: () => null };
-  });
-  afterAll(() => new Promise<void>((res) => standIn.server.close(() => res())));
+  const { standIn, target } = listeningStandIn();
 
   it('open loop: every scheduled arrival is counted, and a stall shows in the latency of every arrival scheduled during it (coordinated omission corrected)', async () => {
     const seed = Math.floor(makeRandom('bench-load open loop')() * 2 ** 31);
@@ -147,7 +153,7 @@ describe('the load generator against a stand-in server', () => {
       const tick = () => (performance.now() >= at ? standIn.allow(Infinity) : (release = setTimeout(tick, at - performance.now())));
       release = setTimeout(tick, STALL_MS);
     };
-    const o = await runLoad({ target, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'open', ratePerS: RATE }, warmupMs: 0, durationMs: DURATION_MS, connections: 4 }, mulberry32(seed));
+    const o = await runLoad({ target: target(), model: 'm', transport: 'http', workload: w, arrivals: { kind: 'open', ratePerS: RATE }, warmupMs: 0, durationMs: DURATION_MS, connections: 4 }, mulberry32(seed));
     clearTimeout(release);
     standIn.onFirst = null;
     standIn.allow(Infinity);
@@ -192,7 +198,7 @@ describe('the load generator against a stand-in server', () => {
       let answeredBefore = -1;
       let answeredInside = -1;
       const windowTarget: LoadTarget = {
-        origin: target.origin,
+        origin: target().origin,
         // Called just before the window's start is taken, and just after its end: the stand-in follows it.
         cpuMs: () => {
           if (marks++ === 0) {
@@ -233,13 +239,7 @@ describe('the load generator against a stand-in server', () => {
 });
 
 describe.skipIf(!wrkInstalled())('wrk as the HTTP closed loop (apt-get install wrk; .ci/run installs it)', () => {
-  const standIn = new StandIn();
-  let target: LoadTarget;
-  beforeAll(async () => {
-    await new Promise<void>((res) => standIn.server.listen(0, '127.0.0.1', res));
-    target = { origin: `http://127.0.0.1:${(standIn.server.address() as AddressInfo).port}`, cpuMs: () => null };
-  });
-  afterAll(() => new Promise<void>((res) => standIn.server.close(() => res())));
+  const { standIn, target } = listeningStandIn();
 
   it('sends the workload\'s bodies in turn, counts the answers of the measured run and their latencies, and says it ran', async () => {
     const w = await makeWorkload('short', spec, 7, 32);
@@ -250,7 +250,7 @@ describe.skipIf(!wrkInstalled())('wrk as the HTTP closed loop (apt-get install w
     let measuredTo = -1;
     // The window opens after the warm-up run and closes after the measured one: the stand-in's count then.
     let marks = 0;
-    const counted: LoadTarget = { origin: target.origin, cpuMs: () => ((marks++ === 0 ? (measuredFrom = standIn.answered) : (measuredTo = standIn.answered)), null) };
+    const counted: LoadTarget = { origin: target().origin, cpuMs: () => ((marks++ === 0 ? (measuredFrom = standIn.answered) : (measuredTo = standIn.answered)), null) };
     const o = await runLoad({ target: counted, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 4 }, warmupMs: 1000, durationMs: 1000 }, mulberry32(2));
     try {
       const sent = standIn.bodies;
@@ -278,7 +278,7 @@ describe.skipIf(!wrkInstalled())('wrk as the HTTP closed loop (apt-get install w
     const w = await makeWorkload('short', spec, 8, 16);
     standIn.status = 503;
     standIn.allow(Infinity);
-    const o = await runLoad({ target, model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 2 }, warmupMs: 0, durationMs: 1000 }, mulberry32(3));
+    const o = await runLoad({ target: target(), model: 'm', transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: 2 }, warmupMs: 0, durationMs: 1000 }, mulberry32(3));
     standIn.status = 200;
     try {
       expect(o.requests).toBe(0);
