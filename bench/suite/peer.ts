@@ -1,15 +1,43 @@
 /**
  * peer: slabserve against the same model behind a small
  * @huggingface/transformers pipeline server (bench/peer-transformers.ts), one
- * request at a time per call: throughput at 16 clients and, for the first
- * model, a lone client's P50. Their vectors are compared first.
+ * request at a time per call: throughput at 64 and 16 clients and, for the
+ * first model, at 4 and 1 too, with the server CPU per request at 16, 4 and 1
+ * and a lone client's P50 and P99. Their vectors are compared first.
  */
 import { join } from 'node:path';
 import type { SuiteContext } from './context.js';
+import type { PhaseResult } from '../suite-results.js';
 import type { ModelSetup } from './setup.js';
 import { largestVectorDiff, startPeer } from './targets.js';
 
-const PEER_CLIENTS = 16;
+/** Closed-loop clients: throughput at each; at the light loads also the CPU each request costs, and a lone client's latency. */
+const PEER_CLIENTS = [64, 16, 4, 1];
+/** The other models: the heavy loads only. */
+const PEER_CLIENTS_OTHERS = [64, 16];
+
+type Question = { metric: 'rps' | 'p50' | 'p99' | 'cpuUsPerRequest'; question: string };
+
+/** What each client count asks of slabserve against the peer (docs: issue 27's targets). */
+function questionsAt(clients: number): Question[] {
+  const cpu: Question = { metric: 'cpuUsPerRequest', question: 'Server CPU per request against transformers.js (light load)' };
+  if (clients === 1) {
+    return [
+      { metric: 'rps', question: 'Throughput of a lone client against transformers.js' },
+      { metric: 'p50', question: 'Latency of a lone client against transformers.js (P50)' },
+      { metric: 'p99', question: 'Latency of a lone client against transformers.js (P99)' },
+      cpu,
+    ];
+  }
+  return [{ metric: 'rps', question: 'Throughput against transformers.js pipelines' }, ...(clients <= 16 ? [cpu] : [])];
+}
+
+const pick: Record<Question['metric'], (p: PhaseResult) => number> = {
+  rps: (p) => p.rps,
+  p50: (p) => p.latencyMs.p50,
+  p99: (p) => p.latencyMs.p99,
+  cpuUsPerRequest: (p) => (p.cpuMsPerRequest ?? NaN) * 1000,
+};
 
 export async function runPeer(ctx: SuiteContext, m: ModelSetup, first: boolean): Promise<void> {
   if (!ctx.options.cases.has('peer')) return;
@@ -19,23 +47,25 @@ export async function runPeer(ctx: SuiteContext, m: ModelSetup, first: boolean):
   try {
     const diff = await largestVectorDiff(peer.origin, ours.origin, short.requests.slice(0, 4).map((q) => q[0]!.text));
     ctx.progress.log(`${m.name}: transformers.js vectors equal slabserve's within ${diff.toExponential(1)}`);
-    for (const clients of first ? [PEER_CLIENTS, 1] : [PEER_CLIENTS]) {
+    for (const clients of first ? PEER_CLIENTS : PEER_CLIENTS_OTHERS) {
       const res = await ctx.closedRounds('peer', m.name, [ours, peer], 'http', short, clients);
-      ctx.compare(
-        {
-          id: `peer/${m.name}/${clients}`,
-          case: 'peer',
-          question: clients === 1 ? 'Latency of a lone client against transformers.js (P50)' : 'Throughput against transformers.js pipelines',
-          model: m.name,
-          workload: 'short',
-          transport: 'http',
-          metric: clients === 1 ? 'p50' : 'rps',
-          note: `${clients} client${clients > 1 ? 's' : ''}; vectors equal within ${diff.toExponential(1)}`,
-        },
-        { label: 'slabserve', phases: res[0]! },
-        { label: 'transformers.js', phases: res[1]! },
-        (p) => (clients === 1 ? p.latencyMs.p50 : p.rps),
-      );
+      for (const q of questionsAt(clients)) {
+        ctx.compare(
+          {
+            id: `peer/${m.name}/${clients}/${q.metric}`,
+            case: 'peer',
+            question: q.question,
+            model: m.name,
+            workload: 'short',
+            transport: 'http',
+            metric: q.metric,
+            note: `${clients} client${clients > 1 ? 's' : ''}; vectors equal within ${diff.toExponential(1)}`,
+          },
+          { label: 'slabserve', phases: res[0]! },
+          { label: 'transformers.js', phases: res[1]! },
+          pick[q.metric],
+        );
+      }
     }
   } finally {
     await ours.stop();
