@@ -74,7 +74,7 @@ function introLines(o: QuickOptions, spec: ModelSpec, m: Machine, seqs: Seq[], s
     `phases: ${o.warmupMs / 1000}s warm-up + ${o.durationMs / 1000}s measured, ${o.rounds} rounds in alternating order, ${o.report} round reported; ` +
       `${o.engines ? `engine: device ${o.device}, ${o.concurrency} closed-loop callers; ` : ''}` +
       `${o.http ? `http: ${o.httpClients.join(' and ')} clients, one keep-alive connection each (load generator: ${o.loadGenerator === 'auto' ? 'wrk where installed' : o.loadGenerator}), server in a child process; ` : ''}` +
-      `intra-op threads ${o.intra}${o.intra === 0 ? ' (onnxruntime default)' : ''}`,
+      `intra-op threads ${o.intra}${o.intra === 0 ? ' (auto: one below hidden size 256, else every core; src/gpu-worker/intra-op-threads.ts)' : ''}`,
   ];
 }
 
