@@ -489,7 +489,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: API keys, message size, a t
 
 describe.skipIf(!runnable && !process.env.CI)('gRPC health when nothing tells the gateway (a batch hung past --heartbeat-timeout-ms)', () => {
   it('Check reads readiness at the call (no Watch open, nothing polls); a Watch open meanwhile hears NOT_SERVING, then SERVING once the thread is replaced', { timeout: 60_000 }, async () => {
-    const server = await startServer(testServerConfig({ models: ['tiny-embed'], heartbeatTimeoutMs: 600, inferenceTimeoutMs: 8000 }));
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'], heartbeatTimeoutMs: 600, inferenceTimeoutMs: 12_000 }));
     const stop = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'stop');
     try {
       await server.ready;
