@@ -438,13 +438,14 @@ export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutc
 // ---------------------------------------------------------------- wrk
 
 let warned = false;
+let installed: boolean | undefined;
 
 /** wrk for HTTP closed loops where it is installed (or asked for), else the Node generator, with a warning once. */
 function generatorFor(spec: LoadSpec): Generator {
   if (spec.transport !== 'http' || spec.arrivals.kind !== 'closed') return 'node';
   const asked = spec.generator ?? 'auto';
   if (asked === 'node') return 'node';
-  if (wrkInstalled()) return 'wrk';
+  if ((installed ??= wrkInstalled())) return 'wrk';
   if (asked === 'wrk') throw new Error('--load-generator wrk: wrk is not installed (apt-get install wrk)');
   if (!warned) process.stderr.write(`bench: wrk is not installed, so ${NODE_GENERATOR_COST}\n`);
   warned = true;
@@ -475,6 +476,7 @@ async function wrkLoop(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
   }
 }
 
+/** A wrk run as the load generator's outcome: no rejections apart (any non-2xx is an error), inputs and tokens from the workload's mean. */
 function wrkOutcome(w: Workload, run: WrkWorkloadRun, m: WindowMeasures, connections: number): LoadOutcome {
   const ok = run.requests - run.non2xx;
   let inputs = 0;
