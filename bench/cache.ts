@@ -46,6 +46,8 @@ interface Phase {
   reqPerS: number;
   p50Ms: number;
   serverUsPerReq: number;
+  /** The load generator's CPU per request (wrk's where installed: bench/load.ts). */
+  clientUsPerReq: number;
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
@@ -54,7 +56,7 @@ async function phase(server: ServerProcess, model: string, w: Workload, clients:
   const r = await runLoad({ target: server, model, transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: clients }, warmupMs: o.warmupMs, durationMs: o.durationMs }, mulberry32(seed));
   try {
     if (r.errors + r.rejected > 0) console.error(`  ${r.errors + r.rejected} requests failed: ${r.firstError ?? 'refused'}`);
-    return { reqPerS: (r.requests / r.windowMs) * 1000, p50Ms: r.histogram.getValueAtPercentile(50) / 1000, serverUsPerReq: ((r.serverCpuMs ?? NaN) * 1000) / r.requests };
+    return { reqPerS: (r.requests / r.windowMs) * 1000, p50Ms: r.histogram.getValueAtPercentile(50) / 1000, serverUsPerReq: ((r.serverCpuMs ?? NaN) * 1000) / r.requests, clientUsPerReq: (r.clientCpuMs * 1000) / r.requests };
   } finally {
     r.histogram.destroy();
   }
@@ -95,7 +97,7 @@ async function main(): Promise<void> {
         }
         const m = (side: Side, k: keyof Phase) => median(got[side].map((p) => p[k]));
         const byRound = got.on.map((p, i) => fmt(p.reqPerS / got.off[i]!.reqPerS, 2)).join(' ');
-        rows.push([name, String(clients), fmt(m('off', 'reqPerS'), 0), fmt(m('on', 'reqPerS'), 0), `${fmt(m('on', 'reqPerS') / m('off', 'reqPerS'), 2)}x`, byRound, fmt(m('off', 'p50Ms'), 2), fmt(m('on', 'p50Ms'), 2), fmt(m('off', 'serverUsPerReq'), 0), fmt(m('on', 'serverUsPerReq'), 0)]);
+        rows.push([name, String(clients), fmt(m('off', 'reqPerS'), 0), fmt(m('on', 'reqPerS'), 0), `${fmt(m('on', 'reqPerS') / m('off', 'reqPerS'), 2)}x`, byRound, fmt(m('off', 'p50Ms'), 2), fmt(m('on', 'p50Ms'), 2), fmt(m('off', 'serverUsPerReq'), 0), fmt(m('on', 'serverUsPerReq'), 0), fmt(m('on', 'clientUsPerReq'), 0)]);
       }
       const after = await hitShare(servers.on);
       const hits = after.hits - before.hits;
@@ -104,7 +106,7 @@ async function main(): Promise<void> {
   } finally {
     await Promise.all(Object.values(servers).map((s) => s.stop()));
   }
-  const headers = ['workload', 'clients', 'off req/s', 'on req/s', 'on / off', 'by round', 'off P50 ms', 'on P50 ms', 'off server us/req', 'on server us/req', 'hit share'];
+  const headers = ['workload', 'clients', 'off req/s', 'on req/s', 'on / off', 'by round', 'off P50 ms', 'on P50 ms', 'off server us/req', 'on server us/req', 'load gen. us/req (on)', 'hit share'];
   console.log(alignedTable(headers, rows.map((r) => (r.length < headers.length ? [...r, ''] : r)), 2));
   console.log('hit share: hits / lookups on the cache side over all of that workload\'s phases (shown on its last row)');
 }
