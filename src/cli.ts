@@ -279,10 +279,10 @@ program
     const clusterOptions = { processes, devices, explicit: { device: given('device'), gatewayThreads: given('gatewayThreads'), intraOpThreads: given('intraOpThreads') } };
     const role = clusterRole(clusterOptions);
     if (role === 'primary') return runClusterPrimary(config, clusterOptions);
-    const worker = role === 'worker' ? clusterWorker(log) : null;
+    const stop = new AbortController();
+    const worker = role === 'worker' ? clusterWorker(log, stop) : null;
     // The handlers go first: a gateway can answer /readyz 200 before the last gateway has started
     // and startServer has returned, and a SIGTERM then must drain, not kill the process.
-    const stop = new AbortController();
     const starting = startServer({ ...config, ...worker?.overrides, signal: stop.signal });
     let signals = 0;
     const onSignal = (sig: string) => {

@@ -159,15 +159,18 @@ export interface ClusterWorkerHooks {
 
 /**
  * In a cluster worker (cluster.isWorker): attaches to the primary before
- * startServer() runs, so a drain asked during start-up is not lost.
+ * startServer() runs, so a drain asked during start-up is not lost: it aborts
+ * `stop` (startServer's signal) at once, which turns away new requests even
+ * while the gateways still start, and closes the server once it has started.
  */
-export function clusterWorker(log: (line: string) => void): ClusterWorkerHooks {
+export function clusterWorker(log: (line: string) => void, stop: AbortController): ClusterWorkerHooks {
   const raw = process.env[PLAN_ENV];
   if (!cluster.isWorker || !raw) throw new Error('clusterWorker(): not a slabserve cluster worker');
   const plan = JSON.parse(raw) as ProcessPlan;
   let server: Server | null = null;
   let drainAsked = false;
   const drain = () => {
+    stop.abort();
     if (!server) {
       drainAsked = true;
       return;
