@@ -79,7 +79,7 @@ export interface LoadSpec {
   /** Open loop: HTTP connections, or WebSocket sockets. Default 256 HTTP, 4 WS. */
   connections?: number;
   /** HTTP closed loops: wrk, the Node generator, or (default) wrk where it is installed. */
-  generator?: 'auto' | Generator;
+  generator?: GeneratorChoice;
   /** Closed loop over WebSocket: sockets and requests in flight on each (default: one socket per 64 callers). */
   ws?: { sockets: number; depth: number };
   /** WebSocket: bytes each f32 answer row must have (4 x dimension); a row of another size is an error. */
@@ -99,6 +99,8 @@ export interface Progress {
 
 /** What sent the load: wrk (HTTP closed loops where installed) or this process (the Node generator). */
 export type Generator = 'wrk' | 'node';
+/** What a bench asks for (--load-generator): a generator, or `auto`, wrk where it is installed. */
+export type GeneratorChoice = 'auto' | Generator;
 
 export interface LoadOutcome {
   generator: Generator;

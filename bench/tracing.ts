@@ -127,7 +127,7 @@ end
     for (const s of sides) {
       const b = baseline(s);
       // Only where every request is sampled: a tenth of a difference this small is noise, divided by 0.1.
-      const extra = s.sampled === 1 ? ((m(s.name, 'gatewayUs') + m(s.name, 'inferenceUs') - m(b, 'gatewayUs') - m(b, 'inferenceUs')) / s.sampled).toFixed(0) : '';
+      const extra = s.sampled === 1 ? (m(s.name, 'gatewayUs') + m(s.name, 'inferenceUs') - m(b, 'gatewayUs') - m(b, 'inferenceUs')).toFixed(0) : '';
       console.log(`| ${s.name} | ${m(s.name, 'rps').toFixed(0)} | ${(m(s.name, 'rps') / m('tracing off', 'rps')).toFixed(2)}x | ${m(s.name, 'p99Ms').toFixed(1)} | ${m(s.name, 'serverUs').toFixed(0)} | ${m(s.name, 'gatewayUs').toFixed(0)} | ${m(s.name, 'inferenceUs').toFixed(0)} | ${extra} |`);
     }
     console.log(`receiver got ${(rx.bytes() / 2 ** 20).toFixed(1)} MiB of spans`);

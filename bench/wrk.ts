@@ -32,17 +32,30 @@ export function run(cmd: string, args: string[]): Promise<string> {
   });
 }
 
-/** wrk under bash, whose `times` then says the CPU its child (wrk) used. `script` is a Lua file's path. */
+/** wrk's threads for `connections`: two (one a core), never more than the connections. */
+const wrkThreads = (connections: number) => Math.min(2, connections);
+
+/** wrk's command line under bash, followed by `times`, which then says the CPU its child (wrk) used. */
+function wrkCommand(origin: string, connections: number, seconds: number, args: string): string {
+  return `wrk -t${wrkThreads(connections)} -c${connections} -d${seconds}s ${args} ${origin} && times`;
+}
+
+/** The CPU ms wrk used, from `times`' second line (children's user and system); null when the output has none. */
+function childCpuMs(out: string): number | null {
+  const t = /\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s\s*$/.exec(out);
+  return t ? (Number(t[1]) * 60 + Number(t[2]) + Number(t[3]) * 60 + Number(t[4])) * 1000 : null;
+}
+
+/** wrk under bash with a Lua script (`script`, a file's path); its CPU from `times`. */
 export async function wrk(origin: string, seconds: number, connections: number, script: string): Promise<Load> {
-  const out = await run('bash', ['-c', `wrk -t${Math.min(2, connections)} -c${connections} -d${seconds}s --latency -s ${script} ${origin} && times`]);
+  const out = await run('bash', ['-c', wrkCommand(origin, connections, seconds, `--latency -s ${script}`)]);
   const ms = (v: string, unit: string) => Number(v) * (unit === 'us' ? 1e-3 : unit === 's' ? 1e3 : 1);
   const p99 = /99%\s+([\d.]+)(us|ms|s)/.exec(out);
   const total = /(\d+) requests in ([\d.]+)s/.exec(out);
-  const children = /\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s\s*$/.exec(out); // times' second line: children's user and system
-  if (!p99 || !total || !children) throw new Error(`cannot read wrk's output:\n${out}`);
+  const clientCpuMs = childCpuMs(out);
+  if (!p99 || !total || clientCpuMs === null) throw new Error(`cannot read wrk's output:\n${out}`);
   const errors = /Non-2xx or 3xx responses: (\d+)/.exec(out);
   if (errors) throw new Error(`wrk: ${errors[1]} requests were not answered 2xx:\n${out}`);
-  const clientCpuMs = (Number(children[1]) * 60 + Number(children[2]) + Number(children[3]) * 60 + Number(children[4])) * 1000;
   return { requests: Number(total[1]), seconds: Number(total[2]), p99Ms: ms(p99[1]!, p99[2]!), clientCpuMs };
 }
 
@@ -122,20 +135,19 @@ end
 
 /** wrk's closed loop over a workload's bodies (workloadScript) for `seconds` (whole seconds: wrk's unit). */
 export async function wrkWorkload(origin: string, bodies: Buffer[], opts: { connections: number; seconds: number; timeoutMs: number; first: number; scriptPath: string }): Promise<WrkWorkloadRun> {
-  const threads = Math.min(2, opts.connections);
-  writeFileSync(opts.scriptPath, workloadScript(bodies, opts.first, threads));
+  writeFileSync(opts.scriptPath, workloadScript(bodies, opts.first, wrkThreads(opts.connections)));
   const timeoutS = Math.max(1, Math.ceil(opts.timeoutMs / 1000));
-  const out = await run('bash', ['-c', `wrk -t${threads} -c${opts.connections} -d${opts.seconds}s --timeout ${timeoutS}s -s ${opts.scriptPath} ${origin} && times`]);
+  const out = await run('bash', ['-c', wrkCommand(origin, opts.connections, opts.seconds, `--timeout ${timeoutS}s -s ${opts.scriptPath}`)]);
   const line = /^SLABSERVE_WRK (.*)$/m.exec(out);
-  const cpu = /\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s\s*$/.exec(out);
-  if (!line || !cpu) throw new Error(`cannot read wrk's output:\n${out}`);
+  const clientCpuMs = childCpuMs(out);
+  if (!line || clientCpuMs === null) throw new Error(`cannot read wrk's output:\n${out}`);
   const r = JSON.parse(line[1]!) as { requests: number; durationUs: number; non2xx: number; connect: number; read: number; write: number; timeout: number; quantilesUs: number[] };
   return {
     requests: r.requests,
     seconds: r.durationUs / 1e6,
     non2xx: r.non2xx,
     socketErrors: { connect: r.connect, read: r.read, write: r.write, timeout: r.timeout },
-    clientCpuMs: (Number(cpu[1]) * 60 + Number(cpu[2]) + Number(cpu[3]) * 60 + Number(cpu[4])) * 1000,
+    clientCpuMs,
     quantilesUs: r.quantilesUs,
   };
 }

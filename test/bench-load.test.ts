@@ -263,8 +263,6 @@ describe.skipIf(!wrkInstalled())('wrk as the HTTP closed loop (apt-get install w
       expect(o.requests).toBeGreaterThanOrEqual(answered - 4);
       expect({ errors: o.errors, inputs: o.inputs }).toEqual({ errors: 0, inputs: o.requests });
       expect(o.histogram.totalCount).toBe(o.requests);
-      expect(o.windowMs).toBeGreaterThan(900);
-      expect(o.clientCpuMs).toBeGreaterThan(0);
       // Every body is one of the workload's, and with as many requests as bodies or more, every body went out.
       const bodies = new Set(w.bodies.map((b) => b.toString('utf8')));
       expect(sent.filter((b) => !bodies.has(b))).toEqual([]);

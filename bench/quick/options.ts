@@ -5,6 +5,7 @@
  */
 import { join } from 'node:path';
 import { fail, parseOptions } from '../args.js';
+import type { GeneratorChoice } from '../load.js';
 
 export const USAGE = 'node dist/bench/quick.js [options]';
 
@@ -79,7 +80,7 @@ export function parseQuickOptions(repoRoot: string, argv?: string[]) {
     ws: http && wsConfigs.length > 0,
     floor: http && !o['skip-floor'],
     httpClients: unique(o['http-clients']),
-    loadGenerator: o['load-generator'] as 'auto' | 'wrk' | 'node',
+    loadGenerator: o['load-generator'] as GeneratorChoice,
     wsConfigs,
     json: o.json,
   };

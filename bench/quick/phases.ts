@@ -35,8 +35,7 @@ export interface PhaseResult {
   /** Process CPU time (all threads) over wall time: how many cores were busy. For http: the server process. */
   cores: number;
   cpuUsPerSeq: number;
-  /** http and ws: the load generator (this process) and its connections. */
-  /** http/ws: the load generator (wrk or this process: bench/load.ts) and what it spent. */
+  /** http/ws: the load generator (wrk or this process: bench/load.ts), what it spent, and its connections. */
   client?: { generator: Generator; cores: number; elu: number; cpuUsPerReq: number; connections: number | null };
   /** ws only: sockets and requests in flight per socket. */
   ws?: { sockets: number; depth: number };

@@ -5,6 +5,7 @@
  */
 import { join, resolve } from 'node:path';
 import { parseOptions } from '../args.js';
+import type { GeneratorChoice } from '../load.js';
 import type { CaseName } from '../suite-results.js';
 import { REPO_ROOT } from './paths.js';
 
@@ -61,7 +62,7 @@ export interface SuiteOptions {
   /** Progress bars (a terminal, and not --no-progress). */
   progress: boolean;
   /** HTTP closed loops' load generator (bench/load.ts). */
-  loadGenerator: 'auto' | 'wrk' | 'node';
+  loadGenerator: GeneratorChoice;
 }
 
 /** The suite's settings from `argv` (default: this process's arguments); --help prints and exits. */
@@ -84,6 +85,6 @@ export function parseSuiteOptions(argv = process.argv.slice(2)): SuiteOptions {
     ...(o['gpu-results'] !== undefined ? { gpuResults: o['gpu-results'] } : {}),
     ...(o.out !== undefined ? { out: o.out } : {}),
     progress: !o['no-progress'] && process.stderr.isTTY === true,
-    loadGenerator: o['load-generator'] as SuiteOptions['loadGenerator'],
+    loadGenerator: o['load-generator'] as GeneratorChoice,
   };
 }
