@@ -17,6 +17,7 @@ import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
 import { defaultBuckets, PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
+import { AUTO_INSTANCES_MAX, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
 import { DTYPES, POOLINGS } from './shared/model-config.js';
 import { MODEL_CONTROL_MODES } from './model-repository.js';
 
@@ -210,6 +211,7 @@ program
   .addOption(flag('--token-output-mb <mib>', 'MiB per model of token vectors in flight (/embed_all), a page per input; beyond it, 429 at once', 'TOKEN_OUTPUT_MB', nonNegative, D.tokenOutputMb))
   .addOption(flag('--request-timeout-ms <ms>', 'a request not run by then is answered 504 and never runs', 'REQUEST_TIMEOUT_MS', int(1), D.requestTimeoutMs))
   .addOption(flag('--intra-op-threads <n>', 'onnxruntime intra-op threads (0: one for a model of hidden size below 256, every core for a wider one; on CPU they spin while a run lasts and sleep between runs)', 'INTRA_OP_THREADS', int(0), D.intraOpThreads))
+  .addOption(flag('--model-instances <n>', `sessions of each model running batches side by side, each with its own copy of the weights (0: on CPU one per core up to ${AUTO_INSTANCES_MAX} for a model of hidden size below 256 with --intra-op-threads 0, else 1)`, 'MODEL_INSTANCES', int(0, MAX_MODEL_INSTANCES), D.modelInstances))
   .addOption(flag('--intra-op-nice <n>', 'nice value (0-19) of the intra-op threads on CPU, so that a gateway with a request to answer goes first (0: the process\'s own)', 'INTRA_OP_NICE', int(0, 19), D.intraOpNice))
   .addOption(flag('--max-client-batch-size <n>', 'most inputs in one request (larger client batches run part by part)', 'MAX_CLIENT_BATCH_SIZE', int(1), D.maxClientBatchSize))
   .addOption(flag('--max-body-bytes <n>', 'largest request body accepted', 'MAX_BODY_BYTES', int(1), D.maxBodyBytes))

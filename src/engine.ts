@@ -72,6 +72,12 @@ export interface EngineOptions extends ModelOptions {
   requestTimeoutMs?: number;
   /** onnxruntime intra-op threads; 0 (default): every core, asleep between runs (src/gpu-worker/runner.ts). */
   intraOpThreads?: number;
+  /**
+   * Sessions of each model that run batches side by side (src/gpu-worker/model-instances.ts);
+   * 0 (default): on CPU, one per core up to 4 for a model whose runs take one core, else 1
+   * (src/gpu-worker/intra-op-threads.ts).
+   */
+  modelInstances?: number;
   /** Nice value (0-19) of the intra-op threads on CPU, Linux only; 0: the process's own. Default 10 (src/gpu-worker/runner.ts). */
   intraOpNice?: number;
   /** Priority classes in order (the first is the default) with their fair-share weights. Default interactive 4, bulk 1. */
@@ -106,6 +112,7 @@ export const ENGINE_DEFAULTS = {
   tokenOutputMb: TOKEN_OUTPUT_MB,
   requestTimeoutMs: 30_000,
   intraOpThreads: 0,
+  modelInstances: 0,
   intraOpNice: 10,
   inferenceTimeoutMs: 30_000,
   heartbeatTimeoutMs: 30_000,
@@ -391,6 +398,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     device: options.device ?? ENGINE_DEFAULTS.device,
     intraOpThreads: options.intraOpThreads ?? ENGINE_DEFAULTS.intraOpThreads,
     intraOpNice: options.intraOpNice ?? ENGINE_DEFAULTS.intraOpNice,
+    modelInstances: options.modelInstances ?? ENGINE_DEFAULTS.modelInstances,
     maxInflightBatches: options.maxInflightBatches ?? ENGINE_DEFAULTS.maxInflightBatches,
     scheduling: {
       priorityWeights: priorities.map((p) => p.weight),

@@ -17,7 +17,7 @@ import { WorkerState, type ControlBlock } from './shared/control.js';
 import { SlabserveError, ValidationError } from './shared/errors.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { RpcPeer } from './shared/rpc.js';
-import { autoIntraOpThreads } from './gpu-worker/intra-op-threads.js';
+import { autoIntraOpThreads, autoModelInstances, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
 import { describeSettings } from './model-plans.js';
 import type { ModelSet } from './model-set.js';
 import { reclaimInference } from './slot-reclaim.js';
@@ -28,6 +28,8 @@ export interface InferenceThreadOptions {
   /** Nice value (0-19) of onnxruntime's intra-op threads on CPU; 0: the process's own. */
   intraOpNice: number;
   maxInflightBatches: number;
+  /** Sessions of each model running batches side by side; 0: the auto rule (src/gpu-worker/intra-op-threads.ts). */
+  modelInstances: number;
   /** Priority classes, their ageing, and the latency target. Default: DEFAULT_SCHEDULING. */
   scheduling?: SchedulingOptions;
   log: (line: string) => void;
@@ -56,6 +58,9 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
   if (!Number.isInteger(opts.maxInflightBatches) || opts.maxInflightBatches < 1) {
     throw new ValidationError('maxInflightBatches must be a positive integer');
   }
+  if (!Number.isInteger(opts.modelInstances) || opts.modelInstances < 0 || opts.modelInstances > MAX_MODEL_INSTANCES) {
+    throw new ValidationError(`modelInstances must be an integer from 0 (auto) to ${MAX_MODEL_INSTANCES}, got ${opts.modelInstances}`);
+  }
   if (!Number.isInteger(opts.intraOpNice) || opts.intraOpNice < 0 || opts.intraOpNice > 19) {
     throw new ValidationError(`intraOpNice must be an integer from 0 to 19, got ${opts.intraOpNice}`);
   }
@@ -66,6 +71,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     intraOpThreads: opts.intraOpThreads,
     intraOpNice: opts.intraOpNice,
     maxInflightBatches: opts.maxInflightBatches,
+    modelInstances: opts.modelInstances,
     scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
     models: models.map(workerModel),
     epoch: opts.epoch ?? control.epoch,
@@ -88,7 +94,9 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
           opts.log(`slabserve: device ${describeDevice(m.device)}`);
           for (const plan of models) {
             const threads = m.device.kind === 'cpu' ? ` intraOpThreads=${opts.intraOpThreads || `${autoIntraOpThreads(plan.spec.hiddenSize)} (auto)`}` : '';
-            opts.log(`slabserve: model ${plan.spec.name} ${describeSettings(plan)} device=${m.device.label}${threads} buckets=${plan.batching.buckets.join(',')} maxBatchSize=${plan.batching.maxBatchSize}`);
+            const auto = autoModelInstances(m.device.kind, opts.intraOpThreads, plan.spec.hiddenSize);
+            const instances = ` instances=${opts.modelInstances || `${auto} (auto)`}`;
+            opts.log(`slabserve: model ${plan.spec.name} ${describeSettings(plan)} device=${m.device.label}${threads}${instances} buckets=${plan.batching.buckets.join(',')} maxBatchSize=${plan.batching.maxBatchSize}`);
           }
         }
         res(m.device);

@@ -79,6 +79,8 @@ export interface ServerConfig extends ModelOptions {
   tokenOutputMb: number;
   requestTimeoutMs: number;
   intraOpThreads: number;
+  /** Sessions of each model running batches side by side (--model-instances); 0: auto. */
+  modelInstances: number;
   intraOpNice: number;
   maxClientBatchSize: number;
   maxBodyBytes: number;
@@ -177,6 +179,7 @@ export const SERVER_DEFAULTS = {
   tokenOutputMb: ENGINE_DEFAULTS.tokenOutputMb,
   requestTimeoutMs: ENGINE_DEFAULTS.requestTimeoutMs,
   intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
+  modelInstances: ENGINE_DEFAULTS.modelInstances,
   intraOpNice: ENGINE_DEFAULTS.intraOpNice,
   /** A bound on one request's memory, not on the batcher: a larger client batch runs part by part (core/client-batches.ts). */
   maxClientBatchSize: 1024,
@@ -449,6 +452,7 @@ function inferenceOptions(config: ServerConfig, enableTestHooks: boolean): Omit<
     device: config.device,
     intraOpThreads: config.intraOpThreads,
     intraOpNice: config.intraOpNice,
+    modelInstances: config.modelInstances,
     maxInflightBatches: config.maxInflightBatches,
     scheduling: {
       priorityWeights: config.priorities.map((p) => p.weight),

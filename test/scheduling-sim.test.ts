@@ -185,3 +185,37 @@ describe('interleaving', () => {
     expect(r.latency.get(small.id)!).toBeLessThan(r.latency.get(large.id)! / 3);
   });
 });
+
+describe('model instances (LoopRunner.instances)', () => {
+  const at = (id: number, arrival: number) => ({ id, arrival, length: 10, priority: 0, timeoutMs: 30_000 });
+  const startOf = (r: Result, id: number) => r.batches.find((b) => b.ids.includes(id))!.start;
+
+  it('a request arriving while the only instance runs waits for it; with a free instance it starts at once', async () => {
+    const load = [at(0, 0), at(1, 0.1), at(2, 0.2)];
+    const one = await simulate(load, { ...base, admission: false });
+    const runEnd = deviceMs(1, 16); // the first batch: one row of bucket 16
+    expect(one.batches.map((b) => b.rows)).toEqual([1, 2]);
+    expect(startOf(one, 1)).toBeGreaterThanOrEqual(runEnd);
+    const two = await simulate(load, { ...base, admission: false, instances: 2 });
+    expect(two.batches.map((b) => b.rows)).toEqual([1, 1, 1]);
+    expect(startOf(two, 1)).toBe(0.1); // the second instance was free: no batch window
+    // Both busy: the third waits for the first to end, never a third batch at once (the rig counts).
+    expect(startOf(two, 2)).toBeGreaterThanOrEqual(runEnd);
+    expect(two.mostAtOnce).toBe(2);
+  });
+
+  it('under overload N instances run N batches side by side and drain the same load in about 1/N of the time', async () => {
+    for (const seed of seedsFor('instances')) {
+      const load = poissonLoad(seed, 10, 500, { timeoutMs: 600_000 }); // ~3x one instance's capacity
+      const end = (r: Result) => Math.max(...r.batches.map((b) => b.start + deviceMs(b.rows, batching.buckets[b.bucket]!)));
+      const one = await simulate(load, { ...base, admission: false });
+      for (const n of [2, 3]) {
+        const r = await simulate(load, { ...base, admission: false, instances: n });
+        expect(r.latency.size, `seed ${seed}, ${n} instances`).toBe(load.length);
+        expect(r.mostAtOnce, `seed ${seed}, ${n} instances`).toBe(n);
+        expect(end(r), `seed ${seed}, ${n} instances`).toBeLessThan((end(one) / n) * 1.15);
+      }
+      expect(one.mostAtOnce, `seed ${seed}`).toBe(1);
+    }
+  });
+});

@@ -6,10 +6,13 @@
  * learn: the cost model and arrival rates (published into the slab), the fair
  * share of each class, and the padded tokens still queued.
  *
- * Up to `maxInflightBatches` batches are handed to the device before the
- * first ends (default 1: onnxruntime-node runs synchronously on this thread,
- * so requests that arrive during a run wait in the ring and form the next
- * batch the moment it ends; see docs/architecture.md).
+ * Up to `maxInflightBatches` batches per instance of a model are handed to
+ * the device before the first ends (default 1: onnxruntime-node runs
+ * synchronously on the thread that calls it, so requests that arrive during a
+ * run wait in the ring and form the next batch the moment it ends; see
+ * docs/architecture.md). A model with several instances (model-instances.ts)
+ * runs that many batches side by side, and a free instance counts as an idle
+ * device: nothing waits for company while one is free.
  *
  * A failed batch is split in halves and each half run again (recursively,
  * at most log2(batch size) levels), so only the inputs the model really
@@ -56,8 +59,11 @@ import {
   type SloModel,
 } from './scheduler.js';
 
-/** What the loop needs of a model: its runner (tests pass fakes with these fields). */
-export type LoopRunner = Pick<ModelRunner, 'spec' | 'slab' | 'options' | 'run'>;
+/**
+ * What the loop needs of a model: its runner (tests pass fakes with these fields), and how many
+ * batches it runs at once (its instances, model-instances.ts; default 1).
+ */
+export type LoopRunner = Pick<ModelRunner, 'spec' | 'slab' | 'options' | 'run'> & { readonly instances?: number };
 
 export interface SchedulingOptions {
   /** Weight of each priority class (index 0 = interactive, 1 = bulk). Default [4, 1]. */
@@ -142,10 +148,15 @@ interface LoopModel {
   running: number;
 }
 
+/** Sessions of a model that run batches side by side (LoopRunner.instances). */
+const instancesOf = (m: LoopModel): number => m.runner.instances ?? 1;
+
 export class InferenceLoop {
   /** The models served, in the order the scheduler sees them (`queues` is the same order). */
   private readonly models: LoopModel[] = [];
   private readonly queues: ModelQueue[] = [];
+  /** The models the scheduler looks at this round: those with room for another batch (the SLO model indexes into it). */
+  private open: LoopModel[] = [];
   private readonly control: ControlBlock;
   private readonly options: LoopOptions;
   private readonly scheduling: SchedulingOptions;
@@ -177,8 +188,8 @@ export class InferenceLoop {
         ? undefined
         : {
             targetMs: target,
-            costMs: (m, b, rows) => this.models[m]!.costs.predict(b, rows),
-            arrivalsPerMs: (m, b, now) => this.models[m]!.rates[b]!.perMs(now),
+            costMs: (m, b, rows) => this.open[m]!.costs.predict(b, rows),
+            arrivalsPerMs: (m, b, now) => this.open[m]!.rates[b]!.perMs(now),
             utilization: (now) => this.utilization.at(now),
           };
   }
@@ -245,23 +256,26 @@ export class InferenceLoop {
       this.control.heartbeat = now;
       this.sweep(now);
       let timeout = this.options.idleWakeMs ?? IDLE_WAKE_MS;
-      while (this.inflight < this.options.maxInflightBatches) {
-        const d = decide(this.queues, {
-          nowMs: this.clock.now(),
-          deviceIdle: this.inflight === 0,
-          fair: this.fair,
-          ageingMs: this.scheduling.priorityAgeingMs,
-          ...(this.slo ? { slo: this.slo } : {}),
-        });
+      while (this.inflight < this.inflightLimit() && this.findOpen()) {
+        const d = decide(
+          this.open.length === this.models.length ? this.queues : this.open.map((m) => m.queue),
+          {
+            nowMs: this.clock.now(),
+            deviceIdle: this.inflight === 0 || this.open.some((m) => m.running < instancesOf(m)),
+            fair: this.fair,
+            ageingMs: this.scheduling.priorityAgeingMs,
+            ...(this.slo ? { slo: this.slo } : {}),
+          },
+        );
         if (d.kind === 'run') {
-          this.launch(this.models[d.model]!, d.priority, d.bucket, d.count);
+          this.launch(this.open[d.model]!, d.priority, d.bucket, d.count);
           continue;
         }
         if (d.kind === 'wait') timeout = Math.min(timeout, Math.max(0, d.untilMs - this.clock.now()));
         break;
       }
       this.publishQueueDepth();
-      if (this.inflight >= this.options.maxInflightBatches) {
+      if (this.inflight >= this.inflightLimit()) {
         // As many batches running as may be: wait for one to end, not on the bell, so submits meanwhile ring nobody.
         await new Promise<void>((resolve) => (this.wakeLoop = resolve));
       } else if (this.inflight > 0) {
@@ -273,6 +287,22 @@ export class InferenceLoop {
       this.wakeLoop = null;
     }
     if (this.alive()) await this.shutdown();
+  }
+
+  /**
+   * Batches the loop hands out at once: maxInflightBatches per instance of the model with the
+   * most. With one instance each, a second model waits for the first's batch, as one device does.
+   */
+  private inflightLimit(): number {
+    let most = 1;
+    for (const m of this.models) most = Math.max(most, instancesOf(m));
+    return this.options.maxInflightBatches * most;
+  }
+
+  /** Fills `open` with the models that may start a batch now (fewer than maxInflightBatches per instance running); whether any may. */
+  private findOpen(): boolean {
+    this.open = this.models.filter((m) => m.running < this.options.maxInflightBatches * instancesOf(m));
+    return this.open.length > 0;
   }
 
   /** Moves newly submitted slots from the rings into their class and bucket queues. */

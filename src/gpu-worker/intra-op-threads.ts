@@ -1,8 +1,9 @@
 /**
- * How many intra-op threads onnxruntime gets for a model on CPU when
- * --intra-op-threads is 0 (the default). Apart from runner.ts, which opens the
- * sessions, so that the main thread can say what was chosen without loading
- * onnxruntime.
+ * How a model's work is spread over the CPU's cores when --intra-op-threads
+ * and --model-instances are 0 (the defaults): several cores per run for a wide
+ * model, several runs side by side for a narrow one. Apart from runner.ts,
+ * which opens the sessions, so that the main thread can say what was chosen
+ * without loading onnxruntime.
  */
 import { availableParallelism } from 'node:os';
 
@@ -29,4 +30,24 @@ export const SPLIT_HIDDEN_SIZE = 256;
  */
 export function autoIntraOpThreads(hiddenSize: number): number {
   return hiddenSize < SPLIT_HIDDEN_SIZE ? 1 : Math.max(1, availableParallelism());
+}
+
+/** The most instances of a model --model-instances accepts. */
+export const MAX_MODEL_INSTANCES = 64;
+
+/** At most this many instances of a model by default (each holds its own copy of the weights). */
+export const AUTO_INSTANCES_MAX = 4;
+
+/**
+ * Instances of a model (model-instances.ts) when --model-instances is 0 (the
+ * default): on CPU, one per core up to AUTO_INSTANCES_MAX for a model whose
+ * runs take one core each (a narrow one, with --intra-op-threads left to 0);
+ * otherwise one. On a GPU one instance: more would only share the device.
+ * A narrow model's weights are small (tiny-embed's 17 MB), so the copies cost little.
+ *
+ * Measured on the 2-core VM: see docs/tuning.md (Model instances).
+ */
+export function autoModelInstances(device: 'cpu' | 'cuda', intraOpThreads: number, hiddenSize: number): number {
+  if (device !== 'cpu' || intraOpThreads !== 0 || autoIntraOpThreads(hiddenSize) > 1) return 1;
+  return Math.max(1, Math.min(AUTO_INSTANCES_MAX, availableParallelism()));
 }

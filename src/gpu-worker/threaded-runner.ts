@@ -21,6 +21,8 @@ export interface ThreadedRunnerOptions {
   intraOpThreads: number;
   intraOpNice: number;
   maxInflightBatches: number;
+  /** The private output it writes rows into (Slab.withPrivateOutput), shared with the model's other instances; default: its own. */
+  output?: SharedArrayBuffer;
   /** Test hooks only: SessionThreadData.openHold. */
   openHold?: SharedArrayBuffer;
 }
@@ -46,8 +48,8 @@ export class ThreadedRunner {
 
   /** Starts the model's session thread and resolves once its session is open and warm; rejects with the reason it failed. */
   static async open(model: WorkerModel, shared: Slab, o: ThreadedRunnerOptions): Promise<ThreadedRunner> {
-    const output = new SharedArrayBuffer(shared.privateOutputBytes);
-    const data: SessionThreadData = { model, output, ...o };
+    const { output = new SharedArrayBuffer(shared.privateOutputBytes), ...rest } = o;
+    const data: SessionThreadData = { model, output, ...rest };
     const worker = new Worker(new URL('./session-thread.js', import.meta.url), { workerData: data, name: `slabserve-session-${model.spec.name}` });
     const rpc = new RpcPeer(worker);
     let opened: ThreadedRunner['opened'];

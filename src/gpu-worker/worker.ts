@@ -40,6 +40,8 @@ import { trimHeap } from './memory-trim.js';
 import type { WorkerModel } from './worker-model.js';
 import { ModelRunner } from './runner.js';
 import { ThreadedRunner } from './threaded-runner.js';
+import { ModelInstances } from './model-instances.js';
+import { autoModelInstances } from './intra-op-threads.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
 export type { WorkerModel } from './worker-model.js';
@@ -52,6 +54,8 @@ export interface InferenceWorkerData {
   /** Nice value of onnxruntime's intra-op pool threads on CPU (0: the process's own). */
   intraOpNice: number;
   maxInflightBatches: number;
+  /** Instances of each model (model-instances.ts); 0: autoModelInstances. */
+  modelInstances: number;
   scheduling: SchedulingOptions;
   /** The models to open at start; addModel() opens more while it runs. */
   models: WorkerModel[];
@@ -127,15 +131,56 @@ interface Served {
 /** Every model served, by id. */
 const served = new Map<number, Served>();
 
+/** A start-up model opened in this thread: its first instance, and the private output its other instances will share. */
+interface OpenedModel {
+  model: WorkerModel;
+  shared: Slab;
+  runner: ModelRunner;
+  output: SharedArrayBuffer;
+}
+
 /** Opens one start-up model's session on `device`, in this thread (not yet warmed up, not yet in the loop). */
-async function openModel(model: WorkerModel, device: DeviceInfo): Promise<{ model: WorkerModel; shared: Slab; runner: ModelRunner }> {
+async function openModel(model: WorkerModel, device: DeviceInfo): Promise<OpenedModel> {
   const shared = new Slab(model.slab, model.layout);
-  const runner = await ModelRunner.create(model.spec, shared.withPrivateOutput(), model.batching, device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches);
-  return { model, shared, runner };
+  const output = new SharedArrayBuffer(shared.privateOutputBytes);
+  const runner = await ModelRunner.create(model.spec, shared.withPrivateOutput(output), model.batching, device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches);
+  return { model, shared, runner, output };
+}
+
+/** How many instances of `model` run on `device` (--model-instances, or its auto rule). */
+function instancesOf(model: WorkerModel, device: DeviceInfo): number {
+  return data.modelInstances || autoModelInstances(device.kind, data.intraOpThreads, model.spec.hiddenSize);
+}
+
+/** Opens `count` instances of a model on session threads of their own, all writing into `output`; all or none. */
+async function openThreaded(model: WorkerModel, shared: Slab, device: DeviceInfo, count: number, output: SharedArrayBuffer): Promise<ThreadedRunner[]> {
+  const options = {
+    device,
+    intraOpThreads: data.intraOpThreads,
+    intraOpNice: data.intraOpNice,
+    maxInflightBatches: data.maxInflightBatches,
+    output,
+    ...(data.testHooks ? { openHold: data.testHooks.openHold } : {}),
+  };
+  const results = await Promise.allSettled(Array.from({ length: count }, () => ThreadedRunner.open(model, shared, options)));
+  const opened = results.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (!failed) return opened;
+  await Promise.allSettled(opened.map((r) => r.release()));
+  throw failed.reason;
+}
+
+/** Warms a start-up model up while its instances on session threads (if more than one) open and warm up, then serves it. */
+async function serveOpened(loop: InferenceLoop, o: OpenedModel, device: DeviceInfo): Promise<void> {
+  const count = instancesOf(o.model, device);
+  const [timings, threaded] = await Promise.all([o.runner.warmUp(), openThreaded(o.model, o.shared, device, count > 1 ? count : 0, o.output)]);
+  // One instance: it runs in this thread. More: on their session threads, this one's session the lone path.
+  const runner = count > 1 ? new ModelInstances(o.runner, threaded, o.runner) : new ModelInstances(o.runner, [o.runner]);
+  serve(loop, { model: o.model, shared: o.shared, runner }, timings);
 }
 
 /** Opens every start-up model on the requested device; with `auto`, falls back to CPU when CUDA cannot be used. */
-async function openRunners(): Promise<{ opened: { model: WorkerModel; shared: Slab; runner: ModelRunner }[]; device: DeviceInfo; note?: string }> {
+async function openRunners(): Promise<{ opened: OpenedModel[]; device: DeviceInfo; note?: string }> {
   const want = parseDevice(data.device);
   // Test hooks only: while the open hold is held (TEST_HOLD_START_ENV), the start-up models wait here.
   if (data.testHooks) new InferenceHold(data.testHooks.openHold).parkBlocking();
@@ -183,7 +228,7 @@ async function main(): Promise<void> {
     const threads = claimPoolThreads(opened.device);
     device = opened.device;
     loop = createLoop(device);
-    for (const o of opened.opened) serve(loop, o, await o.runner.warmUp());
+    for (const o of opened.opened) await serveOpened(loop, o, device);
     if (live()) {
       control.heartbeat = Date.now();
       control.workerState = WorkerState.READY;
@@ -227,20 +272,16 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       const deviceBefore = deviceUsed();
       const rssBefore = process.memoryUsage.rss();
       const shared = new Slab(model.slab, model.layout);
-      const runner = await ThreadedRunner.open(model, shared, {
-        device,
-        intraOpThreads: data.intraOpThreads,
-        intraOpNice: data.intraOpNice,
-        maxInflightBatches: data.maxInflightBatches,
-        ...(data.testHooks ? { openHold: data.testHooks.openHold } : {}),
-      });
-      serve(loop, { model, shared, runner }, runner.opened.timings);
+      const [first, ...others] = await openThreaded(model, shared, device, instancesOf(model, device), new SharedArrayBuffer(shared.privateOutputBytes));
+      serve(loop, { model, shared, runner: new ModelInstances(first!, [first!, ...others]) }, first!.opened.timings);
       // What opening freed (graph optimization's copies of the weights) stays in the session thread's
       // own malloc arena otherwise: bert-base measured 946 MiB of RSS without this.
       trimHeap();
       const deviceAfter = deviceUsed();
       const deviceBytes = deviceBefore !== null && deviceAfter !== null ? deviceAfter - deviceBefore : null;
-      const { openMs, warmUpMs } = runner.opened;
+      // Its instances opened side by side: the slowest one is how long the model took.
+      const openMs = Math.max(first!.opened.openMs, ...others.map((r) => r.opened.openMs));
+      const warmUpMs = Math.max(first!.opened.warmUpMs, ...others.map((r) => r.opened.warmUpMs));
       return { openMs, warmUpMs, rssBytes: process.memoryUsage.rss() - rssBefore, deviceBytes } satisfies ModelOpened;
     },
     removeModel: async (arg) => {
@@ -295,6 +336,7 @@ function hooked(r: LoopRunner): LoopRunner {
     spec: r.spec,
     slab: r.slab,
     options: r.options,
+    ...(r.instances !== undefined ? { instances: r.instances } : {}),
     run: (slots, bucket) => {
       const fault = nextRunFault && slots.length >= nextRunFault.minRows ? nextRunFault.kind : null;
       if (fault) nextRunFault = null;
