@@ -63,7 +63,11 @@ import {
  * What the loop needs of a model: its runner (tests pass fakes with these fields), and how many
  * batches it runs at once (its instances, model-instances.ts; default 1).
  */
-export type LoopRunner = Pick<ModelRunner, 'spec' | 'slab' | 'options' | 'run'> & { readonly instances?: number };
+export type LoopRunner = Pick<ModelRunner, 'spec' | 'slab' | 'options' | 'run'> & {
+  readonly instances?: number;
+  /** Whether it starts a batch of `rows` in `bucket` now (default: yes); if not, the loop waits for one of its batches to end. */
+  takes?(rows: number, bucket: number): boolean;
+};
 
 export interface SchedulingOptions {
   /** Weight of each priority class (index 0 = interactive, 1 = bulk). Default [4, 1]. */
@@ -268,7 +272,9 @@ export class InferenceLoop {
           },
         );
         if (d.kind === 'run') {
-          this.launch(this.open[d.model]!, d.priority, d.bucket, d.count);
+          const m = this.open[d.model]!;
+          if (m.runner.takes?.(d.count, d.bucket) === false) break; // it runs once one of the model's batches ends
+          this.launch(m, d.priority, d.bucket, d.count);
           continue;
         }
         if (d.kind === 'wait') timeout = Math.min(timeout, Math.max(0, d.untilMs - this.clock.now()));

@@ -14,10 +14,12 @@
  * hand the next batch to whichever instance ends first: a session run in the
  * inference thread blocks it (onnxruntime-node runs synchronously), and while
  * it does, an instance that has ended waits for work. A start-up model keeps
- * its first session in the inference thread too, as the `lone` path: a small
- * batch when nothing of the model is running runs there, without the two
- * thread hops a session thread costs (at one connection those cost 0.83-0.91x
- * the req/s). Every session writes its rows into one private output
+ * its first session in the inference thread too, as the `lone` path: a batch
+ * of at most LONE_MAX_TOKENS runs there (and waits for it while it is busy),
+ * without the two thread hops a session thread costs (with every batch on
+ * session threads: 0.83-0.91x the req/s at one connection, 0.87-0.97x at 4 and
+ * 16). So at light load the model runs as with one instance, and the others
+ * take the large batches of a heavy one. Every session writes its rows into one private output
  * (Slab.withPrivateOutput): a slot is in one batch at a time, so their writes
  * never overlap.
  */
@@ -29,11 +31,14 @@ import type { BatchStats } from './runner.js';
 export type Instance = Pick<LoopRunner, 'run'> & { release(): Promise<void> };
 
 /**
- * The most padded tokens of a batch the lone path runs (rows x bucket length): a lone request
- * of up to 64 tokens, or a few short ones. A longer run pays the hop to a session thread
- * instead of blocking the loop for its length.
+ * The most padded tokens of a batch the lone path runs (rows x bucket length). Instances on
+ * session threads pay off only for the large batches that form under heavy load: a small batch
+ * there costs two thread hops and splits the work into smaller, less efficient runs. Measured on
+ * the 2-core VM (tiny-embed, wrk, against one instance, side by side): with 64 here, 0.77-0.88x
+ * the req/s at 4 connections; with 128, 0.84-0.93x at 16; with 256, 0.94-1.07x at 16 and
+ * 1.22-1.36x at 64.
  */
-export const LONE_MAX_TOKENS = 64;
+export const LONE_MAX_TOKENS = 256;
 
 export class ModelInstances implements LoopRunner {
   readonly spec: LoopRunner['spec'];
@@ -65,9 +70,9 @@ export class ModelInstances implements LoopRunner {
     return this.sessions.length;
   }
 
-  /** Runs a batch: on the lone path if it is small and nothing else runs, else on the least busy instance (the lowest index among equals). */
+  /** Runs a batch: on the lone path if it is small and that path is free, else on the least busy instance (the lowest index among equals). */
   async run(slots: readonly number[], bucket: number): Promise<BatchStats> {
-    if (this.lone && this.idle() && slots.length * this.options.buckets[bucket]! <= LONE_MAX_TOKENS) {
+    if (this.lone && this.loneRunning === 0 && this.small(slots.length, bucket)) {
       this.loneRunning++;
       try {
         return await this.lone.run(slots, bucket);
@@ -85,8 +90,16 @@ export class ModelInstances implements LoopRunner {
     }
   }
 
-  private idle(): boolean {
-    return this.loneRunning === 0 && this.running.every((n) => n === 0);
+  /**
+   * Whether a batch of `rows` in `bucket` may start now (LoopRunner.takes): a small one waits
+   * while the lone path is busy, to run there next rather than on an instance (LONE_MAX_TOKENS).
+   */
+  takes(rows: number, bucket: number): boolean {
+    return !this.lone || this.loneRunning === 0 || !this.small(rows, bucket);
+  }
+
+  private small(rows: number, bucket: number): boolean {
+    return rows * this.options.buckets[bucket]! <= LONE_MAX_TOKENS;
   }
 
   /** Frees every session (and ends its thread). */

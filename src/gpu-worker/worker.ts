@@ -337,6 +337,7 @@ function hooked(r: LoopRunner): LoopRunner {
     slab: r.slab,
     options: r.options,
     ...(r.instances !== undefined ? { instances: r.instances } : {}),
+    ...(r.takes ? { takes: r.takes.bind(r) } : {}),
     run: (slots, bucket) => {
       const fault = nextRunFault && slots.length >= nextRunFault.minRows ? nextRunFault.kind : null;
       if (fault) nextRunFault = null;
