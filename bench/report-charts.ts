@@ -49,11 +49,12 @@ export const CASE_TITLES: Record<CaseName, string> = {
   efficiency: 'Efficiency against raw onnxruntime',
   curve: 'Latency against throughput',
   peer: 'Against transformers.js',
+  instances: 'Model instances',
   models: 'Model sizes',
   floor: 'The request path against the floor',
 };
 
-export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'floor', 'models'];
+export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'instances', 'floor', 'models'];
 
 export function median(xs: number[]): number {
   if (xs.length === 0) return NaN;

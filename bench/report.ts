@@ -165,6 +165,8 @@ const CASE_INTROS: Record<CaseName, string> = {
     "The server's throughput against onnxruntime's `session.run` called directly in one thread on batches built before timing (server / best raw batch size).",
   curve: '',
   peer: 'The same model behind a plain `node:http` server on the transformers.js pipeline (bench/peer-transformers.ts), which runs every request on its own, without batching across requests.',
+  instances:
+    'The same server with its default model instances (on CPU, one per core for a narrow model) against `--model-instances 1`, same clients, same workload: req/s and server CPU per request.',
   models: 'The same comparisons on models of different sizes.',
   floor:
     "slabserve's gateway thread against the floor server (bench/floor-server.ts: one uWebSockets.js thread that reads the body, tokenizes with the same tokenizer and serialises a row the same way; no batching, no model), CPU per answered request by thread, under the same closed-loop load; the median of the rounds.",

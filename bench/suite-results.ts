@@ -91,7 +91,7 @@ export interface WorkloadSummary {
   bucketShares: Record<string, number>;
 }
 
-export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'peer' | 'models' | 'floor';
+export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'peer' | 'instances' | 'models' | 'floor';
 
 export interface LatencySummary {
   p50: number;

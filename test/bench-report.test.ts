@@ -175,6 +175,11 @@ function fullResults(): SuiteResults {
     phase({ case: 'peer', target: 'slabserve batched', rps: 2400, server: server(21, 0.71, [0, 0, 1, 2, 10, 40, 0, 0]) }),
     phase({ case: 'peer', target: 'transformers.js', rps: 310 }),
   );
+  // instances
+  phases.push(
+    phase({ case: 'instances', target: 'slabserve instances auto', rps: 3100, server: server(13, 0.7, [0, 0, 5, 30, 10, 0, 0, 0]) }),
+    phase({ case: 'instances', target: 'slabserve model-instances 1', rps: 2500, server: server(13, 0.7, [0, 0, 5, 30, 10, 0, 0, 0]) }),
+  );
   // models
   phases.push(
     phase({ case: 'models', model: 'minilm-l6', target: 'slabserve batched', rps: 180, server: server(24, 0.7, [0, 0, 0, 1, 5, 20, 0, 0]) }),
@@ -237,6 +242,17 @@ function fullResults(): SuiteResults {
       b: { label: 'transformers.js', value: 310 },
       roundRatios: [7.7419, 7.6, 7.9],
       note: 'transformers.js truncates long inputs; none in this workload.',
+    }),
+    comparison({
+      case: 'instances',
+      question: 'What do model instances buy?',
+      model: 'tiny-embed',
+      workload: 'short',
+      transport: 'http',
+      metric: 'rps',
+      a: { label: 'instances auto', value: 3100 },
+      b: { label: 'model-instances 1', value: 2500 },
+      roundRatios: [1.24, 1.2, 1.3],
     }),
     comparison({
       case: 'models',

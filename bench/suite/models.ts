@@ -4,13 +4,14 @@
  * again, batching and efficiency recorded as the `models` case. Within a
  * model the order is fixed: batching first (its batched server's phases are
  * what efficiency and curve start from), then efficiency, bucketing, curve,
- * peer.
+ * peer, instances (the first model only).
  */
 import { runBatching } from './batching.js';
 import { runBucketing } from './bucketing.js';
 import type { SuiteContext } from './context.js';
 import { runCurves } from './curve.js';
 import { runEfficiency } from './efficiency.js';
+import { runInstances } from './instances.js';
 import { runPeer } from './peer.js';
 
 export async function runModelCases(ctx: SuiteContext): Promise<void> {
@@ -21,5 +22,6 @@ export async function runModelCases(ctx: SuiteContext): Promise<void> {
     await runBucketing(ctx, m, first);
     await runCurves(ctx, m, first, batchedHttp);
     await runPeer(ctx, m, first);
+    await runInstances(ctx, m, first);
   }
 }

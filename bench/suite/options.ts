@@ -9,7 +9,7 @@ import type { GeneratorChoice } from '../load.js';
 import type { CaseName } from '../suite-results.js';
 import { REPO_ROOT } from './paths.js';
 
-export const ALL_CASES = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'floor', 'models'] as const satisfies readonly CaseName[];
+export const ALL_CASES = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'instances', 'floor', 'models'] as const satisfies readonly CaseName[];
 
 export const USAGE = 'npm run bench [-- options]        (node dist/bench/suite.js [options])';
 

@@ -1,5 +1,6 @@
 /** Seconds the run should take, for the progress bar and the first line (server start-ups estimated). */
 import { RAW_BATCH_SIZES } from './efficiency.js';
+import { INSTANCES_CLIENTS } from './instances.js';
 import type { SuiteOptions } from './options.js';
 
 export function planSeconds(o: SuiteOptions, nModels: number): number {
@@ -12,6 +13,7 @@ export function planSeconds(o: SuiteOptions, nModels: number): number {
   if (cases.has('bucketing')) s += rounds * 3 * phase + 9;
   if (cases.has('curve')) s += (quick ? 2 : 3) * ((o.loadFractions.length + (quick ? 0 : 1)) * point + 3);
   if (cases.has('peer')) s += rounds * 2 * 4 * phase + 8; // 64, 16, 4 and 1 clients
+  if (cases.has('instances')) s += rounds * 2 * INSTANCES_CLIENTS.length * phase + 8;
   if (cases.has('floor')) s += rounds * 16 * phase + 6;
   s += (nModels - 1) * (rounds * 2 * phase + RAW_BATCH_SIZES.length * phase + rounds * 2 * phase + 40);
   return s;
