@@ -204,7 +204,7 @@ describe('model instances (LoopRunner.instances)', () => {
     expect(two.mostAtOnce).toBe(2);
   });
 
-  it('a batch the runner does not take now waits for one of its batches to end, and then runs', async () => {
+  it('a batch the runner does not take now waits for one of its batches to end, and then runs; submits meanwhile wake nobody', async () => {
     // As a model with a lone path (ModelInstances.takes): a batch of fewer than 3 rows waits while another runs.
     const takes = (rows: number, running: number) => running === 0 || rows >= 3;
     const runEnd = deviceMs(1, 16);
@@ -212,11 +212,16 @@ describe('model instances (LoopRunner.instances)', () => {
     expect(small.batches.map((b) => b.rows)).toEqual([1, 1]);
     expect(startOf(small, 1)).toBeGreaterThanOrEqual(runEnd);
     expect(small.mostAtOnce).toBe(1);
-    // Three arriving together while the first runs are taken at once, by the free instance.
+    // A model that would not take a lone row now is not woken by submits: three arriving together while the
+    // first runs wait for its end too, and then run as one batch.
     const large = await simulate([at(0, 0), at(1, 0.1), at(2, 0.1), at(3, 0.1)], { ...base, admission: false, instances: 2, takes });
     expect(large.batches.map((b) => b.rows)).toEqual([1, 3]);
-    expect(startOf(large, 1)).toBe(0.1);
-    expect(large.mostAtOnce).toBe(2);
+    expect(startOf(large, 1)).toBeGreaterThanOrEqual(runEnd);
+    // One that would (rows >= 1 while one runs): the free instance takes them at once.
+    const eager = await simulate([at(0, 0), at(1, 0.1), at(2, 0.1), at(3, 0.1)], { ...base, admission: false, instances: 2, takes: () => true });
+    expect(eager.batches.map((b) => b.rows)).toEqual([1, 3]);
+    expect(startOf(eager, 1)).toBe(0.1);
+    expect(eager.mostAtOnce).toBe(2);
   });
 
   it('under overload N instances run N batches side by side and drain the same load in about 1/N of the time', async () => {

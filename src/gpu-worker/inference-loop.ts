@@ -281,7 +281,7 @@ export class InferenceLoop {
         break;
       }
       this.publishQueueDepth();
-      if (this.inflight >= this.inflightLimit()) {
+      if (this.inflight >= this.inflightLimit() || !this.mayStartAnother()) {
         // As many batches running as may be: wait for one to end, not on the bell, so submits meanwhile ring nobody.
         await new Promise<void>((resolve) => (this.wakeLoop = resolve));
       } else if (this.inflight > 0) {
@@ -303,6 +303,14 @@ export class InferenceLoop {
     let most = 1;
     for (const m of this.models) most = Math.max(most, instancesOf(m));
     return this.options.maxInflightBatches * most;
+  }
+
+  /**
+   * Whether a submit now could start a batch before one of those running ends: some model has room
+   * and would take a lone row (one whose lone path is busy would not: ModelInstances.takes).
+   */
+  private mayStartAnother(): boolean {
+    return this.models.some((m) => m.running < this.options.maxInflightBatches * instancesOf(m) && m.runner.takes?.(1, 0) !== false);
   }
 
   /** Fills `open` with the models that may start a batch now (fewer than maxInflightBatches per instance running); whether any may. */
