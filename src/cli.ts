@@ -16,6 +16,7 @@ import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
+import { turnOffMemoryReducer } from './shared/gc.js';
 import { defaultBuckets, PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 import { AUTO_INSTANCES_MAX, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
 import { DTYPES, POOLINGS } from './shared/model-config.js';
@@ -285,6 +286,7 @@ program
     const worker = role === 'worker' ? clusterWorker(log, stop) : null;
     // The handlers go first: a gateway can answer /readyz 200 before the last gateway has started
     // and startServer has returned, and a SIGTERM then must drain, not kill the process.
+    turnOffMemoryReducer(); // every thread collects its start-up garbage once ready instead (src/shared/gc.ts)
     const starting = startServer({ ...config, ...worker?.overrides, signal: stop.signal });
     let signals = 0;
     const onSignal = (sig: string) => {

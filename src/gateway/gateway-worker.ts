@@ -47,6 +47,7 @@ import { OwnerModels } from '../core/owner-models.js';
 import type { RepositoryAnswer, RepositoryOp } from '../model-repository.js';
 import type { WsOptions } from './ws-options.js';
 import type { GatewayGrpc, GrpcListen } from './grpc/server.js';
+import { collectStartupGarbage } from '../shared/gc.js';
 
 /**
  * What a gateway thread starts with (src/server.ts gatewayWorkerData builds it).
@@ -125,6 +126,8 @@ async function main(): Promise<void> {
   const lag = new BusyLag();
   let info: unknown = { status: 'starting' };
   let repository = repositoryOf(info);
+  /** Whether setInfo has come: the first one says the server is ready. */
+  let told = false;
   let listenSocket: us_listen_socket | null = null;
   const ready = () =>
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
@@ -168,10 +171,13 @@ async function main(): Promise<void> {
       return registry.getMetricsAsJSON();
     },
     setInfo: (doc) => {
+      const first = !told;
+      told = true;
       info = doc;
       repository = repositoryOf(doc);
       infer.missingHint = missingHint(repository);
       grpcServer?.refreshHealth(); // told once ready: SERVING now
+      if (first) collectStartupGarbage(); // ready: start-up is over (src/shared/gc.ts)
     },
     // The drain's first step: new connections are refused (not accepted, then reset); the open ones
     // are served, every answer closing its connection (Gate.closesConnection), until close().

@@ -21,6 +21,7 @@ import { Slab } from '../shared/slab.js';
 import { claimThreadsStarted, nameThread } from '../shared/threads.js';
 import type { DeviceInfo } from './device.js';
 import { InferenceHold } from './hold.js';
+import { collectStartupGarbage } from '../shared/gc.js';
 import { ModelRunner } from './runner.js';
 import type { WorkerModel } from './worker-model.js';
 
@@ -76,6 +77,7 @@ async function main(): Promise<void> {
     release: () => runner.release(), // then the inference thread ends this thread
   });
   post({ type: 'opened', openMs, warmUpMs, timings });
+  collectStartupGarbage();
 }
 
 void main();

@@ -37,6 +37,7 @@ import { cudaMissing, cudaUnavailableMessage, describeCpu, describeCuda, parseDe
 import { InferenceHold } from './hold.js';
 import { IDLE_WAKE_MS, InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
 import { trimHeap } from './memory-trim.js';
+import { collectStartupGarbage } from '../shared/gc.js';
 import type { WorkerModel } from './worker-model.js';
 import { ModelRunner } from './runner.js';
 import { ThreadedRunner } from './threaded-runner.js';
@@ -177,6 +178,7 @@ async function serveOpened(loop: InferenceLoop, o: OpenedModel, device: DeviceIn
   // One instance: it runs in this thread. More: on their session threads, this one's session the lone path.
   const runner = count > 1 ? new ModelInstances(o.runner, threaded, o.runner) : new ModelInstances(o.runner, [o.runner]);
   serve(loop, { model: o.model, shared: o.shared, runner }, timings);
+  if (count > 1) trimHeap(); // what the session threads' opening freed, as addModel does
 }
 
 /** Opens every start-up model on the requested device; with `auto`, falls back to CPU when CUDA cannot be used. */
@@ -234,6 +236,7 @@ async function main(): Promise<void> {
       control.workerState = WorkerState.READY;
     }
     post({ type: 'ready', device: opened.device, threads, ...(opened.note ? { note: opened.note } : {}) });
+    collectStartupGarbage();
   } catch (err) {
     if (live()) control.workerState = WorkerState.FAILED;
     post({ type: 'fatal', message: (err as Error).message });
