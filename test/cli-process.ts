@@ -4,13 +4,25 @@
  * free loopback port, CPU, tiny-embed, its stderr gathered, a SIGKILL guard
  * so a hung child never outlives the test, and ready once /readyz answers 200.
  */
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import http from 'node:http';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { eventually } from './helpers.js';
 
 export const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));
+
+/**
+ * `slabserve serve` with each of `cases` (flags, variables): it must stop at once, status 1, with
+ * stderr matching `message`. Throws (an assertion) naming the case otherwise.
+ */
+export function expectCliRefuses(cases: [args: string[], env: Record<string, string>][], message: RegExp): void {
+  for (const [args, env] of cases) {
+    const r = spawnSync(process.execPath, [CLI, 'serve', '--port', '0', '--device', 'cpu', ...args], { env: { ...process.env, ...env }, encoding: 'utf8', timeout: 30_000 });
+    const what = `${args.join(' ')} ${JSON.stringify(env)}: status ${r.status}, ${r.stderr}`;
+    if (r.status !== 1 || !message.test(r.stderr)) throw new Error(`expected the CLI to refuse ${what}`);
+  }
+}
 
 export interface CliServer {
   port: number;

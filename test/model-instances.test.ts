@@ -4,7 +4,6 @@
  * private output answering every row with the reference's value under
  * concurrent load, at start and for a model loaded while serving.
  */
-import { spawnSync } from 'node:child_process';
 import { availableParallelism } from 'node:os';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -15,7 +14,7 @@ import { LONE_MAX_TOKENS, ModelInstances, type Instance } from '../dist/src/gpu-
 import type { BatchStats } from '../dist/src/gpu-worker/runner.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';
 import { startServer, type Server } from '../dist/src/server.js';
-import { CLI } from './cli-process.js';
+import { expectCliRefuses } from './cli-process.js';
 import { makeRandom, maxAbsDiff, randomTokenSequences, Reference, testServerConfig } from './helpers.js';
 
 const TOLERANCE = 1e-5;
@@ -181,14 +180,13 @@ describe('a server with several instances of a model', () => {
 
   it('refuses an instance count out of range, with the range: startServer, the flag and SLABSERVE_MODEL_INSTANCES', async () => {
     await expect(startServer(testServerConfig({ models: ['tiny-embed'], modelInstances: 65 }))).rejects.toThrow(/modelInstances must be an integer from 0 \(auto\) to 64, got 65/);
-    for (const [args, env] of [
-      [['--model-instances', '65'], {}],
-      [['--model-instances', '-1'], {}],
-      [[], { SLABSERVE_MODEL_INSTANCES: 'two' }],
-    ] as [string[], Record<string, string>][]) {
-      const r = spawnSync(process.execPath, [CLI, 'serve', '--port', '0', '--device', 'cpu', ...args], { env: { ...process.env, ...env }, encoding: 'utf8', timeout: 30_000 });
-      expect(r.status, `${args.join(' ')} ${JSON.stringify(env)}: ${r.stderr}`).toBe(1);
-      expect(r.stderr).toMatch(/--model-instances .*expected an integer from 0 to 64/);
-    }
+    expectCliRefuses(
+      [
+        [['--model-instances', '65'], {}],
+        [['--model-instances', '-1'], {}],
+        [[], { SLABSERVE_MODEL_INSTANCES: 'two' }],
+      ],
+      /--model-instances .*expected an integer from 0 to 64/,
+    );
   });
 });

@@ -14,7 +14,7 @@
  * Every 200 is compared with the unbatched, unpadded onnxruntime reference
  * (test/helpers.ts), before, during and after each fault.
  */
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import http from 'node:http';
 import { fileURLToPath } from 'node:url';
@@ -23,7 +23,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js
 import type { InferenceFault } from '../dist/src/gpu-worker/worker.js';
 import { pickFreePort, startServer, type Server } from '../dist/src/server.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { CLI, serveCli } from './cli-process.js';
+import { expectCliRefuses, serveCli } from './cli-process.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 // Read by startServer: the servers of this file carry the test hooks.
@@ -457,15 +457,14 @@ describe('inference thread supervision (startServer, real onnxruntime, test hook
 
 describe('--intra-op-nice (a child process)', () => {
   it('out of 0-19, as a flag or SLABSERVE_INTRA_OP_NICE, stops the CLI at once with the range', () => {
-    for (const [args, env] of [
-      [['--intra-op-nice', '20'], {}],
-      [['--intra-op-nice', '-1'], {}],
-      [[], { SLABSERVE_INTRA_OP_NICE: 'low' }],
-    ] as [string[], Record<string, string>][]) {
-      const r = spawnSync(process.execPath, [CLI, 'serve', '--port', '0', '--device', 'cpu', ...args], { env: { ...process.env, ...env }, encoding: 'utf8', timeout: 30_000 });
-      expect(r.status, `${args.join(' ')} ${JSON.stringify(env)}: ${r.stderr}`).toBe(1);
-      expect(r.stderr).toMatch(/--intra-op-nice .*expected an integer from 0 to 19/);
-    }
+    expectCliRefuses(
+      [
+        [['--intra-op-nice', '20'], {}],
+        [['--intra-op-nice', '-1'], {}],
+        [[], { SLABSERVE_INTRA_OP_NICE: 'low' }],
+      ],
+      /--intra-op-nice .*expected an integer from 0 to 19/,
+    );
   });
 });
 
