@@ -16,7 +16,7 @@ import { prompted } from './core/prompts.js';
 import { loadModelTokenizer, type Encoding } from './core/tokenizer.js';
 import { checkDevice, cudaMissing, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
-import { DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
+import { DEFAULT_IDLE_SPIN_US, DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
 import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
 import { bucketPlans, loadModels, packageRoot, planModel, TOKEN_OUTPUT_MB } from './model-plans.js';
 import { ModelRepository, type IndexEntry } from './model-repository.js';
@@ -78,6 +78,8 @@ export interface EngineOptions extends ModelOptions {
    * (src/gpu-worker/intra-op-threads.ts).
    */
   modelInstances?: number;
+  /** Microseconds the inference loop spins for the next request before it sleeps; 0: it sleeps at once. Default 1000 (src/gpu-worker/inference-loop.ts, DEFAULT_IDLE_SPIN_US). */
+  idleSpinUs?: number;
   /** Nice value (0-19) of the intra-op threads on CPU, Linux only; 0: the process's own. Default 10 (src/gpu-worker/runner.ts). */
   intraOpNice?: number;
   /** Priority classes in order (the first is the default) with their fair-share weights. Default interactive 4, bulk 1. */
@@ -113,6 +115,7 @@ export const ENGINE_DEFAULTS = {
   requestTimeoutMs: 30_000,
   intraOpThreads: 0,
   modelInstances: 0,
+  idleSpinUs: DEFAULT_IDLE_SPIN_US,
   intraOpNice: 10,
   inferenceTimeoutMs: 30_000,
   heartbeatTimeoutMs: 30_000,
@@ -399,6 +402,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     intraOpThreads: options.intraOpThreads ?? ENGINE_DEFAULTS.intraOpThreads,
     intraOpNice: options.intraOpNice ?? ENGINE_DEFAULTS.intraOpNice,
     modelInstances: options.modelInstances ?? ENGINE_DEFAULTS.modelInstances,
+    idleSpinUs: options.idleSpinUs ?? ENGINE_DEFAULTS.idleSpinUs,
     maxInflightBatches: options.maxInflightBatches ?? ENGINE_DEFAULTS.maxInflightBatches,
     scheduling: {
       priorityWeights: priorities.map((p) => p.weight),

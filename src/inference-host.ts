@@ -10,7 +10,7 @@ import { Worker } from 'node:worker_threads';
 import type { Registry } from 'prom-client';
 import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
 import { InferenceHold } from './gpu-worker/hold.js';
-import { DEFAULT_SCHEDULING, type SchedulingOptions } from './gpu-worker/inference-loop.js';
+import { DEFAULT_SCHEDULING, MAX_IDLE_SPIN_US, type SchedulingOptions } from './gpu-worker/inference-loop.js';
 import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage, ModelOpened, WorkerModel } from './gpu-worker/worker.js';
 import { nowMs } from './shared/clock.js';
 import { WorkerState, type ControlBlock } from './shared/control.js';
@@ -30,6 +30,8 @@ export interface InferenceThreadOptions {
   maxInflightBatches: number;
   /** Sessions of each model running batches side by side; 0: the auto rule (src/gpu-worker/intra-op-threads.ts). */
   modelInstances: number;
+  /** Microseconds the inference loop spins before it sleeps (DEFAULT_IDLE_SPIN_US). */
+  idleSpinUs: number;
   /** Priority classes, their ageing, and the latency target. Default: DEFAULT_SCHEDULING. */
   scheduling?: SchedulingOptions;
   log: (line: string) => void;
@@ -61,6 +63,9 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
   if (!Number.isInteger(opts.modelInstances) || opts.modelInstances < 0 || opts.modelInstances > MAX_MODEL_INSTANCES) {
     throw new ValidationError(`modelInstances must be an integer from 0 (auto) to ${MAX_MODEL_INSTANCES}, got ${opts.modelInstances}`);
   }
+  if (!Number.isInteger(opts.idleSpinUs) || opts.idleSpinUs < 0 || opts.idleSpinUs > MAX_IDLE_SPIN_US) {
+    throw new ValidationError(`idleSpinUs must be an integer from 0 to ${MAX_IDLE_SPIN_US}, got ${opts.idleSpinUs}`);
+  }
   if (!Number.isInteger(opts.intraOpNice) || opts.intraOpNice < 0 || opts.intraOpNice > 19) {
     throw new ValidationError(`intraOpNice must be an integer from 0 to 19, got ${opts.intraOpNice}`);
   }
@@ -72,6 +77,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     intraOpNice: opts.intraOpNice,
     maxInflightBatches: opts.maxInflightBatches,
     modelInstances: opts.modelInstances,
+    idleSpinUs: opts.idleSpinUs,
     scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
     models: models.map(workerModel),
     epoch: opts.epoch ?? control.epoch,

@@ -82,6 +82,8 @@ export interface ServerConfig extends ModelOptions {
   intraOpThreads: number;
   /** Sessions of each model running batches side by side (--model-instances); 0: auto. */
   modelInstances: number;
+  /** Microseconds the inference loop spins for the next request before it sleeps (--idle-spin-us). */
+  idleSpinUs: number;
   intraOpNice: number;
   maxClientBatchSize: number;
   maxBodyBytes: number;
@@ -181,6 +183,7 @@ export const SERVER_DEFAULTS = {
   requestTimeoutMs: ENGINE_DEFAULTS.requestTimeoutMs,
   intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
   modelInstances: ENGINE_DEFAULTS.modelInstances,
+  idleSpinUs: ENGINE_DEFAULTS.idleSpinUs,
   intraOpNice: ENGINE_DEFAULTS.intraOpNice,
   /** A bound on one request's memory, not on the batcher: a larger client batch runs part by part (core/client-batches.ts). */
   maxClientBatchSize: 1024,
@@ -455,6 +458,7 @@ function inferenceOptions(config: ServerConfig, enableTestHooks: boolean): Omit<
     intraOpThreads: config.intraOpThreads,
     intraOpNice: config.intraOpNice,
     modelInstances: config.modelInstances,
+    idleSpinUs: config.idleSpinUs,
     maxInflightBatches: config.maxInflightBatches,
     scheduling: {
       priorityWeights: config.priorities.map((p) => p.weight),

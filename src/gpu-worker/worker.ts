@@ -64,6 +64,8 @@ export interface InferenceWorkerData {
   epoch: number;
   /** The longest its loop sleeps when idle (LoopOptions.idleWakeMs). */
   idleWakeMs?: number;
+  /** How long its loop spins before it sleeps (LoopOptions.idleSpinUs). */
+  idleSpinUs: number;
   /** Test hooks, present only when the server runs with SLABSERVE_TEST_HOOKS=1. */
   testHooks?: InferenceTestHooks;
   /** Tracing on (--otlp-endpoint, OTEL_EXPORTER_OTLP_*): a span per batch carrying a sampled request. */
@@ -381,6 +383,7 @@ function createLoop(device: DeviceInfo): InferenceLoop {
     scheduling: data.scheduling,
     epoch: data.epoch,
     ...(data.idleWakeMs !== undefined ? { idleWakeMs: data.idleWakeMs } : {}),
+    idleSpinUs: data.idleSpinUs,
     splitFailedBatches: true,
     onSplit: (model, outcome) => post({ type: 'split', model, ...outcome }),
     onBatchError: (model, error) => {
