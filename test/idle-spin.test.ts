@@ -8,7 +8,7 @@ import { MAX_IDLE_SPIN_US, spinFor } from '../dist/src/gpu-worker/inference-loop
 import { Doorbell } from '../dist/src/shared/doorbell.js';
 import { startServer } from '../dist/src/server.js';
 import { expectCliRefuses } from './cli-process.js';
-import { testServerConfig } from './helpers.js';
+import { eventually, testServerConfig } from './helpers.js';
 
 const bell = () => new Doorbell(new Int32Array(new SharedArrayBuffer(4)), 0);
 
@@ -67,10 +67,10 @@ describe('--idle-spin-us', () => {
       const before = await inferenceCpu(server.port);
       const r = await fetch(`http://127.0.0.1:${server.port}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"inputs":"spin after me"}' });
       expect(r.status).toBe(200);
-      await new Promise((resolve) => setTimeout(resolve, 1200));
       // One batch costs about a millisecond; the spin after it up to a second of CPU (less on a busy machine:
-      // the spin is bounded by the clock, and this thread may share its core).
-      expect((await inferenceCpu(server.port)) - before).toBeGreaterThan(0.1);
+      // the spin is bounded by the clock, and this thread may share its core). Without a spin this never comes.
+      const spent = await eventually('the spin after the request', async () => (await inferenceCpu(server.port)) - before, (cpu) => cpu > 0.1);
+      expect(spent).toBeGreaterThan(0.1);
     } finally {
       await server.close();
     }
