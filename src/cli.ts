@@ -16,7 +16,7 @@ import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
-import { turnOffMemoryReducer } from './shared/gc.js';
+import { collectStartupGarbage, turnOffMemoryReducer } from './shared/gc.js';
 import { defaultBuckets, PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 import { AUTO_INSTANCES_MAX, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
 import { MAX_IDLE_SPIN_US } from './gpu-worker/inference-loop.js';
@@ -315,6 +315,7 @@ program
     worker?.started(server);
     try {
       await server.ready;
+      collectStartupGarbage(); // this thread's; the others collect theirs when ready (src/shared/gc.ts)
     } catch (err) {
       await server.close();
       throw err;

@@ -55,20 +55,19 @@ export interface InferenceThread {
   threads: InferenceThreadIds;
 }
 
+/** Throws a ValidationError unless `value` is an integer from 0 (`from` says it, e.g. "0 (auto)") to `max`. */
+function checkIntegerIn(name: string, value: number, from: string, max: number): void {
+  if (!Number.isInteger(value) || value < 0 || value > max) throw new ValidationError(`${name} must be an integer from ${from} to ${max}, got ${value}`);
+}
+
 /** Starts the inference thread; `ready` settles when warm-up ends (or start-up fails). */
 export function startInferenceThread(models: ModelPlan[], control: ControlBlock, opts: InferenceThreadOptions): InferenceThread {
   if (!Number.isInteger(opts.maxInflightBatches) || opts.maxInflightBatches < 1) {
     throw new ValidationError('maxInflightBatches must be a positive integer');
   }
-  if (!Number.isInteger(opts.modelInstances) || opts.modelInstances < 0 || opts.modelInstances > MAX_MODEL_INSTANCES) {
-    throw new ValidationError(`modelInstances must be an integer from 0 (auto) to ${MAX_MODEL_INSTANCES}, got ${opts.modelInstances}`);
-  }
-  if (!Number.isInteger(opts.idleSpinUs) || opts.idleSpinUs < 0 || opts.idleSpinUs > MAX_IDLE_SPIN_US) {
-    throw new ValidationError(`idleSpinUs must be an integer from 0 to ${MAX_IDLE_SPIN_US}, got ${opts.idleSpinUs}`);
-  }
-  if (!Number.isInteger(opts.intraOpNice) || opts.intraOpNice < 0 || opts.intraOpNice > 19) {
-    throw new ValidationError(`intraOpNice must be an integer from 0 to 19, got ${opts.intraOpNice}`);
-  }
+  checkIntegerIn('modelInstances', opts.modelInstances, '0 (auto)', MAX_MODEL_INSTANCES);
+  checkIntegerIn('idleSpinUs', opts.idleSpinUs, '0', MAX_IDLE_SPIN_US);
+  checkIntegerIn('intraOpNice', opts.intraOpNice, '0', 19);
   const workerData: InferenceWorkerData = {
     control: control.buffer,
     owners: control.owners,

@@ -51,7 +51,6 @@ import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from './shared/result-ca
 import { Counter, Slab } from './shared/slab.js';
 import { processThreadIds, threadCpuSeconds, threadName } from './shared/threads.js';
 import { VERSION } from './version.js';
-import { collectStartupGarbage } from './shared/gc.js';
 
 export interface ServerConfig extends ModelOptions {
   host: string;
@@ -409,7 +408,6 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     device = d;
     await gateways.callAll('setInfo', info());
     log(`slabserve: ready at ${url}`);
-    collectStartupGarbage();
     return d;
   });
   ready.catch(() => {}); // start-up failures surface through `ready`; close() still works

@@ -342,13 +342,18 @@ export class InferenceLoop {
    * and would take a lone row (one whose lone path is busy would not: ModelInstances.takes).
    */
   private mayStartAnother(): boolean {
-    return this.models.some((m) => m.running < this.options.maxInflightBatches * instancesOf(m) && m.runner.takes?.(1, 0) !== false);
+    return this.models.some((m) => this.hasRoom(m) && m.runner.takes?.(1, 0) !== false);
   }
 
-  /** Fills `open` with the models that may start a batch now (fewer than maxInflightBatches per instance running); whether any may. */
+  /** Fills `open` with the models that may start a batch now; whether any may. */
   private findOpen(): boolean {
-    this.open = this.models.filter((m) => m.running < this.options.maxInflightBatches * instancesOf(m));
+    this.open = this.models.filter((m) => this.hasRoom(m));
     return this.open.length > 0;
+  }
+
+  /** Whether `m` runs fewer than maxInflightBatches per instance. */
+  private hasRoom(m: LoopModel): boolean {
+    return m.running < this.options.maxInflightBatches * instancesOf(m);
   }
 
   /** Moves newly submitted slots from the rings into their class and bucket queues. */

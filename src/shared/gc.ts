@@ -10,7 +10,8 @@
  *
  * So the CLI turns the reducer off for the threads it starts (turnOffMemoryReducer)
  * and each thread collects its start-up garbage itself, once, when it is ready
- * (collectStartupGarbage): 0.053% of a core over the same window, and less RSS
+ * (collectStartupGarbage: the gateways, the inference thread and session threads
+ * always, the main thread in the CLI only, as an embedding application's is its own): 0.053% of a core over the same window, and less RSS
  * 45 s after ready (554 against 610 MB), since the GC runs at once instead of
  * after the window. Under load, V8 collects as it always does.
  */
