@@ -20,6 +20,7 @@ import { collectStartupGarbage, turnOffMemoryReducer } from './shared/gc.js';
 import { defaultBuckets, PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 import { AUTO_INSTANCES_MAX, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
 import { MAX_IDLE_SPIN_US } from './gpu-worker/inference-loop.js';
+import { MAX_LONE_WAIT_US } from './shared/lone-wait.js';
 import { DTYPES, POOLINGS } from './shared/model-config.js';
 import { MODEL_CONTROL_MODES } from './model-repository.js';
 
@@ -215,6 +216,7 @@ program
   .addOption(flag('--intra-op-threads <n>', 'onnxruntime intra-op threads (0: one for a model of hidden size below 256, every core for a wider one; on CPU they spin while a run lasts and sleep between runs)', 'INTRA_OP_THREADS', int(0), D.intraOpThreads))
   .addOption(flag('--model-instances <n>', `sessions of each model running batches side by side, each with its own copy of the weights (0: on CPU one per core up to ${AUTO_INSTANCES_MAX} for a model of hidden size below 256 with --intra-op-threads 0, else 1)`, 'MODEL_INSTANCES', int(0, MAX_MODEL_INSTANCES), D.modelInstances))
   .addOption(flag('--idle-spin-us <us>', `microseconds the inference thread spins for the next request when it runs out of work, before it sleeps: a client sending one request after another finds it awake (0: sleep at once; at most ${MAX_IDLE_SPIN_US})`, 'IDLE_SPIN_US', int(0, MAX_IDLE_SPIN_US), D.idleSpinUs))
+  .addOption(flag('--lone-wait-us <us>', `longest a gateway thread holds itself for the answer to a request alone in the server, asleep until just before its batch should end and then awake, instead of waking for it (0: never; at most ${MAX_LONE_WAIT_US}; only where a run leaves a core free)`, 'LONE_WAIT_US', int(0, MAX_LONE_WAIT_US), D.loneWaitUs))
   .addOption(flag('--intra-op-nice <n>', 'nice value (0-19) of the intra-op threads on CPU, so that a gateway with a request to answer goes first (0: the process\'s own)', 'INTRA_OP_NICE', int(0, 19), D.intraOpNice))
   .addOption(flag('--max-client-batch-size <n>', 'most inputs in one request (larger client batches run part by part)', 'MAX_CLIENT_BATCH_SIZE', int(1), D.maxClientBatchSize))
   .addOption(flag('--max-body-bytes <n>', 'largest request body accepted', 'MAX_BODY_BYTES', int(1), D.maxBodyBytes))

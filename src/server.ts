@@ -49,6 +49,7 @@ import { SlabserveError, ValidationError } from './shared/errors.js';
 import { cacheMetrics, processMetrics, repositoryMetrics, supervisionMetrics } from './shared/metrics.js';
 import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from './shared/result-cache.js';
 import { Counter, Slab } from './shared/slab.js';
+import { DEFAULT_LONE_WAIT_US, MAX_LONE_WAIT_US } from './shared/lone-wait.js';
 import { processThreadIds, threadCpuSeconds, threadName } from './shared/threads.js';
 import { VERSION } from './version.js';
 
@@ -83,6 +84,8 @@ export interface ServerConfig extends ModelOptions {
   modelInstances: number;
   /** Microseconds the inference loop spins for the next request before it sleeps (--idle-spin-us). */
   idleSpinUs: number;
+  /** Microseconds a gateway holds its thread for the answer to a request alone in the server (--lone-wait-us; src/shared/lone-wait.ts); 0: never. */
+  loneWaitUs: number;
   intraOpNice: number;
   maxClientBatchSize: number;
   maxBodyBytes: number;
@@ -183,6 +186,7 @@ export const SERVER_DEFAULTS = {
   intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
   modelInstances: ENGINE_DEFAULTS.modelInstances,
   idleSpinUs: ENGINE_DEFAULTS.idleSpinUs,
+  loneWaitUs: DEFAULT_LONE_WAIT_US,
   intraOpNice: ENGINE_DEFAULTS.intraOpNice,
   /** A bound on one request's memory, not on the batcher: a larger client batch runs part by part (core/client-batches.ts). */
   maxClientBatchSize: 1024,
@@ -310,6 +314,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const grpc = await grpcListen(config);
   checkDevice(config.device);
   checkRepositoryFlags(config);
+  checkLoneWait(config.loneWaitUs);
   const tracing = tracingOf(config);
   const grpcThreads = config.grpcThreads ?? 0;
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
@@ -449,6 +454,10 @@ function tracingOf(config: ServerConfig): TracingConfig | null {
   }
 }
 
+function checkLoneWait(us: number): void {
+  if (!Number.isInteger(us) || us < 0 || us > MAX_LONE_WAIT_US) throw new ValidationError(`loneWaitUs must be an integer from 0 to ${MAX_LONE_WAIT_US}, got ${us}`);
+}
+
 /** The inference thread's settings, from the server's. */
 function inferenceOptions(config: ServerConfig, enableTestHooks: boolean): Omit<ConstructorParameters<typeof InferenceSupervisor>[2], 'onRestart'> {
   return {
@@ -572,6 +581,7 @@ function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: 
     host: config.host,
     limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize, truncate: config.truncate ?? false },
     requestTimeoutMs: config.requestTimeoutMs,
+    loneWaitUs: config.loneWaitUs,
     heartbeatTimeoutMs: config.heartbeatTimeoutMs,
     tokenizerThreads: config.tokenizerThreads,
     ...(config.tokenizerQueue !== undefined ? { tokenizerQueue: config.tokenizerQueue } : {}),

@@ -66,6 +66,8 @@ export interface GatewayWorkerData {
   port: number;
   limits: GatewayLimits;
   requestTimeoutMs: number;
+  /** The longest this thread holds itself for the answer to a request alone in the server (--lone-wait-us; 0: never). */
+  loneWaitUs: number;
   heartbeatTimeoutMs: number;
   tokenizerThreads: number;
   tokenizerQueue?: number;
@@ -250,6 +252,7 @@ async function makeInfer(control: ControlBlock, plans: ModelPlan[], slabs: Slab[
       metrics.cancellations.inc({ reason: r.reason });
       metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
     },
+    loneWait: { maxUs: data.loneWaitUs, onWait: (answered) => metrics.loneWaits.inc({ outcome: answered ? 'answered' : 'released' }) },
   });
   const models: ServedModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
   const infer = new Infer(models, submitter, {

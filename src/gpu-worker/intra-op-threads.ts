@@ -32,6 +32,16 @@ export function autoIntraOpThreads(hiddenSize: number): number {
   return hiddenSize < SPLIT_HIDDEN_SIZE ? 1 : Math.max(1, availableParallelism());
 }
 
+/** The intra-op threads a session gets: `asked` (--intra-op-threads), or the auto rule for 0. */
+export function intraOpThreadsFor(asked: number, hiddenSize: number): number {
+  return asked === 0 ? autoIntraOpThreads(hiddenSize) : asked;
+}
+
+/** Cores one run of a model keeps busy: its intra-op threads on CPU, none on a GPU (the gateways' lone wait reads it). */
+export function coresPerRun(device: 'cpu' | 'cuda', asked: number, hiddenSize: number): number {
+  return device === 'cpu' ? intraOpThreadsFor(asked, hiddenSize) : 0;
+}
+
 /** The most instances of a model --model-instances accepts. */
 export const MAX_MODEL_INSTANCES = 64;
 

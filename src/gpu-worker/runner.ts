@@ -13,7 +13,7 @@ import type { ModelSpec } from '../shared/model-config.js';
 import { H_ATTENDED, H_LENGTH, H_POOL_FROM, H_TOKEN_PAGE, type Slab } from '../shared/slab.js';
 import { POOLING_MASK, prepareModel, type PreparedModel } from './graph.js';
 import type { DeviceInfo } from './device.js';
-import { autoIntraOpThreads } from './intra-op-threads.js';
+import { intraOpThreadsFor } from './intra-op-threads.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
 export interface SessionOptions {
@@ -187,7 +187,7 @@ export class ModelRunner {
     const sess = await ort.InferenceSession.create(bytes, {
       executionProviders: providers,
       graphOptimizationLevel: 'all',
-      intraOpNumThreads: session.intraOpThreads === 0 ? autoIntraOpThreads(spec.hiddenSize) : session.intraOpThreads,
+      intraOpNumThreads: intraOpThreadsFor(session.intraOpThreads, spec.hiddenSize),
       extra: device.kind === 'cpu' ? INTRA_OP_SPINNING : NO_SPINNING,
       ...(spec.pooling === 'splade' ? {} : SESSION_MEMORY),
       logSeverityLevel: 3,

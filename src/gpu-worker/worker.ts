@@ -31,7 +31,7 @@ import { inferenceMetrics, traceDropMetric } from '../shared/metrics.js';
 import { startThreadTracing, type TracingConfig } from '../shared/tracing.js';
 import { batchTracing } from './batch-trace.js';
 import { RpcPeer, type RpcHandlers } from '../shared/rpc.js';
-import { H_LENGTH, Slab } from '../shared/slab.js';
+import { Counter, H_LENGTH, Slab } from '../shared/slab.js';
 import { claimThreadsStarted, nameThread } from '../shared/threads.js';
 import { cudaMissing, cudaUnavailableMessage, describeCpu, describeCuda, parseDevice, type DeviceInfo } from './device.js';
 import { InferenceHold } from './hold.js';
@@ -42,7 +42,7 @@ import type { WorkerModel } from './worker-model.js';
 import { ModelRunner } from './runner.js';
 import { ThreadedRunner } from './threaded-runner.js';
 import { ModelInstances } from './model-instances.js';
-import { autoModelInstances } from './intra-op-threads.js';
+import { autoModelInstances, coresPerRun } from './intra-op-threads.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
 export type { WorkerModel } from './worker-model.js';
@@ -179,7 +179,7 @@ async function serveOpened(loop: InferenceLoop, o: OpenedModel, device: DeviceIn
   const [timings, threaded] = await Promise.all([o.runner.warmUp(), openThreaded(o.model, o.shared, device, count > 1 ? count : 0, o.output)]);
   // One instance: it runs in this thread. More: on their session threads, this one's session the lone path.
   const runner = count > 1 ? new ModelInstances(o.runner, threaded, o.runner) : new ModelInstances(o.runner, [o.runner]);
-  serve(loop, { model: o.model, shared: o.shared, runner }, timings);
+  serve(loop, { model: o.model, shared: o.shared, runner }, timings, device);
   if (count > 1) trimHeap(); // what the session threads' opening freed, as addModel does
 }
 
@@ -255,7 +255,8 @@ async function main(): Promise<void> {
 }
 
 /** Hands a warm model to the loop, its cost model seeded with the warm-up's timings. */
-function serve(loop: InferenceLoop, o: Served, timings: { bucket: number; rows: number; ms: number }[]): void {
+function serve(loop: InferenceLoop, o: Served, timings: { bucket: number; rows: number; ms: number }[], device: DeviceInfo): void {
+  o.shared.counters[Counter.RUN_CORES] = coresPerRun(device.kind, data.intraOpThreads, o.model.spec.hiddenSize);
   loop.addModel(o.model.id, data.testHooks ? hooked(o.runner) : o.runner, o.shared);
   for (const t of timings) loop.seedCost(o.model.id, t.bucket, t.rows, t.ms);
   served.set(o.model.id, o);
@@ -278,7 +279,7 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       const rssBefore = process.memoryUsage.rss();
       const shared = new Slab(model.slab, model.layout);
       const [first, ...others] = await openThreaded(model, shared, device, instancesOf(model, device), new SharedArrayBuffer(shared.privateOutputBytes));
-      serve(loop, { model, shared, runner: new ModelInstances(first!, [first!, ...others]) }, first!.opened.timings);
+      serve(loop, { model, shared, runner: new ModelInstances(first!, [first!, ...others]) }, first!.opened.timings, device);
       // What opening freed (graph optimization's copies of the weights) stays in the session thread's
       // own malloc arena otherwise: bert-base measured 946 MiB of RSS without this.
       trimHeap();

@@ -24,6 +24,15 @@ export class Doorbell {
   }
 
   /**
+   * Blocks this thread until the bell has been rung since `seen` was read, or
+   * for `timeoutMs`; returns whether it rang. Its event loop stands still
+   * meanwhile: for a thread that has nothing else to do.
+   */
+  sleep(seen: number, timeoutMs: number): boolean {
+    return Atomics.wait(this.a, this.index, seen, timeoutMs) !== 'timed-out' || this.read() !== seen;
+  }
+
+  /**
    * Resolves once the bell has been rung since `seen` was read, or after
    * `timeoutMs`. Never blocks the event loop.
    */

@@ -57,6 +57,12 @@ export function gatewayMetrics(registry: Registry) {
       labelNames: ['reason', 'outcome'] as const,
       registers,
     }),
+    loneWaits: new Counter({
+      name: 'slabserve_gateway_lone_waits_total',
+      help: 'Answers a gateway thread held itself awake for, its request being the only one in the server (--lone-wait-us): outcome answered (it came within the wait) or released (the bound passed first).',
+      labelNames: ['outcome'] as const,
+      registers,
+    }),
     eventLoopLag: new Gauge({
       name: 'slabserve_gateway_event_loop_lag_seconds',
       help: 'P99 event-loop delay of each gateway thread since the last scrape.',

@@ -126,6 +126,7 @@ export const Counter = {
   BUSY_UNTIL: 10, // epoch ms when the batch running now is predicted to end (admission adds what is left of it) // real tokens of requests dropped because their deadline passed (work saved)
   SPLIT_RUNS: 11, // runs of half a failed batch (or a half of a half...), retried to find the inputs that fail
   ISOLATED_INPUTS: 12, // inputs failed alone while the rest of their batch ran (SlotError.INPUT)
+  RUN_CORES: 13, // cores one run of this model keeps busy (intra-op threads on CPU, 0 on a GPU), set when it is served
 } as const;
 const COUNTERS = 16;
 

@@ -24,6 +24,7 @@ import { predictedWaitMs, type BucketCost } from './admission.js';
 import { bucketFor } from './buckets.js';
 import { Cancellation } from './cancel.js';
 import { nowMs } from './clock.js';
+import { LoneWait, type LoneWaitOptions } from './lone-wait.js';
 import type { ControlBlock } from './control.js';
 import type { Doorbell } from './doorbell.js';
 import {
@@ -239,6 +240,10 @@ export class SlabSubmitter {
   private readonly abandoned = new Set<number>();
   private closed = false;
   private listening = false;
+  /** How this thread waits for the answer to a request alone in the server (gateway threads only: lone-wait.ts). */
+  private readonly loneWait: LoneWait | undefined;
+  /** The model of the latest request submitted: the one a lone wait waits on. */
+  private lastModel = -1;
 
   /** Per model: bucket lengths and the batch capacity of each (for the queued-work tallies and admission). */
   private readonly buckets: { lengths: number[]; capacities: number[] }[] = [];
@@ -250,11 +255,12 @@ export class SlabSubmitter {
     slabs: Slab[],
     control: ControlBlock,
     owner: number,
-    opts: { buckets?: { lengths: number[]; capacities: number[] }[]; onCancel?: (r: CancelReport) => void } = {},
+    opts: { buckets?: { lengths: number[]; capacities: number[] }[]; onCancel?: (r: CancelReport) => void; loneWait?: LoneWaitOptions } = {},
   ) {
     this.control = control;
     this.owner = owner;
     this.bell = control.ownerBell(owner);
+    this.loneWait = opts.loneWait && opts.loneWait.maxUs > 0 ? new LoneWait(this.bell, opts.loneWait) : undefined;
     this.slabs = [];
     slabs.forEach((slab, id) => this.addModel(id, slab, opts.buckets?.[id]));
     this.onCancel = opts.onCancel;
@@ -436,10 +442,12 @@ export class SlabSubmitter {
       return Promise.reject(err);
     }
     const slots = held ?? own!;
+    this.loneWait?.submitted(this.inFlight > 0);
     const t = new Ticket(model, n, slab.layout.outputWidth);
     t.traced = opts.trace !== undefined;
     for (let i = 0; i < n; i++) this.fill(slab, model, t, i, slots.take(), inputs[i]!, opts);
     own?.release(); // nothing is left in it
+    this.lastModel = model;
     this.control.workerBell.ring(); // once per request, however many inputs
     if (opts.cancel) {
       t.cancel = opts.cancel;
@@ -536,12 +544,23 @@ export class SlabSubmitter {
         const seen = this.bell.read();
         this.drain();
         if (this.inFlight + this.abandoned.size === 0) break;
+        if (this.mayWaitLone()) {
+          // After the turn that submitted it: its handler has finished, and what it wrote is sent.
+          await new Promise<void>((resolve) => setImmediate(resolve));
+          if (this.mayWaitLone() && this.loneWait!.wait(this.slabs[this.lastModel]!, seen)) continue;
+        }
         await this.bell.wait(seen);
       }
       this.listening = false;
       // A completion may have arrived between the last drain and the flag reset.
       this.drain();
     })();
+  }
+
+  /** Whether this thread would hold itself for its one request in flight: a lone caller's, alone in the server (lone-wait.ts). */
+  private mayWaitLone(): boolean {
+    const slab = this.slabs[this.lastModel];
+    return this.loneWait !== undefined && slab !== undefined && this.inFlight === 1 && this.abandoned.size === 0 && this.loneWait.applies(slab);
   }
 
   /** Settles every finished request on this owner's completion queues. */

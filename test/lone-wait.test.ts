@@ -1,0 +1,179 @@
+/**
+ * The lone wait (--lone-wait-us, src/shared/lone-wait.ts): a gateway serving
+ * a lone caller holds its thread for the answer to the only request in the
+ * server, asleep until shortly before the batch's predicted end, awake from
+ * there; never for several callers, never past its bound.
+ */
+import { Worker } from 'node:worker_threads';
+import { availableParallelism } from 'node:os';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Doorbell } from '../dist/src/shared/doorbell.js';
+import { LONE_STREAK, LoneWait, MAX_LONE_WAIT_US } from '../dist/src/shared/lone-wait.js';
+import { Counter, type Slab } from '../dist/src/shared/slab.js';
+import { nowMs } from '../dist/src/shared/clock.js';
+import { startServer, type Server } from '../dist/src/server.js';
+import { parseMetrics } from './fixtures/http-client.js';
+import { expectCliRefuses } from './cli-process.js';
+import { makeRandom, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
+
+// Read by startServer: the inference hold below.
+process.env.SLABSERVE_TEST_HOOKS = '1';
+
+const MODEL = 'tiny-embed';
+
+/** What LoneWait reads of a slab: its counters and how many slots are taken. */
+function fakeSlab(inUse: number, runCores = 1): Slab {
+  const counters = new Float64Array(16);
+  counters[Counter.RUN_CORES] = runCores;
+  return { counters, slotsInUse: () => inUse } as unknown as Slab;
+}
+
+const newBell = () => new Doorbell(new Int32Array(new SharedArrayBuffer(4)), 0);
+
+/** Rings `cells`' bell from another thread `afterMs` from now. */
+function ringLater(cells: Int32Array, afterMs: number): Worker {
+  return new Worker(
+    `const { workerData } = require('node:worker_threads');
+     const cells = new Int32Array(workerData.cells);
+     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, workerData.afterMs);
+     Atomics.add(cells, 0, 1);
+     Atomics.notify(cells, 0);`,
+    { eval: true, workerData: { cells: cells.buffer, afterMs } },
+  );
+}
+
+describe('LoneWait', () => {
+  it('applies only after LONE_STREAK requests in a row found nothing else in flight, to a request alone in its slab, whose run leaves a core free', () => {
+    const wait = new LoneWait(newBell(), { maxUs: 1000 });
+    for (let i = 1; i < LONE_STREAK; i++) wait.submitted(false);
+    expect(wait.applies(fakeSlab(1))).toBe(false);
+    wait.submitted(false);
+    expect(wait.applies(fakeSlab(1))).toBe(true);
+    expect(wait.applies(fakeSlab(2))).toBe(false); // another request in the server
+    expect(wait.applies(fakeSlab(1, availableParallelism()))).toBe(false); // the run takes every core
+    wait.submitted(true); // a second caller: the streak starts again
+    expect(wait.applies(fakeSlab(1))).toBe(false);
+  });
+
+  it('returns false after its bound when nothing rings, and reports it', () => {
+    const outcomes: boolean[] = [];
+    const wait = new LoneWait(newBell(), { maxUs: 20_000, onWait: (a) => outcomes.push(a) });
+    const started = performance.now();
+    expect(wait.wait(fakeSlab(1), 0)).toBe(false);
+    expect(performance.now() - started).toBeGreaterThanOrEqual(19.5);
+    expect(outcomes).toEqual([false]);
+  });
+
+  it('sleeps until shortly before the predicted end and returns when another thread rings', async () => {
+    const cells = new Int32Array(new SharedArrayBuffer(4));
+    const bell = new Doorbell(cells, 0);
+    const slab = fakeSlab(1);
+    const outcomes: boolean[] = [];
+    const wait = new LoneWait(bell, { maxUs: MAX_LONE_WAIT_US, onWait: (a) => outcomes.push(a) });
+    const seen = bell.read();
+    // The batch is predicted to end in 90 ms; the answer comes at 60: the thread sleeps through it.
+    slab.counters[Counter.BUSY_UNTIL] = nowMs() + 90;
+    const ringer = ringLater(cells, 60);
+    await new Promise((resolve) => ringer.once('online', resolve));
+    const cpu = process.cpuUsage();
+    const started = performance.now();
+    expect(wait.wait(slab, seen)).toBe(true);
+    const tookMs = performance.now() - started;
+    const cpuMs = (process.cpuUsage(cpu).user + process.cpuUsage(cpu).system) / 1000;
+    expect(outcomes).toEqual([true]);
+    expect(tookMs).toBeLessThan(MAX_LONE_WAIT_US / 1000); // the ring ended it, not the bound
+    // Spinning through those ~60 ms would cost about as much CPU; asleep, almost none.
+    expect(cpuMs).toBeLessThan(tookMs / 2);
+    await ringer.terminate();
+  });
+});
+
+describe('--lone-wait-us on a server', () => {
+  let server: Server;
+  let texts: string[];
+
+  beforeAll(async () => {
+    server = await startServer(testServerConfig({ models: [MODEL], loneWaitUs: 50_000, heartbeatTimeoutMs: 60_000 }));
+    await server.ready;
+    const ref = await Reference.open(MODEL);
+    texts = randomTexts(makeRandom('lone-wait'), vocabularyWords(ref.spec), 3 * LONE_STREAK, 30);
+    await ref.close();
+  }, 60_000);
+
+  afterAll(async () => {
+    await server?.close();
+  });
+
+  const loneWaits = async () => {
+    const m = parseMetrics(await (await fetch(server.url + '/metrics')).text());
+    return { answered: m.sum('slabserve_gateway_lone_waits_total', { outcome: 'answered' }), released: m.sum('slabserve_gateway_lone_waits_total', { outcome: 'released' }) };
+  };
+
+  const embed = async (inputs: string | string[]): Promise<number[][]> => {
+    const r = await fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs }) });
+    expect(r.status).toBe(200);
+    return (await r.json()) as number[][];
+  };
+
+  it('holds the gateway for a lone caller from its LONE_STREAK-th request on, with the same rows', { timeout: 60_000 }, async () => {
+    const before = await loneWaits();
+    const rows: number[][] = [];
+    for (const text of texts) rows.push((await embed(text))[0]!);
+    const after = await loneWaits();
+    // From the LONE_STREAK-th on, each is held unless its answer came before the gateway came to wait
+    // (it waits after the turn that submitted it: on a busy machine that turn can take as long); none
+    // before. A 50 ms bound: only a stall releases one.
+    const lone = texts.length - LONE_STREAK + 1;
+    const holds = after.answered + after.released - before.answered - before.released;
+    expect(holds).toBeLessThanOrEqual(lone);
+    expect(holds).toBeGreaterThanOrEqual(lone / 2);
+    expect(after.answered - before.answered).toBeGreaterThanOrEqual(0.9 * holds);
+    // The same texts in one request (the batched path, no lone wait): the same rows.
+    const batched = await embed(texts);
+    batched.forEach((row, i) => row.forEach((x, j) => expect(x).toBeCloseTo(rows[i]![j]!, 5)));
+  });
+
+  it('holds it for few requests of several callers that overlap', { timeout: 60_000 }, async () => {
+    const before = await loneWaits();
+    // Eight callers at once: every request meets others in flight (the result cache answers repeats, so each is new).
+    const callers = Array.from({ length: 8 }, (_, c) => (async () => {
+      for (let i = 0; i < 6; i++) await embed(`${texts[(c * 6 + i) % texts.length]} caller ${c} round ${i}`);
+    })());
+    await Promise.all(callers);
+    const after = await loneWaits();
+    // The first of them finds the server empty and is held; the others arrive during its hold, and
+    // the second read after it already overlaps: the streak ends, and a few holds at most are left.
+    expect(after.answered + after.released - before.answered - before.released).toBeLessThanOrEqual(8);
+  });
+
+  it('lets the gateway go after the bound: a held request is answered once the device runs it', { timeout: 60_000 }, async () => {
+    for (let i = 0; i < LONE_STREAK; i++) await embed(`${texts[i]} again ${i}`); // a lone caller again
+    const before = await loneWaits();
+    await server.testHooks!.holdInference();
+    const pending = embed('a request the device does not run yet');
+    try {
+      // The gateway holds itself 50 ms at most, then serves: /health answers while the request waits.
+      const health = await fetch(server.url + '/health');
+      expect(health.status).toBe(200);
+      await expect(Promise.race([pending.then(() => 'answered'), new Promise((r) => setTimeout(r, 200, 'waiting'))])).resolves.toBe('waiting');
+      expect((await loneWaits()).released).toBe(before.released + 1);
+    } finally {
+      server.testHooks!.releaseInference();
+    }
+    expect((await pending)[0]!.length).toBeGreaterThan(0);
+  });
+});
+
+describe('--lone-wait-us range', () => {
+  it('refuses a bound out of range: startServer, the flag and SLABSERVE_LONE_WAIT_US', async () => {
+    await expect(startServer(testServerConfig({ models: [MODEL], loneWaitUs: MAX_LONE_WAIT_US + 1 }))).rejects.toThrow(/loneWaitUs must be an integer from 0 to 100000, got 100001/);
+    expectCliRefuses(
+      [
+        [['--lone-wait-us', String(MAX_LONE_WAIT_US + 1)], {}],
+        [['--lone-wait-us', '-1'], {}],
+        [[], { SLABSERVE_LONE_WAIT_US: 'long' }],
+      ],
+      /--lone-wait-us .*expected an integer from 0 to 100000/,
+    );
+  });
+});
