@@ -164,9 +164,10 @@ describe('priority classes', () => {
       expect(bulk.length, `seed ${seed}`).toBeGreaterThan(10);
       const aged = await simulate(load, { ...base, admission: false, weights: [1000, 1], ageingMs: 100 });
       for (const q of bulk) expect(aged.latency.get(q.id), `seed ${seed}, request ${q.id}`).toBeLessThan(100 + 20);
-      // The same load with ageing off: some bulk request waits far longer, so the bound above is ageing's doing.
+      // The same load with ageing off: some bulk request waits far longer (twice the ageing time; over 150
+      // seeds the longest wait was 246-400+ ms), so the bound above is ageing's doing.
       const unaged = await simulate(load, { ...base, admission: false, weights: [1000, 1], ageingMs: 1e9 });
-      expect(Math.max(...bulk.map((q) => unaged.latency.get(q.id) ?? Infinity)), `seed ${seed}`).toBeGreaterThan(300);
+      expect(Math.max(...bulk.map((q) => unaged.latency.get(q.id) ?? Infinity)), `seed ${seed}`).toBeGreaterThan(200);
     }
   });
 });
