@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { AUTO_INSTANCES_MAX, autoModelInstances } from '../dist/src/gpu-worker/intra-op-threads.js';
-import { LONE_MAX_TOKENS, ModelInstances, type Instance } from '../dist/src/gpu-worker/model-instances.js';
+import { HEAVY_QUEUE, LONE_MAX_TOKENS, ModelInstances, type Instance } from '../dist/src/gpu-worker/model-instances.js';
 import type { BatchStats } from '../dist/src/gpu-worker/runner.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';
 import { startServer, type Server } from '../dist/src/server.js';
@@ -74,6 +74,24 @@ describe('ModelInstances: which session runs a batch', () => {
     a.end();
     await big;
     expect(lone.got).toHaveLength(1);
+  });
+
+  it('under a heavy load (HEAVY_QUEUE requests queued) every batch starts on an instance, small or not, the lone path free or not', async () => {
+    const lone = new FakeSession();
+    const [a, b] = [new FakeSession(), new FakeSession()];
+    const pool = new ModelInstances(model, [a, b], lone);
+    const light = HEAVY_QUEUE - 1;
+    const r1 = pool.run([1], 1, light); // light: the free lone path
+    expect(pool.takes(1, 1, light)).toBe(false); // light, the lone path busy: wait for it
+    expect(pool.takes(1, 1, HEAVY_QUEUE)).toBe(true); // heavy: start now
+    const r2 = pool.run([2], 1, HEAVY_QUEUE); // on an instance
+    lone.end();
+    await r1;
+    const r3 = pool.run([3], 1, HEAVY_QUEUE); // the lone path is free, but the load heavy: an instance
+    expect([lone.got, a.got, b.got]).toEqual([[[1]], [[2]], [[3]]]);
+    a.end();
+    b.end();
+    await Promise.all([r2, r3]);
   });
 
   it('a failed run frees its instance, and without a lone path every batch goes to the instances', async () => {

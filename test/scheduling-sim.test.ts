@@ -191,6 +191,14 @@ describe('model instances (LoopRunner.instances)', () => {
   const at = (id: number, arrival: number) => ({ id, arrival, length: 10, priority: 0, timeoutMs: 30_000 });
   const startOf = (r: Result, id: number) => r.batches.find((b) => b.ids.includes(id))!.start;
 
+  it('tells the runner how many requests were queued when it launched each batch, the batch among them', async () => {
+    // 40 requests at once in one bucket, batches of at most 32: the first batch of 32 leaves 8.
+    const load = Array.from({ length: 40 }, (_, id) => at(id, 0.01 * id));
+    const r = await simulate(load, { ...base, admission: false, instances: 1 });
+    expect(r.batches.map((b) => b.rows)).toEqual([1, 32, 7]);
+    expect(r.batches.map((b) => b.queued)).toEqual([1, 39, 7]);
+  });
+
   it('a request arriving while the only instance runs waits for it; with a free instance it starts at once', async () => {
     const load = [at(0, 0), at(1, 0.1), at(2, 0.2)];
     const one = await simulate(load, { ...base, admission: false });

@@ -63,10 +63,15 @@ import {
  * What the loop needs of a model: its runner (tests pass fakes with these fields), and how many
  * batches it runs at once (its instances, model-instances.ts; default 1).
  */
-export type LoopRunner = Pick<ModelRunner, 'spec' | 'slab' | 'options' | 'run'> & {
+export type LoopRunner = Pick<ModelRunner, 'spec' | 'slab' | 'options'> & {
+  /** Runs a batch (ModelRunner.run); `queued`: requests of the model waiting when it was launched, its own among them. */
+  run(slots: readonly number[], bucket: number, queued?: number): Promise<BatchStats>;
   readonly instances?: number;
-  /** Whether it starts a batch of `rows` in `bucket` now (default: yes); if not, the loop waits for one of its batches to end. */
-  takes?(rows: number, bucket: number): boolean;
+  /**
+   * Whether it starts a batch of `rows` in `bucket` now (default: yes), `queued` requests of the
+   * model waiting (the batch's among them); if not, the loop waits for one of its batches to end.
+   */
+  takes?(rows: number, bucket: number, queued: number): boolean;
 };
 
 export interface SchedulingOptions {
@@ -302,7 +307,7 @@ export class InferenceLoop {
         );
         if (d.kind === 'run') {
           const m = this.open[d.model]!;
-          if (m.runner.takes?.(d.count, d.bucket) === false) break; // it runs once one of the model's batches ends
+          if (m.runner.takes?.(d.count, d.bucket, this.queuedOf(m)) === false) break; // it runs once one of the model's batches ends
           this.launch(m, d.priority, d.bucket, d.count);
           continue;
         }
@@ -342,7 +347,7 @@ export class InferenceLoop {
    * and would take a lone row (one whose lone path is busy would not: ModelInstances.takes).
    */
   private mayStartAnother(): boolean {
-    return this.models.some((m) => this.hasRoom(m) && m.runner.takes?.(1, 0) !== false);
+    return this.models.some((m) => this.hasRoom(m) && m.runner.takes?.(1, 0, this.queuedOf(m) + 1) !== false);
   }
 
   /** Fills `open` with the models that may start a batch now; whether any may. */
@@ -437,6 +442,7 @@ export class InferenceLoop {
   private launch(model: LoopModel, priority: number, bucket: number, count: number): void {
     const runner = model.runner;
     const slab = runner.slab;
+    const queued = this.queuedOf(model); // this batch's requests among them
     const taken = model.queue.byClass[priority]![bucket]!.splice(0, count);
     const slots: number[] = [];
     const now = this.clock.now();
@@ -466,7 +472,7 @@ export class InferenceLoop {
     this.runStarts.push(started);
     this.publishRunStart();
     const generations = slots.map((slot) => slab.header(slot, H_GENERATION));
-    void this.execute(model, bucket, slots, generations, started).finally(() => {
+    void this.execute(model, bucket, slots, generations, started, queued).finally(() => {
       if (!this.alive()) return; // given up: the main thread has answered these requests
       this.inflight--;
       model.running--;
@@ -490,11 +496,11 @@ export class InferenceLoop {
   }
 
   /** Runs one batch and ends its requests; a failed batch is split (splitFailedBatches). */
-  private async execute(model: LoopModel, bucket: number, slots: number[], generations: number[], started: number): Promise<void> {
+  private async execute(model: LoopModel, bucket: number, slots: number[], generations: number[], started: number, queued: number): Promise<void> {
     const runner = model.runner;
     const slab = runner.slab;
     try {
-      const stats = await runner.run(slots, bucket);
+      const stats = await runner.run(slots, bucket, queued);
       if (!this.alive()) return;
       this.recordRun(model, bucket, stats, started);
       this.completeBatch(model, slots, generations, started, SlotState.DONE, SlotError.NONE, { bucket, stats });

@@ -18,8 +18,9 @@
  * of at most LONE_MAX_TOKENS runs there (and waits for it while it is busy),
  * without the two thread hops a session thread costs (with every batch on
  * session threads: 0.83-0.91x the req/s at one connection, 0.87-0.97x at 4 and
- * 16). So at light load the model runs as with one instance, and the others
- * take the large batches of a heavy one. Every session writes its rows into one private output
+ * 16), unless the load is heavy (HEAVY_QUEUE requests queued): then every
+ * batch runs on the instances. So at light load the model runs as with one
+ * instance, and the instances take the large batches, and all of a heavy load. Every session writes its rows into one private output
  * (Slab.withPrivateOutput): a slot is in one batch at a time, so their writes
  * never overlap.
  */
@@ -39,6 +40,20 @@ export type Instance = Pick<LoopRunner, 'run'> & { release(): Promise<void> };
  * 1.22-1.36x at 64.
  */
 export const LONE_MAX_TOKENS = 256;
+
+/**
+ * From this many requests of the model queued when a batch starts, the load is heavy: the lone path
+ * is left alone and every batch runs on the instances, one a core, whatever its size. Under heavy
+ * load batches form in every bucket at once, most of them under LONE_MAX_TOKENS: held back for the
+ * lone path, they ran one at a time while the instances idled (the server used 1.6 of 2 cores at
+ * 64 connections). Measured on the 2-core VM (tiny-embed, the bench's short texts, wrk, against the
+ * lone path for every small batch, side by side): every batch on the instances gave 1.10-1.13x the
+ * req/s at 64 connections and 1.05-1.17x at 16 (for 13% more CPU per request), but 0.91-0.98x at 4
+ * and 0.83-0.91x at 1. With this rule: 16 queued, 1.05-1.12x at 64 and 0.96-1.03x at 16, CPU per
+ * request the same; 8 queued, 1.02-1.10x at 64 and 0.94-1.04x at 16 for 15% more CPU (16
+ * connections flip between the two ways).
+ */
+export const HEAVY_QUEUE = 16;
 
 export class ModelInstances implements LoopRunner {
   readonly spec: LoopRunner['spec'];
@@ -70,9 +85,13 @@ export class ModelInstances implements LoopRunner {
     return this.sessions.length;
   }
 
-  /** Runs a batch: on the lone path if it is small and that path is free, else on the least busy instance (the lowest index among equals). */
-  async run(slots: readonly number[], bucket: number): Promise<BatchStats> {
-    if (this.lone && this.loneRunning === 0 && this.small(slots.length, bucket)) {
+  /**
+   * Runs a batch, `queued` requests of the model waiting when it was launched (LoopRunner.run): on
+   * the lone path if the load is light, the batch small and that path free, else on the least busy
+   * instance (the lowest index among equals).
+   */
+  async run(slots: readonly number[], bucket: number, queued = 0): Promise<BatchStats> {
+    if (this.lone && queued < HEAVY_QUEUE && this.loneRunning === 0 && this.small(slots.length, bucket)) {
       this.loneRunning++;
       try {
         return await this.lone.run(slots, bucket);
@@ -91,11 +110,13 @@ export class ModelInstances implements LoopRunner {
   }
 
   /**
-   * Whether a batch of `rows` in `bucket` may start now (LoopRunner.takes): a small one waits
-   * while the lone path is busy, to run there next rather than on an instance (LONE_MAX_TOKENS).
+   * Whether a batch of `rows` in `bucket` may start now, `queued` requests of the model waiting
+   * (LoopRunner.takes): under a light load a small one waits while the lone path is busy, to run
+   * there next rather than on an instance (LONE_MAX_TOKENS); under a heavy one (HEAVY_QUEUE) it
+   * starts on an instance.
    */
-  takes(rows: number, bucket: number): boolean {
-    return !this.lone || this.loneRunning === 0 || !this.small(rows, bucket);
+  takes(rows: number, bucket: number, queued: number): boolean {
+    return !this.lone || queued >= HEAVY_QUEUE || this.loneRunning === 0 || !this.small(rows, bucket);
   }
 
   private small(rows: number, bucket: number): boolean {

@@ -344,7 +344,7 @@ function hooked(r: LoopRunner): LoopRunner {
     options: r.options,
     ...(r.instances !== undefined ? { instances: r.instances } : {}),
     ...(r.takes ? { takes: r.takes.bind(r) } : {}),
-    run: (slots, bucket) => {
+    run: (slots, bucket, queued) => {
       const fault = nextRunFault && slots.length >= nextRunFault.minRows ? nextRunFault.kind : null;
       if (fault) nextRunFault = null;
       // Queued before onnxruntime's own setImmediate: the thread goes while this batch is RUNNING.
@@ -361,7 +361,7 @@ function hooked(r: LoopRunner): LoopRunner {
           for (let i = 0; i < len; i++) if (ids[i] === hooks.poisonToken) ids[i] = 1 << 30;
         }
       }
-      return r.run(slots, bucket);
+      return r.run(slots, bucket, queued);
     },
   };
 }
