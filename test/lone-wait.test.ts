@@ -20,6 +20,8 @@ import { makeRandom, randomTexts, Reference, testServerConfig, vocabularyWords }
 process.env.SLABSERVE_TEST_HOOKS = '1';
 
 const MODEL = 'tiny-embed';
+/** tiny-embed runs on one core: a machine of one core has none left for the wait's spin, and never holds. */
+const CORE_FREE = availableParallelism() > 1;
 
 /** What LoneWait reads of a slab: its counters and how many slots are taken. */
 function fakeSlab(inUse: number, runCores = 1): Slab {
@@ -45,14 +47,16 @@ function ringLater(cells: Int32Array, afterMs: number): Worker {
 describe('LoneWait', () => {
   it('applies only after LONE_STREAK requests in a row found nothing else in flight, to a request alone in its slab, whose run leaves a core free', () => {
     const wait = new LoneWait(newBell(), { maxUs: 1000 });
+    const gpu = (inUse: number) => fakeSlab(inUse, 0); // a run that takes no core
     for (let i = 1; i < LONE_STREAK; i++) wait.submitted(false);
-    expect(wait.applies(fakeSlab(1))).toBe(false);
+    expect(wait.applies(gpu(1))).toBe(false);
     wait.submitted(false);
-    expect(wait.applies(fakeSlab(1))).toBe(true);
-    expect(wait.applies(fakeSlab(2))).toBe(false); // another request in the server
+    expect(wait.applies(gpu(1))).toBe(true);
+    expect(wait.applies(gpu(2))).toBe(false); // another request in the server
+    expect(wait.applies(fakeSlab(1, availableParallelism() - 1))).toBe(true); // a core left for the spin
     expect(wait.applies(fakeSlab(1, availableParallelism()))).toBe(false); // the run takes every core
     wait.submitted(true); // a second caller: the streak starts again
-    expect(wait.applies(fakeSlab(1))).toBe(false);
+    expect(wait.applies(gpu(1))).toBe(false);
   });
 
   it('returns false after its bound when nothing rings, and reports it', () => {
@@ -123,7 +127,7 @@ describe('--lone-wait-us on a server', () => {
     // From the LONE_STREAK-th on, each is held unless its answer came before the gateway came to wait
     // (it waits after the turn that submitted it: on a busy machine that turn can take as long); none
     // before. A 50 ms bound: only a stall releases one.
-    const lone = texts.length - LONE_STREAK + 1;
+    const lone = CORE_FREE ? texts.length - LONE_STREAK + 1 : 0;
     const holds = after.answered + after.released - before.answered - before.released;
     expect(holds).toBeLessThanOrEqual(lone);
     expect(holds).toBeGreaterThanOrEqual(lone / 2);
@@ -146,7 +150,7 @@ describe('--lone-wait-us on a server', () => {
     expect(after.answered + after.released - before.answered - before.released).toBeLessThanOrEqual(8);
   });
 
-  it('lets the gateway go after the bound: a held request is answered once the device runs it', { timeout: 60_000 }, async () => {
+  it.skipIf(!CORE_FREE)('lets the gateway go after the bound: a held request is answered once the device runs it', { timeout: 60_000 }, async () => {
     for (let i = 0; i < LONE_STREAK; i++) await embed(`${texts[i]} again ${i}`); // a lone caller again
     const before = await loneWaits();
     await server.testHooks!.holdInference();
