@@ -15,7 +15,10 @@
  * without that rule), so the first overlap ends the streak. (A request that
  * arrived during a hold is read after it, when the held one is answered, so
  * it shows no overlap; the next one does. Its cost is its tokenizing, done
- * after the hold instead of during the run it would have queued behind.) It sleeps
+ * after the hold instead of during the run it would have queued behind. Two
+ * callers in strict alternation never overlap, and count as one: at 2
+ * connections 1.4% of requests were held, req/s the same, P99 higher in 3
+ * rounds of 4.) It sleeps
  * (Atomics.wait, no CPU) until shortly before the batch's predicted end (the
  * cost model's BUSY_UNTIL, which the inference thread writes when it starts
  * the batch), then spins on the bell, so it is awake when the answer comes.
@@ -23,8 +26,8 @@
  * Bounded: after `maxUs` the thread goes back to its event loop and waits as
  * usual. Only where a run leaves a core free for the spin (a GPU, or a CPU run
  * on fewer intra-op threads than the machine has cores): it would slow the run.
- * Gateway threads only: the main thread's event loop (gRPC without threads of
- * its own, the in-process engine, the supervisors) is never held.
+ * Gateway threads only (gRPC's included): the main thread's event loop (the
+ * in-process engine, the supervisors) is never held.
  */
 import { availableParallelism } from 'node:os';
 import { nowMs } from './clock.js';
