@@ -307,8 +307,9 @@ export class InferenceLoop {
         );
         if (d.kind === 'run') {
           const m = this.open[d.model]!;
-          if (m.runner.takes?.(d.count, d.bucket, this.queuedOf(m)) === false) break; // it runs once one of the model's batches ends
-          this.launch(m, d.priority, d.bucket, d.count);
+          const queued = this.queuedOf(m);
+          if (m.runner.takes?.(d.count, d.bucket, queued) === false) break; // it runs once one of the model's batches ends
+          this.launch(m, d.priority, d.bucket, d.count, queued);
           continue;
         }
         if (d.kind === 'wait') timeout = Math.min(timeout, Math.max(0, d.untilMs - this.clock.now()));
@@ -439,10 +440,10 @@ export class InferenceLoop {
     this.wakeOwners();
   }
 
-  private launch(model: LoopModel, priority: number, bucket: number, count: number): void {
+  /** Starts a batch of `count` from a class and bucket of `model`'s queue, `queued` requests of the model waiting (the batch's among them). */
+  private launch(model: LoopModel, priority: number, bucket: number, count: number, queued: number): void {
     const runner = model.runner;
     const slab = runner.slab;
-    const queued = this.queuedOf(model); // this batch's requests among them
     const taken = model.queue.byClass[priority]![bucket]!.splice(0, count);
     const slots: number[] = [];
     const now = this.clock.now();

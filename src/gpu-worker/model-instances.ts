@@ -20,7 +20,8 @@
  * session threads: 0.83-0.91x the req/s at one connection, 0.87-0.97x at 4 and
  * 16), unless the load is heavy (HEAVY_QUEUE requests queued): then every
  * batch runs on the instances. So at light load the model runs as with one
- * instance, and the instances take the large batches, and all of a heavy load. Every session writes its rows into one private output
+ * instance, and the instances take the large batches, and all of a heavy
+ * load. Every session writes its rows into one private output
  * (Slab.withPrivateOutput): a slot is in one batch at a time, so their writes
  * never overlap.
  */
@@ -91,10 +92,10 @@ export class ModelInstances implements LoopRunner {
    * instance (the lowest index among equals).
    */
   async run(slots: readonly number[], bucket: number, queued = 0): Promise<BatchStats> {
-    if (this.lone && queued < HEAVY_QUEUE && this.loneRunning === 0 && this.small(slots.length, bucket)) {
+    if (this.forLone(slots.length, bucket, queued) && this.loneRunning === 0) {
       this.loneRunning++;
       try {
-        return await this.lone.run(slots, bucket);
+        return await this.lone!.run(slots, bucket); // forLone: there is one
       } finally {
         this.loneRunning--;
       }
@@ -116,11 +117,12 @@ export class ModelInstances implements LoopRunner {
    * starts on an instance.
    */
   takes(rows: number, bucket: number, queued: number): boolean {
-    return !this.lone || queued >= HEAVY_QUEUE || this.loneRunning === 0 || !this.small(rows, bucket);
+    return !this.forLone(rows, bucket, queued) || this.loneRunning === 0;
   }
 
-  private small(rows: number, bucket: number): boolean {
-    return rows * this.options.buckets[bucket]! <= LONE_MAX_TOKENS;
+  /** Whether a batch of `rows` in `bucket` belongs on the lone path: there is one, the load is light and the batch small. */
+  private forLone(rows: number, bucket: number, queued: number): boolean {
+    return this.lone !== undefined && queued < HEAVY_QUEUE && rows * this.options.buckets[bucket]! <= LONE_MAX_TOKENS;
   }
 
   /** Frees every session (and ends its thread). */
