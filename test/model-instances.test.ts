@@ -50,13 +50,13 @@ describe('ModelInstances: which session runs a batch', () => {
     const [a, b] = [new FakeSession(), new FakeSession()];
     const pool = new ModelInstances(model, [a, b], lone);
     expect(pool.instances).toBe(2);
-    expect(pool.takes(1, 1)).toBe(true);
+    expect(pool.takes(1, 1, 1)).toBe(true);
     const r1 = pool.run([1], 1); // 16 tokens, the lone path free: lone
     // The lone path busy: a small batch waits for it (the loop asks takes()), a large one does not.
     const bigRows = LONE_MAX_TOKENS / 64 + 1;
-    expect(pool.takes(1, 1)).toBe(false);
-    expect(pool.takes(LONE_MAX_TOKENS / 16, 1)).toBe(false);
-    expect(pool.takes(bigRows, 2)).toBe(true);
+    expect(pool.takes(1, 1, 1)).toBe(false);
+    expect(pool.takes(LONE_MAX_TOKENS / 16, 1, 1)).toBe(false);
+    expect(pool.takes(bigRows, 2, 1)).toBe(true);
     const r2 = pool.run([2], 1); // the lone path is busy: an instance, the first
     const r3 = pool.run([3, 4], 1); // a is busy: b
     const r4 = pool.run([5], 1); // both run one: the lowest index
@@ -66,7 +66,7 @@ describe('ModelInstances: which session runs a batch', () => {
     a.end();
     b.end();
     await Promise.all([r1, r2, r3, r4]);
-    expect(pool.takes(1, 1)).toBe(true);
+    expect(pool.takes(1, 1, 1)).toBe(true);
     // Idle again, but too many padded tokens for the lone path: an instance.
     const big = pool.run(Array.from({ length: bigRows }, (_, i) => 10 + i), 2);
     expect(b.got).toHaveLength(1);
@@ -97,9 +97,9 @@ describe('ModelInstances: which session runs a batch', () => {
   it('a failed run frees its instance, and without a lone path every batch goes to the instances', async () => {
     const [a, b] = [new FakeSession(), new FakeSession()];
     const pool = new ModelInstances(model, [a, b]);
-    expect(pool.takes(1, 0)).toBe(true);
+    expect(pool.takes(1, 0, 1)).toBe(true);
     const failing = pool.run([1], 0);
-    expect(pool.takes(1, 0)).toBe(true); // no lone path to wait for
+    expect(pool.takes(1, 0, 1)).toBe(true); // no lone path to wait for
     a.end(true);
     await expect(failing).rejects.toThrow('run failed');
     const next = pool.run([2], 0); // a is free again: it is the lowest
