@@ -14,7 +14,7 @@ import { DEFAULT_SCHEDULING, MAX_IDLE_SPIN_US, type SchedulingOptions } from './
 import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage, ModelOpened, WorkerModel } from './gpu-worker/worker.js';
 import { nowMs } from './shared/clock.js';
 import { WorkerState, type ControlBlock } from './shared/control.js';
-import { SlabserveError, ValidationError } from './shared/errors.js';
+import { checkIntegerIn, SlabserveError, ValidationError } from './shared/errors.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { RpcPeer } from './shared/rpc.js';
 import { autoIntraOpThreads, autoModelInstances, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
@@ -53,11 +53,6 @@ export interface InferenceThread {
   ready: Promise<DeviceInfo>;
   /** Its kernel thread ids, once ready (per-thread CPU metrics). */
   threads: InferenceThreadIds;
-}
-
-/** Throws a ValidationError unless `value` is an integer from 0 (`from` says it, e.g. "0 (auto)") to `max`. */
-function checkIntegerIn(name: string, value: number, from: string, max: number): void {
-  if (!Number.isInteger(value) || value < 0 || value > max) throw new ValidationError(`${name} must be an integer from ${from} to ${max}, got ${value}`);
 }
 
 /** Starts the inference thread; `ready` settles when warm-up ends (or start-up fails). */

@@ -45,7 +45,7 @@ import { loadModels, packageRoot, planModel } from './model-plans.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { nowMs } from './shared/clock.js';
 import { ControlBlock, WorkerState } from './shared/control.js';
-import { SlabserveError, ValidationError } from './shared/errors.js';
+import { checkIntegerIn, SlabserveError, ValidationError } from './shared/errors.js';
 import { cacheMetrics, processMetrics, repositoryMetrics, supervisionMetrics } from './shared/metrics.js';
 import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from './shared/result-cache.js';
 import { Counter, Slab } from './shared/slab.js';
@@ -314,7 +314,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const grpc = await grpcListen(config);
   checkDevice(config.device);
   checkRepositoryFlags(config);
-  checkLoneWait(config.loneWaitUs);
+  checkIntegerIn('loneWaitUs', config.loneWaitUs, '0', MAX_LONE_WAIT_US);
   const tracing = tracingOf(config);
   const grpcThreads = config.grpcThreads ?? 0;
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
@@ -452,10 +452,6 @@ function tracingOf(config: ServerConfig): TracingConfig | null {
   } catch (err) {
     throw new ValidationError((err as Error).message);
   }
-}
-
-function checkLoneWait(us: number): void {
-  if (!Number.isInteger(us) || us < 0 || us > MAX_LONE_WAIT_US) throw new ValidationError(`loneWaitUs must be an integer from 0 to ${MAX_LONE_WAIT_US}, got ${us}`);
 }
 
 /** The inference thread's settings, from the server's. */

@@ -97,7 +97,6 @@ describe('LoneWait', () => {
         sleeps.push({ ms, at: nowMs() });
         Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
         readsAfterSleep = 0;
-        return false;
       },
     } as unknown as Doorbell;
     const slab = fakeSlab(1);

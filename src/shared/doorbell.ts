@@ -25,11 +25,11 @@ export class Doorbell {
 
   /**
    * Blocks this thread until the bell has been rung since `seen` was read, or
-   * for `timeoutMs`; returns whether it rang. Its event loop stands still
+   * for `timeoutMs` (read() tells which). Its event loop stands still
    * meanwhile: for a thread that has nothing else to do.
    */
-  sleep(seen: number, timeoutMs: number): boolean {
-    return Atomics.wait(this.a, this.index, seen, timeoutMs) !== 'timed-out' || this.read() !== seen;
+  sleep(seen: number, timeoutMs: number): void {
+    Atomics.wait(this.a, this.index, seen, timeoutMs);
   }
 
   /**

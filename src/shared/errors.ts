@@ -36,6 +36,11 @@ export class ValidationError extends SlabserveError {
   }
 }
 
+/** Throws a ValidationError unless `value` is an integer from 0 (`from` says it, e.g. "0 (auto)") to `max`. */
+export function checkIntegerIn(name: string, value: number, from: string, max: number): void {
+  if (!Number.isInteger(value) || value < 0 || value > max) throw new ValidationError(`${name} must be an integer from ${from} to ${max}, got ${value}`);
+}
+
 /**
  * A model named for a task it does not do (a classifier asked to embed): 422 with the code every
  * invalid input has (clients match on it), but gRPC's FAILED_PRECONDITION, as TEI answers it.
