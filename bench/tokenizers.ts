@@ -507,16 +507,18 @@ function printThroughput(scenarios: Scenario[], rows: Row[], rounds: number, rou
   );
 }
 
-/** The gateway's tokenizer = JS library + special tokens / truncation done in src/core/tokenizer.ts. */
+/** The gateway's tokenizer: the ASCII fast path or the JS library, then special tokens / truncation done in src/core/tokenizer.ts; beside it the library alone. */
 async function measureGateway(lib: Libraries, texts: BenchTexts, budgetMs: number): Promise<void> {
   const gw = createTokenizer(lib.json);
+  const libraryOnly = createTokenizer(lib.json, { asciiFastPath: false });
   const opts = { maxLength: 512, truncate: true };
   const rows: [string, Sample][] = [
     ['short, encode()', await measure(budgetMs, 1, () => gw.encode(texts.nextShort(), opts))],
+    ['short, encode(), library only (no ASCII fast path)', await measure(budgetMs, 1, () => libraryOnly.encode(texts.nextShort(), opts))],
     ['long, encode() (truncated to 512)', await measure(budgetMs, 1, () => gw.encode(texts.nextLong(), opts))],
     ['batch of 64 long, encodeBatch() (yields every 4 ms)', await measure(budgetMs, 64, () => gw.encodeBatch(texts.batch, opts))],
   ];
-  console.log('\n## slabserve gateway tokenizer (src/core/tokenizer.ts: JS library + own specials/truncation, maxLength 512)');
+  console.log('\n## slabserve gateway tokenizer (src/core/tokenizer.ts: ASCII fast path or JS library, own specials/truncation, maxLength 512)');
   console.log(
     alignedTable(
       ['scenario', 'µs/text', 'texts/s', 'loop µs/text'],

@@ -22,6 +22,7 @@ import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { InputTooLongError } from '../shared/errors.js';
 import type { ModelSpec } from '../shared/model-config.js';
 import { TokenAligner } from './token-offsets.js';
+import { AsciiWordPiece } from './wordpiece-ascii.js';
 
 /** One encoded input. Includes the special tokens ([CLS]/[SEP]); `ids.length` is the token count. */
 export interface Encoding {
@@ -238,10 +239,12 @@ class HfJsTokenizer implements TextTokenizer {
   readonly #pairSpecials: number;
   readonly #cleanUpSpaces: boolean;
   readonly #aligner: TokenAligner | null;
+  /** The BERT pipeline on ASCII texts, where this tokenizer.json is one (wordpiece-ascii.ts); null: the library always. */
+  readonly #ascii: AsciiWordPiece | null;
   /** sentence_bert_config.json's do_lower_case: every text lowercased before the tokenizer, as sentence-transformers does. */
   readonly #lowercase: boolean;
 
-  constructor(json: Json, cleanUpSpaces: boolean, lowercase: boolean) {
+  constructor(json: Json, cleanUpSpaces: boolean, lowercase: boolean, asciiFastPath: boolean) {
     // config {}: encoding then depends only on tokenizer.json (as with the Rust library)
     this.#tok = new HfTokenizer(json, {});
     this.#template = templateFrom(json.post_processor);
@@ -250,6 +253,7 @@ class HfJsTokenizer implements TextTokenizer {
     this.#cleanUpSpaces = cleanUpSpaces;
     this.vocabSize = this.#tok.get_vocab(true).size;
     this.#aligner = TokenAligner.forTokenizerJson(json);
+    this.#ascii = asciiFastPath ? AsciiWordPiece.forTokenizerJson(json, this.#tok) : null;
     this.#lowercase = lowercase;
   }
 
@@ -282,7 +286,8 @@ class HfJsTokenizer implements TextTokenizer {
   /** Ids of one sequence, no special tokens. */
   #ids(text: string): number[] {
     if (typeof text !== 'string') throw new TypeError('text must be a string');
-    return this.#tok.encode(this.#lowercase ? text.toLowerCase() : text, { add_special_tokens: false }).ids;
+    const seen = this.#lowercase ? text.toLowerCase() : text;
+    return this.#ascii?.ids(seen) ?? this.#tok.encode(seen, { add_special_tokens: false }).ids;
   }
 
   encode(text: string, opts: EncodeOptions): Encoding {
@@ -335,12 +340,14 @@ export interface TokenizerOptions {
   cleanUpTokenizationSpaces?: boolean;
   /** Lowercase every text first (sentence_bert_config.json's do_lower_case, over a tokenizer that does not itself). */
   lowercase?: boolean;
+  /** false: every text through the library, never wordpiece-ascii.ts (the bench's comparison). Default true. */
+  asciiFastPath?: boolean;
 }
 
 /** Build a tokenizer from tokenizer.json content already in memory. */
 export function createTokenizer(tokenizerJson: object, options: TokenizerOptions = {}): TextTokenizer {
   if (!isObj(tokenizerJson) || !isObj(tokenizerJson.model)) throw new Error('tokenizer.json: no model');
-  return new HfJsTokenizer(tokenizerJson, options.cleanUpTokenizationSpaces ?? false, options.lowercase ?? false);
+  return new HfJsTokenizer(tokenizerJson, options.cleanUpTokenizationSpaces ?? false, options.lowercase ?? false, options.asciiFastPath ?? true);
 }
 
 /** A model's tokenizer, as its folder asks for it (lowercasing with do_lower_case). */

@@ -1,0 +1,134 @@
+/**
+ * The ASCII fast path of the BERT pipeline (src/core/wordpiece-ascii.ts) against
+ * the library it stands in for and the Rust tokenizers library, on fresh random
+ * texts (seed printed) built to hit its edges: case, every ASCII punctuation
+ * character, tabs and newlines, runs of spaces, words past
+ * max_input_chars_per_word, words the vocabulary cannot cover, added tokens,
+ * and the characters it must hand back (controls, non-ASCII).
+ */
+import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
+import { describe, expect, it } from 'vitest';
+import { createTokenizer } from '../src/core/tokenizer.js';
+import { AsciiWordPiece } from '../src/core/wordpiece-ascii.js';
+import { buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
+import { makeRandom } from './helpers.js';
+
+type Json = Record<string, unknown>;
+
+const uncased = buildBertTokenizerJson() as Json;
+const vocabOf = (json: Json) => (json.model as { vocab: Record<string, number> }).vocab;
+const withModel = (json: Json, model: Json): Json => ({ ...json, model: { ...(json.model as Json), ...model } });
+/** Cased: the normalizer keeps case, so capitalised words miss the uncased vocabulary (pieces or [UNK]). */
+const cased: Json = { ...uncased, normalizer: { ...(uncased.normalizer as Json), lowercase: false } };
+/** No normalizer at all. */
+const bare: Json = { ...uncased, normalizer: null };
+/** No token holds a 'z': every word with one is a single [UNK]. Short words: max_input_chars_per_word 12. */
+const holey = withModel(uncased, {
+  vocab: Object.fromEntries(Object.entries(vocabOf(uncased)).filter(([t]) => !t.includes('z'))),
+  max_input_chars_per_word: 12,
+});
+const VARIANTS: Record<string, Json> = { uncased, cased, bare, holey };
+
+const WORDS = Object.keys(vocabOf(uncased)).filter((w) => /^[a-z]{2,}$/.test(w));
+const PUNCT = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~';
+const ADDED = ['[MASK]', '[SEP]', '[cls]', 'x[PAD]y'];
+
+/** A text the fast path must answer: printable ASCII, tab, newline, return, and no added token. */
+function asciiText(r: () => number): string {
+  const pick = <T>(xs: ArrayLike<T>) => xs[Math.floor(r() * xs.length)]!;
+  const parts: string[] = [];
+  const n = Math.floor(r() * 30);
+  for (let i = 0; i < n; i++) {
+    const roll = r();
+    let w = pick(WORDS);
+    if (roll < 0.15) w = w[0]!.toUpperCase() + w.slice(1);
+    else if (roll < 0.2) w = w.toUpperCase();
+    else if (roll < 0.3) w += pick(WORDS) + pick(WORDS); // glued: pieces
+    else if (roll < 0.35) w = pick(WORDS).repeat(20); // past any max_input_chars_per_word here
+    else if (roll < 0.5) w = Array.from({ length: 1 + Math.floor(r() * 12) }, () => String.fromCharCode(0x21 + Math.floor(r() * 94))).join('');
+    else if (roll < 0.6) w = pick(PUNCT) + w + pick(PUNCT);
+    else if (roll < 0.65) w = String(Math.floor(r() * 1e6));
+    parts.push(w, pick([' ', ' ', '  ', '\t', '\n', '\r\n', '']));
+  }
+  return parts.join('');
+}
+
+/** An ASCII text with something only the library may answer spliced in. */
+function handedBack(r: () => number): string {
+  const text = asciiText(r) || 'plain';
+  const odds = ['\u0000', '\u0007', '\u000b', '\u000c', '\u001f', '\u007f', 'é', 'ß', 'İ', '你好', '😀', '\u00a0', ...ADDED];
+  const odd = odds[Math.floor(r() * odds.length)]!;
+  const at = Math.floor(r() * (text.length + 1));
+  return text.slice(0, at) + odd + text.slice(at);
+}
+
+function libraryIds(lib: HfTokenizer, text: string): number[] {
+  return lib.encode(text, { add_special_tokens: false }).ids;
+}
+
+describe('AsciiWordPiece', () => {
+  for (const [name, json] of Object.entries(VARIANTS)) {
+    it(`gives the library's ids on every random ASCII text (${name})`, () => {
+      const r = makeRandom(`wordpiece-ascii ${name}`);
+      const lib = new HfTokenizer(json, {});
+      const fast = AsciiWordPiece.forTokenizerJson(json, lib);
+      expect(fast).not.toBeNull();
+      let unknowns = 0;
+      for (let i = 0; i < 600; i++) {
+        const text = asciiText(r);
+        const ids = fast!.ids(text);
+        expect(ids, JSON.stringify(text)).not.toBeNull();
+        expect(ids, JSON.stringify(text)).toEqual(libraryIds(lib, text));
+        unknowns += ids!.filter((id) => id === 100).length;
+      }
+      // The unknown-word rule was exercised: long words everywhere, holes in 'holey', capitals in 'cased'.
+      expect(unknowns).toBeGreaterThan(0);
+    });
+  }
+
+  it('hands back texts with control characters, non-ASCII characters or added tokens; the tokenizer still gives the library ids', () => {
+    const r = makeRandom('wordpiece-ascii handed back');
+    const lib = new HfTokenizer(uncased, {});
+    const fast = AsciiWordPiece.forTokenizerJson(uncased, lib)!;
+    const tok = createTokenizer(uncased);
+    const opts = { maxLength: 100000, truncate: false };
+    for (let i = 0; i < 300; i++) {
+      const text = handedBack(r);
+      expect(fast.ids(text), JSON.stringify(text)).toBeNull();
+      expect(Array.from(tok.encode(text, opts).ids).slice(1, -1), JSON.stringify(text)).toEqual(libraryIds(lib, text));
+    }
+  });
+
+  it('is not used for a pipeline other than the plain BERT one', () => {
+    const lib = new HfTokenizer(uncased, {});
+    const not = (json: Json) => expect(AsciiWordPiece.forTokenizerJson(json, lib)).toBeNull();
+    not({ ...uncased, normalizer: { type: 'Sequence', normalizers: [{ type: 'NFD' }, { type: 'Lowercase' }] } });
+    not({ ...uncased, pre_tokenizer: { type: 'Whitespace' } });
+    not(withModel(uncased, { type: 'BPE' }));
+    not(withModel(uncased, { fuse_unk: true }));
+    not(withModel(uncased, { unk_token: '[NOPE]' }));
+    not({ ...uncased, added_tokens: [...(uncased.added_tokens as Json[]), { id: 30522, content: '##ing', special: false, normalized: true }] });
+  });
+});
+
+// The tokenizer as served (fast path and template) against the Rust library, when installed (a devDependency).
+let rust: typeof import('tokenizers') | undefined;
+try {
+  rust = await import('tokenizers');
+} catch {
+  rust = undefined;
+}
+
+describe.skipIf(!rust)('the served tokenizer on ASCII texts matches the Rust tokenizers library', () => {
+  for (const [name, json] of Object.entries(VARIANTS)) {
+    it(`same ids with special tokens (${name})`, async () => {
+      const r = makeRandom(`wordpiece-ascii rust ${name}`);
+      const theirs = rust!.Tokenizer.fromString(JSON.stringify(json));
+      const ours = createTokenizer(json);
+      for (let i = 0; i < 300; i++) {
+        const text = r() < 0.8 ? asciiText(r) : handedBack(r);
+        expect(Array.from(ours.encode(text, { maxLength: 100000, truncate: false }).ids), JSON.stringify(text)).toEqual((await theirs.encode(text)).getIds());
+      }
+    }, 60_000);
+  }
+});
