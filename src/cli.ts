@@ -227,7 +227,7 @@ program
   .addOption(flag('--drain-grace-ms <ms>', 'on SIGTERM, how long idle keep-alive connections stay open after the last request, so one a client is sending on is answered, not cut', 'DRAIN_GRACE_MS', int(0), D.drainGraceMs))
   .addOption(flag('--tokenizer-threads <n>', 'most tokenizer pool threads per gateway, for large client batches (started when needed)', 'TOKENIZER_THREADS', int(1), D.tokenizerThreads))
   .addOption(flag('--tokenizer-queue <n>', 'requests waiting for the tokenizer pool per gateway; past it, 429 at once (default: 256 per pool thread)', 'TOKENIZER_QUEUE', int(1)))
-  .addOption(flag('--inline-tokenize-chars <n>', 'client batches up to this many characters are tokenized on the gateway thread itself', 'INLINE_TOKENIZE_CHARS', int(0), D.inlineTokenizeChars))
+  .addOption(flag('--inline-tokenize-chars <n>', 'client batches up to this many characters are tokenized on the gateway thread itself (ASCII text the fast path takes counts an eighth)', 'INLINE_TOKENIZE_CHARS', int(0), D.inlineTokenizeChars))
   .addOption(flag('--grpc-threads <n>', 'gRPC on threads of its own, serving no HTTP (0: every gateway thread serves gRPC beside HTTP): docs/grpc.md', 'GRPC_THREADS', int(0), D.grpcThreads))
   .addOption(flag('--grpc-stream-max-inflight <n>', 'gRPC: most messages of one stream answered at once; past it the stream is read no further until answers go out', 'GRPC_STREAM_MAX_INFLIGHT', int(1), D.grpcStreamMaxInflight))
   .addOption(flag('--ws-max-inflight <n>', 'WebSocket: most requests in flight per socket (the highest credit)', 'WS_MAX_INFLIGHT', int(1), D.wsMaxInflight))

@@ -575,11 +575,11 @@ describe('overload at three times capacity', () => {
     }
   }
 
-  /** `count` texts of tiny-embed's vocabulary, each `minChars`..`maxChars` long, with their reference rows computed. */
-  async function textPool(rand: () => number, count: number, minChars: number, maxChars: number, words: [number, number]): Promise<string[]> {
+  /** `count` texts of tiny-embed's vocabulary (then `tail`), each `minChars`..`maxChars` long, with their reference rows computed. */
+  async function textPool(rand: () => number, count: number, minChars: number, maxChars: number, words: [number, number], tail = ''): Promise<string[]> {
     const pool: string[] = [];
     while (pool.length < count) {
-      const t = textOf(rand, words[0] + Math.floor(rand() * (words[1] - words[0])));
+      const t = textOf(rand, words[0] + Math.floor(rand() * (words[1] - words[0]))) + tail;
       if (t.length >= minChars && t.length <= maxChars) pool.push(t);
     }
     for (const t of pool) await refEmbedding(t);
@@ -606,8 +606,10 @@ describe('overload at three times capacity', () => {
   it('requests tokenized on the pool are refused before inference too; a refusal sent before its body leaves the keep-alive connection serving', { timeout: 90_000 }, async () => {
     const rand = makeRandom('faults overload pooled');
     // Every request holds more than --inline-tokenize-chars (four texts of 280-400 characters, 35-60
-    // tokens each): it is tokenized on the gateway's piscina pool, not on its event loop.
-    const pool = await textPool(rand, 12, 280, 400, [34, 56]);
+    // tokens each, each with a non-ASCII word: the inline rule counts them whole, at the library's
+    // pace): it is tokenized on the gateway's piscina pool, not on its event loop.
+    const pool = await textPool(rand, 12, 280, 400, [34, 56], ' naïve');
+    for (const t of pool) expect(embedTok.paceChars(t)).toBe(t.length);
     const request = () => Array.from({ length: INPUTS }, () => pick(rand, pool));
     expect(INPUTS * 280).toBeGreaterThan(INLINE_CHARS);
 

@@ -18,6 +18,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { INLINE_TOKENIZE_CHARS } from '../dist/src/core/infer.js';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { createEngine } from '../dist/src/engine.js';
 import { startServer, type Server } from '../dist/src/server.js';
@@ -368,7 +369,8 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
   it('longer inputs: 413 without truncate; with it, cut to max_seq_length on the side asked ([CLS] and [SEP] kept)', async () => {
     const rand = makeRandom('st max_seq_length');
     const words = vocabularyWords(loadModelSpec(join(root, 'st-short')));
-    const long = Array.from({ length: 6 }, () => Array.from({ length: 50 + Math.floor(rand() * 80) }, () => words[Math.floor(rand() * words.length)]).join(' '));
+    // 250-330 words each (under 512 tokens): six of them are past --inline-tokenize-chars at the ASCII pace (checked below).
+    const long = Array.from({ length: 6 }, () => Array.from({ length: 250 + Math.floor(rand() * 80) }, () => words[Math.floor(rand() * words.length)]).join(' '));
     // The reference ids: the Rust tokenizers library's for the folder's tokenizer.json, truncated to max_seq_length.
     const rustCutting = (direction: 'right' | 'left') => {
       const t = (createRequire(import.meta.url)('tokenizers') as { Tokenizer: { fromFile(p: string): RustTruncating } }).Tokenizer.fromFile(join(root, 'st-short', 'tokenizer.json'));
@@ -395,7 +397,7 @@ describe("sentence_bert_config.json's max_seq_length is the limit", () => {
       return Int32Array.from([body[0]!, ...body.subarray(body.length - (MAX_SEQ_LENGTH - 1), body.length - 1), body[body.length - 1]!]);
     };
     const left = await post('/embed', { model: 'st-short', inputs: long, truncate: true, truncation_direction: 'Left' });
-    expect(long.join('').length).toBeGreaterThan(1024);
+    expect(long.reduce((n, t) => n + tok.paceChars(t), 0)).toBeGreaterThan(INLINE_TOKENIZE_CHARS);
     expect(left.status, JSON.stringify(left.body)).toBe(200);
     for (const [i, text] of long.entries()) {
       const ids = fromLeft(text);
@@ -602,8 +604,9 @@ describe("sentence_bert_config.json's do_lower_case", () => {
     const casedTok = await loadTokenizer(join(root, 'cased-as-is', 'tokenizer.json'));
     const ref = async (text: string) => pooled(await tokenStates(casedTok.encode(text, { maxLength: 512, truncate: false }).ids), 'mean', true);
     const rand = makeRandom('st do_lower_case server');
-    const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'cased-lowered'))), 48, 30).map((t) => t.toUpperCase());
-    expect(texts.join('').length).toBeGreaterThan(1024); // past inlineTokenizeChars: the pool thread tokenizes them
+    const texts = randomTexts(rand, vocabularyWords(loadModelSpec(join(root, 'cased-lowered'))), 48, 80).map((t) => t.toUpperCase());
+    // past --inline-tokenize-chars (at the pace the server counts them): the pool thread tokenizes them
+    expect(texts.reduce((n, t) => n + casedTok.paceChars(t), 0)).toBeGreaterThan(INLINE_TOKENIZE_CHARS);
     const [alone, many, prompted] = await Promise.all([
       post('/embed', { model: 'cased-lowered', inputs: texts[0] }),
       post('/embed', { model: 'cased-lowered', inputs: texts }),

@@ -8,8 +8,9 @@
  */
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { describe, expect, it } from 'vitest';
-import { createTokenizer } from '../src/core/tokenizer.js';
-import { AsciiWordPiece } from '../src/core/wordpiece-ascii.js';
+import { Infer, INLINE_TOKENIZE_CHARS, type ServedModel } from '../src/core/infer.js';
+import { createTokenizer, type EncodeOptions } from '../src/core/tokenizer.js';
+import { ASCII_PACE, AsciiWordPiece } from '../src/core/wordpiece-ascii.js';
 import { buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
 import { makeRandom } from './helpers.js';
 
@@ -131,4 +132,43 @@ describe.skipIf(!rust)('the served tokenizer on ASCII texts matches the Rust tok
       }
     }, 60_000);
   }
+});
+
+describe('the inline rule counts ASCII the fast path takes at its pace', () => {
+  const tok = createTokenizer(uncased);
+  const model = { plan: { maxLength: 512 }, tokenizer: tok } as unknown as ServedModel;
+  /** Infer's rule with a batch tokenizer that records what reached it (the pool's place). */
+  const rig = () => {
+    const pooled: string[][] = [];
+    const batchTokenizer = async (_m: ServedModel, texts: string[], opts: EncodeOptions) => {
+      pooled.push(texts);
+      return texts.map((t) => tok.encode(t, opts));
+    };
+    const infer = new Infer([], null as never, { requestTimeoutMs: 1000, batchTokenizer });
+    return { pooled, encode: (texts: string[]) => infer.encodeTexts(model, texts, { truncate: true }) };
+  };
+  const ascii = (chars: number) => 'lorem ipsum dolor sit amet, '.repeat(Math.ceil(chars / 28)).slice(0, chars);
+
+  it('paceChars: an ASCII text weighs 1/ASCII_PACE of its length, one the library tokenizes its whole length', () => {
+    expect(tok.paceChars(ascii(4000))).toBe(Math.ceil(4000 / ASCII_PACE));
+    expect(tok.paceChars(ascii(3999) + 'é')).toBe(4000);
+    expect(tok.paceChars(ascii(3994) + '[MASK]')).toBe(4000);
+  });
+
+  it('inline within the bound at that pace; on the pool past it, or at the library pace', async () => {
+    expect(INLINE_TOKENIZE_CHARS).toBe(1024);
+    const cases: [string, string[], boolean][] = [
+      ['3 ASCII texts, 4000 characters', [ascii(1500), ascii(1500), ascii(1000)], false],
+      ['1 ASCII text, 6000 characters', [ascii(6000)], false],
+      ['the same 4000 with one é', [ascii(1500), ascii(1499) + 'é', ascii(1000)], true],
+      ['3 ASCII texts, 9000 characters', [ascii(3000), ascii(3000), ascii(3000)], true],
+      ['one short text with é', ['café au lait'], false],
+    ];
+    for (const [name, texts, toPool] of cases) {
+      const { pooled, encode } = rig();
+      const got = await encode(texts);
+      expect(pooled.length, name).toBe(toPool ? 1 : 0);
+      expect(got.map((e) => Array.from(e.ids)), name).toEqual(texts.map((t) => Array.from(tok.encode(t, { maxLength: 512, truncate: true }).ids)));
+    }
+  });
 });

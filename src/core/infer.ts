@@ -166,7 +166,7 @@ export interface InferResult {
   inputIds?: Int32Array[];
 }
 
-/** Client batches of at most this many characters are tokenized inline by default (--inline-tokenize-chars), larger ones on the tokenizer pool. */
+/** Client batches of at most this many characters (at the library's pace: TextTokenizer.paceChars) are tokenized inline by default (--inline-tokenize-chars), larger ones on the tokenizer pool. */
 export const INLINE_TOKENIZE_CHARS = 1024;
 
 /** Pairs tokenized inline yield the event loop after this many ms of work. */
@@ -345,7 +345,7 @@ export class Infer {
     // none); one bound for the tokenizer pool takes its slots first, so overload is refused before the pool works.
     // The cache keeps pooled rows only: a request for token vectors runs.
     const cache = tokenRows ? null : this.cacheOf(model);
-    let held = cache && this.tokenizedInline(call.inputs) ? null : this.hold(model, count, timeoutMs, tokenRows);
+    let held = cache && this.tokenizedInline(model, call.inputs) ? null : this.hold(model, count, timeoutMs, tokenRows);
     try {
       const t0 = nowMs();
       const pending = this.tokenize(model, call.inputs, call.cancel);
@@ -444,23 +444,31 @@ export class Infer {
   /**
    * Whether a request's inputs are tokenized on this thread (or are tokens
    * already) rather than on the tokenizer pool: the rule of encodeTexts (the
-   * pool takes texts of more than inlineTokenizeChars in all), and pairs up to
-   * as many characters.
+   * pool takes what does not fit inline, fitsInline), and pairs that fit.
    */
-  private tokenizedInline(inputs: CallInputs): boolean {
-    const chars = (list: readonly unknown[]) => {
-      let n = 0;
-      for (const x of list) if (typeof x === 'string') n += x.length;
-      return n;
-    };
+  private tokenizedInline(model: ServedModel, inputs: CallInputs): boolean {
     switch (inputs.kind) {
       case 'tokens':
         return true;
       case 'inputs':
-        return !this.batchTokenizer || chars(inputs.inputs) <= this.inlineTokenizeChars;
+        return !this.batchTokenizer || this.fitsInline(model, inputs.inputs);
       case 'pairs':
-        return chars(inputs.queries) + chars(inputs.texts) <= this.inlineTokenizeChars;
+        return this.fitsInline(model, [...inputs.queries, ...inputs.texts]);
     }
+  }
+
+  /**
+   * The inline rule: the texts' characters at the library's pace (TextTokenizer.paceChars: an
+   * eighth for ASCII the fast path takes) are at most --inline-tokenize-chars. Counted plainly
+   * first: a request within the bound by its length needs no closer look.
+   */
+  private fitsInline(model: ServedModel, list: readonly unknown[]): boolean {
+    let chars = 0;
+    for (const x of list) if (typeof x === 'string') chars += x.length;
+    if (chars <= this.inlineTokenizeChars) return true;
+    chars = 0;
+    for (const x of list) if (typeof x === 'string') chars += model.tokenizer.paceChars(x);
+    return chars <= this.inlineTokenizeChars;
   }
 
   /** Whether the cache may answer a request of `m` without a slot (it holds some of its rows). */
@@ -570,15 +578,14 @@ export class Infer {
    */
   encodeTexts(model: ServedModel, texts: readonly string[], cut: Truncation, cancel?: Cancellation): Encoding[] | Promise<Encoding[]> {
     if (texts.length === 0) throw new ValidationError('inputs must be a string or a non-empty list of strings');
-    let chars = 0;
     for (const t of texts) {
       if (typeof t !== 'string') throw new ValidationError('every input must be a string');
       if (t.length === 0) throw new ValidationError('inputs must not be empty strings');
-      chars += t.length;
     }
     const opts = { maxLength: cut.maxLength ?? model.plan.maxLength, truncate: cut.truncate, direction: cut.direction };
-    if (texts.length === 1 && chars <= this.inlineTokenizeChars) return [model.tokenizer.encode(texts[0]!, opts)];
-    if (this.batchTokenizer && chars > this.inlineTokenizeChars) return this.batchTokenizer(model, texts as string[], opts, cancel);
+    const inline = this.fitsInline(model, texts);
+    if (texts.length === 1 && inline) return [model.tokenizer.encode(texts[0]!, opts)];
+    if (this.batchTokenizer && !inline) return this.batchTokenizer(model, texts as string[], opts, cancel);
     return model.tokenizer.encodeBatch(texts as string[], opts);
   }
 

@@ -22,7 +22,7 @@ import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { InputTooLongError } from '../shared/errors.js';
 import type { ModelSpec } from '../shared/model-config.js';
 import { TokenAligner } from './token-offsets.js';
-import { AsciiWordPiece } from './wordpiece-ascii.js';
+import { ASCII_PACE, AsciiWordPiece } from './wordpiece-ascii.js';
 
 /** One encoded input. Includes the special tokens ([CLS]/[SEP]); `ids.length` is the token count. */
 export interface Encoding {
@@ -62,6 +62,11 @@ export interface TextTokenizer {
   encodeBatch(texts: string[], opts: EncodeOptions): Promise<Encoding[]> | Encoding[];
   /** [CLS] a [SEP] b [SEP], typeIds 0.. then 1..; truncation cuts the longer side first (longest_first). */
   encodePair?(a: string, b: string, opts: EncodeOptions): Encoding;
+  /**
+   * What tokenizing `text` costs, in characters at the library's pace: its length, or 1/ASCII_PACE
+   * of it where the ASCII fast path takes it. The inline rule (--inline-tokenize-chars) counts this.
+   */
+  paceChars(text: string): number;
   /** Token ids back to text. `skipSpecial` (default false, as in HF) drops special tokens ([CLS], [SEP], [PAD], [UNK], ...). */
   decode(ids: ArrayLike<number>, skipSpecial?: boolean): string;
   /** Every token of one text with its offsets, the single-sequence template's special tokens around them if `addSpecialTokens`. No truncation. */
@@ -288,6 +293,10 @@ class HfJsTokenizer implements TextTokenizer {
     if (typeof text !== 'string') throw new TypeError('text must be a string');
     const seen = this.#lowercase ? text.toLowerCase() : text;
     return this.#ascii?.ids(seen) ?? this.#tok.encode(seen, { add_special_tokens: false }).ids;
+  }
+
+  paceChars(text: string): number {
+    return this.#ascii?.takes(this.#lowercase ? text.toLowerCase() : text) ? Math.ceil(text.length / ASCII_PACE) : text.length;
   }
 
   encode(text: string, opts: EncodeOptions): Encoding {
