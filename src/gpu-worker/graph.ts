@@ -23,6 +23,7 @@
 import type { ColbertSpec, M3Spec, ModelSpec, Pooling, SpladeSettings } from '../shared/model-config.js';
 import { readSafetensors, type F32Tensor } from '../shared/safetensors.js';
 import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/onnx-graph.js';
+import { fuseSkipLayerNorm } from './fusion.js';
 
 export interface PreparedModel {
   /** Serialized model with the post-processing appended. */
@@ -39,6 +40,8 @@ export interface PreparedModel {
   hasPoolingMask: boolean;
   /** The per-token output, [B, T, width] (a model with token vectors: spec.tokenWidth > 0), fetched only for runs that ask. */
   tokenOutput?: { name: string; width: number };
+  /** LayerNormalizations rewritten as SkipLayerNormalization (fusion.ts); 0 with `fuse: false`. */
+  fusedLayerNorms: number;
 }
 
 /** The per-token output's name: the token states as they are (TEI's /embed_all). */
@@ -49,10 +52,12 @@ export const POOLING_MASK = 'slabserve_pooling_mask';
 
 const MIN_OPSET = 13; // ReduceSum/Unsqueeze with axes as inputs
 
-export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedModel {
+/** `fuse` (default true): rewrite the graph's Add-Add-LayerNormalization runs as SkipLayerNormalization (fusion.ts). */
+export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { fuse?: boolean } = {}): PreparedModel {
   const model = decodeModel(onnxBytes);
   const graph = model.graph;
   if (!graph) throw new Error(`model ${spec.name}: the ONNX file has no graph`);
+  const fusedLayerNorms = options.fuse === false ? 0 : fuseSkipLayerNorm(model);
   const opset = Number((model.opsetImport ?? []).find((o) => !o.domain || o.domain === 'ai.onnx')?.version ?? 0);
   if (opset < MIN_OPSET) throw new Error(`model ${spec.name}: opset ${opset} is too old; export with opset >= ${MIN_OPSET}`);
 
@@ -126,6 +131,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec): PreparedMo
     hasPositionIds: inputNames.includes('position_ids'),
     hasPoolingMask,
     ...(tokenOutput ? { tokenOutput } : {}),
+    fusedLayerNorms,
   };
 }
 

@@ -137,6 +137,19 @@ export interface BatchStats {
   runMs: number;
 }
 
+/** An onnxruntime session for a prepared graph, with the runner's options (threads, spinning, arena). */
+function openSession(bytes: Uint8Array, spec: ModelSpec, device: DeviceInfo, session: SessionOptions): Promise<ort.InferenceSession> {
+  const providers: ort.InferenceSession.ExecutionProviderConfig[] = device.kind === 'cuda' ? [{ name: 'cuda', deviceId: device.id }] : ['cpu'];
+  return ort.InferenceSession.create(bytes, {
+    executionProviders: providers,
+    graphOptimizationLevel: 'all',
+    intraOpNumThreads: intraOpThreadsFor(session.intraOpThreads, spec.hiddenSize),
+    extra: device.kind === 'cpu' ? INTRA_OP_SPINNING : NO_SPINNING,
+    ...(spec.pooling === 'splade' ? {} : SESSION_MEMORY),
+    logSeverityLevel: 3,
+  });
+}
+
 export class ModelRunner {
   readonly spec: ModelSpec;
   readonly slab: Slab;
@@ -181,18 +194,35 @@ export class ModelRunner {
   ): Promise<ModelRunner> {
     // The file and the serialized model (17.5 MB each for a tiny model) are garbage once the session
     // holds the weights: only their input and output facts are kept.
-    const { bytes, ...prepared } = prepareModel(readFileSync(spec.onnxPath), spec);
-    const providers: ort.InferenceSession.ExecutionProviderConfig[] =
-      device.kind === 'cuda' ? [{ name: 'cuda', deviceId: device.id }] : ['cpu'];
-    const sess = await ort.InferenceSession.create(bytes, {
-      executionProviders: providers,
-      graphOptimizationLevel: 'all',
-      intraOpNumThreads: intraOpThreadsFor(session.intraOpThreads, spec.hiddenSize),
-      extra: device.kind === 'cpu' ? INTRA_OP_SPINNING : NO_SPINNING,
-      ...(spec.pooling === 'splade' ? {} : SESSION_MEMORY),
-      logSeverityLevel: 3,
-    });
-    return new ModelRunner(spec, slab, options, sess, prepared, maxInflight, device);
+    const source = readFileSync(spec.onnxPath);
+    const runnerOf = async ({ bytes, ...prepared }: PreparedModel) =>
+      new ModelRunner(spec, slab, options, await openSession(bytes, spec, device, session), prepared, maxInflight, device);
+    const fused = prepareModel(source, spec);
+    if (fused.fusedLayerNorms === 0) return runnerOf(fused);
+    // The fused graph's one unknown is the rank SkipLayerNormalization wants (fusion.ts): one run
+    // tells. Where it fails, the unmodified graph serves.
+    let runner: ModelRunner | undefined;
+    try {
+      runner = await runnerOf(fused);
+      await runner.probe();
+      return runner;
+    } catch {
+      await runner?.release();
+      return runnerOf(prepareModel(source, spec, { fuse: false }));
+    }
+  }
+
+  /** LayerNormalizations this runner's graph runs fused (fusion.ts); 0: the unmodified graph's. */
+  get fusedLayerNorms(): number {
+    return this.prepared.fusedLayerNorms;
+  }
+
+  /** One run of one row of the shortest bucket: throws where the graph cannot run. */
+  private async probe(): Promise<void> {
+    const T = this.options.buckets[0]!;
+    const buf = this.pools[0]![0]!;
+    fillConstant(buf, T);
+    await this.session.run(this.feeds(buf, 1, T), { logSeverityLevel: 4 }); // its failure is an answer, not an error to log
   }
 
   /**

@@ -12,7 +12,7 @@
  * load (docs/model-repository.md). A session cannot move between threads, so
  * the thread that opens it is the one that runs it.
  *
- * Messages to the parent: { type: 'opened', openMs, warmUpMs, timings } once warm, or
+ * Messages to the parent: { type: 'opened', openMs, warmUpMs, timings, fusedLayerNorms } once warm, or
  * { type: 'failed', message }; then RPC `run` and `release`.
  */
 import { parentPort, workerData } from 'node:worker_threads';
@@ -41,7 +41,7 @@ export interface SessionThreadData {
 export type WarmUpTimings = Awaited<ReturnType<ModelRunner['warmUp']>>;
 
 export type SessionThreadMessage =
-  | { type: 'opened'; openMs: number; warmUpMs: number; timings: WarmUpTimings }
+  | { type: 'opened'; openMs: number; warmUpMs: number; timings: WarmUpTimings; fusedLayerNorms: number }
   | { type: 'failed'; message: string };
 
 const data = workerData as SessionThreadData;
@@ -76,7 +76,7 @@ async function main(): Promise<void> {
     },
     release: () => runner.release(), // then the inference thread ends this thread
   });
-  post({ type: 'opened', openMs, warmUpMs, timings });
+  post({ type: 'opened', openMs, warmUpMs, timings, fusedLayerNorms: runner.fusedLayerNorms });
   collectStartupGarbage();
 }
 

@@ -123,6 +123,12 @@ export function inferenceMetrics(registry: Registry) {
       labelNames: ['model'] as const,
       registers,
     }),
+    fusedLayerNorms: new Gauge({
+      name: 'slabserve_model_fused_layer_norms',
+      help: "LayerNormalizations of each model's graph run fused with their residual sum as SkipLayerNormalization (0: the graph as exported; also where the fused graph could not run).",
+      labelNames: ['model'] as const,
+      registers,
+    }),
   };
 }
 export type InferenceMetrics = ReturnType<typeof inferenceMetrics>;
