@@ -21,11 +21,13 @@ const TINY_EMBED = readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx'));
 const opTypes = (m: onnx.IModelProto) => (m.graph!.node ?? []).map((n) => n.opType);
 
 describe('fuseSkipLayerNorm on a BERT export', () => {
-  it("rewrites tiny-embed's four post-attention and post-FFN LayerNorms; its token states equal the unmodified graph's", async () => {
+  it("rewrites tiny-embed's five LayerNorms (embeddings, post-attention, post-FFN); its token states equal the unmodified graph's", async () => {
     const model = decodeModel(TINY_EMBED);
-    expect(fuseSkipLayerNorm(model)).toBe(4);
-    expect(opTypes(model).filter((t) => t === 'SkipLayerNormalization').length).toBe(4);
-    expect(opTypes(model).filter((t) => t === 'LayerNormalization').length).toBe(1); // the embeddings' (no MatMul before it)
+    expect(fuseSkipLayerNorm(model)).toBe(5);
+    expect(opTypes(model).filter((t) => t === 'SkipLayerNormalization').length).toBe(5);
+    expect(opTypes(model)).not.toContain('LayerNormalization');
+    // Every Add the rewrite took in is gone: 2 per block norm, 1 for the embeddings' (words + types stays: it is the input).
+    expect(opTypes(model).filter((t) => t === 'Add').length).toBe(opTypes(decodeModel(TINY_EMBED)).filter((t) => t === 'Add').length - 9);
     const open = (bytes: Uint8Array) => ort.InferenceSession.create(bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
     const [plain, fused] = await Promise.all([open(TINY_EMBED), open(encodeModel(model))]);
     try {
@@ -121,6 +123,42 @@ describe('fuseSkipLayerNorm: what it takes and what it leaves', () => {
   }
 });
 
+/** y = LayerNormalization(Add(Add(Gather(words, ids), Gather(types, ids)), positions [s, H]), gamma, beta); `typesWidth` changed for a near-miss. */
+function embeddingsGraph(typesWidth = H): onnx.IModelProto {
+  const b = new GraphBuilder('embeddings');
+  b.addInput('ids', 'int64', ['b', 's']);
+  b.addInput('positions', 'float', ['s', H]);
+  b.addInitializer('words', 'float', wave(50 * H, 5), [50, H]);
+  b.addInitializer('types', 'float', wave(50 * typesWidth, 6), [50, typesWidth]);
+  b.addInitializer('gamma', 'float', wave(H, 3), [H]);
+  b.addInitializer('beta', 'float', wave(H, 4), [H]);
+  const summed = b.op('Add', [b.op('Gather', ['words', 'ids']), b.op('Gather', ['types', 'ids'])]);
+  b.node('LayerNormalization', [b.op('Add', [summed, 'positions']), 'gamma', 'beta'], { axis: -1, epsilon: 1e-12 }, ['y']);
+  b.addOutput('y', 'float', ['b', 's', H]);
+  return makeModel(b.graph());
+}
+
+describe('fuseSkipLayerNorm: the embeddings', () => {
+  it('rewrites word + type lookups plus positions [S, H] (broadcast over the batch); the same numbers', async () => {
+    const model = embeddingsGraph();
+    const plain = encodeModel(model);
+    expect(fuseSkipLayerNorm(model)).toBe(1);
+    expect(opTypes(model)).toEqual(['Gather', 'Gather', 'Add', 'SkipLayerNormalization']);
+    const r = makeRandom('fusion embeddings');
+    const feeds = {
+      ids: new ort.Tensor('int64', BigInt64Array.from({ length: 2 * 5 }, () => BigInt(Math.floor(r() * 50))), [2, 5]),
+      positions: new ort.Tensor('float32', Float32Array.from({ length: 5 * H }, () => r() * 2 - 1), [5, H]),
+    };
+    const run = async (bytes: Uint8Array) => (await (await ort.InferenceSession.create(bytes)).run(feeds)).y!.data as Float32Array;
+    expect(maxAbsDiff(await run(plain), await run(encodeModel(model)))).toBeLessThan(1e-5);
+  });
+
+  it('leaves lookups into a table of another width as they are', () => {
+    const model = embeddingsGraph(H + 1);
+    expect(fuseSkipLayerNorm(model)).toBe(0);
+  });
+});
+
 // ------------------------------------------------------------------ a fused graph that cannot run: served as exported
 
 /**
@@ -170,7 +208,7 @@ describe('a fused graph that fails its trial run', () => {
 
   it('is served as exported (0 fused, rows equal to a plain onnxruntime run of it); the other model runs fused', async () => {
     const metrics = parseMetrics(await (await fetch(`${server.url}/metrics`)).text());
-    expect(metrics.sum('slabserve_model_fused_layer_norms', { model: 'tiny-embed' })).toBe(4);
+    expect(metrics.sum('slabserve_model_fused_layer_norms', { model: 'tiny-embed' })).toBe(5);
     expect(metrics.sum('slabserve_model_fused_layer_norms', { model: 'rank-four' })).toBe(0);
     const r = makeRandom('fusion fallback');
     const texts = randomTexts(r, vocabularyWords(loadModelSpec(join(root, 'tiny-embed'))), 6, 20);

@@ -5,20 +5,26 @@
  *   LayerNormalization(Add(Add(MatMul(x, W), bias), residual), gamma, beta)
  *
  * becomes one com.microsoft SkipLayerNormalization(MatMul(x, W), residual,
- * gamma, beta, bias), the op onnxruntime's SkipLayerNormFusion would make if
+ * gamma, beta, bias), and the embeddings'
+ *
+ *   LayerNormalization(Add(Add(Gather(words), Gather(types)), positions), gamma, beta)
+ *
+ * one SkipLayerNormalization(words + types, positions, gamma, beta): the op
+ * onnxruntime's SkipLayerNormFusion would make if
  * it knew the sum's rank. It does not: its shape inference loses the rank at
  * the attention's Reshape to a shape computed at run time, so the fusion never
  * fires on these graphs, and LayerNormalization's CPU kernel runs a scalar loop
  * with a double accumulator. Measured on the 2-core VM (bench/fusion.ts: one
- * intra-op thread, rows of 24 tokens, batch sizes 1 to 16): 1.17-1.24x fewer
+ * intra-op thread, rows of 24 tokens, batch sizes 1 to 16): 1.20-1.30x fewer
  * µs of onnxruntime per row on tiny-embed, 1.07-1.13x on minilm-l6, token
- * states within 6e-6 of the unmodified graph's (docs/tuning.md, "Graph fusion").
+ * states within 5e-6 of the unmodified graph's (docs/tuning.md, "Graph fusion").
  *
- * Only what is plainly that pattern is rewritten: float32 initializers for
+ * Only what is plainly one of those is rewritten: float32 initializers for
  * gamma, beta and the bias, all 1-D and as wide as the MatMul's 2-D weight's
- * output; LayerNormalization over the last axis (axis -1, float32 stash); the
- * two sums used by nothing else. The rank of MatMul's output (SkipLayerNorm
- * wants [B, S, H]) cannot be read from the graph: the runner opens the fused
+ * output (or the embedding tables'); LayerNormalization over the last axis
+ * (axis -1, float32 stash); the sums it replaces used by nothing else. The
+ * ranks (SkipLayerNorm wants an input of rank 2 or 3 and a skip it can
+ * broadcast) cannot be read from the graph: the runner opens the fused
  * graph, runs it once, and opens the unmodified one if that fails
  * (runner.ts, ModelRunner.create).
  */
@@ -59,12 +65,17 @@ class GraphIndex {
     return Number(t.dims[0]);
   }
 
+  /** The second dimension of a 2-D float32 initializer (a weight [K, N], a table [V, H]), or undefined. */
+  tableWidth(name: string | undefined): number | undefined {
+    const t = name === undefined ? undefined : this.initializers.get(name);
+    if (!t || t.dataType !== onnx.TensorProto.DataType.FLOAT || t.dims?.length !== 2) return undefined;
+    return Number(t.dims[1]);
+  }
+
   /** The output width of MatMul `node` whose weight is a 2-D float32 initializer, or undefined. */
   matMulWidth(node: Node | undefined): number | undefined {
     if (!node || node.opType !== 'MatMul' || (node.domain ?? '') !== '') return undefined;
-    const w = this.initializers.get(node.input?.[1] ?? '');
-    if (!w || w.dataType !== onnx.TensorProto.DataType.FLOAT || w.dims?.length !== 2) return undefined;
-    return Number(w.dims[1]);
+    return this.tableWidth(node.input?.[1]);
   }
 }
 
@@ -79,7 +90,44 @@ function lastAxisFloat(ln: Node): boolean {
   return (axis === undefined || Number(axis.i) === -1) && (stash === undefined || Number(stash.i) === 1) && (ln.input?.length ?? 0) === 3;
 }
 
-/** The SkipLayerNormalization for `ln` and the two Adds it replaces, or null where `ln` is not plainly the pattern. */
+/** The SkipLayerNormalization's operands: `input` [B, S, H], `skip` added to it, `bias` [H] if any; the Adds they replace. */
+interface SkipOperands {
+  input: string;
+  skip: string;
+  bias?: string;
+  replaced: Node[];
+}
+
+/** After attention or the FFN: Add(Add(MatMul(x, W), bias), residual), either way round. */
+function projectedSum(g: GraphIndex, outer: Node, width: number): SkipOperands | null {
+  for (const side of [0, 1]) {
+    const inner = g.soleProducer(outer.input![side]!, 'Add');
+    if (!inner || inner.input?.length !== 2) continue;
+    const biasAt = inner.input.findIndex((x) => g.vectorWidth(x) === width);
+    if (biasAt < 0) continue;
+    const projected = inner.input[1 - biasAt]!;
+    if (g.matMulWidth(g.producer.get(projected)) !== width) continue;
+    return { input: projected, skip: outer.input![1 - side]!, bias: inner.input[biasAt]!, replaced: [inner, outer] };
+  }
+  return null;
+}
+
+/** The embeddings: Add(word [+ token type], position), the first a Gather (or a sum of two) of [V, H] tables. */
+function embeddingSum(g: GraphIndex, outer: Node, width: number): SkipOperands | null {
+  const lookup = (name: string) => {
+    const gather = g.producer.get(name);
+    return gather?.opType === 'Gather' && (gather.domain ?? '') === '' && g.tableWidth(gather.input?.[0]) === width;
+  };
+  for (const side of [0, 1]) {
+    const first = outer.input![side]!;
+    const sum = g.producer.get(first);
+    const summed = sum?.opType === 'Add' && (sum.domain ?? '') === '' && sum.input?.length === 2 && sum.input.every(lookup);
+    if (lookup(first) || summed) return { input: first, skip: outer.input![1 - side]!, replaced: [outer] };
+  }
+  return null;
+}
+
+/** The SkipLayerNormalization for `ln` and the Adds it replaces, or null where `ln` is not plainly one of the two patterns. */
 function skipLayerNorm(g: GraphIndex, ln: Node): { fused: Node; replaced: Node[] } | null {
   if (ln.opType !== 'LayerNormalization' || (ln.domain ?? '') !== '' || !lastAxisFloat(ln)) return null;
   const [sum, gamma, beta] = ln.input as string[];
@@ -87,25 +135,18 @@ function skipLayerNorm(g: GraphIndex, ln: Node): { fused: Node; replaced: Node[]
   if (width === undefined || g.vectorWidth(beta) !== width) return null;
   const outer = g.soleProducer(sum!, 'Add');
   if (!outer || outer.input?.length !== 2) return null;
-  for (const side of [0, 1]) {
-    const inner = g.soleProducer(outer.input[side]!, 'Add');
-    if (!inner || inner.input?.length !== 2) continue;
-    const biasAt = inner.input.findIndex((x) => g.vectorWidth(x) === width);
-    if (biasAt < 0) continue;
-    const projected = inner.input[1 - biasAt]!;
-    if (g.matMulWidth(g.producer.get(projected)) !== width) continue;
-    const epsilon = attr(ln, 'epsilon');
-    const fused: Node = {
-      name: `${ln.name ?? 'LayerNorm'}/slabserve_skip`,
-      opType: 'SkipLayerNormalization',
-      domain: 'com.microsoft',
-      input: [projected, outer.input[1 - side]!, gamma!, beta!, inner.input[biasAt]!],
-      output: [ln.output![0]!],
-      attribute: [{ name: 'epsilon', type: onnx.AttributeProto.AttributeType.FLOAT, f: epsilon?.f ?? LAYER_NORM_EPSILON }],
-    };
-    return { fused, replaced: [inner, outer] };
-  }
-  return null;
+  const found = projectedSum(g, outer, width) ?? embeddingSum(g, outer, width);
+  if (!found) return null;
+  const epsilon = attr(ln, 'epsilon');
+  const fused: Node = {
+    name: `${ln.name ?? 'LayerNorm'}/slabserve_skip`,
+    opType: 'SkipLayerNormalization',
+    domain: 'com.microsoft',
+    input: [found.input, found.skip, gamma!, beta!, ...(found.bias ? [found.bias] : [])],
+    output: [ln.output![0]!],
+    attribute: [{ name: 'epsilon', type: onnx.AttributeProto.AttributeType.FLOAT, f: epsilon?.f ?? LAYER_NORM_EPSILON }],
+  };
+  return { fused, replaced: found.replaced };
 }
 
 /**
