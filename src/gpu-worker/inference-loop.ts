@@ -23,7 +23,7 @@
 import type { TraceBatch } from './batch-trace.js';
 import { nowMs } from '../shared/clock.js';
 import type { ControlBlock } from '../shared/control.js';
-import type { Doorbell } from '../shared/doorbell.js';
+import { spinUntil, type Doorbell } from '../shared/doorbell.js';
 import {
   Account,
   Counter,
@@ -160,11 +160,7 @@ export const MAX_IDLE_SPIN_US = 1_000_000;
 
 /** Spins until `bell` rings past `seen` or `us` microseconds have passed. */
 export function spinFor(bell: Doorbell, seen: number, us: number): void {
-  if (us <= 0) return;
-  const until = performance.now() + us / 1000;
-  while (bell.read() === seen && performance.now() < until) {
-    // nothing: the bell's counter is read again
-  }
+  if (us > 0) spinUntil(bell, seen, nowMs() + us / 1000);
 }
 
 /** Wake at least this often when idle, to refresh the heartbeat (default; LoopOptions.idleWakeMs). */

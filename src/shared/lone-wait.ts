@@ -31,7 +31,7 @@
  */
 import { availableParallelism } from 'node:os';
 import { nowMs } from './clock.js';
-import type { Doorbell } from './doorbell.js';
+import { spinUntil, type Doorbell } from './doorbell.js';
 import { Counter, type Slab } from './slab.js';
 
 /** The longest a gateway holds its thread for a lone request's answer by default (--lone-wait-us). */
@@ -42,6 +42,8 @@ export const MAX_LONE_WAIT_US = 100_000;
 const WAKE_EARLY_MS = 0.15;
 /** A shorter sleep is not worth its wake-up: spin through it. */
 const MIN_SLEEP_MS = 0.05;
+/** While spinning, the batch's predicted end (BUSY_UNTIL) is looked at again this often. */
+const SPIN_SLICE_MS = 0.05;
 /** Requests in a row that found nothing else in flight: from then on the caller is taken to be alone. */
 export const LONE_STREAK = 16;
 
@@ -94,8 +96,10 @@ export class LoneWait {
       const busyUntil = slab.counters[Counter.BUSY_UNTIL]!; // 0 until its batch starts
       if (now >= end) return this.done(false);
       // Woken by the answer itself if the prediction was late (the cost model's can be, for a bucket seldom run).
-      const sleepMs = Math.min(busyUntil - WAKE_EARLY_MS, end) - now;
-      if (sleepMs > MIN_SLEEP_MS) this.bell.sleep(seen, sleepMs);
+      const wakeAt = Math.min(busyUntil - WAKE_EARLY_MS, end);
+      if (wakeAt - now > MIN_SLEEP_MS) this.bell.sleep(seen, wakeAt - now);
+      // Awake: watch the bell, and the prediction again every SPIN_SLICE_MS (the batch may not have started).
+      else if (spinUntil(this.bell, seen, Math.min(now + SPIN_SLICE_MS, end))) return this.done(true);
     }
   }
 
