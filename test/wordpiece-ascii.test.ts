@@ -10,6 +10,7 @@ import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { describe, expect, it } from 'vitest';
 import { Infer, INLINE_TOKENIZE_CHARS, type ServedModel } from '../src/core/infer.js';
 import { createTokenizer, type EncodeOptions } from '../src/core/tokenizer.js';
+import { CONTINUATION_SEED, hashStep, INITIAL_SEED, PieceTable } from '../src/core/piece-table.js';
 import { ASCII_PACE, AsciiWordPiece } from '../src/core/wordpiece-ascii.js';
 import { buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
 import { makeRandom } from './helpers.js';
@@ -170,5 +171,37 @@ describe('the inline rule counts ASCII the fast path takes at its pace', () => {
       expect(pooled.length, name).toBe(toPool ? 1 : 0);
       expect(got.map((e) => Array.from(e.ids)), name).toEqual(texts.map((t) => Array.from(tok.encode(t, { maxLength: 512, truncate: true }).ids)));
     }
+  });
+});
+
+describe('PieceTable', () => {
+  const hashOf = (text: string, seed: number) => [...text].reduce((h, c) => hashStep(h, c.charCodeAt(0)), seed);
+  const table = new PieceTable(
+    [
+      ['ing', 7],
+      ['##ing', 8],
+      ['play', 9],
+      ['##s', 10],
+      ['café', 11],
+    ],
+    '##',
+  );
+  const find = (text: string, from: number, to: number, continuation: boolean) =>
+    table.find(hashOf(text.slice(from, to), continuation ? CONTINUATION_SEED : INITIAL_SEED), text, from, to, continuation);
+
+  it('finds a piece where it lies in the text, word-initial and continuation apart', () => {
+    expect(find('playing', 0, 4, false)).toBe(9);
+    expect(find('playing', 4, 7, true)).toBe(8); // ##ing
+    expect(find('playing', 4, 7, false)).toBe(7); // ing
+    expect(find('plays', 4, 5, true)).toBe(10);
+    expect(find('plays', 4, 5, false)).toBe(-1); // "s" alone is not a piece
+    expect(find('##ing', 0, 5, false)).toBe(8); // the token itself, written out
+  });
+
+  it('misses what it does not hold: other lengths, other characters, non-ASCII tokens', () => {
+    expect(find('playin', 0, 6, false)).toBe(-1);
+    expect(find('plax', 0, 4, false)).toBe(-1);
+    expect(find('café', 0, 4, false)).toBe(-1);
+    expect(table.maxChars).toBe(5);
   });
 });

@@ -6,8 +6,9 @@
  * regular expression per character and joins a fresh substring per WordPiece
  * attempt. Measured on the 2-core VM on the bench's 4096 short texts (20
  * tokens): 26 µs and 35 KB of garbage per text, which at 64 connections made
- * the gateway scavenge 15 times a second. This path gives the same ids in 4 µs
- * and 1.2 KB (docs/tokenizer.md).
+ * the gateway scavenge 15 times a second. This path gives the same ids in 3.4 µs
+ * and 1.1 KB, its pieces looked up in a table keyed by their characters
+ * (piece-table.ts) (docs/tokenizer.md).
  *
  * It answers only where the result is plainly the library's: every character
  * printable ASCII or tab/newline/return (so cleaning, CJK spacing and accent
@@ -16,6 +17,8 @@
  * the caller runs the library. The vocabulary is the library's own
  * (`token_to_id`), added tokens included, as its WordPiece sees it.
  */
+
+import { CONTINUATION_SEED, hashStep, INITIAL_SEED, PieceTable } from './piece-table.js';
 
 type Json = Record<string, unknown>;
 
@@ -55,24 +58,23 @@ function isObj(x: unknown): x is Json {
 }
 
 export class AsciiWordPiece {
-  readonly #vocab: TokenLookup;
+  /** The library's vocabulary (token_to_id), its ASCII pieces keyed by their characters. */
+  readonly #pieces: PieceTable;
   readonly #lowercase: boolean;
   readonly #unkId: number;
-  readonly #prefix: string;
   readonly #maxWordChars: number;
-  /** The longest vocabulary entry: no longer substring needs looking up. */
-  readonly #maxTokenChars: number;
   /** Added tokens' texts, lowercased: a text holding one goes to the library. */
   readonly #added: string[];
+  /** The hash of each prefix of the piece being looked up (#word), reused. */
+  readonly #prefixHashes: Int32Array;
 
-  private constructor(vocab: TokenLookup, lowercase: boolean, unkId: number, prefix: string, maxWordChars: number, maxTokenChars: number, added: string[]) {
-    this.#vocab = vocab;
+  private constructor(pieces: PieceTable, lowercase: boolean, unkId: number, maxWordChars: number, added: string[]) {
+    this.#pieces = pieces;
     this.#lowercase = lowercase;
     this.#unkId = unkId;
-    this.#prefix = prefix;
     this.#maxWordChars = maxWordChars;
-    this.#maxTokenChars = maxTokenChars;
     this.#added = added;
+    this.#prefixHashes = new Int32Array(Math.max(1, pieces.maxChars));
   }
 
   /** The fast path for this tokenizer.json, or null where its pipeline is not the plain BERT one. */
@@ -91,9 +93,13 @@ export class AsciiWordPiece {
     const added = Array.isArray(json.added_tokens) ? json.added_tokens.map((t: unknown) => (isObj(t) ? String(t.content) : '')) : [];
     // An added token written as a continuation piece could map a piece to another id than the vocabulary's.
     if (added.some((t) => t === '' || t.toLowerCase().startsWith(prefix))) return null;
-    let maxTokenChars = 0;
-    for (const token of [...Object.keys(model.vocab), ...added]) maxTokenChars = Math.max(maxTokenChars, token.length);
-    return new AsciiWordPiece(vocab, lowercase, unkId, prefix, maxWordChars, maxTokenChars, added.map((t) => t.toLowerCase()));
+    const tokens = function* (): Generator<[string, number]> {
+      for (const token of [...Object.keys(model.vocab as Json), ...added]) {
+        const id = vocab.token_to_id(token); // the library's id: an added token's where it overrides
+        if (id !== undefined) yield [token, id];
+      }
+    };
+    return new AsciiWordPiece(new PieceTable(tokens(), prefix), lowercase, unkId, maxWordChars, added.map((t) => t.toLowerCase()));
   }
 
   /** Whether ids(text) answers (not null): the inline rule weighs such a text at ASCII_PACE. */
@@ -135,15 +141,20 @@ export class AsciiWordPiece {
       return;
     }
     const mark = out.length;
+    const hashes = this.#prefixHashes;
     for (let start = from; start < to; ) {
-      let end = Math.min(to, start + this.#maxTokenChars);
-      let id: number | undefined;
+      // The hash of every prefix of text[start, limit), then the longest that is a piece.
+      const limit = Math.min(to, start + this.#pieces.maxChars);
+      const continuation = start !== from;
+      let hash = continuation ? CONTINUATION_SEED : INITIAL_SEED;
+      for (let i = start; i < limit; i++) hashes[i - start] = hash = hashStep(hash, text.charCodeAt(i));
+      let end = limit;
+      let id = -1;
       for (; end > start; end--) {
-        const piece = text.slice(start, end);
-        id = this.#vocab.token_to_id(start === from ? piece : this.#prefix + piece);
-        if (id !== undefined) break;
+        id = this.#pieces.find(hashes[end - start - 1]!, text, start, end, continuation);
+        if (id >= 0) break;
       }
-      if (id === undefined) {
+      if (id < 0) {
         out.length = mark;
         out.push(this.#unkId);
         return;

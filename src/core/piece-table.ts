@@ -1,0 +1,94 @@
+/**
+ * A WordPiece vocabulary's ASCII pieces in an open-addressing hash table keyed
+ * by their characters, for wordpiece-ascii.ts: a lookup hashes text[from, to)
+ * where it lies (no substring, no "##" + piece), probes one Int32Array and
+ * compares characters in one Uint8Array.
+ *
+ * Why: the Map lookups it replaces (token_to_id on a fresh substring: hash the
+ * new string, walk the Map's buckets, compare with the key string elsewhere in
+ * the heap) were 19.5% of a gateway thread's CPU under load (perf, 64
+ * connections, about 26 lookups a text), mostly cache misses.
+ *
+ * Word-initial pieces and continuation pieces (the prefix, "##", stripped) are
+ * keyed apart: the FNV-1a hash starts from a different seed for each, so a
+ * continuation is hashed from its first character like any other piece.
+ */
+
+/** FNV-1a's offset basis: the hash of a word-initial piece starts here. */
+export const INITIAL_SEED = 0x811c9dc5 | 0;
+/** Another start for continuation pieces, so "ing" and "##ing" hash apart. */
+export const CONTINUATION_SEED = 0x5bd1e995 | 0;
+
+/** One more character into an FNV-1a hash. */
+export function hashStep(hash: number, charCode: number): number {
+  return Math.imul(hash ^ charCode, 16777619);
+}
+
+export class PieceTable {
+  readonly #mask: number;
+  /** Entry index + 1 per slot; 0: empty. */
+  readonly #slots: Int32Array;
+  readonly #hashes: Int32Array;
+  readonly #starts: Int32Array;
+  readonly #lengths: Uint16Array;
+  readonly #continuation: Uint8Array;
+  readonly #ids: Int32Array;
+  readonly #chars: Uint8Array;
+  /** The longest piece held, in characters. */
+  readonly maxChars: number;
+
+  /** `tokens`: every token with its id; a token starting with `prefix` also goes in as a continuation without it. Non-ASCII tokens are left out: ASCII text never matches them. */
+  constructor(tokens: Iterable<readonly [string, number]>, prefix: string) {
+    const pieces: { text: string; id: number; continuation: boolean }[] = [];
+    for (const [token, id] of tokens) {
+      if (!/^[\x00-\x7f]+$/.test(token)) continue;
+      pieces.push({ text: token, id, continuation: false });
+      if (prefix !== '' && token.startsWith(prefix) && token.length > prefix.length) pieces.push({ text: token.slice(prefix.length), id, continuation: true });
+    }
+    let capacity = 16;
+    while (capacity < pieces.length * 2) capacity *= 2;
+    this.#mask = capacity - 1;
+    this.#slots = new Int32Array(capacity);
+    this.#hashes = new Int32Array(pieces.length);
+    this.#starts = new Int32Array(pieces.length);
+    this.#lengths = new Uint16Array(pieces.length);
+    this.#continuation = new Uint8Array(pieces.length);
+    this.#ids = new Int32Array(pieces.length);
+    this.#chars = new Uint8Array(pieces.reduce((n, p) => n + p.text.length, 0));
+    let at = 0;
+    let maxChars = 0;
+    pieces.forEach((p, e) => {
+      let hash = p.continuation ? CONTINUATION_SEED : INITIAL_SEED;
+      for (let i = 0; i < p.text.length; i++) {
+        this.#chars[at + i] = p.text.charCodeAt(i);
+        hash = hashStep(hash, p.text.charCodeAt(i));
+      }
+      this.#hashes[e] = hash;
+      this.#starts[e] = at;
+      this.#lengths[e] = Math.min(p.text.length, 0xffff);
+      this.#continuation[e] = p.continuation ? 1 : 0;
+      this.#ids[e] = p.id;
+      at += p.text.length;
+      maxChars = Math.max(maxChars, p.text.length);
+      let slot = hash & this.#mask;
+      while (this.#slots[slot] !== 0) slot = (slot + 1) & this.#mask;
+      this.#slots[slot] = e + 1;
+    });
+    this.maxChars = maxChars;
+  }
+
+  /** The id of the piece text[from, to) (`hash` its hash from the seed of its kind), or -1. */
+  find(hash: number, text: string, from: number, to: number, continuation: boolean): number {
+    const length = to - from;
+    const kind = continuation ? 1 : 0;
+    for (let slot = hash & this.#mask; ; slot = (slot + 1) & this.#mask) {
+      const e = this.#slots[slot]! - 1;
+      if (e < 0) return -1;
+      if (this.#hashes[e] !== hash || this.#lengths[e] !== length || this.#continuation[e] !== kind) continue;
+      const start = this.#starts[e]!;
+      let i = 0;
+      while (i < length && this.#chars[start + i] === text.charCodeAt(from + i)) i++;
+      if (i === length) return this.#ids[e]!;
+    }
+  }
+}
