@@ -33,12 +33,15 @@ async function rowCost(session: ort.InferenceSession, B: number, T: number, budg
   let out = await session.run(feeds); // warm
   const start = process.cpuUsage();
   let runs = 0;
-  while ((process.cpuUsage(start).user + process.cpuUsage(start).system) / 1000 < budgetMs) {
+  const usedMs = () => {
+    const used = process.cpuUsage(start);
+    return (used.user + used.system) / 1000;
+  };
+  while (usedMs() < budgetMs) {
     out = await session.run(feeds);
     runs++;
   }
-  const used = process.cpuUsage(start);
-  return { us: (used.user + used.system) / runs / B, states: out[session.outputNames[0]!]!.data as Float32Array };
+  return { us: (usedMs() * 1000) / runs / B, states: out[session.outputNames[0]!]!.data as Float32Array };
 }
 
 const maxDiff = (a: Float32Array, b: Float32Array) => a.reduce((d, v, i) => Math.max(d, Math.abs(v - b[i]!)), 0);

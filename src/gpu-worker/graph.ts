@@ -57,7 +57,6 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { 
   const model = decodeModel(onnxBytes);
   const graph = model.graph;
   if (!graph) throw new Error(`model ${spec.name}: the ONNX file has no graph`);
-  const fusedLayerNorms = options.fuse === false ? 0 : fuseSkipLayerNorm(model);
   const opset = Number((model.opsetImport ?? []).find((o) => !o.domain || o.domain === 'ai.onnx')?.version ?? 0);
   if (opset < MIN_OPSET) throw new Error(`model ${spec.name}: opset ${opset} is too old; export with opset >= ${MIN_OPSET}`);
 
@@ -68,6 +67,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { 
   const idsInput = (graph.input ?? []).find((i) => i.name === 'input_ids')!;
   const inputType = idsInput.type?.tensorType?.elemType === onnx.TensorProto.DataType.INT32 ? 'int32' : 'int64';
 
+  const fusedLayerNorms = options.fuse === false ? 0 : fuseSkipLayerNorm(model);
   const b = GraphBuilder.wrap(graph);
   const outputNames = b.outputNames();
   let outputs: PreparedModel['outputs'];
