@@ -17,6 +17,7 @@ import { WorkerState, type ControlBlock } from './shared/control.js';
 import { checkIntegerIn, SlabserveError, ValidationError } from './shared/errors.js';
 import type { ModelPlan } from './shared/model-plan.js';
 import { RpcPeer } from './shared/rpc.js';
+import { newFamily, terminateOutsideNativeCalls } from './shared/native-gate.js';
 import { autoIntraOpThreads, autoModelInstances, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
 import { describeSettings } from './model-plans.js';
 import type { ModelSet } from './model-set.js';
@@ -49,6 +50,8 @@ export interface InferenceThreadOptions {
 
 export interface InferenceThread {
   worker: Worker;
+  /** The native gates of the thread and of its session threads (shared/native-gate.ts): end it with terminateOutsideNativeCalls, never terminate(). */
+  gates: SharedArrayBuffer;
   /** Resolves with the device once every model is loaded and warmed up. */
   ready: Promise<DeviceInfo>;
   /** Its kernel thread ids, once ready (per-thread CPU metrics). */
@@ -63,8 +66,10 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
   checkIntegerIn('modelInstances', opts.modelInstances, '0 (auto)', MAX_MODEL_INSTANCES);
   checkIntegerIn('idleSpinUs', opts.idleSpinUs, '0', MAX_IDLE_SPIN_US);
   checkIntegerIn('intraOpNice', opts.intraOpNice, '0', 19);
+  const gates = newFamily();
   const workerData: InferenceWorkerData = {
     control: control.buffer,
+    gates,
     owners: control.owners,
     device: opts.device,
     intraOpThreads: opts.intraOpThreads,
@@ -112,7 +117,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
       }
     });
   });
-  return { worker, ready, threads };
+  return { worker, gates, ready, threads };
 }
 
 /** A plan as the inference thread takes it (no gateway-side fields). */
@@ -184,6 +189,7 @@ type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 
 interface ThreadRecord {
   worker: Worker;
+  gates: SharedArrayBuffer;
   rpc: RpcPeer;
   epoch: number;
   threads: InferenceThreadIds;
@@ -234,8 +240,10 @@ async function exitsWithin(t: { exitedPromise: Promise<void>; exited: boolean },
  *
  *   1. the control block turns RESTARTING (readiness 503, new requests 503) and
  *      its epoch moves on, so the old thread touches no slot again;
- *   2. the old thread is terminated, and not waited for: a thread stuck in a
- *      native onnxruntime call only ends when that call returns (abandoned;
+ *   2. the old thread is terminated once neither it nor its session threads
+ *      are inside a native call (shared/native-gate.ts: terminated inside one,
+ *      a thread aborts the process), and not waited for: a thread stuck in a
+ *      native onnxruntime call only ends after that call returns (abandoned;
  *      counted until it exits);
  *   3. every request it held, and every one on a submit ring, is answered 503
  *      (SLABSERVE_INFERENCE_RESTARTED) and cancelled ones are freed
@@ -371,7 +379,7 @@ export class InferenceSupervisor {
     if (!(await exitsWithin(t, limit))) {
       this.opts.log(`slabserve: the inference thread did not stop within ${limit} ms; terminating it`);
       this.abandonedThreads.add(t);
-      void t.worker.terminate().catch(() => {});
+      void terminateOutsideNativeCalls(t.worker, t.gates).catch(() => {});
       await exitsWithin(t, 2000);
     }
     if (this.abandonedThreads.size > 0) {
@@ -428,6 +436,7 @@ export class InferenceSupervisor {
     });
     const rec: ThreadRecord = {
       worker: t.worker,
+      gates: t.gates,
       rpc: new RpcPeer(t.worker),
       epoch,
       threads: t.threads,
@@ -495,7 +504,7 @@ export class InferenceSupervisor {
       this.hold.forgetParked();
       if (!old.exited) {
         this.abandonedThreads.add(old);
-        void old.worker.terminate().catch(() => {});
+        void terminateOutsideNativeCalls(old.worker, old.gates).catch(() => {});
       }
       const answered = reclaimInference(this.models.plans(), this.models.slabs, this.control, old.epoch);
       this.restartCount++;

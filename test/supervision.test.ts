@@ -21,7 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import type { InferenceFault } from '../dist/src/gpu-worker/worker.js';
-import { pickFreePort, startServer, type Server } from '../dist/src/server.js';
+import { pickFreePort, startServer, type Server, type ServerConfig } from '../dist/src/server.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { expectCliRefuses, serveCli } from './cli-process.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
@@ -553,6 +553,63 @@ describe('SIGTERM and SIGINT on `slabserve serve` (a child process)', () => {
   });
 });
 
+// =================================================================== a server in a child process
+
+/** A server in a child process (fixtures/supervised-server.mjs), where a broken supervisor aborts that process, not the test runner. */
+interface ChildServer {
+  /** What it logged so far. */
+  logs(): string[];
+  /** How it exited (stderr's tail with it), or null while it runs. */
+  exit(): { code: number | null; signal: string | null; stderr: string } | null;
+  /** A command on its stdin (fixtures/supervised-server.mjs). */
+  send(command: string): void;
+  /** Closes it: it must exit 0 after server.close(), with nothing fatal. */
+  expectClosed(): Promise<void>;
+  kill(): void;
+}
+
+/** Starts `config` in a child process and resolves once it is ready; SIGKILLed after `killAfterMs` whatever happens. */
+async function startChildServer(config: ServerConfig, killAfterMs: number): Promise<ChildServer> {
+  const child = spawn(process.execPath, [FIXTURE, JSON.stringify({ ...config, log: undefined })], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const lines: { type: string; line?: string; message?: string }[] = [];
+  let stderr = '';
+  let buffered = '';
+  child.stdout!.on('data', (d: Buffer) => {
+    buffered += d;
+    for (let nl = buffered.indexOf('\n'); nl >= 0; nl = buffered.indexOf('\n')) {
+      lines.push(JSON.parse(buffered.slice(0, nl)));
+      buffered = buffered.slice(nl + 1);
+    }
+  });
+  child.stderr!.on('data', (d: Buffer) => (stderr += d));
+  let exit: { code: number | null; signal: string | null } | null = null;
+  const exited = new Promise<{ code: number | null; signal: string | null }>((r) => child.on('exit', (code, signal) => r((exit = { code, signal }))));
+  const guard = setTimeout(() => child.kill('SIGKILL'), killAfterMs);
+  const kill = () => {
+    clearTimeout(guard);
+    child.kill('SIGKILL');
+  };
+  try {
+    await eventually('the child server ready', async () => lines.map((l) => l.type), (t) => t.includes('ready') || t.includes('fatal'), 40_000);
+    expect(lines.find((l) => l.type === 'fatal')?.message).toBeUndefined();
+  } catch (err) {
+    kill();
+    throw err;
+  }
+  return {
+    logs: () => lines.filter((l) => l.type === 'log').map((l) => l.line!),
+    exit: () => exit && { ...exit, stderr: stderr.slice(-600) },
+    send: (command) => child.stdin!.write(`${command}\n`),
+    async expectClosed() {
+      child.stdin!.write('close\n');
+      const exit = await exited;
+      expect({ code: exit.code, signal: exit.signal }, stderr.slice(-600)).toEqual({ code: 0, signal: null });
+      expect(lines.some((l) => l.type === 'closed')).toBe(true);
+    },
+    kill,
+  };
+}
+
 // =================================================================== a gateway thread
 
 describe('gateway thread supervision (a child-process server: a broken supervisor aborts the process)', () => {
@@ -560,24 +617,9 @@ describe('gateway thread supervision (a child-process server: a broken superviso
     const rand = makeRandom('supervision gateway');
     const texts = randomTexts(rand, words, 32, 12);
     const port = await freePort();
-    const config = { ...testServerConfig({ models: ['tiny-embed'], batching: BATCHING, gatewayThreads: 2, port }), log: undefined };
-    const child = spawn(process.execPath, [FIXTURE, JSON.stringify(config)], { stdio: ['pipe', 'pipe', 'pipe'] });
-    const lines: { type: string; line?: string; port?: number; message?: string }[] = [];
-    let stderr = '';
-    let buffered = '';
-    child.stdout!.on('data', (d: Buffer) => {
-      buffered += d;
-      for (let nl = buffered.indexOf('\n'); nl >= 0; nl = buffered.indexOf('\n')) {
-        lines.push(JSON.parse(buffered.slice(0, nl)));
-        buffered = buffered.slice(nl + 1);
-      }
-    });
-    child.stderr!.on('data', (d: Buffer) => (stderr += d));
-    const exited = new Promise<{ code: number | null; signal: string | null }>((r) => child.on('exit', (code, signal) => r({ code, signal })));
-    const guard = setTimeout(() => child.kill('SIGKILL'), 55_000);
+    const config = testServerConfig({ models: ['tiny-embed'], batching: BATCHING, gatewayThreads: 2, port });
+    const child = await startChildServer(config, 55_000);
     try {
-      await eventually('the child server ready', async () => lines.map((l) => l.type), (t) => t.includes('ready') || t.includes('fatal'), 40_000);
-      expect(lines.find((l) => l.type === 'fatal')?.message).toBeUndefined();
       const before = await scrape(port);
 
       // Half the clients keep a connection; half open one per request (spread over both threads by the kernel).
@@ -594,8 +636,8 @@ describe('gateway thread supervision (a child-process server: a broken superviso
       });
       await eventually('answers before the fault', async () => outcomes.length, (n) => n >= 40);
       const faultAt = performance.now();
-      child.stdin!.write('gateway-fault 0\n');
-      await eventually('the gateway thread listening again', async () => lines.filter((l) => l.type === 'log').map((l) => l.line!), (ls) => ls.some((l) => l.includes('gateway thread 0 listening again')));
+      child.send('gateway-fault 0');
+      await eventually('the gateway thread listening again', async () => child.logs(), (ls) => ls.some((l) => l.includes('gateway thread 0 listening again')));
       const upAt = performance.now();
       await sleep(300);
       stop = true;
@@ -628,13 +670,46 @@ describe('gateway thread supervision (a child-process server: a broken superviso
       expect(m2.has('slabserve_gateway_event_loop_lag_seconds', { gateway: '1' })).toBe(true);
       expect(m2.sum('slabserve_ready')).toBe(1);
 
-      child.stdin!.write('close\n');
-      const exit = await exited;
-      expect({ code: exit.code, signal: exit.signal }, stderr.slice(-600)).toEqual({ code: 0, signal: null });
-      expect(lines.some((l) => l.type === 'closed')).toBe(true);
+      await child.expectClosed();
     } finally {
-      clearTimeout(guard);
-      child.kill('SIGKILL');
+      child.kill();
+    }
+  });
+});
+
+// =================================================================== a run past the timeout, inside onnxruntime
+
+describe('a batch runs past --inference-timeout-ms inside onnxruntime (a child-process server: terminated inside a native call, a thread aborts the process)', () => {
+  /** Long enough that a batch of LONG_ROWS inputs of LONG_WORDS words runs past it on any CPU, short enough that a short batch never does. */
+  const TIMEOUT_MS = 300;
+  const LONG_ROWS = 128;
+  const LONG_WORDS = 600;
+
+  it('its thread is replaced once the run returns (the batch answered 503), the process lives, serves the reference rows, and exits 0', { timeout: 90_000 }, async () => {
+    const rand = makeRandom('supervision native timeout');
+    const port = await freePort();
+    // One batch of 128 rows of 512 tokens (runs of 2 rows, one after another): seconds of onnxruntime on this 2-core VM.
+    const config = testServerConfig({ models: ['tiny-embed'], port, inferenceTimeoutMs: TIMEOUT_MS, batching: { maxBatchSize: LONG_ROWS, maxBatchTokens: LONG_ROWS * 512 } });
+    const child = await startChildServer(config, 80_000);
+    try {
+      // Every one cut to 512 tokens: all in the longest bucket, one batch.
+      const long = Array.from({ length: LONG_ROWS }, () => Array.from({ length: LONG_WORDS }, () => words[Math.floor(rand() * words.length)]).join(' '));
+      const cut = await request(port, 'POST', '/embed', { inputs: long, truncate: true }, { timeoutMs: 60_000 });
+      expect(describeOutcome(cut)).toBe('503 SLABSERVE_INFERENCE_RESTARTED');
+      const replaced = (ls: string[]) => ls.some((l) => l.includes('ready again after')) && ls.some((l) => l.includes('abandoned inference thread (epoch 0) has exited'));
+      const logs = await eventually('the replacement ready and the old thread gone', async () => child.logs(), (ls) => replaced(ls) || child.exit() !== null, 30_000);
+      expect(child.exit()).toBeNull(); // before native-gate.ts: SIGABRT, "terminate called after throwing an instance of 'Napi::Error'"
+      expect(replaced(logs)).toBe(true);
+      expect(logs.filter((l) => l.includes('inference thread run_timeout'))).toHaveLength(1);
+      const m = await eventually('every slot free', () => scrape(port), (x) => slotsInUse(x) === 0);
+      expect(m.sum('slabserve_inference_threads_abandoned')).toBe(0);
+      const texts = randomTexts(rand, words, 16, 12);
+      const later = await Promise.all(texts.map(async (t) => ({ ...(await request(port, 'POST', '/embed', { inputs: t })), texts: [t] })));
+      for (const o of later) expect(describeOutcome(o)).toBe('200');
+      expect(await expectReferenceRows(later)).toBe(16);
+      await child.expectClosed();
+    } finally {
+      child.kill();
     }
   });
 });

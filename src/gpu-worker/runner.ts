@@ -14,11 +14,17 @@ import { H_ATTENDED, H_LENGTH, H_POOL_FROM, H_TOKEN_PAGE, type Slab } from '../s
 import { POOLING_MASK, prepareModel, type PreparedModel } from './graph.js';
 import type { DeviceInfo } from './device.js';
 import { intraOpThreadsFor } from './intra-op-threads.js';
+import type { NativeGate } from '../shared/native-gate.js';
 import { batchCapacity, type BatchingOptions } from './scheduler.js';
 
 export interface SessionOptions {
   /** onnxruntime intra-op threads; 0: {@link autoIntraOpThreads} (intra-op-threads.ts). */
   intraOpThreads: number;
+  /**
+   * The calling thread's native gate (shared/native-gate.ts): every onnxruntime call of the
+   * session (create, run, release) goes through it, so its thread is never terminated inside one.
+   */
+  gate: NativeGate;
 }
 
 
@@ -140,14 +146,14 @@ export interface BatchStats {
 /** An onnxruntime session for a prepared graph, with the runner's options (threads, spinning, arena). */
 function openSession(bytes: Uint8Array, spec: ModelSpec, device: DeviceInfo, session: SessionOptions): Promise<ort.InferenceSession> {
   const providers: ort.InferenceSession.ExecutionProviderConfig[] = device.kind === 'cuda' ? [{ name: 'cuda', deviceId: device.id }] : ['cpu'];
-  return ort.InferenceSession.create(bytes, {
+  return session.gate.run(() => ort.InferenceSession.create(bytes, {
     executionProviders: providers,
     graphOptimizationLevel: 'all',
     intraOpNumThreads: intraOpThreadsFor(session.intraOpThreads, spec.hiddenSize),
     extra: device.kind === 'cpu' ? INTRA_OP_SPINNING : NO_SPINNING,
     ...(spec.pooling === 'splade' ? {} : SESSION_MEMORY),
     logSeverityLevel: 3,
-  });
+  }));
 }
 
 export class ModelRunner {
@@ -155,6 +161,8 @@ export class ModelRunner {
   readonly slab: Slab;
   readonly options: BatchingOptions;
   private readonly session: ort.InferenceSession;
+  /** Every call into the session goes through it (SessionOptions.gate). */
+  private readonly gate: NativeGate;
   /** What the runs need of the prepared model; not its bytes (onnxruntime holds its own copy of the weights). */
   private readonly prepared: PreparedIo;
   /** Free input-buffer sets per bucket index (one per batch that may be in flight). */
@@ -168,6 +176,7 @@ export class ModelRunner {
     slab: Slab,
     options: BatchingOptions,
     session: ort.InferenceSession,
+    gate: NativeGate,
     prepared: PreparedIo,
     inflight: number,
     device: DeviceInfo,
@@ -178,6 +187,7 @@ export class ModelRunner {
     this.slab = slab;
     this.options = options;
     this.session = session;
+    this.gate = gate;
     this.prepared = prepared;
     this.pools = options.buckets.map((len) =>
       Array.from({ length: inflight }, () => new InputBuffers(batchCapacity(options, len) * len, prepared.inputType, prepared)),
@@ -196,7 +206,7 @@ export class ModelRunner {
     // holds the weights: only their input and output facts are kept.
     const source = readFileSync(spec.onnxPath);
     const runnerOf = async ({ bytes, ...prepared }: PreparedModel) =>
-      new ModelRunner(spec, slab, options, await openSession(bytes, spec, device, session), prepared, maxInflight, device);
+      new ModelRunner(spec, slab, options, await openSession(bytes, spec, device, session), session.gate, prepared, maxInflight, device);
     const fused = prepareModel(source, spec);
     if (fused.fusedLayerNorms === 0) return runnerOf(fused);
     // The fused graph's one unknown is the rank SkipLayerNormalization wants (fusion.ts): one run
@@ -222,7 +232,7 @@ export class ModelRunner {
     const T = this.options.buckets[0]!;
     const buf = this.pools[0]![0]!;
     fillConstant(buf, T);
-    await this.session.run(this.feeds(buf, 1, T), { logSeverityLevel: 4 }); // its failure is an answer, not an error to log
+    await this.gate.run(() => this.session.run(this.feeds(buf, 1, T), { logSeverityLevel: 4 })); // its failure is an answer, not an error to log
   }
 
   /**
@@ -253,7 +263,7 @@ export class ModelRunner {
         // The token vectors leave onnxruntime only for a run holding an input that asked for them.
         const tokens = tokenOutput !== undefined && part.some((slot) => this.slab.header(slot, H_TOKEN_PAGE) > 0);
         const started = performance.now();
-        const out = await this.session.run(this.feeds(buf, part.length, T), tokens ? withTokens : outputs);
+        const out = await this.gate.run(() => this.session.run(this.feeds(buf, part.length, T), tokens ? withTokens : outputs));
         runMs += performance.now() - started;
         this.scatter(out, part);
         if (tokens) this.scatterTokens(out[tokenOutput.name]!.data as Float32Array, part, T, tokenOutput.width);
@@ -379,7 +389,7 @@ export class ModelRunner {
           const per = this.rowsPerRun(T, B);
           fillConstant(buf, per * T);
           const started = performance.now();
-          await this.session.run(this.feeds(buf, per, T));
+          await this.gate.run(() => this.session.run(this.feeds(buf, per, T)));
           if (timed) timings.push({ bucket: b, rows: B, ms: ((performance.now() - started) * B) / per });
         }
       } finally {
@@ -390,6 +400,6 @@ export class ModelRunner {
   }
 
   async release(): Promise<void> {
-    await this.session.release();
+    await this.gate.run(() => this.session.release());
   }
 }

@@ -13,7 +13,7 @@
  * the thread that opens it is the one that runs it.
  *
  * Messages to the parent: { type: 'opened', openMs, warmUpMs, timings, fusedLayerNorms } once warm, or
- * { type: 'failed', message }; then RPC `run` and `release`.
+ * { type: 'failed', message }; then RPC `run` and `release` (after which the thread ends).
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { RpcPeer } from '../shared/rpc.js';
@@ -23,6 +23,7 @@ import type { DeviceInfo } from './device.js';
 import { InferenceHold } from './hold.js';
 import { collectStartupGarbage } from '../shared/gc.js';
 import { ModelRunner } from './runner.js';
+import { NativeGate } from '../shared/native-gate.js';
 import type { WorkerModel } from './worker-model.js';
 
 export interface SessionThreadData {
@@ -34,6 +35,8 @@ export interface SessionThreadData {
   /** Nice value of onnxruntime's intra-op pool threads on CPU (0: the process's own). */
   intraOpNice: number;
   maxInflightBatches: number;
+  /** This thread's native gate (shared/native-gate.ts): a cell of its inference thread's family. */
+  gate: { family: SharedArrayBuffer; index: number };
   /** Test hooks only (SLABSERVE_TEST_HOOKS=1): while this InferenceHold is held, the thread blocks before it opens the model. */
   openHold?: SharedArrayBuffer;
 }
@@ -59,7 +62,8 @@ async function main(): Promise<void> {
     const slab = new Slab(data.model.slab, data.model.layout).withPrivateOutput(data.output);
     if (data.openHold) new InferenceHold(data.openHold).parkBlocking();
     const started = performance.now();
-    runner = await ModelRunner.create(data.model.spec, slab, data.model.batching, data.device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches);
+    const gate = new NativeGate(data.gate.family, data.gate.index);
+    runner = await ModelRunner.create(data.model.spec, slab, data.model.batching, data.device, { intraOpThreads: data.intraOpThreads, gate }, data.maxInflightBatches);
     openMs = performance.now() - started;
     timings = await runner.warmUp();
     warmUpMs = performance.now() - started - openMs;
@@ -74,7 +78,11 @@ async function main(): Promise<void> {
       const { slots, bucket } = arg as { slots: number[]; bucket: number };
       return runner.run(slots, bucket);
     },
-    release: () => runner.release(), // then the inference thread ends this thread
+    // Then the thread ends of itself, once the answer is posted: never terminated (native-gate.ts).
+    release: async () => {
+      await runner.release();
+      setImmediate(() => parentPort!.close());
+    },
   });
   post({ type: 'opened', openMs, warmUpMs, timings, fusedLayerNorms: runner.fusedLayerNorms });
   collectStartupGarbage();

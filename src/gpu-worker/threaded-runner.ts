@@ -10,6 +10,7 @@
  */
 import { Worker } from 'node:worker_threads';
 import { RpcPeer } from '../shared/rpc.js';
+import { terminateOutsideNativeCalls, type NativeGate, type SessionCells } from '../shared/native-gate.js';
 import { Slab } from '../shared/slab.js';
 import type { BatchStats } from './runner.js';
 import type { SessionThreadData, SessionThreadMessage } from './session-thread.js';
@@ -23,8 +24,29 @@ export interface ThreadedRunnerOptions {
   maxInflightBatches: number;
   /** The private output it writes rows into (Slab.withPrivateOutput), shared with the model's other instances; default: its own. */
   output?: SharedArrayBuffer;
+  /** Where its native gate comes from: a cell of the inference thread's family (shared/native-gate.ts). */
+  cells: SessionCells;
   /** Test hooks only: SessionThreadData.openHold. */
   openHold?: SharedArrayBuffer;
+}
+
+/** The session thread behind a ThreadedRunner: its worker, the RPC to it, its exit, and its native gate. */
+interface SessionThread {
+  worker: Worker;
+  rpc: RpcPeer;
+  exited: Promise<void>;
+  gate: NativeGate;
+  cells: SessionCells;
+}
+
+/** How long a released session thread may take to end of itself before it is terminated. */
+const RELEASE_EXIT_MS = 5000;
+
+async function endsWithin(exited: Promise<void>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const ended = await Promise.race([exited.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms)))]);
+  clearTimeout(timer);
+  return ended;
 }
 
 export class ThreadedRunner {
@@ -34,22 +56,21 @@ export class ThreadedRunner {
   readonly slab: Slab;
   /** The warm-up's timings (they seed the cost model), and how long opening and warming took. */
   readonly opened: Extract<SessionThreadMessage, { type: 'opened' }>;
-  private readonly worker: Worker;
-  private readonly rpc: RpcPeer;
+  private readonly thread: SessionThread;
 
-  private constructor(model: WorkerModel, slab: Slab, worker: Worker, rpc: RpcPeer, opened: ThreadedRunner['opened']) {
+  private constructor(model: WorkerModel, slab: Slab, opened: ThreadedRunner['opened'], thread: SessionThread) {
     this.spec = model.spec;
     this.options = model.batching;
     this.slab = slab;
-    this.worker = worker;
-    this.rpc = rpc;
     this.opened = opened;
+    this.thread = thread;
   }
 
   /** Starts the model's session thread and resolves once its session is open and warm; rejects with the reason it failed. */
   static async open(model: WorkerModel, shared: Slab, o: ThreadedRunnerOptions): Promise<ThreadedRunner> {
-    const { output = new SharedArrayBuffer(shared.privateOutputBytes), ...rest } = o;
-    const data: SessionThreadData = { model, output, ...rest };
+    const { output = new SharedArrayBuffer(shared.privateOutputBytes), cells, ...rest } = o;
+    const gate = cells.take();
+    const data: SessionThreadData = { model, output, gate: { family: gate.family, index: gate.index }, ...rest };
     const worker = new Worker(new URL('./session-thread.js', import.meta.url), { workerData: data, name: `slabserve-session-${model.spec.name}` });
     const rpc = new RpcPeer(worker);
     let opened: ThreadedRunner['opened'];
@@ -65,8 +86,8 @@ export class ThreadedRunner {
         worker.once('exit', (code) => reject(new Error(`the session thread of ${model.spec.name} exited (code ${code}) while opening`)));
       });
     } catch (err) {
-      await worker.terminate();
-      throw err;
+      await terminateOutsideNativeCalls(worker, gate.family, [gate.index]); // it failed or ended: no call is inside
+      throw err; // its cell stays sealed, not handed out again
     }
     worker.off('message', onMessage!); // from now on its messages are RPC
     worker.removeAllListeners('error');
@@ -74,21 +95,35 @@ export class ThreadedRunner {
     // A thread that ends while serving (an uncaught error) fails its batches: the loop splits and answers them.
     const gone = (why: string) => rpc.close(`the session thread of ${model.spec.name} ${why}`);
     worker.on('error', (err) => gone(`failed: ${err.message}`));
-    worker.on('exit', (code) => gone(`exited (code ${code})`));
-    return new ThreadedRunner(model, shared.withPrivateOutput(output), worker, rpc, opened);
+    const exited = new Promise<void>((resolve) =>
+      worker.on('exit', (code) => {
+        gone(`exited (code ${code})`);
+        resolve();
+      }),
+    );
+    return new ThreadedRunner(model, shared.withPrivateOutput(output), opened, { worker, rpc, exited, gate, cells });
   }
 
   /** One batch, on the session thread; no time limit here (the main thread's watchdog bounds a run). */
   run(slots: readonly number[], bucket: number): Promise<BatchStats> {
-    return this.rpc.call<BatchStats>('run', { slots, bucket }, 0);
+    return this.thread.rpc.call<BatchStats>('run', { slots, bucket }, 0);
   }
 
-  /** Frees the session, then ends the thread. */
+  /**
+   * Frees the session; the thread then ends of itself, and its gate's cell is handed out again.
+   * Where that fails, the thread is terminated once its cell shows no native call inside.
+   */
   async release(): Promise<void> {
+    const { worker, rpc, exited, gate, cells } = this.thread;
     try {
-      await this.rpc.call('release');
-    } finally {
-      await this.worker.terminate();
+      await rpc.call('release');
+      if (await endsWithin(exited, RELEASE_EXIT_MS)) {
+        cells.give(gate);
+        return;
+      }
+    } catch {
+      // the session thread is gone, or its session's release failed
     }
+    await terminateOutsideNativeCalls(worker, gate.family, [gate.index]);
   }
 }

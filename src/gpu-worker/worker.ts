@@ -37,6 +37,7 @@ import { cudaMissing, cudaUnavailableMessage, describeCpu, describeCuda, parseDe
 import { InferenceHold } from './hold.js';
 import { IDLE_WAKE_MS, InferenceLoop, type LoopRunner, type SchedulingOptions } from './inference-loop.js';
 import { trimHeap } from './memory-trim.js';
+import { NativeGate, SessionCells } from '../shared/native-gate.js';
 import { collectStartupGarbage } from '../shared/gc.js';
 import type { WorkerModel } from './worker-model.js';
 import { ModelRunner } from './runner.js';
@@ -49,6 +50,8 @@ export type { WorkerModel } from './worker-model.js';
 
 export interface InferenceWorkerData {
   control: SharedArrayBuffer;
+  /** Native gates (shared/native-gate.ts): cell 0 this thread's, the others its session threads'. */
+  gates: SharedArrayBuffer;
   owners: number;
   device: string;
   intraOpThreads: number;
@@ -125,6 +128,11 @@ const post = (m: InferenceWorkerMessage) => parentPort!.postMessage(m);
 const control = new ControlBlock(data.control, data.owners);
 /** Whether this thread is still the live one (the main thread has not given it up). */
 const live = () => control.epoch === data.epoch;
+/** This thread's native calls (its own sessions, malloc_trim) go through this gate; its session threads get cells of their own. */
+const ownGate = new NativeGate(data.gates, 0);
+const sessionCells = new SessionCells(data.gates);
+/** malloc_trim (a native call) through this thread's gate. */
+const trimNative = () => ownGate.runSync(trimHeap);
 /** A model served: its plan, its shared slab, and its runner (on a private output), in this thread or on a session thread. */
 interface Served {
   model: WorkerModel;
@@ -146,7 +154,7 @@ interface OpenedModel {
 async function openModel(model: WorkerModel, device: DeviceInfo): Promise<OpenedModel> {
   const shared = new Slab(model.slab, model.layout);
   const output = new SharedArrayBuffer(shared.privateOutputBytes);
-  const runner = await ModelRunner.create(model.spec, shared.withPrivateOutput(output), model.batching, device, { intraOpThreads: data.intraOpThreads }, data.maxInflightBatches);
+  const runner = await ModelRunner.create(model.spec, shared.withPrivateOutput(output), model.batching, device, { intraOpThreads: data.intraOpThreads, gate: ownGate }, data.maxInflightBatches);
   return { model, shared, runner, output };
 }
 
@@ -163,6 +171,7 @@ async function openThreaded(model: WorkerModel, shared: Slab, device: DeviceInfo
     intraOpNice: data.intraOpNice,
     maxInflightBatches: data.maxInflightBatches,
     output,
+    cells: sessionCells,
     ...(data.testHooks ? { openHold: data.testHooks.openHold } : {}),
   };
   const results = await Promise.allSettled(Array.from({ length: count }, () => ThreadedRunner.open(model, shared, options)));
@@ -180,7 +189,7 @@ async function serveOpened(loop: InferenceLoop, o: OpenedModel, device: DeviceIn
   // One instance: it runs in this thread. More: on their session threads, this one's session the lone path.
   const runner = count > 1 ? new ModelInstances(o.runner, threaded, o.runner) : new ModelInstances(o.runner, [o.runner]);
   serve(loop, { model: o.model, shared: o.shared, runner }, timings, device, o.runner.fusedLayerNorms);
-  if (count > 1) trimHeap(); // what the session threads' opening freed, as addModel does
+  if (count > 1) trimNative(); // what the session threads' opening freed, as addModel does
 }
 
 /** Opens every start-up model on the requested device; with `auto`, falls back to CPU when CUDA cannot be used. */
@@ -246,7 +255,9 @@ async function main(): Promise<void> {
   }
   Object.assign(handlers, modelHandlers(loop, device));
   await loop.run();
-  await Promise.all([...served.values()].map((s) => s.runner.release()));
+  // Settled, not thrown: a thread given up has its gates sealed (AbandonedError), and an uncaught
+  // error in a thread being terminated is fatal to the process.
+  await Promise.allSettled([...served.values()].map((s) => s.runner.release()));
   await tracing?.shutdown().catch(() => {}); // the last batch spans, waiting at most its grace
   if (live()) control.workerState = WorkerState.STOPPED;
   post({ type: 'stopped' });
@@ -283,7 +294,7 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       serve(loop, { model, shared, runner: new ModelInstances(first!, [first!, ...others]) }, first!.opened.timings, device, first!.opened.fusedLayerNorms);
       // What opening freed (graph optimization's copies of the weights) stays in the session thread's
       // own malloc arena otherwise: bert-base measured 946 MiB of RSS without this.
-      trimHeap();
+      trimNative();
       const deviceAfter = deviceUsed();
       const deviceBytes = deviceBefore !== null && deviceAfter !== null ? deviceAfter - deviceBefore : null;
       // Its instances opened side by side: the slowest one is how long the model took.
@@ -299,7 +310,7 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       served.delete(id);
       metrics.fusedLayerNorms.remove({ model: s.model.spec.name });
       await s.runner.release();
-      trimHeap(); // the session's memory back to the system, not kept in malloc's free lists
+      trimNative(); // the session's memory back to the system, not kept in malloc's free lists
     },
   };
 }
