@@ -1,10 +1,12 @@
 /**
- * The SkipLayerNormalization rewrite (src/gpu-worker/fusion.ts) against the
- * graph as exported: onnxruntime's CPU time per row, one intra-op thread (a
- * model instance's), rows of `--tokens` tokens at each batch size, the two
- * graphs alternating round by round, and how far apart their token states are.
+ * The graph rewrites against the graph as exported: the SkipLayerNormalization
+ * one (src/gpu-worker/fusion.ts) alone, and with the Attention one
+ * (attention-fusion.ts) as the server runs them. onnxruntime's CPU time per
+ * row, one intra-op thread (a model instance's), rows of `--tokens` tokens at
+ * each batch size, the three graphs in turn round by round (each first once
+ * in three rounds), and how far apart their token states are.
  *
- *   node dist/bench/fusion.js [--models tiny-embed,minilm-l6] [--batches 1,4,16] [--rounds 2]
+ *   node dist/bench/fusion.js [--models tiny-embed,minilm-l6] [--batches 1,4,16] [--rounds 3]
  *
  * The folders are generated into a temporary folder (docs/tuning.md, Graph fusion).
  */
@@ -12,6 +14,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
+import { fuseAttention } from '../src/gpu-worker/attention-fusion.js';
 import { fuseSkipLayerNorm } from '../src/gpu-worker/fusion.js';
 import { writePreset } from '../src/modelgen/presets.js';
 import { decodeModel, encodeModel } from '../src/shared/onnx-graph.js';
@@ -21,7 +24,7 @@ const values = parseOptions('node dist/bench/fusion.js [options]', {
   models: { type: 'strings', default: ['tiny-embed', 'minilm-l6'], help: 'presets to generate and compare' },
   batches: { type: 'strings', default: ['1', '4', '16'], help: 'batch sizes (rows per run)' },
   tokens: { type: 'int', min: 2, default: 24, help: 'tokens per row' },
-  rounds: { type: 'int', min: 1, default: 2, help: 'rounds, the two graphs alternating' },
+  rounds: { type: 'int', min: 1, default: 3, help: 'rounds, the three graphs in turn' },
   'runs-ms': { type: 'number', min: 50, value: 'MS', default: 1500, help: 'CPU time each graph runs per batch size and round' },
 });
 
@@ -48,29 +51,39 @@ const maxDiff = (a: Float32Array, b: Float32Array) => a.reduce((d, v, i) => Math
 const open = (bytes: Uint8Array) => ort.InferenceSession.create(bytes, { intraOpNumThreads: 1, graphOptimizationLevel: 'all', enableCpuMemArena: false, logSeverityLevel: 3 });
 
 const root = mkdtempSync(join(tmpdir(), 'slabserve-fusion-'));
+/** The graphs compared: as exported, with the LayerNorms fused, and with the attentions fused too (what the server runs). */
+const SIDES = ['exported', 'layerNorms', 'all'] as const;
 try {
-  console.log(`| model | fused | batch | exported µs/row | fused µs/row | exported / fused (by round) | max diff |`);
-  console.log('|---|---:|---:|---:|---:|---:|---:|');
+  console.log(`| model | fused LayerNorms | fused attentions | batch | exported µs/row | LayerNorms fused µs/row | all fused µs/row | exported / LayerNorms (by round) | exported / all (by round) | max diff |`);
+  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const name of values.models) {
     const exported = readFileSync(join(writePreset(name, root).dir, 'model.onnx'));
-    const model = decodeModel(exported);
-    const fused = fuseSkipLayerNorm(model);
-    const sessions = { exported: await open(exported), fused: await open(encodeModel(model)) };
+    const withNorms = decodeModel(exported);
+    const layerNorms = fuseSkipLayerNorm(withNorms);
+    const withAll = decodeModel(exported);
+    fuseSkipLayerNorm(withAll);
+    const attentions = fuseAttention(withAll);
+    const sessions = { exported: await open(exported), layerNorms: await open(encodeModel(withNorms)), all: await open(encodeModel(withAll)) };
     try {
       for (const B of values.batches.map(Number)) {
-        const ratios: number[] = [];
-        let last = { exported: 0, fused: 0, diff: 0 };
+        const ratios: { layerNorms: number[]; all: number[] } = { layerNorms: [], all: [] };
+        let last: Record<(typeof SIDES)[number], { us: number; states: Float32Array }> | undefined;
         for (let r = 0; r < values.rounds; r++) {
-          const order = r % 2 === 0 ? (['exported', 'fused'] as const) : (['fused', 'exported'] as const);
-          const got: Record<string, { us: number; states: Float32Array }> = {};
+          const order = SIDES.map((_, i) => SIDES[(i + r) % SIDES.length]!); // each side first in turn
+          const got = {} as Record<(typeof SIDES)[number], { us: number; states: Float32Array }>;
           for (const side of order) got[side] = await rowCost(sessions[side], B, values.tokens, values['runs-ms']);
-          last = { exported: got.exported!.us, fused: got.fused!.us, diff: maxDiff(got.exported!.states, got.fused!.states) };
-          ratios.push(last.exported / last.fused);
+          ratios.layerNorms.push(got.exported.us / got.layerNorms.us);
+          ratios.all.push(got.exported.us / got.all.us);
+          last = got;
         }
-        console.log(`| ${name} | ${fused} | ${B} | ${last.exported.toFixed(0)} | ${last.fused.toFixed(0)} | ${ratios.map((x) => x.toFixed(2)).join(' ')} | ${last.diff.toExponential(1)} |`);
+        const diff = Math.max(maxDiff(last!.exported.states, last!.layerNorms.states), maxDiff(last!.exported.states, last!.all.states));
+        const show = (xs: number[]) => xs.map((x) => x.toFixed(2)).join(' ');
+        console.log(
+          `| ${name} | ${layerNorms} | ${attentions} | ${B} | ${last!.exported.us.toFixed(0)} | ${last!.layerNorms.us.toFixed(0)} | ${last!.all.us.toFixed(0)} | ${show(ratios.layerNorms)} | ${show(ratios.all)} | ${diff.toExponential(1)} |`,
+        );
       }
     } finally {
-      await Promise.all([sessions.exported.release(), sessions.fused.release()]);
+      await Promise.all(Object.values(sessions).map((s) => s.release()));
     }
   }
 } finally {

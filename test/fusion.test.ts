@@ -14,7 +14,7 @@ import { fuseSkipLayerNorm } from '../dist/src/gpu-worker/fusion.js';
 import { startServer, type Server } from '../dist/src/server.js';
 import { decodeModel, encodeModel, GraphBuilder, makeModel, onnx } from '../dist/src/shared/onnx-graph.js';
 import { parseMetrics } from './fixtures/http-client.js';
-import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
+import { expectSameTokenStates, makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 
 const TINY_EMBED = readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx'));
@@ -28,29 +28,7 @@ describe('fuseSkipLayerNorm on a BERT export', () => {
     expect(opTypes(model)).not.toContain('LayerNormalization');
     // Every Add the rewrite took in is gone: 2 per block norm, 1 for the embeddings' (words + types stays: it is the input).
     expect(opTypes(model).filter((t) => t === 'Add').length).toBe(opTypes(decodeModel(TINY_EMBED)).filter((t) => t === 'Add').length - 9);
-    const open = (bytes: Uint8Array) => ort.InferenceSession.create(bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
-    const [plain, fused] = await Promise.all([open(TINY_EMBED), open(encodeModel(model))]);
-    try {
-      const r = makeRandom('fusion tiny-embed');
-      for (const B of [1, 3, 8]) {
-        const T = 5 + Math.floor(r() * 36);
-        const ids = new BigInt64Array(B * T);
-        const mask = new BigInt64Array(B * T);
-        for (let b = 0; b < B; b++) {
-          const len = 2 + Math.floor(r() * (T - 1)); // right-padded rows, as the server builds them
-          for (let t = 0; t < len; t++) {
-            ids[b * T + t] = BigInt(t === 0 ? 101 : 1000 + Math.floor(r() * 29000));
-            mask[b * T + t] = 1n;
-          }
-        }
-        const feeds = { input_ids: new ort.Tensor('int64', ids, [B, T]), attention_mask: new ort.Tensor('int64', mask, [B, T]), token_type_ids: new ort.Tensor('int64', new BigInt64Array(B * T), [B, T]) };
-        const [a, f] = await Promise.all([plain.run(feeds), fused.run(feeds)]);
-        const states = (o: ort.InferenceSession.OnnxValueMapType) => o.last_hidden_state!.data as Float32Array;
-        expect(maxAbsDiff(states(a), states(f)), `B=${B} T=${T}`).toBeLessThan(1e-5);
-      }
-    } finally {
-      await Promise.all([plain.release(), fused.release()]);
-    }
+    await expectSameTokenStates(TINY_EMBED, encodeModel(model), 'fusion tiny-embed');
   });
 });
 
@@ -206,10 +184,12 @@ describe('a fused graph that fails its trial run', () => {
     rmSync(root, { recursive: true, force: true });
   });
 
-  it('is served as exported (0 fused, rows equal to a plain onnxruntime run of it); the other model runs fused', async () => {
+  it('is served as exported (nothing fused, rows equal to a plain onnxruntime run of it); the other model runs fused', async () => {
     const metrics = parseMetrics(await (await fetch(`${server.url}/metrics`)).text());
     expect(metrics.sum('slabserve_model_fused_layer_norms', { model: 'tiny-embed' })).toBe(5);
     expect(metrics.sum('slabserve_model_fused_layer_norms', { model: 'rank-four' })).toBe(0);
+    expect(metrics.sum('slabserve_model_fused_attentions', { model: 'tiny-embed' })).toBe(2);
+    expect(metrics.sum('slabserve_model_fused_attentions', { model: 'rank-four' })).toBe(0); // served as exported: nothing fused
     const r = makeRandom('fusion fallback');
     const texts = randomTexts(r, vocabularyWords(loadModelSpec(join(root, 'tiny-embed'))), 6, 20);
     const { loadTokenizer } = await import('../dist/src/core/tokenizer.js');

@@ -269,3 +269,34 @@ export async function wsRequest(port: number, frame: Record<string, unknown>): P
     ws.close();
   }
 }
+
+/**
+ * Runs a BERT graph as exported and a rewritten copy of it (fusion tests) on the same right-padded
+ * batches of random ids (seeded by `label`, printed), and expects their token states
+ * (last_hidden_state) within `tolerance` of each other.
+ */
+export async function expectSameTokenStates(exported: Uint8Array, rewritten: Uint8Array, label: string, tolerance = 1e-5): Promise<void> {
+  const open = (bytes: Uint8Array) => ort.InferenceSession.create(bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+  const [plain, fused] = await Promise.all([open(exported), open(rewritten)]);
+  try {
+    const r = makeRandom(label);
+    for (const B of [1, 3, 8]) {
+      const T = 5 + Math.floor(r() * 36);
+      const ids = new BigInt64Array(B * T);
+      const mask = new BigInt64Array(B * T);
+      for (let b = 0; b < B; b++) {
+        const len = 2 + Math.floor(r() * (T - 1)); // right-padded rows, as the server builds them
+        for (let t = 0; t < len; t++) {
+          ids[b * T + t] = BigInt(t === 0 ? 101 : 1000 + Math.floor(r() * 29000));
+          mask[b * T + t] = 1n;
+        }
+      }
+      const feeds = { input_ids: new ort.Tensor('int64', ids, [B, T]), attention_mask: new ort.Tensor('int64', mask, [B, T]), token_type_ids: new ort.Tensor('int64', new BigInt64Array(B * T), [B, T]) };
+      const [a, f] = await Promise.all([plain.run(feeds), fused.run(feeds)]);
+      const states = (o: ort.InferenceSession.OnnxValueMapType) => o.last_hidden_state!.data as Float32Array;
+      expect(maxAbsDiff(states(a), states(f)), `B=${B} T=${T}`).toBeLessThan(tolerance);
+    }
+  } finally {
+    await Promise.all([plain.release(), fused.release()]);
+  }
+}

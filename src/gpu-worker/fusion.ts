@@ -36,7 +36,7 @@ type Node = onnx.INodeProto;
 const LAYER_NORM_EPSILON = 1e-5;
 
 /** The graph's facts the rewrite checks against: producers, use counts, initializers, graph outputs. */
-class GraphIndex {
+export class GraphIndex {
   readonly producer = new Map<string, Node>();
   readonly uses = new Map<string, number>();
   readonly initializers = new Map<string, onnx.ITensorProto>();
@@ -79,7 +79,7 @@ class GraphIndex {
   }
 }
 
-function attr(node: Node, name: string): onnx.IAttributeProto | undefined {
+export function attr(node: Node, name: string): onnx.IAttributeProto | undefined {
   return node.attribute?.find((a) => a.name === name);
 }
 

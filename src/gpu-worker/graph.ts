@@ -24,6 +24,7 @@ import type { ColbertSpec, M3Spec, ModelSpec, Pooling, SpladeSettings } from '..
 import { readSafetensors, type F32Tensor } from '../shared/safetensors.js';
 import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/onnx-graph.js';
 import { fuseSkipLayerNorm } from './fusion.js';
+import { fuseAttention } from './attention-fusion.js';
 
 export interface PreparedModel {
   /** Serialized model with the post-processing appended. */
@@ -40,9 +41,19 @@ export interface PreparedModel {
   hasPoolingMask: boolean;
   /** The per-token output, [B, T, width] (a model with token vectors: spec.tokenWidth > 0), fetched only for runs that ask. */
   tokenOutput?: { name: string; width: number };
-  /** LayerNormalizations rewritten as SkipLayerNormalization (fusion.ts); 0 with `fuse: false`. */
-  fusedLayerNorms: number;
+  /** What the graph runs fused (fusion.ts, attention-fusion.ts); none with `fuse: false`. */
+  fusions: GraphFusions;
 }
+
+/** Parts of a graph rewritten into onnxruntime's fused ops at load (docs/tuning.md, Graph fusion). */
+export interface GraphFusions {
+  /** LayerNormalizations run as SkipLayerNormalization (fusion.ts). */
+  layerNorms: number;
+  /** Self-attentions run as one Attention node (attention-fusion.ts). */
+  attentions: number;
+}
+
+export const NO_FUSIONS: GraphFusions = { layerNorms: 0, attentions: 0 };
 
 /** The per-token output's name: the token states as they are (TEI's /embed_all). */
 export const TOKEN_OUTPUT = 'slabserve_tokens';
@@ -52,7 +63,7 @@ export const POOLING_MASK = 'slabserve_pooling_mask';
 
 const MIN_OPSET = 13; // ReduceSum/Unsqueeze with axes as inputs
 
-/** `fuse` (default true): rewrite the graph's Add-Add-LayerNormalization runs as SkipLayerNormalization (fusion.ts). */
+/** `fuse` (default true): rewrite the graph's Add-Add-LayerNormalization runs as SkipLayerNormalization (fusion.ts) and its self-attentions as Attention (attention-fusion.ts). */
 export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { fuse?: boolean } = {}): PreparedModel {
   const model = decodeModel(onnxBytes);
   const graph = model.graph;
@@ -67,7 +78,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { 
   const idsInput = (graph.input ?? []).find((i) => i.name === 'input_ids')!;
   const inputType = idsInput.type?.tensorType?.elemType === onnx.TensorProto.DataType.INT32 ? 'int32' : 'int64';
 
-  const fusedLayerNorms = options.fuse === false ? 0 : fuseSkipLayerNorm(model);
+  const fusions = options.fuse === false ? NO_FUSIONS : { layerNorms: fuseSkipLayerNorm(model), attentions: fuseAttention(model) };
   const b = GraphBuilder.wrap(graph);
   const outputNames = b.outputNames();
   let outputs: PreparedModel['outputs'];
@@ -131,7 +142,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { 
     hasPositionIds: inputNames.includes('position_ids'),
     hasPoolingMask,
     ...(tokenOutput ? { tokenOutput } : {}),
-    fusedLayerNorms,
+    fusions,
   };
 }
 

@@ -11,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import * as ort from 'onnxruntime-node';
 import type { ModelSpec } from '../shared/model-config.js';
 import { H_ATTENDED, H_LENGTH, H_POOL_FROM, H_TOKEN_PAGE, type Slab } from '../shared/slab.js';
-import { POOLING_MASK, prepareModel, type PreparedModel } from './graph.js';
+import { POOLING_MASK, prepareModel, type GraphFusions, type PreparedModel } from './graph.js';
 import type { DeviceInfo } from './device.js';
 import { intraOpThreadsFor } from './intra-op-threads.js';
 import type { NativeGate } from '../shared/native-gate.js';
@@ -208,7 +208,7 @@ export class ModelRunner {
     const runnerOf = async ({ bytes, ...prepared }: PreparedModel) =>
       new ModelRunner(spec, slab, options, await openSession(bytes, spec, device, session), session.gate, prepared, maxInflight, device);
     const fused = prepareModel(source, spec);
-    if (fused.fusedLayerNorms === 0) return runnerOf(fused);
+    if (fused.fusions.layerNorms + fused.fusions.attentions === 0) return runnerOf(fused);
     // The fused graph's one unknown is the rank SkipLayerNormalization wants (fusion.ts): one run
     // tells. Where it fails, the unmodified graph serves.
     let runner: ModelRunner | undefined;
@@ -223,8 +223,8 @@ export class ModelRunner {
   }
 
   /** LayerNormalizations this runner's graph runs fused (fusion.ts); 0: the unmodified graph's. */
-  get fusedLayerNorms(): number {
-    return this.prepared.fusedLayerNorms;
+  get fusions(): GraphFusions {
+    return this.prepared.fusions;
   }
 
   /** One run of one row of the shortest bucket: throws where the graph cannot run. */

@@ -12,7 +12,7 @@
  * load (docs/model-repository.md). A session cannot move between threads, so
  * the thread that opens it is the one that runs it.
  *
- * Messages to the parent: { type: 'opened', openMs, warmUpMs, timings, fusedLayerNorms } once warm, or
+ * Messages to the parent: { type: 'opened', openMs, warmUpMs, timings, fusions } once warm, or
  * { type: 'failed', message }; then RPC `run` and `release` (after which the thread ends).
  */
 import { parentPort, workerData } from 'node:worker_threads';
@@ -23,6 +23,7 @@ import type { DeviceInfo } from './device.js';
 import { InferenceHold } from './hold.js';
 import { collectStartupGarbage } from '../shared/gc.js';
 import { ModelRunner } from './runner.js';
+import type { GraphFusions } from './graph.js';
 import { NativeGate } from '../shared/native-gate.js';
 import type { WorkerModel } from './worker-model.js';
 
@@ -44,7 +45,7 @@ export interface SessionThreadData {
 export type WarmUpTimings = Awaited<ReturnType<ModelRunner['warmUp']>>;
 
 export type SessionThreadMessage =
-  | { type: 'opened'; openMs: number; warmUpMs: number; timings: WarmUpTimings; fusedLayerNorms: number }
+  | { type: 'opened'; openMs: number; warmUpMs: number; timings: WarmUpTimings; fusions: GraphFusions }
   | { type: 'failed'; message: string };
 
 const data = workerData as SessionThreadData;
@@ -84,7 +85,7 @@ async function main(): Promise<void> {
       setImmediate(() => parentPort!.close());
     },
   });
-  post({ type: 'opened', openMs, warmUpMs, timings, fusedLayerNorms: runner.fusedLayerNorms });
+  post({ type: 'opened', openMs, warmUpMs, timings, fusions: runner.fusions });
   collectStartupGarbage();
 }
 

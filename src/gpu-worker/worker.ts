@@ -41,6 +41,7 @@ import { NativeGate, SessionCells } from '../shared/native-gate.js';
 import { collectStartupGarbage } from '../shared/gc.js';
 import type { WorkerModel } from './worker-model.js';
 import { ModelRunner } from './runner.js';
+import type { GraphFusions } from './graph.js';
 import { ThreadedRunner } from './threaded-runner.js';
 import { ModelInstances } from './model-instances.js';
 import { autoModelInstances, coresPerRun } from './intra-op-threads.js';
@@ -188,7 +189,7 @@ async function serveOpened(loop: InferenceLoop, o: OpenedModel, device: DeviceIn
   const [timings, threaded] = await Promise.all([o.runner.warmUp(), openThreaded(o.model, o.shared, device, count > 1 ? count : 0, o.output)]);
   // One instance: it runs in this thread. More: on their session threads, this one's session the lone path.
   const runner = count > 1 ? new ModelInstances(o.runner, threaded, o.runner) : new ModelInstances(o.runner, [o.runner]);
-  serve(loop, { model: o.model, shared: o.shared, runner }, timings, device, o.runner.fusedLayerNorms);
+  serve(loop, { model: o.model, shared: o.shared, runner }, timings, device, o.runner.fusions);
   if (count > 1) trimNative(); // what the session threads' opening freed, as addModel does
 }
 
@@ -266,9 +267,10 @@ async function main(): Promise<void> {
 }
 
 /** Hands a warm model to the loop, its cost model seeded with the warm-up's timings. */
-function serve(loop: InferenceLoop, o: Served, timings: { bucket: number; rows: number; ms: number }[], device: DeviceInfo, fusedLayerNorms: number): void {
+function serve(loop: InferenceLoop, o: Served, timings: { bucket: number; rows: number; ms: number }[], device: DeviceInfo, fusions: GraphFusions): void {
   o.shared.counters[Counter.RUN_CORES] = coresPerRun(device.kind, data.intraOpThreads, o.model.spec.hiddenSize);
-  metrics.fusedLayerNorms.set({ model: o.model.spec.name }, fusedLayerNorms);
+  metrics.fusedLayerNorms.set({ model: o.model.spec.name }, fusions.layerNorms);
+  metrics.fusedAttentions.set({ model: o.model.spec.name }, fusions.attentions);
   loop.addModel(o.model.id, data.testHooks ? hooked(o.runner) : o.runner, o.shared);
   for (const t of timings) loop.seedCost(o.model.id, t.bucket, t.rows, t.ms);
   served.set(o.model.id, o);
@@ -291,7 +293,7 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       const rssBefore = process.memoryUsage.rss();
       const shared = new Slab(model.slab, model.layout);
       const [first, ...others] = await openThreaded(model, shared, device, instancesOf(model, device), new SharedArrayBuffer(shared.privateOutputBytes));
-      serve(loop, { model, shared, runner: new ModelInstances(first!, [first!, ...others]) }, first!.opened.timings, device, first!.opened.fusedLayerNorms);
+      serve(loop, { model, shared, runner: new ModelInstances(first!, [first!, ...others]) }, first!.opened.timings, device, first!.opened.fusions);
       // What opening freed (graph optimization's copies of the weights) stays in the session thread's
       // own malloc arena otherwise: bert-base measured 946 MiB of RSS without this.
       trimNative();
@@ -309,6 +311,7 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       loop.removeModel(id);
       served.delete(id);
       metrics.fusedLayerNorms.remove({ model: s.model.spec.name });
+      metrics.fusedAttentions.remove({ model: s.model.spec.name });
       await s.runner.release();
       trimNative(); // the session's memory back to the system, not kept in malloc's free lists
     },

@@ -129,6 +129,12 @@ export function inferenceMetrics(registry: Registry) {
       labelNames: ['model'] as const,
       registers,
     }),
+    fusedAttentions: new Gauge({
+      name: 'slabserve_model_fused_attentions',
+      help: "Self-attentions of each model's graph run as one onnxruntime Attention node (0: as exported; also where the fused graph could not run).",
+      labelNames: ['model'] as const,
+      registers,
+    }),
   };
 }
 export type InferenceMetrics = ReturnType<typeof inferenceMetrics>;
