@@ -1,8 +1,9 @@
 /**
  * The lone wait (--lone-wait-us, src/shared/lone-wait.ts): a gateway serving
  * a lone caller holds its thread for the answer to the only request in the
- * server, asleep until shortly before the batch's predicted end, awake from
- * there; never for several callers, never past its bound.
+ * server, asleep in short slices until its batch starts, then until shortly
+ * before the batch's predicted end, awake from there; never for several
+ * callers, never past its bound.
  */
 import { Worker } from 'node:worker_threads';
 import { availableParallelism } from 'node:os';
@@ -112,6 +113,26 @@ describe('LoneWait', () => {
     expect(sleeps[0]!.ms).toBeLessThanOrEqual(busyUntil - 0.15 - before);
     expect(sleeps[0]!.ms).toBeGreaterThanOrEqual(busyUntil - 0.15 - sleeps[0]!.at);
     expect(calls.slice(2)).toEqual(['read', 'read', 'read', 'read', 'read']);
+  });
+
+  it('watches a batch that has not started only a moment, then sleeps on it in short slices; once it starts, until shortly before its predicted end', () => {
+    // A bell whose sleeps return at once: the 3rd slice starts the batch (a minute to run), the 4th sleep rings.
+    const slab = fakeSlab(1); // BUSY_UNTIL 0: its batch has not started
+    const sleeps: number[] = [];
+    let rung = 0;
+    const bell = {
+      read: () => rung,
+      sleep: (_seen: number, ms: number) => {
+        sleeps.push(ms);
+        if (sleeps.length === 3) slab.counters[Counter.BUSY_UNTIL] = nowMs() + 60_000;
+        if (sleeps.length === 4) rung = 1;
+      },
+    } as unknown as Doorbell;
+    const wait = new LoneWait(bell, { maxUs: 1_000_000 }); // a second: a spin through the unstarted batch would use it all and return false
+    expect(wait.wait(slab, 0)).toBe(true);
+    expect(sleeps).toHaveLength(4);
+    for (const ms of sleeps.slice(0, 3)) expect(ms).toBeLessThanOrEqual(0.1); // slices, the core left to the inference thread
+    expect(sleeps[3]).toBeGreaterThan(100); // started: asleep toward its end (a minute off), up to the bound
   });
 
   it('returns when another thread rings its bell', async () => {
