@@ -73,6 +73,33 @@ describe('fuseAttention: what it leaves', () => {
     });
   }
 
+  it('keeps what a subgraph reads from the outer graph: an If whose branches copy the extended mask out', async () => {
+    const mask = '/extended_attention_mask/Mul_output_0';
+    const branch = (name: string): onnx.IGraphProto => ({
+      name,
+      node: [{ opType: 'Identity', input: [mask], output: [`${name}_out`], name: `${name}/copy` }],
+      output: [{ name: `${name}_out`, type: { tensorType: { elemType: onnx.TensorProto.DataType.FLOAT } } }],
+    });
+    const model = changed((g) => {
+      g.initializer!.push({ name: 'yes', dataType: onnx.TensorProto.DataType.BOOL, dims: [], int32Data: [1] });
+      g.node!.push({
+        opType: 'If',
+        name: 'copy-mask',
+        input: ['yes'],
+        output: ['mask_copy'],
+        attribute: [
+          { name: 'then_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: branch('then') },
+          { name: 'else_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: branch('else') },
+        ],
+      });
+      g.output!.push({ name: 'mask_copy', type: { tensorType: { elemType: onnx.TensorProto.DataType.FLOAT } } });
+    });
+    const exported = encodeModel(model);
+    expect(fuseAttention(model)).toBe(LAYERS);
+    expect(model.graph!.node!.some((n) => n.output!.includes(mask))).toBe(true); // the If still reads it
+    await expectSameTokenStates(exported, encodeModel(model), 'attention fusion with a subgraph');
+  });
+
   it('leaves a graph without an attention_mask input as it is', () => {
     const model = changed((g) => void (g.input = g.input!.filter((i) => i.name !== 'attention_mask')));
     const before = encodeModel(model);

@@ -224,6 +224,8 @@ export function fuseAttention(model: onnx.IModelProto): number {
  * initializers left unused, the separate Q, K and V weights, onnxruntime drops when it loads.)
  */
 function dropUnused(graph: onnx.IGraphProto): void {
+  // A subgraph (If, Loop, Scan) may read the outer graph's values without naming them as inputs.
+  if ((graph.node ?? []).some((n) => (n.attribute ?? []).some((a) => a.g || (a.graphs?.length ?? 0) > 0))) return;
   const outputs = new Set((graph.output ?? []).map((o) => o.name ?? ''));
   for (let removed = true; removed; ) {
     const used = new Set<string>(outputs);
