@@ -42,6 +42,10 @@ describe('fuseAttention on a BERT export', () => {
     for (const gone of ['Softmax', 'Transpose', 'Reshape', 'Sub']) expect(count(model, gone), gone).toBe(0); // the extended mask (Sub) went with the last layer
     // The FFN's two MatMuls and the attention's output projection stay; the six head projections and two products per layer go.
     expect(count(model, 'MatMul')).toBe(3 * LAYERS);
+    // So do the separate weights: only the concatenated ones are left to hand onnxruntime.
+    const weights = (model.graph!.initializer ?? []).map((t) => t.name!);
+    expect(weights.filter((n) => /attention\.self\.(query|key|value)\./.test(n))).toEqual([]);
+    expect(weights.filter((n) => n.endsWith('/qkv_weight'))).toHaveLength(LAYERS);
     await expectSameTokenStates(TINY_EMBED, encodeModel(model), 'attention fusion tiny-embed');
   });
 });

@@ -220,18 +220,26 @@ export function fuseAttention(model: onnx.IModelProto): number {
 }
 
 /**
- * Removes nodes whose outputs nothing uses: the extended mask, once every layer is fused. (The
- * initializers left unused, the separate Q, K and V weights, onnxruntime drops when it loads.)
+ * Removes nodes whose outputs nothing uses (the extended mask, once every layer is fused), then the
+ * initializers no node reads (the separate Q, K and V weights and biases, the scale): onnxruntime
+ * would drop them at load, with a warning for each, after holding them in the bytes it was handed.
  */
 function dropUnused(graph: onnx.IGraphProto): void {
   // A subgraph (If, Loop, Scan) may read the outer graph's values without naming them as inputs.
   if ((graph.node ?? []).some((n) => (n.attribute ?? []).some((a) => a.g || (a.graphs?.length ?? 0) > 0))) return;
   const outputs = new Set((graph.output ?? []).map((o) => o.name ?? ''));
-  for (let removed = true; removed; ) {
+  const read = () => {
     const used = new Set<string>(outputs);
     for (const n of graph.node ?? []) for (const i of n.input ?? []) used.add(i);
+    return used;
+  };
+  for (let removed = true; removed; ) {
+    const used = read();
     const before = graph.node!.length;
     graph.node = graph.node!.filter((n) => (n.output ?? []).some((o) => used.has(o)));
     removed = graph.node.length < before;
   }
+  const used = read();
+  const inputs = new Set((graph.input ?? []).map((i) => i.name ?? '')); // an initializer declared as an input is the caller's to feed
+  graph.initializer = (graph.initializer ?? []).filter((t) => used.has(t.name ?? '') || inputs.has(t.name ?? ''));
 }
