@@ -77,6 +77,23 @@ describe('fuseAttention: what it leaves', () => {
     });
   }
 
+  it('reads scalars and shapes from Constant nodes as from initializers (torch.onnx writes both)', async () => {
+    const model = changed((g, node) => {
+      // Layer 0's scale and its query's reshape shape as Constant nodes of their own.
+      for (const [consumer, at] of [[`${layer0}Div`, 1], [`${layer0}Reshape`, 1]] as const) {
+        const n = node(consumer);
+        const value = g.initializer!.find((t) => t.name === n.input![at])!;
+        const name = `${consumer}/as-constant`;
+        g.node!.unshift({ opType: 'Constant', name, output: [name], attribute: [{ name: 'value', type: onnx.AttributeProto.AttributeType.TENSOR, t: { ...value, name } }] });
+        n.input![at] = name;
+      }
+    });
+    const exported = encodeModel(model);
+    expect(fuseAttention(model)).toBe(LAYERS);
+    expect(count(model, 'Constant')).toBe(0); // went with the nodes that read them
+    await expectSameTokenStates(exported, encodeModel(model), 'attention fusion with Constant nodes');
+  });
+
   it('keeps what a subgraph reads from the outer graph: an If whose branches copy the extended mask out', async () => {
     const mask = '/extended_attention_mask/Mul_output_0';
     const branch = (name: string): onnx.IGraphProto => ({

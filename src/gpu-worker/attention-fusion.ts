@@ -19,8 +19,8 @@
  *
  * Only the plain pattern is rewritten: float32 weights [H, H] and biases [H]
  * held in the file (not external data), the same x for q, k and v, reshape
- * shapes given as initializers that agree with the scale (d = H / heads, the
- * scale 1/sqrt(d)), the mask computed from the graph input attention_mask,
+ * shapes and scalars given as constants (initializers or Constant nodes), the
+ * shapes agreeing with the scale (d = H / heads, the scale 1/sqrt(d)), the mask computed from the graph input attention_mask,
  * every intermediate used once. The runner's trial run covers the rest
  * (runner.ts, ModelRunner.create).
  */
@@ -39,23 +39,31 @@ function copied(bytes: Uint8Array): ArrayBuffer {
   return new Uint8Array(bytes).buffer;
 }
 
-/** A float32 initializer's values, or undefined (another type, or data outside the file). */
+/** The tensor `name` holds where it is a constant: an initializer, or a Constant node's value (torch.onnx writes scalars both ways). */
+function constant(g: GraphIndex, name: string | undefined): onnx.ITensorProto | undefined {
+  if (name === undefined) return undefined;
+  const node = g.producer.get(name);
+  if (node?.opType === 'Constant' && (node.domain ?? '') === '') return attr(node, 'value')?.t ?? undefined;
+  return g.initializers.get(name);
+}
+
+/** A float32 constant's values, or undefined (another type, or data outside the file). */
 function floats(g: GraphIndex, name: string | undefined): Float32Array | undefined {
-  const t = name === undefined ? undefined : g.initializers.get(name);
+  const t = constant(g, name);
   if (!t || t.dataType !== FLOAT) return undefined;
   if (t.rawData && t.rawData.byteLength > 0) return t.rawData.byteLength % 4 === 0 ? new Float32Array(copied(t.rawData)) : undefined;
   return t.floatData && t.floatData.length > 0 ? Float32Array.from(t.floatData) : undefined;
 }
 
-/** An int64 initializer's values as numbers, or undefined. */
+/** An int64 constant's values as numbers, or undefined. */
 function ints(g: GraphIndex, name: string | undefined): number[] | undefined {
-  const t = name === undefined ? undefined : g.initializers.get(name);
+  const t = constant(g, name);
   if (!t || t.dataType !== onnx.TensorProto.DataType.INT64) return undefined;
   if (t.rawData && t.rawData.byteLength > 0) return t.rawData.byteLength % 8 === 0 ? Array.from(new BigInt64Array(copied(t.rawData)), Number) : undefined;
   return t.int64Data?.map(Number);
 }
 
-/** The one value of a float32 scalar initializer (or one-element tensor), or undefined. */
+/** The one value of a float32 scalar constant (or one-element tensor), or undefined. */
 function scalar(g: GraphIndex, name: string | undefined): number | undefined {
   const v = floats(g, name);
   return v?.length === 1 ? v[0] : undefined;
@@ -92,7 +100,7 @@ function projection(g: GraphIndex, name: string | undefined, perm: number[]): Pr
     const matMul = sole(g, add.input[side], 'MatMul');
     const bias = floats(g, add.input[1 - side]);
     const weight = floats(g, matMul?.input?.[1]);
-    const dims = matMul && g.initializers.get(matMul.input![1]!)?.dims?.map(Number);
+    const dims = matMul && constant(g, matMul.input![1])?.dims?.map(Number);
     if (!matMul || !bias || !weight || dims?.length !== 2 || dims[0] !== dims[1] || bias.length !== dims[1]) continue;
     const [heads, headSize] = [shape[2]!, shape[3]!];
     if (heads < 1 || headSize < 1 || heads * headSize !== dims[1]) return null;
