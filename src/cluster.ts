@@ -32,6 +32,7 @@ import { cpus } from 'node:os';
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client';
 import { checkDevice } from './gpu-worker/device.js';
 import { DEFAULT_GRPC_PORT, defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './server.js';
+import { settlesWithin } from './shared/clock.js';
 import { ValidationError } from './shared/errors.js';
 import { RpcPeer } from './shared/rpc.js';
 import type { IndexEntry, ModelState, RepositoryAnswer, RepositoryOp } from './model-repository.js';
@@ -539,13 +540,12 @@ class ClusterPrimary {
     }
     if (this.alive().length === 0) return 0;
     const limit = this.config.drainTimeoutMs + DRAIN_MARGIN_MS;
-    const timedOut = await Promise.race([exited.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), limit).unref())]);
-    if (!timedOut) return 0;
+    if (await settlesWithin(exited, limit)) return 0;
     for (const s of this.alive()) {
       this.log(`slabserve: cluster: process ${s.plan.index} (pid ${s.pid}) still running ${limit} ms after the drain began; killing it`);
       s.worker!.process.kill('SIGKILL');
     }
-    await Promise.race([exited, new Promise<void>((r) => setTimeout(r, 2_000).unref())]);
+    await settlesWithin(exited, 2_000);
     return 1;
   }
 }

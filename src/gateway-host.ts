@@ -12,6 +12,7 @@ import { Worker } from 'node:worker_threads';
 import type { Registry } from 'prom-client';
 import type { GatewayMessage, GatewayWorkerData } from './gateway/gateway-worker.js';
 import type { GrpcListen } from './gateway/grpc/server.js';
+import { settlesWithin } from './shared/clock.js';
 import { RpcPeer } from './shared/rpc.js';
 import type { ResultCache } from './shared/result-cache.js';
 import type { ModelSet } from './model-set.js';
@@ -140,7 +141,7 @@ export class GatewaySupervisor {
   /** After closeSockets(): waits for each gateway to end by itself, terminating one that does not. */
   async awaitEnd(): Promise<void> {
     await Promise.all(
-      this.gateways.map((g) => Promise.race([g.exited, new Promise<void>((r) => setTimeout(r, GATEWAY_EXIT_MS).unref())]).then(() => g.worker.terminate())),
+      this.gateways.map((g) => settlesWithin(g.exited, GATEWAY_EXIT_MS).then(() => g.worker.terminate())),
     );
   }
 

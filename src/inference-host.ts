@@ -12,7 +12,7 @@ import { describeDevice, type DeviceInfo } from './gpu-worker/device.js';
 import { InferenceHold } from './gpu-worker/hold.js';
 import { DEFAULT_SCHEDULING, MAX_IDLE_SPIN_US, type SchedulingOptions } from './gpu-worker/inference-loop.js';
 import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage, ModelOpened, WorkerModel } from './gpu-worker/worker.js';
-import { nowMs } from './shared/clock.js';
+import { nowMs, settlesWithin } from './shared/clock.js';
 import { WorkerState, type ControlBlock } from './shared/control.js';
 import { checkIntegerIn, SlabserveError, ValidationError } from './shared/errors.js';
 import type { ModelPlan } from './shared/model-plan.js';
@@ -223,13 +223,6 @@ const MAX_BACKOFF_MS = 10_000;
 /** Longest a scrape waits for the inference thread's own metrics. */
 const METRICS_RPC_MS = 1000;
 
-/** Whether `t` exits within `ms`. */
-async function exitsWithin(t: { exitedPromise: Promise<void>; exited: boolean }, ms: number): Promise<boolean> {
-  let timer: NodeJS.Timeout | undefined;
-  await Promise.race([t.exitedPromise, new Promise<void>((r) => (timer = setTimeout(r, ms)))]);
-  clearTimeout(timer);
-  return t.exited;
-}
 
 /**
  * Keeps one live inference thread per process. The first one is started at
@@ -376,11 +369,11 @@ export class InferenceSupervisor {
     await t.ready.catch(() => {});
     // A thread that hangs does not stop either: give it as long as the watchdog would, then terminate it.
     const limit = Math.max(this.opts.inferenceTimeoutMs, this.opts.heartbeatTimeoutMs);
-    if (!(await exitsWithin(t, limit))) {
+    if (!(await settlesWithin(t.exitedPromise, limit))) {
       this.opts.log(`slabserve: the inference thread did not stop within ${limit} ms; terminating it`);
       this.abandonedThreads.add(t);
       void terminateOutsideNativeCalls(t.worker, t.gates).catch(() => {});
-      await exitsWithin(t, 2000);
+      await settlesWithin(t.exitedPromise, 2000);
     }
     if (this.abandonedThreads.size > 0) {
       this.opts.log(

@@ -9,6 +9,7 @@
  * while its file is read, its session created and every bucket warmed.
  */
 import { Worker } from 'node:worker_threads';
+import { settlesWithin } from '../shared/clock.js';
 import { RpcPeer } from '../shared/rpc.js';
 import { terminateOutsideNativeCalls, type NativeGate, type SessionCells } from '../shared/native-gate.js';
 import { Slab } from '../shared/slab.js';
@@ -41,13 +42,6 @@ interface SessionThread {
 
 /** How long a released session thread may take to end of itself before it is terminated. */
 const RELEASE_EXIT_MS = 5000;
-
-async function endsWithin(exited: Promise<void>, ms: number): Promise<boolean> {
-  let timer: NodeJS.Timeout | undefined;
-  const ended = await Promise.race([exited.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms)))]);
-  clearTimeout(timer);
-  return ended;
-}
 
 export class ThreadedRunner {
   readonly spec: WorkerModel['spec'];
@@ -117,7 +111,7 @@ export class ThreadedRunner {
     const { worker, rpc, exited, gate, cells } = this.thread;
     try {
       await rpc.call('release');
-      if (await endsWithin(exited, RELEASE_EXIT_MS)) {
+      if (await settlesWithin(exited, RELEASE_EXIT_MS)) {
         cells.give(gate);
         return;
       }

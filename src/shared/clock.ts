@@ -6,3 +6,22 @@
 export function nowMs(): number {
   return performance.timeOrigin + performance.now();
 }
+
+/**
+ * Whether `promise` settles (resolves or rejects) within `ms`: how a supervisor
+ * gives a thread or process time to end before it ends it. The timer does not
+ * keep the process alive, and is cleared once the promise settles.
+ */
+export async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const inTime = promise.then(
+    () => true,
+    () => true,
+  );
+  const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), ms).unref()));
+  try {
+    return await Promise.race([inTime, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
