@@ -9,8 +9,7 @@
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { AbandonedError, FAMILY_CELLS, NativeGate, newFamily, sealCells, SessionCells } from '../dist/src/shared/native-gate.js';
-import { sleep } from './helpers.js';
+import { AbandonedError, callsInside, FAMILY_CELLS, NativeGate, newFamily, seal, sealCells, SessionCells } from '../dist/src/shared/native-gate.js';
 
 const FIXTURE = fileURLToPath(new URL('./fixtures/native-call-terminate.mjs', import.meta.url));
 const MODEL = fileURLToPath(new URL('../models/tiny-embed/model.onnx', import.meta.url));
@@ -26,7 +25,7 @@ function deferred(): { promise: Promise<string>; resolve: (v: string) => void; r
   return { promise, resolve, reject };
 }
 
-/** Seals `indices` of `family`; `done()` says whether it has finished. */
+/** Seals `indices` of `family` (sealCells); `done()` says whether it has finished. */
 function sealing(family: SharedArrayBuffer, indices?: number[]): { done: () => boolean; finished: Promise<void> } {
   let finished = false;
   const p = sealCells(family, indices).then(() => {
@@ -43,23 +42,21 @@ describe('NativeGate', () => {
     const second = deferred();
     const a = gate.run(() => first.promise);
     const b = gate.run(() => second.promise);
-    const seal = sealing(family, [0]);
+    expect(callsInside(family, [0])).toEqual([0]);
+    const sealed = sealing(family, [0]);
     let called = 0;
     // From the seal on no call starts, even while two are still inside (else a busy thread would never be sealed).
     await expect(gate.run(async () => ++called)).rejects.toBeInstanceOf(AbandonedError);
-    await sleep(30); // several polls: a seal that ignored the calls would have finished
-    expect(seal.done()).toBe(false);
-    first.resolve('a');
-    expect(await a).toBe('a');
-    await sleep(30);
-    expect(seal.done()).toBe(false); // the second call is still inside
-    second.resolve('b');
-    expect(await b).toBe('b');
-    await seal.finished;
-
-    await expect(gate.run(async () => ++called)).rejects.toBeInstanceOf(AbandonedError);
     expect(() => gate.runSync(() => ++called)).toThrow(AbandonedError);
     expect(called).toBe(0);
+    first.resolve('a');
+    expect(await a).toBe('a');
+    expect(callsInside(family, [0])).toEqual([0]); // the second call is still inside: the seal waits on
+    expect(sealed.done()).toBe(false);
+    second.resolve('b');
+    expect(await b).toBe('b');
+    expect(callsInside(family, [0])).toEqual([]);
+    await sealed.finished;
   });
 
   it('a call that fails leaves the cell as it found it', async () => {
@@ -72,6 +69,7 @@ describe('NativeGate', () => {
     expect(() => gate.runSync(() => {
       throw new Error('koffi failed');
     })).toThrow('koffi failed');
+    expect(callsInside(family, [3])).toEqual([]);
     await sealCells(family, [3]); // nothing inside: sealed at once
     await expect(gate.run(async () => 1)).rejects.toBeInstanceOf(AbandonedError);
   });
@@ -85,12 +83,12 @@ describe('NativeGate', () => {
     expect(await own.run(async () => 'still open')).toBe('still open');
     const inside = deferred();
     const running = own.run(() => inside.promise);
-    const seal = sealing(family);
-    await sleep(30);
-    expect(seal.done()).toBe(false);
+    seal(family);
+    expect(callsInside(family)).toEqual([0]); // the family waits on cell 0 alone
+    const sealed = sealing(family);
     inside.resolve('done');
     await running;
-    await seal.finished;
+    await sealed.finished;
     for (const index of [0, 1, 5, FAMILY_CELLS - 1]) expect(() => new NativeGate(family, index).runSync(() => 1)).toThrow(AbandonedError);
   });
 

@@ -96,17 +96,28 @@ export class NativeGate {
   }
 }
 
+/** `indices` of `family`, or every cell of it. */
+const cellsOf = (cells: Int32Array, indices?: readonly number[]) => (indices ? [...indices] : Array.from({ length: cells.length }, (_, i) => i));
+
+/** Seals `indices` of `family` (default: every cell) now: no call starts in them from here on (the calls in progress go on). */
+export function seal(family: SharedArrayBuffer, indices?: readonly number[]): void {
+  const cells = new Int32Array(family);
+  for (const i of cellsOf(cells, indices)) Atomics.or(cells, i, SEALED);
+}
+
+/** Those of `indices` (default: every cell) with a native call in progress. */
+export function callsInside(family: SharedArrayBuffer, indices?: readonly number[]): number[] {
+  const cells = new Int32Array(family);
+  return cellsOf(cells, indices).filter((i) => (Atomics.load(cells, i) & ~SEALED) !== 0);
+}
+
 /**
- * Seals `indices` of `family` (default: every cell): no call starts in them from now on; resolves
- * once the calls in progress have returned. Never resolves while a call does not return.
+ * Seals `indices` of `family` (default: every cell), and resolves once the calls in progress in
+ * them have returned. Never resolves while a call does not return.
  */
 export async function sealCells(family: SharedArrayBuffer, indices?: readonly number[]): Promise<void> {
-  const cells = new Int32Array(family);
-  let inside = indices ? [...indices] : Array.from({ length: cells.length }, (_, i) => i);
-  for (const i of inside) Atomics.or(cells, i, SEALED);
-  for (;;) {
-    inside = inside.filter((i) => Atomics.load(cells, i) !== SEALED);
-    if (inside.length === 0) return;
+  seal(family, indices);
+  for (let inside = callsInside(family, indices); inside.length > 0; inside = callsInside(family, inside)) {
     await new Promise((r) => setTimeout(r, SEAL_POLL_MS).unref());
   }
 }
