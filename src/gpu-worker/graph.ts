@@ -53,7 +53,7 @@ export interface GraphFusions {
   attentions: number;
 }
 
-export const NO_FUSIONS: GraphFusions = { layerNorms: 0, attentions: 0 };
+const NO_FUSIONS: GraphFusions = { layerNorms: 0, attentions: 0 };
 
 /** The per-token output's name: the token states as they are (TEI's /embed_all). */
 export const TOKEN_OUTPUT = 'slabserve_tokens';

@@ -209,8 +209,8 @@ export class ModelRunner {
       new ModelRunner(spec, slab, options, await openSession(bytes, spec, device, session), session.gate, prepared, maxInflight, device);
     const fused = prepareModel(source, spec);
     if (fused.fusions.layerNorms + fused.fusions.attentions === 0) return runnerOf(fused);
-    // The fused graph's one unknown is the rank SkipLayerNormalization wants (fusion.ts): one run
-    // tells. Where it fails, the unmodified graph serves.
+    // The fused graph's one unknown is the ranks its fused ops want (SkipLayerNormalization 2 or 3,
+    // Attention 3): one run tells. Where it fails, the unmodified graph serves.
     let runner: ModelRunner | undefined;
     try {
       runner = await runnerOf(fused);
@@ -222,7 +222,7 @@ export class ModelRunner {
     }
   }
 
-  /** LayerNormalizations this runner's graph runs fused (fusion.ts); 0: the unmodified graph's. */
+  /** What this runner's graph runs fused (fusion.ts, attention-fusion.ts); all 0: the unmodified graph. */
   get fusions(): GraphFusions {
     return this.prepared.fusions;
   }
