@@ -21,6 +21,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { writePreset } from '../dist/src/modelgen/presets.js';
 import { startServer, type Server } from '../dist/src/server.js';
+import { parseMetrics } from './fixtures/http-client.js';
 import { loadModelSpec } from '../dist/src/shared/model-config.js';
 import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';
 import { sentTogether } from './fixtures/queued-together.js';
@@ -225,6 +226,14 @@ describe('/embed_sparse', () => {
 });
 
 describe('/embed on a SPLADE model', () => {
+  it('runs its graph unfused, where the dense model beside it is fused: its zero entries turn on the signs of its logits', async () => {
+    const metrics = parseMetrics(await (await fetch(`${server.url}/metrics`)).text());
+    for (const name of ['slabserve_model_fused_layer_norms', 'slabserve_model_fused_attentions']) {
+      expect(metrics.sum(name, { model: 'tiny-splade' }), name).toBe(0);
+      expect(metrics.sum(name, { model: 'tiny-embed' }), name).toBeGreaterThan(0);
+    }
+  });
+
   it('answers the vocabulary-wide row: the reference weights at every id, zeros included', async () => {
     const texts = randomTexts(makeRandom('splade embed'), words, 6, 30);
     const r = await post('/embed', { model: 'tiny-splade', inputs: texts });

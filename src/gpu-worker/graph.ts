@@ -63,7 +63,7 @@ export const POOLING_MASK = 'slabserve_pooling_mask';
 
 const MIN_OPSET = 13; // ReduceSum/Unsqueeze with axes as inputs
 
-/** `fuse` (default true): rewrite the graph's Add-Add-LayerNormalization runs as SkipLayerNormalization (fusion.ts) and its self-attentions as Attention (attention-fusion.ts). */
+/** `fuse` (default true; never for SPLADE): rewrite the graph's Add-Add-LayerNormalization runs as SkipLayerNormalization (fusion.ts) and its self-attentions as Attention (attention-fusion.ts). */
 export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { fuse?: boolean } = {}): PreparedModel {
   const model = decodeModel(onnxBytes);
   const graph = model.graph;
@@ -78,7 +78,12 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { 
   const idsInput = (graph.input ?? []).find((i) => i.name === 'input_ids')!;
   const inputType = idsInput.type?.tensorType?.elemType === onnx.TensorProto.DataType.INT32 ? 'int32' : 'int64';
 
-  const fusions = options.fuse === false ? NO_FUSIONS : { layerNorms: fuseSkipLayerNorm(model), attentions: fuseAttention(model) };
+  // A SPLADE row is log1p(relu(logits)): which of its entries are 0 turns on each logit's sign, and a
+  // fused graph's logits differ from the exported graph's by about 1e-6, enough to flip a logit that
+  // close to 0 (seen: an entry 1.2e-6 where the exported graph gives 0). Its sparse ids must be the
+  // exported graph's, so it runs unfused; its cost is mostly the vocabulary-wide head anyway.
+  const fuse = options.fuse !== false && spec.pooling !== 'splade';
+  const fusions = fuse ? { layerNorms: fuseSkipLayerNorm(model), attentions: fuseAttention(model) } : NO_FUSIONS;
   const b = GraphBuilder.wrap(graph);
   const outputNames = b.outputNames();
   let outputs: PreparedModel['outputs'];
