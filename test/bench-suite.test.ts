@@ -2,11 +2,11 @@
  * The suite's pure pieces (bench/suite/): its settings from the command line
  * (defaults, --quick defaults, the units the cases use), phase ids, the
  * server side of a window from two /metrics scrapes, and how two sides are
- * compared round by round.
+ * compared round by round, and the order the sides run in each round.
  */
 import { describe, expect, it } from 'vitest';
 import { parseSuiteOptions } from '../dist/bench/suite/options.js';
-import { closedLoopMeta, comparison, phaseId, serverSide } from '../dist/bench/suite/phases.js';
+import { closedLoopMeta, comparison, phaseId, roundOrder, serverSide } from '../dist/bench/suite/phases.js';
 import type { ServerCounters } from '../dist/bench/server-process.js';
 import type { PhaseResult } from '../dist/bench/suite-results.js';
 
@@ -69,5 +69,11 @@ describe('suite phases', () => {
     const oneB = comparison(q, { label: 'a', phases: [phase(50), phase(150)] }, { label: 'b', phases: [phase(100)] }, (p) => p.rps);
     expect(oneB.roundRatios).toEqual([0.5, 1.5]);
     expect(oneB.ratio).toBe(1);
+  });
+
+  it('rounds alternate the order of the sides: each side runs first in every other round', () => {
+    expect([1, 2, 3, 4].map((k) => roundOrder(k, 2))).toEqual([[0, 1], [1, 0], [0, 1], [1, 0]]);
+    expect([1, 2].map((k) => roundOrder(k, 3))).toEqual([[0, 1, 2], [2, 1, 0]]);
+    expect(roundOrder(2, 1)).toEqual([0]);
   });
 });

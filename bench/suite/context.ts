@@ -8,7 +8,7 @@ import { runLoad, type Arrivals } from '../load.js';
 import type { CaseName, Comparison, Curve, PhaseResult } from '../suite-results.js';
 import type { Workload } from '../workloads.js';
 import type { SuiteOptions } from './options.js';
-import { closedLoopMeta, comparison, describePhase, phaseFromLoad, type PhaseMeta, type Side } from './phases.js';
+import { closedLoopMeta, comparison, describePhase, phaseFromLoad, roundOrder, type PhaseMeta, type Side } from './phases.js';
 import type { Progress } from './progress.js';
 import type { ModelSetup } from './setup.js';
 import { startSlabserve, type Target } from './targets.js';
@@ -63,10 +63,10 @@ export class SuiteContext {
     return p;
   }
 
-  /** Runs `sides` alternately (A B A B ...) for --rounds rounds; returns each side's phases. */
+  /** Runs `sides` in alternating order (A B, B A, A B ...: roundOrder) for --rounds rounds; returns each side's phases, in round order. */
   private async ab(run: (side: number, roundNo: number) => Promise<PhaseResult>, sides: number): Promise<PhaseResult[][]> {
     const out: PhaseResult[][] = Array.from({ length: sides }, () => []);
-    for (let k = 1; k <= this.options.rounds; k++) for (let s = 0; s < sides; s++) out[s]!.push(await run(s, k));
+    for (let k = 1; k <= this.options.rounds; k++) for (const s of roundOrder(k, sides)) out[s]!.push(await run(s, k));
     return out;
   }
 

@@ -119,6 +119,16 @@ export interface Side {
 }
 
 /**
+ * The order the sides run in round `k` (from 1): forwards in odd rounds, backwards in even ones
+ * (A B, B A, A B ...), so that neither side always runs first, right after a server start or the
+ * other side's load, or always last, where a drift of the shared machine hits it most.
+ */
+export function roundOrder(k: number, sides: number): number[] {
+  const order = [...Array(sides).keys()];
+  return k % 2 === 0 ? order.reverse() : order;
+}
+
+/**
  * A against B on `pick`: each side's median over its rounds, and a / b round
  * by round (against b's first phase where b has fewer, e.g. one best raw run)
  * with their median as the ratio.
