@@ -223,7 +223,6 @@ const MAX_BACKOFF_MS = 10_000;
 /** Longest a scrape waits for the inference thread's own metrics. */
 const METRICS_RPC_MS = 1000;
 
-
 /**
  * Keeps one live inference thread per process. The first one is started at
  * once (`ready` settles with its warm-up; a start-up failure is not retried).

@@ -24,7 +24,7 @@
  * every intermediate used once. The runner's trial run covers the rest
  * (runner.ts, ModelRunner.create).
  */
-import { onnx } from '../shared/onnx-graph.js';
+import { makeTensor, onnx } from '../shared/onnx-graph.js';
 import { attr, GraphIndex } from './fusion.js';
 
 type Node = onnx.INodeProto;
@@ -203,8 +203,8 @@ export function fuseAttention(model: onnx.IModelProto): number {
     if (!found) return node;
     const name = found.fused.name!;
     initializers.push(
-      { name: `${name}/qkv_weight`, dataType: FLOAT, dims: [found.width, 3 * found.width], rawData: new Uint8Array(found.weight.buffer) },
-      { name: `${name}/qkv_bias`, dataType: FLOAT, dims: [3 * found.width], rawData: new Uint8Array(found.bias.buffer) },
+      makeTensor(`${name}/qkv_weight`, 'float', found.weight, [found.width, 3 * found.width]),
+      makeTensor(`${name}/qkv_bias`, 'float', found.bias, [3 * found.width]),
     );
     found.fused.input![1] = `${name}/qkv_weight`;
     found.fused.input![2] = `${name}/qkv_bias`;
