@@ -140,8 +140,18 @@ interface Served {
   shared: Slab;
   runner: LoopRunner & { release(): Promise<void> };
 }
-/** Every model served, by id. */
-const served = new Map<number, Served>();
+/** A model's per-batch histograms, bound to its label once (cell metrics: shared/metric-cells.ts). */
+function batchCells(model: string) {
+  const labels = { model };
+  return {
+    size: metrics.batchSize.cell(labels),
+    duration: metrics.batchDuration.cell(labels),
+    fill: metrics.fillRatio.cell(labels),
+    padding: metrics.paddingEfficiency.cell(labels),
+  };
+}
+/** Every model served, by id, with its batch histograms. */
+const served = new Map<number, Served & { cells: ReturnType<typeof batchCells> }>();
 
 /** A start-up model opened in this thread: its first instance, and the private output its other instances will share. */
 interface OpenedModel {
@@ -273,7 +283,7 @@ function serve(loop: InferenceLoop, o: Served, timings: { bucket: number; rows: 
   metrics.fusedAttentions.set({ model: o.model.spec.name }, fusions.attentions);
   loop.addModel(o.model.id, data.testHooks ? hooked(o.runner) : o.runner, o.shared);
   for (const t of timings) loop.seedCost(o.model.id, t.bucket, t.rows, t.ms);
-  served.set(o.model.id, o);
+  served.set(o.model.id, { ...o, cells: batchCells(o.model.spec.name) });
 }
 
 /**
@@ -409,12 +419,12 @@ function createLoop(device: DeviceInfo): InferenceLoop {
     },
     ...(tracing ? { traceBatch: batchTracing(tracing, device.label) } : {}),
     onBatch: (m, bucket, stats) => {
-      const { spec, batching } = served.get(m)!.model;
-      const labels = { model: spec.name };
-      metrics.batchSize.observe(labels, stats.rows);
-      metrics.batchDuration.observe(labels, stats.runMs / 1000);
-      metrics.fillRatio.observe(labels, stats.rows / batchCapacity(batching, batching.buckets[bucket]!));
-      metrics.paddingEfficiency.observe(labels, stats.realTokens / stats.paddedTokens);
+      const { model, cells } = served.get(m)!;
+      const batching = model.batching;
+      cells.size.observe(stats.rows);
+      cells.duration.observe(stats.runMs / 1000);
+      cells.fill.observe(stats.rows / batchCapacity(batching, batching.buckets[bucket]!));
+      cells.padding.observe(stats.realTokens / stats.paddedTokens);
     },
   });
 }
