@@ -861,6 +861,9 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
     // the gateway threads (a uWS socket still open then aborts the whole process, this test run included).
     const idle = await RawConnection.open(server.port);
     const kept = await RawConnection.open(server.port);
+    // The in-flight request is held queued (the inference hold) until the open connection has had its
+    // 503: finished before that, the drain would go on to close idle connections, `kept` among them.
+    const hooks = server.testHooks!;
     try {
       for (const conn of [idle, kept]) {
         await conn.write(requestHead('GET', '/livez', {}));
@@ -870,8 +873,11 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
 
       // The other requests here send Connection: close: each on a connection of its own.
       const long = Array.from({ length: 64 }, () => wordsText(rand, 600));
-      // 64 inputs of 512 tokens (~32k tokens of work): the in-flight request close() must wait for.
+      // 64 inputs of 512 tokens: the in-flight request close() must wait for.
+      await hooks.holdInference();
       const inFlight = c.post('/embed', { inputs: long, truncate: true }, { close: true });
+      let inFlightSettled = false;
+      void inFlight.finally(() => (inFlightSettled = true));
       await eventually('the in-flight request queued', () => scrape(c, true), (m) => slotsInUse(m)['tiny-embed'] > 0);
       expect(idle.serverClosed, 'the idle connection timed out before close(): nothing to test').toBe(false);
       const closing = server.close();
@@ -888,6 +894,8 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
       expect(drained.status).toBe(503);
       expect(drained.headers.connection).toBe('close');
       await kept.serverClose();
+      expect(inFlightSettled, 'the in-flight request answered while held').toBe(false);
+      hooks.releaseInference();
       const done = await inFlight;
       expect(done.status, done.text).toBe(200);
       expect(done.body).toHaveLength(64);
@@ -900,6 +908,7 @@ describe('readiness during warm-up, two gateway threads on one port, draining on
       expect(after).toBe('ECONNREFUSED');
       await idle.serverClose();
     } finally {
+      hooks.releaseInference();
       idle.destroy();
       kept.destroy();
       await c.close();
