@@ -4,7 +4,9 @@
  *
  *   batching    what dynamic batching buys: the same server with and without
  *               it (--max-batch-size 1), same load, over HTTP and WebSocket,
- *               and what it costs one lone client in latency
+ *               and what it costs one lone client in latency; beside it the
+ *               in-process engine with and without it (how much of it HTTP
+ *               keeps, and the gain with no transport)
  *   bucketing   length buckets against one FIFO queue padded to the longest
  *               (--buckets 512 --pad-to longest) on the mixed-length workload
  *   efficiency  server throughput against onnxruntime called directly at its
@@ -28,8 +30,9 @@
  * included), report.md and the SVG plots (bench/report.ts).
  *
  * Servers run as child processes exactly as users start them
- * (`node dist/src/cli.js serve ...`); the load generator (bench/load.ts) and the
- * raw onnxruntime session run in this process, never at the same time.
+ * (`node dist/src/cli.js serve ...`); the load generator (bench/load.ts), the
+ * in-process engines and the raw onnxruntime session run in this process,
+ * never two of them at the same time.
  */
 import { performance } from 'node:perf_hooks';
 import { SuiteContext } from './suite/context.js';

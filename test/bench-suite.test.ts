@@ -6,7 +6,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import { parseSuiteOptions } from '../dist/bench/suite/options.js';
-import { closedLoopMeta, comparison, phaseId, roundOrder, serverSide } from '../dist/bench/suite/phases.js';
+import hdr from 'hdr-histogram-js';
+import { closedLoopMeta, comparison, phaseFromEngine, phaseId, roundOrder, serverSide } from '../dist/bench/suite/phases.js';
 import type { ServerCounters } from '../dist/bench/server-process.js';
 import type { PhaseResult } from '../dist/bench/suite-results.js';
 
@@ -59,6 +60,17 @@ describe('suite phases', () => {
       ],
       deviceBusy: 0.5,
     });
+  });
+
+  it("an in-process engine loop's record: its rates over the window, its CPU per request, its batches as a server's", () => {
+    const h = hdr.build({ numberOfSignificantValueDigits: 3, lowestDiscernibleValue: 1 });
+    for (const us of [900, 1100, 1300]) h.recordValue(us);
+    const batch = (batches: number, rows: number, real: number, padded: number, runSeconds: number) => ({ batches, rows, realTokens: real, paddedTokens: padded, runSeconds, batchSizeLe: new Map() });
+    const meta = closedLoopMeta('batching', 'tiny-embed', 'short', 'engine batched', 'in-process', 1, 64);
+    const p = phaseFromEngine(meta, { windowMs: 2000, cpuMs: 1200, before: batch(5, 50, 400, 500, 1), after: batch(105, 1250, 10_000, 12_500, 2.6), requests: 1200, inputs: 1200, tokens: 24_000, rejected: 0, errors: 0 }, h);
+    expect(p).toMatchObject({ id: 'batching/tiny-embed/short/in-process-64/engine-batched/r1', rps: 600, inputsPerS: 600, tokensPerS: 12_000, cpuMsPerRequest: 1 });
+    expect(p.server).toEqual({ batches: 100, meanBatch: 12, paddingEfficiency: 0.8, batchSizes: [], deviceBusy: 0.8 });
+    expect(p.latencyMs.p50).toBeCloseTo(1.1, 2);
   });
 
   it('a comparison pairs the rounds, and falls back to B\'s one phase (the best raw run)', () => {

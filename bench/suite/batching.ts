@@ -8,6 +8,7 @@
  */
 import type { CaseName, Comparison, PhaseResult } from '../suite-results.js';
 import { CLIENTS, type SuiteContext } from './context.js';
+import type { EngineSide } from './engine.js';
 import type { ModelSetup } from './setup.js';
 import { checkAgainstRaw, type Target } from './targets.js';
 
@@ -25,21 +26,49 @@ export async function runBatching(ctx: SuiteContext, m: ModelSetup, first: boole
   if (!(cases.has('batching') || cases.has('efficiency') || cases.has('curve') || (cases.has('models') && !first))) return [];
   const batched = await ctx.startSlabserve('batched', m, []);
   const unbatched = cases.has('batching') || !first ? await ctx.startSlabserve('max-batch-size 1', m, ['--max-batch-size', '1']) : undefined;
+  const full = first && unbatched !== undefined && cases.has('batching');
+  const engines: EngineSide[] = [];
   try {
+    if (full) engines.push(await ctx.openEngine('engine batched', m), await ctx.openEngine('engine max-batch-size 1', m, 1));
     await checkServerAgainstRaw(ctx, m, batched);
     const sides = unbatched ? [batched, unbatched] : [batched];
     const c: CaseName = first ? 'batching' : 'models';
-    const http = await ctx.closedRounds(c, m.name, sides, 'http', m.workloads.get('short')!, CLIENTS);
+    const phases = await ctx.closedRoundsWithEngines(c, m.name, sides, engines, m.workloads.get('short')!, CLIENTS);
+    const http = phases.slice(0, sides.length);
     if (unbatched) {
       const q: Question = { id: `batching/${m.name}/http`, case: c, question: 'What does dynamic batching buy?', model: m.name, workload: 'short', transport: 'http', metric: 'rps', note: `${CLIENTS} keep-alive clients, closed loop` };
       compareSides(ctx, q, http, (p) => p.rps);
     }
-    if (first && unbatched && cases.has('batching')) await runOtherShapes(ctx, m, sides);
+    if (full) compareWithEngine(ctx, m, http[0]!, phases.slice(sides.length));
+    if (full) await runOtherShapes(ctx, m, sides);
     return http[0]!;
   } finally {
     await batched.stop();
     await unbatched?.stop();
+    for (const e of engines) await e.engine.close();
   }
+}
+
+/**
+ * The in-process engine's rounds (batched, then max-batch-size 1), run beside the HTTP ones: how much
+ * of it HTTP keeps, and its own batching gain. HTTP adds per-request work to both of its sides that
+ * batching does not share (the gateway, the socket, the load generator), so its gain is expected
+ * below the engine's: the engine's is the gain to read for what batching does to the model's runs.
+ */
+function compareWithEngine(ctx: SuiteContext, m: ModelSetup, httpBatched: PhaseResult[], engine: PhaseResult[][]): void {
+  const where = { model: m.name, workload: 'short', case: 'batching' as const };
+  ctx.compare(
+    { id: `batching/${m.name}/http-vs-engine`, ...where, question: 'How much of the in-process engine does HTTP keep?', transport: 'http', metric: 'rps', note: `${CLIENTS} keep-alive clients against ${CLIENTS} in-process callers of engine.embed(text), the same texts, both batched` },
+    { label: 'slabserve HTTP', phases: httpBatched },
+    { label: 'in-process engine', phases: engine[0]! },
+    (p) => p.rps,
+  );
+  compareSides(
+    ctx,
+    { id: `batching/${m.name}/engine`, ...where, question: 'What does dynamic batching buy with no transport?', transport: 'in-process', metric: 'rps', note: `${CLIENTS} in-process callers of engine.embed(text): no transport work beside the batches (HTTP adds some to every request, which dilutes its gain)` },
+    engine,
+    (p) => p.rps,
+  );
 }
 
 /** The server must compute what raw onnxruntime computes before it is timed. */

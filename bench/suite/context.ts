@@ -11,6 +11,7 @@ import type { SuiteOptions } from './options.js';
 import { closedLoopMeta, comparison, describePhase, phaseFromLoad, roundOrder, type PhaseMeta, type Side } from './phases.js';
 import type { Progress } from './progress.js';
 import type { ModelSetup } from './setup.js';
+import { openEngineSide, runEngineLoop, type EngineSide } from './engine.js';
 import { startSlabserve, type Target } from './targets.js';
 
 /** Closed-loop callers for the throughput phases (enough to fill batches of 32 twice over). */
@@ -34,6 +35,11 @@ export class SuiteContext {
   /** `slabserve serve` for model `m` on the suite's device, with `extra` flags. */
   startSlabserve(label: string, m: ModelSetup, extra: string[]) {
     return startSlabserve(label, this.options.device, m.dir, m.name, extra);
+  }
+
+  /** An in-process engine for model `m` on the suite's device (engine.ts), `maxBatchSize` where given. */
+  openEngine(label: string, m: ModelSetup, maxBatchSize?: number): Promise<EngineSide> {
+    return openEngineSide(label, this.options.device, m.dir, m.name, maxBatchSize);
   }
 
   /** One load phase against a target, recorded. */
@@ -63,6 +69,19 @@ export class SuiteContext {
     return p;
   }
 
+  /** One closed loop of `clients` in-process callers on an engine side (engine.ts), recorded. */
+  async engineLoad(meta: PhaseMeta, side: EngineSide, w: Workload, clients: number): Promise<PhaseResult> {
+    const { warmupMs, durationMs } = this.options;
+    const label = `${meta.case} ${meta.model} ${side.label} in-process ${clients} callers`;
+    const totalS = (warmupMs + durationMs) / 1000;
+    this.progress.start(label, totalS);
+    const start = Math.floor(this.loadRandom() * w.requests.length);
+    const p = await runEngineLoop(meta, side, w, clients, start, warmupMs, durationMs);
+    this.phases.push(p);
+    this.progress.finish(label, totalS, describePhase(p));
+    return p;
+  }
+
   /** Runs `sides` in alternating order (A B, B A, A B ...: roundOrder) for --rounds rounds; returns each side's phases, in round order. */
   private async ab(run: (side: number, roundNo: number) => Promise<PhaseResult>, sides: number): Promise<PhaseResult[][]> {
     const out: PhaseResult[][] = Array.from({ length: sides }, () => []);
@@ -76,6 +95,18 @@ export class SuiteContext {
       (s, k) => this.load(closedLoopMeta(c, model, w.name, targets[s]!.label, transport, k, clients), targets[s]!, w, { kind: 'closed', concurrency: clients }),
       targets.length,
     );
+  }
+
+  /**
+   * closedRounds over HTTP against `targets` and, in the same alternating rounds, the same closed
+   * loop of in-process callers on each engine side: the servers' phases first, then the engines'.
+   */
+  closedRoundsWithEngines(c: CaseName, model: string, targets: Target[], engines: EngineSide[], w: Workload, clients: number): Promise<PhaseResult[][]> {
+    return this.ab((s, k) => {
+      if (s < targets.length) return this.load(closedLoopMeta(c, model, w.name, targets[s]!.label, 'http', k, clients), targets[s]!, w, { kind: 'closed', concurrency: clients });
+      const e = engines[s - targets.length]!;
+      return this.engineLoad(closedLoopMeta(c, model, w.name, e.label, 'in-process', k, clients), e, w, clients);
+    }, targets.length + engines.length);
   }
 
   /** Records A against B (see comparison()). */

@@ -42,8 +42,11 @@ export function latencySummary(h: Histogram): LatencySummary {
   };
 }
 
+/** The batch counters a server's /metrics gives (an in-process engine's stats() too, with no batch-size histogram). */
+export type BatchCounters = Pick<ServerCounters, 'batches' | 'rows' | 'realTokens' | 'paddedTokens' | 'runSeconds' | 'batchSizeLe'>;
+
 /** The server's side of a window from its /metrics counters at both ends (the batch-size histogram de-cumulated). */
-export function serverSide(before: ServerCounters, after: ServerCounters, windowMs: number): ServerSide {
+export function serverSide(before: BatchCounters, after: BatchCounters, windowMs: number): ServerSide {
   const batches = after.batches - before.batches;
   const rows = after.rows - before.rows;
   const les = [...after.batchSizeLe.keys()].sort((a, b) => a - b);
@@ -99,6 +102,29 @@ export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
 export function phaseFromRaw(m: PhaseMeta, res: RawLoopResult, h: Histogram): PhaseResult {
   const p = record(m, res.windowMs, { requests: res.batches, inputs: res.rows, tokens: res.realTokens, rejected: 0, errors: 0 }, h);
   p.cpuMsPerRequest = round(res.cpuMs / res.batches, 4);
+  h.destroy();
+  return p;
+}
+
+/** What an in-process engine loop counted (bench/suite/engine.ts): its window, this process's CPU over it, the engine's counters at both ends. */
+export interface EngineLoopCounts {
+  windowMs: number;
+  cpuMs: number;
+  before: BatchCounters;
+  after: BatchCounters;
+  requests: number;
+  inputs: number;
+  tokens: number;
+  rejected: number;
+  errors: number;
+  firstError?: string | undefined;
+}
+
+/** An engine loop's record, its batches in `server` as a server's are; destroys `h`. */
+export function phaseFromEngine(m: PhaseMeta, c: EngineLoopCounts, h: Histogram): PhaseResult {
+  const p = record(m, c.windowMs, c, h);
+  p.server = serverSide(c.before, c.after, c.windowMs);
+  if (c.requests > 0) p.cpuMsPerRequest = round(c.cpuMs / c.requests, 4);
   h.destroy();
   return p;
 }

@@ -8,7 +8,7 @@ export function planSeconds(o: SuiteOptions, nModels: number): number {
   const phase = (o.warmupMs + o.durationMs) / 1000;
   const point = (o.warmupMs + o.curvePointMs) / 1000;
   let s = 0;
-  if (cases.has('batching')) s += rounds * 2 * 4 * phase + 6;
+  if (cases.has('batching')) s += rounds * (2 * 4 + 2) * phase + 10; // four shapes a side, and the two engines' loops
   if (cases.has('efficiency')) s += RAW_BATCH_SIZES.length * phase;
   if (cases.has('bucketing')) s += rounds * 3 * phase + 9;
   if (cases.has('curve')) s += (quick ? 2 : 3) * ((o.loadFractions.length + (quick ? 0 : 1)) * point + 3);
