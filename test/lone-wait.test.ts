@@ -82,11 +82,14 @@ describe('LoneWait', () => {
   });
 
   it('sleeps until shortly before the predicted end, then watches the bell until it rings', () => {
-    // A bell that sleeps for real but rings only on the 5th read after its sleep: what the wait asks of it, in order.
+    // A bell that rings only on the 5th read after its sleep, and whose sleep returns at once with the
+    // batch then predicted to end in 50 µs, as after a real sleep to WAKE_EARLY_MS before it (a real one
+    // may end late enough to find the batch overdue: slept on again): what the wait asks of it, in order.
     const calls: string[] = [];
     const sleeps: { ms: number; at: number }[] = [];
     let count = 0;
     let readsAfterSleep = -1;
+    const slab = fakeSlab(1);
     const bell = {
       read: () => {
         calls.push('read');
@@ -96,11 +99,10 @@ describe('LoneWait', () => {
       sleep: (_seen: number, ms: number) => {
         calls.push('sleep');
         sleeps.push({ ms, at: nowMs() });
-        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
+        slab.counters[Counter.BUSY_UNTIL] = nowMs() + 0.05;
         readsAfterSleep = 0;
       },
     } as unknown as Doorbell;
-    const slab = fakeSlab(1);
     const wait = new LoneWait(bell, { maxUs: 60_000_000 }); // a minute: a hang bound
     const busyUntil = nowMs() + 5; // the batch is predicted to end in 5 ms
     slab.counters[Counter.BUSY_UNTIL] = busyUntil;
@@ -133,6 +135,28 @@ describe('LoneWait', () => {
     expect(sleeps).toHaveLength(4);
     for (const ms of sleeps.slice(0, 3)) expect(ms).toBeLessThanOrEqual(0.1); // slices, the core left to the inference thread
     expect(sleeps[3]).toBeGreaterThan(100); // started: asleep toward its end (a minute off), up to the bound
+  });
+
+  it('sleeps on a batch overdue past its predicted end (something took its core), woken by the answer, instead of spinning to the bound', () => {
+    // A bell whose sleeps return at once and whose first sleep rings: the wait's calls, in order.
+    const calls: string[] = [];
+    const sleeps: number[] = [];
+    let rung = 0;
+    const bell = {
+      read: () => (calls.push('read'), rung),
+      sleep: (_seen: number, ms: number) => {
+        calls.push('sleep');
+        sleeps.push(ms);
+        rung = 1;
+      },
+    } as unknown as Doorbell;
+    const slab = fakeSlab(1);
+    slab.counters[Counter.BUSY_UNTIL] = nowMs() - 1; // predicted to end a millisecond ago
+    const wait = new LoneWait(bell, { maxUs: 1_000_000 }); // a second: a spin would read the bell until then and return false
+    expect(wait.wait(slab, 0)).toBe(true);
+    expect(calls).toEqual(['read', 'sleep', 'read']);
+    expect(sleeps[0]).toBeGreaterThan(900); // until the bound (1000 ms), not a slice
+    expect(sleeps[0]).toBeLessThanOrEqual(1000);
   });
 
   it('returns when another thread rings its bell', async () => {
