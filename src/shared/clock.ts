@@ -1,10 +1,17 @@
 /**
+ * This thread's performance.timeOrigin, read once: it never changes, and its getter is a binding call
+ * returning a fresh heap number (at one connection ~900 bytes of a gateway's garbage per request,
+ * from the lone wait's clock reads).
+ */
+const TIME_ORIGIN = performance.timeOrigin;
+
+/**
  * One clock for every thread. `performance.now()` is relative to each thread's
  * own start, so times written into shared memory by one thread and read by
  * another must be absolute: epoch milliseconds with sub-millisecond resolution.
  */
 export function nowMs(): number {
-  return performance.timeOrigin + performance.now();
+  return TIME_ORIGIN + performance.now();
 }
 
 /**
