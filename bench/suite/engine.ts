@@ -29,6 +29,7 @@ export async function openEngineSide(label: string, device: string, modelsDir: s
     modelsDir,
     models: [model],
     device,
+    cacheMb: 0, // as the servers run (bench/server-process.ts): the workloads repeat texts
     ...(maxBatchSize !== undefined ? { batching: { maxBatchSize } } : {}),
     log: () => {},
   });
