@@ -7,6 +7,9 @@ describe('CostModel', () => {
     for (let i = 0; i < 40; i++) for (const rows of [1, 8, 32]) m.observe(0, rows, 0.5 + 0.1 * rows);
     expect(m.predict(0, 16)).toBeCloseTo(0.5 + 1.6, 6);
     expect(m.coefficients()[0]).toMatchObject({ fixedMs: expect.closeTo(0.5, 6), perRowMs: expect.closeTo(0.1, 6) });
+    // One bucket's fit alone (what the loop publishes after a batch): the observed one, the other untouched.
+    expect(m.coefficient(0)).toEqual(m.coefficients()[0]);
+    expect(m.coefficient(1)).toEqual({ bucket: 32, fixedMs: 0, perRowMs: 0, samples: 0 });
     // The device slows down: recent batches dominate.
     for (let i = 0; i < 200; i++) for (const rows of [1, 8, 32]) m.observe(0, rows, 1 + 0.2 * rows);
     expect(m.predict(0, 16)).toBeCloseTo(1 + 3.2, 1);

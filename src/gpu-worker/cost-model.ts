@@ -70,8 +70,14 @@ export class CostModel {
     return g.fixedMs + g.perRowMs * rows * (this.buckets[bucket]! / this.buckets[nearest]!);
   }
 
+  /** The fit of one bucket (observe() changes only the bucket it is given). */
+  coefficient(bucket: number): CostCoefficients {
+    const f = this.fits[bucket]!;
+    return { bucket: this.buckets[bucket]!, fixedMs: f.fixedMs, perRowMs: f.perRowMs, samples: f.s0 };
+  }
+
   coefficients(): CostCoefficients[] {
-    return this.fits.map((f, i) => ({ bucket: this.buckets[i]!, fixedMs: f.fixedMs, perRowMs: f.perRowMs, samples: f.s0 }));
+    return this.fits.map((_, b) => this.coefficient(b));
   }
 }
 

@@ -263,7 +263,7 @@ export class InferenceLoop {
   seedCost(id: number, bucket: number, rows: number, ms: number): void {
     const m = this.model(id);
     m.costs.observe(bucket, rows, ms);
-    this.publishCosts(m);
+    this.publishCost(m, bucket);
   }
 
   /** Whether this thread is still the live inference thread (the main thread has not given it up). */
@@ -586,7 +586,7 @@ export class InferenceLoop {
     c[Counter.RUN_MS]! += stats.runMs;
     model.costs.observe(bucket, stats.rows, stats.runMs);
     this.utilization.busy(started, started + stats.runMs);
-    this.publishCosts(model);
+    this.publishCost(model, bucket);
     this.options.onBatch?.(model.id, bucket, stats);
   }
 
@@ -629,10 +629,13 @@ export class InferenceLoop {
     }
   }
 
-  /** Writes the cost model into the slab, where gateways read it (admission, /info). */
-  private publishCosts(model: LoopModel): void {
-    const slab: Slab = model.runner.slab;
-    model.costs.coefficients().forEach((k, b) => slab.setCost(b, k.fixedMs, k.perRowMs, k.samples));
+  /**
+   * Writes one bucket's cost into the slab, where gateways read it (admission, /info): the bucket just
+   * observed, the only one that changed. (All of them each batch was 26 objects of garbage a batch.)
+   */
+  private publishCost(model: LoopModel, bucket: number): void {
+    const k = model.costs.coefficient(bucket);
+    model.runner.slab.setCost(bucket, k.fixedMs, k.perRowMs, k.samples);
   }
 
   /**
