@@ -167,6 +167,8 @@ export class ModelRunner {
   private readonly prepared: PreparedIo;
   /** Free input-buffer sets per bucket index (one per batch that may be in flight). */
   private readonly pools: InputBuffers[][];
+  /** The outputs a run fetches: the pooled rows, and with the token vectors when an input asked for them. */
+  private readonly fetches: { rows: string[]; withTokens: string[] };
   /** padTo resolved for this device ('auto': the longest input on CPU, the bucket on CUDA). */
   readonly padToLongest: boolean;
   private readonly onCuda: boolean;
@@ -189,6 +191,8 @@ export class ModelRunner {
     this.session = session;
     this.gate = gate;
     this.prepared = prepared;
+    const rows = prepared.outputs.map((o) => o.name);
+    this.fetches = { rows, withTokens: prepared.tokenOutput ? [...rows, prepared.tokenOutput.name] : rows };
     this.pools = options.buckets.map((len) =>
       Array.from({ length: inflight }, () => new InputBuffers(batchCapacity(options, len) * len, prepared.inputType, prepared)),
     );
@@ -250,9 +254,7 @@ export class ModelRunner {
       const length = (slot: number) => this.slab.header(slot, H_LENGTH);
       // Longest first, so that each run pads to its own longest input.
       const order = this.padToLongest && slots.length > 1 ? [...slots].sort((a, b) => length(b) - length(a)) : slots;
-      const outputs = this.prepared.outputs.map((o) => o.name);
       const tokenOutput = this.prepared.tokenOutput;
-      const withTokens = tokenOutput ? [...outputs, tokenOutput.name] : outputs;
       let realTokens = 0;
       let paddedTokens = 0;
       let runMs = 0;
@@ -263,7 +265,7 @@ export class ModelRunner {
         // The token vectors leave onnxruntime only for a run holding an input that asked for them.
         const tokens = tokenOutput !== undefined && part.some((slot) => this.slab.header(slot, H_TOKEN_PAGE) > 0);
         const started = performance.now();
-        const out = await this.gate.run(() => this.session.run(this.feeds(buf, part.length, T), tokens ? withTokens : outputs));
+        const out = await this.gate.run(() => this.session.run(this.feeds(buf, part.length, T), tokens ? this.fetches.withTokens : this.fetches.rows));
         runMs += performance.now() - started;
         this.scatter(out, part);
         if (tokens) this.scatterTokens(out[tokenOutput.name]!.data as Float32Array, part, T, tokenOutput.width);
