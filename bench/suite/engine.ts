@@ -63,6 +63,7 @@ export async function runEngineLoop(meta: PhaseMeta, side: EngineSide, w: Worklo
       } catch (err) {
         counts.errors++;
         counts.firstError ??= (err as Error).message;
+        await new Promise((r) => setImmediate(r)); // a call failing at once must not starve the window's timers
         continue;
       }
       const t1 = performance.now();
