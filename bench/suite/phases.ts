@@ -134,7 +134,8 @@ export function describePhase(p: PhaseResult): string {
   const lat = `P50 ${p.latencyMs.p50.toFixed(1)} ms, P99 ${p.latencyMs.p99.toFixed(1)} ms`;
   const batch = p.server ? `, batch ${p.server.meanBatch.toFixed(1)}, padding eff. ${(p.server.paddingEfficiency * 100).toFixed(0)}%` : '';
   const bad = p.rejected || p.errors ? `, rejected ${p.rejected}, errors ${p.errors}${p.firstError ? ` (${p.firstError.slice(0, 80)})` : ''}` : '';
-  const cpu = p.cpuMsPerRequest != null ? `, server ${(p.cpuMsPerRequest * 1000).toFixed(0)} us CPU/request` : '';
+  const cpuOf = p.transport === 'in-process' ? 'this process' : 'server';
+  const cpu = p.cpuMsPerRequest != null ? `, ${cpuOf} ${(p.cpuMsPerRequest * 1000).toFixed(0)} us CPU/request` : '';
   const gen = p.generator ? `, load from ${p.generator === 'wrk' ? 'wrk' : 'the Node generator'}${p.clientCpuMsPerRequest != null ? ` (${(p.clientCpuMsPerRequest * 1000).toFixed(0)} us/request)` : ''}` : '';
   return `${p.rps.toFixed(0)} req/s, ${p.inputsPerS.toFixed(0)} inputs/s, ${lat}${batch}${cpu}${gen}${bad}`;
 }
