@@ -33,14 +33,16 @@ export async function runBatching(ctx: SuiteContext, m: ModelSetup, first: boole
     await checkServerAgainstRaw(ctx, m, batched);
     const sides = unbatched ? [batched, unbatched] : [batched];
     const c: CaseName = first ? 'batching' : 'models';
-    const phases = await ctx.closedRoundsWithEngines(c, m.name, sides, engines, m.workloads.get('short')!, CLIENTS);
+    const phases = await ctx.closedRounds(c, m.name, sides, 'http', m.workloads.get('short')!, CLIENTS, engines);
     const http = phases.slice(0, sides.length);
     if (unbatched) {
       const q: Question = { id: `batching/${m.name}/http`, case: c, question: 'What does dynamic batching buy?', model: m.name, workload: 'short', transport: 'http', metric: 'rps', note: `${CLIENTS} keep-alive clients, closed loop` };
       compareSides(ctx, q, http, (p) => p.rps);
     }
-    if (full) compareWithEngine(ctx, m, http[0]!, phases.slice(sides.length));
-    if (full) await runOtherShapes(ctx, m, sides);
+    if (full) {
+      compareWithEngine(ctx, m, http[0]!, phases.slice(sides.length));
+      await runOtherShapes(ctx, m, sides);
+    }
     return http[0]!;
   } finally {
     await batched.stop();

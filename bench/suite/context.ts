@@ -89,21 +89,14 @@ export class SuiteContext {
     return out;
   }
 
-  /** A/B rounds of the same closed loop (`clients` callers on workload `w`) against each target. */
-  closedRounds(c: CaseName, model: string, targets: Target[], transport: 'http' | 'ws', w: Workload, clients: number): Promise<PhaseResult[][]> {
-    return this.ab(
-      (s, k) => this.load(closedLoopMeta(c, model, w.name, targets[s]!.label, transport, k, clients), targets[s]!, w, { kind: 'closed', concurrency: clients }),
-      targets.length,
-    );
-  }
-
   /**
-   * closedRounds over HTTP against `targets` and, in the same alternating rounds, the same closed
-   * loop of in-process callers on each engine side: the servers' phases first, then the engines'.
+   * A/B rounds of the same closed loop (`clients` callers on workload `w`) against each target and,
+   * in the same rounds, on each in-process engine side (`engines`): the targets' phases first, then
+   * the engines'.
    */
-  closedRoundsWithEngines(c: CaseName, model: string, targets: Target[], engines: EngineSide[], w: Workload, clients: number): Promise<PhaseResult[][]> {
+  closedRounds(c: CaseName, model: string, targets: Target[], transport: 'http' | 'ws', w: Workload, clients: number, engines: EngineSide[] = []): Promise<PhaseResult[][]> {
     return this.ab((s, k) => {
-      if (s < targets.length) return this.load(closedLoopMeta(c, model, w.name, targets[s]!.label, 'http', k, clients), targets[s]!, w, { kind: 'closed', concurrency: clients });
+      if (s < targets.length) return this.load(closedLoopMeta(c, model, w.name, targets[s]!.label, transport, k, clients), targets[s]!, w, { kind: 'closed', concurrency: clients });
       const e = engines[s - targets.length]!;
       return this.engineLoad(closedLoopMeta(c, model, w.name, e.label, 'in-process', k, clients), e, w, clients);
     }, targets.length + engines.length);
