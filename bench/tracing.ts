@@ -21,7 +21,7 @@
  */
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { writeFileSync } from 'node:fs';
+import { rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -134,6 +134,7 @@ end
   } finally {
     for (const server of [off, on, tenth, all]) await server.stop();
     rx.close();
+    for (const s of sides) rmSync(s.script, { force: true });
   }
 }
 

@@ -10,7 +10,7 @@
  *                  suite's, the quick bench's and the floor's HTTP closed loops so)
  */
 import { spawn, spawnSync } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
+import { rmSync, writeFileSync } from 'node:fs';
 
 export interface Load {
   requests: number;
@@ -137,7 +137,12 @@ end
 export async function wrkWorkload(origin: string, bodies: Buffer[], opts: { connections: number; seconds: number; timeoutMs: number; first: number; scriptPath: string }): Promise<WrkWorkloadRun> {
   writeFileSync(opts.scriptPath, workloadScript(bodies, opts.first, wrkThreads(opts.connections)));
   const timeoutS = Math.max(1, Math.ceil(opts.timeoutMs / 1000));
-  const out = await run('bash', ['-c', wrkCommand(origin, opts.connections, opts.seconds, `--timeout ${timeoutS}s -s ${opts.scriptPath}`)]);
+  let out: string;
+  try {
+    out = await run('bash', ['-c', wrkCommand(origin, opts.connections, opts.seconds, `--timeout ${timeoutS}s -s ${opts.scriptPath}`)]);
+  } finally {
+    rmSync(opts.scriptPath, { force: true }); // one per run: a bench process must not leave its bodies in /tmp
+  }
   const line = /^SLABSERVE_WRK (.*)$/m.exec(out);
   const clientCpuMs = childCpuMs(out);
   if (!line || clientCpuMs === null) throw new Error(`cannot read wrk's output:\n${out}`);

@@ -3,7 +3,9 @@
  * the figures in the report are only as good as these. Checked against a
  * small node:http stand-in server whose behaviour the test controls.
  */
+import { existsSync } from 'node:fs';
 import http from 'node:http';
+import { tmpdir } from 'node:os';
 import { type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { arrivalTimes, histogramOfQuantiles, runLoad, type LoadTarget } from '../dist/bench/load.js';
@@ -267,6 +269,7 @@ describe.skipIf(!wrkInstalled())('wrk as the HTTP closed loop (apt-get install w
       const bodies = new Set(w.bodies.map((b) => b.toString('utf8')));
       expect(sent.filter((b) => !bodies.has(b))).toEqual([]);
       expect(new Set(sent).size).toBe(Math.min(bodies.size, sent.length));
+      expect(existsSync(join(tmpdir(), `slabserve-bench-${process.pid}.lua`))).toBe(false); // its script is gone with its run
     } finally {
       o.histogram.destroy();
     }
