@@ -4,12 +4,11 @@
  * child process over HTTP or /ws (through the suite's load generator,
  * bench/load.ts). Each returns one PhaseResult.
  */
-import { performance } from 'node:perf_hooks';
-import hdr from 'hdr-histogram-js';
 import type * as ort from 'onnxruntime-node';
 import type { Engine } from '../../src/engine.js';
 import { mulberry32 as rng } from '../../src/modelgen/rng.js';
-import { runLoad, type Generator } from '../load.js';
+import { newHistogram, runLoad, type Generator } from '../load.js';
+import { runClosedLoop } from '../closed-loop.js';
 import { runRawLoop, type RawBatch } from '../raw-ort.js';
 import type { ServerProcess } from '../server-process.js';
 import type { Workload } from '../workloads.js';
@@ -45,17 +44,10 @@ export interface PhaseResult {
   windowMs: number;
 }
 
-function histogram() {
-  return hdr.build({ numberOfSignificantValueDigits: 3, lowestDiscernibleValue: 1 });
-}
-
-const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
-const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
-
 // ---------------------------------------------------------------- raw onnxruntime
 
 export async function runRaw(o: QuickOptions, config: string, round: number, session: ort.InferenceSession, batches: RawBatch[]): Promise<PhaseResult> {
-  const h = histogram();
+  const h = newHistogram();
   const r = await runRawLoop(session, batches, o.warmupMs, o.durationMs, h);
   const result: PhaseResult = {
     config,
@@ -82,56 +74,19 @@ export async function runRaw(o: QuickOptions, config: string, round: number, ses
 
 // ---------------------------------------------------------------- engine
 
-/** The engine's summed session.run time, ms. */
-function runMsCounter(engine: Engine, model: string): number {
-  return engine.stats()[model]!.runMs;
-}
-
 export async function runEngine(o: QuickOptions, config: string, round: number, engine: Engine, seqs: Seq[], concurrency: number): Promise<PhaseResult> {
-  let cursor = 0;
-  let stop = false;
-  let windowStart = Infinity;
-  let windowEnd = Infinity;
-  let done = 0;
-  let errors = 0;
-  let firstError: unknown;
-  const h = histogram();
   const call = o.texts
     ? (s: Seq) => engine.embed(s.text!, { model: o.model })
     : (s: Seq) => engine.runTokens(o.model, [s]);
-  const caller = async () => {
-    while (!stop) {
-      const s = seqs[cursor++ % seqs.length]!;
-      const t0 = performance.now();
-      try {
-        await call(s);
-      } catch (err) {
-        errors++;
-        firstError ??= err;
-        continue;
-      }
-      const t1 = performance.now();
-      if (t1 >= windowStart && t1 < windowEnd) {
-        h.recordValue(Math.max(1, Math.round((t1 - t0) * 1000)));
-        done++;
-      }
-    }
-  };
-  const callers = Array.from({ length: concurrency }, caller);
-  await sleep(o.warmupMs);
-  const s0 = engine.stats()[o.model]!;
-  const r0 = runMsCounter(engine, o.model);
-  const cpu0 = process.cpuUsage();
-  windowStart = performance.now();
-  await sleep(o.durationMs);
-  windowEnd = performance.now();
-  const s1 = engine.stats()[o.model]!;
-  const r1 = runMsCounter(engine, o.model);
-  const cpu = cpuMs(process.cpuUsage(cpu0));
-  stop = true;
-  await Promise.all(callers);
-  if (errors > 0) console.error(`  ${config}: ${errors} requests failed, first: ${(firstError as Error)?.message ?? String(firstError)}`);
-  const windowMs = windowEnd - windowStart;
+  const loop = await runClosedLoop({
+    clients: concurrency,
+    warmupMs: o.warmupMs,
+    durationMs: o.durationMs,
+    call: (n) => call(seqs[n % seqs.length]!),
+    snapshot: () => engine.stats()[o.model]!,
+  });
+  const { histogram: h, requests: done, errors, windowMs, cpuMs: cpu, before: s0, after: s1 } = loop;
+  if (errors > 0) console.error(`  ${config}: ${errors} requests failed, first: ${loop.firstError}`);
   const batches = s1.batches - s0.batches;
   const rows = s1.rows - s0.rows;
   const result: PhaseResult = {
@@ -145,7 +100,7 @@ export async function runEngine(o: QuickOptions, config: string, round: number, 
     meanBatch: rows / batches,
     paddingEfficiency: (s1.realTokens - s0.realTokens) / (s1.paddedTokens - s0.paddedTokens),
     msPerBatch: windowMs / batches,
-    ortMsPerBatch: r0 !== null && r1 !== null ? (r1 - r0) / batches : null,
+    ortMsPerBatch: (s1.runMs - s0.runMs) / batches,
     cores: cpu / windowMs,
     cpuUsPerSeq: (cpu * 1000) / done,
     sequences: done,

@@ -12,7 +12,7 @@
  * measurable while another side runs.
  */
 import { createEngine, type Engine } from '../../src/engine.js';
-import { newHistogram } from '../load.js';
+import { runClosedLoop } from '../closed-loop.js';
 import type { PhaseResult } from '../suite-results.js';
 import type { Workload } from '../workloads.js';
 import { phaseFromEngine, type BatchCounters, type PhaseMeta } from './phases.js';
@@ -45,45 +45,26 @@ function engineCounters(side: EngineSide): BatchCounters {
 /**
  * One closed loop of `clients` callers on `w`'s requests (each caller's next
  * request when its last is answered), from request `start` on, warm-up first;
- * the requests answered inside the measured window count.
+ * the requests answered inside the measured window count (bench/closed-loop.ts).
  */
 export async function runEngineLoop(meta: PhaseMeta, side: EngineSide, w: Workload, clients: number, start: number, warmupMs: number, durationMs: number): Promise<PhaseResult> {
-  const h = newHistogram();
-  const counts = { requests: 0, inputs: 0, tokens: 0, rejected: 0, errors: 0, firstError: undefined as string | undefined };
-  let next = start;
-  let stop = false;
-  let window = { from: Infinity, to: Infinity };
-  const caller = async () => {
-    while (!stop) {
-      const inputs = w.requests[next++ % w.requests.length]!;
-      const t0 = performance.now();
-      try {
-        // One text as a string, as the HTTP side sends {"inputs": text}.
-        await side.engine.embed(inputs.length === 1 ? inputs[0]!.text : inputs.map((x) => x.text), { model: side.model });
-      } catch (err) {
-        counts.errors++;
-        counts.firstError ??= (err as Error).message;
-        await new Promise((r) => setImmediate(r)); // a call failing at once must not starve the window's timers
-        continue;
-      }
-      const t1 = performance.now();
-      if (t1 < window.from || t1 >= window.to) continue;
-      h.recordValue(Math.max(1, Math.round((t1 - t0) * 1000)));
-      counts.requests++;
-      counts.inputs += inputs.length;
-      for (const x of inputs) counts.tokens += x.ids.length;
-    }
-  };
-  const callers = Array.from({ length: clients }, caller);
-  await new Promise((r) => setTimeout(r, warmupMs));
-  const before = engineCounters(side);
-  const cpu0 = process.cpuUsage();
-  window = { from: performance.now(), to: Infinity };
-  await new Promise((r) => setTimeout(r, durationMs));
-  window = { from: window.from, to: performance.now() };
-  const cpu = process.cpuUsage(cpu0);
-  const after = engineCounters(side);
-  stop = true;
-  await Promise.all(callers);
-  return phaseFromEngine(meta, { windowMs: window.to - window.from, cpuMs: (cpu.user + cpu.system) / 1000, before, after, ...counts }, h);
+  const request = (n: number) => w.requests[(start + n) % w.requests.length]!;
+  const sent = { inputs: 0, tokens: 0 };
+  const loop = await runClosedLoop({
+    clients,
+    warmupMs,
+    durationMs,
+    call: (n) => {
+      const inputs = request(n);
+      // One text as a string, as the HTTP side sends {"inputs": text}.
+      return side.engine.embed(inputs.length === 1 ? inputs[0]!.text : inputs.map((x) => x.text), { model: side.model });
+    },
+    counted: (n) => {
+      const inputs = request(n);
+      sent.inputs += inputs.length;
+      for (const x of inputs) sent.tokens += x.ids.length;
+    },
+    snapshot: () => engineCounters(side),
+  });
+  return phaseFromEngine(meta, { ...loop, ...sent, rejected: 0 }, loop.histogram);
 }
