@@ -18,6 +18,8 @@ export default defineConfig({
     // `slabserve serve` children started with a fixed --port would all take gRPC's default 8081 and
     // collide across test files run in parallel: off for them unless a test asks for it
     // (--grpc-port wins over the variable). startServer() with port 0 picks a free gRPC port.
-    env: { SLABSERVE_GRPC_PORT: '0' },
+    // The tests' own reference sessions keep onnxruntime's telemetry off, as the server does
+    // (src/shared/onnxruntime-telemetry.ts); test/onnxruntime-telemetry.test.ts starts a server without it.
+    env: { SLABSERVE_GRPC_PORT: '0', ORT_DISABLE_TELEMETRY: '1' },
   },
 });

@@ -18,6 +18,7 @@ import { fuseAttention } from '../src/gpu-worker/attention-fusion.js';
 import { fuseSkipLayerNorm } from '../src/gpu-worker/fusion.js';
 import { writePreset } from '../src/modelgen/presets.js';
 import { decodeModel, encodeModel } from '../src/shared/onnx-graph.js';
+import { keepOnnxruntimeTelemetryOff } from '../src/shared/onnxruntime-telemetry.js';
 import { parseOptions } from './args.js';
 
 const values = parseOptions('node dist/bench/fusion.js [options]', {
@@ -48,6 +49,7 @@ async function rowCost(session: ort.InferenceSession, B: number, T: number, budg
 }
 
 const maxDiff = (a: Float32Array, b: Float32Array) => a.reduce((d, v, i) => Math.max(d, Math.abs(v - b[i]!)), 0);
+keepOnnxruntimeTelemetryOff(); // as the server does
 const open = (bytes: Uint8Array) => ort.InferenceSession.create(bytes, { intraOpNumThreads: 1, graphOptimizationLevel: 'all', enableCpuMemArena: false, logSeverityLevel: 3 });
 
 const root = mkdtempSync(join(tmpdir(), 'slabserve-fusion-'));

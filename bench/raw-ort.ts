@@ -12,6 +12,7 @@ import * as ort from 'onnxruntime-node';
 import type { PreparedModel } from '../src/gpu-worker/graph.js';
 import { parseDevice } from '../src/gpu-worker/device.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';
+import { keepOnnxruntimeTelemetryOff } from '../src/shared/onnxruntime-telemetry.js';
 
 export interface RawSeq {
   ids: Int32Array;
@@ -27,6 +28,7 @@ export interface RawBatch {
 
 /** A session as the server's runner opens one: graph optimizations on, the given device and intra-op threads. */
 export function openRawSession(prepared: PreparedModel, device: string, intraOpThreads: number): Promise<ort.InferenceSession> {
+  keepOnnxruntimeTelemetryOff(); // as the server does
   const d = parseDevice(device);
   const providers: ort.InferenceSession.ExecutionProviderConfig[] = d.kind === 'cuda' ? [{ name: 'cuda', deviceId: d.id }] : ['cpu'];
   return ort.InferenceSession.create(prepared.bytes, {

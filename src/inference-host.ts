@@ -19,6 +19,7 @@ import type { ModelPlan } from './shared/model-plan.js';
 import { RpcPeer } from './shared/rpc.js';
 import { newFamily, terminateOutsideNativeCalls } from './shared/native-gate.js';
 import { autoIntraOpThreads, autoModelInstances, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
+import { keepOnnxruntimeTelemetryOff } from './shared/onnxruntime-telemetry.js';
 import { describeSettings } from './model-plans.js';
 import type { ModelSet } from './model-set.js';
 import { reclaimInference } from './slot-reclaim.js';
@@ -66,6 +67,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
   checkIntegerIn('modelInstances', opts.modelInstances, '0 (auto)', MAX_MODEL_INSTANCES);
   checkIntegerIn('idleSpinUs', opts.idleSpinUs, '0', MAX_IDLE_SPIN_US);
   checkIntegerIn('intraOpNice', opts.intraOpNice, '0', 19);
+  keepOnnxruntimeTelemetryOff(); // before the thread's first session (src/shared/onnxruntime-telemetry.ts)
   const gates = newFamily();
   const workerData: InferenceWorkerData = {
     control: control.buffer,

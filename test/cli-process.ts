@@ -26,6 +26,7 @@ export function expectCliRefuses(cases: [args: string[], env: Record<string, str
 
 export interface CliServer {
   port: number;
+  pid: number;
   /** The child's exit: code, signal, and performance.now() when it was seen. */
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null; at: number }>;
   stderr(): string;
@@ -65,9 +66,10 @@ export async function portOutsideEphemeral(): Promise<number> {
 
 /**
  * Starts `slabserve serve --host 127.0.0.1 --port P --device cpu --model tiny-embed ...args`
- * and resolves once it is ready. `env` is added to this process's environment.
+ * and resolves once it is ready. `env` is added to this process's environment (a variable
+ * given as undefined is left out).
  */
-export async function serveCli(args: string[], opts: { env?: Record<string, string>; readyWithinMs?: number; killAfterMs?: number } = {}): Promise<CliServer> {
+export async function serveCli(args: string[], opts: { env?: Record<string, string | undefined>; readyWithinMs?: number; killAfterMs?: number } = {}): Promise<CliServer> {
   const port = await portOutsideEphemeral();
   const child = spawn(process.execPath, [CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
@@ -79,5 +81,5 @@ export async function serveCli(args: string[], opts: { env?: Record<string, stri
   const guard = setTimeout(() => child.kill('SIGKILL'), opts.killAfterMs ?? 90_000);
   void exited.then(() => clearTimeout(guard));
   await eventually('the server ready', () => getStatus(port, '/readyz'), (s) => s === 200, opts.readyWithinMs ?? 60_000, (s) => ({ readyz: s, stderr: stderr.slice(-500) }));
-  return { port, exited, stderr: () => stderr, kill: (signal) => void child.kill(signal) };
+  return { port, pid: child.pid!, exited, stderr: () => stderr, kill: (signal) => void child.kill(signal) };
 }

@@ -1,0 +1,55 @@
+/**
+ * onnxruntime 1.29's telemetry stays off in a server whose operator did not
+ * ask for it (src/shared/onnxruntime-telemetry.ts): a real `slabserve serve`
+ * started without ORT_DISABLE_TELEMETRY in its environment, and without the
+ * CI variables onnxruntime also stands down for, serves a request and leaves
+ * nothing of onnxruntime's behind: no device id or event cache in its home,
+ * no debug log in /tmp. Without the switch, this same start writes both.
+ */
+import { existsSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { keepOnnxruntimeTelemetryOff, ORT_TELEMETRY_SWITCH } from '../dist/src/shared/onnxruntime-telemetry.js';
+import { serveCli } from './cli-process.js';
+
+/** The variables onnxruntime 1.29 reads as "running in CI" (its telemetry_environment.h): unset, so only our switch can keep it off. */
+const CI_VARIABLES = ['CI', 'TF_BUILD', 'GITHUB_ACTIONS', 'GITLAB_CI', 'CIRCLECI', 'TRAVIS', 'JENKINS_URL', 'CODEBUILD_BUILD_ID', 'BUILDKITE', 'TEAMCITY_VERSION', 'APPVEYOR', 'BITBUCKET_BUILD_NUMBER', 'SYSTEM_TEAMFOUNDATIONCOLLECTIONURI', 'ORT_RUNNING_UNIT_TESTS'];
+
+describe('onnxruntime telemetry', () => {
+  const home = mkdtempSync(join(tmpdir(), 'slabserve-home-'));
+  afterAll(() => rmSync(home, { recursive: true, force: true }));
+
+  it('a server started without ORT_DISABLE_TELEMETRY writes no device id, event cache or debug log of onnxruntime', async () => {
+    const startedMs = Date.now();
+    const unset = Object.fromEntries([ORT_TELEMETRY_SWITCH, ...CI_VARIABLES].map((k) => [k, undefined]));
+    const server = await serveCli([], { env: { ...unset, HOME: home } });
+    try {
+      const res = await fetch(`http://127.0.0.1:${server.port}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"inputs":"is telemetry off?"}' });
+      expect(res.status).toBe(200); // every session is open and has run
+    } finally {
+      server.kill('SIGTERM');
+      expect((await server.exited).code).toBe(0);
+    }
+    // onnxruntime's would be $HOME/.cache/Microsoft/DeveloperTools/.onnxruntime/{deviceid,onnxruntime.db}
+    expect(readdirSync(home)).toEqual([]);
+    const debugLog = `/tmp/mat-debug-${server.pid}.log`;
+    const writtenByThisServer = existsSync(debugLog) && statSync(debugLog).mtimeMs >= startedMs - 1000; // an older one is another process's with the same pid
+    expect(writtenByThisServer).toBe(false);
+  });
+
+  it('sets the switch where it is unset or empty, and keeps an operator\'s value', () => {
+    const before = process.env[ORT_TELEMETRY_SWITCH];
+    try {
+      for (const [given, kept] of [[undefined, '1'], ['', '1'], ['0', '0'], ['1', '1']] as const) {
+        if (given === undefined) delete process.env[ORT_TELEMETRY_SWITCH];
+        else process.env[ORT_TELEMETRY_SWITCH] = given;
+        keepOnnxruntimeTelemetryOff();
+        expect({ given, now: process.env[ORT_TELEMETRY_SWITCH] }).toEqual({ given, now: kept });
+      }
+    } finally {
+      if (before === undefined) delete process.env[ORT_TELEMETRY_SWITCH];
+      else process.env[ORT_TELEMETRY_SWITCH] = before;
+    }
+  });
+});
