@@ -10,8 +10,10 @@ stdout: one JSON line {"requests", "errors", "seconds", "p50_ms", "p99_ms", "cpu
 (cpu_s: this process's own CPU, what the load generator cost).
 """
 import asyncio
+import atexit
 import collections
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,7 @@ import grpc
 
 def message_classes(proto):
     out = tempfile.mkdtemp(prefix="slabserve-grpc-bench-")
+    atexit.register(shutil.rmtree, out, True)  # the module stays loaded; its files go with the run
     subprocess.run(["protoc", f"-I{os.path.dirname(proto)}", f"--python_out={out}", proto], check=True)
     sys.path.insert(0, out)
     import tei_pb2  # noqa: E402

@@ -17,7 +17,7 @@
  *
  *   node dist/bench/grpc.js [--mode transports|placements] [--rounds 3] [--seconds 5] [--connections 64]
  */
-import { writeFileSync } from 'node:fs';
+import { rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -157,8 +157,12 @@ async function main(): Promise<void> {
   const script = join(tmpdir(), 'slabserve-grpc-bench.lua');
   writeFileSync(script, WRK_SCRIPT);
   console.log(machineLine(describeMachine()));
-  if (o.mode === 'placements') await placements(o, script);
-  else await transports(o, script);
+  try {
+    if (o.mode === 'placements') await placements(o, script);
+    else await transports(o, script);
+  } finally {
+    rmSync(script, { force: true });
+  }
 }
 
 main().catch((err: unknown) => {

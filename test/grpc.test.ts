@@ -8,7 +8,7 @@
  */
 import * as grpc from '@grpc/grpc-js';
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -29,6 +29,12 @@ const PROTOS = ['inference.proto', 'tei.proto'].map((f) => fileURLToPath(new URL
 const HEALTH_PROTO = fileURLToPath(new URL('../node_modules/grpc-health-check/proto/health/v1/health.proto', import.meta.url));
 const REFLECTION_PROTO = fileURLToPath(new URL('../node_modules/@grpc/reflection/build/proto/grpc/reflection/v1/reflection.proto', import.meta.url));
 const TOLERANCE = 1e-5;
+/** Where the tests put the files a Python client waits for (read_when_exists, ...): made on first use, removed after the file's tests. */
+let signalDir: string | undefined;
+const signalFile = (name: string) => join((signalDir ??= mkdtempSync(join(tmpdir(), 'slabserve-grpc-'))), name);
+afterAll(() => {
+  if (signalDir) rmSync(signalDir, { recursive: true, force: true });
+});
 /** TEI's and KServe's own protos, unchanged (test/fixtures/upstream-protos/README.md). */
 const UPSTREAM_PROTOS = ['tei.proto', 'grpc_predict_v2.proto'].map((f) => fileURLToPath(new URL(`./fixtures/upstream-protos/${f}`, import.meta.url)));
 
@@ -490,7 +496,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: API keys, message size, a t
 describe.skipIf(!runnable && !process.env.CI)('gRPC health when nothing tells the gateway (a batch hung past --heartbeat-timeout-ms)', () => {
   it('Check reads readiness at the call (no Watch open, nothing polls); a Watch open meanwhile hears NOT_SERVING, then SERVING once the thread is replaced', { timeout: 60_000 }, async () => {
     const server = await startServer(testServerConfig({ models: ['tiny-embed'], heartbeatTimeoutMs: 600, inferenceTimeoutMs: 12_000 }));
-    const stop = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'stop');
+    const stop = signalFile('health-watch-stop');
     try {
       await server.ready;
       const port = server.grpcPort!;
@@ -555,7 +561,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC while draining', () => {
     await server.ready;
     const port = server.grpcPort!;
     const hooks = server.testHooks!;
-    const halfClose = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'half-close');
+    const halfClose = signalFile('half-close');
     const STREAMS = 32;
     const EACH = 3;
     let closing: Promise<void> | null = null;
@@ -586,7 +592,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC while draining', () => {
 describe.skipIf(!runnable && !process.env.CI)('gRPC streams: flow control', () => {
   it("a stream whose reader does not read stops being read, and holds back no other caller; once read, every answer comes, in order", async () => {
     const server = await startServer(testServerConfig({ models: ['tiny-embed'] }));
-    const gate = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'read');
+    const gate = signalFile('read');
     try {
       await server.ready;
       const port = server.grpcPort!;
@@ -662,7 +668,7 @@ describe.skipIf(!runnable && !process.env.CI)('gRPC: the repository RPCs, a rera
   });
 
   it("health follows the models: a Watch on tei.v1.Rerank turns SERVING when a reranker loads and NOT_SERVING when it unloads; a Watch on the server hears no change", async () => {
-    const stop = join(mkdtempSync(join(tmpdir(), 'slabserve-grpc-')), 'stop');
+    const stop = signalFile('model-watch-stop');
     const rerank: string[] = [];
     const server: string[] = [];
     const watch = (service: string) => ({ method: '/grpc.health.v1.Health/Watch', kind: 'server_stream' as const, request: { service }, progress: true, cancel_when_exists: stop });
