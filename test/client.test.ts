@@ -506,7 +506,8 @@ describe.skipIf(!realServerBuilt)('SlabClient against the real server (/ws and H
       startServer(config: Record<string, unknown>): Promise<Server>;
       SERVER_DEFAULTS: Record<string, unknown>;
     };
-    server = await main.startServer({ ...main.SERVER_DEFAULTS, host: '127.0.0.1', port: 0, device: 'cpu', gatewayThreads: 1, batching: {}, log: () => {} });
+    // The default models by name: a models/ folder may also hold larger ones generated on request (models/README.md).
+    server = await main.startServer({ ...main.SERVER_DEFAULTS, models: ['tiny-embed', 'tiny-intent', 'tiny-rerank'], host: '127.0.0.1', port: 0, device: 'cpu', gatewayThreads: 1, batching: {}, log: () => {} });
     await server.ready;
     ws = await SlabClient.connect(server.url, { credit: 8 });
     http = SlabClient.http(server.url);
