@@ -41,12 +41,13 @@ import { registerRoutes, type GatewayLimits } from './routes.js';
 import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize-pool.js';
 import { loadModelTokenizer } from '../core/tokenizer.js';
-import { loadUws, type us_listen_socket } from './uws.js';
+import { GatewayListeners } from './listeners.js';
+import { loadUws } from './uws.js';
 import { registerWebSocket } from './ws.js';
 import { OwnerModels } from '../core/owner-models.js';
 import type { RepositoryAnswer, RepositoryOp } from '../model-repository.js';
 import type { WsOptions } from './ws-options.js';
-import type { GatewayGrpc, GrpcListen } from './grpc/server.js';
+import type { GrpcListen } from './grpc/server.js';
 import { collectStartupGarbage } from '../shared/gc.js';
 
 /**
@@ -113,7 +114,7 @@ const flushLogs = () => {
 process.on('exit', flushLogs);
 
 async function main(): Promise<void> {
-  const uws = loadUws();
+  const uws = loadUws(); // first: without its native binary nothing else is worth starting
   const control = new ControlBlock(data.control, data.owners);
   const owned = new OwnerModels(data.models);
   const { plans, slabs } = owned;
@@ -126,11 +127,7 @@ async function main(): Promise<void> {
   const { infer, submitter } = await makeInfer(control, plans, slabs, metrics, pool.tokenize);
 
   const lag = new BusyLag();
-  let info: unknown = { status: 'starting' };
-  let repository = repositoryOf(info);
-  /** Whether setInfo has come: the first one says the server is ready. */
-  let told = false;
-  let listenSocket: us_listen_socket | null = null;
+  const info = new ServerInfo(infer);
   const ready = () =>
     control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
   // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
@@ -139,31 +136,11 @@ async function main(): Promise<void> {
   for (const m of data.models) {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
   }
-  const app = uws.App();
+  const listeners = new GatewayListeners(uws, logger);
   const askRepository = (op: RepositoryOp, timeoutMs: number) => rpc.call<RepositoryAnswer>('repository', op, timeoutMs);
-  const loadModel = data.lazyLoad ? lazyLoader(askRepository, () => repository.notLoaded) : undefined;
-  const closeWebSockets = registerWebSocket(app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access, loadModel, tracing }, data.ws);
-  let grpcServer: GatewayGrpc | null = null;
-  const stopListening = () => {
-    if (listenSocket) uws.us_listen_socket_close(listenSocket);
-    listenSocket = null;
-    try {
-      grpcServer?.stopListening();
-    } catch (err) {
-      logger.warn({ err: (err as Error).message }, 'gRPC: stopping to listen failed'); // uWS must still close below
-    }
-  };
-  /** Every socket closed: a thread that ends holding uWS sockets aborts the process. gRPC's, once their calls end (bounded). */
-  const closeSockets = (): Promise<void> => {
-    stopListening();
-    try {
-      closeWebSockets();
-    } catch {
-      // the app's close below ends them too
-    }
-    (app as typeof app & { close(): void }).close();
-    return (grpcServer?.close() ?? Promise.resolve()).catch((err: Error) => logger.warn({ err: err.message }, 'gRPC: closing failed'));
-  };
+  const repositoryOp = (op: RepositoryOp) => askRepository(op, REPOSITORY_RPC_MS);
+  const loadModel = data.lazyLoad ? lazyLoader(askRepository, () => info.repository.notLoaded) : undefined;
+  listeners.closingWebSocketsWith(registerWebSocket(listeners.app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access, loadModel, tracing }, data.ws));
 
   const rpc = new RpcPeer(parentPort!, {
     metrics: () => {
@@ -173,20 +150,16 @@ async function main(): Promise<void> {
       return registry.getMetricsAsJSON();
     },
     setInfo: (doc) => {
-      const first = !told;
-      told = true;
-      info = doc;
-      repository = repositoryOf(doc);
-      infer.missingHint = missingHint(repository);
-      grpcServer?.refreshHealth(); // told once ready: SERVING now
+      const first = info.set(doc);
+      listeners.grpc?.refreshHealth(); // told once ready: SERVING now
       if (first) collectStartupGarbage(); // ready: start-up is over (src/shared/gc.ts)
     },
     // The drain's first step: new connections are refused (not accepted, then reset); the open ones
     // are served, every answer closing its connection (Gate.closesConnection), until close().
-    stopListening,
+    stopListening: () => listeners.stopListening(),
     // Called once requests in flight have finished (or the drain timed out).
     close: async () => {
-      await closeSockets();
+      await listeners.close();
       await pool.close();
       await threadTracing?.shutdown().catch(() => {}); // the last spans, waiting at most its grace
       lag.stop();
@@ -199,20 +172,19 @@ async function main(): Promise<void> {
     ...owned.handlers(submitter, infer),
   });
   dieOnUncaught(() => {
-    void closeSockets();
+    void listeners.close();
     void pool.close().catch(() => {});
     setImmediate(() => parentPort!.close());
   });
 
-  const repositoryOp = (op: RepositoryOp) => askRepository(op, REPOSITORY_RPC_MS);
-  registerRoutes(app, {
+  registerRoutes(listeners.app, {
     infer,
     loadModel,
     tracing,
     limits: data.limits,
     metrics,
     ready,
-    info: () => withCosts(info, infer, slabs),
+    info: () => withCosts(info.doc, infer, slabs),
     scrape: () => rpc.call<string>('scrape'),
     repository: repositoryOp,
     version: data.version,
@@ -223,25 +195,46 @@ async function main(): Promise<void> {
       const deps = { infer, loadModel, tracing, limits: data.limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
       // Loaded only where gRPC is served: grpc-js and the protos add to every thread's start-up.
       const { startGatewayGrpc } = await import('./grpc/server.js');
-      grpcServer = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: data.tokenizerThreads }, data.grpc);
+      listeners.grpc = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: data.tokenizerThreads }, data.grpc);
     } catch (err) {
       post({ type: 'fatal', message: `cannot serve gRPC on ${data.host}:${data.grpc.port}: ${(err as Error).message}` });
-      void closeSockets();
+      void listeners.close();
       return;
     }
   }
+  const grpcPort = listeners.grpc ? { grpcPort: listeners.grpc.port } : {};
   if (!data.http) {
-    post({ type: 'listening', port: data.port, grpcPort: grpcServer!.port, tid: currentThreadId() });
+    post({ type: 'listening', port: data.port, ...grpcPort, tid: currentThreadId() });
     return;
   }
-  app.listen(data.host, data.port, (socket) => {
-    if (!socket) {
-      post({ type: 'fatal', message: `cannot listen on ${data.host}:${data.port} (in use, or not permitted)` });
-      return;
-    }
-    listenSocket = socket;
-    post({ type: 'listening', port: uws.us_socket_local_port(socket), ...(grpcServer ? { grpcPort: grpcServer.port } : {}), tid: currentThreadId() });
-  });
+  const port = await listeners.listen(data.host, data.port);
+  if (port === null) post({ type: 'fatal', message: `cannot listen on ${data.host}:${data.port} (in use, or not permitted)` });
+  else post({ type: 'listening', port, ...grpcPort, tid: currentThreadId() });
+}
+
+/**
+ * The /info document the main thread sends (setInfo), and what this thread reads from it: the
+ * model repository's mode and the folders not loaded (lazy loading, the 404's hint).
+ */
+class ServerInfo {
+  doc: unknown = { status: 'starting' };
+  repository = repositoryOf(this.doc);
+  private readonly infer: Infer;
+  private told = false;
+
+  constructor(infer: Infer) {
+    this.infer = infer;
+  }
+
+  /** Takes a new document; true for the first (the server is ready). */
+  set(doc: unknown): boolean {
+    const first = !this.told;
+    this.told = true;
+    this.doc = doc;
+    this.repository = repositoryOf(doc);
+    this.infer.missingHint = missingHint(this.repository);
+    return first;
+  }
 }
 
 /** This thread's submitter (as owner `data.owner`) and the request pipeline over it (src/core/infer.ts). */
