@@ -269,7 +269,7 @@ function curveSection(r: SuiteResults, charts: ChartSet): string {
 
 function curveBlock(c: Curve): string {
   const head = `#### ${c.label} (${c.model} · ${c.workload} · ${transportName(c.transport)})`;
-  const info = [`Capacity ${fmtNum(c.capacityRps)} req/s (closed loop, the default configuration).`];
+  const info = [`Capacity ${fmtNum(c.capacityRps)} req/s (closed loop, the default configuration, wrk where installed). The points are sent by the Node generator (wrk has no open loop), which spends several times wrk's CPU per request on the same machine: with few cores the knee shows below 100%.`];
   if (c.serverArgs.length) info.push(`Server flags: ${code(c.serverArgs.join(' '))}.`);
   const slo = c.sloP99Ms;
   const points = [...c.points].sort((a, b) => a.loadFraction - b.loadFraction || a.arrivals.localeCompare(b.arrivals));
