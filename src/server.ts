@@ -356,26 +356,12 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const scrape = config.scrape ?? (async (): Promise<string> => AggregatorRegistry.aggregate(await localParts()).metrics());
 
   const info = () => (device ? serverInfo(config, models.serving(), device, cache, repository) : undefined);
-  const repository: ModelRepository = new ModelRepository({
-    mode: config.modelControlMode ?? 'none',
-    modelsDir: resolve(config.modelsDir ?? join(packageRoot, 'models')),
-    models,
-    inference,
-    gateways: { callEvery: <T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]> => gateways.callEvery<T>(method, arg, timeoutMs) },
-    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => models.reusable(bytes) }),
-    onChange: async () => {
+  const repository = modelRepository(config, { planning, models, inference, registry, log }, {
+    callEvery: <T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]> => gateways.callEvery<T>(method, arg, timeoutMs),
+    setInfo: async () => {
       const doc = info();
       if (doc !== undefined) await gateways.callAll('setInfo', doc);
     },
-    log,
-    drainTimeoutMs: config.requestTimeoutMs + 1000,
-    metrics: repositoryMetrics(registry, { loaded: () => repository.loaded(), known: () => repository.known() }),
-    budget: new ModelBudget({
-      ...(config.maxLoadedModels !== undefined ? { maxLoadedModels: config.maxLoadedModels } : {}),
-      ...(config.modelMemoryMb !== undefined ? { modelMemoryMb: config.modelMemoryMb } : {}),
-      ...(config.modelIdleUnloadS !== undefined ? { idleUnloadS: config.modelIdleUnloadS } : {}),
-      pinned: config.pinModels ?? [],
-    }),
   });
   const idleTimer = config.modelIdleUnloadS !== undefined ? setInterval(() => void repository.unloadIdle().catch((err: Error) => log(`slabserve: idle unload: ${err.message}`)), IDLE_CHECK_MS) : undefined;
   idleTimer?.unref();
@@ -406,8 +392,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const shownHost = config.host === '0.0.0.0' ? '127.0.0.1' : config.host;
   const url = `http://${shownHost}:${port}`;
   const grpcPort = gateways.grpcPort;
-  const grpcShown = grpc ? `, grpc on ${config.host}:${grpcPort}${grpcThreads > 0 ? ` (${grpcThreads} thread${grpcThreads > 1 ? 's' : ''} of its own)` : ''}` : '';
-  log(`slabserve: listening on http://${config.host}:${port}${grpcShown} (${config.gatewayThreads} gateway thread${config.gatewayThreads > 1 ? 's' : ''}); ready after warm-up`);
+  log(listeningLine(config, port, grpc ? grpcPort : null, grpcThreads));
 
   const ready = inference.ready.then(async (d) => {
     device = d;
@@ -425,6 +410,47 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   if (config.signal?.aborted) void close();
   else config.signal?.addEventListener('abort', () => void close(), { once: true });
   return { port, grpcPort, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
+}
+
+type Planning = Parameters<typeof planModel>[2];
+
+/**
+ * The model repository's routes over `models` (src/model-repository.ts). `gateways` is how it
+ * reaches the gateway threads, which start after it: every one of them, and the /info document
+ * sent again once the set of models changed.
+ */
+function modelRepository(
+  config: ServerConfig,
+  parts: { planning: Planning; models: ModelSet; inference: InferenceSupervisor; registry: Registry; log: (line: string) => void },
+  gateways: { callEvery<T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]>; setInfo(): Promise<void> },
+): ModelRepository {
+  const { planning, models, inference, registry, log } = parts;
+  const repository: ModelRepository = new ModelRepository({
+    mode: config.modelControlMode ?? 'none',
+    modelsDir: resolve(config.modelsDir ?? join(packageRoot, 'models')),
+    models,
+    inference,
+    gateways: { callEvery: (method, arg, timeoutMs) => gateways.callEvery(method, arg, timeoutMs) },
+    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => models.reusable(bytes) }),
+    onChange: () => gateways.setInfo(),
+    log,
+    drainTimeoutMs: config.requestTimeoutMs + 1000,
+    metrics: repositoryMetrics(registry, { loaded: () => repository.loaded(), known: () => repository.known() }),
+    budget: new ModelBudget({
+      ...(config.maxLoadedModels !== undefined ? { maxLoadedModels: config.maxLoadedModels } : {}),
+      ...(config.modelMemoryMb !== undefined ? { modelMemoryMb: config.modelMemoryMb } : {}),
+      ...(config.modelIdleUnloadS !== undefined ? { idleUnloadS: config.modelIdleUnloadS } : {}),
+      pinned: config.pinModels ?? [],
+    }),
+  });
+  return repository;
+}
+
+/** The line that says where the server listens (gRPC's port: null where it serves none). */
+function listeningLine(config: ServerConfig, port: number, grpcPort: number | null, grpcThreads: number): string {
+  const plural = (n: number, what: string) => `${n} ${what}${n > 1 ? 's' : ''}`;
+  const grpcShown = grpcPort !== null ? `, grpc on ${config.host}:${grpcPort}${grpcThreads > 0 ? ` (${plural(grpcThreads, 'thread')} of its own)` : ''}` : '';
+  return `slabserve: listening on http://${config.host}:${port}${grpcShown} (${plural(config.gatewayThreads, 'gateway thread')}); ready after warm-up`;
 }
 
 /**
