@@ -21,14 +21,18 @@ describe('runClosedLoop', () => {
       call: (n) => {
         inFlight++;
         mostInFlight = Math.max(mostInFlight, inFlight);
-        return new Promise((resolve, reject) =>
-          setTimeout(() => {
+        // Settles after 1 to 4 turns of the event loop (no timer: only the order of events matters).
+        const turns = 1 + Math.floor(r() * 4);
+        return new Promise((resolve, reject) => {
+          const settle = (left: number): void => {
+            if (left > 1) return void setImmediate(settle, left - 1);
             inFlight--;
             events.push(`${fails(n) ? 'failed' : 'answered'} ${n}`);
             if (fails(n)) reject(new Error(`call ${n} refused`));
             else resolve(n);
-          }, 1 + Math.floor(r() * 4)),
-        );
+          };
+          setImmediate(settle, turns);
+        });
       },
       counted: (n) => events.push(`counted ${n}`),
       snapshot: () => {
@@ -54,8 +58,7 @@ describe('runClosedLoop', () => {
       expect(loop.firstError).toMatch(/^call \d+ refused$/);
       expect(mostInFlight).toBe(4);
       expect({ before: loop.before, after: loop.after }).toEqual({ before: open + 1, after: close + 1 });
-      expect(loop.windowMs).toBeGreaterThanOrEqual(119);
-      expect(loop.cpuMs).toBeGreaterThan(0);
+      expect([Number.isFinite(loop.windowMs), Number.isFinite(loop.cpuMs)]).toEqual([true, true]); // the window closed, its CPU read
     } finally {
       loop.histogram.destroy();
     }
