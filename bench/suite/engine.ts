@@ -66,5 +66,5 @@ export async function runEngineLoop(meta: PhaseMeta, side: EngineSide, w: Worklo
     },
     snapshot: () => engineCounters(side),
   });
-  return phaseFromEngine(meta, { ...loop, ...sent, rejected: 0 }, loop.histogram);
+  return phaseFromEngine(meta, { ...loop, ...sent }, loop.histogram);
 }

@@ -8,6 +8,7 @@ import type { LoadOutcome } from '../load.js';
 import type { RawLoopResult } from '../raw-ort.js';
 import type { ServerCounters } from '../server-process.js';
 import type { CaseName, Comparison, LatencySummary, PhaseResult, ServerSide } from '../suite-results.js';
+import type { ClosedLoopWindow } from '../closed-loop.js';
 
 export const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -106,23 +107,16 @@ export function phaseFromRaw(m: PhaseMeta, res: RawLoopResult, h: Histogram): Ph
   return p;
 }
 
-/** What an in-process engine loop counted (bench/suite/engine.ts): its window, this process's CPU over it, the engine's counters at both ends. */
-export interface EngineLoopCounts {
-  windowMs: number;
-  cpuMs: number;
-  before: BatchCounters;
-  after: BatchCounters;
-  requests: number;
-  inputs: number;
-  tokens: number;
-  rejected: number;
-  errors: number;
-  firstError?: string | undefined;
-}
+/**
+ * What an in-process engine loop counted (bench/suite/engine.ts): the closed loop's window
+ * (bench/closed-loop.ts) over the engine's counters, and the inputs and tokens of the requests it
+ * counted. An engine refuses nothing apart: a call it refuses is an error.
+ */
+export type EngineLoopCounts = Omit<ClosedLoopWindow<BatchCounters>, 'histogram'> & { inputs: number; tokens: number };
 
 /** An engine loop's record, its batches in `server` as a server's are; destroys `h`. */
 export function phaseFromEngine(m: PhaseMeta, c: EngineLoopCounts, h: Histogram): PhaseResult {
-  const p = record(m, c.windowMs, c, h);
+  const p = record(m, c.windowMs, { ...c, rejected: 0 }, h);
   p.server = serverSide(c.before, c.after, c.windowMs);
   if (c.requests > 0) p.cpuMsPerRequest = round(c.cpuMs / c.requests, 4);
   h.destroy();
