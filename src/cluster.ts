@@ -31,6 +31,7 @@ import cluster, { type Worker as ClusterWorker } from 'node:cluster';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client';
 import { checkDevice } from './gpu-worker/device.js';
+import { checkNativeBinaries } from './native-binaries.js';
 import { DEFAULT_GRPC_PORT, defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from './server.js';
 import { settlesWithin } from './shared/clock.js';
 import { ValidationError } from './shared/errors.js';
@@ -310,6 +311,7 @@ export async function runClusterPrimary(config: ServerConfig, opts: ClusterOptio
   // gRPC's port likewise: one for all (startServer's rule for one process: a free one with --port 0).
   const grpcPort = config.grpcPort === 0 ? 0 : (config.grpcPort ?? (config.port === 0 ? await pickFreePort(config.host) : DEFAULT_GRPC_PORT));
   if (grpcPort !== 0 && (config.grpcPort !== undefined || config.port !== 0)) await ensurePortFree(config.host, grpcPort, '--grpc-port');
+  await checkNativeBinaries({ gateways: true }); // once here, before any process forks (each checks again for itself)
   const primary = new ClusterPrimary(config, plans.map((p) => ({ ...p, port, grpcPort })));
   process.on('SIGTERM', () => primary.signal('SIGTERM'));
   process.on('SIGINT', () => primary.signal('SIGINT'));

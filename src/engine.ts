@@ -14,6 +14,7 @@ import { classifications, embeddings, Infer, rowOf, type CallInputs, type Classi
 import { Cancellation } from './shared/cancel.js';
 import { prompted } from './core/prompts.js';
 import { loadModelTokenizer, type Encoding } from './core/tokenizer.js';
+import { checkNativeBinaries } from './native-binaries.js';
 import { checkDevice, cudaMissing, parseDevice, type DeviceInfo } from './gpu-worker/device.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import { DEFAULT_IDLE_SPIN_US, DEFAULT_SCHEDULING } from './gpu-worker/inference-loop.js';
@@ -378,6 +379,7 @@ export class Engine {
 export async function createEngine(options: EngineOptions = {}): Promise<Engine> {
   const log = options.log ?? ((line: string) => process.stderr.write(line + '\n'));
   checkDevice(options.device ?? ENGINE_DEFAULTS.device); // before any thread starts
+  await checkNativeBinaries({ gateways: false });
   const owners = 1;
   const planning = {
     ...(options.batching ? { batching: options.batching } : {}),

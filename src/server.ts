@@ -34,6 +34,8 @@ import { INLINE_TOKENIZE_CHARS } from './core/infer.js';
 import type { LogLevel } from './gateway/log.js';
 import { quietListenSockets } from './accept-queue.js';
 import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.js';
+import type { UwsChoice } from './gateway/uws.js';
+import { checkNativeBinaries } from './native-binaries.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
 import { GatewaySupervisor } from './gateway-host.js';
@@ -315,6 +317,8 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   checkDevice(config.device);
   checkRepositoryFlags(config);
   checkIntegerIn('loneWaitUs', config.loneWaitUs, '0', MAX_LONE_WAIT_US);
+  const uws = await checkNativeBinaries({ gateways: true });
+  log(`slabserve: Node.js ${process.version}, uWebSockets.js ${uws.version} (${uws.package})`);
   const tracing = tracingOf(config);
   const grpcThreads = config.grpcThreads ?? 0;
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
@@ -355,7 +359,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const metricsJson = async (): Promise<MetricsJson> => AggregatorRegistry.aggregate(await localParts()).getMetricsAsJSON();
   const scrape = config.scrape ?? (async (): Promise<string> => AggregatorRegistry.aggregate(await localParts()).metrics());
 
-  const info = () => (device ? serverInfo(config, models.serving(), device, cache, repository) : undefined);
+  const info = () => (device ? serverInfo(config, models.serving(), device, cache, repository, uws) : undefined);
   const repository = modelRepository(config, { planning, models, inference, registry, log }, {
     callEvery: <T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]> => gateways.callEvery<T>(method, arg, timeoutMs),
     setInfo: async () => {
@@ -366,7 +370,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const idleTimer = config.modelIdleUnloadS !== undefined ? setInterval(() => void repository.unloadIdle().catch((err: Error) => log(`slabserve: idle unload: ${err.message}`)), IDLE_CHECK_MS) : undefined;
   idleTimer?.unref();
   const gateways: GatewaySupervisor = new GatewaySupervisor({
-    data: { ...gatewayWorkerData(config, control, owners, cache), ...(tracing ? { tracing } : {}) },
+    data: { ...gatewayWorkerData(config, control, owners, cache), uws, ...(tracing ? { tracing } : {}) },
     // With --grpc-threads, the gateways serve HTTP and the threads after them gRPC; else each serves both.
     roles: { http: config.gatewayThreads, grpc: grpc ? { listen: grpc, threads: grpcThreads } : null },
     models,
@@ -559,9 +563,11 @@ function namedThreads(inference: InferenceSupervisor, gateways: GatewaySuperviso
 }
 
 /** GET /info's body (gateways add each model's live cost model). */
-function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cache: ResultCache | null, repository: ModelRepository) {
+function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cache: ResultCache | null, repository: ModelRepository, uws: UwsChoice) {
   return {
     version: VERSION,
+    /** What runs it: Node.js, and the uWebSockets.js build the start-up check chose (src/gateway/uws.ts). */
+    runtime: { node: process.version, uws: { package: uws.package, version: uws.version } },
     device: { label: d.label, name: d.name, provider: d.provider },
     models: plans.map(describeModel),
     scheduling: {
@@ -595,7 +601,7 @@ function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySuperv
 }
 
 /** What every gateway thread starts with (GatewaySupervisor adds its id, owner index and port). */
-function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: number, cache: ResultCache | null): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models' | 'http' | 'grpc'> {
+function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: number, cache: ResultCache | null): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models' | 'http' | 'grpc' | 'uws'> {
   return {
     control: control.buffer,
     ...(cache ? { cache: { buffer: cache.buffer, layout: cache.layout } } : {}),

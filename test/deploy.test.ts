@@ -637,17 +637,25 @@ function dockerfileProblems(text: string, env: { slabserveVars: Set<string>; inc
     problems.push('the build output (dist) does not reach the final stage');
   }
 
-  // .npmrc (onnxruntime-node-install=skip) is copied before every npm ci
+  // onnxruntime-node's CUDA 12 download is skipped by its own variable wherever npm ci runs
   for (const s of stages) {
     s.body.forEach((ins, k) => {
       if (ins.op !== 'RUN' || !/\bnpm ci\b/.test(ins.args)) return;
       const stageChain = chainOf(stages, s).chain;
       const before = [...stageChain.slice(0, -1).flatMap((p) => p.body), ...s.body.slice(0, k)];
-      if (!before.some((i) => (i.op === 'COPY' || i.op === 'ADD') && !/--from=/.test(i.args) && /(?:^|\s)\.npmrc(?:\s|$)/.test(i.args))) {
-        problems.push(`Dockerfile line ${ins.line}: npm ci without .npmrc copied first`);
+      if (!/ONNXRUNTIME_NODE_INSTALL=skip\b/.test(ins.args) && !before.some((i) => i.op === 'ENV' && /(?:^|\s)ONNXRUNTIME_NODE_INSTALL=skip(?:\s|$)/.test(i.args))) {
+        problems.push(`Dockerfile line ${ins.line}: npm ci without ONNXRUNTIME_NODE_INSTALL=skip`);
       }
     });
   }
+
+  // Node.js: an LTS line the project supports (package.json's engines), its download checked against a pinned digest
+  const args = new Map(text.split('\n').flatMap((l) => [...l.matchAll(/^ARG (\w+)=(\S+)/g)].map((m) => [m[1]!, m[2]!] as const)));
+  const nodeMajor = Number(args.get('NODE_VERSION')?.split('.')[0]);
+  if (!(nodeMajor >= 22 && nodeMajor % 2 === 0)) problems.push(`NODE_VERSION ${args.get('NODE_VERSION') ?? '(none)'} is not an LTS line from 22 on`);
+  const install = stages.flatMap(runs).find((r) => /\$\{NODE_VERSION\}/.test(r));
+  if (!install || !/echo "\$\{NODE_SHA(?:256|512)\}\s+(\S+)" \| sha(?:256|512)sum -c/.test(install)) problems.push('the Node.js download is not checked against a pinned digest');
+  else if (!/^[0-9a-f]{64}(?:[0-9a-f]{64})?$/.test(args.get('NODE_SHA512') ?? args.get('NODE_SHA256') ?? '')) problems.push('NODE_SHA512 is not a hex digest');
 
   // build-context sources exist and are not ignored
   for (const s of stages) {
@@ -1161,7 +1169,11 @@ describe('Dockerfile', () => {
     expect(broken(/^EXPOSE .*$/m, 'EXPOSE 80')).toMatch(/EXPOSE 80, expected 8080/);
     expect(broken(/RUN npm ci --omit=dev/, 'RUN npm ci')).toMatch(/--omit=dev/);
     expect(broken('CMD ["node", "dist/src/cli.js", "serve"]', 'CMD ["node", "dist/src/cli.js", "serve", "--device", "auto"]')).toMatch(/CMD passes --device: a flag would override/);
-    expect(broken(/COPY package\.json package-lock\.json \.npmrc \.\/\n(RUN npm ci --omit)/, 'COPY package.json package-lock.json ./\n$1')).toMatch(/npm ci without \.npmrc/);
+    expect(broken(/^ENV ONNXRUNTIME_NODE_INSTALL=skip$/m, '')).toMatch(/npm ci without ONNXRUNTIME_NODE_INSTALL=skip/);
+    expect(broken(/^ARG NODE_VERSION=24\./m, 'ARG NODE_VERSION=20.')).toMatch(/NODE_VERSION 20\.\S+ is not an LTS line/);
+    expect(broken(/^ARG NODE_VERSION=24\./m, 'ARG NODE_VERSION=25.')).toMatch(/NODE_VERSION 25\.\S+ is not an LTS line/);
+    expect(broken(/echo "\$\{NODE_SHA512\}  \/tmp\/node\.tgz" \| sha512sum -c -; /, '')).toMatch(/not checked against a pinned digest/);
+    expect(broken(/^ARG NODE_SHA512=[0-9a-f]+$/m, 'ARG NODE_SHA512=TODO')).toMatch(/not a hex digest/);
     expect(broken(/SLABSERVE_DEVICE=auto$/m, 'SLABSERVE_DEVIC=auto')).toMatch(/SLABSERVE_DEVIC is not/);
     expect(broken(/RUN node scripts\/install-cuda-provider\.mjs/, 'RUN true')).toMatch(/CUDA provider/);
     expect(broken(/COPY --from=build \/app\/models \.\/models\n/, '')).toMatch(/models do not reach/);
@@ -1169,7 +1181,7 @@ describe('Dockerfile', () => {
   });
 
   it('.dockerignore lets the sources in and keeps build outputs, dependencies and generated models out', () => {
-    for (const p of ['package.json', 'package-lock.json', '.npmrc', 'tsconfig.json', 'src/server.ts', 'src/shared/metrics.ts', 'models/generate.ts', 'scripts/install-cuda-provider.mjs']) {
+    for (const p of ['package.json', 'package-lock.json', 'tsconfig.json', 'src/server.ts', 'src/shared/metrics.ts', 'models/generate.ts', 'scripts/install-cuda-provider.mjs']) {
       expect(included(p), p).toBe(true);
     }
     for (const p of ['node_modules/onnxruntime-node/package.json', 'dist/src/cli.js', 'models/tiny-embed/model.onnx', 'models/tiny-intent', '.git/HEAD', 'bench/results/quick.json']) {

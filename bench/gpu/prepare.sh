@@ -90,7 +90,8 @@ case "$COMPRESS" in xz|gzip|none) ;; *) die "--compress: xz, gzip or none" ;; es
 NODE="$(node -p process.execPath)"
 NODE_VERSION="$(node -v)"
 [ "$(node -p 'process.platform + "-" + process.arch')" = linux-x64 ] || die "this must run on linux-x64 (the GPU machine is)"
-case "$NODE_VERSION" in v20.*) ;; *) echo "prepare: warning: node $NODE_VERSION, not 20.x: uWebSockets.js needs the matching ABI" >&2 ;; esac
+# uWebSockets.js: Node 20 runs on glibc >= 2.27 (the trufflesuite build); 22 and 24 need glibc >= 2.38 there (src/gateway/uws.ts).
+case "$NODE_VERSION" in v20.*|v22.*|v24.*) ;; *) echo "prepare: warning: node $NODE_VERSION: no uWebSockets.js build is known to load on it" >&2 ;; esac
 for t in sha256sum split tar; do command -v $t >/dev/null || die "$t is needed"; done
 [ "$COMPRESS" = none ] || command -v "$COMPRESS" >/dev/null || die "$COMPRESS is needed (or --compress none)"
 [ -d "$ROOT/node_modules/onnxruntime-node" ] || die "run npm ci first"

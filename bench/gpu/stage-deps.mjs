@@ -14,7 +14,7 @@
 //
 // Pruning (the bundle runs on linux-x64, Node ABI --abi):
 //   onnxruntime-node/bin/napi-v6/*          all but linux/x64, and any CUDA provider placed there
-//   uWebSockets.js/binaries/*.node          all but uws_linux_x64_<abi>.node; dist/*.node
+//   uWebSockets.js's two builds' *.node     all but uws_linux_x64_<abi>.node; dist/*.node
 //   prebuilds/*                             all but linux-x64*
 //   @types/*, undici-types                  type declarations only
 // Prints one JSON line: packages copied, bytes, what was pruned.
@@ -110,15 +110,20 @@ if (existsSync(ortBin)) {
   const x64 = join(ortBin, 'linux', 'x64');
   if (existsSync(x64)) for (const f of readdirSync(x64)) if (f.startsWith('libonnxruntime_providers_')) prune(join(x64, f));
 }
-const uws = join(out, 'uWebSockets.js');
-if (existsSync(uws)) {
-  const keep = `uws_linux_x64_${values.abi}.node`;
-  if (!existsSync(join(uws, 'binaries', keep))) {
-    console.error(`stage-deps: uWebSockets.js has no binaries/${keep}`);
-    process.exit(1);
-  }
-  for (const f of readdirSync(join(uws, 'binaries'))) if (f !== keep) prune(join(uws, 'binaries', f));
-  if (existsSync(join(uws, 'dist'))) for (const f of readdirSync(join(uws, 'dist'))) if (f.endsWith('.node')) prune(join(uws, 'dist', f));
+// uWebSockets.js: both builds the server chooses from (src/gateway/uws.ts), each with its binary folder
+const keep = `uws_linux_x64_${values.abi}.node`;
+let kept = 0;
+for (const [pkg, folder] of [['@btc-vision/uwebsockets.js', '.'], ['@trufflesuite/uws-js-unofficial', 'binaries']]) {
+  const dir = join(out, pkg, folder);
+  if (!existsSync(dir)) continue;
+  for (const f of readdirSync(dir)) if (f.endsWith('.node') && f !== keep) prune(join(dir, f));
+  if (existsSync(join(dir, keep))) kept++;
+  const dist = join(out, pkg, 'dist');
+  if (existsSync(dist)) for (const f of readdirSync(dist)) if (f.endsWith('.node')) prune(join(dist, f));
+}
+if (kept === 0) {
+  console.error(`stage-deps: no uWebSockets.js build has ${keep}`);
+  process.exit(1);
 }
 // prebuilds/<platform-arch>/ folders (node-gyp-build layout)
 const walk = (d) => {

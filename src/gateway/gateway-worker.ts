@@ -42,7 +42,7 @@ import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize-pool.js';
 import { loadModelTokenizer } from '../core/tokenizer.js';
 import { GatewayListeners } from './listeners.js';
-import { loadUws } from './uws.js';
+import { loadUws, type UwsChoice } from './uws.js';
 import { registerWebSocket } from './ws.js';
 import { OwnerModels } from '../core/owner-models.js';
 import type { RepositoryAnswer, RepositoryOp } from '../model-repository.js';
@@ -91,6 +91,8 @@ export interface GatewayWorkerData {
   log?: { level: LogLevel; accessFd?: number; probes?: boolean };
   /** Tracing on (--otlp-endpoint, OTEL_EXPORTER_OTLP_*): a span per request (request-trace.ts). */
   tracing?: TracingConfig;
+  /** The uWebSockets.js build the main thread's start-up check chose (uws.ts). */
+  uws: UwsChoice;
 }
 
 export type GatewayMessage = { type: 'listening'; port: number; grpcPort?: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
@@ -114,7 +116,7 @@ const flushLogs = () => {
 process.on('exit', flushLogs);
 
 async function main(): Promise<void> {
-  const uws = loadUws(); // first: without its native binary nothing else is worth starting
+  const uws = loadUws(data.uws); // first: without its native binary nothing else is worth starting
   const control = new ControlBlock(data.control, data.owners);
   const owned = new OwnerModels(data.models);
   const { plans, slabs } = owned;
@@ -128,8 +130,10 @@ async function main(): Promise<void> {
 
   const lag = new BusyLag();
   const info = new ServerInfo(infer);
+  // Ready once the main thread has told this thread the /info document too: a client that saw
+  // /readyz 200 and asks /info next gets the server's, not "starting".
   const ready = () =>
-    control.workerState === WorkerState.READY && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
+    control.workerState === WorkerState.READY && info.known && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
   // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
   const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) }, data.log?.probes ?? false);
   const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access, { touch: () => lag.touch(), draining: () => control.draining });
@@ -224,6 +228,11 @@ class ServerInfo {
 
   constructor(infer: Infer) {
     this.infer = infer;
+  }
+
+  /** Whether the main thread has sent the document (it does once the server is ready). */
+  get known(): boolean {
+    return this.told;
   }
 
   /** Takes a new document; true for the first (the server is ready). */

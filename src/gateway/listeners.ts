@@ -60,7 +60,7 @@ export class GatewayListeners {
     } catch {
       // the app's close below ends them too
     }
-    (this.app as TemplatedApp & { close(): void }).close();
+    this.app.close();
     return (this.grpc?.close() ?? Promise.resolve()).catch((err: Error) => this.logger.warn({ err: err.message }, 'gRPC: closing failed'));
   }
 }

@@ -98,7 +98,7 @@ export function registerWebSocket(app: TemplatedApp, deps: WsDeps, opts: WsOptio
     sendPingsAutomatically: true,
     // We hold requests back at maxBufferedBytes ourselves; uWS must never drop a result.
     maxBackpressure: Math.max(64 * 1024 * 1024, opts.maxBufferedBytes * 16),
-    closeOnBackpressureLimit: 0,
+    closeOnBackpressureLimit: false,
     upgrade: (res, req, context) => api.upgrade(res, req, context),
     open: (ws) => api.opened(ws),
     message: (ws, message, isBinary) => api.message(ws, message, isBinary),
