@@ -1,12 +1,41 @@
 /**
  * A TCP listen socket that several threads and processes bind on one port,
  * the kernel spreading connections across them (SO_REUSEPORT), as uSockets
- * binds the HTTP port for the gateways. Node 20's net has no `reusePort`, so
- * the socket is made through koffi (as src/kernel-sockets.ts's calls) and a
- * net.Server takes it with `listen({fd})`: the gRPC server of each gateway
- * thread (src/gateway/grpc/server.ts). Linux only, as SO_REUSEPORT's spreading.
+ * binds the HTTP port for the gateways: the gRPC server of each gateway
+ * thread (src/gateway/grpc/server.ts). Node's own net does it from Node.js
+ * 22.12 (`listen({ reusePort })`); on an older Node the socket is made
+ * through koffi (as src/kernel-sockets.ts's calls) and the net.Server takes
+ * it with `listen({fd})`. Linux only, as SO_REUSEPORT's spreading.
  */
 import { createRequire } from 'node:module';
+import type { AddressInfo, Server } from 'node:net';
+
+/** Whether this Node's net sets SO_REUSEPORT itself (`reusePort`: Node.js 22.12, 23.1 and later). */
+export const NET_REUSE_PORT = ((): boolean => {
+  const [major, minor] = process.versions.node.split('.').map(Number) as [number, number];
+  return major > 23 || (major === 23 && minor >= 1) || (major === 22 && minor >= 12);
+})();
+
+/**
+ * `server` listening on `address` (numeric) and `port` (0: one the kernel picks), shared with other
+ * threads and processes (SO_REUSEPORT) when `shared`, else bound so that nothing else can join it.
+ * Resolves with the port; rejects with the bind's error (`code` EADDRINUSE, ...).
+ */
+export function listenShared(server: Server, address: string, port: number, shared: boolean): Promise<number> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    const listening = (bound: number) => () => {
+      server.off('error', reject);
+      resolve(bound || (server.address() as AddressInfo).port);
+    };
+    // exclusive: a cluster worker binds its own socket, not one shared through the primary.
+    if (NET_REUSE_PORT) server.listen({ host: address, port, reusePort: shared, exclusive: true }, listening(0));
+    else {
+      const socket = listenReusePort(address, port, shared);
+      server.listen({ fd: socket.fd }, listening(socket.port));
+    }
+  });
+}
 
 const AF_INET = 2;
 const AF_INET6 = 10;

@@ -11,7 +11,7 @@
  *   grpc.reflection.v1(alpha)       so grpcurl-style tools list and call the services (@grpc/reflection)
  *
  * Served by @grpc/grpc-js. Every gateway thread binds the port with
- * SO_REUSEPORT (shared/reuseport.ts; Node 20's net cannot) and hands each
+ * SO_REUSEPORT (shared/reuseport.ts) and hands each
  * connection it accepts to grpc-js through a connection injector, so the
  * kernel spreads gRPC connections across the gateways as it does HTTP's.
  * Messages larger than --max-body-bytes are refused by grpc-js
@@ -24,7 +24,7 @@ import { loadSync, type PackageDefinition } from '@grpc/proto-loader';
 import { ReflectionService } from '@grpc/reflection';
 import { protoPath as healthProto, type ServingStatus } from 'grpc-health-check';
 import type { Task } from '../../shared/model-config.js';
-import { listenReusePort } from '../../shared/reuseport.js';
+import { listenShared } from '../../shared/reuseport.js';
 import type { GrpcDeps } from './calls.js';
 import { addFollowedHealth } from './health.js';
 import { kserveService, type KServeDeps } from './kserve.js';
@@ -102,12 +102,8 @@ export async function startGatewayGrpc(given: Omit<KServeDeps, 'streams'> & { to
   new ReflectionService(def).addToServer(server);
 
   const injector = server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
-  const { fd, port } = listenReusePort(listen.address, listen.port, listen.shared);
   const net: NetServer = createServer((socket) => injector.injectConnection(socket));
-  await new Promise<void>((resolve, reject) => {
-    net.once('error', reject);
-    net.listen({ fd }, () => resolve());
-  });
+  const port = await listenShared(net, listen.address, listen.port, listen.shared);
   let listening = true;
   const stopListening = () => {
     if (!listening) return;
