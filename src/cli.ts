@@ -12,7 +12,7 @@ import { Command, InvalidArgumentError, Option } from 'commander';
 import { clusterRole, clusterWorker, runClusterPrimary } from './cluster.js';
 import { createEngine, type Engine, type EngineOptions } from './engine.js';
 import { DEFAULT_GRPC_PORT, defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './server.js';
-import { createLogger, LOG_LEVELS, logDestination } from './gateway/log.js';
+import { createLogger, LOG_FORMATS, LOG_LEVELS, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
@@ -252,7 +252,8 @@ program
   .addOption(flag('--log-probes [bool]', 'access lines for health probes (/livez, /readyz, /health, /v2/health/*) and /metrics scrapes too', 'LOG_PROBES', bool, false).preset(true))
   .addOption(flag('--otlp-endpoint <url>', 'OpenTelemetry traces to this OTLP/HTTP endpoint, e.g. http://localhost:4318 (also OTEL_EXPORTER_OTLP_ENDPOINT; off when none is set: docs/tracing.md)', 'OTLP_ENDPOINT'))
   .addOption(flag('--otlp-service-name <name>', "the traces' service.name (also OTEL_SERVICE_NAME; default slabserve)", 'OTLP_SERVICE_NAME'))
-  .addOption(flag('--log-level <level>', 'least level logged (JSON lines: events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
+  .addOption(flag('--log-level <level>', 'least level logged (events on stderr, an access line per request on stdout at info)', 'LOG_LEVEL', undefined, D.logLevel).choices(LOG_LEVELS))
+  .addOption(flag('--log-format <format>', 'auto: readable lines where the output is a terminal, JSON lines elsewhere (containers, files); json; pretty', 'LOG_FORMAT', undefined, D.logFormat).choices(LOG_FORMATS))
   .action(async (f: ServeFlags, cmd: Command) => {
     const { model, maxBatchSize, maxBatchDelayMs, maxBatchTokens, buckets, padTo, priorityWeights, wsIdleTimeoutS, processes, devices, apiKey, apiKeyFile, adminApiKey, pinModel, loadModel, ...same } = f;
     const batching: ServerConfig['batching'] = {};
@@ -261,9 +262,10 @@ program
     if (maxBatchTokens !== undefined) batching.maxBatchTokens = maxBatchTokens;
     if (buckets !== undefined) batching.buckets = buckets;
     if (padTo !== undefined) batching.padTo = padTo;
-    // JSON lines: events on stderr (startServer's lines are text, wrapped here; a gateway's are JSON
-    // already), access lines on stdout straight from the gateway threads (accessLogFd).
-    const stderr = logDestination(2);
+    // Events on stderr (startServer's lines are text, wrapped here; a gateway's are JSON already),
+    // access lines on stdout straight from the gateway threads (accessLogFd); each JSON, or made
+    // readable as --log-format says.
+    const stderr = logDestination(2, same.logFormat ?? D.logFormat);
     const events = createLogger(same.logLevel ?? D.logLevel, 'main', { stream: stderr });
     const log = (line: string) => (line.charCodeAt(0) === 123 ? stderr.write(line + '\n') : events.info(line));
     const keys = apiKeys(apiKey, apiKeyFile);

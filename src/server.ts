@@ -31,7 +31,7 @@ import type { GrpcListen } from './gateway/grpc/server.js';
 import { GATE_DEFAULTS } from './gateway/gate.js';
 import { WS_DEFAULTS } from './gateway/ws-options.js';
 import { INLINE_TOKENIZE_CHARS } from './core/infer.js';
-import type { LogLevel } from './gateway/log.js';
+import type { LogFormat, LogLevel } from './gateway/log.js';
 import { quietListenSockets } from './accept-queue.js';
 import { checkDevice, describeCuda, type DeviceInfo } from './gpu-worker/device.js';
 import type { UwsChoice } from './gateway/uws.js';
@@ -163,6 +163,8 @@ export interface ServerConfig extends ModelOptions {
   logProbes?: boolean;
   /** Gateway threads write access lines (one per request) straight to this file descriptor (the CLI: 1, stdout); absent, they reach `log`. */
   accessLogFd?: number;
+  /** How lines to a file descriptor are written (--log-format): JSON, readable (pretty), or readable where it is a terminal (auto). */
+  logFormat?: LogFormat;
   /** Traces to this OTLP/HTTP endpoint (its base: /v1/traces appended; --otlp-endpoint); absent: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, or off (docs/tracing.md). */
   otlpEndpoint?: string;
   /** The traces' service.name (--otlp-service-name); default OTEL_SERVICE_NAME, else slabserve. */
@@ -211,6 +213,7 @@ export const SERVER_DEFAULTS = {
   cacheMb: 64,
   ...GATE_DEFAULTS,
   logLevel: 'info' as LogLevel,
+  logFormat: 'auto' as LogFormat,
 } as const;
 
 /** gRPC's port when --grpc-port is not given (HTTP's is 8080). */
@@ -634,7 +637,7 @@ function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: 
       discardTimeoutMs: config.discardTimeoutMs ?? GATE_DEFAULTS.discardTimeoutMs,
     },
     ...(config.lazyLoad ? { lazyLoad: true } : {}),
-    log: { level: config.logLevel ?? 'info', probes: config.logProbes ?? false, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}) },
+    log: { level: config.logLevel ?? 'info', probes: config.logProbes ?? false, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd, format: config.logFormat ?? SERVER_DEFAULTS.logFormat } : {}) },
   };
 }
 

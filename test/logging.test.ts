@@ -1,7 +1,7 @@
 /**
  * `slabserve serve` as a child process (dist/src/cli.js): the security and
  * logging flags and variables (--api-key-file, SLABSERVE_API_KEY,
- * SLABSERVE_METRICS_AUTH, --log-level) and where the lines go: JSON events on
+ * SLABSERVE_METRICS_AUTH, --log-level, --log-format) and where the lines go: JSON events on
  * stderr, one JSON access line per request on stdout, written by the gateway
  * thread itself; none lost when the process drains and exits on SIGTERM.
  */
@@ -156,5 +156,72 @@ describe('slabserve serve: bad security flags stop it at once with a clear messa
       expect(r.stderr).toMatch(message);
       expect(r.stderr).not.toContain('has a space');
     }
+  });
+});
+
+/** A line pino-pretty writes: `[HH:MM:SS.mmm] LEVEL: (thread) message`, colours stripped. */
+const READABLE = /^\[\d\d:\d\d:\d\d\.\d{3}\] (TRACE|DEBUG|INFO|WARN|ERROR|FATAL): \((main|gateway-\d+)\) \S/;
+const ANSI = /\x1b\[[0-9;]*m/g;
+
+/**
+ * `slabserve serve` under a pseudo-terminal (util-linux's `script`, from Debian's essential
+ * bsdutils): stdout and stderr are the terminal. Resolves with what it printed once `until` matches;
+ * the server is then ended (the terminal closes under it).
+ */
+async function serveOnTerminal(extraEnv: Record<string, string>, until: RegExp): Promise<string> {
+  const command = [process.execPath, CLI, 'serve', '--port', '0', '--host', '127.0.0.1', '--device', 'cpu', '--model', 'tiny-embed'].map((a) => `'${a}'`).join(' ');
+  const term = spawn('script', ['-qfec', `exec ${command}`, '/dev/null'], { env: env({ ...extraEnv, TERM: 'xterm-256color' }), stdio: ['pipe', 'pipe', 'pipe'] });
+  let out = '';
+  term.stdout!.setEncoding('utf8').on('data', (d: string) => (out += d));
+  const gone = new Promise<void>((r) => term.once('close', () => r()));
+  term.once('error', (err) => (out += `\nscript did not start: ${err.message} (apt-get install bsdutils)`));
+  try {
+    await eventually('the line on the terminal', async () => out, (o) => until.test(o.replace(ANSI, '')), 60_000, (o) => o.slice(-1500));
+    return out;
+  } finally {
+    term.kill('SIGTERM');
+    const guard = setTimeout(() => term.kill('SIGKILL'), 10_000);
+    await gone;
+    clearTimeout(guard);
+  }
+}
+
+describe('--log-format (SLABSERVE_LOG_FORMAT): JSON for files and containers, readable lines for a person', () => {
+  it('pretty: every event and access line readable, without colours where the output is no terminal', async () => {
+    const p = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--host', '127.0.0.1', '--device', 'cpu', '--model', 'tiny-embed', '--log-format', 'pretty'], { env: env({}), stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    p.stdout!.setEncoding('utf8').on('data', (d: string) => (out += d));
+    p.stderr!.setEncoding('utf8').on('data', (d: string) => (err += d));
+    const code = new Promise<number | null>((r) => p.once('exit', (c) => r(c)));
+    try {
+      const at = (await eventually('ready', async () => /\(main\) slabserve: ready at (http:\/\/\S+)/.exec(err), (m) => m !== null, 60_000, () => err.slice(-1500)))![1]!;
+      const res = await fetch(at + '/embed', { method: 'POST', headers: { 'content-type': 'application/json', 'x-request-id': 'pretty-1' }, body: JSON.stringify({ inputs: 'hi' }) });
+      expect(res.status).toBe(200);
+      await eventually('its access line', async () => out, (o) => o.includes('pretty-1'));
+      p.kill('SIGTERM');
+      expect(await code).toBe(0);
+    } finally {
+      if (p.exitCode === null) p.kill('SIGKILL');
+    }
+    const lines = (text: string) => text.split('\n').filter((l) => l !== '');
+    for (const l of [...lines(err), ...lines(out)]) expect(l, l).toMatch(READABLE);
+    expect(err + out).not.toMatch(ANSI);
+    expect(lines(out).find((l) => l.includes('pretty-1'))).toMatch(/INFO: \(gateway-0\) request \{.*"status":200/);
+    expect(lines(err).at(-1)).toMatch(/\(main\) slabserve: stopped/);
+  });
+
+  it('auto (the default): readable, coloured lines on a terminal; json there when asked', async () => {
+    const auto = (await serveOnTerminal({}, /slabserve: ready at/)).split(/\r?\n/).filter((l) => l !== '');
+    expect(auto.join('\n')).toMatch(ANSI);
+    for (const l of auto) expect(l.replace(ANSI, ''), l).toMatch(READABLE);
+    const json = (await serveOnTerminal({ SLABSERVE_LOG_FORMAT: 'json' }, /slabserve: ready at/)).split(/\r?\n/).filter((l) => l !== '');
+    for (const l of json) expect(JSON.parse(l), l).toMatchObject({ level: expect.any(String), msg: expect.any(String), thread: expect.any(String) });
+  });
+
+  it('an unknown format is refused', () => {
+    const r = spawnSync(process.execPath, [CLI, 'serve', '--port', '0', '--device', 'cpu', '--log-format', 'loud'], { env: env({}), encoding: 'utf8', timeout: 30_000 });
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/Allowed choices are auto, json, pretty/);
   });
 });

@@ -36,7 +36,7 @@ import { currentThreadId, nameThread } from '../shared/threads.js';
 import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
 import { Infer, type BatchTokenizer, type ServedModel } from '../core/infer.js';
 import { BusyLag } from './lag.js';
-import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogLevel } from './log.js';
+import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogFormat, type LogLevel } from './log.js';
 import { registerRoutes, type GatewayLimits } from './routes.js';
 import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize-pool.js';
@@ -87,8 +87,8 @@ export interface GatewayWorkerData {
   http: boolean;
   /** gRPC (--grpc-port): where this thread binds it (SO_REUSEPORT, as uWS binds HTTP's); absent: this thread serves none. */
   grpc?: GrpcListen;
-  /** Log level, the file descriptor access lines are written to (absent: they go to the main thread), and whether probes get access lines (--log-probes). */
-  log?: { level: LogLevel; accessFd?: number; probes?: boolean };
+  /** Log level, the file descriptor access lines are written to (absent: they go to the main thread) and how (--log-format), and whether probes get access lines (--log-probes). */
+  log?: { level: LogLevel; accessFd?: number; format?: LogFormat; probes?: boolean };
   /** Tracing on (--otlp-endpoint, OTEL_EXPORTER_OTLP_*): a span per request (request-trace.ts). */
   tracing?: TracingConfig;
   /** The uWebSockets.js build the main thread's start-up check chose (uws.ts). */
@@ -107,7 +107,7 @@ const thread = `gateway-${data.gatewayId}`;
 nameThread(thread); // what top -H shows
 const level = data.log?.level ?? 'info';
 const logger = createLogger(level, thread, { write: toMain.write });
-const accessOut = data.log?.accessFd !== undefined ? turnBatchedFd(data.log.accessFd) : null;
+const accessOut = data.log?.accessFd !== undefined ? turnBatchedFd(data.log.accessFd, data.log.format) : null;
 /** Writes every log line gathered so far (before closing, dying, or exiting). */
 const flushLogs = () => {
   accessOut?.flush();

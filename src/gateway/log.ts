@@ -19,7 +19,13 @@
  * access lines to stdout (each gateway thread straight to fd 1); with a `log`
  * hook and no file descriptor, both reach the hook. Request bodies, headers
  * and keys are never logged.
+ *
+ * A file descriptor's lines are JSON unless a person reads them: --log-format
+ * auto (the default) turns them into readable lines where the descriptor is a
+ * terminal, by pino's own printer (pino-pretty), loaded only then.
  */
+import { createRequire } from 'node:module';
+import { isatty } from 'node:tty';
 import pino, { type DestinationStream, type Logger } from 'pino';
 
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
@@ -29,9 +35,31 @@ export type LogOutput = { fd: number } | { stream: DestinationStream } | { write
 
 export type { DestinationStream, Logger };
 
-/** Synchronous writes to `fd` (pino's SonicBoom: a full pipe is waited out, never an error). */
-export function logDestination(fd: number): DestinationStream {
-  return pino.destination({ dest: fd, sync: true });
+export const LOG_FORMATS = ['auto', 'json', 'pretty'] as const;
+/** How lines to a file descriptor are written: JSON, readable (pretty), or readable where it is a terminal (auto). */
+export type LogFormat = (typeof LOG_FORMATS)[number];
+
+/** Whether lines to `fd` are written readable under `format`. */
+export function readableOn(format: LogFormat, fd: number): boolean {
+  return format === 'pretty' || (format === 'auto' && isatty(fd));
+}
+
+/** A JSON log line as a readable one ("[13:24:01.092] INFO: (main) slabserve: ready at ..."), coloured where `colors`; other text as it is. */
+export function readableLine(colors: boolean): (line: string) => string {
+  const { prettyFactory } = createRequire(import.meta.url)('pino-pretty') as typeof import('pino-pretty');
+  const pretty = prettyFactory({ colorize: colors, translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname,thread', messageFormat: '({thread}) {msg}', singleLine: true });
+  return (line) => pretty(line);
+}
+
+/**
+ * Synchronous writes to `fd` (pino's SonicBoom: a full pipe is waited out, never an error), each
+ * line readable where `format` says so.
+ */
+export function logDestination(fd: number, format: LogFormat = 'json'): DestinationStream {
+  const dest = pino.destination({ dest: fd, sync: true });
+  if (!readableOn(format, fd)) return dest;
+  const readable = readableLine(isatty(fd));
+  return { write: (line: string) => dest.write(readable(line)) };
 }
 
 /** A JSON logger at `level` over `out`; `thread` names the thread on every line. */
@@ -63,12 +91,14 @@ const PIPE_BUF = 4096;
  * write(2) carries many lines. flush() writes what is gathered at once
  * (before the thread closes or dies); nothing waits longer than one turn.
  */
-export function turnBatchedFd(fd: number): { stream: DestinationStream; flush: () => void } {
+export function turnBatchedFd(fd: number, format: LogFormat = 'json'): { stream: DestinationStream; flush: () => void } {
   const dest = logDestination(fd);
+  const readable = readableOn(format, fd) ? readableLine(isatty(fd)) : null;
   const batched = batchedLines((out) => {
     let chunk = '';
     let bytes = 0;
-    for (const line of out) {
+    for (const json of out) {
+      const line = readable ? readable(json) : json;
       const n = Buffer.byteLength(line);
       if (bytes > 0 && bytes + n > PIPE_BUF) {
         dest.write(chunk);
