@@ -155,7 +155,8 @@ export class GatewaySupervisor {
 
   /** Starts gateway `gatewayId` on `port`; resolves with the port it listens on. */
   private startOne(gatewayId: number, port: number): Promise<number> {
-    const data: GatewayWorkerData = { ...this.opts.data, ...this.roleOf(gatewayId), models: this.opts.models.serving(), gatewayId, owner: 1 + gatewayId, port };
+    const info = this.opts.info(); // known once the server is ready: a replacement starts ready
+    const data: GatewayWorkerData = { ...this.opts.data, ...this.roleOf(gatewayId), models: this.opts.models.serving(), gatewayId, owner: 1 + gatewayId, port, ...(info !== undefined ? { info } : {}) };
     const entry = new URL('./gateway/gateway-worker.js', import.meta.url);
     const name = `slabserve-gateway-${gatewayId}`;
     const worker = this.opts.testHooks ? new Worker(gatewayTestEntry(entry), { eval: true, workerData: data, name }) : new Worker(entry, { workerData: data, name });

@@ -93,6 +93,8 @@ export interface GatewayWorkerData {
   tracing?: TracingConfig;
   /** The uWebSockets.js build the main thread's start-up check chose (uws.ts). */
   uws: UwsChoice;
+  /** The /info document where the server is ready already (a replacement thread): it is ready as soon as it listens. */
+  info?: unknown;
 }
 
 export type GatewayMessage = { type: 'listening'; port: number; grpcPort?: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
@@ -130,6 +132,7 @@ async function main(): Promise<void> {
 
   const lag = new BusyLag();
   const info = new ServerInfo(infer);
+  if (data.info !== undefined) info.set(data.info);
   // Ready once the main thread has told this thread the /info document too: a client that saw
   // /readyz 200 and asks /info next gets the server's, not "starting".
   const ready = () =>
