@@ -113,7 +113,7 @@ export interface ReconnectOptions {
 }
 
 export interface SlabClientOptions {
-  /** WebSocket constructor. Default: globalThis.WebSocket, else the `ws` package (Node 20). */
+  /** WebSocket constructor. Default: in Node the `ws` package (else globalThis.WebSocket); elsewhere globalThis.WebSocket. */
   WebSocket?: WebSocketConstructor;
   /** Subprotocols for the WebSocket constructor. */
   protocols?: string | string[];
@@ -130,7 +130,7 @@ export interface SlabClientOptions {
    * - 'protocol': the subprotocol `bearer.<base64url(key)>`, offered with `slabserve`
    *   (the server answers `slabserve`, never the key), for browsers.
    * Default: 'header' when the constructor is the `ws` package (in Node the client
-   * loads `ws` for a key even where a global WebSocket exists), else 'protocol'.
+   * loads `ws` even where a global WebSocket exists), else 'protocol'.
    */
   apiKeyTransport?: 'header' | 'protocol';
   /** Requests in flight asked for in `hello`; the server may grant fewer. Default 256. */
@@ -608,10 +608,10 @@ export class SlabClient implements SlabApi {
   private async constructorOf(): Promise<WebSocketConstructor> {
     if (this.wsCtor) return this.wsCtor;
     const global = (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
-    // A key goes as a header where it can: in Node, through the `ws` package (which takes headers)
-    // rather than a global WebSocket (Node 22's takes none).
-    const wantsHeader = this.opts.apiKey !== undefined && this.opts.apiKeyTransport !== 'protocol' && isNode();
-    if (global && !wantsHeader) return (this.wsCtor = global);
+    // In Node, the `ws` package wherever it is installed, rather than a global WebSocket (Node 22 on):
+    // it takes headers (an API key goes as one) and tells a refused upgrade's status (a 401 is then
+    // SlabUnauthorizedError, not retried), where the global one does neither.
+    if (global && !isNode()) return (this.wsCtor = global);
     let ctor: WebSocketConstructor | undefined;
     try {
       const name = 'ws'; // not a literal: bundlers for browsers must not try to resolve it
