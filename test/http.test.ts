@@ -21,6 +21,8 @@ import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, t
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 const TOLERANCE = 1e-5;
+/** A client that stops sending a body it declared is closed by uWS's timeout: about 10 s (20.30) or 30 s (20.57). A bound on a hang. */
+const UWS_BODY_TIMEOUT_MS = 45_000;
 /** Rows of different texts differ by far more than this: what makes the comparison able to catch a wrong row. */
 const DISTINCT = 1e-3;
 const DIM = 128;
@@ -676,7 +678,7 @@ describe('bad input, limits and overload (small limits)', () => {
       expect(r.status).toBe(413);
       expect(r.headers['content-type']).toBe('application/json');
       expect(JSON.parse(r.body)).toMatchObject({ type: 'payload_too_large', code: 'SLABSERVE_PAYLOAD_TOO_LARGE' });
-      await c.serverClose();
+      await c.serverClose(UWS_BODY_TIMEOUT_MS);
     } finally {
       c.destroy();
     }
@@ -692,7 +694,7 @@ describe('bad input, limits and overload (small limits)', () => {
       const r = await c.response();
       expect(r.status).toBe(413);
       expect(JSON.parse(r.body)).toMatchObject({ type: 'payload_too_large', code: 'SLABSERVE_PAYLOAD_TOO_LARGE' });
-      await c.serverClose();
+      await c.serverClose(UWS_BODY_TIMEOUT_MS);
     } finally {
       c.destroy();
     }

@@ -18,7 +18,7 @@
  * connection holds at most one request at a time (uWS closes a connection that
  * sends a request before the previous one is answered), so "HTTP connections
  * with a request in progress" is exact; idle keep-alive connections cost a few
- * hundred bytes each and uWS closes them after 10 s.
+ * hundred bytes each and uWS closes them after its idle timeout (10 or 30 s).
  */
 import type { GatewayMetrics } from '../shared/metrics.js';
 import { HttpError } from '../shared/errors.js';

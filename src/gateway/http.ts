@@ -280,7 +280,7 @@ export class RequestContext {
    * reads the answer and then closes: closing at once (uWS's end(body, true))
    * resets a connection with unread bytes, and a client still writing sees
    * EPIPE or ECONNRESET instead of the answer. uWS reads and drops the rest of
-   * the declared body, and its idle timeout (10 s) closes a client that stops
+   * the declared body, and its idle timeout (10 s, or 30 s on uWS 20.57) closes a client that stops
    * sending without closing. (uWS cannot close a connection whose response
    * has ended, and one left unended cannot be closed without cutting the
    * answer short: so the bound is the body's own length and that timeout.)
