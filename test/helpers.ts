@@ -9,6 +9,7 @@ import { pack, unpack } from 'msgpackr';
 import * as ort from 'onnxruntime-node';
 import { expect } from 'vitest';
 import WebSocket from 'ws';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { chooseUwsHere } from '../dist/src/gateway/uws.js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/server.js';
@@ -125,6 +126,12 @@ export class Reference {
   async close(): Promise<void> {
     await this.plain.close();
   }
+}
+
+/** A model's Reference, its served tokenizer and its vocabulary's words: what a test comparing rows with the reference opens first. */
+export async function openReference(name: string): Promise<{ ref: Reference; tok: TextTokenizer; words: string[] }> {
+  const ref = await Reference.open(name);
+  return { ref, tok: await loadTokenizer(ref.spec.tokenizerPath), words: vocabularyWords(ref.spec) };
 }
 
 export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {

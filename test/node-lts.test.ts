@@ -16,12 +16,12 @@ import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
+import type { TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { glibcNeeded } from '../dist/src/gateway/uws.js';
 import { CLI, getStatus, portOutsideEphemeral } from './cli-process.js';
 import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';
 import { DEBIAN_GLIBC, NODE_RELEASES, officialNode, onDebianGlibc } from './fixtures/node-runtimes.js';
-import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, vocabularyWords, wsRequest } from './helpers.js';
+import { eventually, makeRandom, maxAbsDiff, openReference, randomTexts, type Reference, wsRequest } from './helpers.js';
 
 const TEI_PROTO = fileURLToPath(new URL('../proto/tei.proto', import.meta.url));
 const NEWER_UWS = '@btc-vision/uwebsockets.js';
@@ -32,9 +32,7 @@ let tok: TextTokenizer;
 let words: string[];
 
 beforeAll(async () => {
-  ref = await Reference.open('tiny-embed');
-  tok = await loadTokenizer(ref.spec.tokenizerPath);
-  words = vocabularyWords(ref.spec);
+  ({ ref, tok, words } = await openReference('tiny-embed'));
 });
 afterAll(() => ref?.close());
 
