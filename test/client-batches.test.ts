@@ -149,14 +149,19 @@ describe(`a client batch of ${BIG} inputs on a model with ${SLOTS} slots`, () =>
     const POISON = 999; // in the vocabulary, outside the ids randomTokenSequences draws
     const rand = makeRandom('client-batches: poisoned');
     const seqs = randomTokenSequences(rand, BIG, 6, 24).map((x) => Array.from(x.ids));
-    // Anywhere but in the last parts: whole parts follow those that may still run once it has failed (below).
+    // Anywhere but in the last parts: whole parts follow the ones that may still run once it has failed (below).
     const at = Math.floor(rand() * (BIG - (PARTS_IN_FLIGHT + 2) * PART));
     const part = Math.floor(at / PART);
     seqs[at]!.splice(2, 0, POISON);
-    const before = await metrics();
+    const rowsRun = async () => (await metrics()).sum('slabserve_batch_size_sum'); // rows of runs that succeeded, each input once
+    const splitRuns = async () => (await metrics()).sum('slabserve_batch_split_runs_total');
+    const before = await rowsRun();
+    const splitBefore = await splitRuns();
+    let atAnswer: number;
     await server.testHooks!.poisonToken(POISON);
     try {
       const r = await fetch(`${server.url}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: seqs }) });
+      atAnswer = await rowsRun();
       const body = (await r.json()) as { code: string };
       // 422 when it shared its batch (split until it stood alone), 500 when it ran alone (supervision.test.ts)
       expect(`${r.status} ${body.code}`).toMatch(/^(422 SLABSERVE_INPUT_FAILED|500 SLABSERVE_INFERENCE_FAILED)$/);
@@ -164,14 +169,20 @@ describe(`a client batch of ${BIG} inputs on a model with ${SLOTS} slots`, () =>
       await server.testHooks!.poisonToken(-1);
     }
     await eventually('every slot back', metrics, (m) => m.sum('slabserve_slots_in_use', { model: 'tiny-embed' }) === 0, 20_000, (m) => m.sum('slabserve_slots_in_use'));
-    const ran = (await metrics()).sum('slabserve_batch_size_sum') - before.sum('slabserve_batch_size_sum');
-    // Rows run (slabserve_batch_size_sum counts those of runs that succeeded, split halves included, each input once):
-    // at most the parts up to its own, less the input itself, and the PARTS_IN_FLIGHT parts after it: the one in
-    // flight beside its own, and the next one that lane took up if it ended first, which may start before the
-    // cancel reaches it. No part after those.
-    const bound = (part + 1 + PARTS_IN_FLIGHT) * PART - 1;
-    console.log(`the batch with a poisoned input at ${at} (part ${part} of ${PART} inputs) ran ${ran} rows of its ${BIG} inputs; at most ${bound} may run`);
+    const ran = (await rowsRun()) - before;
+    const ranAfter = (await rowsRun()) - atAnswer!;
+    const splits = (await splitRuns()) - splitBefore;
+    // Rows run: at most the parts up to its own, less the input itself, and the PARTS_IN_FLIGHT parts after it:
+    // the one in flight beside its own, and the next one that lane took up if it ended first, which may start
+    // before the cancel reaches it. And while the failed batch is split and its halves run again one at a time
+    // (the request fails only after the last), a half that succeeds answers its rows at once: the other lane's
+    // part, finished so, makes room for its next, which the other model instance may run meanwhile: one part more
+    // per split run at most. No part after those; and once the request has failed (its answer), at most the parts
+    // then in flight run.
+    const bound = (part + 1 + PARTS_IN_FLIGHT + splits) * PART - 1;
+    console.log(`the batch with a poisoned input at ${at} (part ${part} of ${PART} inputs) ran ${ran} rows of its ${BIG} inputs (${splits} split runs), ${ranAfter} after the answer; at most ${bound} may run`);
     expect(ran).toBeLessThanOrEqual(bound);
+    expect(ranAfter).toBeLessThanOrEqual(PARTS_IN_FLIGHT * PART);
   });
 });
 
