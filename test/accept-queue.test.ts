@@ -10,7 +10,8 @@
 import net from 'node:net';
 import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { HARDWARE } from './fixtures/skips.js';
 import { quietListenSockets } from '../dist/src/accept-queue.js';
 import { linuxSockets, type KernelSockets } from '../dist/src/kernel-sockets.js';
 import { eventually } from './helpers.js';
@@ -158,7 +159,11 @@ afterEach(async () => {
   listener = null;
 });
 
-describe.skipIf(process.platform !== 'linux')('the kernel calls, on a real listen socket', () => {
+describe('the kernel calls, on a real listen socket', () => {
+  beforeEach((ctx) => {
+    if (process.platform !== 'linux') ctx.skip(`${HARDWARE} Linux (the drain's kernel calls are Linux's)`);
+  });
+
   it('binds on Linux, finds the listen socket by port, and reads its accept queue', async () => {
     if (kernel instanceof Error) throw kernel;
     listener = await startListener();

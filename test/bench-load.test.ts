@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { arrivalTimes, histogramOfQuantiles, runLoad, type LoadTarget } from '../dist/bench/load.js';
-import { wrkInstalled } from '../dist/bench/wrk.js';
+import { toolOnPath } from './fixtures/system-tools.js';
 import { makeWorkload, summarizeWorkload } from '../dist/bench/workloads.js';
 import type { Histogram } from 'hdr-histogram-js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
@@ -240,7 +240,9 @@ describe('the load generator against a stand-in server', () => {
   });
 });
 
-describe.skipIf(!wrkInstalled())('wrk as the HTTP closed loop (apt-get install wrk; .ci/run installs it)', () => {
+describe('wrk as the HTTP closed loop', () => {
+  beforeAll(() => toolOnPath('wrk'), 120_000);
+
   const { standIn, target } = listeningStandIn();
 
   it('sends the workload\'s bodies in turn, counts the answers of the measured run and their latencies, and says it ran', async () => {

@@ -8,16 +8,16 @@
  * either it is answered and closed at once (README, docs/security.md).
  * Clients that keep their connection are answered at once (test/linger.test.ts).
  */
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type Server } from '../dist/src/server.js';
 import { chunk, parseMetrics, RawConnection, requestHead } from './fixtures/http-client.js';
+import { toolOnPath } from './fixtures/system-tools.js';
 import { eventually, testServerConfig } from './helpers.js';
 
 const MIB = 2 ** 20;
 const KEY = 'discard-test-key';
 const LIMITS = { maxBodyBytes: 1 * MIB, maxDiscardBytes: 8 * MIB, discardTimeoutMs: 400 };
-const python = spawnSync('python3', ['--version'], { stdio: 'ignore' }).status === 0;
 let server: Server;
 
 beforeAll(async () => {
@@ -83,7 +83,9 @@ const closingHead = (headers: Record<string, string | number>) =>
   requestHead('POST', '/embed', { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, connection: 'close', ...headers });
 
 describe('a refusal with a body still arriving, to a client that asked Connection: close', () => {
-  it.skipIf(!python)("Python's urllib with a 5 MB body reads our 413, 401 and 404, not BrokenPipeError", async () => {
+  beforeAll(() => toolOnPath('python3'), 120_000);
+
+  it("Python's urllib with a 5 MB body reads our 413, 401 and 404, not BrokenPipeError", async () => {
     const seen = await runPython(URLLIB([['/embed', 5_000_000, true], ['/embed', 5_000_000, false], ['/no-such-route', 5_000_000, true]]));
     expect(seen).toEqual([
       { status: 413, body: { error: expect.stringMatching(/request body of 5000000 bytes exceeds the limit of 1048576 \(--max-body-bytes\)/), type: 'payload_too_large', code: 'SLABSERVE_PAYLOAD_TOO_LARGE' } },
@@ -92,7 +94,7 @@ describe('a refusal with a body still arriving, to a client that asked Connectio
     ]);
   });
 
-  it.skipIf(!python)('Python: a body over --max-discard-bytes is answered and closed at once: a connection error, as the docs say', async () => {
+  it('Python: a body over --max-discard-bytes is answered and closed at once: a connection error, as the docs say', async () => {
     const [seen] = await runPython(URLLIB([['/embed', 64 * MIB, true]]));
     expect(['BrokenPipeError', 'ConnectionResetError']).toContain(seen!.error);
   });

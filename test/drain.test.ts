@@ -13,10 +13,11 @@
  * load, a keep-alive connection left idle asks once the server has said it is
  * draining: the 503 and its Connection: close are asserted on it.
  */
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import http from 'node:http';
 import { fileURLToPath } from 'node:url';
-import { describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { toolOnPath } from './fixtures/system-tools.js';
 import { serveCli } from './cli-process.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { eventually, sleep } from './helpers.js';
@@ -96,7 +97,6 @@ function keepAliveLoad(port: number): RunningLoad {
 }
 
 const LOAD_SCRIPT = fileURLToPath(new URL('./fixtures/no-keepalive-load.py', import.meta.url));
-const python = spawnSync('python3', ['--version'], { stdio: 'ignore' }).status === 0;
 
 /** test/fixtures/no-keepalive-load.py: urllib clients, one connection per request, until `stop()`; warm once one has had a 200. */
 async function connectionPerRequestLoad(port: number): Promise<RunningLoad> {
@@ -225,7 +225,9 @@ describe('SIGTERM under keep-alive load', () => {
   }, 120_000);
 });
 
-describe.skipIf(!python)('SIGTERM under load from clients that open a connection per request', () => {
+describe('SIGTERM under load from clients that open a connection per request', () => {
+  beforeAll(() => toolOnPath('python3'), 120_000);
+
   for (const [where, args] of [
     ['one process', ['--gateway-threads', '2']],
     ['a cluster of two processes', ['--processes', '2', '--gateway-threads', '1']],

@@ -13,6 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
+import { HARDWARE } from './fixtures/skips.js';
 import { checkDevice, cudaMissing, missingGpu, systemProbes, type CudaProbes } from '../dist/src/gpu-worker/device.js';
 import { pickFreePort } from '../dist/src/server.js';
 import { portOutsideEphemeral, serveCli } from './cli-process.js';
@@ -66,7 +67,8 @@ describe('start-up checks, before the inference thread starts', () => {
     expectRefusedAtOnce(serve(['--port', '0', '--model', join(empty, 'bge-small')]), /model folder .*bge-small does not exist/);
   });
 
-  it.skipIf(gpuVisible)('--device cuda on this machine without a GPU: says so, and no onnxruntime dump', () => {
+  it('--device cuda on this machine without a GPU: says so, and no onnxruntime dump', (ctx) => {
+    if (gpuVisible) ctx.skip(`${HARDWARE} no GPU (one is visible here)`);
     const r = serve(['--port', '0', '--device', 'cuda:0']);
     expectRefusedAtOnce(r, /device cuda requested but no GPU is visible \(no \/dev\/nvidia0.*nvidia-smi.*\): .*--device cpu or auto/);
     expect(r.stderr).not.toMatch(/onnxruntime|SLABSERVE_START_FAILED/);
@@ -163,7 +165,8 @@ describe('the CUDA pre-flight: a GPU, then the CUDA libraries, then the provider
     expect(() => checkDevice('cuda:1', ready)).toThrow(/cuda:1 requested but this machine has 1 GPU \(nvidia-smi\)/);
   });
 
-  it.skipIf(gpuVisible)('--device auto on this machine: one quiet line naming the reason, no onnxruntime error, served on the CPU', async () => {
+  it('--device auto on this machine: one quiet line naming the reason, no onnxruntime error, served on the CPU', async (ctx) => {
+    if (gpuVisible) ctx.skip(`${HARDWARE} no GPU (one is visible here)`);
     const server = await serveCli(['--device', 'auto']);
     server.kill('SIGTERM');
     await server.exited;
@@ -175,8 +178,9 @@ describe('the CUDA pre-flight: a GPU, then the CUDA libraries, then the provider
   });
 });
 
-describe.skipIf(gpuVisible)('npm run cuda:install on this machine without a GPU', () => {
-  it('says what is missing and refuses before fetching anything, unless --force', () => {
+describe('npm run cuda:install on this machine without a GPU', () => {
+  it('says what is missing and refuses before fetching anything, unless --force', (ctx) => {
+    if (gpuVisible) ctx.skip(`${HARDWARE} no GPU (one is visible here)`);
     const script = fileURLToPath(new URL('../scripts/install-cuda-provider.mjs', import.meta.url));
     // --from a file that is not there: were the refusal to fail, this fails fast instead of downloading 180 MB
     const r = spawnSync(process.execPath, [script, '--from', join(empty, 'provider.tgz')], { encoding: 'utf8', timeout: 30_000 });

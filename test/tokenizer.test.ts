@@ -348,16 +348,20 @@ describe('loadTokenizer shares one instance per tokenizer', () => {
   });
 });
 
-// Cross-check against the Rust library when it is installed (a devDependency).
+// Cross-check against Hugging Face's Rust library (the tokenizers package, a devDependency).
 type RustModule = typeof import('tokenizers');
 let rust: RustModule | undefined;
+let rustError: unknown;
 try {
   rust = await import('tokenizers');
-} catch {
-  rust = undefined;
+} catch (err) {
+  rustError = err;
 }
 
-describe.skipIf(!rust)('matches the Rust tokenizers library', () => {
+describe('matches the Rust tokenizers library', () => {
+  beforeAll(() => {
+    if (!rust) throw new Error(`the tokenizers package (Hugging Face's Rust library, a devDependency) does not load here: ${(rustError as Error).message}; run npm ci`);
+  });
   it('gives identical ids, type ids and truncation on random texts and pairs', async () => {
     const json = JSON.stringify(buildBertTokenizerJson());
     const plain = rust!.Tokenizer.fromString(json);

@@ -7,7 +7,7 @@
  * and the characters it must hand back (controls, non-ASCII).
  */
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
-import { describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { Infer, INLINE_TOKENIZE_CHARS, type ServedModel } from '../src/core/infer.js';
 import { createTokenizer, type EncodeOptions } from '../src/core/tokenizer.js';
 import { CONTINUATION_SEED, hashStep, INITIAL_SEED, PieceTable } from '../src/core/piece-table.js';
@@ -113,15 +113,19 @@ describe('AsciiWordPiece', () => {
   });
 });
 
-// The tokenizer as served (fast path and template) against the Rust library, when installed (a devDependency).
+// The tokenizer as served (fast path and template) against Hugging Face's Rust library (a devDependency).
 let rust: typeof import('tokenizers') | undefined;
+let rustError: unknown;
 try {
   rust = await import('tokenizers');
-} catch {
-  rust = undefined;
+} catch (err) {
+  rustError = err;
 }
 
-describe.skipIf(!rust)('the served tokenizer on ASCII texts matches the Rust tokenizers library', () => {
+describe('the served tokenizer on ASCII texts matches the Rust tokenizers library', () => {
+  beforeAll(() => {
+    if (!rust) throw new Error(`the tokenizers package (Hugging Face's Rust library, a devDependency) does not load here: ${(rustError as Error).message}; run npm ci`);
+  });
   for (const [name, json] of Object.entries(VARIANTS)) {
     it(`same ids with special tokens (${name})`, async () => {
       const r = makeRandom(`wordpiece-ascii rust ${name}`);
