@@ -125,6 +125,9 @@ describe('the inference hold', () => {
     );
     await eventually('waiting', async () => held.testHooks!.inputsWaiting(MODEL), (n) => n === 1);
     await held.close();
-    expect([503, 'connection closed']).toContain(await answer);
+    // Answered, not dropped: run once the hold is let go (200), or refused by the drain's end (503).
+    const got = await answer;
+    console.log(`the request held at close: ${got}`);
+    expect([200, 503]).toContain(got);
   });
 });

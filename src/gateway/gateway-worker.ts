@@ -29,7 +29,7 @@ import { ControlBlock, WorkerState } from '../shared/control.js';
 import { traceDropMetric, gatewayMetrics, type GatewayMetrics } from '../shared/metrics.js';
 import { ResultCache, type CacheLayout } from '../shared/result-cache.js';
 import { RpcPeer } from '../shared/rpc.js';
-import { DeadlineExceededError, SlabserveError } from '../shared/errors.js';
+import { DeadlineExceededError, NotReadyError, SlabserveError } from '../shared/errors.js';
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../shared/submitter.js';
 import { currentThreadId, nameThread } from '../shared/threads.js';
@@ -164,8 +164,13 @@ async function main(): Promise<void> {
     // The drain's first step: new connections are refused (not accepted, then reset); the open ones
     // are served, every answer closing its connection (Gate.closesConnection), until close().
     stopListening: () => listeners.stopListening(),
-    // Called once requests in flight have finished (or the drain timed out).
+    // Called once requests in flight have finished, or the drain's time ran out: those still in flight
+    // are answered 503 then, before their sockets close (an answer, never a dropped connection).
     close: async () => {
+      if (submitter.pendingCount > 0) {
+        submitter.close(new NotReadyError(`draining: the request did not finish within the drain's time (--drain-timeout-ms)`));
+        await new Promise((r) => setImmediate(r)); // the handlers write their answers first
+      }
       await listeners.close();
       await pool.close();
       await threadTracing?.shutdown().catch(() => {}); // the last spans, waiting at most its grace
