@@ -60,6 +60,8 @@ export interface GatewaySupervisorOptions {
   info: () => unknown;
   /** Gateways start under the test-hook entry (SLABSERVE_TEST_HOOKS=1). */
   testHooks: boolean;
+  /** Test hook: gateway `gatewayId` starts only once `until` resolves (SLABSERVE_TEST_HOLD_GATEWAY). */
+  holdStart?: { gatewayId: number; until: Promise<void> };
   /** A gateway died while serving and is being replaced. */
   onRestart: (reason: 'crash' | 'exit') => void;
 }
@@ -88,7 +90,10 @@ export class GatewaySupervisor {
   async start(count: number, port: number): Promise<number> {
     try {
       this.port = await this.startOne(0, port);
-      for (let g = 1; g < count; g++) await this.startOne(g, this.port);
+      for (let g = 1; g < count; g++) {
+        if (this.opts.holdStart?.gatewayId === g) await this.opts.holdStart.until;
+        await this.startOne(g, this.port);
+      }
       return this.port;
     } catch (err) {
       await this.closeSockets();

@@ -140,6 +140,8 @@ export const TEST_HOOKS_ENV = 'SLABSERVE_TEST_HOOKS';
  * ready for as long as it needs, however fast warm-up is.
  */
 export const TEST_HOLD_START_ENV = 'SLABSERVE_TEST_HOLD_START';
+/** With the test hooks on: the gateway of this index starts only once the server's stop signal fires (tests of a stop mid-start). */
+export const TEST_HOLD_GATEWAY_ENV = 'SLABSERVE_TEST_HOLD_GATEWAY';
 
 /**
  * What a test may do to the inference loop through a server or an engine (SLABSERVE_TEST_HOOKS=1):

@@ -39,7 +39,7 @@ import { checkNativeBinaries } from './native-binaries.js';
 import type { BatchingOptions } from './gpu-worker/scheduler.js';
 import type { InferenceFault } from './gpu-worker/worker.js';
 import { GatewaySupervisor } from './gateway-host.js';
-import { InferenceSupervisor, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
+import { InferenceSupervisor, TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type InferenceHoldHooks } from './inference-host.js';
 import { ModelRepository, type ModelControlMode, type RepositoryAnswer, type RepositoryOp } from './model-repository.js';
 import { ModelSet } from './model-set.js';
 import { ModelBudget } from './model-budget.js';
@@ -246,7 +246,7 @@ export interface ServerTestHooks extends InferenceHoldHooks {
   gatewayFault(gatewayId: number): void;
 }
 
-export { TEST_HOLD_START_ENV, TEST_HOOKS_ENV };
+export { TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV };
 
 type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 
@@ -383,6 +383,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
     repository: config.repository ?? ((op) => repository.handle(op as RepositoryOp)),
     info,
     testHooks,
+    ...(testHooks && process.env[TEST_HOLD_GATEWAY_ENV] ? { holdStart: { gatewayId: Number(process.env[TEST_HOLD_GATEWAY_ENV]), until: aborted(config.signal) } } : {}),
     onRestart: (reason) => supervision.gatewayRestarts.inc({ reason }),
   });
   let closing: Promise<void> | null = null;
@@ -643,6 +644,14 @@ function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: 
 
 /** How often models idle past --model-idle-unload-s are looked for. */
 const IDLE_CHECK_MS = 1000;
+
+/** Resolves once `signal` aborts (never without one). */
+function aborted(signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) resolve();
+    else signal?.addEventListener('abort', () => resolve(), { once: true });
+  });
+}
 
 /** The repository's flags that need --model-control-mode explicit (they change the model set), checked before any thread starts. */
 function checkRepositoryFlags(config: ServerConfig): void {

@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { pack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { pickFreePort, SERVER_DEFAULTS, startServer, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type Server } from '../dist/src/server.js';
+import { pickFreePort, SERVER_DEFAULTS, startServer, TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type Server } from '../dist/src/server.js';
 import { VERSION } from '../dist/src/version.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
@@ -964,15 +964,14 @@ describe('the stop signal (SIGTERM in the CLI): the drain begins the moment it i
     const port = await freePort();
     process.env[TEST_HOOKS_ENV] = '1';
     process.env[TEST_HOLD_START_ENV] = '1';
+    process.env[TEST_HOLD_GATEWAY_ENV] = '1'; // the second gateway starts only once the stop signal fires
     let returned = false;
     const starting = startServer(config({ port, gatewayThreads: 2, signal: stop.signal, log: (l: string) => lines.push(l) })).finally(() => (returned = true));
     let conn: RawConnection | null = null;
     try {
-      // The first gateway listens while the second is still starting (gateways start one after the other).
-      while (!conn && !returned) conn = await RawConnection.open(port).catch(() => sleep(2).then(() => null));
-      const inWindow = !returned;
-      console.log(`stop signal mid-start: the first gateway answered ${inWindow ? 'before' : 'after'} startServer returned`);
-      conn ??= await RawConnection.open(port);
+      // The first gateway listens while the second waits to start (gateways start one after the other).
+      while (!conn) conn = await RawConnection.open(port).catch(() => sleep(2).then(() => null));
+      expect(returned).toBe(false);
       stop.abort();
       await conn.write(requestHead('POST', '/embed', { 'content-type': 'application/json', 'content-length': 12 }) + '{"inputs":1}');
       const after = await conn.response();
@@ -986,6 +985,7 @@ describe('the stop signal (SIGTERM in the CLI): the drain begins the moment it i
     } finally {
       delete process.env[TEST_HOOKS_ENV];
       delete process.env[TEST_HOLD_START_ENV];
+      delete process.env[TEST_HOLD_GATEWAY_ENV];
       conn?.destroy();
       await starting.then((s) => s.close(), () => {});
     }
