@@ -23,6 +23,7 @@ import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import ts from 'typescript';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { toolOnPath } from './fixtures/system-tools.js';
 import { parse as parseYaml } from 'yaml';
 import { startServer } from '../dist/src/server.js';
 import { testServerConfig } from './helpers.js';
@@ -219,6 +220,7 @@ describe('code blocks run as written, against a real server', () => {
   const sourceOf = (block: Block, ext: string) => join(dir, `${block.file.replace(/[/.]/g, '_')}-L${block.line}.${ext}`);
 
   beforeAll(async () => {
+    toolOnPath('curl'); // the README's examples are curl commands
     server = await startServer(testServerConfig({ models: undefined })); // every model in models/, as `npm start` serves
     await server.ready;
     address = new URL(server.url).host;
