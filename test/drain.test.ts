@@ -11,7 +11,10 @@
  * accept queue, where closing it would reset them (src/accept-queue.ts).
  * Repeated, in one process and in a cluster of two. In one process, beside the
  * load, a keep-alive connection left idle asks once the server has said it is
- * draining: the 503 and its Connection: close are asserted on it.
+ * draining: the 503 and its Connection: close are asserted on it. And in
+ * process, with the inference loop held: every request admitted before the
+ * stop signal is answered 200 with its reference row once the loop runs
+ * again, while one sent after it on an idle connection is refused 503.
  */
 import { spawn } from 'node:child_process';
 import http from 'node:http';
@@ -19,8 +22,9 @@ import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { toolOnPath } from './fixtures/system-tools.js';
 import { serveCli } from './cli-process.js';
-import { parseMetrics } from './fixtures/http-client.js';
-import { eventually, sleep } from './helpers.js';
+import { startServer, TEST_HOOKS_ENV } from '../dist/src/server.js';
+import { parseMetrics, RawConnection, requestHead } from './fixtures/http-client.js';
+import { eventually, makeRandom, maxAbsDiff, openReference, randomTexts, sleep, testServerConfig } from './helpers.js';
 
 const CLIENTS = 32;
 
@@ -246,4 +250,43 @@ describe('SIGTERM under load from clients that open a connection per request', (
       }
     }, 240_000);
   }
+});
+
+describe('the drain answers what it had admitted', () => {
+  it('requests queued when the stop signal comes are answered 200 with the reference rows; one sent after it is refused 503', async () => {
+    process.env[TEST_HOOKS_ENV] = '1';
+    const stop = new AbortController();
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'], signal: stop.signal }));
+    const { ref, tok, words } = await openReference('tiny-embed');
+    const idle = await RawConnection.open(server.port); // a keep-alive connection open before the signal
+    try {
+      await server.ready;
+      await idle.write(requestHead('GET', '/livez', {}));
+      expect((await idle.response()).status).toBe(200);
+      const texts = randomTexts(makeRandom('drain admitted'), words, 8, 20);
+      const hooks = server.testHooks!;
+      await hooks.holdInference();
+      const answers = texts.map((t) =>
+        fetch(`${server.url}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: t }) }).then(async (r) => ({ status: r.status, body: (await r.json()) as number[][] })),
+      );
+      await eventually('every request admitted and queued', async () => hooks.inputsWaiting('tiny-embed'), (n) => n === texts.length);
+      stop.abort(); // what SIGTERM does in the CLI (src/cli.ts): the drain begins, the listen sockets close
+      const body = JSON.stringify({ inputs: 'sent after the signal' });
+      const seen = idle.received; // the /livez answer before
+      await idle.write(requestHead('POST', '/embed', { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }) + body);
+      const late = await idle.response(15_000, seen);
+      expect({ status: late.status, connection: late.headers.connection }).toEqual({ status: 503, connection: 'close' });
+      hooks.releaseInference();
+      for (const [i, a] of (await Promise.all(answers)).entries()) {
+        expect(a.status, `admitted request ${i}`).toBe(200);
+        expect(maxAbsDiff(a.body[0]!, (await ref.rowOfText(tok, texts[i]!)).slice(0, ref.spec.dimension))).toBeLessThan(1e-5);
+      }
+      await server.close(); // the drain the signal began: resolves once it has ended
+    } finally {
+      delete process.env[TEST_HOOKS_ENV];
+      idle.destroy();
+      await ref.close();
+      await server.close();
+    }
+  });
 });

@@ -21,7 +21,7 @@ import { grpcCalls as connectCalls, type Call, type Reply } from './fixtures/grp
 import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
-import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 
 process.env.SLABSERVE_TEST_HOOKS = '1';
 
@@ -115,24 +115,24 @@ describe('gRPC: TEI and KServe services beside HTTP', () => {
     expect(worst).toBeLessThan(TOLERANCE);
   });
 
-  it('a Node client (@grpc/grpc-js, its stubs loaded from proto/ by @grpc/proto-loader): Embed and ModelInfer equal /embed by value; an error carries its code and SLABSERVE_ trailer', async () => {
+  it('a Node client (@grpc/grpc-js, its stubs loaded from proto/ by @grpc/proto-loader): Embed and ModelInfer equal the reference rows; an error carries its code and SLABSERVE_ trailer', async () => {
     const loaded = grpcJsPackages(PROTOS);
     const target = `127.0.0.1:${port}`;
     const embedder = new loaded.tei.v1.Embed(target, grpc.credentials.createInsecure());
     const kserve = new loaded.inference.GRPCInferenceService(target, grpc.credentials.createInsecure());
     try {
       const texts = randomTexts(makeRandom('grpc-js client'), words, 5, 10);
-      const [embedded, inferred, http] = await Promise.all([
+      const [embedded, inferred] = await Promise.all([
         Promise.all(texts.map((t) => unaryCall(embedder, 'Embed', { inputs: t }))),
         unaryCall(kserve, 'ModelInfer', { model_name: 'tiny-embed', inputs: [{ name: 'text', datatype: 'BYTES', shape: [texts.length], contents: { bytes_contents: texts.map((t) => Buffer.from(t)) } }] }),
-        fetch(server.url + '/embed', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: texts }) }).then(async (r) => (await r.json()) as number[][]),
       ]);
       const rows = inferred.outputs[0].contents.fp32_contents as number[];
       expect(inferred.outputs[0].shape).toEqual([String(texts.length), String(dim)]);
-      texts.forEach((_, i) => {
-        expect(maxAbsDiff(embedded[i].embeddings, http[i]!)).toBeLessThan(TOLERANCE);
-        expect(maxAbsDiff(rows.slice(i * dim, (i + 1) * dim), http[i]!)).toBeLessThan(TOLERANCE);
-      });
+      for (const [i, t] of texts.entries()) {
+        const want = (await ref.rowOfText(tok, t)).slice(0, dim);
+        expect(maxAbsDiff(embedded[i].embeddings, want)).toBeLessThan(TOLERANCE);
+        expect(maxAbsDiff(rows.slice(i * dim, (i + 1) * dim), want)).toBeLessThan(TOLERANCE);
+      }
       const metadata = new grpc.Metadata();
       metadata.set('x-model', 'no-such-model');
       const err = (await unaryCall(embedder, 'Embed', { inputs: 'hello' }, metadata).catch((e: unknown) => e)) as grpc.ServiceError;
@@ -600,10 +600,12 @@ describe('gRPC: the repository RPCs, a reranker, the other streams, overload', (
   });
   afterAll(async () => server?.close());
 
-  it('RepositoryModelLoad loads a model while serving; Rerank and RerankStream then answer as /rerank; RepositoryModelUnload takes it away', async () => {
-    const spec = await Reference.open('tiny-rerank');
-    const texts = randomTexts(makeRandom('grpc rerank'), vocabularyWords(spec.spec), 4, 8);
-    await spec.close();
+  it('RepositoryModelLoad loads a model while serving; Rerank and RerankStream then answer as the cross-encoder run alone; RepositoryModelUnload takes it away', async () => {
+    const rerankRef = await PlainReference.open('tiny-rerank');
+    const intentRef = await Reference.open('tiny-intent');
+    const rerankTok = await loadTokenizer(rerankRef.spec.tokenizerPath);
+    const intentTok = await loadTokenizer(intentRef.spec.tokenizerPath);
+    const texts = randomTexts(makeRandom('grpc rerank'), vocabularyWords(rerankRef.spec), 4, 8);
     const [loaded] = await grpcCalls(port, [{ method: '/inference.GRPCInferenceService/RepositoryModelLoad', request: { model_name: 'tiny-rerank' } }]);
     expect(loaded!.ok).toEqual({});
     const [index, ranked, streamed, stream2] = await grpcCalls(port, [
@@ -613,13 +615,29 @@ describe('gRPC: the repository RPCs, a reranker, the other streams, overload', (
       { method: '/tei.v1.Predict/PredictStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })) },
     ]);
     expect((index!.ok.models as { name: string }[]).map((m) => m.name).sort()).toEqual(['tiny-embed', 'tiny-intent', 'tiny-rerank']);
-    const http = (await (await fetch(server.url + '/rerank', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: texts[0], texts: texts.slice(1), return_text: true }) })).json()) as { index: number; score: number; text: string }[];
-    const shape = (ranks: { index?: number; score: number; text?: string }[]) => ranks.map((r) => ({ index: r.index ?? 0, text: r.text }));
-    expect(shape(ranked!.ok.ranks)).toEqual(shape(http));
-    expect(shape(streamed!.ok.ranks)).toEqual(shape(http));
-    ranked!.ok.ranks.forEach((r: { score: number }, i: number) => expect(Math.abs(r.score - http[i]!.score)).toBeLessThan(TOLERANCE));
+    // The reference: each (query, text) pair run alone through the unmodified graph, its logit's sigmoid.
+    const scores = await Promise.all(texts.slice(1).map(async (t) => {
+      const pair = rerankTok.encodePair!(texts[0]!, t, { maxLength: 512, truncate: false });
+      return (await rerankRef.rerank(pair.ids, pair.typeIds)).score;
+    }));
+    const best = scores.map((score, index) => ({ index, score })).sort((a, b) => b.score - a.score);
+    for (const [what, reply] of [['Rerank', ranked!], ['RerankStream', streamed!]] as const) {
+      const ranks = reply.ok.ranks as { index?: number; score: number; text?: string }[];
+      expect(ranks.map((r) => r.index ?? 0), what).toEqual(best.map((b) => b.index));
+      for (const r of ranks) {
+        expect(Math.abs(r.score - scores[r.index ?? 0]!), what).toBeLessThan(TOLERANCE);
+        expect(r.text, what).toBe(texts[1 + (r.index ?? 0)]);
+      }
+    }
     expect(ranked!.ok.metadata.compute_tokens).toBeGreaterThan(0);
+    // PredictStream: an answer per message, in order, each the classifier's softmax.
     expect(stream2!.ok).toHaveLength(texts.length);
+    for (const [i, t] of texts.entries()) {
+      const want = (await intentRef.rowOfText(intentTok, t)).slice(0, intentRef.spec.labels.length);
+      for (const p of stream2!.ok[i].predictions as { label: string; score: number }[]) expect(Math.abs(p.score - want[intentRef.spec.labels.indexOf(p.label)]!)).toBeLessThan(TOLERANCE);
+    }
+    await rerankRef.close();
+    await intentRef.close();
     const [unloaded, after] = await grpcCalls(port, [
       { method: '/inference.GRPCInferenceService/RepositoryModelUnload', request: { model_name: 'tiny-rerank' } },
       { method: '/inference.GRPCInferenceService/RepositoryModelUnload', request: { model_name: 'no-such-folder' } },

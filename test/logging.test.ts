@@ -84,9 +84,12 @@ describe('slabserve serve: keys from a file and a variable, JSON logs on stderr 
   });
 
   it('stdout: one JSON access line per request, from the gateway thread; stderr: JSON events', async () => {
+    // A marker after the probes of the test before (/metrics twice, /livez): its line comes after theirs
+    // would have (one gateway writes its lines in order), so once it is there, theirs would be too.
+    expect((await embed(FILE_KEY, 'cli-marker')).status).toBe(200);
     const lines = await until('the access lines', () => {
       const all = jsonLines(stdout);
-      return all.some((l) => l.req_id === 'cli-no-key') ? all : undefined;
+      return all.some((l) => l.req_id === 'cli-marker') ? all : undefined;
     });
     for (const l of lines) expect(l).toMatchObject({ msg: 'request', thread: 'gateway-0', pid: child.pid });
     expect(lines.find((l) => l.req_id === 'cli-file-key')).toMatchObject({ level: 'info', method: 'POST', route: '/embed', model: 'tiny-embed', status: 200 });

@@ -83,8 +83,13 @@ function maxDiff(got: ArrayLike<number>, want: ArrayLike<number>, what: string):
   return worst;
 }
 
-/** Fails unless `got` is the reference within TOLERANCE (sparse ids exactly); returns the worst difference. */
-function expectOutputs(got: Partial<Outputs>, want: Awaited<ReturnType<typeof reference>>, what: string): number {
+/**
+ * Fails unless `got` holds exactly the outputs `asked`, each of the reference's length, and each is the
+ * reference within TOLERANCE (sparse ids exactly); returns the worst difference.
+ */
+function expectOutputs(got: Partial<Outputs>, want: Awaited<ReturnType<typeof reference>>, what: string, asked: readonly (keyof Outputs)[]): number {
+  expect(Object.keys(got).filter((k) => got[k as keyof Outputs] !== undefined).sort(), `${what}: the outputs`).toEqual([...asked].sort());
+  for (const k of asked) expect(got[k]!.length, `${what}: ${k}'s length`).toBe(want[k].length);
   let worst = 0;
   if (got.dense) worst = Math.max(worst, maxDiff(got.dense, want.dense, `${what} dense`));
   if (got.sparse) {
@@ -189,7 +194,7 @@ describe('/embed with outputs on BGE-M3', () => {
       expect(a.status, JSON.stringify(a.body).slice(0, 300)).toBe(200);
       expect(Object.keys(a.body[0])).toEqual(['dense', 'sparse', 'colbert']);
       const want = await reference(t);
-      worst = Math.max(worst, expectOutputs(a.body[0], want, `"${t}"`));
+      worst = Math.max(worst, expectOutputs(a.body[0], want, `"${t}"`, ['dense', 'sparse', 'colbert']));
       entries += want.sparse.length;
     }
     console.log(`m3: ${texts.length} inputs, ${entries} sparse entries, worst |diff| ${worst.toExponential(2)}`);
@@ -210,7 +215,7 @@ describe('/embed with outputs on BGE-M3', () => {
       expect(alone[2]!.body[i].colbert).toEqual(all.body[i].colbert);
       expect(dense.body[i]).toEqual(all.body[i].dense);
       expect(sparse.body[i]).toEqual(all.body[i].sparse);
-      expectOutputs(all.body[i], await reference(texts[i]!), `input ${i}`);
+      expectOutputs(all.body[i], await reference(texts[i]!), `input ${i}`, ['dense', 'sparse', 'colbert']);
     }
     const raw = await post('/embed', { model: 'tiny-m3', inputs: texts[0], outputs: ['dense'], normalize: false });
     expect(Math.hypot(...raw.body[0].dense)).not.toBeCloseTo(1, 3); // normalize applies to dense
@@ -221,13 +226,13 @@ describe('/embed with outputs on BGE-M3', () => {
     const want = await reference(text!);
     const frame = await wsRequest(server.port, { id: 'm', op: 'embed', model: 'tiny-m3', inputs: [text], outputs: ['sparse', 'colbert'] });
     expect(frame.error).toBeUndefined();
-    expectOutputs(frame.result[0], want, 'WebSocket');
+    expectOutputs(frame.result[0], want, 'WebSocket', ['sparse', 'colbert']);
     const client = new (grpcJsPackages(TEI_PROTO).tei.v1.Embed)(`127.0.0.1:${server.grpcPort}`, grpc.credentials.createInsecure());
     try {
       const metadata = new grpc.Metadata();
       metadata.set('x-model', 'tiny-m3');
       const reply = await unaryCall(client, 'EmbedSparse', { inputs: text }, metadata);
-      expectOutputs({ sparse: reply.sparse_embeddings }, want, 'gRPC');
+      expectOutputs({ sparse: reply.sparse_embeddings }, want, 'gRPC', ['sparse']);
     } finally {
       client.close();
     }
@@ -247,7 +252,7 @@ describe('/embed with outputs on BGE-M3', () => {
       const all = await unaryCall(client, 'Embed', { inputs: texts[0] }, metadata);
       const want = await reference(texts[0]!);
       expect([all.dense.length, all.colbert.length]).toEqual([want.dense.length, want.colbert.length]);
-      expectOutputs(asOutputs(all), want, 'gRPC Embed, all');
+      expectOutputs(asOutputs(all), want, 'gRPC Embed, all', ['dense', 'sparse', 'colbert']);
       const sparse = await unaryCall(client, 'Embed', { inputs: texts[0], outputs: ['sparse'] }, metadata);
       expect([sparse.dense.length, sparse.colbert.length, sparse.sparse.length]).toEqual([0, 0, want.sparse.length]);
       const stream = client.EmbedStream(metadata);
@@ -261,7 +266,7 @@ describe('/embed with outputs on BGE-M3', () => {
       stream.end();
       await ended;
       expect(replies).toHaveLength(texts.length);
-      for (const [i, t] of texts.entries()) expectOutputs(asOutputs(replies[i]!), await reference(t), `gRPC EmbedStream ${i}`);
+      for (const [i, t] of texts.entries()) expectOutputs(asOutputs(replies[i]!), await reference(t), `gRPC EmbedStream ${i}`, ['dense', 'colbert']);
       const plain = new grpc.Metadata();
       plain.set('x-model', 'tiny-embed');
       const err = (await unaryCall(client, 'Embed', { inputs: 'x', outputs: ['colbert'] }, plain).catch((e: unknown) => e)) as grpc.ServiceError;

@@ -48,18 +48,24 @@ const index = async (port: number) => (await post(port, '/v2/repository/index'))
 const stateOf = async (port: number, name: string) => (await index(port)).find((e) => e.name === name);
 
 /** `clients` keep-alive loops posting /embed to `model` until stop(): every status seen, by count. */
-function busy(port: number, model: string, texts: string[], clients = 32): { stop: () => Promise<Record<string, number>> } {
+function busy(port: number, model: string, texts: string[], clients = 32): { running: Promise<void>; stop: () => Promise<Record<string, number>> } {
   const statuses: Record<string, number> = {};
   let running = true;
+  let answered = 0;
+  let allAnswered!: () => void;
+  const everyClient = new Promise<void>((r) => (allAnswered = r));
   const loop = async (k: number) => {
     for (let i = k; running; i += clients) {
       const r = await fetch(`http://127.0.0.1:${port}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: texts[i % texts.length], model }) });
       await r.arrayBuffer();
       statuses[r.status] = (statuses[r.status] ?? 0) + 1;
+      if (i === k && ++answered === clients) allAnswered();
     }
   };
   const loops = Array.from({ length: clients }, (_, k) => loop(k));
   return {
+    /** Resolves once every client has had its first answer: the load is on. */
+    running: everyClient,
     stop: async () => {
       running = false;
       await Promise.all(loops);
@@ -99,7 +105,7 @@ describe('--model-control-mode explicit', () => {
 
   it('loads, reloads and unloads a model while 32 clients keep another busy: every answer of theirs 200; the loaded one answers as its graph does, on every route, then 404 once unloaded', async () => {
     const load = busy(server.port, 'tiny-embed', texts);
-    await sleep(300);
+    await load.running;
     const loaded = await post(server.port, '/v2/repository/models/tiny-intent/load');
     expect(loaded).toEqual({ status: 200, body: {} });
     expect(await stateOf(server.port, 'tiny-intent')).toEqual({ name: 'tiny-intent', version: '1', state: 'READY', reason: '' });
