@@ -256,7 +256,8 @@ describe('the drain answers what it had admitted', () => {
   it('requests queued when the stop signal comes are answered 200 with the reference rows; one sent after it is refused 503', async () => {
     process.env[TEST_HOOKS_ENV] = '1';
     const stop = new AbortController();
-    const server = await startServer(testServerConfig({ models: ['tiny-embed'], signal: stop.signal }));
+    // No grace after the last request: a drain that did not wait for the admitted ones would close on them at once.
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'], signal: stop.signal, drainGraceMs: 0 }));
     const { ref, tok, words } = await openReference('tiny-embed');
     const idle = await RawConnection.open(server.port); // a keep-alive connection open before the signal
     try {
