@@ -153,16 +153,17 @@ export function tryLoad(binary: string): string | null {
   }
 }
 
-/** The build that serves here, chosen in this thread; throws the refusal. */
+/** The build that serves here, chosen in this thread (the candidates tried in order, none after the first that loads); throws the refusal. */
 export function chooseUwsHere(): UwsChoice {
   const runtime = thisRuntime();
   const candidates = uwsCandidates(runtime);
-  const chosen = chooseUws(
-    candidates,
-    candidates.map((c) => tryLoad(c.binary)),
-    runtime,
-    candidateGlibc,
-  );
+  const errors: (string | null)[] = [];
+  for (const c of candidates) {
+    const error = tryLoad(c.binary);
+    errors.push(error);
+    if (error === null) break; // two uWS builds must not both load in one thread
+  }
+  const chosen = chooseUws(candidates, errors, runtime, candidateGlibc);
   if ('refusal' in chosen) throw new Error(chosen.refusal);
   return chosen.choice;
 }
