@@ -269,14 +269,16 @@ describe('gRPC: TEI and KServe services beside HTTP', () => {
   it("a call whose deadline passes while queued ends DEADLINE_EXCEEDED and never reaches the device; a cancelled one frees its slots", async () => {
     const hooks = server.testHooks!;
     const before = await metrics(server);
+    const cancel = signalFile('cancel-queued');
     await hooks.holdInference();
     let replies: Reply[];
     try {
       const pending = grpcCalls(port, [
         { method: '/tei.v1.Embed/Embed', request: { inputs: 'a deadline of 300 ms' }, timeout: 0.3 },
-        { method: '/tei.v1.Embed/Embed', request: { inputs: 'cancelled by its client' }, cancel_after: 0.3 },
+        { method: '/tei.v1.Embed/Embed', request: { inputs: 'cancelled by its client' }, cancel_when_exists: cancel },
       ]);
       await eventually('both inputs queued', async () => hooks.inputsWaiting('tiny-embed'), (n) => n === 2, 10_000);
+      writeFileSync(cancel, ''); // its client gives up now, while it is queued
       replies = await pending; // both end while the loop is held
       // The client's cancel (RST_STREAM) reaches the gateway after the client has given up: let it land before the
       // loop may run, else the input can run first (the deadline needs no wait: it is checked when a batch is made).

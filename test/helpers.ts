@@ -10,7 +10,7 @@ import * as ort from 'onnxruntime-node';
 import { expect } from 'vitest';
 import WebSocket from 'ws';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { chooseUwsHere } from '../dist/src/gateway/uws.js';
+import { checkNativeBinaries } from '../dist/src/native-binaries.js';
 import { mulberry32 } from '../dist/src/modelgen/rng.js';
 import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/server.js';
 import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
@@ -19,10 +19,10 @@ export const modelsDir = fileURLToPath(new URL('../models', import.meta.url));
 
 /**
  * Whether the servers this process starts serve with uWebSockets.js 20.57 (the build for glibc >= 2.38)
- * rather than 20.30 (Debian 12, CI): the start-up check makes the same choice here (src/gateway/uws.ts).
+ * rather than 20.30 (Debian 12, CI): the servers' own start-up check, asked here (src/native-binaries.ts).
  * Where uWS's own parser answers, the two differ (docs/security.md), and tests assert each one's.
  */
-export const NEWER_UWS = chooseUwsHere().package === '@btc-vision/uwebsockets.js';
+export const NEWER_UWS = (await checkNativeBinaries({ gateways: true })).package === '@btc-vision/uwebsockets.js';
 
 /** A seeded generator; each run draws a fresh seed (printed, so a failure can be replayed with SLABSERVE_TEST_SEED). */
 export function makeRandom(label: string): () => number {
