@@ -67,11 +67,16 @@ export async function portOutsideEphemeral(): Promise<number> {
 /**
  * Starts `slabserve serve --host 127.0.0.1 --port P --device cpu --model tiny-embed ...args`
  * and resolves once it is ready. `env` is added to this process's environment (a variable
- * given as undefined is left out).
+ * given as undefined is left out); `run` turns node's arguments into the command that runs
+ * them (default: this process's node).
  */
-export async function serveCli(args: string[], opts: { env?: Record<string, string | undefined>; readyWithinMs?: number; killAfterMs?: number } = {}): Promise<CliServer> {
+export async function serveCli(
+  args: string[],
+  opts: { env?: Record<string, string | undefined>; readyWithinMs?: number; killAfterMs?: number; run?: (nodeArgs: string[]) => [string, string[]] } = {},
+): Promise<CliServer> {
   const port = await portOutsideEphemeral();
-  const child = spawn(process.execPath, [CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', ...args], {
+  const [command, argv] = (opts.run ?? ((a) => [process.execPath, a]))([CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', ...args]);
+  const child = spawn(command, argv, {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...opts.env },
   });

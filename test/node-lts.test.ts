@@ -11,14 +11,14 @@
  * engine (`slabserve embed`, no uWebSockets.js) runs. The suite itself runs on
  * Node.js 20.
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { TextTokenizer } from '../dist/src/core/tokenizer.js';
 import { glibcNeeded } from '../dist/src/gateway/uws.js';
-import { CLI, getStatus, portOutsideEphemeral } from './cli-process.js';
+import { CLI, portOutsideEphemeral, serveCli, type CliServer } from './cli-process.js';
 import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';
 import { DEBIAN_GLIBC, NODE_RELEASES, officialNode, onDebianGlibc } from './fixtures/node-runtimes.js';
 import { eventually, makeRandom, maxAbsDiff, openReference, randomTexts, type Reference, wsRequest } from './helpers.js';
@@ -48,30 +48,13 @@ function listenSocketsOn(port: number): number {
     .filter((c) => c[1]?.endsWith(hex) && c[3] === '0A').length;
 }
 
-interface Started {
-  child: ChildProcess;
-  port: number;
-  grpcPort: number;
-  stderr: () => string;
-  exited: Promise<number | null>;
-}
-
-/** `slabserve serve` run by `node` on the newer glibc, two gateway threads, gRPC on a port of its own; resolves once ready. */
-async function serveOn(node: string): Promise<Started> {
-  const port = await portOutsideEphemeral();
+/** `slabserve serve` run by `node` on Debian 13's glibc, two gateway threads, gRPC on a port of its own; resolves once every gateway started. */
+async function serveOn(node: string): Promise<CliServer & { grpcPort: number }> {
   const grpcPort = await portOutsideEphemeral();
-  const args = [CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--grpc-port', String(grpcPort), '--device', 'cpu', '--model', 'tiny-embed', '--gateway-threads', '2', '--cache-mb', '0'];
-  const [cmd, argv] = onDebianGlibc('trixie', node, args);
-  const child = spawn(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
-  let stderr = '';
-  child.stderr!.on('data', (d: Buffer) => (stderr += d));
-  const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
-  const guard = setTimeout(() => child.kill('SIGKILL'), 120_000);
-  void exited.then(() => clearTimeout(guard));
-  await eventually('the server ready', () => getStatus(port, '/readyz'), (s) => s === 200, 60_000, (s) => ({ readyz: s, stderr: stderr.slice(-800) }));
+  const server = await serveCli(['--grpc-port', String(grpcPort), '--gateway-threads', '2', '--cache-mb', '0'], { run: (args) => onDebianGlibc('trixie', node, args), killAfterMs: 120_000 });
   // Every gateway thread started (one serves while the next starts): the line comes after them all.
-  await eventually('the ready line', async () => stderr, (e) => /slabserve: ready at/.test(e), 30_000, (e) => e.slice(-800));
-  return { child, port, grpcPort, stderr: () => stderr, exited };
+  await eventually('the ready line', async () => server.stderr(), (e) => /slabserve: ready at/.test(e), 30_000, (e) => e.slice(-800));
+  return { ...server, grpcPort };
 }
 
 /** POST /embed of `inputs`: its status and rows. */
@@ -82,14 +65,12 @@ async function embed(port: number, inputs: string[]): Promise<{ status: number; 
 }
 
 describe.each([22, 24] as const)('Node.js %s (official binary, glibc 2.41)', (line) => {
-  let s: Started;
+  let s: CliServer & { grpcPort: number };
 
   beforeAll(async () => {
     s = await serveOn(officialNode(line));
   }, 300_000);
-  afterAll(() => {
-    if (s?.child.exitCode === null) s.child.kill('SIGKILL');
-  });
+  afterAll(() => s?.kill('SIGKILL')); // gone already when the drain case ran
 
   it('the start-up check chose the newer uWebSockets.js build, and /info and the log name it', async () => {
     const info = (await (await fetch(`http://127.0.0.1:${s.port}/info`)).json()) as { runtime: { node: string; uws: { package: string; version: string } } };
@@ -157,8 +138,8 @@ describe.each([22, 24] as const)('Node.js %s (official binary, glibc 2.41)', (li
     const loops = Array.from({ length: CLIENTS }, () => client(() => ++answered === CLIENTS && allAnswered()));
     await warm;
     signalled = true;
-    s.child.kill('SIGTERM');
-    const code = await s.exited;
+    s.kill('SIGTERM');
+    const { code } = await s.exited;
     running = false;
     await Promise.all(loops);
     console.log(`Node.js ${line} drain: ${JSON.stringify(outcomes)}`);
