@@ -282,6 +282,9 @@ interface Slot {
   /** Exits since this slot was last stably ready: the backoff exponent. */
   failures: number;
   restartTimer: NodeJS.Timeout | null;
+  /** Settles once the process forked last listens, or exits first (what a repository operation waits for). */
+  listened: Promise<void>;
+  markListened: () => void;
 }
 
 function describeExit(code: number | null, signal: string | null): string {
@@ -360,6 +363,8 @@ class ClusterPrimary {
       everReady: false,
       failures: 0,
       restartTimer: null,
+      listened: Promise.resolve(),
+      markListened: () => {},
     }));
     const slots = this.slots;
     new Gauge({ name: 'slabserve_cluster_processes', help: 'Processes the cluster runs (--processes or --devices).', registers: [this.registry] }).set(slots.length);
@@ -438,6 +443,9 @@ class ClusterPrimary {
    * reasons by process. A change is remembered, so a process restarted later starts with the set.
    */
   private async applyRepository(op: RepositoryOp): Promise<RepositoryAnswer> {
+    // A process still starting was forked with the set as it was: it is asked too, once it listens,
+    // else it would serve without this change (and the answer would say every process has it).
+    if (op.op !== 'index') await settlesWithin(Promise.all(this.slots.map((s) => s.listened)), REPOSITORY_TIMEOUT_MS);
     const asked = this.slots.filter((s) => s.listening && s.rpc && s.worker?.isConnected());
     const answers = await Promise.all(
       asked.map((s) =>
@@ -472,7 +480,9 @@ class ClusterPrimary {
   private fork(slot: Slot): void {
     slot.restartTimer = null;
     const worker = cluster.fork({ [PLAN_ENV]: JSON.stringify(slot.plan) });
-    Object.assign(slot, { worker, pid: worker.process.pid ?? 0, hello: false, listening: false, ready: false });
+    let markListened!: () => void;
+    const listened = new Promise<void>((r) => (markListened = r));
+    Object.assign(slot, { worker, pid: worker.process.pid ?? 0, hello: false, listening: false, ready: false, listened, markListened });
     slot.rpc = new RpcPeer(
       {
         postMessage: (m: unknown) => {
@@ -488,8 +498,10 @@ class ClusterPrimary {
       if (m.slabserve === 'hello') {
         slot.hello = true;
         if (this.stopping) worker.send({ slabserve: 'drain' }, undefined, () => {});
-      } else if (m.slabserve === 'listening') slot.listening = true;
-      else if (m.slabserve === 'ready') {
+      } else if (m.slabserve === 'listening') {
+        slot.listening = true;
+        slot.markListened();
+      } else if (m.slabserve === 'ready') {
         if (slot.everReady) this.log(`slabserve: cluster: process ${slot.plan.index} (pid ${slot.pid}) ready again`);
         Object.assign(slot, { ready: true, readySince: Date.now(), everReady: true });
         if (this.slots.every((s) => s.everReady)) this.resolveStarted();
@@ -500,6 +512,7 @@ class ClusterPrimary {
 
   private onExit(slot: Slot, worker: ClusterWorker, code: number | null, signal: string | null): void {
     if (slot.worker !== worker) return;
+    slot.markListened(); // what waited for it to listen goes on without it
     const wasReadyFor = slot.ready ? Date.now() - slot.readySince : 0;
     Object.assign(slot, { worker: null, rpc: null, hello: false, listening: false, ready: false });
     const what = `process ${slot.plan.index} (${slot.plan.device}`;
