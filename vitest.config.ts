@@ -21,7 +21,7 @@ export default defineConfig({
     // collide across test files run in parallel: off for them unless a test asks for it
     // (--grpc-port wins over the variable). startServer() with port 0 picks a free gRPC port.
     // The tests' own reference sessions keep onnxruntime's telemetry off, as the server does
-    // (src/shared/onnxruntime-telemetry.ts); test/onnxruntime-telemetry.test.ts starts a server without it.
+    // (src/main/onnxruntime-telemetry.ts); test/onnxruntime-telemetry.test.ts starts a server without it.
     env: { SLABSERVE_GRPC_PORT: '0', ORT_DISABLE_TELEMETRY: '1' },
   },
 });

@@ -16,8 +16,8 @@
  */
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { loadModelSpec } from '../src/shared/model-config.js';
-import { mulberry32 } from '../src/modelgen/rng.js';
+import { loadModelSpec } from '../src/shared/model-format/model-config.js';
+import { mulberry32 } from '../models/generator/rng.js';
 import { parseOptions } from './args.js';
 import { runLoad } from './load.js';
 import { describeMachine, machineLine } from './machine.js';

@@ -12,9 +12,9 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createEngine, type Engine } from '../src/engine.js';
-import { writePreset } from '../src/modelgen/presets.js';
-import { loadModelSpec } from '../src/shared/model-config.js';
+import { createEngine, type Engine } from '../src/main/engine.js';
+import { writePreset } from '../models/generator/presets.js';
+import { loadModelSpec } from '../src/shared/model-format/model-config.js';
 import { parseOptions } from './args.js';
 import { makeWorkload } from './workloads.js';
 

@@ -8,13 +8,13 @@
  * so that the branch predictor cannot learn one row by heart):
  *   stringify        JSON.stringify(rows.map((r) => Array.from(r)))   (today's answer text)
  *   stringify+bytes  Buffer.from() of that string                     (what sending it costs)
- *   float32RowsJson  src/gateway/float-json.ts                         (shortest float32 decimals, bytes)
+ *   float32RowsJson  src/gateway/http/float-json.ts                         (shortest float32 decimals, bytes)
  * Prints the median of 7 alternating rounds (~150 ms each) in ns per float,
  * and the output size in bytes.
  */
 import { performance } from 'node:perf_hooks';
-import { float32RowsJson } from '../src/gateway/float-json.js';
-import { mulberry32 } from '../src/modelgen/rng.js';
+import { float32RowsJson } from '../src/gateway/http/float-json.js';
+import { mulberry32 } from '../models/generator/rng.js';
 
 const rand = mulberry32(20240601);
 

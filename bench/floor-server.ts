@@ -18,12 +18,12 @@
  */
 import { parseOptions } from './args.js';
 import { pack, unpack } from 'msgpackr';
-import { loadTokenizer } from '../src/core/tokenizer.js';
+import { loadTokenizer } from '../src/core/tokenizer/tokenizer.js';
 import { loadUws, type us_listen_socket } from '../src/gateway/uws.js';
-import { loadModelSpec } from '../src/shared/model-config.js';
-import { mulberry32 } from '../src/modelgen/rng.js';
+import { loadModelSpec } from '../src/shared/model-format/model-config.js';
+import { mulberry32 } from '../models/generator/rng.js';
 import { join } from 'node:path';
-import { float32RowsJsonView } from '../src/gateway/float-json.js';
+import { float32RowsJsonView } from '../src/gateway/http/float-json.js';
 
 const values = parseOptions('node dist/bench/floor-server.js [options]', {
   'models-dir': { type: 'string', value: 'DIR', default: 'models', help: 'where the model folder is' },

@@ -21,9 +21,9 @@
 import { writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { loadModelSpec } from '../src/shared/model-config.js';
+import { loadModelSpec } from '../src/shared/model-format/model-config.js';
 import { processThreadIds, threadCpuNs } from '../src/shared/threads.js';
-import { mulberry32 } from '../src/modelgen/rng.js';
+import { mulberry32 } from '../models/generator/rng.js';
 import { parseOptions } from './args.js';
 import { procCpuMs, startChildServer, startServerProcess, type ServerCounters } from './server-process.js';
 import { runLoad, type LoadTarget } from './load.js';

@@ -16,9 +16,9 @@ import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { fuseAttention } from '../src/gpu-worker/attention-fusion.js';
 import { fuseSkipLayerNorm } from '../src/gpu-worker/fusion.js';
-import { writePreset } from '../src/modelgen/presets.js';
-import { decodeModel, encodeModel } from '../src/shared/onnx-graph.js';
-import { keepOnnxruntimeTelemetryOff } from '../src/shared/onnxruntime-telemetry.js';
+import { writePreset } from '../models/generator/presets.js';
+import { decodeModel, encodeModel } from '../src/shared/model-format/onnx-graph.js';
+import { keepOnnxruntimeTelemetryOff } from '../src/main/onnxruntime-telemetry.js';
 import { parseOptions } from './args.js';
 
 const values = parseOptions('node dist/bench/fusion.js [options]', {

@@ -15,7 +15,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { writePreset } from '../src/modelgen/presets.js';
+import { writePreset } from '../models/generator/presets.js';
 import { parseOptions } from './args.js';
 import { createLoadClient, type LoadClient } from './http-clients.js';
 import { newHistogram } from './load.js';

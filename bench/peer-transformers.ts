@@ -43,7 +43,7 @@ import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { env, pipeline, type FeatureExtractionPipeline, type Tensor } from '@huggingface/transformers';
-import { loadModelSpec, type Pooling } from '../src/shared/model-config.js';
+import { loadModelSpec, type Pooling } from '../src/shared/model-format/model-config.js';
 import { fail, parseOptions } from './args.js';
 
 export interface PeerOptions {

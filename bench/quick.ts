@@ -35,10 +35,10 @@
 import { dirname, join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import { resolveBatching } from '../src/engine.js';
+import { resolveBatching } from '../src/main/engine.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';
-import { mulberry32 as rng } from '../src/modelgen/rng.js';
-import { loadModelSpec, type ModelSpec } from '../src/shared/model-config.js';
+import { mulberry32 as rng } from '../models/generator/rng.js';
+import { loadModelSpec, type ModelSpec } from '../src/shared/model-format/model-config.js';
 import { describeMachine, machineLine, type Machine } from './machine.js';
 import { floorRows, floorTable, runFloorCase, type FloorRow } from './floor.js';
 import { parseQuickOptions, type QuickOptions } from './quick/options.js';

@@ -12,7 +12,7 @@ import * as ort from 'onnxruntime-node';
 import type { PreparedModel } from '../src/gpu-worker/graph.js';
 import { parseDevice } from '../src/gpu-worker/device.js';
 import { bucketFor } from '../src/gpu-worker/scheduler.js';
-import { keepOnnxruntimeTelemetryOff } from '../src/shared/onnxruntime-telemetry.js';
+import { keepOnnxruntimeTelemetryOff } from '../src/main/onnxruntime-telemetry.js';
 
 export interface RawSeq {
   ids: Int32Array;

@@ -1,6 +1,6 @@
 /**
  * Where should a gateway tokenize? Inline on its event loop, or on the
- * piscina pool (src/gateway/tokenize-pool.ts)? Measures, side by side, for a
+ * piscina pool (src/gateway/tokenize/pool.ts)? Measures, side by side, for a
  * single short text and for a client batch of 64 long texts:
  *   - wall time per request (what the caller waits),
  *   - event-loop time per request (what every other request on that gateway waits).
@@ -9,13 +9,13 @@
  */
 import { performance } from 'node:perf_hooks';
 import { join } from 'node:path';
-import { createTokenizePool } from '../src/gateway/tokenize-pool.js';
-import { loadTokenizer } from '../src/core/tokenizer.js';
+import { createTokenizePool } from '../src/gateway/tokenize/pool.js';
+import { loadTokenizer } from '../src/core/tokenizer/tokenizer.js';
 import type { ServedModel } from '../src/core/infer.js';
-import { packageRoot } from '../src/model-plans.js';
-import { loadModelSpec } from '../src/shared/model-config.js';
-import { mulberry32 } from '../src/modelgen/rng.js';
-import { bertUncasedVocab } from '../src/modelgen/tokenizer-json.js';
+import { packageRoot } from '../src/main/plan-models.js';
+import { loadModelSpec } from '../src/shared/model-format/model-config.js';
+import { mulberry32 } from '../models/generator/rng.js';
+import { bertUncasedVocab } from '../models/generator/tokenizer-json.js';
 
 const ROUNDS = 5;
 const ROUND_MS = 1000;

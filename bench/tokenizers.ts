@@ -28,9 +28,9 @@ import { fileURLToPath } from 'node:url';
 import { createRequire } from 'node:module';
 import { Tokenizer as JsTokenizer } from '@huggingface/tokenizers';
 import { Tokenizer as RsTokenizer } from 'tokenizers';
-import { createTokenizer } from '../src/core/tokenizer.js';
-import { mulberry32 as rng } from '../src/modelgen/rng.js';
-import { bertUncasedVocab, buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
+import { createTokenizer } from '../src/core/tokenizer/tokenizer.js';
+import { mulberry32 as rng } from '../models/generator/rng.js';
+import { bertUncasedVocab, buildBertTokenizerJson } from '../models/generator/tokenizer-json.js';
 import { parseOptions, type OptionSpec } from './args.js';
 import { alignedTable, fmt } from './table.js';
 
@@ -507,7 +507,7 @@ function printThroughput(scenarios: Scenario[], rows: Row[], rounds: number, rou
   );
 }
 
-/** The gateway's tokenizer: the ASCII fast path or the JS library, then special tokens / truncation done in src/core/tokenizer.ts; beside it the library alone. */
+/** The gateway's tokenizer: the ASCII fast path or the JS library, then special tokens / truncation done in src/core/tokenizer/tokenizer.ts; beside it the library alone. */
 async function measureGateway(lib: Libraries, texts: BenchTexts, budgetMs: number): Promise<void> {
   const gw = createTokenizer(lib.json);
   const libraryOnly = createTokenizer(lib.json, { asciiFastPath: false });
@@ -518,7 +518,7 @@ async function measureGateway(lib: Libraries, texts: BenchTexts, budgetMs: numbe
     ['long, encode() (truncated to 512)', await measure(budgetMs, 1, () => gw.encode(texts.nextLong(), opts))],
     ['batch of 64 long, encodeBatch() (yields every 4 ms)', await measure(budgetMs, 64, () => gw.encodeBatch(texts.batch, opts))],
   ];
-  console.log('\n## slabserve gateway tokenizer (src/core/tokenizer.ts: ASCII fast path or JS library, own specials/truncation, maxLength 512)');
+  console.log('\n## slabserve gateway tokenizer (src/core/tokenizer/tokenizer.ts: ASCII fast path or JS library, own specials/truncation, maxLength 512)');
   console.log(
     alignedTable(
       ['scenario', 'µs/text', 'texts/s', 'loop µs/text'],

@@ -10,10 +10,10 @@
 import type { InferResult } from '../src/core/infer.js';
 import { RequestTracing } from '../src/gateway/request-trace.js';
 import { batchTracing } from '../src/gpu-worker/batch-trace.js';
-import { serializeSpans } from '../src/shared/otlp-protobuf.js';
+import { serializeSpans } from '../src/shared/telemetry/otlp-protobuf.js';
 import type { Slab } from '../src/shared/slab.js';
 import { readBatchSpan, TRACE_I32, writeRequestSpan } from '../src/shared/trace-context.js';
-import { startThreadTracing, type TracingConfig } from '../src/shared/tracing.js';
+import { startThreadTracing, type TracingConfig } from '../src/shared/telemetry/tracing.js';
 
 export interface TracedPathCost {
   /** Process CPU per sampled request, µs. */

@@ -11,11 +11,11 @@
  *   client-batch  16 short texts per request (a client that batches itself:
  *                 indexing, bulk moderation)
  */
-import { loadTokenizer, type TextTokenizer } from '../src/core/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../src/core/tokenizer/tokenizer.js';
 import { bucketFor, defaultBuckets } from '../src/gpu-worker/scheduler.js';
-import { bertUncasedVocab } from '../src/modelgen/tokenizer-json.js';
-import { mulberry32 } from '../src/modelgen/rng.js';
-import type { ModelSpec } from '../src/shared/model-config.js';
+import { bertUncasedVocab } from '../models/generator/tokenizer-json.js';
+import { mulberry32 } from '../models/generator/rng.js';
+import type { ModelSpec } from '../src/shared/model-format/model-config.js';
 import type { WorkloadSummary } from './suite-results.js';
 
 export type WorkloadName = 'short' | 'mixed' | 'client-batch';

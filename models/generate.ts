@@ -12,7 +12,7 @@
  *               generate (a real Hugging Face export: its config.json lacks
  *               the "_slabserve" marker); without it such folders are refused
  *   --int8      also write model_int8.onnx, the dynamically quantized graph
- *               (src/modelgen/quantize.ts; served with --dtype int8)
+ *               (models/generator/quantize.ts; served with --dtype int8)
  *   --fp16      also write model_fp16.onnx: float16 weights and outputs
  *               (served with --dtype fp16, and by auto on CUDA)
  *   --name N    the folder's name (and so the served model's), for one preset
@@ -36,8 +36,8 @@ import {
   writeOptionsProblem,
   writePreset,
   type WriteOptions,
-} from '../src/modelgen/presets.js';
-import { isValidModelName, type Pooling } from '../src/shared/model-config.js';
+} from './generator/presets.js';
+import { isValidModelName, type Pooling } from '../src/shared/model-format/model-config.js';
 
 const USAGE = `usage: node dist/models/generate.js [--missing] [--force] [--int8] [--fp16] [--out DIR] [--name N] [--pooling P] [--max-length N] [--list] [name ... | all]
 presets: ${presetNames().join(', ')} (default: ${DEFAULT_PRESETS.join(', ')})`;

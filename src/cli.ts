@@ -9,9 +9,9 @@
  */
 import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
-import { clusterRole, clusterWorker, runClusterPrimary } from './cluster.js';
-import { createEngine, type Engine, type EngineOptions } from './engine.js';
-import { DEFAULT_GRPC_PORT, defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './server.js';
+import { clusterRole, clusterWorker, runClusterPrimary } from './main/cluster/cluster.js';
+import { createEngine, type Engine, type EngineOptions } from './main/engine.js';
+import { DEFAULT_GRPC_PORT, defaultGatewayThreads, SERVER_DEFAULTS, startServer, type ServerConfig } from './main/server.js';
 import { createLogger, LOG_FORMATS, LOG_LEVELS, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
@@ -20,9 +20,9 @@ import { collectStartupGarbage, turnOffMemoryReducer } from './shared/gc.js';
 import { defaultBuckets, PAD_TO, type PadTo } from './gpu-worker/scheduler.js';
 import { AUTO_INSTANCES_MAX, MAX_MODEL_INSTANCES } from './gpu-worker/intra-op-threads.js';
 import { MAX_IDLE_SPIN_US } from './gpu-worker/inference-loop.js';
-import { MAX_LONE_WAIT_US } from './shared/lone-wait.js';
-import { DTYPES, POOLINGS } from './shared/model-config.js';
-import { MODEL_CONTROL_MODES } from './model-repository.js';
+import { MAX_LONE_WAIT_US } from './core/lone-wait.js';
+import { DTYPES, POOLINGS } from './shared/model-format/model-config.js';
+import { MODEL_CONTROL_MODES } from './main/repository/repository.js';
 
 /** An integer option parser with a clear message on bad values. */
 function int(min: number, max = Infinity) {

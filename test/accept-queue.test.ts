@@ -1,5 +1,5 @@
 /**
- * src/accept-queue.ts and src/kernel-sockets.ts: the drain's wait for the
+ * src/main/drain/accept-queue.ts and src/main/drain/kernel-sockets.ts: the drain's wait for the
  * kernel's accept queues, first against a fake kernel (the policy), then on
  * real sockets (the kernel calls). The real listen socket lives in a worker
  * thread that the test parks in Atomics.wait, so connections stay in the
@@ -12,8 +12,8 @@ import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { HARDWARE } from './fixtures/skips.js';
-import { quietListenSockets } from '../dist/src/accept-queue.js';
-import { linuxSockets, type KernelSockets } from '../dist/src/kernel-sockets.js';
+import { quietListenSockets } from '../dist/src/main/drain/accept-queue.js';
+import { linuxSockets, type KernelSockets } from '../dist/src/main/drain/kernel-sockets.js';
 import { eventually } from './helpers.js';
 
 /** A kernel whose queues shrink by one per read: `queued` accepted, then `halfOpen` handshakes completed (and accepted). */

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { fuseAttention } from '../dist/src/gpu-worker/attention-fusion.js';
 import { fuseSkipLayerNorm } from '../dist/src/gpu-worker/fusion.js';
-import { decodeModel, encodeModel, onnx } from '../dist/src/shared/onnx-graph.js';
+import { decodeModel, encodeModel, onnx } from '../dist/src/shared/model-format/onnx-graph.js';
 import { expectSameTokenStates, modelsDir } from './helpers.js';
 
 const TINY_EMBED = readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx'));

@@ -12,8 +12,8 @@ import { arrivalTimes, histogramOfQuantiles, runLoad, type LoadTarget } from '..
 import { toolOnPath } from './fixtures/system-tools.js';
 import { makeWorkload, summarizeWorkload } from '../dist/bench/workloads.js';
 import type { Histogram } from 'hdr-histogram-js';
-import { mulberry32 } from '../dist/src/modelgen/rng.js';
-import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
+import { mulberry32 } from '../dist/models/generator/rng.js';
+import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-format/model-config.js';
 import { join } from 'node:path';
 import { makeRandom, modelsDir } from './helpers.js';
 

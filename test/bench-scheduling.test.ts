@@ -11,7 +11,7 @@ import { describe, expect, it } from 'vitest';
 import { cellsOf, schedule } from '../dist/bench/scheduling/arrivals.js';
 import { parseConfigs } from '../dist/bench/scheduling/configs.js';
 import { schedulingSettings } from '../dist/bench/scheduling/options.js';
-import { mulberry32 } from '../dist/src/modelgen/rng.js';
+import { mulberry32 } from '../dist/models/generator/rng.js';
 
 const optionsJs = pathToFileURL(resolve(dirname(fileURLToPath(import.meta.url)), '..', 'dist', 'bench', 'scheduling', 'options.js')).href;
 

@@ -8,9 +8,9 @@
  * a float64), not as rounded JSON. Fresh random texts each run (seed printed).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { createEngine } from '../dist/src/engine.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { createEngine } from '../dist/src/main/engine.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { HttpClient, parseMetrics, type Metrics, type Reply } from './fixtures/http-client.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 

@@ -7,8 +7,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { partSizeFor, PARTS_IN_FLIGHT } from '../dist/src/core/client-batches.js';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, randomTokenSequences, sleep, testServerConfig, vocabularyWords } from './helpers.js';

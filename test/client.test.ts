@@ -1,7 +1,7 @@
 /**
  * SlabClient (WebSocket) and SlabHttpClient against fake servers that speak
  * the protocol with random delays (so answers come out of order), then
- * against the real server (src/gateway/ws.ts and the HTTP routes).
+ * against the real server (src/gateway/ws/api.ts and the HTTP routes).
  *
  * Nothing here asserts on time: timeouts only bound waits, and every wait is
  * for an event (a frame seen by the fake server, a promise settling).
@@ -29,9 +29,9 @@ import {
   type SlabClientOptions,
   type WebSocketConstructor,
 } from '../dist/src/client/index.js';
-import { mulberry32 } from '../dist/src/modelgen/rng.js';
+import { mulberry32 } from '../dist/models/generator/rng.js';
 import { fakePredictions, fakeRerank, fakeRow, fakeTokens, FakeHttpServer, FakeWsServer, type FakeWsOptions } from './fixtures/fake-slab-server.js';
-import { loadTokenizer } from '../dist/src/core/tokenizer.js';
+import { loadTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import { portOutsideEphemeral } from './cli-process.js';
 import { PlainReference } from './helpers.js';
 
@@ -497,7 +497,7 @@ describe('SlabHttpClient over a fake HTTP server', () => {
 const root = fileURLToPath(new URL('..', import.meta.url));
 /** npm test builds the server and generates the models first (its pretest); run alone, a missing one is said, not skipped. */
 function expectRealServerBuilt(): void {
-  for (const f of ['dist/src/gateway/ws.js', 'models/tiny-embed/model.onnx', 'models/tiny-intent/model.onnx', 'models/tiny-rerank/model.onnx']) {
+  for (const f of ['dist/src/gateway/ws/api.js', 'models/tiny-embed/model.onnx', 'models/tiny-intent/model.onnx', 'models/tiny-rerank/model.onnx']) {
     if (!existsSync(`${root}${f}`)) throw new Error(`${f} is missing: run npm test (or npm run build && npm run models)`);
   }
 }
@@ -510,7 +510,7 @@ describe('SlabClient against the real server (/ws and HTTP)', () => {
 
   beforeAll(async () => {
     expectRealServerBuilt();
-    const main = (await import('../dist/src/server.js')) as unknown as {
+    const main = (await import('../dist/src/main/server.js')) as unknown as {
       startServer(config: Record<string, unknown>): Promise<Server>;
       SERVER_DEFAULTS: Record<string, unknown>;
     };
@@ -688,7 +688,7 @@ describe('API keys (docs/security.md) against a real server started with keys', 
 
   beforeAll(async () => {
     expectRealServerBuilt();
-    main = (await import('../dist/src/server.js')) as unknown as Main;
+    main = (await import('../dist/src/main/server.js')) as unknown as Main;
     server = await start([KEY, KEY2]);
     await server.ready;
   }, 120_000);

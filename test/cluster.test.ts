@@ -1,5 +1,5 @@
 /**
- * The cluster of processes (src/cluster.ts) end to end: the built CLI
+ * The cluster of processes (src/main/cluster/cluster.ts) end to end: the built CLI
  * (`slabserve serve --processes 2`) as a child process, two real server
  * processes on one port, real keep-alive sockets.
  *
@@ -15,8 +15,8 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { loadModelSpec } from '../dist/src/shared/model-config.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { loadModelSpec } from '../dist/src/shared/model-format/model-config.js';
 import { portOutsideEphemeral } from './cli-process.js';
 import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';

@@ -41,8 +41,8 @@ import { Deployment } from 'kubernetes-models/apps/v1/Deployment';
 import { HorizontalPodAutoscaler } from 'kubernetes-models/autoscaling/v2/HorizontalPodAutoscaler';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1/PodDisruptionBudget';
 import { ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor';
-import { SERVER_DEFAULTS } from '../dist/src/server.js';
-import { gatewayMetrics, inferenceMetrics, processMetrics } from '../dist/src/shared/metrics.js';
+import { SERVER_DEFAULTS } from '../dist/src/main/server.js';
+import { gatewayMetrics, inferenceMetrics, processMetrics } from '../dist/src/shared/telemetry/metrics.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { toolOnPath } from './fixtures/system-tools.js';
 
@@ -315,7 +315,7 @@ function exprProblems(expr: string, cat: Catalogue, where: string): string[] {
   return problems;
 }
 
-/** Label names per metric as slabserve declares them (src/shared/metrics.ts), for series a CPU scrape has no sample of. */
+/** Label names per metric as slabserve declares them (src/shared/telemetry/metrics.ts), for series a CPU scrape has no sample of. */
 function declaredLabels(): Map<string, Set<string>> {
   const registry = new Registry();
   gatewayMetrics(registry);
@@ -1183,7 +1183,7 @@ describe('Dockerfile', () => {
   });
 
   it('.dockerignore lets the sources in and keeps build outputs, dependencies and generated models out', () => {
-    for (const p of ['package.json', 'package-lock.json', 'tsconfig.json', 'src/server.ts', 'src/shared/metrics.ts', 'models/generate.ts', 'scripts/install-cuda-provider.mjs']) {
+    for (const p of ['package.json', 'package-lock.json', 'tsconfig.json', 'src/main/server.ts', 'src/shared/telemetry/metrics.ts', 'models/generate.ts', 'scripts/install-cuda-provider.mjs']) {
       expect(included(p), p).toBe(true);
     }
     for (const p of ['node_modules/onnxruntime-node/package.json', 'dist/src/cli.js', 'models/tiny-embed/model.onnx', 'models/tiny-intent', '.git/HEAD', 'bench/results/quick.json']) {

@@ -10,7 +10,7 @@
  */
 import { spawn } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startServer, type Server } from '../dist/src/server.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { chunk, parseMetrics, RawConnection, requestHead } from './fixtures/http-client.js';
 import { toolOnPath } from './fixtures/system-tools.js';
 import { eventually, testServerConfig } from './helpers.js';

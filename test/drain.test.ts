@@ -8,7 +8,7 @@
  * connection closed under a request looks like. Two loads: 32 keep-alive
  * clients (Node's fetch, as a user's would be), and 8 that open a connection
  * per request (Python's urllib) and so always have some in the listen socket's
- * accept queue, where closing it would reset them (src/accept-queue.ts).
+ * accept queue, where closing it would reset them (src/main/drain/accept-queue.ts).
  * Repeated, in one process and in a cluster of two. In one process, beside the
  * load, a keep-alive connection left idle asks once the server has said it is
  * draining: the 503 and its Connection: close are asserted on it. And in
@@ -22,7 +22,7 @@ import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { toolOnPath } from './fixtures/system-tools.js';
 import { serveCli } from './cli-process.js';
-import { startServer, TEST_HOOKS_ENV } from '../dist/src/server.js';
+import { startServer, TEST_HOOKS_ENV } from '../dist/src/main/server.js';
 import { parseMetrics, RawConnection, requestHead } from './fixtures/http-client.js';
 import { eventually, makeRandom, maxAbsDiff, openReference, randomTexts, sleep, testServerConfig } from './helpers.js';
 

@@ -8,10 +8,10 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer } from '../dist/src/core/tokenizer.js';
+import { loadTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import { createEngine, type Engine } from '../dist/src/index.js';
 import { CPU_RUN_TOKENS } from '../dist/src/gpu-worker/runner.js';
-import { writePreset } from '../dist/src/modelgen/presets.js';
+import { writePreset } from '../dist/models/generator/presets.js';
 import { batchesOfQueued, sentTogether } from './fixtures/queued-together.js';
 import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, randomTokenSequences, Reference, vocabularyWords } from './helpers.js';
 

@@ -16,11 +16,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { createEngine } from '../dist/src/engine.js';
-import { startServer, type Server } from '../dist/src/server.js';
-import { writePreset } from '../dist/src/modelgen/presets.js';
-import { toHalfBits } from '../dist/src/modelgen/quantize.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { createEngine } from '../dist/src/main/engine.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
+import { writePreset } from '../dist/models/generator/presets.js';
+import { toHalfBits } from '../dist/models/generator/quantize.js';
 import { batchesOfQueued, sentTogether } from './fixtures/queued-together.js';
 import { makeRandom, maxAbsDiff, testServerConfig } from './helpers.js';
 

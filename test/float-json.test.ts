@@ -20,8 +20,8 @@ import {
   float32RowsJson,
   outputsJson,
   writeFloat32,
-} from '../dist/src/gateway/float-json.js';
-import { mulberry32 } from '../dist/src/modelgen/rng.js';
+} from '../dist/src/gateway/http/float-json.js';
+import { mulberry32 } from '../dist/models/generator/rng.js';
 
 const seed = Number(process.env.SLABSERVE_TEST_SEED ?? Date.now() % 2 ** 31);
 console.log(`float-json: seed ${seed} (replay with SLABSERVE_TEST_SEED=${seed})`);

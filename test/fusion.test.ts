@@ -11,11 +11,11 @@ import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { fuseSkipLayerNorm } from '../dist/src/gpu-worker/fusion.js';
-import { startServer, type Server } from '../dist/src/server.js';
-import { decodeModel, encodeModel, GraphBuilder, makeModel, onnx } from '../dist/src/shared/onnx-graph.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
+import { decodeModel, encodeModel, GraphBuilder, makeModel, onnx } from '../dist/src/shared/model-format/onnx-graph.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { expectSameTokenStates, makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
-import { loadModelSpec } from '../dist/src/shared/model-config.js';
+import { loadModelSpec } from '../dist/src/shared/model-format/model-config.js';
 
 const TINY_EMBED = readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx'));
 const opTypes = (m: onnx.IModelProto) => (m.graph!.node ?? []).map((n) => n.opType);
@@ -192,7 +192,7 @@ describe('a fused graph that fails its trial run', () => {
     expect(metrics.sum('slabserve_model_fused_attentions', { model: 'rank-four' })).toBe(0); // served as exported: nothing fused
     const r = makeRandom('fusion fallback');
     const texts = randomTexts(r, vocabularyWords(loadModelSpec(join(root, 'tiny-embed'))), 6, 20);
-    const { loadTokenizer } = await import('../dist/src/core/tokenizer.js');
+    const { loadTokenizer } = await import('../dist/src/core/tokenizer/tokenizer.js');
     const tok = await loadTokenizer(join(root, 'tiny-embed', 'tokenizer.json'));
     for (const model of ['rank-four', 'tiny-embed']) {
       const reference = await PlainReference.open(join(root, model));

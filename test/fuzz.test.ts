@@ -51,7 +51,7 @@ import type { BatchingOptions } from '../dist/src/gpu-worker/scheduler.js';
 import { ControlBlock } from '../dist/src/shared/control.js';
 import { CancelledError, DeadlineExceededError, EngineClosedError, InferenceError, OverloadedError } from '../dist/src/shared/errors.js';
 import { H_GENERATION, H_LENGTH, HEADER_I32, Slab, SlotState } from '../dist/src/shared/slab.js';
-import { SlabSubmitter, type SlotResult } from '../dist/src/shared/submitter.js';
+import { SlabSubmitter, type SlotResult } from '../dist/src/core/submitter.js';
 import { ChildServer, sleep } from './fixtures/child-server.js';
 import { maxAbsDiff, NEWER_UWS, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 

@@ -10,8 +10,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
-import { loadTokenizer } from '../dist/src/core/tokenizer.js';
-import { startServer } from '../dist/src/server.js';
+import { loadTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { startServer } from '../dist/src/main/server.js';
 import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
 
 const GENERATE = fileURLToPath(new URL('../dist/models/generate.js', import.meta.url));

@@ -7,8 +7,8 @@ import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { prepareModel } from '../dist/src/gpu-worker/graph.js';
-import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
-import { decodeModel, encodeModel } from '../dist/src/shared/onnx-graph.js';
+import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-format/model-config.js';
+import { decodeModel, encodeModel } from '../dist/src/shared/model-format/onnx-graph.js';
 import { makeRandom, maxAbsDiff, modelsDir } from './helpers.js';
 
 const B = 3;

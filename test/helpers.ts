@@ -9,17 +9,17 @@ import { pack, unpack } from 'msgpackr';
 import * as ort from 'onnxruntime-node';
 import { expect } from 'vitest';
 import WebSocket from 'ws';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { checkNativeBinaries } from '../dist/src/native-binaries.js';
-import { mulberry32 } from '../dist/src/modelgen/rng.js';
-import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/server.js';
-import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-config.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { checkNativeBinaries } from '../dist/src/main/native-binaries.js';
+import { mulberry32 } from '../dist/models/generator/rng.js';
+import { SERVER_DEFAULTS, type ServerConfig } from '../dist/src/main/server.js';
+import { loadModelSpec, type ModelSpec } from '../dist/src/shared/model-format/model-config.js';
 
 export const modelsDir = fileURLToPath(new URL('../models', import.meta.url));
 
 /**
  * Whether the servers this process starts serve with uWebSockets.js 20.57 (the build for glibc >= 2.38)
- * rather than 20.30 (Debian 12, CI): the servers' own start-up check, asked here (src/native-binaries.ts).
+ * rather than 20.30 (Debian 12, CI): the servers' own start-up check, asked here (src/main/native-binaries.ts).
  * Where uWS's own parser answers, the two differ (docs/security.md), and tests assert each one's.
  */
 export const NEWER_UWS = (await checkNativeBinaries({ gateways: true })).package === '@btc-vision/uwebsockets.js';

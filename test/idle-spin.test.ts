@@ -6,7 +6,7 @@ import { Worker } from 'node:worker_threads';
 import { describe, expect, it } from 'vitest';
 import { MAX_IDLE_SPIN_US, spinFor } from '../dist/src/gpu-worker/inference-loop.js';
 import { Doorbell } from '../dist/src/shared/doorbell.js';
-import { startServer } from '../dist/src/server.js';
+import { startServer } from '../dist/src/main/server.js';
 import { expectCliRefuses } from './cli-process.js';
 import { eventually, testServerConfig } from './helpers.js';
 

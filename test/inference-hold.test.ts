@@ -7,9 +7,9 @@
  * and closing the server lets it go.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import type { BatchingOptions } from '../dist/src/gpu-worker/scheduler.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { batchesOfQueued, sentTogether, servedBatching } from './fixtures/queued-together.js';
 import { eventually, makeRandom, randomTexts, Reference, testServerConfig, vocabularyWords } from './helpers.js';

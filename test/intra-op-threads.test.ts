@@ -8,7 +8,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { describe, expect, it } from 'vitest';
 import { autoIntraOpThreads, SPLIT_HIDDEN_SIZE } from '../dist/src/gpu-worker/intra-op-threads.js';
-import { startServer } from '../dist/src/server.js';
+import { startServer } from '../dist/src/main/server.js';
 import { testServerConfig } from './helpers.js';
 
 describe('intra-op threads chosen for a model', () => {

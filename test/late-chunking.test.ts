@@ -19,10 +19,10 @@ import { join } from 'node:path';
 import { unpack } from 'msgpackr';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { writePreset } from '../dist/src/modelgen/presets.js';
-import { startServer, type Server } from '../dist/src/server.js';
-import { loadModelSpec, type Pooling } from '../dist/src/shared/model-config.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { writePreset } from '../dist/models/generator/presets.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
+import { loadModelSpec, type Pooling } from '../dist/src/shared/model-format/model-config.js';
 import { sentTogether } from './fixtures/queued-together.js';
 import { makeRandom, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 

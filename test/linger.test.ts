@@ -9,7 +9,7 @@
  */
 import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startServer, type Server } from '../dist/src/server.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { eventually, testServerConfig } from './helpers.js';
 

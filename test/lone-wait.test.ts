@@ -1,5 +1,5 @@
 /**
- * The lone wait (--lone-wait-us, src/shared/lone-wait.ts): a gateway serving
+ * The lone wait (--lone-wait-us, src/core/lone-wait.ts): a gateway serving
  * a lone caller holds its thread for the answer to the only request in the
  * server, asleep in short slices until its batch starts, then until shortly
  * before the batch's predicted end, awake from there; never for several
@@ -9,14 +9,14 @@ import { Worker } from 'node:worker_threads';
 import { availableParallelism } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Doorbell } from '../dist/src/shared/doorbell.js';
-import { LONE_STREAK, LoneWait, MAX_LONE_WAIT_US } from '../dist/src/shared/lone-wait.js';
+import { LONE_STREAK, LoneWait, MAX_LONE_WAIT_US } from '../dist/src/core/lone-wait.js';
 import { Counter, type Slab } from '../dist/src/shared/slab.js';
 import { nowMs } from '../dist/src/shared/clock.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { parseMetrics } from './fixtures/http-client.js';
 import { expectCliRefuses } from './cli-process.js';
 import { HARDWARE } from './fixtures/skips.js';
-import type { TextTokenizer } from '../dist/src/core/tokenizer.js';
+import type { TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import { makeRandom, maxAbsDiff, openReference, randomTexts, type Reference, testServerConfig, vocabularyWords } from './helpers.js';
 
 // Read by startServer: the inference hold below.

@@ -1,11 +1,11 @@
-// The request path's cell metrics (src/shared/metric-cells.ts) export exactly
+// The request path's cell metrics (src/shared/telemetry/metric-cells.ts) export exactly
 // what prom-client's own Counter and Histogram export for the same
 // observations, in its text format and through AggregatorRegistry's merge of
 // several threads. Fresh random observations each run, seed printed.
 import { AggregatorRegistry, Counter, Histogram, Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
-import { CellCounter, CellHistogram } from '../dist/src/shared/metric-cells.js';
-import { mulberry32 } from '../dist/src/modelgen/rng.js';
+import { CellCounter, CellHistogram } from '../dist/src/shared/telemetry/metric-cells.js';
+import { mulberry32 } from '../dist/models/generator/rng.js';
 
 const seed = Number(process.env.SLABSERVE_TEST_SEED ?? Math.floor(Math.random() * 2 ** 31));
 console.log(`metric-cells: seed ${seed}`);

@@ -1,9 +1,9 @@
 /**
- * src/model-budget.ts on its own: which loaded models make room for a load (least recently used
+ * src/main/repository/model-budget.ts on its own: which loaded models make room for a load (least recently used
  * first; never a busy or a pinned one), with fake slabs (rows moved, slots taken).
  */
 import { describe, expect, it } from 'vitest';
-import { BudgetError, ModelBudget, type BudgetModel } from '../dist/src/model-budget.js';
+import { BudgetError, ModelBudget, type BudgetModel } from '../dist/src/main/repository/model-budget.js';
 import { Counter, type Slab } from '../dist/src/shared/slab.js';
 
 /** A clock the test moves by hand. */

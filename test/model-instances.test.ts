@@ -12,8 +12,8 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { AUTO_INSTANCES_MAX, autoModelInstances } from '../dist/src/gpu-worker/intra-op-threads.js';
 import { HEAVY_QUEUE, LONE_MAX_TOKENS, ModelInstances, type Instance } from '../dist/src/gpu-worker/model-instances.js';
 import type { BatchStats } from '../dist/src/gpu-worker/runner.js';
-import { writePreset } from '../dist/src/modelgen/presets.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { writePreset } from '../dist/models/generator/presets.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { expectCliRefuses } from './cli-process.js';
 import { makeRandom, maxAbsDiff, randomTokenSequences, Reference, testServerConfig } from './helpers.js';
 

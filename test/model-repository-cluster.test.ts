@@ -8,7 +8,7 @@ import http from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { writePreset } from '../dist/src/modelgen/presets.js';
+import { writePreset } from '../dist/models/generator/presets.js';
 import { serveCli } from './cli-process.js';
 import { eventually } from './helpers.js';
 

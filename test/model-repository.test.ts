@@ -1,5 +1,5 @@
 /**
- * The model repository at runtime (src/model-repository.ts, docs/model-repository.md):
+ * The model repository at runtime (src/main/repository/repository.ts, docs/model-repository.md):
  * Triton's repository routes on a real server (startServer, real onnxruntime, real
  * sockets) over a models directory this file writes (generated folders). Loads,
  * unloads and reloads happen while other clients keep a model busy; answers are
@@ -9,10 +9,10 @@ import { cpSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } fr
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { writePreset } from '../dist/src/modelgen/presets.js';
-import { createEngine } from '../dist/src/engine.js';
-import { startServer, TEST_HOOKS_ENV, type Server } from '../dist/src/server.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { writePreset } from '../dist/models/generator/presets.js';
+import { createEngine } from '../dist/src/main/engine.js';
+import { startServer, TEST_HOOKS_ENV, type Server } from '../dist/src/main/server.js';
 import { eventually, makeRandom, maxAbsDiff, PlainReference, randomTexts, sleep, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 
 const TOLERANCE = 1e-5;

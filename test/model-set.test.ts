@@ -1,9 +1,9 @@
 /**
- * src/model-set.ts: ids, what new requests may find (serving), and the reuse of an unloaded
+ * src/main/repository/model-set.ts: ids, what new requests may find (serving), and the reuse of an unloaded
  * model's slab buffer (a new Slab laid out in it starts as a fresh one would).
  */
 import { describe, expect, it } from 'vitest';
-import { ModelSet } from '../dist/src/model-set.js';
+import { ModelSet } from '../dist/src/main/repository/model-set.js';
 import type { ModelPlan } from '../dist/src/shared/model-plan.js';
 import { H_LENGTH, Slab, SlotState } from '../dist/src/shared/slab.js';
 

@@ -14,17 +14,17 @@ import {
   buildBertGraph,
   buildBertModel,
   type BertSpec,
-} from '../src/modelgen/bert-graph.js';
+} from '../models/generator/bert-graph.js';
 import {
   INTENT_LABELS,
   buildConfigJson,
   getPreset,
   isModelFolderComplete,
   writePreset,
-} from '../src/modelgen/presets.js';
-import { Rng } from '../src/modelgen/rng.js';
-import { GraphBuilder, decodeModel, encodeModel, makeModel, onnx } from '../src/shared/onnx-graph.js';
-import { loadModelSpec } from '../src/shared/model-config.js';
+} from '../models/generator/presets.js';
+import { Rng } from '../models/generator/rng.js';
+import { GraphBuilder, decodeModel, encodeModel, makeModel, onnx } from '../src/shared/model-format/onnx-graph.js';
+import { loadModelSpec } from '../src/shared/model-format/model-config.js';
 
 type Feeds = Record<string, ort.Tensor>;
 

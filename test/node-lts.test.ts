@@ -16,7 +16,7 @@ import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { TextTokenizer } from '../dist/src/core/tokenizer.js';
+import type { TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import { glibcNeeded } from '../dist/src/gateway/uws.js';
 import { CLI, portOutsideEphemeral, serveCli, type CliServer } from './cli-process.js';
 import { grpcJsPackages, unaryCall } from './fixtures/grpc-js-client.js';

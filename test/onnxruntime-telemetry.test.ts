@@ -1,6 +1,6 @@
 /**
  * onnxruntime 1.29's telemetry stays off in a server whose operator did not
- * ask for it (src/shared/onnxruntime-telemetry.ts): a real `slabserve serve`
+ * ask for it (src/main/onnxruntime-telemetry.ts): a real `slabserve serve`
  * started without ORT_DISABLE_TELEMETRY in its environment, and without the
  * CI variables onnxruntime also stands down for, serves a request and leaves
  * nothing of onnxruntime's behind: no device id or event cache in its home,
@@ -10,7 +10,7 @@ import { existsSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { keepOnnxruntimeTelemetryOff, ORT_TELEMETRY_SWITCH } from '../dist/src/shared/onnxruntime-telemetry.js';
+import { keepOnnxruntimeTelemetryOff, ORT_TELEMETRY_SWITCH } from '../dist/src/main/onnxruntime-telemetry.js';
 import { serveCli } from './cli-process.js';
 
 /** The variables onnxruntime 1.29 reads as "running in CI" (its telemetry_environment.h): unset, so only our switch can keep it off. */

@@ -1,5 +1,5 @@
 /**
- * The span serializer (src/shared/otlp-protobuf.ts) against OpenTelemetry's
+ * The span serializer (src/shared/telemetry/otlp-protobuf.ts) against OpenTelemetry's
  * own (@opentelemetry/otlp-transformer's ProtobufTraceSerializer): the same
  * random spans, both bodies read back field by field by the test's wire
  * reader, must say the same thing. Fields the reference writes with their
@@ -11,8 +11,8 @@ import { TraceState } from '@opentelemetry/core';
 import { ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { describe, expect, it } from 'vitest';
-import { serializeSpans } from '../src/shared/otlp-protobuf.js';
-import { SpanRecord, sampledContext, type SpanOrigin } from '../src/shared/span-record.js';
+import { serializeSpans } from '../src/shared/telemetry/otlp-protobuf.js';
+import { SpanRecord, sampledContext, type SpanOrigin } from '../src/shared/telemetry/span-record.js';
 import { fields, type Field } from './fixtures/otlp-receiver.js';
 import { makeRandom } from './helpers.js';
 

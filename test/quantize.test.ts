@@ -1,5 +1,5 @@
 /**
- * Quantized embeddings (`embedding_type`, src/core/quantize.ts):
+ * Quantized embeddings (`embedding_type`, src/core/quantized-embeddings.ts):
  *
  * - the module against a reference written here, differently (bits as a
  *   '0'/'1' string cut into bytes; rounding by floor(|s| + 0.5)), on seeded
@@ -23,7 +23,7 @@ import { unpack } from 'msgpackr';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SlabClient, SlabHttpClient } from '../dist/src/client/index.js';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import {
   EMBEDDING_TYPES,
   packSignBits,
@@ -33,8 +33,8 @@ import {
   quantizeRow,
   quantizeUint8,
   rowBytes,
-} from '../dist/src/core/quantize.js';
-import { startServer, type Server } from '../dist/src/server.js';
+} from '../dist/src/core/quantized-embeddings.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 
 type QType = 'int8' | 'uint8' | 'binary' | 'ubinary';

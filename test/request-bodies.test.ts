@@ -17,8 +17,8 @@
 import { InferenceClient } from '@huggingface/inference';
 import OpenAI, { BadRequestError } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { makeRandom, maxAbsDiff, PlainReference, randomTexts, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 
 const TOLERANCE = 1e-5;

@@ -8,7 +8,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { EmbedRequest, parseBody, PredictRequest, quickEmbedRequest, quickPredictRequest, SimilarityRequest } from '../dist/src/gateway/schemas.js';
 import { UnknownFieldError } from '../dist/src/shared/errors.js';
-import { editDistance, nearestName } from '../dist/src/shared/nearest-name.js';
+import { editDistance, nearestName } from '../dist/src/gateway/nearest-name.js';
 
 const seed = Number(process.env.SLABSERVE_FUZZ_SEED ?? Math.floor(Math.random() * 2 ** 31));
 

@@ -25,7 +25,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import { SlabClient } from '../dist/src/client/index.js';
 import { ApiKeys, apiKeyProblem, bearerToken, chooseProtocol, decodeMsgpack, isValidModelName, protocolKey, requestId, wsKeyProtocol } from '../dist/src/gateway/security.js';
-import { startServer, type Server } from '../dist/src/server.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
 import { MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
 import { eventually, NEWER_UWS, testServerConfig } from './helpers.js';
 

@@ -20,8 +20,8 @@ import {
   OverloadedError,
 } from '../dist/src/shared/errors.js';
 import { Counter, Slab, SlotState, type SlabLayout } from '../dist/src/shared/slab.js';
-import { SlabSubmitter, type SlotResult } from '../dist/src/shared/submitter.js';
-import { mulberry32 } from '../dist/src/modelgen/rng.js';
+import { SlabSubmitter, type SlotResult } from '../dist/src/core/submitter.js';
+import { mulberry32 } from '../dist/models/generator/rng.js';
 
 const fixture = new URL('./fixtures/fake-inference-worker.mjs', import.meta.url);
 

@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { HARDWARE } from './fixtures/skips.js';
 import { checkDevice, cudaMissing, missingGpu, systemProbes, type CudaProbes } from '../dist/src/gpu-worker/device.js';
-import { pickFreePort } from '../dist/src/server.js';
+import { pickFreePort } from '../dist/src/main/server.js';
 import { portOutsideEphemeral, serveCli } from './cli-process.js';
 
 const CLI = fileURLToPath(new URL('../dist/src/cli.js', import.meta.url));

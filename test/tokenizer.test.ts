@@ -2,10 +2,10 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTokenizer, loadTokenizer, type TextTokenizer } from '../src/core/tokenizer.js';
-import { bertUncasedVocab, buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
+import { createTokenizer, loadTokenizer, type TextTokenizer } from '../src/core/tokenizer/tokenizer.js';
+import { bertUncasedVocab, buildBertTokenizerJson } from '../models/generator/tokenizer-json.js';
 import { InputTooLongError } from '../src/shared/errors.js';
-import { mulberry32 as rng } from '../src/modelgen/rng.js';
+import { mulberry32 as rng } from '../models/generator/rng.js';
 
 
 const vocab = bertUncasedVocab();

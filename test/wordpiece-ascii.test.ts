@@ -1,5 +1,5 @@
 /**
- * The ASCII fast path of the BERT pipeline (src/core/wordpiece-ascii.ts) against
+ * The ASCII fast path of the BERT pipeline (src/core/tokenizer/wordpiece-ascii.ts) against
  * the library it stands in for and the Rust tokenizers library, on fresh random
  * texts (seed printed) built to hit its edges: case, every ASCII punctuation
  * character, tabs and newlines, runs of spaces, words past
@@ -9,10 +9,10 @@
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { Infer, INLINE_TOKENIZE_CHARS, type ServedModel } from '../src/core/infer.js';
-import { createTokenizer, type EncodeOptions } from '../src/core/tokenizer.js';
-import { CONTINUATION_SEED, hashStep, INITIAL_SEED, PieceTable } from '../src/core/piece-table.js';
-import { ASCII_PACE, AsciiWordPiece } from '../src/core/wordpiece-ascii.js';
-import { buildBertTokenizerJson } from '../src/modelgen/tokenizer-json.js';
+import { createTokenizer, type EncodeOptions } from '../src/core/tokenizer/tokenizer.js';
+import { CONTINUATION_SEED, hashStep, INITIAL_SEED, PieceTable } from '../src/core/tokenizer/piece-table.js';
+import { ASCII_PACE, AsciiWordPiece } from '../src/core/tokenizer/wordpiece-ascii.js';
+import { buildBertTokenizerJson } from '../models/generator/tokenizer-json.js';
 import { makeRandom } from './helpers.js';
 
 type Json = Record<string, unknown>;

@@ -26,8 +26,8 @@ import { pathToFileURL } from 'node:url';
 import { pack, unpack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
-import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer.js';
-import { SERVER_DEFAULTS, startServer, type Server, type ServerConfig } from '../dist/src/server.js';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { SERVER_DEFAULTS, startServer, type Server, type ServerConfig } from '../dist/src/main/server.js';
 import { VERSION } from '../dist/src/version.js';
 import { HttpClient, parseMetrics, type Metrics } from './fixtures/http-client.js';
 import { eventually as pollUntil, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
@@ -589,7 +589,7 @@ describe('/ws', () => {
     await expectSlotsFree();
   });
 
-  // src/gateway/ws.ts looks ops up in a Map, so an op named after an Object.prototype member is just
+  // src/gateway/ws/api.ts looks ops up in a Map, so an op named after an Object.prototype member is just
   // unknown. Looked up in a plain object (`operations[msg.op]`, as it once was), it finds a function (or
   // an object) there and calls it: a TypeError thrown in the uWS message handler kills the gateway
   // thread, and uWS then aborts the whole process. So this runs against a server in a child process,
@@ -599,7 +599,7 @@ describe('/ws', () => {
     // started with --input-type refuses its own entry file).
     const url = (specifier: string) => pathToFileURL(createRequire(import.meta.url).resolve(specifier)).href;
     const script = `
-      import { startServer, SERVER_DEFAULTS } from ${JSON.stringify(new URL('../dist/src/server.js', import.meta.url).href)};
+      import { startServer, SERVER_DEFAULTS } from ${JSON.stringify(new URL('../dist/src/main/server.js', import.meta.url).href)};
       import WebSocket from ${JSON.stringify(url('ws'))};
       import msgpackr from ${JSON.stringify(url('msgpackr'))};
       const { pack, unpack } = msgpackr;
@@ -669,7 +669,7 @@ describe('/ws', () => {
   });
 
   // docs/websocket.md: "A frame larger than --ws-max-frame-bytes ... closes the socket with 1009".
-  // src/gateway/ws.ts sets uWS's maxPayloadLength to twice the limit and closes with 1009 itself a frame
+  // src/gateway/ws/api.ts sets uWS's maxPayloadLength to twice the limit and closes with 1009 itself a frame
   // between the two (this one); only one over twice the limit is dropped by uWS without a close frame
   // (1006), as the docs say.
   it('an oversized frame closes the socket with code 1009 (message too big)', async () => {
@@ -901,7 +901,7 @@ describe('/ws', () => {
     await other.close();
   });
 
-  // docs/websocket.md: frames held back "are taken up again on drain". src/gateway/ws.ts takes them up
+  // docs/websocket.md: frames held back "are taken up again on drain". src/gateway/ws/api.ts takes them up
   // on the turn after uWS's drain callback, not inside it: a send made inside it, to a client reading
   // slower than the server writes, could report success yet stay in uWS's buffer with no further drain
   // to flush it (the client got a frame cut in the middle, and every later frame on the socket was held
@@ -931,7 +931,7 @@ describe('/ws', () => {
 
   // docs/websocket.md: while held back "a small cancel frame is taken at once", and a cancelled request
   // "if it has not run, never runs" and "is answered with a cancelled error". The request it names still
-  // waits, unparsed, among the held frames (not in flight): src/gateway/ws.ts drops that frame and answers
+  // waits, unparsed, among the held frames (not in flight): src/gateway/ws/api.ts drops that frame and answers
   // it `cancelled` (dropHeld), so it is never parsed nor run.
   it('a cancel taken while its request is held back cancels it: answered `cancelled`, never run', async () => {
     const c = await WsConn.open();

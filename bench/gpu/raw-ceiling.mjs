@@ -64,8 +64,8 @@ const require = createRequire(join(app, 'package.json'));
 const ort = require('onnxruntime-node');
 const ortVersion = require('onnxruntime-node/package.json').version;
 const { prepareModel } = await import(pathToFileURL(join(app, 'dist/src/gpu-worker/graph.js')).href);
-const { loadModelSpec } = await import(pathToFileURL(join(app, 'dist/src/shared/model-config.js')).href);
-const { keepOnnxruntimeTelemetryOff } = await import(pathToFileURL(join(app, 'dist/src/shared/onnxruntime-telemetry.js')).href);
+const { loadModelSpec } = await import(pathToFileURL(join(app, 'dist/src/shared/model-format/model-config.js')).href);
+const { keepOnnxruntimeTelemetryOff } = await import(pathToFileURL(join(app, 'dist/src/main/onnxruntime-telemetry.js')).href);
 keepOnnxruntimeTelemetryOff(); // as the server does: before the first session
 
 const modelDir = resolve(args['model-dir']);

@@ -3,7 +3,7 @@
  * computes (the same tokens, the engine's vectors), and /ws rows must be the
  * vectors POST /embed answers.
  */
-import type { Engine } from '../../src/engine.js';
+import type { Engine } from '../../src/main/engine.js';
 import { createLoadClient } from '../http-clients.js';
 import type { ServerProcess } from '../server-process.js';
 import { embedOnce } from '../ws-load.js';

@@ -5,8 +5,8 @@
  * bench/load.ts). Each returns one PhaseResult.
  */
 import type * as ort from 'onnxruntime-node';
-import type { Engine } from '../../src/engine.js';
-import { mulberry32 as rng } from '../../src/modelgen/rng.js';
+import type { Engine } from '../../src/main/engine.js';
+import { mulberry32 as rng } from '../../models/generator/rng.js';
 import { newHistogram, runLoad, type Generator } from '../load.js';
 import { runClosedLoop } from '../closed-loop.js';
 import { runRawLoop, type RawBatch } from '../raw-ort.js';

@@ -7,10 +7,10 @@
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import type * as ort from 'onnxruntime-node';
-import { createEngine, ENGINE_DEFAULTS, type Engine } from '../../src/engine.js';
+import { createEngine, ENGINE_DEFAULTS, type Engine } from '../../src/main/engine.js';
 import { prepareModel } from '../../src/gpu-worker/graph.js';
-import { mulberry32 as rng } from '../../src/modelgen/rng.js';
-import type { ModelSpec } from '../../src/shared/model-config.js';
+import { mulberry32 as rng } from '../../models/generator/rng.js';
+import type { ModelSpec } from '../../src/shared/model-format/model-config.js';
 import { openRawSession, rawBatches, type RawBatch } from '../raw-ort.js';
 import { startServerProcess, type ServerProcess } from '../server-process.js';
 import { checkServer, checkWs } from './checks.js';

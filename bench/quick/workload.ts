@@ -3,9 +3,9 @@
  * the model's tokenizer (every row sees the same ones), or, with --ids,
  * random token sequences.
  */
-import { loadTokenizer } from '../../src/core/tokenizer.js';
-import { bertUncasedVocab } from '../../src/modelgen/tokenizer-json.js';
-import type { ModelSpec } from '../../src/shared/model-config.js';
+import { loadTokenizer } from '../../src/core/tokenizer/tokenizer.js';
+import { bertUncasedVocab } from '../../models/generator/tokenizer-json.js';
+import type { ModelSpec } from '../../src/shared/model-format/model-config.js';
 import type { Workload } from '../workloads.js';
 
 /** Tokens per sequence, [CLS] and [SEP] included. */

@@ -10,7 +10,7 @@
  */
 import { loadavg } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import type { Engine, ModelStats } from '../../src/engine.js';
+import type { Engine, ModelStats } from '../../src/main/engine.js';
 import type { SlabserveError } from '../../src/shared/errors.js';
 import type { Cell, Schedule } from './arrivals.js';
 import { cpuMs, sleep, toUs, yieldNow } from './clock.js';

@@ -4,7 +4,7 @@
  * measured window, and the HDR histograms the latencies go into.
  */
 import hdr from 'hdr-histogram-js';
-import type { ModelStats } from '../../src/engine.js';
+import type { ModelStats } from '../../src/main/engine.js';
 import { SlabserveError } from '../../src/shared/errors.js';
 
 export type Histogram = ReturnType<typeof hdr.build>;

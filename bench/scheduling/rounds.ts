@@ -4,7 +4,7 @@
  * whole order reversed, so drift on a shared box hits all alike. Within a
  * round every configuration of a cell gets the same arrival schedule.
  */
-import { mulberry32 } from '../../src/modelgen/rng.js';
+import { mulberry32 } from '../../models/generator/rng.js';
 import { fmt } from '../table.js';
 import { describeBurst, schedule, type Cell, type Schedule } from './arrivals.js';
 import { sleep } from './clock.js';

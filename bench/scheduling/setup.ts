@@ -5,8 +5,8 @@
  * `Bench` carries all of it to the phases and the report.
  */
 import { performance } from 'node:perf_hooks';
-import { createEngine, type Engine } from '../../src/engine.js';
-import { mulberry32 } from '../../src/modelgen/rng.js';
+import { createEngine, type Engine } from '../../src/main/engine.js';
+import { mulberry32 } from '../../models/generator/rng.js';
 import { batchCapacity, type BatchingOptions } from '../../src/gpu-worker/scheduler.js';
 import { fmt } from '../table.js';
 import type { Config } from './configs.js';

@@ -3,7 +3,7 @@
  * records so far, and the three ways a case measures (one load phase, A/B
  * rounds of closed loops, a comparison of two sides).
  */
-import { mulberry32 } from '../../src/modelgen/rng.js';
+import { mulberry32 } from '../../models/generator/rng.js';
 import { runLoad, type Arrivals } from '../load.js';
 import type { CaseName, Comparison, Curve, PhaseResult } from '../suite-results.js';
 import type { Workload } from '../workloads.js';

@@ -6,7 +6,7 @@
  * models after the first, recorded as the `models` case.
  */
 import { defaultBuckets } from '../../src/gpu-worker/scheduler.js';
-import { mulberry32 } from '../../src/modelgen/rng.js';
+import { mulberry32 } from '../../models/generator/rng.js';
 import { newHistogram } from '../load.js';
 import { openRawSession, rawBatches, runRawLoop } from '../raw-ort.js';
 import type { PhaseResult } from '../suite-results.js';

@@ -11,7 +11,7 @@
  * thread. The engines stay open for all rounds; an idle one costs nothing
  * measurable while another side runs.
  */
-import { createEngine, type Engine } from '../../src/engine.js';
+import { createEngine, type Engine } from '../../src/main/engine.js';
 import { runClosedLoop } from '../closed-loop.js';
 import type { PhaseResult } from '../suite-results.js';
 import type { Workload } from '../workloads.js';

@@ -3,7 +3,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { prepareModel, type PreparedModel } from '../../src/gpu-worker/graph.js';
-import { loadModelSpec, type ModelSpec } from '../../src/shared/model-config.js';
+import { loadModelSpec, type ModelSpec } from '../../src/shared/model-format/model-config.js';
 import { fail } from '../args.js';
 import type { ModelInfo } from '../suite-results.js';
 import { makeWorkload, type Workload, type WorkloadName } from '../workloads.js';

@@ -22,10 +22,10 @@
  * fails on) fails the request and cancels the parts in flight, so it leaves
  * no work behind.
  */
-import { Cancellation } from '../shared/cancel.js';
+import { Cancellation } from './cancel.js';
 import { nowMs } from '../shared/clock.js';
 import { CancelledError, DeadlineExceededError, OverloadedError } from '../shared/errors.js';
-import { mergeTrace, type RequestRows, type SlabSubmitter, type SlotReservation, type SubmitInput } from '../shared/submitter.js';
+import { mergeTrace, type RequestRows, type SlabSubmitter, type SlotReservation, type SubmitInput } from './submitter.js';
 import type { SpanIds } from '../shared/trace-context.js';
 
 /** Parts of one request queued or running at once: one runs while the next waits its turn. */

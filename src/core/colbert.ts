@@ -1,6 +1,6 @@
 /**
  * ColBERT inputs as PyLate builds them (pylate/models/colbert.py), for a
- * PyLate folder (spec.colbert, read by shared/hf-folder.ts):
+ * PyLate folder (spec.colbert, read by shared/model-format/hf-folder.ts):
  *
  *   - the text is tokenized with [CLS] and [SEP] and cut to its length less one
  *     (query_length for a query, document_length for a document), then the
@@ -15,8 +15,8 @@
  * The vectors themselves (the Dense projection, L2-normalised per token) are
  * the graph's: gpu-worker/graph.ts.
  */
-import type { ColbertSpec } from '../shared/model-config.js';
-import type { Encoding } from './tokenizer.js';
+import type { ColbertSpec } from '../shared/model-format/model-config.js';
+import type { Encoding } from './tokenizer/tokenizer.js';
 
 export type ColbertInputType = 'query' | 'document';
 export const COLBERT_INPUT_TYPES: readonly ColbertInputType[] = ['query', 'document'];

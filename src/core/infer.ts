@@ -26,20 +26,20 @@
  *
  * What the rows mean per task (embeddings, class scores, rerank scores) is
  * read by the functions at the end of this file; answer shapes are the
- * dialects' business (routes*.ts, ws.ts, the engine). Transport-free.
+ * dialects' business (routes*.ts, src/gateway/ws/api.ts, the engine). Transport-free.
  */
 import type { SpanIds } from '../shared/trace-context.js';
 import { colbertTextLength, markColbert, type ColbertInputType } from './colbert.js';
 import type { ModelPlan } from '../shared/model-plan.js';
-import { admission } from '../shared/admission.js';
-import type { Cancellation } from '../shared/cancel.js';
+import { admission } from './admission.js';
+import type { Cancellation } from './cancel.js';
 import { nowMs } from '../shared/clock.js';
 import { DeadlineExceededError, InputTooLongError, ModelNotFoundError, OutputUnavailableError, OverloadedError, ValidationError, WrongTaskError } from '../shared/errors.js';
-import { checkModelName, type ModelOutput, type Task } from '../shared/model-config.js';
+import { checkModelName, type ModelOutput, type Task } from '../shared/model-format/model-config.js';
 import { fillMissing, lookUp, type ResultCache } from '../shared/result-cache.js';
-import type { RequestRows, SlabSubmitter, SlotReservation } from '../shared/submitter.js';
+import type { RequestRows, SlabSubmitter, SlotReservation } from './submitter.js';
 import { partSizeFor, submitInParts } from './client-batches.js';
-import type { EncodeOptions, Encoding, TextTokenizer, TruncationDirection } from './tokenizer.js';
+import type { EncodeOptions, Encoding, TextTokenizer, TruncationDirection } from './tokenizer/tokenizer.js';
 
 /** Priority classes when none are configured: index 0 is the default. */
 export const DEFAULT_PRIORITY_NAMES: readonly string[] = ['interactive', 'bulk'];
@@ -297,7 +297,7 @@ export class Infer {
 
   /**
    * The loaded model named `name`. A name no model can have (checkModelName,
-   * shared/model-config.ts: `..`, slashes, percent signs, over 128 characters) is refused
+   * shared/model-format/model-config.ts: `..`, slashes, percent signs, over 128 characters) is refused
    * first, so a name from a URL or a body never reaches more than this list.
    */
   byName(name: string): ServedModel {

@@ -2,7 +2,7 @@
  * Late chunking (Jina, arXiv 2409.04701): one text runs through the model
  * whole, then each chunk's row is the model's pooling over the token states
  * of the tokens in that chunk, so every chunk's vector has seen the whole
- * document. `/embed` with `chunks` (src/gateway/tei.ts) wires these pure
+ * document. `/embed` with `chunks` (src/gateway/tei/endpoints.ts) wires these pure
  * functions around one call for the text's token states (tokenRows).
  *
  * The rules:
@@ -20,8 +20,8 @@
  *     attention mask), cls (the chunk's first token), lasttoken (its last).
  */
 import { FieldValidationError } from '../shared/errors.js';
-import type { Pooling } from '../shared/model-config.js';
-import type { TokenSpan, TruncationDirection } from './tokenizer.js';
+import type { Pooling } from '../shared/model-format/model-config.js';
+import type { TokenSpan, TruncationDirection } from './tokenizer/tokenizer.js';
 
 /** A chunk: [start, end) in code points of the text as sent. */
 export type Chunk = readonly [start: number, end: number];

@@ -12,7 +12,7 @@
  *
  * The dense row is the pooled one every embedding model has.
  */
-import type { M3Spec } from '../shared/model-config.js';
+import type { M3Spec } from '../shared/model-format/model-config.js';
 import type { SparseRow } from './sparse.js';
 
 /** The sparse weights of one input: `vectors` is [length x (dim + 1)], the weight last in each. */

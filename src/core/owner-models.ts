@@ -1,7 +1,7 @@
 /**
  * The models one owner thread submits to (a gateway thread, the in-process
  * engine), changed while it serves: what the model repository asks of each
- * owner (src/model-repository.ts). By model id (ModelPlan.index), as every
+ * owner (src/main/repository/repository.ts). By model id (ModelPlan.index), as every
  * per-model array: holes once a model is gone.
  *
  *   add(plan)     map its slab, read its tokenizer, then new requests find it
@@ -11,9 +11,9 @@
  */
 import type { ModelPlan } from '../shared/model-plan.js';
 import { Slab } from '../shared/slab.js';
-import type { SlabSubmitter } from '../shared/submitter.js';
+import type { SlabSubmitter } from './submitter.js';
 import type { Infer } from './infer.js';
-import { loadModelTokenizer } from './tokenizer.js';
+import { loadModelTokenizer } from './tokenizer/tokenizer.js';
 
 export class OwnerModels {
   readonly plans: ModelPlan[] = [];

@@ -20,9 +20,9 @@
  * with a request in progress" is exact; idle keep-alive connections cost a few
  * hundred bytes each and uWS closes them after its idle timeout (10 or 30 s).
  */
-import type { GatewayMetrics } from '../shared/metrics.js';
+import type { GatewayMetrics } from '../shared/telemetry/metrics.js';
 import { HttpError } from '../shared/errors.js';
-import { DISCARD_DEFAULTS, RequestContext, type DiscardLimits } from './http.js';
+import { DISCARD_DEFAULTS, RequestContext, type DiscardLimits } from './http/request-context.js';
 import type { AccessLog } from './log.js';
 import { ApiKeys, type AuthResult } from './security.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
@@ -40,7 +40,7 @@ export interface GateOptions {
   maxUrlBytes: number;
   /** Largest request head, request line and headers, in bytes (--max-header-bytes): 431 past it. */
   maxHeaderBytes: number;
-  /** Most body bytes, in all, read and dropped so that an answer decided before the body arrived is read (--max-discard-bytes; http.ts DiscardLimits). */
+  /** Most body bytes, in all, read and dropped so that an answer decided before the body arrived is read (--max-discard-bytes; src/gateway/http/request-context.ts DiscardLimits). */
   maxDiscardBytes: number;
   /** How long, at most, that answer waits for the rest of the body (--discard-timeout-ms). */
   discardTimeoutMs: number;

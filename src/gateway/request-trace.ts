@@ -6,7 +6,7 @@
  * ride in its slots (shared/trace-context.ts), so the span of each batch it
  * rode in links to it, and it links back to them. Its children, from the
  * times its slots recorded: `tokenize` and `queue`. All three are made when it
- * ends, as SpanRecords (shared/span-record.ts: why not the SDK's Tracer).
+ * ends, as SpanRecords (shared/telemetry/span-record.ts: why not the SDK's Tracer).
  *
  * An unsampled request costs the sampler's decision and nothing else; with
  * tracing off there is no RequestTracing at all.
@@ -16,9 +16,9 @@ import { W3CTraceContextPropagator } from '@opentelemetry/core';
 import { SamplingDecision } from '@opentelemetry/sdk-trace-base';
 import type { InferResult } from '../core/infer.js';
 import { nowMs } from '../shared/clock.js';
-import { newSpanId, newTraceId, sampledContext, SpanRecord } from '../shared/span-record.js';
+import { newSpanId, newTraceId, sampledContext, SpanRecord } from '../shared/telemetry/span-record.js';
 import type { SpanIds } from '../shared/trace-context.js';
-import type { ThreadTracing } from '../shared/tracing.js';
+import type { ThreadTracing } from '../shared/telemetry/tracing.js';
 
 /** W3C trace context as the caller sent it ('' or absent: none). */
 export interface TraceCarrier {

@@ -5,10 +5,10 @@
  * refused with the nearest known name, never silently ignored.
  */
 import { z } from 'zod';
-import { EMBEDDING_TYPES, isEmbeddingType } from '../core/quantize.js';
+import { EMBEDDING_TYPES, isEmbeddingType } from '../core/quantized-embeddings.js';
 import { FieldValidationError, UnknownFieldError, ValidationError } from '../shared/errors.js';
-import { nearestName } from '../shared/nearest-name.js';
-import { POOLINGS, TASKS, type Task } from '../shared/model-config.js';
+import { nearestName } from './nearest-name.js';
+import { POOLINGS, TASKS, type Task } from '../shared/model-format/model-config.js';
 
 /** Token ids with the special tokens ([CLS] ... [SEP]): pre-tokenized input, as TEI and OpenAI take it. */
 const tokenIds = z.array(z.number().int().nonnegative()).min(1);
@@ -46,7 +46,7 @@ const prompts = {
   prompt: z.string().optional(),
 };
 
-/** Quantized rows (core/quantize.ts): Cohere's names. */
+/** Quantized rows (core/quantized-embeddings.ts): Cohere's names. */
 const embedding_type = z.enum(EMBEDDING_TYPES, { error: `must be one of ${EMBEDDING_TYPES.map((t) => `"${t}"`).join(', ')}` }).optional();
 
 /** What /embed may answer per input instead of the dense row: any of these, each at most once (a BGE-M3 model gives all three from one pass). */

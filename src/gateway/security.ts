@@ -115,8 +115,8 @@ export function apiKeyProblem(key: string): string | null {
 
 // ------------------------------------------------------------------ model names
 
-// The rule and its check live with the model folders (src/shared/model-config.ts): a folder is a model's name.
-export { checkModelName, isValidModelName } from '../shared/model-config.js';
+// The rule and its check live with the model folders (src/shared/model-format/model-config.ts): a folder is a model's name.
+export { checkModelName, isValidModelName } from '../shared/model-format/model-config.js';
 
 /** A client-sent string for a message: JSON-quoted, at most 64 characters. */
 export function shown(s: string): string {

@@ -1,7 +1,7 @@
 /**
  * The serving skeleton: one path for every inference request, whatever its
  * dialect (TEI's /embed, /predict, /rerank; OpenAI's /v1/embeddings;
- * KServe's infer) and transport (HTTP here, WebSocket in ws.ts):
+ * KServe's infer) and transport (HTTP here, WebSocket in src/gateway/ws/api.ts):
  *
  *   HTTP: refuse before the body (not ready 503; no free slot for its models 429)
  *         read and decode the body (JSON or msgpack)
@@ -14,12 +14,12 @@
  * and an error shape; it never repeats the steps above. Endpoints that do not
  * run the model (/tokenize, /decode) are LocalEndpoints: parse and answer in one.
  */
-import type { Cancellation } from '../shared/cancel.js';
+import type { Cancellation } from '../core/cancel.js';
 import { InputTooLongError, ModelNotFoundError, NotReadyError } from '../shared/errors.js';
-import type { GatewayMetrics } from '../shared/metrics.js';
-import type { CounterCell, HistogramCell } from '../shared/metric-cells.js';
-import type { Task } from '../shared/model-config.js';
-import { statusOf, type Answer, type RequestContext } from './http.js';
+import type { GatewayMetrics } from '../shared/telemetry/metrics.js';
+import type { CounterCell, HistogramCell } from '../shared/telemetry/metric-cells.js';
+import type { Task } from '../shared/model-format/model-config.js';
+import { statusOf, type Answer, type RequestContext } from './http/request-context.js';
 import type { InferCall, Infer, InferResult } from '../core/infer.js';
 import type { SpanIds } from '../shared/trace-context.js';
 import type { RequestSpan, RequestTracing } from './request-trace.js';

@@ -24,7 +24,7 @@
  * every intermediate used once. The runner's trial run covers the rest
  * (runner.ts, ModelRunner.create).
  */
-import { makeTensor, onnx } from '../shared/onnx-graph.js';
+import { makeTensor, onnx } from '../shared/model-format/onnx-graph.js';
 import { attr, GraphIndex } from './fusion.js';
 
 type Node = onnx.INodeProto;

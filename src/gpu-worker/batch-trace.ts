@@ -9,9 +9,9 @@
  */
 import { SpanKind, type Link } from '@opentelemetry/api';
 import type { Slab } from '../shared/slab.js';
-import { newSpanId, newTraceId, sampledContext, SpanRecord } from '../shared/span-record.js';
+import { newSpanId, newTraceId, sampledContext, SpanRecord } from '../shared/telemetry/span-record.js';
 import { readRequestSpan, TRACE_I32, writeBatchSpan } from '../shared/trace-context.js';
-import type { ThreadTracing } from '../shared/tracing.js';
+import type { ThreadTracing } from '../shared/telemetry/tracing.js';
 import type { BatchStats } from './runner.js';
 
 /** What the loop knows of a batch that ran. */

@@ -28,7 +28,7 @@
  * graph, runs it once, and opens the unmodified one if that fails
  * (runner.ts, ModelRunner.create).
  */
-import { onnx } from '../shared/onnx-graph.js';
+import { onnx } from '../shared/model-format/onnx-graph.js';
 
 type Node = onnx.INodeProto;
 

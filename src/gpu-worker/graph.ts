@@ -20,9 +20,9 @@
  * It works on any Hugging Face BERT-style export (optimum or torch.onnx) whose
  * outputs are `last_hidden_state` or `logits`, and on ours from `npm run models`.
  */
-import type { ColbertSpec, M3Spec, ModelSpec, Pooling, SpladeSettings } from '../shared/model-config.js';
-import { readSafetensors, type F32Tensor } from '../shared/safetensors.js';
-import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/onnx-graph.js';
+import type { ColbertSpec, M3Spec, ModelSpec, Pooling, SpladeSettings } from '../shared/model-format/model-config.js';
+import { readSafetensors, type F32Tensor } from '../shared/model-format/safetensors.js';
+import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/model-format/onnx-graph.js';
 import { fuseSkipLayerNorm } from './fusion.js';
 import { fuseAttention } from './attention-fusion.js';
 

@@ -3,7 +3,7 @@
  * model's session is released: onnxruntime frees its arena and weights into
  * malloc's free lists, which glibc keeps, so without a trim the process's RSS
  * only grows over load/unload cycles (measured: docs/model-repository.md).
- * Through koffi, as the socket calls (src/kernel-sockets.ts); a no-op where
+ * Through koffi, as the socket calls (src/main/drain/kernel-sockets.ts); a no-op where
  * there is no glibc.
  */
 import { createRequire } from 'node:module';

@@ -9,7 +9,7 @@
  */
 import { readFileSync } from 'node:fs';
 import * as ort from 'onnxruntime-node';
-import type { ModelSpec } from '../shared/model-config.js';
+import type { ModelSpec } from '../shared/model-format/model-config.js';
 import { H_ATTENDED, H_LENGTH, H_POOL_FROM, H_TOKEN_PAGE, type Slab } from '../shared/slab.js';
 import { POOLING_MASK, prepareModel, type GraphFusions, type PreparedModel } from './graph.js';
 import type { DeviceInfo } from './device.js';
@@ -40,7 +40,7 @@ export interface SessionOptions {
  * HTTP, one client: P50 1.32x lower (1.05 against 1.39 ms). A thread spinning
  * through a run still holds a core a gateway may need (at 64 HTTP clients on 2
  * cores 0.92x the req/s), so the pool runs at a lower priority (--intra-op-nice,
- * worker.ts), which gives most of that back: 0.99-1.06x over HTTP, 0.92-0.94x
+ * src/gpu-worker/thread.ts), which gives most of that back: 0.99-1.06x over HTTP, 0.92-0.94x
  * over WebSocket (docs/tuning.md). On CUDA the pool has next to nothing to do
  * while the device computes, and spinning would only burn the cores.
  */

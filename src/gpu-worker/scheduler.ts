@@ -26,29 +26,9 @@
  *    that serves the most real tokens per predicted millisecond.
  */
 
-export interface BatchingOptions {
-  /** Most requests in one batch. */
-  maxBatchSize: number;
-  /** Longest a request waits for its batch to fill while the device is busy. */
-  maxBatchDelayMs: number;
-  /** Most padded tokens (batch size x bucket length) in one batch. */
-  maxBatchTokens: number;
-  /** Padded lengths, ascending; the last is the longest input accepted. */
-  buckets: number[];
-  /**
-   * What a batch is padded to: 'bucket' pads every row to its bucket's length
-   * (fixed shapes, all warmed at start-up: the choice for GPUs), 'longest' to
-   * the longest input in the batch (fewer padded tokens where shapes cost
-   * nothing extra, as on CPU: 1.1-1.5x the tokens/s on mixed lengths, bench
-   * report), 'auto' (default) picks 'longest' on CPU and 'bucket' on CUDA.
-   * With one bucket, 'longest' is the classic single FIFO queue padded to the
-   * longest.
-   */
-  padTo: PadTo;
-}
-
-export type PadTo = 'auto' | 'bucket' | 'longest';
-export const PAD_TO: readonly PadTo[] = ['auto', 'bucket', 'longest'];
+export type { BatchingOptions, PadTo } from '../shared/batching.js';
+export { PAD_TO } from '../shared/batching.js';
+import type { BatchingOptions } from '../shared/batching.js';
 
 export const DEFAULT_BATCHING: Omit<BatchingOptions, 'buckets'> = {
   maxBatchSize: 32,
@@ -72,7 +52,7 @@ export function defaultBuckets(maxLength: number): number[] {
   return out;
 }
 
-export { bucketFor } from '../shared/buckets.js';
+export { bucketFor } from '../shared/batching.js';
 
 /** How many requests fit in one batch of the given bucket length. */
 export function batchCapacity(opts: BatchingOptions, bucketLength: number): number {

@@ -1,5 +1,5 @@
 /** A model as an inference thread (and its session threads) receive it. */
-import type { ModelSpec } from '../shared/model-config.js';
+import type { ModelSpec } from '../shared/model-format/model-config.js';
 import type { SlabLayout } from '../shared/slab.js';
 import type { BatchingOptions } from './scheduler.js';
 

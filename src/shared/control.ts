@@ -4,7 +4,7 @@
  * thread), the stop flag, and the inference thread's heartbeat, so that
  * liveness and shutdown need no message round trip.
  *
- * Supervision (src/inference-host.ts) adds the epoch: each inference thread
+ * Supervision (src/main/threads/inference-supervisor.ts) adds the epoch: each inference thread
  * is started with the epoch current at its start and stays the live one only
  * while the block still holds it. The main thread bumps the epoch the moment
  * it gives a thread up (crashed, or hung past a timeout), before it answers

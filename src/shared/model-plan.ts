@@ -1,9 +1,9 @@
 /**
- * A model as every thread sees it, made once at start (src/model-plans.ts)
+ * A model as every thread sees it, made once at start (src/main/plan-models.ts)
  * and sent to each thread: plain data, with its slab's shared memory.
  */
-import type { BatchingOptions } from '../gpu-worker/scheduler.js';
-import type { ModelSpec } from './model-config.js';
+import type { BatchingOptions } from './batching.js';
+import type { ModelSpec } from './model-format/model-config.js';
 import type { SlabLayout } from './slab.js';
 
 /** A model as every thread sees it: its spec, its batching, its slab. Plain data: it crosses to workers. */

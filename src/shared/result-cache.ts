@@ -43,7 +43,7 @@
  *   dead    a writer that died leaves LOCK = 1 + owner (and maybe SEQ odd): its
  *           entry is a miss to readers and skipped by writers; the other WAYS - 1
  *           entries of its set serve meanwhile. The main thread, once the thread
- *           has exited and before its replacement starts (src/gateway-host.ts),
+ *           has exited and before its replacement starts (src/main/threads/gateway-supervisor.ts),
  *           calls reclaim(owner): a half-written entry is emptied, the lock freed.
  *
  * Eviction: a new key goes into its set's first empty entry, else the one with

@@ -116,7 +116,7 @@ export function lowerThreadPriority(tids: readonly number[], nice: number): numb
  * `openingName` (a thread inherits its creator's name, and no other thread has
  * that one): names them `poolName`, gives them at least nice value `nice`
  * (0: left as they are), and names the calling thread `ownName`. Returns their ids.
- * onnxruntime's intra-op pool is found so (worker.ts, session-thread.ts).
+ * onnxruntime's intra-op pool is found so (src/gpu-worker/thread.ts, session-thread.ts).
  */
 export function claimThreadsStarted(openingName: string, ownName: string, poolName: string, nice: number): { own: number | null; pool: number[] } {
   const own = currentThreadId();

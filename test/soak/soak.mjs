@@ -30,8 +30,8 @@ import { parseArgs } from 'node:util';
 const MAX_GROWTH_PCT = 5;
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
-const { mulberry32 } = await import(join(root, 'dist/src/modelgen/rng.js'));
-const { loadModelSpec } = await import(join(root, 'dist/src/shared/model-config.js'));
+const { mulberry32 } = await import(join(root, 'dist/models/generator/rng.js'));
+const { loadModelSpec } = await import(join(root, 'dist/src/shared/model-format/model-config.js'));
 
 const { values: opt, positionals: serveArgs } = parseArgs({
   allowPositionals: true,

@@ -19,12 +19,12 @@
  * read and ends with OK (open-streams.ts).
  */
 import { Metadata, status as Status, type sendUnaryData, type ServerDuplexStream, type ServerReadableStream, type ServerUnaryCall } from '@grpc/grpc-js';
-import { Cancellation } from '../../shared/cancel.js';
+import { Cancellation } from '../../core/cancel.js';
 import { CancelledError, DeadlineExceededError, SlabserveError, ValidationError } from '../../shared/errors.js';
-import type { Task } from '../../shared/model-config.js';
+import type { Task } from '../../shared/model-format/model-config.js';
 import type { RouteAccess, Gate } from '../gate.js';
 import { unauthorized } from '../gate.js';
-import { statusOf } from '../http.js';
+import { statusOf } from '../http/request-context.js';
 import type { AccessLog } from '../log.js';
 import { requestId } from '../security.js';
 import { errorCode, metricsOf, refuseBeforeBody, runEndpoint, type Endpoint, type EndpointContext, type LocalEndpoint, type ServeDeps, type Served } from '../serving.js';

@@ -6,9 +6,9 @@
  */
 import { sparseEntries } from '../../core/sparse.js';
 import { EMBED_OUTPUTS, type EmbedOutput } from '../schemas.js';
-import { embedEndpoint, outputItems } from '../tei.js';
+import { embedEndpoint, outputItems } from '../tei/endpoints.js';
 import { streamInference, unaryInference, type GrpcDeps, type InferenceMethod } from './calls.js';
-import { common, directionField, timings } from './tei.js';
+import { common, directionField, timings } from '../tei/grpc.js';
 
 interface EmbedOutputsMessage {
   inputs: string;

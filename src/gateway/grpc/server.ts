@@ -3,15 +3,15 @@
  * same Infer (slabs, batches) and gate (API keys), so a gRPC call rides in
  * the same batch as an HTTP or WebSocket request.
  *
- *   inference.GRPCInferenceService  KServe v2, Triton's repository RPCs (kserve.ts)
- *   tei.v1.*                        text-embeddings-inference's services (tei.ts)
+ *   inference.GRPCInferenceService  KServe v2, Triton's repository RPCs (src/gateway/kserve/grpc.ts)
+ *   tei.v1.*                        text-embeddings-inference's services (src/gateway/tei/grpc.ts)
  *   slabserve.v1.Outputs            several outputs of one pass (BGE-M3's dense, sparse, colbert: outputs.ts)
  *   grpc.health.v1.Health           SERVING per service while ready and able to serve it; NOT_SERVING
  *                                   while warming up or draining (health.ts)
  *   grpc.reflection.v1(alpha)       so grpcurl-style tools list and call the services (@grpc/reflection)
  *
  * Served by @grpc/grpc-js. Every gateway thread binds the port with
- * SO_REUSEPORT (shared/reuseport.ts) and hands each
+ * SO_REUSEPORT (gateway/grpc/reuseport.ts) and hands each
  * connection it accepts to grpc-js through a connection injector, so the
  * kernel spreads gRPC connections across the gateways as it does HTTP's.
  * Messages larger than --max-body-bytes are refused by grpc-js
@@ -23,16 +23,16 @@ import * as grpc from '@grpc/grpc-js';
 import { loadSync, type PackageDefinition } from '@grpc/proto-loader';
 import { ReflectionService } from '@grpc/reflection';
 import { protoPath as healthProto, type ServingStatus } from 'grpc-health-check';
-import type { Task } from '../../shared/model-config.js';
-import { listenShared } from '../../shared/reuseport.js';
+import type { Task } from '../../shared/model-format/model-config.js';
+import { listenShared } from './reuseport.js';
 import type { GrpcDeps } from './calls.js';
 import { addFollowedHealth } from './health.js';
-import { kserveService, type KServeDeps } from './kserve.js';
+import { kserveService, type KServeDeps } from '../kserve/grpc.js';
 import { OpenStreams } from './open-streams.js';
 import { outputsServices } from './outputs.js';
-import { teiServices } from './tei.js';
+import { teiServices } from '../tei/grpc.js';
 
-/** What the gateway tells its gRPC server (gateway-worker.ts GatewayWorkerData.grpc). */
+/** What the gateway tells its gRPC server (src/gateway/thread.ts GatewayWorkerData.grpc). */
 export interface GrpcListen {
   /** A numeric address (the main thread resolved --host). */
   address: string;

@@ -1,0 +1,174 @@
+/**
+ * The model repository read into plans, on the main thread at start: which
+ * folders, each model's settings (src/shared/model-format/model-config.ts), its batching
+ * (checked and completed here), and a slab sized for it. Shared by the
+ * in-process engine and the server.
+ */
+import { existsSync } from 'node:fs';
+import { basename, dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { batchCapacity, DEFAULT_BATCHING, defaultBuckets, PAD_TO, type BatchingOptions } from '../gpu-worker/scheduler.js';
+import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
+import { isValidModelName, listModelDirs, loadModelSpec, type ModelOverrides, type ModelSpec, type ServeSettings } from '../shared/model-format/model-config.js';
+import type { ModelPlan } from '../shared/model-plan.js';
+import { MAX_BUCKETS, Slab } from '../shared/slab.js';
+
+/** The package's own folder (dist/src/.. /..), where models/ lives by default. */
+export const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+
+export interface LoadModelsOptions {
+  modelsDir?: string;
+  /** Names under modelsDir, or folder paths (with a "/", or an existing folder): the model is then named after its folder. */
+  models?: string[];
+  /** Settings the server's flags impose on every model (pooling, max input length). */
+  overrides?: ModelOverrides;
+  /** Where a model's start-up warnings go (a pooling left to the default). */
+  warn?: (line: string) => void;
+  batching?: Partial<BatchingOptions>;
+  slotsPerModel: number;
+  /** MiB of token vectors per model with them (/embed_all): its token area, a page per input in flight. Default {@link TOKEN_OUTPUT_MB}. */
+  tokenOutputMb?: number;
+  /** Threads that submit requests (each gets its own completion queue). */
+  owners: number;
+}
+
+/**
+ * MiB of a model's token area by default (--token-output-mb): 128 inputs of
+ * 512 tokens of 128 floats, or 21 of bert-base's 512 x 768. Its private copy on
+ * the inference thread doubles it.
+ */
+export const TOKEN_OUTPUT_MB = 32;
+
+export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
+  const modelsDir = resolve(opts.modelsDir ?? join(packageRoot, 'models'));
+  const names = opts.models && opts.models.length > 0 ? opts.models : listModelDirs(modelsDir);
+  if (names.length === 0) throw new Error(noModelsMessage(modelsDir));
+  const folders = names.map((given) => modelFolder(modelsDir, given));
+  const seen = new Set<string>();
+  for (const f of folders) {
+    if (seen.has(f.name)) throw new ValidationError(`two models named "${f.name}" (${names.join(', ')}): a model is named after its folder`);
+    seen.add(f.name);
+  }
+  return folders.map((folder, index) => planModel(folder, index, opts));
+}
+
+/**
+ * One model folder planned as model id `index` (ModelPlan.index: never reused, src/main/repository/model-set.ts):
+ * its settings read (`serve` over the folder's serve.json, for a load's parameters.config), its
+ * batching checked, its slab made. Throws with the reason when the folder cannot be served.
+ */
+export function planModel(
+  folder: { name: string; dir: string },
+  index: number,
+  opts: Omit<LoadModelsOptions, 'modelsDir' | 'models'> & { serve?: ServeSettings; reuse?: (bytes: number) => SharedArrayBuffer | undefined },
+): ModelPlan {
+  let spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve);
+  for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
+  const batching = resolveBatching(spec, opts.batching);
+  const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
+  const tokenPages = tokenPagesOf(spec.tokenWidth, maxLength, opts.slotsPerModel, opts.tokenOutputMb ?? TOKEN_OUTPUT_MB);
+  if (spec.tokenWidth > 0 && tokenPages === 0) {
+    const mb = (maxLength * spec.tokenWidth * 4) / 2 ** 20;
+    opts.warn?.(`slabserve: warning: model ${spec.name}: one input's token vectors (${mb.toFixed(2)} MiB) do not fit --token-output-mb ${opts.tokenOutputMb ?? TOKEN_OUTPUT_MB}: /embed_all is off for it`);
+    spec = { ...spec, outputs: spec.outputs.filter((o) => o !== 'tokens'), tokenWidth: 0 };
+  }
+  const layout = { slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners, tokenPages, tokenWidth: spec.tokenWidth };
+  const slab = Slab.create(layout, opts.reuse?.(Slab.byteLength(layout)));
+  const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
+  return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
+}
+
+/** Pages of a model's token area: as many inputs of `maxLength` tokens as `mb` holds, at most one per slot. */
+function tokenPagesOf(tokenWidth: number, maxLength: number, slots: number, mb: number): number {
+  if (tokenWidth === 0) return 0;
+  return Math.min(slots, Math.floor((mb * 2 ** 20) / (maxLength * tokenWidth * 4)));
+}
+
+/** Why `modelsDir` gives no model, for an operator: it is not there, or holds no model folder. */
+function noModelsMessage(modelsDir: string): string {
+  // The generator's hint only where the generated defaults belong: the package's own models/.
+  const hint = modelsDir === join(packageRoot, 'models') ? ': run `npm run models` to generate the defaults' : '';
+  if (!existsSync(modelsDir)) return `the models directory ${modelsDir} does not exist (--models-dir)${hint}`;
+  return `the models directory ${modelsDir} holds no model folder (a folder with a config.json; --models-dir, or --model PATH)${hint}`;
+}
+
+/**
+ * Where `given` (a --model value) is: a folder path when it holds a "/" or is a
+ * folder as it stands (relative to the working directory), else a name under
+ * modelsDir. The model is named after its folder.
+ */
+function modelFolder(modelsDir: string, given: string): { name: string; dir: string } {
+  const isPath = given.includes('/') || given.includes('\\') || given === '.' || given === '..';
+  if (isPath || (!isValidModelName(given) && existsSync(given))) {
+    const dir = resolve(given);
+    if (!existsSync(join(dir, 'config.json'))) {
+      throw new ValidationError(existsSync(dir) ? `model folder ${dir} has no config.json` : `model folder ${dir} does not exist`);
+    }
+    return { name: basename(dir), dir };
+  }
+  const dir = join(modelsDir, given);
+  if (!existsSync(join(dir, 'config.json'))) throw new ModelNotFoundError(given, listModelDirs(modelsDir));
+  return { name: given, dir };
+}
+
+/** "task=embed pooling=cls (1_Pooling/config.json) normalize=true (modules.json) maxLength=128 (sentence_bert_config.json)". */
+export function describeSettings(plan: ModelPlan): string {
+  const { spec } = plan;
+  const parts = [`task=${spec.task} (${spec.sources.task})`, `dtype=${spec.dtype} (${spec.sources.dtype})`];
+  const c = spec.colbert;
+  if (c) {
+    const dense = `${c.dense.inFeatures}->${c.dense.outFeatures}${c.dense.activation === 'tanh' ? ' tanh' : ''}`;
+    parts.push(`colbert=dense ${dense}, query ${c.queryLength}${c.doQueryExpansion ? ' expanded' : ''}, document ${c.documentLength} (modules.json, config_sentence_transformers.json)`);
+  } else if (spec.task === 'embed') {
+    parts.push(`pooling=${spec.pooling} (${spec.sources.pooling})`, `normalize=${spec.normalize} (${spec.sources.normalize})`);
+    if (spec.m3) parts.push(`m3=colbert ${spec.hiddenSize}->${spec.m3.colbert.dim} and sparse (colbert_linear.safetensors, sparse_linear.safetensors)`);
+    if (!spec.includePrompt) parts.push('include_prompt=false (1_Pooling/config.json)');
+  }
+  if (spec.defaultPrompt) parts.push(`defaultPrompt=${JSON.stringify(spec.defaultPrompt.name ?? spec.defaultPrompt.text)} (${spec.sources.defaultPrompt})`);
+  const cut = plan.maxLength < spec.maxLength ? `, cut to the longest bucket` : '';
+  parts.push(`maxLength=${plan.maxLength} (${spec.sources.maxLength}${cut})`, `inputs=${spec.graphInputs.join(',')}`);
+  return parts.join(' ');
+}
+
+/** Each model's bucket lengths and batch capacities, as owners need them for admission: by model id. */
+export function bucketPlans(plans: ModelPlan[]): { lengths: number[]; capacities: number[] }[] {
+  const out: { lengths: number[]; capacities: number[] }[] = [];
+  for (const p of plans) out[p.index] = { lengths: p.batching.buckets, capacities: p.capacities };
+  return out;
+}
+
+/** Validates and completes the batching options for one model. */
+export function resolveBatching(spec: ModelSpec, given: Partial<BatchingOptions> = {}): BatchingOptions {
+  const opts: BatchingOptions = {
+    maxBatchSize: given.maxBatchSize ?? DEFAULT_BATCHING.maxBatchSize,
+    maxBatchDelayMs: given.maxBatchDelayMs ?? DEFAULT_BATCHING.maxBatchDelayMs,
+    maxBatchTokens: given.maxBatchTokens ?? DEFAULT_BATCHING.maxBatchTokens,
+    buckets: given.buckets ? [...given.buckets] : defaultBuckets(spec.maxLength),
+    padTo: given.padTo ?? DEFAULT_BATCHING.padTo,
+  };
+  if (!PAD_TO.includes(opts.padTo)) throw new ValidationError(`padTo must be one of ${PAD_TO.join(', ')}, got ${String(opts.padTo)}`);
+  const positiveInt = (name: string, v: number) => {
+    if (!Number.isInteger(v) || v < 1) throw new ValidationError(`${name} must be a positive integer, got ${v}`);
+  };
+  positiveInt('maxBatchSize', opts.maxBatchSize);
+  positiveInt('maxBatchTokens', opts.maxBatchTokens);
+  if (!(opts.maxBatchDelayMs >= 0) || !Number.isFinite(opts.maxBatchDelayMs)) {
+    throw new ValidationError(`maxBatchDelayMs must be a number >= 0, got ${opts.maxBatchDelayMs}`);
+  }
+  if (opts.buckets.length === 0) throw new ValidationError('buckets must not be empty');
+  if (opts.buckets.length > MAX_BUCKETS) {
+    throw new ValidationError(`at most ${MAX_BUCKETS} buckets (--buckets), got ${opts.buckets.length}: the slab keeps a cost model and a queue tally for each`);
+  }
+  opts.buckets.forEach((b, i) => {
+    positiveInt('bucket length', b);
+    if (i > 0 && b <= opts.buckets[i - 1]!) throw new ValidationError(`buckets must be ascending, got ${opts.buckets.join(',')}`);
+  });
+  // Buckets past the model's max length can never be used: drop them.
+  opts.buckets = opts.buckets.filter((b) => b <= spec.maxLength);
+  if (opts.buckets.length === 0) throw new ValidationError(`model ${spec.name}: every bucket exceeds its max length ${spec.maxLength}`);
+  const longest = opts.buckets[opts.buckets.length - 1]!;
+  if (opts.maxBatchTokens < longest) {
+    throw new ValidationError(`maxBatchTokens (${opts.maxBatchTokens}) must be at least the longest bucket (${longest}) so one input always fits`);
+  }
+  return opts;
+}
