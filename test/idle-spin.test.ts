@@ -1,10 +1,13 @@
 /**
- * The inference loop's idle spin (--idle-spin-us, DEFAULT_IDLE_SPIN_US): it watches the bell,
+ * The inference loop's idle spin (--idle-spin-us): it watches the bell,
  * returns the moment another thread rings it, and never returns early otherwise; the flag's range.
  */
 import { Worker } from 'node:worker_threads';
 import { describe, expect, it } from 'vitest';
-import { MAX_IDLE_SPIN_US, spinFor } from '../dist/src/gpu-worker/inference-loop.js';
+import { spinFor } from '../dist/src/gpu-worker/inference-loop.js';
+import { OPTIONS } from '../dist/src/shared/options.js';
+
+const MAX_IDLE_SPIN_US = OPTIONS.idleSpinUs.max!;
 import { Doorbell } from '../dist/src/shared/doorbell.js';
 import { startServer } from '../dist/src/main/server.js';
 import { expectCliRefuses } from './cli-process.js';

@@ -9,7 +9,10 @@ import { Worker } from 'node:worker_threads';
 import { availableParallelism } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Doorbell } from '../dist/src/shared/doorbell.js';
-import { LONE_STREAK, LoneWait, MAX_LONE_WAIT_US } from '../dist/src/core/lone-wait.js';
+import { LONE_STREAK, LoneWait } from '../dist/src/core/lone-wait.js';
+import { OPTIONS } from '../dist/src/shared/options.js';
+
+const MAX_LONE_WAIT_US = OPTIONS.loneWaitUs.max!;
 import { Counter, type Slab } from '../dist/src/shared/slab.js';
 import { nowMs } from '../dist/src/shared/clock.js';
 import { startServer, type Server } from '../dist/src/main/server.js';

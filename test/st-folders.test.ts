@@ -18,7 +18,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { INLINE_TOKENIZE_CHARS } from '../dist/src/core/infer.js';
+import { DEFAULTS } from '../dist/src/shared/options.js';
+
+const INLINE_TOKENIZE_CHARS = DEFAULTS.inlineTokenizeChars;
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import { createEngine } from '../dist/src/main/engine.js';
 import { startServer, type Server } from '../dist/src/main/server.js';

@@ -8,7 +8,8 @@
  */
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { Infer, INLINE_TOKENIZE_CHARS, type ServedModel } from '../src/core/infer.js';
+import { Infer, type ServedModel } from '../src/core/infer.js';
+import { DEFAULTS } from '../src/shared/options.js';
 import { createTokenizer, type EncodeOptions } from '../src/core/tokenizer/tokenizer.js';
 import { CONTINUATION_SEED, hashStep, INITIAL_SEED, PieceTable } from '../src/core/tokenizer/piece-table.js';
 import { ASCII_PACE, AsciiWordPiece } from '../src/core/tokenizer/wordpiece-ascii.js';
@@ -161,7 +162,7 @@ describe('the inline rule counts ASCII the fast path takes at its pace', () => {
   });
 
   it('inline within the bound at that pace; on the pool past it, or at the library pace', async () => {
-    expect(INLINE_TOKENIZE_CHARS).toBe(1024);
+    expect(DEFAULTS.inlineTokenizeChars).toBe(1024);
     const cases: [string, string[], boolean][] = [
       ['3 ASCII texts, 4000 characters', [ascii(1500), ascii(1500), ascii(1000)], false],
       ['1 ASCII text, 6000 characters', [ascii(6000)], false],

@@ -39,10 +39,8 @@ import { checkModelName, type ModelOutput, type Task } from '../shared/model-for
 import { fillMissing, lookUp, type ResultCache } from '../shared/result-cache.js';
 import type { RequestRows, SlabSubmitter, SlotReservation } from './submitter.js';
 import { partSizeFor, submitInParts } from './client-batches.js';
+import { DEFAULTS } from '../shared/options.js';
 import type { EncodeOptions, Encoding, TextTokenizer, TruncationDirection } from './tokenizer/tokenizer.js';
-
-/** Priority classes when none are configured: index 0 is the default. */
-export const DEFAULT_PRIORITY_NAMES: readonly string[] = ['interactive', 'bulk'];
 
 export interface ServedModel {
   plan: ModelPlan;
@@ -166,9 +164,6 @@ export interface InferResult {
   inputIds?: Int32Array[];
 }
 
-/** Client batches of at most this many characters (at the library's pace: TextTokenizer.paceChars) are tokenized inline by default (--inline-tokenize-chars), larger ones on the tokenizer pool. */
-export const INLINE_TOKENIZE_CHARS = 1024;
-
 /** Pairs tokenized inline yield the event loop after this many ms of work. */
 const YIELD_EVERY_MS = 4;
 
@@ -208,10 +203,10 @@ export class Infer {
     this.submitter = submitter;
     this.requestTimeoutMs = opts.requestTimeoutMs;
     this.sloP99Ms = opts.sloP99Ms;
-    this.priorityNames = opts.priorityNames ?? DEFAULT_PRIORITY_NAMES;
+    this.priorityNames = opts.priorityNames ?? DEFAULTS.priorities.map((p) => p.name);
     this.onLate = opts.onLate;
     this.batchTokenizer = opts.batchTokenizer;
-    this.inlineTokenizeChars = opts.inlineTokenizeChars ?? INLINE_TOKENIZE_CHARS;
+    this.inlineTokenizeChars = opts.inlineTokenizeChars ?? DEFAULTS.inlineTokenizeChars;
     this.cache = opts.cache ?? null;
   }
 

@@ -4,21 +4,18 @@
  *
  * A gateway waits for answers on its doorbell without blocking its event loop
  * (Atomics.waitAsync). When the answer comes, the thread has been asleep, and
- * an idle core takes 25-50 µs to wake on the VMs measured: paid once per
- * request by a caller sending one request after another, a tenth of its
- * latency with a small model. So a gateway serving such a lone caller holds
+ * an idle core takes tens of microseconds to wake: paid once per request by a
+ * caller sending one request after another, a large share of its latency with
+ * a small model. So a gateway serving such a lone caller holds
  * its thread for the answer instead, when that request is the only one in the
  * whole server: nothing else needs the thread meanwhile. A lone caller is one
  * whose last {@link LONE_STREAK} requests each found nothing else of this
  * thread's in flight: with several callers, their requests would arrive
- * during holds and wait for them (measured at 4 connections: 0.93x the req/s
- * without that rule), so the first overlap ends the streak. (A request that
+ * during holds and wait for them, so the first overlap ends the streak. (A request that
  * arrived during a hold is read after it, when the held one is answered, so
  * it shows no overlap; the next one does. Its cost is its tokenizing, done
  * after the hold instead of during the run it would have queued behind. Two
- * callers in strict alternation never overlap, and count as one: at 2
- * connections 1.4% of requests were held, req/s the same, P99 higher in 3
- * rounds of 4.) Until the batch starts it sleeps in short slices (after a
+ * callers in strict alternation never overlap, and count as one.) Until the batch starts it sleeps in short slices (after a
  * moment's watch); then it sleeps (Atomics.wait, no CPU) until shortly before
  * the batch's predicted end (the cost model's BUSY_UNTIL, which the inference
  * thread writes when it starts the batch), then spins on the bell, so it is
@@ -36,29 +33,22 @@ import { nowMs } from '../shared/clock.js';
 import { spinUntil, type Doorbell } from '../shared/doorbell.js';
 import { Counter, type Slab } from '../shared/slab.js';
 
-/** The longest a gateway holds its thread for a lone request's answer by default (--lone-wait-us). */
-export const DEFAULT_LONE_WAIT_US = 2000;
-/** The most --lone-wait-us accepts: the thread's event loop stands still while it waits. */
-export const MAX_LONE_WAIT_US = 100_000;
 /** Wake this long before the predicted end and spin from there: a timed sleep ends up to ~50 µs late, a prediction is off by as much. */
 const WAKE_EARLY_MS = 0.15;
 /** A shorter sleep is not worth its wake-up: spin through it. */
 const MIN_SLEEP_MS = 0.05;
 /**
  * A batch this far past its predicted end is slept on (woken by its answer), not spun on. It is late
- * because something else needed its core, and on 2 cores the spin held the other one. Measured at
- * one connection (tiny-embed, wrk, the 2-core VM, against spinning to the bound, 8 alternating
- * rounds of 6 s): P99 0.39-1.12x by round (median 0.88x, lower in 6 of 8), req/s 0.95-1.12x.
+ * because something else needed its core, and on 2 cores the spin would hold the other one
+ * (docs/tuning.md, A lone caller).
  */
 const OVERDUE_MS = 0.1;
 /** While spinning, the batch's predicted end (BUSY_UNTIL) is looked at again this often. */
 const SPIN_SLICE_MS = 0.05;
 /**
  * A batch not started this long after the wait began is slept on, in slices of NOT_STARTED_SLICE_MS,
- * until it starts. Spinning through it instead (up to the whole bound) held one of 2 cores while the
- * inference thread woke on the other: at one connection, 2.6x the requests whose batch started
- * 1.5 ms or more after their submit (86-92 against 32-33 in 24,000), server P99 1.20-1.27 ms against
- * 0.75-0.78 without the lone wait.
+ * until it starts. Spinning through it instead (up to the whole bound) would hold one of 2 cores
+ * while the inference thread wakes on the other, and delay the batch it waits for (docs/tuning.md).
  */
 const NOT_STARTED_SPIN_MS = 0.05;
 const NOT_STARTED_SLICE_MS = 0.1;

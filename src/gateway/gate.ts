@@ -22,7 +22,7 @@
  */
 import type { GatewayMetrics } from '../shared/telemetry/metrics.js';
 import { HttpError } from '../shared/errors.js';
-import { DISCARD_DEFAULTS, RequestContext, type DiscardLimits } from './http/request-context.js';
+import { RequestContext, type DiscardLimits } from './http/request-context.js';
 import type { AccessLog } from './log.js';
 import { ApiKeys, type AuthResult } from './security.js';
 import type { HttpRequest, HttpResponse } from './uws.js';
@@ -45,17 +45,6 @@ export interface GateOptions {
   /** How long, at most, that answer waits for the rest of the body (--discard-timeout-ms). */
   discardTimeoutMs: number;
 }
-
-export const GATE_DEFAULTS: Omit<GateOptions, 'apiKeys'> = {
-  metricsAuth: false,
-  maxConnections: 4096,
-  maxUrlBytes: 2048,
-  // uWS itself reads at most 4 KiB of a head that arrives in pieces (it closes the connection
-  // past that); one that arrives at once it reads up to ~128 KiB. 4 KiB makes both the same.
-  maxHeaderBytes: 4096,
-  maxDiscardBytes: DISCARD_DEFAULTS.maxBytes,
-  discardTimeoutMs: DISCARD_DEFAULTS.timeoutMs,
-};
 
 /**
  * Who may call a route: anyone ('open'), anyone unless --metrics-auth ('metrics'), key holders

@@ -27,17 +27,14 @@
 import { createRequire } from 'node:module';
 import { isatty } from 'node:tty';
 import pino, { type DestinationStream, type Logger } from 'pino';
+import type { LogFormat, LogLevel } from '../shared/options.js';
 
-export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
-export type LogLevel = (typeof LOG_LEVELS)[number];
 
 export type LogOutput = { fd: number } | { stream: DestinationStream } | { write: (line: string) => void };
 
 export type { DestinationStream, Logger };
 
-export const LOG_FORMATS = ['auto', 'json', 'pretty'] as const;
 /** How lines to a file descriptor are written: JSON, readable (pretty), or readable where it is a terminal (auto). */
-export type LogFormat = (typeof LOG_FORMATS)[number];
 
 /** Whether lines to `fd` are written readable under `format`. */
 export function readableOn(format: LogFormat, fd: number): boolean {

@@ -33,10 +33,11 @@ import { DeadlineExceededError, NotReadyError, SlabserveError } from '../shared/
 import { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../core/submitter.js';
 import { currentThreadId, nameThread } from '../shared/threads.js';
-import { Gate, GATE_DEFAULTS, type GateOptions } from './gate.js';
+import { Gate, type GateOptions } from './gate.js';
 import { Infer, type BatchTokenizer, type ServedModel } from '../core/infer.js';
 import { BusyLag } from './lag.js';
-import { AccessLog, batchedLines, createLogger, turnBatchedFd, type LogFormat, type LogLevel } from './log.js';
+import { AccessLog, batchedLines, createLogger, turnBatchedFd } from './log.js';
+import type { LogFormat, LogLevel } from '../shared/options.js';
 import { registerRoutes, type GatewayLimits } from './http/routes.js';
 import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize/pool.js';
@@ -46,7 +47,7 @@ import { loadUws, type UwsChoice } from './uws.js';
 import { registerWebSocket } from './ws/api.js';
 import { OwnerModels } from '../core/owner-models.js';
 import type { RepositoryAnswer, RepositoryOp } from '../shared/repository-protocol.js';
-import type { WsOptions } from './ws/options.js';
+import type { WsOptions } from './ws/api.js';
 import type { GrpcListen } from './grpc/server.js';
 import { collectStartupGarbage } from '../shared/gc.js';
 
@@ -77,8 +78,8 @@ export interface GatewayWorkerData {
   version: string;
   priorityNames: string[];
   sloP99Ms?: number;
-  /** API keys and the request limits checked before any route (gate.ts); absent: no keys, GATE_DEFAULTS. */
-  security?: Partial<GateOptions>;
+  /** API keys and the request limits checked before any route (gate.ts); every one given by the server. */
+  security: GateOptions;
   /** The result cache every gateway shares (src/shared/result-cache.ts); absent: off (--cache-mb 0). */
   cache?: { buffer: SharedArrayBuffer; layout: CacheLayout };
   /** Lazy loading (--lazy-load): a request for a model of the repository not loaded loads it. */
@@ -139,7 +140,7 @@ async function main(): Promise<void> {
     control.workerState === WorkerState.READY && info.known && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
   // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
   const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) }, data.log?.probes ?? false);
-  const gate = new Gate({ apiKeys: [], ...GATE_DEFAULTS, ...data.security }, metrics, access, { touch: () => lag.touch(), draining: () => control.draining });
+  const gate = new Gate(data.security, metrics, access, { touch: () => lag.touch(), draining: () => control.draining });
   for (const m of data.models) {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
   }

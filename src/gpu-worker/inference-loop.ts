@@ -47,6 +47,7 @@ import {
 } from '../shared/slab.js';
 import { ArrivalRate, CostModel, Utilization } from './cost-model.js';
 import type { BatchStats, ModelRunner } from './runner.js';
+import { DEFAULTS } from '../shared/options.js';
 import {
   batchCapacity,
   bucketFor,
@@ -82,8 +83,6 @@ export interface SchedulingOptions {
   /** Latency target for the adaptive window; undefined keeps the fixed maxBatchDelayMs behaviour. */
   sloP99Ms?: number;
 }
-
-export const DEFAULT_SCHEDULING: SchedulingOptions = { priorityWeights: [4, 1], priorityAgeingMs: 2000 };
 
 /**
  * The time the loop judges by and how it sleeps. Default: the shared epoch
@@ -145,19 +144,6 @@ export interface LoopOptions {
   hold?: () => Promise<void> | undefined;
 }
 
-/**
- * The inference thread's idle spin (--idle-spin-us). A lone request reaches a sleeping loop through
- * a futex wake, and on a VM the thread takes tens of microseconds to run again: one of the two
- * wake-ups of the hand-off (docs/architecture.md). Spinning this long after the last batch catches
- * the next request of a client that sends one after another (its answer, its next request: about
- * 0.4 ms here) at once. Measured on the 2-core VM, tiny-embed, wrk at one connection, against no
- * spin side by side, 3 rounds of 4 s: 600 µs 1.00, 1.16, 1.14x the req/s (P50 -70 to -100 µs) for
- * 120-220 µs more CPU per request; 300 µs 1.02-1.11x. At rest it spins once, after the last request.
- */
-export const DEFAULT_IDLE_SPIN_US = 1000;
-/** The longest idle spin --idle-spin-us accepts. */
-export const MAX_IDLE_SPIN_US = 1_000_000;
-
 /** Spins until `bell` rings past `seen` or `us` microseconds have passed. */
 export function spinFor(bell: Doorbell, seen: number, us: number): void {
   if (us > 0) spinUntil(bell, seen, nowMs() + us / 1000);
@@ -213,7 +199,7 @@ export class InferenceLoop {
     this.options = options;
     this.clock = options.clock ?? REAL_CLOCK;
     this.epoch = options.epoch ?? control.epoch;
-    this.scheduling = options.scheduling ?? DEFAULT_SCHEDULING;
+    this.scheduling = options.scheduling ?? { priorityWeights: DEFAULTS.priorities.map((p) => p.weight), priorityAgeingMs: DEFAULTS.priorityAgeingMs };
     this.fair = new FairShare(this.scheduling.priorityWeights);
     runners.forEach((r, id) => this.addModel(id, r, options.sharedSlabs?.[id]));
     const target = this.scheduling.sloP99Ms;

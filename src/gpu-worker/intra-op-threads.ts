@@ -6,6 +6,7 @@
  * without loading onnxruntime.
  */
 import { availableParallelism } from 'node:os';
+import { AUTO_INSTANCES_MAX } from '../shared/options.js';
 
 /** Below this hidden size a model's operators are too small to split over threads (autoIntraOpThreads). */
 export const SPLIT_HIDDEN_SIZE = 256;
@@ -42,11 +43,6 @@ export function coresPerRun(device: 'cpu' | 'cuda', asked: number, hiddenSize: n
   return device === 'cpu' ? intraOpThreadsFor(asked, hiddenSize) : 0;
 }
 
-/** The most instances of a model --model-instances accepts. */
-export const MAX_MODEL_INSTANCES = 64;
-
-/** At most this many instances of a model by default (each holds its own copy of the weights). */
-export const AUTO_INSTANCES_MAX = 4;
 
 /**
  * Instances of a model (model-instances.ts) when --model-instances is 0 (the

@@ -30,28 +30,7 @@ export type { BatchingOptions, PadTo } from '../shared/batching.js';
 export { PAD_TO } from '../shared/batching.js';
 import type { BatchingOptions } from '../shared/batching.js';
 
-export const DEFAULT_BATCHING: Omit<BatchingOptions, 'buckets'> = {
-  maxBatchSize: 32,
-  maxBatchDelayMs: 5,
-  maxBatchTokens: 16384,
-  padTo: 'auto',
-};
-
-/**
- * The default length buckets, up to maxLength (always the last). Four to each doubling of the length
- * (pad-to-longest batches then waste at most a fifth of their tokens, where powers of two wasted up
- * to half): measured on 2 cores with 64 HTTP clients, 1.09-1.24x the req/s of powers of two on
- * 8-32-token texts and 1.2-1.3x on mixed lengths, padding efficiency 93% against 78%.
- */
-export function defaultBuckets(maxLength: number): number[] {
-  const out: number[] = [];
-  // Four a doubling from 16 (steps of a quarter of the power of two below), every 4 below:
-  // 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, ...
-  for (let b = 8; b < maxLength; b += Math.max(4, 2 ** Math.floor(Math.log2(b)) / 4)) out.push(b);
-  out.push(maxLength);
-  return out;
-}
-
+export { defaultBuckets } from '../shared/options.js';
 export { bucketFor } from '../shared/batching.js';
 
 /** How many requests fit in one batch of the given bucket length. */

@@ -17,9 +17,9 @@ import { loadModelTokenizer, type Encoding } from '../core/tokenizer/tokenizer.j
 import { checkNativeBinaries } from './native-binaries.js';
 import { checkDevice, cudaMissing, parseDevice, type DeviceInfo } from '../gpu-worker/device.js';
 import type { BatchingOptions } from '../gpu-worker/scheduler.js';
-import { DEFAULT_IDLE_SPIN_US, DEFAULT_SCHEDULING } from '../gpu-worker/inference-loop.js';
-import { InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './threads/inference-supervisor.js';
-import { bucketPlans, loadModels, packageRoot, planModel, TOKEN_OUTPUT_MB } from './plan-models.js';
+import { inferenceOptionsOf, InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './threads/inference-supervisor.js';
+import { DEFAULTS, namesOf, withDefaults, type BatchingName, type NamesOf, type OptionValues } from '../shared/options.js';
+import { bucketPlans, loadModels, packageRoot, planModel } from './plan-models.js';
 import { ModelRepository } from './repository/repository.js';
 import type { IndexEntry } from '../shared/repository-protocol.js';
 import { OwnerModels } from '../core/owner-models.js';
@@ -36,92 +36,21 @@ export type { Classification } from '../core/infer.js';
 export { resolveBatching } from './plan-models.js';
 
 /** Which models, and the settings imposed on every one of them (over serve.json and the folder's own files): the engine's and the server's alike. */
-export interface ModelOptions {
-  /** Model repository folder. Default: the package's models/ folder. */
-  modelsDir?: string;
-  /** Model folder names to load, or folder paths. Default: every model in modelsDir. */
-  models?: string[];
-  /** Pooling of every embedding model, over its folder's and serve.json's (model-config.ts). */
-  pooling?: Pooling;
-  /** Longest input of every model in tokens, over its folder's and serve.json's. */
-  maxInputLength?: number;
-  /** Which of a folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8 / model_quantized.onnx); auto (default): fp16 on CUDA where present. */
-  dtype?: Dtype;
-  /** The prompt before every text that names none, for every embedding model: one of its prompts by name, or a text (src/core/prompts.ts). */
-  defaultPromptName?: string;
-  defaultPrompt?: string;
-}
+export type ModelOptions = OptionValues<'modelsDir' | 'models' | 'pooling' | 'maxInputLength' | 'dtype' | 'defaultPromptName' | 'defaultPrompt'>;
 
-export interface EngineOptions extends ModelOptions {
-  /** 'auto' (default), 'cpu', 'cuda' or 'cuda:N'. */
-  device?: string;
-  /** Batching knobs; see src/gpu-worker/scheduler.ts. Buckets default to powers of two up to each model's max length. */
+/**
+ * The engine's options: every option of the engine's scope (src/shared/options.ts, docs/configuration.md),
+ * by name, each optional (absent: its default; the result cache is off unless `cacheMb` is given, since
+ * repeated inputs are what benchmarks and tests drive an engine with), the batching ones in `batching`.
+ */
+export type EngineOptions = OptionValues<Exclude<NamesOf<'engine'>, BatchingName>> & {
   batching?: Partial<BatchingOptions>;
-  /**
-   * Batches handed to the device before the first finishes. Default 1:
-   * onnxruntime-node runs a session synchronously on the inference thread, so
-   * a second batch cannot overlap the first; requests that arrive during a run
-   * wait in the ring and form the next batch the moment it ends. With 2 or
-   * more, the next batch may close (full, or after maxBatchDelayMs) before the
-   * running one ends: useful only with an asynchronous execution path.
-   */
-  maxInflightBatches?: number;
-  /** Request slots per model: how many requests may be queued or running at once. Default 1024. */
-  slotsPerModel?: number;
-  /** MiB of token vectors per model that has them (embedAll): its token area. Default 32. */
-  tokenOutputMb?: number;
-  /** Deadline of a request that names none, ms. Default 30000. */
-  requestTimeoutMs?: number;
-  /** onnxruntime intra-op threads; 0 (default): every core, asleep between runs (src/gpu-worker/runner.ts). */
-  intraOpThreads?: number;
-  /**
-   * Sessions of each model that run batches side by side (src/gpu-worker/model-instances.ts);
-   * 0 (default): on CPU, one per core up to 4 for a model whose runs take one core, else 1
-   * (src/gpu-worker/intra-op-threads.ts).
-   */
-  modelInstances?: number;
-  /** Microseconds the inference loop spins for the next request before it sleeps; 0: it sleeps at once. Default 1000 (src/gpu-worker/inference-loop.ts, DEFAULT_IDLE_SPIN_US). */
-  idleSpinUs?: number;
-  /** Nice value (0-19) of the intra-op threads on CPU, Linux only; 0: the process's own. Default 10 (src/gpu-worker/runner.ts). */
-  intraOpNice?: number;
-  /** Priority classes in order (the first is the default) with their fair-share weights. Default interactive 4, bulk 1. */
-  priorities?: { name: string; weight: number }[];
-  /** A class whose oldest request has waited this long goes first. Default 2000. */
-  priorityAgeingMs?: number;
-  /** Latency target: adaptive batch window, and admission against it. Default: none (fixed maxBatchDelayMs). */
-  sloP99Ms?: number;
-  /**
-   * A batch run longer than this gets the inference thread replaced (its
-   * requests fail with SLABSERVE_INFERENCE_RESTARTED; a thread that dies is
-   * replaced too). Default 30000.
-   */
-  inferenceTimeoutMs?: number;
-  /** A loop that has not gone round for this long, no batch running, gets the thread replaced. Default 30000. */
-  heartbeatTimeoutMs?: number;
-  /**
-   * MiB of finished rows kept for inputs seen again (src/shared/result-cache.ts, docs/cache.md):
-   * a repeat is answered without the inference thread, with the row computed the first time.
-   * Default 0, off (the server's default is 64): the engine is what the quick benchmark and the
-   * batching tests drive with repeated inputs, which a cache would answer instead of the device.
-   */
-  cacheMb?: number;
   /** Where start-up lines go. Default: stderr. */
   log?: (line: string) => void;
-}
+};
 
-export const ENGINE_DEFAULTS = {
-  device: 'auto',
-  maxInflightBatches: 1,
-  slotsPerModel: 1024,
-  tokenOutputMb: TOKEN_OUTPUT_MB,
-  requestTimeoutMs: 30_000,
-  intraOpThreads: 0,
-  modelInstances: 0,
-  idleSpinUs: DEFAULT_IDLE_SPIN_US,
-  intraOpNice: 10,
-  inferenceTimeoutMs: 30_000,
-  heartbeatTimeoutMs: 30_000,
-} as const;
+/** The engine's defaults: the table's, but no result cache. */
+export const ENGINE_DEFAULTS = { ...withDefaults(namesOf('engine'), {}), cacheMb: 0 };
 
 export interface RequestOptions {
   /** Model name; default: the first loaded model of the right task. */
@@ -195,7 +124,7 @@ export function modelOverrides(o: {
   dtype?: Dtype | undefined;
   device?: string | undefined;
 }): ModelOverrides {
-  const device = parseDevice(o.device ?? ENGINE_DEFAULTS.device);
+  const device = parseDevice(o.device ?? DEFAULTS.device);
   return {
     ...(o.dtype !== undefined ? { dtype: o.dtype } : {}),
     // dtype auto: fp16 where the model has it and the device will be CUDA
@@ -243,11 +172,6 @@ export function slabStats(slab: Slab): ModelStats {
 }
 
 const OWNER = 0; // the engine's own thread
-
-export const DEFAULT_PRIORITIES = [
-  { name: 'interactive', weight: 4 },
-  { name: 'bulk', weight: 1 },
-];
 
 export class Engine {
   readonly device: DeviceInfo;
@@ -378,67 +302,50 @@ export class Engine {
 }
 
 export async function createEngine(options: EngineOptions = {}): Promise<Engine> {
+  const o = withDefaults(namesOf('engine'), { ...options, cacheMb: options.cacheMb ?? 0 });
   const log = options.log ?? ((line: string) => process.stderr.write(line + '\n'));
-  checkDevice(options.device ?? ENGINE_DEFAULTS.device); // before any thread starts
+  checkDevice(o.device); // before any thread starts
   await checkNativeBinaries({ gateways: false });
   const owners = 1;
   const planning = {
     ...(options.batching ? { batching: options.batching } : {}),
-    overrides: modelOverrides(options),
+    overrides: modelOverrides(o),
     warn: log,
-    slotsPerModel: options.slotsPerModel ?? ENGINE_DEFAULTS.slotsPerModel,
-    tokenOutputMb: options.tokenOutputMb ?? ENGINE_DEFAULTS.tokenOutputMb,
+    slotsPerModel: o.slotsPerModel,
+    tokenOutputMb: o.tokenOutputMb,
     owners,
   };
   const plans = loadModels({
-    ...(options.modelsDir ? { modelsDir: options.modelsDir } : {}),
-    ...(options.models ? { models: options.models } : {}),
+    ...(o.modelsDir ? { modelsDir: o.modelsDir } : {}),
+    ...(o.models ? { models: o.models } : {}),
     ...planning,
   });
   const control = ControlBlock.create(owners);
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const models: ServedModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
-  const priorities = options.priorities ?? DEFAULT_PRIORITIES;
   const modelSet = new ModelSet(plans);
-  const inference = new InferenceSupervisor(modelSet, control, {
-    device: options.device ?? ENGINE_DEFAULTS.device,
-    intraOpThreads: options.intraOpThreads ?? ENGINE_DEFAULTS.intraOpThreads,
-    intraOpNice: options.intraOpNice ?? ENGINE_DEFAULTS.intraOpNice,
-    modelInstances: options.modelInstances ?? ENGINE_DEFAULTS.modelInstances,
-    idleSpinUs: options.idleSpinUs ?? ENGINE_DEFAULTS.idleSpinUs,
-    maxInflightBatches: options.maxInflightBatches ?? ENGINE_DEFAULTS.maxInflightBatches,
-    scheduling: {
-      priorityWeights: priorities.map((p) => p.weight),
-      priorityAgeingMs: options.priorityAgeingMs ?? DEFAULT_SCHEDULING.priorityAgeingMs,
-      ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
-    },
-    log,
-    inferenceTimeoutMs: options.inferenceTimeoutMs ?? ENGINE_DEFAULTS.inferenceTimeoutMs,
-    heartbeatTimeoutMs: options.heartbeatTimeoutMs ?? ENGINE_DEFAULTS.heartbeatTimeoutMs,
-    enableTestHooks: testHooks,
-  });
+  const inference = new InferenceSupervisor(modelSet, control, inferenceOptionsOf(o, log, testHooks));
   const device = await inference.ready;
   const owned = new OwnerModels(plans);
   const submitter = new SlabSubmitter(owned.slabs, control, OWNER, { buckets: bucketPlans(plans) });
-  const requestTimeoutMs = options.requestTimeoutMs ?? ENGINE_DEFAULTS.requestTimeoutMs;
   const infer = new Infer(models, submitter, {
-    requestTimeoutMs,
-    priorityNames: priorities.map((p) => p.name),
-    ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
-    cache: engineCache(options.cacheMb ?? 0, plans),
+    requestTimeoutMs: o.requestTimeoutMs,
+    priorityNames: o.priorities.map((p) => p.name),
+    ...(o.sloP99Ms !== undefined ? { sloP99Ms: o.sloP99Ms } : {}),
+    cache: engineCache(o.cacheMb, plans),
   });
   // The engine's one owner (this thread) is the repository's only "gateway".
   const handlers = owned.handlers(submitter, infer);
   const repository = new ModelRepository({
     mode: 'explicit',
-    modelsDir: resolve(options.modelsDir ?? join(packageRoot, 'models')),
+    modelsDir: resolve(o.modelsDir ?? join(packageRoot, 'models')),
     models: modelSet,
     inference,
     gateways: { callEvery: async <T>(method: string, arg: unknown) => [(await handlers[method as keyof typeof handlers](arg)) as T] },
     plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => modelSet.reusable(bytes) }),
     onChange: async () => {},
     log,
-    drainTimeoutMs: requestTimeoutMs + 1000,
+    drainTimeoutMs: o.requestTimeoutMs + 1000,
     paths: true,
   });
   return new Engine({ device, infer, owned, repository, inference, control, submitter, ...(testHooks ? { testHooks: inference.holdHooks() } : {}) });

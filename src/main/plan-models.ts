@@ -7,7 +7,8 @@
 import { existsSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { batchCapacity, DEFAULT_BATCHING, defaultBuckets, PAD_TO, type BatchingOptions } from '../gpu-worker/scheduler.js';
+import { batchCapacity, PAD_TO, type BatchingOptions } from '../gpu-worker/scheduler.js';
+import { DEFAULTS, defaultBuckets } from '../shared/options.js';
 import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
 import { isValidModelName, listModelDirs, loadModelSpec, type ModelOverrides, type ModelSpec, type ServeSettings } from '../shared/model-format/model-config.js';
 import type { ModelPlan } from '../shared/model-plan.js';
@@ -26,7 +27,7 @@ export interface LoadModelsOptions {
   warn?: (line: string) => void;
   batching?: Partial<BatchingOptions>;
   slotsPerModel: number;
-  /** MiB of token vectors per model with them (/embed_all): its token area, a page per input in flight. Default {@link TOKEN_OUTPUT_MB}. */
+  /** MiB of token vectors per model with them (/embed_all): its token area, a page per input in flight. Default: --token-output-mb's. */
   tokenOutputMb?: number;
   /** Threads that submit requests (each gets its own completion queue). */
   owners: number;
@@ -37,7 +38,6 @@ export interface LoadModelsOptions {
  * 512 tokens of 128 floats, or 21 of bert-base's 512 x 768. Its private copy on
  * the inference thread doubles it.
  */
-export const TOKEN_OUTPUT_MB = 32;
 
 export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
   const modelsDir = resolve(opts.modelsDir ?? join(packageRoot, 'models'));
@@ -66,10 +66,10 @@ export function planModel(
   for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
   const batching = resolveBatching(spec, opts.batching);
   const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
-  const tokenPages = tokenPagesOf(spec.tokenWidth, maxLength, opts.slotsPerModel, opts.tokenOutputMb ?? TOKEN_OUTPUT_MB);
+  const tokenPages = tokenPagesOf(spec.tokenWidth, maxLength, opts.slotsPerModel, opts.tokenOutputMb ?? DEFAULTS.tokenOutputMb);
   if (spec.tokenWidth > 0 && tokenPages === 0) {
     const mb = (maxLength * spec.tokenWidth * 4) / 2 ** 20;
-    opts.warn?.(`slabserve: warning: model ${spec.name}: one input's token vectors (${mb.toFixed(2)} MiB) do not fit --token-output-mb ${opts.tokenOutputMb ?? TOKEN_OUTPUT_MB}: /embed_all is off for it`);
+    opts.warn?.(`slabserve: warning: model ${spec.name}: one input's token vectors (${mb.toFixed(2)} MiB) do not fit --token-output-mb ${opts.tokenOutputMb ?? DEFAULTS.tokenOutputMb}: /embed_all is off for it`);
     spec = { ...spec, outputs: spec.outputs.filter((o) => o !== 'tokens'), tokenWidth: 0 };
   }
   const layout = { slotCount: opts.slotsPerModel, maxLength, outputWidth: spec.outputWidth, owners: opts.owners, tokenPages, tokenWidth: spec.tokenWidth };
@@ -140,11 +140,11 @@ export function bucketPlans(plans: ModelPlan[]): { lengths: number[]; capacities
 /** Validates and completes the batching options for one model. */
 export function resolveBatching(spec: ModelSpec, given: Partial<BatchingOptions> = {}): BatchingOptions {
   const opts: BatchingOptions = {
-    maxBatchSize: given.maxBatchSize ?? DEFAULT_BATCHING.maxBatchSize,
-    maxBatchDelayMs: given.maxBatchDelayMs ?? DEFAULT_BATCHING.maxBatchDelayMs,
-    maxBatchTokens: given.maxBatchTokens ?? DEFAULT_BATCHING.maxBatchTokens,
+    maxBatchSize: given.maxBatchSize ?? DEFAULTS.maxBatchSize,
+    maxBatchDelayMs: given.maxBatchDelayMs ?? DEFAULTS.maxBatchDelayMs,
+    maxBatchTokens: given.maxBatchTokens ?? DEFAULTS.maxBatchTokens,
     buckets: given.buckets ? [...given.buckets] : defaultBuckets(spec.maxLength),
-    padTo: given.padTo ?? DEFAULT_BATCHING.padTo,
+    padTo: given.padTo ?? DEFAULTS.padTo,
   };
   if (!PAD_TO.includes(opts.padTo)) throw new ValidationError(`padTo must be one of ${PAD_TO.join(', ')}, got ${String(opts.padTo)}`);
   const positiveInt = (name: string, v: number) => {

@@ -24,14 +24,9 @@ import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { join, resolve } from 'node:path';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
-import { DEFAULT_PRIORITIES, describeModel, modelOverrides, slabStats, ENGINE_DEFAULTS, type ModelOptions } from './engine.js';
-import { DEFAULT_SCHEDULING } from '../gpu-worker/inference-loop.js';
+import { describeModel, modelOverrides, slabStats } from './engine.js';
 import type { GatewayWorkerData } from '../gateway/thread.js';
 import type { GrpcListen } from '../gateway/grpc/server.js';
-import { GATE_DEFAULTS } from '../gateway/gate.js';
-import { WS_DEFAULTS } from '../gateway/ws/options.js';
-import { INLINE_TOKENIZE_CHARS } from '../core/infer.js';
-import type { LogFormat, LogLevel } from '../gateway/log.js';
 import { quietListenSockets } from './drain/accept-queue.js';
 import { checkDevice, describeCuda, type DeviceInfo } from '../gpu-worker/device.js';
 import type { UwsChoice } from '../gateway/uws.js';
@@ -39,8 +34,8 @@ import { checkNativeBinaries } from './native-binaries.js';
 import type { BatchingOptions } from '../gpu-worker/scheduler.js';
 import type { InferenceFault } from '../gpu-worker/thread.js';
 import { GatewaySupervisor } from './threads/gateway-supervisor.js';
-import { InferenceSupervisor, TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type InferenceHoldHooks } from './threads/inference-supervisor.js';
-import { ModelRepository, type ModelControlMode } from './repository/repository.js';
+import { inferenceOptionsOf, InferenceSupervisor, TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type InferenceHoldHooks } from './threads/inference-supervisor.js';
+import { ModelRepository } from './repository/repository.js';
 import type { RepositoryAnswer, RepositoryOp } from '../shared/repository-protocol.js';
 import { ModelSet } from './repository/model-set.js';
 import { ModelBudget } from './repository/model-budget.js';
@@ -52,127 +47,48 @@ import { checkIntegerIn, SlabserveError, ValidationError } from '../shared/error
 import { cacheMetrics, processMetrics, repositoryMetrics, supervisionMetrics } from '../shared/telemetry/metrics.js';
 import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from '../shared/result-cache.js';
 import { Counter, Slab } from '../shared/slab.js';
-import { DEFAULT_LONE_WAIT_US, MAX_LONE_WAIT_US } from '../core/lone-wait.js';
+import { DEFAULT_GRPC_PORT, DEFAULTS, namesOf, OPTIONS, withDefaults, type BatchingName, type NamesOf, type OptionValues, type ResolvedValues } from '../shared/options.js';
 import { processThreadIds, threadCpuSeconds, threadName } from '../shared/threads.js';
 import { VERSION } from '../version.js';
 
-export interface ServerConfig extends ModelOptions {
-  host: string;
-  /** 0 picks a free port. */
-  port: number;
-  /** The port is shared on purpose (a cluster's process): no check that nothing else listens on it (nor on grpcPort). */
-  sharedPort?: boolean;
-  /** gRPC's port (--grpc-port); 0: no gRPC. Absent: DEFAULT_GRPC_PORT, or a free port when `port` is 0. */
-  grpcPort?: number;
-  /** Most messages of one gRPC stream answered at once (--grpc-stream-max-inflight). */
-  grpcStreamMaxInflight?: number;
-  /** Threads that serve gRPC only (--grpc-threads); 0 (default): the gateway threads serve it beside HTTP. */
-  grpcThreads?: number;
-  device: string;
-  gatewayThreads: number;
+/** The options a server takes by name (src/shared/options.ts): the engine's and the server's own, less those the command line turns into others. */
+type ServerOptionName = Exclude<NamesOf<'server' | 'engine'>, BatchingName | 'loadModel' | 'apiKeyFile'>;
+
+/**
+ * What startServer takes: every option by its name in the table (src/shared/options.ts,
+ * docs/configuration.md), each optional (absent: its default), the batching ones in `batching`;
+ * and what only a program gives.
+ */
+export type ServerConfig = OptionValues<ServerOptionName> & {
+  batching?: Partial<BatchingOptions>;
+  /** Where the main thread's lines go (the CLI: stderr). */
+  log: (line: string) => void;
   /**
    * Aborting it begins the drain at once, even while the server is still starting: from that
    * moment every gateway already serving refuses new requests (503, closing its connection), and
    * the rest of the drain (close()) runs as soon as the start is done (SIGTERM in the CLI).
    */
   signal?: AbortSignal;
-  batching: Partial<BatchingOptions>;
-  maxInflightBatches: number;
-  slotsPerModel: number;
-  /** MiB of token vectors per model that has them (/embed_all). */
-  tokenOutputMb: number;
-  requestTimeoutMs: number;
-  intraOpThreads: number;
-  /** Sessions of each model running batches side by side (--model-instances); 0: auto. */
-  modelInstances: number;
-  /** Microseconds the inference loop spins for the next request before it sleeps (--idle-spin-us). */
-  idleSpinUs: number;
-  /** Microseconds a gateway holds its thread for the answer to a request alone in the server (--lone-wait-us; src/core/lone-wait.ts); 0: never. */
-  loneWaitUs: number;
-  intraOpNice: number;
-  maxClientBatchSize: number;
-  maxBodyBytes: number;
-  /** Cut an input past the model's max length when its request does not say (--truncate, TEI's --auto-truncate); default false: 413. */
-  truncate?: boolean;
-  heartbeatTimeoutMs: number;
-  /** A batch run longer than this: the inference thread is replaced and its requests answered 503 (--inference-timeout-ms). */
-  inferenceTimeoutMs: number;
-  drainTimeoutMs: number;
-  /**
-   * After the drain's last request, how long idle keep-alive connections stay open before they are
-   * closed (--drain-grace-ms): a request a client sends on one meanwhile is answered (503, Connection:
-   * close) rather than lost to the close.
-   */
-  drainGraceMs: number;
-  tokenizerThreads: number;
-  /** Requests waiting for the tokenizer pool, per gateway, past which 429 at once (--tokenizer-queue; default 256 per pool thread). */
-  tokenizerQueue?: number;
-  inlineTokenizeChars: number;
-  /** --ws-max-inflight, --ws-max-buffered-bytes, --ws-max-frame-bytes, --ws-idle-timeout-s: WsOptions (gateway/ws/options.ts says what each means). */
-  wsMaxInflight: number;
-  wsMaxBufferedBytes: number;
-  wsMaxFrameBytes: number;
-  wsIdleTimeoutSeconds: number;
-  /** Priority classes in order (the first is the default) and their weights (--priority-weights). */
-  priorities: { name: string; weight: number }[];
-  /** A class whose oldest request has waited this long goes first (--priority-ageing-ms). */
-  priorityAgeingMs: number;
-  /** Latency target: adaptive batch window and admission against it (--slo-p99-ms). */
-  sloP99Ms?: number;
-  /**
-   * MiB of finished rows kept in shared memory for every gateway thread (--cache-mb; 0: off): an
-   * input run before is answered by the gateway itself, without a slot or the inference thread,
-   * with the row the model computed then. Per process (docs/cache.md).
-   */
-  cacheMb: number;
-  /** Replaces what /metrics answers (a cluster worker asks its primary for the whole cluster's: src/main/cluster/cluster.ts). */
-  scrape?: () => Promise<string>;
-  /**
-   * Whether the model set can change while serving (--model-control-mode, Triton's names): `none`
-   * (default), fixed at start; `explicit`, the repository routes load, reload and unload
-   * (src/main/repository/repository.ts, docs/model-repository.md).
-   */
-  modelControlMode?: ModelControlMode;
-  /** A request naming a model of the repository that is not loaded loads it, within its deadline (--lazy-load; explicit mode only). */
-  lazyLoad?: boolean;
-  /** The model budget (explicit mode only; src/main/repository/model-budget.ts): --max-loaded-models, --model-memory-mb, --model-idle-unload-s, --pin-model. */
-  maxLoadedModels?: number;
-  modelMemoryMb?: number;
-  modelIdleUnloadS?: number;
-  pinModels?: string[];
-  /** Replaces this process's repository operations (a cluster worker asks its primary, which applies them to every process). */
-  repository?: (op: unknown) => Promise<unknown>;
-  /** API keys: every route but health (and /metrics, unless metricsAuth) needs `Authorization: Bearer <key>` (--api-key, --api-key-file); none: open. */
-  apiKeys?: string[];
-  /** Keys the model repository's routes need instead of the API keys (--admin-api-key); none: the API keys. */
-  adminApiKeys?: string[];
-  /** /metrics needs a key too (--metrics-auth). */
-  metricsAuth?: boolean;
-  /** Most connections per gateway thread: open WebSockets plus HTTP connections with a request in progress; past it 503 (--max-connections). */
-  maxConnections?: number;
-  /** Longest URL (path and query) in bytes; past it 414 (--max-url-bytes). */
-  maxUrlBytes?: number;
-  /** Largest request head (request line and headers) in bytes; past it 431 (--max-header-bytes). */
-  maxHeaderBytes?: number;
-  /** A refusal answered before the body arrived waits for it, reading and dropping at most this many bytes in all, for at most discardTimeoutMs (--max-discard-bytes, --discard-timeout-ms). */
-  maxDiscardBytes?: number;
-  discardTimeoutMs?: number;
-
-  /** Least level of the JSON log lines: fatal, error, warn, info (an access line per request), debug, trace, silent (--log-level). */
-  logLevel?: LogLevel;
-  /** Access lines for health probes and metrics scrapes too (--log-probes); default false: they would drown the requests. */
-  logProbes?: boolean;
+  /** The port is shared on purpose (a cluster's process): no check that nothing else listens on it (nor on grpcPort). */
+  sharedPort?: boolean;
   /** Gateway threads write access lines (one per request) straight to this file descriptor (the CLI: 1, stdout); absent, they reach `log`. */
   accessLogFd?: number;
-  /** How lines to a file descriptor are written (--log-format): JSON, readable (pretty), or readable where it is a terminal (auto). */
-  logFormat?: LogFormat;
-  /** Traces to this OTLP/HTTP endpoint (its base: /v1/traces appended; --otlp-endpoint); absent: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, or off (docs/tracing.md). */
-  otlpEndpoint?: string;
-  /** The traces' service.name (--otlp-service-name); default OTEL_SERVICE_NAME, else slabserve. */
-  otlpServiceName?: string;
-  log: (line: string) => void;
-}
+  /** Replaces what /metrics answers (a cluster worker asks its primary for the whole cluster's: src/main/cluster/cluster.ts). */
+  scrape?: () => Promise<string>;
+  /** Replaces this process's repository operations (a cluster worker asks its primary, which applies them to every process). */
+  repository?: (op: unknown) => Promise<unknown>;
+};
 
+/** A server's configuration with every default in place. */
+export type ResolvedServerConfig = ServerConfig & ResolvedValues<ServerOptionName> & { gatewayThreads: number };
+
+const SERVER_OPTION_NAMES = namesOf('server', 'engine');
+
+/** `config` over the defaults. */
+export function resolveServerConfig(config: ServerConfig): ResolvedServerConfig {
+  const resolved = withDefaults(SERVER_OPTION_NAMES, config);
+  return { ...resolved, gatewayThreads: resolved.gatewayThreads ?? defaultGatewayThreads() } as ResolvedServerConfig;
+}
 
 /** One gateway thread on 2 cores or fewer, else half the cores. */
 export function defaultGatewayThreads(): number {
@@ -180,45 +96,8 @@ export function defaultGatewayThreads(): number {
   return n <= 2 ? 1 : Math.floor(n / 2);
 }
 
-export const SERVER_DEFAULTS = {
-  host: '0.0.0.0',
-  port: 8080,
-  device: ENGINE_DEFAULTS.device,
-  maxInflightBatches: ENGINE_DEFAULTS.maxInflightBatches,
-  slotsPerModel: ENGINE_DEFAULTS.slotsPerModel,
-  tokenOutputMb: ENGINE_DEFAULTS.tokenOutputMb,
-  requestTimeoutMs: ENGINE_DEFAULTS.requestTimeoutMs,
-  intraOpThreads: ENGINE_DEFAULTS.intraOpThreads,
-  modelInstances: ENGINE_DEFAULTS.modelInstances,
-  idleSpinUs: ENGINE_DEFAULTS.idleSpinUs,
-  loneWaitUs: DEFAULT_LONE_WAIT_US,
-  intraOpNice: ENGINE_DEFAULTS.intraOpNice,
-  /** A bound on one request's memory, not on the batcher: a larger client batch runs part by part (core/client-batches.ts). */
-  maxClientBatchSize: 1024,
-  maxBodyBytes: 2 * 1024 * 1024,
-  heartbeatTimeoutMs: ENGINE_DEFAULTS.heartbeatTimeoutMs,
-  inferenceTimeoutMs: ENGINE_DEFAULTS.inferenceTimeoutMs,
-  drainTimeoutMs: 30_000,
-  modelControlMode: 'none' as ModelControlMode,
-  drainGraceMs: 500,
-  tokenizerThreads: 1,
-  inlineTokenizeChars: INLINE_TOKENIZE_CHARS,
-  wsMaxInflight: WS_DEFAULTS.maxInflight,
-  wsMaxBufferedBytes: WS_DEFAULTS.maxBufferedBytes,
-  wsMaxFrameBytes: WS_DEFAULTS.maxFrameBytes,
-  wsIdleTimeoutSeconds: WS_DEFAULTS.idleTimeoutSeconds,
-  grpcStreamMaxInflight: 256,
-  grpcThreads: 0,
-  priorities: DEFAULT_PRIORITIES,
-  priorityAgeingMs: DEFAULT_SCHEDULING.priorityAgeingMs,
-  cacheMb: 64,
-  ...GATE_DEFAULTS,
-  logLevel: 'info' as LogLevel,
-  logFormat: 'auto' as LogFormat,
-} as const;
-
-/** gRPC's port when --grpc-port is not given (HTTP's is 8080). */
-export const DEFAULT_GRPC_PORT = 8081;
+/** The server's defaults (the table's, and the gateway threads this machine gets). */
+export const SERVER_DEFAULTS = { ...DEFAULTS, gatewayThreads: defaultGatewayThreads() };
 
 export interface Server {
   readonly port: number;
@@ -278,14 +157,14 @@ export function ensurePortFree(host: string, port: number, flag = '--port'): Pro
  * first gateway binds it (GatewaySupervisor.grpcPort); --host resolved to
  * a numeric address, which a socket made outside Node's net needs.
  */
-async function grpcListen(config: ServerConfig): Promise<GrpcListen | null> {
+async function grpcListen(config: ResolvedServerConfig): Promise<GrpcListen | null> {
   if (config.grpcPort === 0) return null;
   const port = config.grpcPort ?? (config.port === 0 ? 0 : DEFAULT_GRPC_PORT); // 0: the first gateway binds a port the kernel picks
   if (!config.sharedPort && (config.grpcPort !== undefined || config.port !== 0)) await ensurePortFree(config.host, port, '--grpc-port');
   const { address } = await lookup(config.host);
-  const threads = (config.grpcThreads ?? 0) || config.gatewayThreads;
+  const threads = config.grpcThreads || config.gatewayThreads;
   // Shared by several threads, or by a cluster's processes.
-  return { address, port, streamMaxInflight: config.grpcStreamMaxInflight ?? SERVER_DEFAULTS.grpcStreamMaxInflight, shared: threads > 1 || config.sharedPort === true };
+  return { address, port, streamMaxInflight: config.grpcStreamMaxInflight, shared: threads > 1 || config.sharedPort === true };
 }
 
 /**
@@ -296,7 +175,7 @@ async function grpcListen(config: ServerConfig): Promise<GrpcListen | null> {
  * with SO_REUSEPORT; another process of the same user picking the same free port meanwhile would
  * share it, so one gateway (what the tests start) takes the atomic way.
  */
-async function firstBindPort(config: ServerConfig): Promise<number> {
+async function firstBindPort(config: ResolvedServerConfig): Promise<number> {
   if (config.port !== 0) return config.port;
   return config.gatewayThreads === 1 ? 0 : pickFreePort(config.host);
 }
@@ -313,18 +192,19 @@ export function pickFreePort(host: string): Promise<number> {
   });
 }
 
-export async function startServer(config: ServerConfig): Promise<Server> {
+export async function startServer(given: ServerConfig): Promise<Server> {
+  const config = resolveServerConfig(given);
   const log = config.log;
   // An operator's mistakes, before any thread starts: a taken port, a device this machine lacks.
   if (config.port !== 0 && !config.sharedPort) await ensurePortFree(config.host, config.port);
   const grpc = await grpcListen(config);
   checkDevice(config.device);
   checkRepositoryFlags(config);
-  checkIntegerIn('loneWaitUs', config.loneWaitUs, '0', MAX_LONE_WAIT_US);
+  checkIntegerIn('loneWaitUs', config.loneWaitUs, '0', OPTIONS.loneWaitUs.max!);
   const uws = await checkNativeBinaries({ gateways: true });
   log(`slabserve: Node.js ${process.version}, uWebSockets.js ${uws.version} (${uws.package})`);
   const tracing = tracingOf(config);
-  const grpcThreads = config.grpcThreads ?? 0;
+  const grpcThreads = config.grpcThreads;
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
   const planning = { batching: config.batching, overrides: modelOverrides(config), warn: log, slotsPerModel: config.slotsPerModel, tokenOutputMb: config.tokenOutputMb, owners };
   const plans = loadModels({
@@ -346,7 +226,7 @@ export async function startServer(config: ServerConfig): Promise<Server> {
   const supervision = supervisionMetrics(registry, { abandonedInferenceThreads: () => inference.abandoned });
   log(`slabserve: opening ${plans.map((p) => p.spec.name).join(', ')} on device ${config.device}; warm-up follows`);
   const inference = new InferenceSupervisor(models, control, {
-    ...inferenceOptions(config, testHooks),
+    ...inferenceOptionsOf(config, config.log, testHooks),
     tracing: tracing ?? undefined,
     onRestart: (e) => {
       supervision.inferenceRestarts.inc({ reason: e.reason });
@@ -429,13 +309,13 @@ type Planning = Parameters<typeof planModel>[2];
  * sent again once the set of models changed.
  */
 function modelRepository(
-  config: ServerConfig,
+  config: ResolvedServerConfig,
   parts: { planning: Planning; models: ModelSet; inference: InferenceSupervisor; registry: Registry; log: (line: string) => void },
   gateways: { callEvery<T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]>; setInfo(): Promise<void> },
 ): ModelRepository {
   const { planning, models, inference, registry, log } = parts;
   const repository: ModelRepository = new ModelRepository({
-    mode: config.modelControlMode ?? 'none',
+    mode: config.modelControlMode,
     modelsDir: resolve(config.modelsDir ?? join(packageRoot, 'models')),
     models,
     inference,
@@ -456,7 +336,7 @@ function modelRepository(
 }
 
 /** The line that says where the server listens (gRPC's port: null where it serves none). */
-function listeningLine(config: ServerConfig, port: number, grpcPort: number | null, grpcThreads: number): string {
+function listeningLine(config: ResolvedServerConfig, port: number, grpcPort: number | null, grpcThreads: number): string {
   const plural = (n: number, what: string) => `${n} ${what}${n > 1 ? 's' : ''}`;
   const grpcShown = grpcPort !== null ? `, grpc on ${config.host}:${grpcPort}${grpcThreads > 0 ? ` (${plural(grpcThreads, 'thread')} of its own)` : ''}` : '';
   return `slabserve: listening on http://${config.host}:${port}${grpcShown} (${plural(config.gatewayThreads, 'gateway thread')}); ready after warm-up`;
@@ -467,7 +347,7 @@ function listeningLine(config: ServerConfig, port: number, grpcPort: number | nu
  * dies leaves it behind for its replacement; null with --cache-mb 0. Owner 0 (this thread) only
  * reclaims a dead gateway's locks.
  */
-function resultCache(config: ServerConfig, plans: ModelPlan[], owners: number): ResultCache | null {
+function resultCache(config: ResolvedServerConfig, plans: ModelPlan[], owners: number): ResultCache | null {
   if (!(config.cacheMb > 0)) return null;
   let layout;
   try {
@@ -481,33 +361,12 @@ function resultCache(config: ServerConfig, plans: ModelPlan[], owners: number): 
 }
 
 /** Tracing as the flags and OpenTelemetry's variables say (docs/tracing.md), or null; a value it cannot use stops the start. */
-function tracingOf(config: ServerConfig): TracingConfig | null {
+function tracingOf(config: ResolvedServerConfig): TracingConfig | null {
   try {
     return resolveTracing({ otlpEndpoint: config.otlpEndpoint, otlpServiceName: config.otlpServiceName }, process.env);
   } catch (err) {
     throw new ValidationError((err as Error).message);
   }
-}
-
-/** The inference thread's settings, from the server's. */
-function inferenceOptions(config: ServerConfig, enableTestHooks: boolean): Omit<ConstructorParameters<typeof InferenceSupervisor>[2], 'onRestart'> {
-  return {
-    device: config.device,
-    intraOpThreads: config.intraOpThreads,
-    intraOpNice: config.intraOpNice,
-    modelInstances: config.modelInstances,
-    idleSpinUs: config.idleSpinUs,
-    maxInflightBatches: config.maxInflightBatches,
-    scheduling: {
-      priorityWeights: config.priorities.map((p) => p.weight),
-      priorityAgeingMs: config.priorityAgeingMs,
-      ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
-    },
-    log: config.log,
-    inferenceTimeoutMs: config.inferenceTimeoutMs,
-    heartbeatTimeoutMs: config.heartbeatTimeoutMs,
-    enableTestHooks,
-  };
 }
 
 /** What the main thread itself reports: each model's slab tallies and cache counts, readiness, thread CPU, device memory (read at scrape time). */
@@ -568,7 +427,7 @@ function namedThreads(inference: InferenceSupervisor, gateways: GatewaySuperviso
 }
 
 /** GET /info's body (gateways add each model's live cost model). */
-function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cache: ResultCache | null, repository: ModelRepository, uws: UwsChoice) {
+function serverInfo(config: ResolvedServerConfig, plans: ModelPlan[], d: DeviceInfo, cache: ResultCache | null, repository: ModelRepository, uws: UwsChoice) {
   return {
     version: VERSION,
     /** What runs it: Node.js, and the uWebSockets.js build the start-up check chose (src/gateway/uws.ts). */
@@ -583,7 +442,7 @@ function serverInfo(config: ServerConfig, plans: ModelPlan[], d: DeviceInfo, cac
     limits: {
       maxClientBatchSize: config.maxClientBatchSize,
       maxBodyBytes: config.maxBodyBytes,
-      truncate: config.truncate ?? false,
+      truncate: config.truncate,
       requestTimeoutMs: config.requestTimeoutMs,
       slotsPerModel: config.slotsPerModel,
       tokenOutputMb: config.tokenOutputMb,
@@ -606,13 +465,13 @@ function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySuperv
 }
 
 /** What every gateway thread starts with (GatewaySupervisor adds its id, owner index and port). */
-function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: number, cache: ResultCache | null): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models' | 'http' | 'grpc' | 'uws'> {
+function gatewayWorkerData(config: ResolvedServerConfig, control: ControlBlock, owners: number, cache: ResultCache | null): Omit<GatewayWorkerData, 'gatewayId' | 'owner' | 'port' | 'models' | 'http' | 'grpc' | 'uws'> {
   return {
     control: control.buffer,
     ...(cache ? { cache: { buffer: cache.buffer, layout: cache.layout } } : {}),
     owners,
     host: config.host,
-    limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize, truncate: config.truncate ?? false },
+    limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize, truncate: config.truncate },
     requestTimeoutMs: config.requestTimeoutMs,
     loneWaitUs: config.loneWaitUs,
     heartbeatTimeoutMs: config.heartbeatTimeoutMs,
@@ -631,15 +490,15 @@ function gatewayWorkerData(config: ServerConfig, control: ControlBlock, owners: 
     security: {
       apiKeys: config.apiKeys ?? [],
       adminApiKeys: config.adminApiKeys ?? [],
-      metricsAuth: config.metricsAuth ?? GATE_DEFAULTS.metricsAuth,
-      maxConnections: config.maxConnections ?? GATE_DEFAULTS.maxConnections,
-      maxUrlBytes: config.maxUrlBytes ?? GATE_DEFAULTS.maxUrlBytes,
-      maxHeaderBytes: config.maxHeaderBytes ?? GATE_DEFAULTS.maxHeaderBytes,
-      maxDiscardBytes: config.maxDiscardBytes ?? GATE_DEFAULTS.maxDiscardBytes,
-      discardTimeoutMs: config.discardTimeoutMs ?? GATE_DEFAULTS.discardTimeoutMs,
+      metricsAuth: config.metricsAuth,
+      maxConnections: config.maxConnections,
+      maxUrlBytes: config.maxUrlBytes,
+      maxHeaderBytes: config.maxHeaderBytes,
+      maxDiscardBytes: config.maxDiscardBytes,
+      discardTimeoutMs: config.discardTimeoutMs,
     },
     ...(config.lazyLoad ? { lazyLoad: true } : {}),
-    log: { level: config.logLevel ?? 'info', probes: config.logProbes ?? false, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd, format: config.logFormat ?? SERVER_DEFAULTS.logFormat } : {}) },
+    log: { level: config.logLevel, probes: config.logProbes, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd, format: config.logFormat } : {}) },
   };
 }
 
@@ -655,7 +514,7 @@ function aborted(signal: AbortSignal | undefined): Promise<void> {
 }
 
 /** The repository's flags that need --model-control-mode explicit (they change the model set), checked before any thread starts. */
-function checkRepositoryFlags(config: ServerConfig): void {
+function checkRepositoryFlags(config: ResolvedServerConfig): void {
   if (config.modelControlMode === 'explicit') return;
   const given = (
     [
@@ -678,7 +537,7 @@ const ACCEPT_QUEUE_WAIT_MS = 1000;
  * refused, requests in flight finished (up to drainTimeoutMs), idle keep-alive
  * connections given drainGraceMs, then every socket closed and the threads stopped.
  */
-async function drain(config: ServerConfig, ports: number[], control: ControlBlock, gateways: GatewaySupervisor, inference: InferenceSupervisor): Promise<void> {
+async function drain(config: ResolvedServerConfig, ports: number[], control: ControlBlock, gateways: GatewaySupervisor, inference: InferenceSupervisor): Promise<void> {
   control.draining = true; // /readyz 503, new requests 503, every answer Connection: close
   gateways.beginClose(); // a gateway that ends now is not replaced
   const deadline = Date.now() + config.drainTimeoutMs;

@@ -19,8 +19,7 @@ export interface BatchingOptions {
    * What a batch is padded to: 'bucket' pads every row to its bucket's length
    * (fixed shapes, all warmed at start-up: the choice for GPUs), 'longest' to
    * the longest input in the batch (fewer padded tokens where shapes cost
-   * nothing extra, as on CPU: 1.1-1.5x the tokens/s on mixed lengths, bench
-   * report), 'auto' (default) picks 'longest' on CPU and 'bucket' on CUDA.
+   * nothing extra, as on CPU: docs/tuning.md), 'auto' (default) picks 'longest' on CPU and 'bucket' on CUDA.
    * With one bucket, 'longest' is the classic single FIFO queue padded to the
    * longest.
    */

@@ -9,6 +9,7 @@
  * goes away (onAborted) the response must not be touched; writes from a later
  * tick must be corked.
  */
+import { DEFAULTS } from '../../shared/options.js';
 import { pack } from 'msgpackr';
 import { CancelledError, HttpError, OverloadedError, SlabserveError, ValidationError, type ErrorType } from '../../shared/errors.js';
 import { Cancellation } from '../../core/cancel.js';
@@ -48,7 +49,7 @@ export interface RequestObserver {
   finished(ctx: RequestContext, status: number): void;
   /** Whether every answer closes its connection now (the server is draining). */
   closesConnection?(): boolean;
-  /** How much of a body still arriving is read and dropped before its answer (default DISCARD_DEFAULTS). */
+  /** How much of a body still arriving is read and dropped before its answer (default: --max-discard-bytes's and --discard-timeout-ms's). */
   readonly discard?: DiscardLimits;
 }
 
@@ -73,7 +74,6 @@ export interface DiscardLimits {
   timeoutMs: number;
 }
 
-export const DISCARD_DEFAULTS: DiscardLimits = { maxBytes: 16 * 2 ** 20, timeoutMs: 10_000 };
 
 type BodySink = (chunk: ArrayBuffer, isLast: boolean) => void;
 /** What becomes of body bytes nobody reads (yet). */
@@ -309,7 +309,7 @@ export class RequestContext {
 
   /** Calls `end(close)` once the rest of the body has arrived and been dropped; past DiscardLimits, `end` at once (uWS closes the connection). */
   private dropBodyThen(end: (close: boolean) => void, close: boolean): void {
-    const { maxBytes, timeoutMs } = this.observer?.discard ?? DISCARD_DEFAULTS;
+    const { maxBytes, timeoutMs } = this.observer?.discard ?? { maxBytes: DEFAULTS.maxDiscardBytes, timeoutMs: DEFAULTS.discardTimeoutMs };
     const tooLarge = () => (this.contentLength ?? this.bodyBytes) > maxBytes;
     if (tooLarge()) return end(close);
     const release = () => {

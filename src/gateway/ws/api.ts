@@ -28,9 +28,18 @@ import type { RequestSpan, RequestTracing } from '../request-trace.js';
 import { nowMs } from '../../shared/clock.js';
 import { TEI_ENDPOINTS, TEI_LOCAL_ENDPOINTS } from '../tei/endpoints.js';
 import type { HttpRequest, HttpResponse, TemplatedApp, us_socket_context_t, WebSocket } from '../uws.js';
-import type { WsOptions } from './options.js';
 
-export type { WsOptions } from './options.js';
+/** The WebSocket API's limits (--ws-max-inflight, --ws-max-buffered-bytes, --ws-max-frame-bytes, --ws-idle-timeout-s). */
+export interface WsOptions {
+  /** Most requests in flight per socket (and the highest credit a client may ask for). */
+  maxInflight: number;
+  /** Unsent bytes above which the socket's requests are held back until it drains. */
+  maxBufferedBytes: number;
+  /** Largest frame accepted; a larger one closes the socket (1009). */
+  maxFrameBytes: number;
+  /** Seconds without traffic before the socket is closed (uWS sends pings meanwhile). */
+  idleTimeoutSeconds: number;
+}
 
 export interface WsDeps {
   infer: Infer;

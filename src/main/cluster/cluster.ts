@@ -32,7 +32,8 @@ import { cpus } from 'node:os';
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client';
 import { checkDevice } from '../../gpu-worker/device.js';
 import { checkNativeBinaries } from '../native-binaries.js';
-import { DEFAULT_GRPC_PORT, defaultGatewayThreads, ensurePortFree, pickFreePort, type Server, type ServerConfig } from '../server.js';
+import { defaultGatewayThreads, ensurePortFree, pickFreePort, resolveServerConfig, type ResolvedServerConfig, type Server, type ServerConfig } from '../server.js';
+import { DEFAULT_GRPC_PORT } from '../../shared/options.js';
 import { settlesWithin } from '../../shared/clock.js';
 import { ValidationError } from '../../shared/errors.js';
 import { RpcPeer } from '../../shared/rpc.js';
@@ -100,7 +101,7 @@ export function clusterRole(opts: ClusterOptions): 'primary' | 'worker' | null {
 }
 
 /** The processes to start: one per --devices entry, or --processes copies of --device (cpu when that is auto). */
-export function planProcesses(config: Pick<ServerConfig, 'device' | 'port' | 'gatewayThreads' | 'intraOpThreads'>, opts: ClusterOptions): Omit<ProcessPlan, 'port' | 'grpcPort'>[] {
+export function planProcesses(config: Pick<ResolvedServerConfig, 'device' | 'port' | 'gatewayThreads' | 'intraOpThreads'>, opts: ClusterOptions): Omit<ProcessPlan, 'port' | 'grpcPort'>[] {
   let devices: string[];
   if (opts.devices !== undefined) {
     if (opts.devices.length === 0) throw new ValidationError('--devices: expected a comma-separated list like cuda:0,cuda:1');
@@ -306,7 +307,8 @@ function labelPerProcess(json: MetricsJson, index: number): MetricsJson {
  * Resolves once every process is ready; a process whose first start fails
  * stops the cluster (exit 1), as a failed start stops `serve`.
  */
-export async function runClusterPrimary(config: ServerConfig, opts: ClusterOptions): Promise<void> {
+export async function runClusterPrimary(given: ServerConfig, opts: ClusterOptions): Promise<void> {
+  const config = resolveServerConfig(given);
   const plans = planProcesses(config, opts);
   // uSockets sets SO_REUSEPORT only on a fixed port: with --port 0, pick one for all.
   const port = config.port === 0 ? await pickFreePort(config.host) : config.port;
@@ -330,7 +332,7 @@ export async function runClusterPrimary(config: ServerConfig, opts: ClusterOptio
 
 /** The processes of a cluster, one slot each: forked, restarted with backoff, scraped, drained. */
 class ClusterPrimary {
-  private readonly config: ServerConfig;
+  private readonly config: ResolvedServerConfig;
   private readonly log: (line: string) => void;
   private readonly slots: Slot[];
   /** The primary's own metrics, merged into every scrape. */
@@ -348,7 +350,7 @@ class ClusterPrimary {
   });
   private allExited: () => void = () => {};
 
-  constructor(config: ServerConfig, plans: ProcessPlan[]) {
+  constructor(config: ResolvedServerConfig, plans: ProcessPlan[]) {
     this.config = config;
     this.log = config.log;
     this.slots = plans.map((plan) => ({

@@ -23,11 +23,9 @@ import { listModelDirs, isValidModelName, type ServeSettings } from '../../share
 import type { ModelPlan } from '../../shared/model-plan.js';
 import { SlabserveError, type ErrorType } from '../../shared/errors.js';
 import type { RepositoryMetrics } from '../../shared/telemetry/metrics.js';
+import type { ModelControlMode } from '../../shared/options.js';
 import type { IndexEntry, ModelState, RepositoryAnswer, RepositoryOp } from '../../shared/repository-protocol.js';
 
-/** Triton's --model-control-mode: `none`, the set is fixed at start; `explicit`, the repository routes load and unload. */
-export type ModelControlMode = 'none' | 'explicit';
-export const MODEL_CONTROL_MODES: readonly ModelControlMode[] = ['none', 'explicit'];
 
 /** A repository operation refused or failed (answered 400 with its message, as Triton answers). */
 export class RepositoryError extends SlabserveError {

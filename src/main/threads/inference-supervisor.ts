@@ -10,7 +10,8 @@ import { Worker } from 'node:worker_threads';
 import type { Registry } from 'prom-client';
 import { describeDevice, type DeviceInfo } from '../../gpu-worker/device.js';
 import { InferenceHold } from '../../gpu-worker/hold.js';
-import { DEFAULT_SCHEDULING, MAX_IDLE_SPIN_US, type SchedulingOptions } from '../../gpu-worker/inference-loop.js';
+import type { SchedulingOptions } from '../../gpu-worker/inference-loop.js';
+import { OPTIONS, type BatchingName, type NamesOf, type ResolvedValues } from '../../shared/options.js';
 import type { InferenceFault, InferenceTestHooks, InferenceThreadIds, InferenceWorkerData, InferenceWorkerMessage, ModelOpened, WorkerModel } from '../../gpu-worker/thread.js';
 import { nowMs, settlesWithin } from '../../shared/clock.js';
 import { WorkerState, type ControlBlock } from '../../shared/control.js';
@@ -18,7 +19,7 @@ import { checkIntegerIn, SlabserveError, ValidationError } from '../../shared/er
 import type { ModelPlan } from '../../shared/model-plan.js';
 import { RpcPeer } from '../../shared/rpc.js';
 import { newFamily, terminateOutsideNativeCalls } from '../../shared/native-gate.js';
-import { autoIntraOpThreads, autoModelInstances, MAX_MODEL_INSTANCES } from '../../gpu-worker/intra-op-threads.js';
+import { autoIntraOpThreads, autoModelInstances } from '../../gpu-worker/intra-op-threads.js';
 import { keepOnnxruntimeTelemetryOff } from '../onnxruntime-telemetry.js';
 import { describeSettings } from '../plan-models.js';
 import type { ModelSet } from '../repository/model-set.js';
@@ -32,10 +33,10 @@ export interface InferenceThreadOptions {
   maxInflightBatches: number;
   /** Sessions of each model running batches side by side; 0: the auto rule (src/gpu-worker/intra-op-threads.ts). */
   modelInstances: number;
-  /** Microseconds the inference loop spins before it sleeps (DEFAULT_IDLE_SPIN_US). */
+  /** Microseconds the inference loop spins before it sleeps (--idle-spin-us). */
   idleSpinUs: number;
-  /** Priority classes, their ageing, and the latency target. Default: DEFAULT_SCHEDULING. */
-  scheduling?: SchedulingOptions;
+  /** Priority classes, their ageing, and the latency target. */
+  scheduling: SchedulingOptions;
   log: (line: string) => void;
   /** The control block's epoch this thread is started with (default: the block's current one). */
   epoch?: number;
@@ -64,8 +65,8 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
   if (!Number.isInteger(opts.maxInflightBatches) || opts.maxInflightBatches < 1) {
     throw new ValidationError('maxInflightBatches must be a positive integer');
   }
-  checkIntegerIn('modelInstances', opts.modelInstances, '0 (auto)', MAX_MODEL_INSTANCES);
-  checkIntegerIn('idleSpinUs', opts.idleSpinUs, '0', MAX_IDLE_SPIN_US);
+  checkIntegerIn('modelInstances', opts.modelInstances, '0 (auto)', OPTIONS.modelInstances.max!);
+  checkIntegerIn('idleSpinUs', opts.idleSpinUs, '0', OPTIONS.idleSpinUs.max!);
   checkIntegerIn('intraOpNice', opts.intraOpNice, '0', 19);
   keepOnnxruntimeTelemetryOff(); // before the thread's first session (src/main/onnxruntime-telemetry.ts)
   const gates = newFamily();
@@ -79,7 +80,7 @@ export function startInferenceThread(models: ModelPlan[], control: ControlBlock,
     maxInflightBatches: opts.maxInflightBatches,
     modelInstances: opts.modelInstances,
     idleSpinUs: opts.idleSpinUs,
-    scheduling: opts.scheduling ?? DEFAULT_SCHEDULING,
+    scheduling: opts.scheduling,
     models: models.map(workerModel),
     epoch: opts.epoch ?? control.epoch,
     ...(opts.idleWakeMs !== undefined ? { idleWakeMs: opts.idleWakeMs } : {}),
@@ -527,4 +528,28 @@ export class InferenceSupervisor {
       detail = t.error ? `uncaught ${t.error.name}: ${t.error.message.split('\n')[0]}` : `exited with code ${t.exitCode}`;
     }
   }
+}
+
+/** The options the inference thread takes, resolved (src/shared/options.ts): the server's and the engine's alike. */
+export type InferenceOptionValues = ResolvedValues<Exclude<NamesOf<'engine'>, BatchingName>>;
+
+/** The inference supervisor's options from the option values: the one wiring the server and the engine share. */
+export function inferenceOptionsOf(o: InferenceOptionValues, log: (line: string) => void, enableTestHooks: boolean): Omit<InferenceThreadOptions, 'epoch' | 'testHooks' | 'logStart'> & SupervisionOptions {
+  return {
+    device: o.device,
+    intraOpThreads: o.intraOpThreads,
+    intraOpNice: o.intraOpNice,
+    modelInstances: o.modelInstances,
+    idleSpinUs: o.idleSpinUs,
+    maxInflightBatches: o.maxInflightBatches,
+    scheduling: {
+      priorityWeights: o.priorities.map((p) => p.weight),
+      priorityAgeingMs: o.priorityAgeingMs,
+      ...(o.sloP99Ms !== undefined ? { sloP99Ms: o.sloP99Ms } : {}),
+    },
+    log,
+    inferenceTimeoutMs: o.inferenceTimeoutMs,
+    heartbeatTimeoutMs: o.heartbeatTimeoutMs,
+    enableTestHooks,
+  };
 }
