@@ -1,5 +1,5 @@
 /**
- * The result cache (issue 16, docs/cache.md): finished rows in one
+ * The result cache (docs/cache.md): finished rows in one
  * SharedArrayBuffer that every owner thread of the process (each gateway
  * thread, or the engine's own) reads and writes, so a text any of them has run
  * is answered by any of them without a slot or the inference thread.
