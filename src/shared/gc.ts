@@ -5,15 +5,14 @@
  * is every thread's start-up garbage (model files read, graphs prepared,
  * tokenizers built), collected between 8 and 40 s after ready by each of the
  * process's isolates in turn (main, gateways, inference, a session thread per
- * extra model instance). Measured on the 2-core VM, default models, from 10 to
- * 40 s after ready: 0.38-0.67% of a core, against an idle target of 0.1%.
+ * extra model instance): well above what an idle server should cost.
  *
  * So the CLI turns the reducer off for the threads it starts (turnOffMemoryReducer)
  * and each thread collects its start-up garbage itself, once, when it is ready
  * (collectStartupGarbage: the gateways, the inference thread and session threads
- * always, the main thread in the CLI only, as an embedding application's is its own): 0.053% of a core over the same window, and less RSS
- * 45 s after ready (554 against 610 MB), since the GC runs at once instead of
- * after the window. Under load, V8 collects as it always does.
+ * always, the main thread in the CLI only, as an embedding application's is its own):
+ * a fraction of the CPU over the same window, and less RSS after it, since the GC
+ * runs at once instead of after the window. Under load, V8 collects as it always does.
  */
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';

@@ -5,9 +5,9 @@
  * are synchronous native calls. A worker terminated while inside one comes
  * back into a terminating environment, node-addon-api throws a Napi::Error
  * that nothing catches, and the whole process aborts ("terminate called after
- * throwing an instance of 'Napi::Error'", exit 134). Measured: a batch that
- * ran past --inference-timeout-ms took the server down with every request it
- * held, instead of replacing its inference thread.
+ * throwing an instance of 'Napi::Error'", exit 134). Unguarded, a batch that
+ * runs past --inference-timeout-ms would take the server down with every
+ * request it holds, instead of having its inference thread replaced.
  *
  * So each thread that makes such calls owns one cell of a shared Int32Array
  * (a "family": an inference thread's cell 0, and one cell per session thread
@@ -21,8 +21,8 @@
  *
  * A sealed cell is never opened again: the thread was given up, and the only
  * thing left for it is to be terminated. A call that never returns (a device
- * hung) leaves its thread running, abandoned, as before; it can no longer
- * abort the process when it returns.
+ * hung) leaves its thread running, abandoned; it cannot abort the process
+ * when it returns.
  */
 import type { Worker } from 'node:worker_threads';
 

@@ -2,8 +2,8 @@
  * Counters and histograms for the request path: a label set is bound once
  * (`cell(labels)`), and each observation is then a bucket search and two
  * additions. prom-client's own `labels(...).observe()` converts, validates
- * and hashes the labels on every call (its histogram and counter code was 5%
- * of a gateway thread under load). These register in a prom-client Registry
+ * and hashes the labels on every call (a visible share of a gateway
+ * thread's CPU under load). These register in a prom-client Registry
  * like any metric and export the same JSON (`get()`), so the registry's text
  * format and AggregatorRegistry's merge across threads treat them alike.
  */

@@ -88,8 +88,7 @@ export type GatewayMetrics = ReturnType<typeof gatewayMetrics>;
 /**
  * Recorded by the inference thread, per batch. The per-batch histograms are
  * cell metrics, bound once per model (src/gpu-worker/thread.ts): prom-client's observe with
- * labels was 3.4% of the inference thread's samples at 64 connections (7.4%
- * by self time).
+ * labels, per batch, shows up in the inference thread's profile under load.
  */
 export function inferenceMetrics(registry: Registry) {
   const registers = [registry];

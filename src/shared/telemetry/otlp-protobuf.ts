@@ -6,8 +6,8 @@
  *
  * Why not @opentelemetry/otlp-transformer's serializer, which this mirrors
  * field for field: it turns every trace and span id from hex into a fresh
- * Uint8Array, twice (a sizing pass, then the write), and that was the largest
- * single cost of a traced request (4.5 µs of its CPU: docs/tracing.md). Here
+ * Uint8Array, twice (a sizing pass, then the write), which would be the largest
+ * single cost of a traced request's CPU (docs/tracing.md, What it costs). Here
  * the hex digits are written straight into the output, and each message's
  * length is written after it (moved up when it takes more than one byte).
  */

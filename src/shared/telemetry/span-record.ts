@@ -6,9 +6,9 @@
  *
  * Why not the SDK's Tracer and Span: every time and attribute of our spans is
  * known when they end, and the Tracer's work per span (a context, clock
- * anchoring, attribute limits, a live Span with its methods) was most of what
- * a traced request cost: 26 µs of CPU per request for its three spans, against
- * a few here (docs/tracing.md, bench/tracing.ts).
+ * anchoring, attribute limits, a live Span with its methods) would be most of
+ * what a traced request costs, and is mostly left out here (docs/tracing.md
+ * has the figures, bench/tracing.ts measures them).
  */
 import { SpanStatusCode, TraceFlags, type Attributes, type HrTime, type Link, type SpanContext, type SpanKind, type SpanStatus } from '@opentelemetry/api';
 import { millisToHrTime, type InstrumentationScope } from '@opentelemetry/core';
