@@ -1,8 +1,8 @@
 /**
  * A request's cancellation: the client went away, cancelled it, or a sibling
  * input failed. Cheaper than an AbortController on the request path (which
- * allocates an AbortSignal, an EventTarget and an event per abort, and cost
- * the gateway ~40 us a request in listeners): a reason and one listener.
+ * allocates an AbortSignal, an EventTarget and an event per abort, and whose
+ * listeners cost the gateway CPU on every request): a reason and one listener.
  * A request is in one stage at a time (its body being read, its texts waiting
  * for the tokenizer pool, its slots queued or running), and that stage is
  * the listener.

@@ -170,7 +170,7 @@ const LEVEL_VALUE: Record<LogLevel, number> = { fatal: 60, error: 50, warn: 40, 
  * The access log of one thread: one line per finished request, in the same
  * JSON shape as pino's lines (level, time, pid, thread, the fields, msg), but
  * formatted here in one template: pino's object serialisation and its time
- * function were 7% of a gateway thread's CPU under load.
+ * function are a visible share of a gateway thread's CPU under load.
  */
 export class AccessLog {
   /** Whether access lines are written at all (checked before building one). */
@@ -181,7 +181,7 @@ export class AccessLog {
   private readonly out: DestinationStream;
   /** `"pid":N,"thread":"gateway-0"`, formatted once. */
   private readonly base: string;
-  /** The ISO time of the last line's millisecond: lines of one millisecond share it (toISOString was half a line's cost). */
+  /** The ISO time of the last line's millisecond: lines of one millisecond share it (toISOString is much of a line's cost). */
   private isoMs = 0;
   private iso = '';
 

@@ -4,10 +4,10 @@
  * where it lies (no substring, no "##" + piece), probes one Int32Array and
  * compares characters in one Uint8Array.
  *
- * Why: the Map lookups it replaces (token_to_id on a fresh substring: hash the
- * new string, walk the Map's buckets, compare with the key string elsewhere in
- * the heap) were 19.5% of a gateway thread's CPU under load (perf, 64
- * connections, about 26 lookups a text), mostly cache misses.
+ * Why: Map lookups (token_to_id on a fresh substring: hash the new string,
+ * walk the Map's buckets, compare with the key string elsewhere in the heap)
+ * are a large share of a gateway thread's CPU under load, mostly cache misses
+ * (docs/tokenizer.md, The ASCII fast path, has the profile).
  *
  * Word-initial pieces and continuation pieces (the prefix, "##", stripped) are
  * keyed apart: the FNV-1a hash starts from a different seed for each, so a
@@ -33,8 +33,8 @@ export class PieceTable {
   /**
    * SLOT_INTS ints per slot, one cache line for four slots: the piece's hash, where its characters
    * start in #chars, its length << 1 | 1 for a continuation (0: an empty slot), and its id. A
-   * lookup reads one slot line and one #chars line; the parallel arrays it replaced took five
-   * lines more (a gateway under load: 9 µs a text in this file, against 3.4 µs alone).
+   * lookup reads one slot line and one #chars line; parallel arrays would read five lines more,
+   * and in a gateway under load, whose other work evicts them, cache misses are most of a lookup.
    */
   readonly #slots: Int32Array;
   readonly #chars: Uint8Array;

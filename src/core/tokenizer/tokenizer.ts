@@ -3,7 +3,7 @@
  * run by `@huggingface/tokenizers`, the pure-JS port of HF tokenizers.
  *
  * Why the JS library and not the Rust `tokenizers` N-API binding: see
- * docs/tokenizer.md. In short: on short texts (the request path) it is ~2x faster,
+ * docs/tokenizer.md. In short: on short texts (the request path) it is faster,
  * it is synchronous (the Rust binding only has a Promise API, so `encode` could
  * not be synchronous at all), it is 0.6 MB with no native binary instead of 64 MB
  * of prebuilt .node files, and its ids are identical to the Rust library's.
@@ -368,8 +368,8 @@ export function loadModelTokenizer(spec: Pick<ModelSpec, 'tokenizerPath' | 'lowe
  * Tokenizers loaded in this thread, by what they are built from: the tokenizer.json's content
  * (its hash) and the clean-up and lowercase flags. Models that ship the same tokenizer.json (fine-tunes of one
  * base model: the three default models do) share one instance instead of a copy each; a copy of
- * the default 30522-token WordPiece vocabulary costs 6-17 MB of RSS in each thread that loads it
- * (docs/tuning.md, Memory). Sharing is safe: encoding depends on the tokenizer alone, the max
+ * the default 30522-token WordPiece vocabulary costs megabytes of RSS in each thread that loads it
+ * (docs/tuning.md, Memory, has the figures). Sharing is safe: encoding depends on the tokenizer alone, the max
  * length is each call's. Held weakly, so a tokenizer nobody uses any more (a closed engine) is
  * still collected.
  */

@@ -4,11 +4,10 @@
  *
  * Why: the library builds an array of one-character strings per text, tests a
  * regular expression per character and joins a fresh substring per WordPiece
- * attempt. Measured on the 2-core VM on the bench's 4096 short texts (20
- * tokens): 26 µs and 35 KB of garbage per text, which at 64 connections made
- * the gateway scavenge 15 times a second. This path gives the same ids in 3.4 µs
- * and 1.1 KB, its pieces looked up in a table keyed by their characters
- * (piece-table.ts) (docs/tokenizer.md).
+ * attempt: tens of kilobytes of garbage for a short text, which under load
+ * makes the gateway scavenge many times a second. This path gives the same ids
+ * in a fraction of the time and garbage, its pieces looked up in a table keyed
+ * by their characters (piece-table.ts) (docs/tokenizer.md has the figures).
  *
  * It answers only where the result is plainly the library's: every character
  * printable ASCII or tab/newline/return (so cleaning, CJK spacing and accent
@@ -47,8 +46,8 @@ const ASCII_CLASS = (() => {
 const HANDED_BACK = /[^\t\n\r\x20-\x7e]/;
 
 /**
- * How many times faster per character this path tokenizes than the library, rounded down: 10x on
- * short texts, 13-14x on long ones (bench/tokenizers.ts, docs/tokenizer.md). The inline rule
+ * How many times faster per character this path tokenizes than the library, kept below what
+ * bench/tokenizers.ts measures on short and long texts (docs/tokenizer.md). The inline rule
  * (--inline-tokenize-chars) counts a text it takes at 1/ASCII_PACE of its length.
  */
 export const ASCII_PACE = 8;

@@ -2,8 +2,8 @@
  * Answer bodies of the hot routes, serialised without a general-purpose
  * serialiser where that is cheaper: embedding rows as JSON bytes straight
  * from the float32 values, each the shortest decimal that reads back to the
- * same float32 (float-json.ts: ~60 ns a float against ~180 for
- * JSON.stringify of the doubles they widen to, and 42% fewer bytes).
+ * same float32 (float-json.ts: cheaper than JSON.stringify of the doubles
+ * they widen to, and fewer bytes).
  */
 import { pack } from 'msgpackr';
 import { rowBytes, type QuantizedRow } from '../../core/quantized-embeddings.js';

@@ -6,7 +6,7 @@
  * Why: JSON.stringify(Array.from(row)) prints each float32 as the double it
  * widens to (0.012345678918063641: ~19 bytes) and builds a string that is
  * then encoded again; this writes ~11 bytes per number with arithmetic only,
- * ~3x faster (bench/float-json.ts).
+ * and faster (bench/float-json.ts measures it).
  *
  * "Reads back": a client parses the JSON number into a double and rounds that
  * to float32, i.e. Math.fround(Number(s)) === v. Format: JavaScript's
@@ -314,7 +314,7 @@ export function sparseRowsJson(rows: readonly { indices: Uint32Array; values: Fl
  * The JSON text `[[[a,...],...],...]` of lists of rows (TEI's /embed_all: per
  * input, per token), as a view of the scratch buffer (float32RowsJsonView's):
  * valid until the next call on this thread. A token answer is ten times a
- * pooled row's bytes; a fresh buffer each was a third of the gateway's GC.
+ * pooled row's bytes; a fresh buffer each would be much of the gateway's GC.
  */
 export function float32RowListsJsonView(lists: readonly (readonly Float32Array[])[]): Uint8Array {
   let bound = 2 + lists.length * 3;

@@ -22,21 +22,22 @@ import type { EncodeOptions, Encoding } from '../../core/tokenizer/tokenizer.js'
 /**
  * Requests that may wait for a pool thread, per thread, by default: one
  * WebSocket may have 256 requests in flight (--ws-max-inflight), and such a
- * burst is served, not refused. A long text costs about 1 ms to tokenize, so
- * 256 waiting requests of a few long texts are well under a second of queue
- * per thread; a pile-up of large lists past that is refused at once rather
- * than left to reach the device after its deadline. (Requests wait here
- * already holding their slots, so --slots-per-model bounds the queue too.)
+ * burst is served, not refused. A long text takes about a millisecond to
+ * tokenize (docs/tokenizer.md), so 256 waiting requests of a few long texts
+ * are well under a second of queue per thread; a pile-up of large lists past
+ * that is refused at once rather than left to reach the device after its
+ * deadline. (Requests wait here already holding their slots, so
+ * --slots-per-model bounds the queue too.)
  */
 export const TOKENIZER_QUEUE_PER_THREAD = 256;
 
 /**
  * A pool thread idle this long exits; the next batch that needs one starts it
- * again. A thread costs about 20 MB of RSS (its V8 heap and its tokenizer
- * copies: docs/tuning.md, Memory) and starting one about 0.2 s (its first
- * batch waits for it), so a gateway whose requests stay inline never pays the
- * memory, and one that tokenizes a large batch now and then pays the start
- * at most every few minutes.
+ * again. A thread costs tens of MB of RSS (its V8 heap and its tokenizer
+ * copies: docs/tuning.md, Memory) and a fraction of a second to start (its
+ * first batch waits for it: docs/tokenizer.md), so a gateway whose requests
+ * stay inline never pays the memory, and one that tokenizes a large batch now
+ * and then pays the start at most every few minutes.
  */
 export const TOKENIZER_IDLE_MS = 300_000;
 

@@ -1,8 +1,8 @@
 /**
  * A piscina task: tokenizes a client batch on a pool thread, so a request
- * carrying many long texts never blocks the gateway's event loop (one long
- * text costs about 1 ms to tokenize; 64 of them would stall every other
- * request on that gateway for 60 ms). Returns flat typed arrays.
+ * carrying many long texts never blocks the gateway's event loop (a long
+ * text takes about a millisecond to tokenize, so a batch of them would stall
+ * every other request on that gateway for tens of ms). Returns flat typed arrays.
  */
 import { InputTooLongError } from '../../shared/errors.js';
 import { nameThread } from '../../shared/threads.js';
