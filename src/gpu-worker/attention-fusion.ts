@@ -11,11 +11,9 @@
  * becomes Attention(x, [Wq Wk Wv], [bq bk bv], attention_mask as int32) with
  * num_heads, and the mask's fill value (the graph's (1 - mask) * fill) as
  * mask_filter_value. Seventeen nodes, three GEMMs and four Transposes become
- * one kernel. Measured on the 2-core VM (bench/fusion.ts, one intra-op
- * thread, rows of 24 tokens, over the LayerNorm rewrite alone): tiny-embed
- * 1.09x fewer µs of onnxruntime for a run of one row, 1.03-1.06x in batches of
- * 4 and 16; minilm-l6 1.06x and 1.02x. It saves per-node work, not
- * arithmetic, so the lone caller gains most (docs/tuning.md, Graph fusion).
+ * one kernel. It saves per-node work, not arithmetic, so a run of one row
+ * (the lone caller) gains most and batches little (docs/tuning.md, Graph
+ * fusion, has the figures; bench/fusion.ts measures them).
  *
  * Only the plain pattern is rewritten: float32 weights [H, H] and biases [H]
  * held in the file (not external data), the same x for q, k and v, reshape

@@ -298,8 +298,8 @@ function normalizeLast(b: GraphBuilder, x: string): string {
  * With max, the max is taken first: relu and log1p rise with their input, so
  * f(max x) is max f(x), the same float (f of the same element). The [B,T,V]
  * tensor, the largest any model here makes, is then read twice (mask, max)
- * instead of written four times more; on CPU that was most of the run
- * (docs/tuning.md, Memory).
+ * instead of written four times more; on CPU those writes would be most of
+ * the run (docs/tuning.md, Memory).
  */
 function spladePool(b: GraphBuilder, logits: string, s: SpladeSettings, opset: number, maskInput: string): string {
   const mask = b.op('Unsqueeze', [b.op('Cast', [maskInput], { to: onnx.TensorProto.DataType.FLOAT }), axes(b, 2)]); // [B,T,1]

@@ -17,17 +17,14 @@ export const SPLIT_HIDDEN_SIZE = 256;
  * The pool sleeps between runs (INTRA_OP_SPINNING) and gives way to the
  * gateways (--intra-op-nice), so it takes mostly the CPU they leave idle.
  *
- * Measured on the 2-core VM, 2026-12-03, three servers side by side (1 and 2
- * threads, and the transformers.js peer, whose onnxruntime runs one thread
- * here), wrk, 3 alternating rounds, medians: tiny-embed (hidden 128) with one
- * thread took 0.72-0.78x the CPU per request of two at 4 to 64 connections, and
- * 1.25x the req/s at 4 (3071 against 2465), the same at 16 and 64; alone, a
- * run of 8 or 32 rows took 1.2-1.4x less wall time on two threads but 1.5-2x
- * the CPU, and a row alone was slower on two (257 against 201 µs). minilm-l6
- * (hidden 384) is the other way: two threads 1.4x the req/s at 16 and 64
- * connections (306 against 216, 327 against 247), its runs 1.5x faster.
- * With one connection two threads answer sooner either way (tiny-embed 1790
- * against 1452 req/s, for 1.22x the CPU): --intra-op-threads 2 for that.
+ * Why the split at SPLIT_HIDDEN_SIZE: on a narrow model (tiny-embed, hidden
+ * 128) one thread takes less CPU per request than two and serves as many
+ * requests or more from a few connections up; alone, a run of several rows
+ * ends sooner on two threads but for much more CPU, and a row alone is slower
+ * on two. A wider model (minilm-l6, hidden 384) is the other way: two threads
+ * serve more requests under load, and its runs are faster. With one
+ * connection two threads answer sooner either way, for more CPU:
+ * --intra-op-threads 2 for that. docs/tuning.md (CPU threads) has the figures.
  */
 export function autoIntraOpThreads(hiddenSize: number): number {
   return hiddenSize < SPLIT_HIDDEN_SIZE ? 1 : Math.max(1, availableParallelism());
@@ -51,7 +48,7 @@ export function coresPerRun(device: 'cpu' | 'cuda', asked: number, hiddenSize: n
  * otherwise one. On a GPU one instance: more would only share the device.
  * A narrow model's weights are small (tiny-embed's 17 MB), so the copies cost little.
  *
- * Measured on the 2-core VM: see docs/tuning.md (Model instances).
+ * docs/tuning.md (Model instances) has the measurements.
  */
 export function autoModelInstances(device: 'cpu' | 'cuda', intraOpThreads: number, hiddenSize: number): number {
   if (device !== 'cpu' || intraOpThreads !== 0 || autoIntraOpThreads(hiddenSize) > 1) return 1;

@@ -16,9 +16,8 @@
  * it does, an instance that has ended waits for work. A start-up model keeps
  * its first session in the inference thread too, as the `lone` path: a batch
  * of at most LONE_MAX_TOKENS runs there (and waits for it while it is busy),
- * without the two thread hops a session thread costs (with every batch on
- * session threads: 0.83-0.91x the req/s at one connection, 0.87-0.97x at 4 and
- * 16), unless the load is heavy (HEAVY_QUEUE requests queued): then every
+ * without the two thread hops a session thread costs (every batch on session
+ * threads serves fewer requests at one to 16 connections), unless the load is heavy (HEAVY_QUEUE requests queued): then every
  * batch runs on the instances. So at light load the model runs as with one
  * instance, and the instances take the large batches, and all of a heavy
  * load. Every session writes its rows into one private output
@@ -35,10 +34,9 @@ export type Instance = Pick<LoopRunner, 'run'> & { release(): Promise<void> };
 /**
  * The most padded tokens of a batch the lone path runs (rows x bucket length). Instances on
  * session threads pay off only for the large batches that form under heavy load: a small batch
- * there costs two thread hops and splits the work into smaller, less efficient runs. Measured on
- * the 2-core VM (tiny-embed, wrk, against one instance, side by side): with 64 here, 0.77-0.88x
- * the req/s at 4 connections; with 128, 0.84-0.93x at 16; with 256, 0.94-1.07x at 16 and
- * 1.22-1.36x at 64.
+ * there costs two thread hops and splits the work into smaller, less efficient runs. A lower
+ * bound serves fewer requests than one instance at 4 to 16 connections; this one serves as many
+ * at 16 and more at 64 (docs/tuning.md, Model instances, has the figures).
  */
 export const LONE_MAX_TOKENS = 256;
 
@@ -46,13 +44,12 @@ export const LONE_MAX_TOKENS = 256;
  * From this many requests of the model queued when a batch starts, the load is heavy: the lone path
  * is left alone and every batch runs on the instances, one a core, whatever its size. Under heavy
  * load batches form in every bucket at once, most of them under LONE_MAX_TOKENS: held back for the
- * lone path, they ran one at a time while the instances idled (the server used 1.6 of 2 cores at
- * 64 connections). Measured on the 2-core VM (tiny-embed, the bench's short texts, wrk, against the
- * lone path for every small batch, side by side): every batch on the instances gave 1.10-1.13x the
- * req/s at 64 connections and 1.05-1.17x at 16 (for 13% more CPU per request), but 0.91-0.98x at 4
- * and 0.83-0.91x at 1. With this rule: 16 queued, 1.05-1.12x at 64 and 0.96-1.03x at 16, CPU per
- * request the same; 8 queued, 1.02-1.10x at 64 and 0.94-1.04x at 16 for 15% more CPU (16
- * connections flip between the two ways).
+ * lone path, they run one at a time while the instances idle (a core left partly idle at 64
+ * connections). Every batch on the instances serves more requests under heavy load, for more CPU
+ * per request, but fewer at one to four connections; this rule keeps the gain at 64 connections
+ * and light loads as they were, CPU per request the same. A bound of 8 costs more CPU per request
+ * at 16 connections, which flip between the two ways (docs/tuning.md, Model instances, has the
+ * figures).
  */
 export const HEAVY_QUEUE = 16;
 

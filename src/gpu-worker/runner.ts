@@ -31,37 +31,34 @@ export interface SessionOptions {
 /**
  * On CPU, pool threads spin while a run lasts and sleep between runs
  * (force_spinning_stop ends the spin when a run returns). onnxruntime's
- * default spins them between runs too: on 2 cores its one pool thread burned a
- * whole core (1999 ms of CPU in 2000 ms of single-row runs 1 ms apart) that
- * the gateway needed. Never spinning, every parallel section of a run waits for
- * a sleeping thread to wake: a one-row tiny-embed run took 470-590 µs back to
- * back and 600-740 µs after a 0.7 ms gap, against 280 and 430-510 µs spinning
- * inside the run, for the same CPU per run after a gap (0.89-0.91 ms). Over
- * HTTP, one client: P50 1.32x lower (1.05 against 1.39 ms). A thread spinning
- * through a run still holds a core a gateway may need (at 64 HTTP clients on 2
- * cores 0.92x the req/s), so the pool runs at a lower priority (--intra-op-nice,
- * src/gpu-worker/thread.ts), which gives most of that back: 0.99-1.06x over HTTP, 0.92-0.94x
- * over WebSocket (docs/tuning.md). On CUDA the pool has next to nothing to do
- * while the device computes, and spinning would only burn the cores.
+ * default spins them between runs too: with runs a millisecond apart its pool
+ * thread burns a whole core, on a small machine the core the gateway needs.
+ * Never spinning, every parallel section of a run waits for a sleeping thread
+ * to wake: a one-row run takes markedly longer for the same CPU, and a lone
+ * client waits longer for its answer. A thread spinning through a run still
+ * holds a core a gateway may need under load, so the pool runs at a lower
+ * priority (--intra-op-nice, src/gpu-worker/thread.ts), which gives most of
+ * that back (docs/tuning.md, CPU threads, has the figures). On CUDA the pool
+ * has next to nothing to do while the device computes, and spinning would
+ * only burn the cores.
  */
 const INTRA_OP_SPINNING = { session: { intra_op: { allow_spinning: '1' }, inter_op: { allow_spinning: '0' }, force_spinning_stop: '1' } };
 const NO_SPINNING = { session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } };
 
 /**
  * onnxruntime's CPU memory arena is off. With it, each session keeps the
- * largest working set it has ever run, for good: after warm-up (every bucket
- * at its largest batch) the three default models held 1119 MB of RSS, against
- * 320 MB without it, and every batch after warm-up was as fast within 2%
- * (docs/tuning.md, Memory). What a run allocates now goes back to malloc when
- * it ends, and {@link CPU_RUN_TOKENS} keeps that small.
+ * largest working set it has ever run, for good: after a warm-up at capacity
+ * that is several times the RSS the models need, and the arena makes a batch
+ * no faster (docs/tuning.md, Memory, has the figures). What a run allocates
+ * goes back to malloc when it ends, and {@link CPU_RUN_TOKENS} keeps that small.
  */
 const SESSION_MEMORY = { enableCpuMemArena: false } as const;
 
 /**
  * A SPLADE graph is the exception: its masked-LM logits are [B,T,30522], 125 MB
  * for one run of CPU_RUN_TOKENS, and without the arena each run allocates and
- * faults in such tensors afresh: 11.5 ms a row against 2.2 with it (tiny-splade,
- * runs of 32 x 20 tokens, the same session otherwise). So its session keeps the
+ * faults in such tensors afresh, several times slower a row than with it
+ * (docs/tuning.md, Memory, has the figures). So its session keeps the
  * arena, and its runs are cut to {@link SPLADE_RUN_TOKENS} to bound what the
  * arena keeps (a few tensors of 256 x 30522 floats, 31 MB each).
  */
@@ -71,11 +68,11 @@ export const SPLADE_RUN_TOKENS = 256;
  * Most padded tokens in one onnxruntime run on CPU: a larger batch runs as
  * consecutive runs of at most this many tokens (at least one row each), its
  * rows grouped longest first when padding to the longest. A CPU gains nothing
- * from bigger runs (tiny-embed, 32 rows of 512 tokens: 427 ms as runs of 4
- * rows, 596 ms as one; over HTTP, client batches of short texts 1.07x the
- * req/s of unsplit runs, mixed lengths the same), and the memory a run needs
- * grows with its tokens (and with the square of its length): this bounds it,
- * whatever --max-batch-tokens allows a batch. On CUDA a batch is one run.
+ * from bigger runs (a batch of long rows even runs faster split, and client
+ * batches of short texts serve as many requests or more: docs/tuning.md,
+ * Memory, has the figures), and the memory a run needs grows with its tokens
+ * (and with the square of its length): this bounds it, whatever
+ * --max-batch-tokens allows a batch. On CUDA a batch is one run.
  */
 export const CPU_RUN_TOKENS = 1024;
 
@@ -369,9 +366,8 @@ export class ModelRunner {
    * device memory fails here, not in service). On CPU it is one row: without
    * onnxruntime's CPU arena nothing a run allocates outlives it, so a run at
    * capacity would warm nothing; it would only leave this thread's malloc
-   * arena holding the largest working set at rest (with the 512 bucket at 32
-   * rows in one run, up to 280 MB more RSS for the three default models) and
-   * add 3.6 s to start-up.
+   * arena holding the largest working set at rest (the 512 bucket at its full
+   * batch in one run) and add seconds to start-up.
    */
   async warmUp(): Promise<{ bucket: number; rows: number; ms: number }[]> {
     const timings: { bucket: number; rows: number; ms: number }[] = [];
@@ -387,7 +383,8 @@ export class ModelRunner {
         if (capacity >= 2) runs.push([Math.max(2, Math.ceil(capacity / 4)), true]);
         for (const [B, timed] of runs) {
           // A batch larger than one run (CPU_RUN_TOKENS) runs as identical runs one after another: one
-          // of them, timed and scaled, is its cost. Running them all made bert-base's warm-up 54 s.
+          // of them, timed and scaled, is its cost. Running them all would only lengthen a large model's
+          // warm-up.
           const per = this.rowsPerRun(T, B);
           fillConstant(buf, per * T);
           const started = performance.now();

@@ -6,11 +6,11 @@
  *
  * Why a thread: onnxruntime-node's InferenceSession.create and run are
  * synchronous native calls (its promise only defers them with setImmediate),
- * so they block the thread that makes them. Measured on the 2-core VM, in the
- * inference thread: bert-base's create blocked it 6.3 s, each warm-up run up
- * to a few hundred ms, and tiny-embed's P99 went from 10 to 5960 ms during the
- * load (docs/model-repository.md). A session cannot move between threads, so
- * the thread that opens it is the one that runs it.
+ * so they block the thread that makes them. In the inference thread, a large
+ * model's create blocks it for seconds and each warm-up run blocks it again,
+ * and the models already served stall for the whole load
+ * (docs/model-repository.md has the figures). A session cannot move between
+ * threads, so the thread that opens it is the one that runs it.
  *
  * Messages to the parent: { type: 'opened', openMs, warmUpMs, timings, fusions } once warm, or
  * { type: 'failed', message }; then RPC `run` and `release` (after which the thread ends).

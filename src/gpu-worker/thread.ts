@@ -305,7 +305,7 @@ function modelHandlers(loop: InferenceLoop, device: DeviceInfo): RpcHandlers {
       const [first, ...others] = await openThreaded(model, shared, device, instancesOf(model, device), new SharedArrayBuffer(shared.privateOutputBytes));
       serve(loop, { model, shared, runner: new ModelInstances(first!, [first!, ...others]) }, first!.opened.timings, device, first!.opened.fusions);
       // What opening freed (graph optimization's copies of the weights) stays in the session thread's
-      // own malloc arena otherwise: bert-base measured 946 MiB of RSS without this.
+      // own malloc arena otherwise, a large part of a big model's RSS (docs/model-repository.md).
       trimNative();
       const deviceAfter = deviceUsed();
       const deviceBytes = deviceBefore !== null && deviceAfter !== null ? deviceAfter - deviceBefore : null;
