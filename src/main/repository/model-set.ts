@@ -45,8 +45,8 @@ export class ModelSet {
    * Forgets model `id`. Call once no thread touches its slab any more (an unload's end): its buffer
    * is kept for a later model of the same size (reusable()). A SharedArrayBuffer's memory comes back
    * only once every thread's heap has been collected, which V8 does late for a buffer it sees as
-   * small: measured, 50 load/unload cycles of minilm-l6 grew the RSS 36% without reuse, 1.7% with
-   * a GC forced after each (docs/model-repository.md).
+   * small: without reuse the RSS grows over load/unload cycles, far less with a GC forced after
+   * each (docs/model-repository.md has the figures).
    */
   remove(id: number): void {
     const e = this.entries.get(id);

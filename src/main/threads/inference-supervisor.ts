@@ -219,7 +219,7 @@ function watchMs(o: Pick<SupervisionOptions, 'inferenceTimeoutMs' | 'heartbeatTi
 }
 /**
  * The longest the idle inference loop sleeps (it wakes to refresh its heartbeat): each wake costs an
- * idle process a few hundred microseconds of CPU, so the 30 s default timeout gets one every 5 s.
+ * idle process CPU, so the 30 s default timeout gets one every 5 s, no more.
  */
 const IDLE_WAKE_MAX_MS = 5000;
 /** Backoff between failed starts of a replacement thread: doubles from this, up to MAX_BACKOFF_MS. */
