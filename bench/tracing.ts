@@ -14,7 +14,7 @@
  * batches the load happened to form (20% between rounds here), the gateway's
  * far less, so a sampled request's cost is read from those threads.
  *
- * First, the traced path alone in this process (tracing-path.ts): what a
+ * First, the traced path alone in this process (micro/tracing-path.ts): what a
  * sampled request costs where the load cannot move it.
  *
  *   node dist/bench/tracing.js [--rounds 3] [--seconds 5] [--connections 64] [--path-requests 100000]
@@ -28,14 +28,14 @@ import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
 import { describeMachine, machineLine } from './machine.js';
 import { startServerProcess } from './server-process.js';
-import { measureTracedPath } from './tracing-path.js';
+import { measureTracedPath } from './micro/tracing-path.js';
 import { median, postScript, wrk } from './wrk.js';
 
 const SPEC = {
   rounds: { type: 'int', min: 1, default: 3, help: 'alternating rounds' },
   seconds: { type: 'int', min: 1, default: 5, help: 'length of each load window' },
   connections: { type: 'int', min: 1, default: 64, help: 'wrk connections' },
-  'path-requests': { type: 'int', min: 1000, default: 100000, help: 'sampled requests through the traced path alone (tracing-path.ts)' },
+  'path-requests': { type: 'int', min: 1000, default: 100000, help: 'sampled requests through the traced path alone (micro/tracing-path.ts)' },
 } as const;
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -69,7 +69,7 @@ async function main(): Promise<void> {
   const o = parseOptions('node dist/bench/tracing.js [options]', SPEC);
   console.log(machineLine(describeMachine()));
   const path = await measureTracedPath(o['path-requests']);
-  console.log(`the traced path alone (tracing-path.ts): ${path.cpuUs.toFixed(1)} us of CPU per sampled request, ${path.spansPerRequest.toFixed(2)} spans and ${path.bytesPerRequest.toFixed(0)} bytes of protobuf each`);
+  console.log(`the traced path alone (micro/tracing-path.ts): ${path.cpuUs.toFixed(1)} us of CPU per sampled request, ${path.spansPerRequest.toFixed(2)} spans and ${path.bytesPerRequest.toFixed(0)} bytes of protobuf each`);
   const rx = await receiver();
   // A fresh W3C traceparent per request; `every` in ten requests sampled (flags 01), the rest not (00).
   const scriptOf = (name: string, every: number) => {

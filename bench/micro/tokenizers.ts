@@ -2,7 +2,7 @@
  * @huggingface/tokenizers (pure JS) against tokenizers (Rust, N-API), on the
  * bert-base-uncased tokenizer.json from buildBertTokenizerJson().
  *
- *   npx tsc -p tsconfig.json && node dist/bench/tokenizers.js [--quick]   # --help: the options
+ *   npx tsc -p tsconfig.json && node dist/bench/micro/tokenizers.js [--quick]   # --help: the options
  *
  * Each library is called through its own API the way the gateway would call it:
  *   - JS:   tokenizer.encode(text, { return_token_type_ids: true })   synchronous, on the event loop
@@ -28,11 +28,11 @@ import { fileURLToPath } from 'node:url';
 import { createRequire } from 'node:module';
 import { Tokenizer as JsTokenizer } from '@huggingface/tokenizers';
 import { Tokenizer as RsTokenizer } from 'tokenizers';
-import { createTokenizer } from '../src/core/tokenizer/tokenizer.js';
-import { mulberry32 as rng } from '../models/generator/rng.js';
-import { bertUncasedVocab, buildBertTokenizerJson } from '../models/generator/tokenizer-json.js';
-import { parseOptions, type OptionSpec } from './args.js';
-import { alignedTable, fmt } from './table.js';
+import { createTokenizer } from '../../src/core/tokenizer/tokenizer.js';
+import { mulberry32 as rng } from '../../models/generator/rng.js';
+import { bertUncasedVocab, buildBertTokenizerJson } from '../../models/generator/tokenizer-json.js';
+import { parseOptions, type OptionSpec } from '../args.js';
+import { alignedTable, fmt } from '../table.js';
 
 const OPTIONS = {
   rounds: { type: 'int', min: 1, default: 6, quick: 2, help: 'alternating rounds of each scenario; the median is reported' },
@@ -385,7 +385,7 @@ function coldLoad(jsonPath: string, runs: number): ColdRow[] {
       const t3 = performance.now();
       console.log(JSON.stringify([t1 - t0, t2 - t1, t3 - t2]));`,
   };
-  const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..'); // dist/bench/tokenizers.js -> the repo root
+  const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..'); // dist/bench/micro/tokenizers.js -> the repo root
   const acc = new Map<string, number[][]>();
   const libs = Object.keys(scripts);
   for (let i = 0; i < runs; i++) {
@@ -551,7 +551,7 @@ function printColdLoad(lib: Libraries, runs: number): void {
 }
 
 async function main(): Promise<void> {
-  const opts = parseOptions('node dist/bench/tokenizers.js [options]', OPTIONS);
+  const opts = parseOptions('node dist/bench/micro/tokenizers.js [options]', OPTIONS);
   const vocab = vocabulary();
   const lib = new Libraries();
   const texts = new BenchTexts(vocab);

@@ -1,7 +1,7 @@
 /**
  * Micro-benchmark: float32 embedding rows to JSON bytes.
  *
- *   npx tsc -p tsconfig.json && node dist/bench/float-json.js
+ *   npx tsc -p tsconfig.json && node dist/bench/micro/float-json.js
  *
  * On the same seeded unit-length rows (1 x 128, 1 x 384, 32 x 128), per call
  * (calls cycle through sets of different rows, ~16k floats in all per shape,
@@ -13,8 +13,8 @@
  * and the output size in bytes.
  */
 import { performance } from 'node:perf_hooks';
-import { float32RowsJson } from '../src/gateway/http/float-json.js';
-import { mulberry32 } from '../models/generator/rng.js';
+import { float32RowsJson } from '../../src/gateway/http/float-json.js';
+import { mulberry32 } from '../../models/generator/rng.js';
 
 const rand = mulberry32(20240601);
 

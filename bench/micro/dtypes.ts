@@ -5,20 +5,20 @@
  * run: throughput under 64 concurrent callers (rounds alternating), and how
  * close the int8 rows are to the fp32 ones (cosine, over every text).
  *
- *   node dist/bench/dtypes.js [--models tiny-embed,minilm-l6] [--rounds 4] [--duration-s 3] [--texts 512]
+ *   node dist/bench/micro/dtypes.js [--models tiny-embed,minilm-l6] [--rounds 4] [--duration-s 3] [--texts 512]
  *
  * The folders are generated (with their int8 graphs) into a temporary folder.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createEngine, type Engine } from '../src/main/engine.js';
-import { writePreset } from '../models/generator/presets.js';
-import { loadModelSpec } from '../src/shared/model-format/model-config.js';
-import { parseOptions } from './args.js';
-import { makeWorkload } from './workloads.js';
+import { createEngine, type Engine } from '../../src/main/engine.js';
+import { writePreset } from '../../models/generator/presets.js';
+import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
+import { parseOptions } from '../args.js';
+import { makeWorkload } from '../workloads.js';
 
-const values = parseOptions('node dist/bench/dtypes.js [options]', {
+const values = parseOptions('node dist/bench/micro/dtypes.js [options]', {
   models: { type: 'strings', default: ['tiny-embed', 'minilm-l6'], help: 'presets to generate as fp32 and int8' },
   rounds: { type: 'int', min: 1, default: 4, help: 'rounds, alternating fp32 and int8' },
   'duration-s': { type: 'number', min: 0.5, value: 'S', default: 3, help: 'measured seconds per side and round' },

@@ -6,7 +6,7 @@
  * each batch size, the three graphs in turn round by round (each first once
  * in three rounds), and how far apart their token states are.
  *
- *   node dist/bench/fusion.js [--models tiny-embed,minilm-l6] [--batches 1,4,16] [--rounds 3]
+ *   node dist/bench/micro/fusion.js [--models tiny-embed,minilm-l6] [--batches 1,4,16] [--rounds 3]
  *
  * The folders are generated into a temporary folder (docs/tuning.md, Graph fusion).
  */
@@ -14,14 +14,14 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
-import { fuseAttention } from '../src/gpu-worker/attention-fusion.js';
-import { fuseSkipLayerNorm } from '../src/gpu-worker/fusion.js';
-import { writePreset } from '../models/generator/presets.js';
-import { decodeModel, encodeModel } from '../src/shared/model-format/onnx-graph.js';
-import { keepOnnxruntimeTelemetryOff } from '../src/main/onnxruntime-telemetry.js';
-import { parseOptions } from './args.js';
+import { fuseAttention } from '../../src/gpu-worker/attention-fusion.js';
+import { fuseSkipLayerNorm } from '../../src/gpu-worker/fusion.js';
+import { writePreset } from '../../models/generator/presets.js';
+import { decodeModel, encodeModel } from '../../src/shared/model-format/onnx-graph.js';
+import { keepOnnxruntimeTelemetryOff } from '../../src/main/onnxruntime-telemetry.js';
+import { parseOptions } from '../args.js';
 
-const values = parseOptions('node dist/bench/fusion.js [options]', {
+const values = parseOptions('node dist/bench/micro/fusion.js [options]', {
   models: { type: 'strings', default: ['tiny-embed', 'minilm-l6'], help: 'presets to generate and compare' },
   batches: { type: 'strings', default: ['1', '4', '16'], help: 'batch sizes (rows per run)' },
   tokens: { type: 'int', min: 2, default: 24, help: 'tokens per row' },

@@ -1,19 +1,19 @@
 /**
  * A sampled request's tracing alone, in one thread, with nothing else to
- * disturb it (bench/tracing.ts prints it before the servers' figures): the
+ * disturb it (bench/tracing.ts runs it and prints it before the servers' figures; it has no command of its own): the
  * gateway's span made from a traceparent, its ids written into a slot, the
  * inference thread's batch span (a batch of 16) reading them and writing its
  * own back, the request's span and its two children made as it ends, and all
  * of it serialized as the OTLP exporter would send it (the HTTP send left
  * out). The modules are the server's own; CPU is the process's, GC included.
  */
-import type { InferResult } from '../src/core/infer.js';
-import { RequestTracing } from '../src/gateway/request-trace.js';
-import { batchTracing } from '../src/gpu-worker/batch-trace.js';
-import { serializeSpans } from '../src/shared/telemetry/otlp-protobuf.js';
-import type { Slab } from '../src/shared/slab.js';
-import { readBatchSpan, TRACE_I32, writeRequestSpan } from '../src/shared/trace-context.js';
-import { startThreadTracing, type TracingConfig } from '../src/shared/telemetry/tracing.js';
+import type { InferResult } from '../../src/core/infer.js';
+import { RequestTracing } from '../../src/gateway/request-trace.js';
+import { batchTracing } from '../../src/gpu-worker/batch-trace.js';
+import { serializeSpans } from '../../src/shared/telemetry/otlp-protobuf.js';
+import type { Slab } from '../../src/shared/slab.js';
+import { readBatchSpan, TRACE_I32, writeRequestSpan } from '../../src/shared/trace-context.js';
+import { startThreadTracing, type TracingConfig } from '../../src/shared/telemetry/tracing.js';
 
 export interface TracedPathCost {
   /** Process CPU per sampled request, µs. */

@@ -5,17 +5,17 @@
  *   - wall time per request (what the caller waits),
  *   - event-loop time per request (what every other request on that gateway waits).
  *
- *   npx tsc -p tsconfig.json && node dist/bench/tokenize-pool.js
+ *   npx tsc -p tsconfig.json && node dist/bench/micro/tokenize-pool.js
  */
 import { performance } from 'node:perf_hooks';
 import { join } from 'node:path';
-import { createTokenizePool } from '../src/gateway/tokenize/pool.js';
-import { loadTokenizer } from '../src/core/tokenizer/tokenizer.js';
-import type { ServedModel } from '../src/core/infer.js';
-import { packageRoot } from '../src/main/plan-models.js';
-import { loadModelSpec } from '../src/shared/model-format/model-config.js';
-import { mulberry32 } from '../models/generator/rng.js';
-import { bertUncasedVocab } from '../models/generator/tokenizer-json.js';
+import { createTokenizePool } from '../../src/gateway/tokenize/pool.js';
+import { loadTokenizer } from '../../src/core/tokenizer/tokenizer.js';
+import type { ServedModel } from '../../src/core/infer.js';
+import { packageRoot } from '../../src/main/plan-models.js';
+import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
+import { mulberry32 } from '../../models/generator/rng.js';
+import { bertUncasedVocab } from '../../models/generator/tokenizer-json.js';
 
 const ROUNDS = 5;
 const ROUND_MS = 1000;
