@@ -20,7 +20,7 @@ import { loadModelSpec } from '../src/shared/model-format/model-config.js';
 import { mulberry32 } from '../models/generator/rng.js';
 import { parseOptions } from './args.js';
 import { runLoad } from './load.js';
-import { describeMachine, machineLine } from './machine.js';
+import { machineLine } from './machine.js';
 import { getText, startServerProcess, type ServerProcess } from './server-process.js';
 import { alignedTable, fmt } from './table.js';
 import { serverWorkload, textWorkload } from './quick/workload.js';
@@ -73,7 +73,7 @@ async function main(): Promise<void> {
   const o = parseOptions('node dist/bench/cache.js [options]', OPTIONS);
   const spec = loadModelSpec(join(o['models-dir'], o.model), o.model);
   console.log(`slabserve cache bench: ${o.model}, --cache-mb 0 against --cache-mb ${o['cache-mb']}, HTTP POST /embed one text, ${o.rounds} rounds alternating`);
-  console.log(machineLine(describeMachine()));
+  console.log(machineLine());
   const base = ['--host', '127.0.0.1', '--port', '0', '--models-dir', o['models-dir'], '--model', o.model, '--device', 'cpu'];
   const cli = join(repoRoot, 'dist', 'src', 'cli.js');
   const servers: Record<Side, ServerProcess> = {

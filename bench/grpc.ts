@@ -23,7 +23,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
 import { runLoad } from './load.js';
-import { describeMachine, machineLine } from './machine.js';
+import { machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
 import type { Workload } from './workloads.js';
 import { median, postScript, run, wrk, type Load } from './wrk.js';
@@ -156,7 +156,7 @@ async function main(): Promise<void> {
   const o = parseOptions('node dist/bench/grpc.js [options]', SPEC);
   const script = join(tmpdir(), 'slabserve-grpc-bench.lua');
   writeFileSync(script, WRK_SCRIPT);
-  console.log(machineLine(describeMachine()));
+  console.log(machineLine());
   try {
     if (o.mode === 'placements') await placements(o, script);
     else await transports(o, script);

@@ -14,7 +14,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
-import { describeMachine, machineLine } from './machine.js';
+import { machineLine } from './machine.js';
 import { startServerProcess } from './server-process.js';
 import { median } from './wrk.js';
 
@@ -81,7 +81,7 @@ async function main(): Promise<void> {
   const builds = [{ label: 'this build', cli: fileURLToPath(new URL('../src/cli.js', import.meta.url)) }];
   if (o['compare-cli']) builds.push({ label: o['compare-cli'], cli: o['compare-cli'] });
   const round = { waitS: o['wait-s'], windowS: o['window-s'], extra: o.args.split(' ').filter(Boolean) };
-  console.log(machineLine(describeMachine()));
+  console.log(machineLine());
   const totals = builds.map(() => [] as number[]);
   for (let r = 1; r <= o.rounds; r++) {
     for (const [i, b] of builds.entries()) {

@@ -29,7 +29,7 @@ import { loadTokenizer } from '../src/core/tokenizer/tokenizer.js';
 import { writePreset } from '../models/generator/presets.js';
 import { loadModelSpec } from '../src/shared/model-format/model-config.js';
 import { parseOptions } from './args.js';
-import { describeMachine, machineLine } from './machine.js';
+import { machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
 import { median, postScript, wrk } from './wrk.js';
 
@@ -174,7 +174,7 @@ async function lateChunking(server: ServerProcess, o: { rounds: number; seconds:
 
 async function main(): Promise<void> {
   const o = parseOptions('node dist/bench/outputs.js [options]', SPEC);
-  console.log(machineLine(describeMachine()));
+  console.log(machineLine());
   const dir = mkdtempSync(join(tmpdir(), 'slabserve-outputs-bench-'));
   for (const m of MODELS) writePreset(m, dir);
   const server = await startServerProcess({ cliPath: CLI, args: ['--host', '127.0.0.1', '--port', '0', '--grpc-port', '0', '--models-dir', dir, '--device', 'cpu'] });

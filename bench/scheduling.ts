@@ -56,7 +56,7 @@ import { writeJson } from './scheduling/json.js';
 import { schedulingSettings } from './scheduling/options.js';
 import { printReport, printTotals } from './scheduling/report.js';
 import { printPlan, runRounds, type PhaseRecords } from './scheduling/rounds.js';
-import { describeMachine } from './machine.js';
+import { machineInfo as describeMachine } from './machine.js';
 import { closeEngines, openBench, printHeader, type Bench } from './scheduling/setup.js';
 
 /** The capacity probe, then every phase; the engines are closed whatever happens. */

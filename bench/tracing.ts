@@ -26,7 +26,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
-import { describeMachine, machineLine } from './machine.js';
+import { machineLine } from './machine.js';
 import { startServerProcess } from './server-process.js';
 import { measureTracedPath } from './micro/tracing-path.js';
 import { median, postScript, wrk } from './wrk.js';
@@ -67,7 +67,7 @@ const threadSum = (threads: Map<string, number>, prefix: string) => [...threads]
 
 async function main(): Promise<void> {
   const o = parseOptions('node dist/bench/tracing.js [options]', SPEC);
-  console.log(machineLine(describeMachine()));
+  console.log(machineLine());
   const path = await measureTracedPath(o['path-requests']);
   console.log(`the traced path alone (micro/tracing-path.ts): ${path.cpuUs.toFixed(1)} us of CPU per sampled request, ${path.spansPerRequest.toFixed(2)} spans and ${path.bytesPerRequest.toFixed(0)} bytes of protobuf each`);
   const rx = await receiver();

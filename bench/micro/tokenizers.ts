@@ -21,7 +21,7 @@
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir, cpus, platform, arch } from 'node:os';
+import { tmpdir, platform, arch } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
@@ -33,6 +33,7 @@ import { mulberry32 as rng } from '../../models/generator/rng.js';
 import { bertUncasedVocab, buildBertTokenizerJson } from '../../models/generator/tokenizer-json.js';
 import { parseOptions, type OptionSpec } from '../args.js';
 import { alignedTable, fmt } from '../table.js';
+import { machineLine } from '../machine.js';
 
 const OPTIONS = {
   rounds: { type: 'int', min: 1, default: 6, quick: 2, help: 'alternating rounds of each scenario; the median is reported' },
@@ -440,7 +441,7 @@ class BenchTexts {
 function printHeader(lib: Libraries, texts: BenchTexts): void {
   const avgTokens = (ts: string[]) => ts.reduce((n, t) => n + lib.jsEncode(t).ids.length, 0) / ts.length;
   console.log(`# tokenizers bench: @huggingface/tokenizers (JS) vs tokenizers (Rust N-API)`);
-  console.log(`node ${process.version}, ${platform()}-${arch()}, ${cpus().length} cpus (${cpus()[0]?.model ?? '?'}), UV_THREADPOOL_SIZE=${process.env.UV_THREADPOOL_SIZE ?? '4 (default)'}`);
+  console.log(`${machineLine()}, UV_THREADPOOL_SIZE=${process.env.UV_THREADPOOL_SIZE ?? '4 (default)'}`);
   console.log(
     `short texts: ${texts.short.length}, 8-32 words, avg ${fmt(avgTokens(texts.short), 1)} tokens; long texts: ${texts.long.length}, 380-420 words, avg ${fmt(avgTokens(texts.long), 1)} tokens\n`,
   );

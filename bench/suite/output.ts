@@ -4,10 +4,9 @@
  * the headline table on stdout.
  */
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { cpus, hostname, loadavg, release, totalmem } from 'node:os';
+import { hostname, loadavg } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { VERSION } from '../../src/version.js';
 import { fail } from '../args.js';
 import type { FloorRow } from '../floor.js';
 import { renderReport, summaryTable } from '../report.js';
@@ -17,35 +16,6 @@ import type { SuiteContext } from './context.js';
 import { REPO_ROOT } from './paths.js';
 import { round } from './phases.js';
 import { modelInfo } from './setup.js';
-
-/** This machine, at the start of the run (the end's load average is filled in by suiteResults). */
-export function machineInfo(): MachineInfo {
-  let ortVersion = 'unknown';
-  try {
-    ortVersion = (JSON.parse(readFileSync(join(REPO_ROOT, 'node_modules', 'onnxruntime-node', 'package.json'), 'utf8')) as { version: string }).version;
-  } catch {
-    /* reported as unknown */
-  }
-  let os = `Linux ${release()}`;
-  try {
-    const pretty = /PRETTY_NAME="([^"]+)"/.exec(readFileSync('/etc/os-release', 'utf8'));
-    if (pretty) os = `${pretty[1]} (kernel ${release()})`;
-  } catch {
-    /* keep the kernel */
-  }
-  return {
-    host: hostname(),
-    cpu: cpus()[0]?.model.trim() ?? 'unknown',
-    cores: cpus().length,
-    memoryGiB: round(totalmem() / 2 ** 30, 1),
-    os,
-    node: process.version,
-    onnxruntime: ortVersion,
-    slabserve: VERSION,
-    loadAverageStart: round(loadavg()[0]!, 2),
-    loadAverageEnd: 0,
-  };
-}
 
 function readGpuResults(dir: string): GpuSection {
   const summary = join(dir, 'summary.md');
