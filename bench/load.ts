@@ -47,19 +47,12 @@ import { openWindow, type MeasuredTarget, type WindowMeasures } from './measured
 import type { ServerCounters } from './server-process.js';
 import { NODE_GENERATOR_COST, wrkInstalled, wrkWorkload, type WrkWorkloadRun } from './wrk.js';
 import { closeSocket, openSocket } from './ws-load.js';
+import { arrivalTimes, type Bursts } from './arrivals.js';
 import { requestInputs, requestSize, type Workload } from './workloads.js';
 
 /** A server under load: where it listens, its CPU, and (slabserve) its counters. */
 export interface LoadTarget extends MeasuredTarget {
   readonly origin: string;
-}
-
-export interface Bursts {
-  /** Rate multiplier during a burst. */
-  factor: number;
-  /** Share of each period spent bursting (factor x duty must stay below 1). */
-  duty: number;
-  periodMs: number;
 }
 
 export type Arrivals = { kind: 'closed'; concurrency: number } | { kind: 'open'; ratePerS: number; bursts?: Bursts };
@@ -237,25 +230,6 @@ async function openChannel(spec: LoadSpec, connections: number, timeoutMs: numbe
   const sockets = spec.ws?.sockets ?? (closed ? Math.max(1, Math.ceil(connections / 64)) : connections);
   const credit = spec.ws?.depth ?? (closed ? Math.ceil(connections / sockets) : 256);
   return wsChannel(spec.target.origin, spec.workload, sockets, credit, timeoutMs, spec.rowBytes);
-}
-
-// ---------------------------------------------------------------- arrivals
-
-/** Scheduled send times (ms from the start) for `totalMs`, from a seeded generator. */
-export function arrivalTimes(ratePerS: number, totalMs: number, r: () => number, bursts?: Bursts): number[] {
-  const times: number[] = [];
-  const base = ratePerS / 1000;
-  // outside bursts the rate drops so that the mean over a period stays `ratePerS`
-  const low = bursts ? (base * (1 - bursts.factor * bursts.duty)) / (1 - bursts.duty) : base;
-  if (bursts && !(low > 0)) throw new Error(`bursts: factor x duty must stay below 1 (got ${bursts.factor} x ${bursts.duty})`);
-  let t = 0;
-  for (;;) {
-    const inBurst = bursts !== undefined && t % bursts.periodMs < bursts.duty * bursts.periodMs;
-    const rate = bursts ? (inBurst ? base * bursts.factor : low) : base;
-    t += -Math.log(1 - r()) / rate;
-    if (t >= totalMs) return times;
-    times.push(t);
-  }
 }
 
 // ---------------------------------------------------------------- the run

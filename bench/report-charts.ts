@@ -48,13 +48,14 @@ export const CASE_TITLES: Record<CaseName, string> = {
   bucketing: 'Bucketing gain',
   efficiency: 'Efficiency against raw onnxruntime',
   curve: 'Latency against throughput',
+  scheduling: 'Batch window against the latency target, in-process',
   peer: 'Against transformers.js',
   instances: 'Model instances',
   models: 'Model sizes',
   floor: 'The request path against the floor',
 };
 
-export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'instances', 'floor', 'models'];
+export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'peer', 'instances', 'floor', 'models'];
 
 export function median(xs: number[]): number {
   if (xs.length === 0) return NaN;

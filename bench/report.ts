@@ -1,5 +1,5 @@
 /**
- * The benchmark report (issue #6): turns `npm run bench`'s results.json
+ * The benchmark report: turns `npm run bench`'s results.json
  * (bench/suite-results.ts) into report.md and SVG plots in the same folder.
  *
  *   node dist/bench/report.js bench/results/<date>-<host>     # re-render from <dir>/results.json
@@ -29,6 +29,7 @@ import { RESULTS_VERSION, type CaseName, type Comparison, type Curve, type Phase
 
 export { fmtNum, fmtPct, fmtRatio } from './report-charts.js';
 import { floorTable } from './floor-report.js';
+import { schedulingMarkdown } from './report-scheduling.js';
 
 // ---------------------------------------------------------------- Markdown helpers
 
@@ -164,6 +165,8 @@ const CASE_INTROS: Record<CaseName, string> = {
   efficiency:
     "The server's throughput against onnxruntime's `session.run` called directly in one thread on batches built before timing (server / best raw batch size).",
   curve: '',
+  scheduling:
+    'Fixed batch windows against the latency target (`--slo-p99-ms`) on in-process engines (createEngine, engine.runTokens: no tokenization, no HTTP) under open-loop Poisson arrivals and bursts, each load a share of the capacity the first configuration answers in a closed loop.',
   peer: 'The same model behind a plain `node:http` server on the transformers.js pipeline (bench/peer-transformers.ts), which runs every request on its own, without batching across requests.',
   instances:
     'The same server with its default model instances (on CPU, one per core for a narrow model) against `--model-instances 1`, same clients, same workload: req/s and server CPU per request.',
@@ -364,6 +367,7 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
   if (r.floor?.length) present.add('floor');
   const hasCurves = (r.curves ?? []).some((c) => c.points.length > 0);
   if (hasCurves) present.add('curve');
+  if (r.scheduling) present.add('scheduling');
   for (const k of CASE_ORDER) {
     if (!present.has(k)) continue;
     out.push(`## ${CASE_TITLES[k]}`, '');
@@ -380,6 +384,7 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
     const phases = r.phases.filter((p) => p.case === k);
     if (phases.length) out.push(phaseTables(phases), '');
     if (k === 'floor' && r.floor?.length) out.push(floorTable(r.floor), '');
+    if (k === 'scheduling' && r.scheduling) out.push(schedulingMarkdown(r.scheduling), '');
     if (k === 'batching' && charts.batchSizes) out.push(image(charts.batchSizes), '');
     if (k === 'bucketing' && charts.padding) out.push(image(charts.padding), '');
   }

@@ -10,6 +10,7 @@
 export const RESULTS_VERSION = 1;
 
 import type { FloorRow } from './floor-report.js';
+import type { SchedulingSection } from './suite/scheduling/aggregate.js';
 
 export interface SuiteResults {
   version: typeof RESULTS_VERSION;
@@ -32,6 +33,8 @@ export interface SuiteResults {
   comparisons: Comparison[];
   /** Latency against throughput, one curve per server configuration. */
   curves: Curve[];
+  /** The scheduling case (bench/suite/scheduling.ts): in-process engines under open-loop load, rounds merged per row. */
+  scheduling?: SchedulingSection;
   /** Figures from a GPU run of bench/gpu/run.sh, when its output folder was given (--gpu-results). */
   gpu?: GpuSection;
   /** The floor case (bench/floor.ts): CPU per request by thread, slabserve beside the floor server. */
@@ -91,7 +94,7 @@ export interface WorkloadSummary {
   bucketShares: Record<string, number>;
 }
 
-export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'peer' | 'instances' | 'models' | 'floor';
+export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'scheduling' | 'peer' | 'instances' | 'models' | 'floor';
 
 export interface LatencySummary {
   p50: number;

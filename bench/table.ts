@@ -16,3 +16,6 @@ export function alignedTable(headers: string[], rows: string[][], rightFrom = 1)
   const sep = '|' + widths.map((w, i) => (i < rightFrom ? '-'.repeat(w + 2) : '-'.repeat(w + 1) + ':')).join('|') + '|';
   return [line(headers), sep, ...rows.map(line)].join('\n');
 }
+
+/** A share as a percentage ('-' when it is not a number, e.g. 0 / 0). */
+export const pct = (x: number, digits = 1) => (Number.isFinite(x) ? `${(100 * x).toFixed(digits)}%` : '-');

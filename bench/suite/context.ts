@@ -8,6 +8,7 @@ import { runLoad, type Arrivals } from '../load.js';
 import type { CaseName, Comparison, Curve, PhaseResult } from '../suite-results.js';
 import type { Workload } from '../workloads.js';
 import type { SuiteOptions } from './options.js';
+import type { SchedulingSection } from './scheduling/aggregate.js';
 import { closedLoopMeta, comparison, describePhase, phaseFromLoad, roundOrder, type PhaseMeta, type Side } from './phases.js';
 import type { Progress } from './progress.js';
 import type { ModelSetup } from './setup.js';
@@ -21,6 +22,8 @@ export class SuiteContext {
   readonly phases: PhaseResult[] = [];
   readonly comparisons: Comparison[] = [];
   readonly curves: Curve[] = [];
+  /** The scheduling case's rows (scheduling.ts), once it has run. */
+  scheduling: SchedulingSection | undefined;
   /** One generator for every load phase's draws, in the order the phases run (the run is reproducible from --seed). */
   private readonly loadRandom: () => number;
 

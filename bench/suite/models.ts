@@ -4,7 +4,7 @@
  * again, batching and efficiency recorded as the `models` case. Within a
  * model the order is fixed: batching first (its batched server's phases are
  * what efficiency and curve start from), then efficiency, bucketing, curve,
- * peer, instances (the first model only).
+ * scheduling, peer, instances (the first model only).
  */
 import { runBatching } from './batching.js';
 import { runBucketing } from './bucketing.js';
@@ -13,6 +13,7 @@ import { runCurves } from './curve.js';
 import { runEfficiency } from './efficiency.js';
 import { runInstances } from './instances.js';
 import { runPeer } from './peer.js';
+import { runScheduling } from './scheduling.js';
 
 export async function runModelCases(ctx: SuiteContext): Promise<void> {
   for (const [i, m] of ctx.models.entries()) {
@@ -21,6 +22,7 @@ export async function runModelCases(ctx: SuiteContext): Promise<void> {
     await runEfficiency(ctx, m, first, batchedHttp);
     await runBucketing(ctx, m, first);
     await runCurves(ctx, m, first, batchedHttp);
+    await runScheduling(ctx, m, first);
     await runPeer(ctx, m, first);
     await runInstances(ctx, m, first);
   }

@@ -4,12 +4,13 @@
  * they use (milliseconds, load fractions, absolute folders).
  */
 import { join, resolve } from 'node:path';
-import { parseOptions } from '../args.js';
 import type { GeneratorChoice } from '../load.js';
 import type { CaseName } from '../suite-results.js';
 import { REPO_ROOT } from './paths.js';
+import { cellsOf, CONFIG_FORMS, parseConfigs, type Cell, type Config } from './scheduling/configs.js';
+import { fail, parseOptions } from '../args.js';
 
-export const ALL_CASES = ['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'instances', 'floor', 'models'] as const satisfies readonly CaseName[];
+export const ALL_CASES = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'peer', 'instances', 'floor', 'models'] as const satisfies readonly CaseName[];
 
 export const USAGE = 'npm run bench [-- options]        (node dist/bench/suite.js [options])';
 
@@ -28,6 +29,14 @@ export const SUITE_OPTIONS = {
   'curve-point-s': { type: 'number', min: 0.1, default: 2.5, quick: 1.5, value: 'S', help: 'measured seconds per curve point' },
   loads: { type: 'numbers', min: 1, default: [10, 25, 50, 75, 90, 100, 120], quick: [25, 75, 100, 120], help: 'curve points as % of capacity' },
   'slo-p99-ms': { type: 'number', min: 1, default: 50, value: 'MS', help: 'the latency target of the --slo-p99-ms curve' },
+  'scheduling-configs': {
+    type: 'strings',
+    default: ['fixed:5:1', 'fixed:0:2', 'fixed:5:2', 'fixed:20:2', 'slo:25', 'slo:50'],
+    help: `the scheduling case's engines, ${CONFIG_FORMS}; the first is the reference for the ratio columns and runs the capacity probe`,
+  },
+  'scheduling-loads': { type: 'numbers', min: 1, default: [30, 60, 90, 120], quick: [60, 120], help: 'the scheduling case\'s Poisson loads, % of capacity' },
+  'scheduling-burst-loads': { type: 'numbers', min: 1, default: [30, 60], quick: [60], help: 'the scheduling case\'s burst loads, % of capacity as a mean ("" for none)' },
+  'scheduling-capacity': { type: 'number', min: 1, value: 'RPS', help: 'the scheduling case: skip the capacity probe and take this many requests/s as 100%' },
   seed: { type: 'int', min: 0, default: 1, help: 'workload and arrival seed' },
   device: { type: 'string', default: 'cpu', value: 'D', help: "the servers' device, and the raw onnxruntime session's in efficiency" },
   'models-dir': { type: 'string', value: 'DIR', help: "where tiny-embed & co. are (default: the repository's models/)" },
@@ -51,6 +60,8 @@ export interface SuiteOptions {
   /** The curve's offered loads, as fractions of the measured capacity. */
   loadFractions: number[];
   sloP99Ms: number;
+  /** The scheduling case: its engines, its (pattern, load) cells, the capacity given (null: probed). */
+  scheduling: { configs: Config[]; cells: Cell[]; capacity: number | null };
   seed: number;
   device: string;
   modelsDir: string;
@@ -68,6 +79,8 @@ export interface SuiteOptions {
 /** The suite's settings from `argv` (default: this process's arguments); --help prints and exits. */
 export function parseSuiteOptions(argv = process.argv.slice(2)): SuiteOptions {
   const o = parseOptions(USAGE, SUITE_OPTIONS, argv);
+  const cells = cellsOf(o['scheduling-loads'], o['scheduling-burst-loads']);
+  if (o.cases.includes('scheduling') && cells.length === 0) fail('nothing to run in scheduling: --scheduling-loads and --scheduling-burst-loads are both empty');
   return {
     quick: o.quick,
     cases: new Set(o.cases),
@@ -78,6 +91,7 @@ export function parseSuiteOptions(argv = process.argv.slice(2)): SuiteOptions {
     curvePointMs: o['curve-point-s'] * 1000,
     loadFractions: o.loads.map((pct) => pct / 100),
     sloP99Ms: o['slo-p99-ms'],
+    scheduling: { configs: parseConfigs(o['scheduling-configs']), cells, capacity: o['scheduling-capacity'] ?? null },
     seed: o.seed,
     device: o.device,
     modelsDir: resolve(o['models-dir'] ?? join(REPO_ROOT, 'models')),

@@ -60,6 +60,7 @@ export function suiteResults(ctx: SuiteContext, start: RunStart, floor: FloorRow
     curves: ctx.curves,
     ...(o.gpuResults ? { gpu: readGpuResults(resolve(o.gpuResults)) } : {}),
     ...(floor ? { floor } : {}),
+    ...(ctx.scheduling ? { scheduling: ctx.scheduling } : {}),
   };
 }
 

@@ -1,6 +1,6 @@
 /**
- * One open-loop phase: one configuration's engine, one cell's arrival
- * schedule (Poisson or bursts, bench/scheduling/arrivals.ts). Each request is
+ * One open-loop phase of the scheduling case: one configuration's engine, one
+ * cell's arrival schedule (Poisson or bursts, bench/arrivals.ts). Each request is
  * sent at its scheduled time whatever happened to the earlier ones; its
  * latency and its deadline both run from the *scheduled* arrival, so a
  * generator that falls behind is counted (coordinated omission corrected).
@@ -10,13 +10,22 @@
  */
 import { loadavg } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import type { Engine, ModelStats } from '../../src/main/engine.js';
-import type { SlabserveError } from '../../src/shared/errors.js';
-import type { Cell, Schedule } from './arrivals.js';
-import { cpuMs, sleep, toUs, yieldNow } from './clock.js';
-import type { Config } from './configs.js';
-import { classify, engineDelta, histogram, zeroBuckets, zeroCounts, type BucketCounts, type Histogram, type PhaseResult } from './results.js';
+import type { Engine, ModelStats } from '../../../src/main/engine.js';
+import type { SlabserveError } from '../../../src/shared/errors.js';
+import type { Cell, Config } from './configs.js';
+import { classify, engineDelta, histogram, zeroBuckets, zeroCounts, type BucketCounts, type Histogram, type SchedulingPhase } from './results.js';
 import type { Bench } from './setup.js';
+
+const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
+const yieldNow = () => new Promise<void>((res) => setImmediate(res));
+/** A duration in ms as the µs a histogram records: at least 1, its lowest discernible value. */
+const toUs = (ms: number) => Math.max(1, Math.round(ms * 1000));
+
+/** A phase's arrivals: times (ms from the phase start, ascending) and each one's index into the workload. */
+export interface Schedule {
+  times: number[];
+  seq: Uint32Array;
+}
 
 export interface PhaseRun {
   config: Config;
@@ -98,8 +107,8 @@ function send(b: Bench, run: PhaseRun, tally: Tally, inFlight: InFlight, window:
   const scheduled = t0 + at;
   const sent = performance.now();
   const measured = at >= window.start && at < window.end;
-  const seq = b.workload.seqs[run.sched.seq[i]!]!;
-  const bc = tally.byBucket[b.workload.seqBucket[run.sched.seq[i]!]!]!;
+  const seq = b.seqs[run.sched.seq[i]!]!;
+  const bc = tally.byBucket[b.seqBucket[run.sched.seq[i]!]!]!;
   if (measured) tally.offered(bc, sent - scheduled);
   inFlight.add();
   // The deadline runs from the scheduled arrival: a late send has less time left.
@@ -125,7 +134,7 @@ interface WindowReading {
 }
 
 /** Calls `send(i, t0)` for each arrival at its time until the schedule and the window are over. */
-async function sendOnSchedule(engine: Engine, model: string, times: Float64Array, window: Window, send: (i: number, t0: number) => void): Promise<WindowReading> {
+async function sendOnSchedule(engine: Engine, model: string, times: readonly number[], window: Window, send: (i: number, t0: number) => void): Promise<WindowReading> {
   const t0 = performance.now() + 2;
   while (performance.now() < t0) await yieldNow();
   let s0: ModelStats | null = null;
@@ -150,11 +159,12 @@ async function sendOnSchedule(engine: Engine, model: string, times: Float64Array
     else await yieldNow();
   }
   const stats1 = engine.stats()[model]!;
-  const cpu = cpuMs(process.cpuUsage(cpu0!));
+  const u = process.cpuUsage(cpu0!);
+  const cpu = (u.user + u.system) / 1000;
   return { stats0: s0!, stats1, cpuMs: cpu, wallMs: performance.now() - wall0 };
 }
 
-function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: WindowReading, drainMs: number): PhaseResult {
+function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: WindowReading, drainMs: number): SchedulingPhase {
   const { latency, lag } = tally;
   return {
     config: run.config.name,
@@ -181,7 +191,7 @@ function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: Win
 }
 
 /** Runs one phase; the latency histogram (µs) is the caller's to merge and destroy. */
-export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: PhaseResult; latency: Histogram }> {
+export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: SchedulingPhase; latency: Histogram }> {
   const s = b.settings;
   const window: Window = { start: s.warmupMs, end: s.warmupMs + s.durationMs };
   const tally = new Tally(b.buckets.length);
@@ -191,7 +201,7 @@ export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: Phase
   const drainStart = performance.now();
   await inFlight.settled(s.deadlineMs + 5000);
   const drainMs = performance.now() - drainStart;
-  if (inFlight.count > 0) console.error(`  ${run.config.name} / ${run.cell.name}: ${inFlight.count} requests still open ${Math.round(drainMs)} ms after the window`);
+  if (inFlight.count > 0) process.stderr.write(`  ${run.config.name} / ${run.cell.name}: ${inFlight.count} requests still open ${Math.round(drainMs)} ms after the window\n`);
   const result = phaseResult(run, s.durationMs, tally, reading, drainMs);
   tally.lag.destroy();
   return { result, latency: tally.latency };

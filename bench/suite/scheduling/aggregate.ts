@@ -1,14 +1,39 @@
 /**
  * The rounds of each (configuration, cell) merged into one row: counts and
- * engine counters summed, latency histograms added (rounds.ts merged them),
- * rates over the summed windows. These are the tables' rows and the --json
- * `aggregated` list.
+ * engine counters summed, latency histograms added (the case merged them as
+ * the rounds ran), rates over the summed windows. These rows are results.json's
+ * `scheduling.rows` and the report's tables (bench/report-scheduling.ts).
  */
-import type { Cell } from './arrivals.js';
-import type { Config } from './configs.js';
-import { phaseKey, zeroCounts, zeroEngineDelta, type BucketCounts, type Counts, type EngineDelta, type Histogram, type PhaseResult } from './results.js';
-import type { PhaseRecords } from './rounds.js';
-import type { Bench } from './setup.js';
+import type { Bursts } from '../../arrivals.js';
+import type { Cell, Config } from './configs.js';
+import { phaseKey, zeroCounts, zeroEngineDelta, type BucketCounts, type Counts, type EngineDelta, type Histogram, type SchedulingPhase } from './results.js';
+import type { Bench, Capacity } from './setup.js';
+
+/** Every phase's result, and per (configuration, cell) the latency histogram of all its rounds merged. */
+export interface PhaseRecords {
+  phases: SchedulingPhase[];
+  histograms: Map<string, Histogram>;
+}
+
+/** The scheduling case in results.json. */
+export interface SchedulingSection {
+  model: string;
+  workload: string;
+  capacity: Capacity;
+  /** The first is the reference of the ratio columns. */
+  configs: Config[];
+  cells: Cell[];
+  burst: Bursts;
+  deadlineMs: number;
+  rounds: number;
+  durationS: number;
+  /** Batch capacity per bucket of the reference configuration, and whether every configuration has it in every bucket. */
+  buckets: number[];
+  capacities: number[];
+  uniformCapacity: boolean;
+  rows: Aggregate[];
+  phases: SchedulingPhase[];
+}
 
 /** "Short" and "long" requests for the per-length columns: buckets up to SHORT_MAX tokens, and above LONG_MIN. */
 export const SHORT_MAX = 64;
@@ -49,7 +74,7 @@ export interface Aggregate {
 /** The rows by phaseKey(config, cell), cells in order and configurations within each. */
 export type Aggregates = Map<string, Aggregate>;
 
-function sumCounts(runs: PhaseResult[]): { counts: Counts; eng: EngineDelta } {
+function sumCounts(runs: SchedulingPhase[]): { counts: Counts; eng: EngineDelta } {
   const counts = zeroCounts();
   const eng = zeroEngineDelta();
   for (const x of runs) {
@@ -59,7 +84,7 @@ function sumCounts(runs: PhaseResult[]): { counts: Counts; eng: EngineDelta } {
   return { counts, eng };
 }
 
-function sumBuckets(buckets: number[], runs: PhaseResult[]): (BucketCounts & { bucket: number })[] {
+function sumBuckets(buckets: number[], runs: SchedulingPhase[]): (BucketCounts & { bucket: number })[] {
   return buckets.map((T, b) => {
     const z = { bucket: T, offered: 0, answered: 0, refused: 0, timedOut: 0 };
     for (const x of runs) for (const k of ['offered', 'answered', 'refused', 'timedOut'] as const) z[k] += x.byBucket[b]![k];
@@ -67,7 +92,7 @@ function sumBuckets(buckets: number[], runs: PhaseResult[]): (BucketCounts & { b
   });
 }
 
-function aggregateOne(b: Bench, config: Config, cell: Cell, runs: PhaseResult[], h: Histogram): Aggregate {
+function aggregateOne(b: Bench, config: Config, cell: Cell, runs: SchedulingPhase[], h: Histogram): Aggregate {
   const { counts, eng } = sumCounts(runs);
   const windowMs = runs.reduce((a, x) => a + x.windowMs, 0);
   const byBucket = sumBuckets(b.buckets, runs);

@@ -1,11 +1,10 @@
 /**
- * What one open-loop phase records (PhaseResult, also the --json `phases`
- * rows): how each offered request ended, the engine's counters over the
+ * What one open-loop phase of the scheduling case records (SchedulingPhase): how each offered request ended, the engine's counters over the
  * measured window, and the HDR histograms the latencies go into.
  */
 import hdr from 'hdr-histogram-js';
-import type { ModelStats } from '../../src/main/engine.js';
-import { SlabserveError } from '../../src/shared/errors.js';
+import type { ModelStats } from '../../../src/main/engine.js';
+import { SlabserveError } from '../../../src/shared/errors.js';
 
 export type Histogram = ReturnType<typeof hdr.build>;
 
@@ -88,7 +87,7 @@ export function classify(err: unknown, c: Counts): string | null {
 /** The key of a (configuration, cell) pair in the merged histograms and the aggregated rows. */
 export const phaseKey = (config: string, cell: string) => `${config}\u0000${cell}`;
 
-export interface PhaseResult {
+export interface SchedulingPhase {
   config: string;
   cell: string;
   round: number;

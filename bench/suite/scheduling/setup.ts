@@ -1,0 +1,145 @@
+/**
+ * The scheduling case's set-up, before any timing: one engine per
+ * configuration (all opened first and kept open, so no phase pays for a
+ * start-up), the workload's sequences and their length buckets, the batch
+ * capacity each configuration's buckets have, and the capacity probe that
+ * says what 100% load means. `Bench` carries it to the phases and the rows.
+ */
+import { createEngine, type Engine, type ModelStats } from '../../../src/main/engine.js';
+import { batchCapacity, bucketFor, type BatchingOptions } from '../../../src/gpu-worker/scheduler.js';
+import type { Bursts } from '../../arrivals.js';
+import { runClosedLoop } from '../../closed-loop.js';
+import type { Workload } from '../../workloads.js';
+import type { Cell, Config } from './configs.js';
+
+export interface Settings {
+  model: string;
+  modelsDir: string;
+  device: string;
+  /** The first is the reference: it runs the capacity probe, the ratio columns divide by its rows. */
+  configs: Config[];
+  /** The Poisson cells, then the burst cells. */
+  cells: Cell[];
+  burst: Bursts;
+  deadlineMs: number;
+  warmupMs: number;
+  durationMs: number;
+  rounds: number;
+  /** Requests/s taken as 100% without a probe (null: probe). */
+  capacityGiven: number | null;
+  seed: number;
+}
+
+export interface Seq {
+  ids: Int32Array;
+  typeIds: Int32Array;
+}
+
+/** The batch capacity a row sees in one configuration. */
+export interface BatchCapacity {
+  /** Per bucket: min(maxBatchSize, maxBatchTokens / bucket). */
+  caps: number[];
+  uniform: boolean;
+  /** Exact when every bucket has the same capacity, else the mean over the workload's rows (so `fill` is approximate). */
+  rowCapacity: number;
+}
+
+export interface Bench {
+  settings: Settings;
+  engines: Map<string, Engine>;
+  /** The first configuration's engine: the capacity probe runs on it. */
+  ref: Engine;
+  batching: BatchingOptions;
+  buckets: number[];
+  capacities: number[];
+  seqs: Seq[];
+  /** Each sequence's bucket index (into `buckets`). */
+  seqBucket: Uint8Array;
+  capacityOf: Map<string, BatchCapacity>;
+  /** Every configuration has the reference's one capacity in every bucket (so `fill` is exact). */
+  uniformCapacity: boolean;
+}
+
+export interface Capacity {
+  /** Requests/s taken as 100%. */
+  perS: number;
+  /** Of the probe (NaN when given). */
+  meanBatch: number;
+  p50Ms: number;
+  errors: number;
+  given: boolean;
+}
+
+function openEngine(s: Settings, c: Config): Promise<Engine> {
+  return createEngine({
+    modelsDir: s.modelsDir,
+    models: [s.model],
+    device: s.device,
+    cacheMb: 0, // the workload repeats its texts: every request must reach the model
+    maxInflightBatches: c.maxInflightBatches,
+    batching: { maxBatchDelayMs: c.maxBatchDelayMs, ...(c.maxBatchTokens !== undefined ? { maxBatchTokens: c.maxBatchTokens } : {}) },
+    ...(c.sloP99Ms !== undefined ? { sloP99Ms: c.sloP99Ms } : {}),
+    log: () => {},
+  });
+}
+
+export async function closeEngines(engines: Map<string, Engine>): Promise<void> {
+  for (const e of engines.values()) await e.close();
+}
+
+/** Opens one engine per configuration (closing those open if one fails) over the workload's token ids. */
+export async function openBench(settings: Settings, w: Workload): Promise<Bench> {
+  const engines = new Map<string, Engine>();
+  try {
+    for (const c of settings.configs) engines.set(c.name, await openEngine(settings, c));
+  } catch (err) {
+    await closeEngines(engines);
+    throw err;
+  }
+  const ref = engines.get(settings.configs[0]!.name)!;
+  const batching = ref.info().find((m) => m.name === settings.model)!.batching;
+  const buckets = batching.buckets;
+  const seqs = w.requests.map((q) => ({ ids: q[0]!.ids, typeIds: q[0]!.typeIds }));
+  const seqBucket = Uint8Array.from(seqs, (s) => bucketFor(buckets, s.ids.length));
+  const rowsByBucket = buckets.map((_, b) => seqBucket.filter((x) => x === b).length);
+  const capacityOf = new Map(
+    settings.configs.map((c) => {
+      const bo = engines.get(c.name)!.info().find((m) => m.name === settings.model)!.batching;
+      const caps = bo.buckets.map((b) => batchCapacity(bo, b));
+      const uniform = caps.every((x) => x === caps[0]);
+      return [c.name, { caps, uniform, rowCapacity: uniform ? caps[0]! : rowsByBucket.reduce((a, n, b) => a + n * caps[b]!, 0) / seqs.length }];
+    }),
+  );
+  const capacities = buckets.map((b) => batchCapacity(batching, b));
+  const uniformCapacity = [...capacityOf.values()].every((x) => x.uniform && x.caps[0] === capacities[0]);
+  return { settings, engines, ref, batching, buckets, capacities, seqs, seqBucket, capacityOf, uniformCapacity };
+}
+
+/** Closed-loop callers of the capacity probe. */
+const PROBE_CALLERS = 128;
+
+/**
+ * What 100% load means: the requests/s the first configuration's engine answers when never idle
+ * (a closed loop of PROBE_CALLERS callers, bench/closed-loop.ts), or the capacity given.
+ */
+export async function measureCapacity(b: Bench): Promise<Capacity> {
+  const s = b.settings;
+  if (s.capacityGiven !== null) return { perS: s.capacityGiven, meanBatch: NaN, p50Ms: NaN, errors: 0, given: true };
+  const stats = (): ModelStats => b.ref.stats()[s.model]!;
+  const loop = await runClosedLoop({
+    clients: PROBE_CALLERS,
+    warmupMs: Math.max(500, s.warmupMs),
+    durationMs: s.durationMs,
+    call: (n) => b.ref.runTokens(s.model, [b.seqs[n % b.seqs.length]!], { timeoutMs: 30_000 }),
+    snapshot: stats,
+  });
+  const out = {
+    perS: (loop.requests / loop.windowMs) * 1000,
+    meanBatch: (loop.after.rows - loop.before.rows) / (loop.after.batches - loop.before.batches),
+    p50Ms: loop.histogram.getValueAtPercentile(50) / 1000,
+    errors: loop.errors,
+    given: false,
+  };
+  loop.histogram.destroy();
+  return out;
+}
