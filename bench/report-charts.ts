@@ -49,13 +49,14 @@ export const CASE_TITLES: Record<CaseName, string> = {
   efficiency: 'Efficiency against raw onnxruntime',
   curve: 'Latency against throughput',
   scheduling: 'Batch window against the latency target, in-process',
+  defaults: 'Engine defaults: batches in flight and intra-op threads',
   peer: 'Against transformers.js',
   instances: 'Model instances',
   models: 'Model sizes',
   floor: 'The request path against the floor',
 };
 
-export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'peer', 'instances', 'floor', 'models'];
+export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'defaults', 'peer', 'instances', 'floor', 'models'];
 
 export function median(xs: number[]): number {
   if (xs.length === 0) return NaN;

@@ -167,6 +167,8 @@ const CASE_INTROS: Record<CaseName, string> = {
   curve: '',
   scheduling:
     'Fixed batch windows against the latency target (`--slo-p99-ms`) on in-process engines (createEngine, engine.runTokens: no tokenization, no HTTP) under open-loop Poisson arrivals and bursts, each load a share of the capacity the first configuration answers in a closed loop.',
+  defaults:
+    'In-process engines (64 callers of `engine.embed(text)`, batching on) with 1 and 2 batches in flight at 0 (the engine\'s choice), 1 and 2 intra-op threads, beside raw onnxruntime at b = 32 with the same thread counts, in the same alternating rounds; each engine against the default.',
   peer: 'The same model behind a plain `node:http` server on the transformers.js pipeline (bench/peer-transformers.ts), which runs every request on its own, without batching across requests.',
   instances:
     'The same server with its default model instances (on CPU, one per core for a narrow model) against `--model-instances 1`, same clients, same workload: req/s and server CPU per request.',

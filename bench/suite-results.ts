@@ -94,7 +94,7 @@ export interface WorkloadSummary {
   bucketShares: Record<string, number>;
 }
 
-export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'scheduling' | 'peer' | 'instances' | 'models' | 'floor';
+export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'scheduling' | 'defaults' | 'peer' | 'instances' | 'models' | 'floor';
 
 export interface LatencySummary {
   p50: number;

@@ -15,7 +15,7 @@ describe('suite options', () => {
   it('full-run defaults, in the units the cases use', () => {
     const o = parseSuiteOptions(['--no-progress']);
     expect(o).toMatchObject({ quick: false, models: ['tiny-embed', 'minilm-l6'], rounds: 3, warmupMs: 500, durationMs: 3000, curvePointMs: 2500, sloP99Ms: 50, seed: 1, device: 'cpu', progress: false });
-    expect([...o.cases]).toEqual(['batching', 'bucketing', 'efficiency', 'curve', 'peer', 'instances', 'floor', 'models']);
+    expect([...o.cases]).toEqual(['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'defaults', 'peer', 'instances', 'floor', 'models']);
     expect(o.loadFractions).toEqual([0.1, 0.25, 0.5, 0.75, 0.9, 1, 1.2]);
     expect(o.out).toBeUndefined();
     expect(o.gpuResults).toBeUndefined();

@@ -29,7 +29,7 @@ export async function runBatching(ctx: SuiteContext, m: ModelSetup, first: boole
   const full = first && unbatched !== undefined && cases.has('batching');
   const engines: EngineSide[] = [];
   try {
-    if (full) engines.push(await ctx.openEngine('engine batched', m), await ctx.openEngine('engine max-batch-size 1', m, 1));
+    if (full) engines.push(await ctx.openEngine('engine batched', m), await ctx.openEngine('engine max-batch-size 1', m, { maxBatchSize: 1 }));
     await checkServerAgainstRaw(ctx, m, batched);
     const sides = unbatched ? [batched, unbatched] : [batched];
     const c: CaseName = first ? 'batching' : 'models';

@@ -12,7 +12,7 @@ import type { SchedulingSection } from './scheduling/aggregate.js';
 import { closedLoopMeta, comparison, describePhase, phaseFromLoad, roundOrder, type PhaseMeta, type Side } from './phases.js';
 import type { Progress } from './progress.js';
 import type { ModelSetup } from './setup.js';
-import { openEngineSide, runEngineLoop, type EngineSide } from './engine.js';
+import { openEngineSide, runEngineLoop, type EngineChoice, type EngineSide } from './engine.js';
 import { startSlabserve, type Target } from './targets.js';
 
 /** Closed-loop callers for the throughput phases (enough to fill batches of 32 twice over). */
@@ -40,9 +40,9 @@ export class SuiteContext {
     return startSlabserve(label, this.options.device, m.dir, m.name, extra);
   }
 
-  /** An in-process engine for model `m` on the suite's device (engine.ts), `maxBatchSize` where given. */
-  openEngine(label: string, m: ModelSetup, maxBatchSize?: number): Promise<EngineSide> {
-    return openEngineSide(label, this.options.device, m.dir, m.name, maxBatchSize);
+  /** An in-process engine for model `m` on the suite's device (engine.ts), with what `choice` sets. */
+  openEngine(label: string, m: ModelSetup, choice?: EngineChoice): Promise<EngineSide> {
+    return openEngineSide(label, this.options.device, m.dir, m.name, choice);
   }
 
   /** One load phase against a target, recorded. */
@@ -86,7 +86,7 @@ export class SuiteContext {
   }
 
   /** Runs `sides` in alternating order (A B, B A, A B ...: roundOrder) for --rounds rounds; returns each side's phases, in round order. */
-  private async ab(run: (side: number, roundNo: number) => Promise<PhaseResult>, sides: number): Promise<PhaseResult[][]> {
+  async ab(run: (side: number, roundNo: number) => Promise<PhaseResult>, sides: number): Promise<PhaseResult[][]> {
     const out: PhaseResult[][] = Array.from({ length: sides }, () => []);
     for (let k = 1; k <= this.options.rounds; k++) for (const s of roundOrder(k, sides)) out[s]!.push(await run(s, k));
     return out;

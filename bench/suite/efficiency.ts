@@ -9,7 +9,8 @@ import { defaultBuckets } from '../../src/gpu-worker/scheduler.js';
 import { mulberry32 } from '../../models/generator/rng.js';
 import { newHistogram } from '../load.js';
 import { openRawSession, rawBatches, runRawLoop } from '../raw-ort.js';
-import type { PhaseResult } from '../suite-results.js';
+import type { InferenceSession } from 'onnxruntime-node';
+import type { CaseName, PhaseResult } from '../suite-results.js';
 import { CLIENTS, type SuiteContext } from './context.js';
 import { closedLoopMeta, phaseFromRaw } from './phases.js';
 import type { ModelSetup } from './setup.js';
@@ -39,25 +40,27 @@ export async function runEfficiency(ctx: SuiteContext, m: ModelSetup, first: boo
   );
 }
 
-/** One closed loop of raw batches per batch size, recorded (a batch counts as a request). */
+/** One closed loop of raw batches of `size` on `session`, recorded as `label` (a batch counts as a request). */
+export async function runRawPhase(ctx: SuiteContext, m: ModelSetup, c: CaseName, session: InferenceSession, size: number, label: string, round = 1): Promise<PhaseResult> {
+  const { warmupMs, durationMs, seed } = ctx.options;
+  const totalS = (warmupMs + durationMs) / 1000;
+  ctx.progress.start(`${c} ${m.name} ${label}`, totalS);
+  const h = newHistogram();
+  const seqs = m.workloads.get('short')!.requests.map((q) => q[0]!);
+  const batches = rawBatches(seqs, defaultBuckets(m.spec.maxLength), size, m.prepared, mulberry32(seed + size));
+  const res = await runRawLoop(session, batches, warmupMs, durationMs, h);
+  const p = phaseFromRaw(closedLoopMeta(c, m.name, 'short', label, 'in-process', round, size), res, h);
+  ctx.phases.push(p);
+  ctx.progress.finish(`${c} ${m.name} ${label}`, totalS, `${p.inputsPerS.toFixed(0)} inputs/s, ${p.latencyMs.p50.toFixed(2)} ms per batch`);
+  return p;
+}
+
+/** One closed loop of raw batches per batch size. */
 async function runRawPhases(ctx: SuiteContext, m: ModelSetup, first: boolean): Promise<PhaseResult[]> {
-  const { device, warmupMs, durationMs, seed } = ctx.options;
-  const session = await openRawSession(m.prepared, device, 0);
+  const session = await openRawSession(m.prepared, ctx.options.device, 0);
   const raws: PhaseResult[] = [];
   try {
-    const seqs = m.workloads.get('short')!.requests.map((q) => q[0]!);
-    for (const size of RAW_BATCH_SIZES) {
-      const label = `raw onnxruntime b=${size}`;
-      const totalS = (warmupMs + durationMs) / 1000;
-      ctx.progress.start(`efficiency ${m.name} ${label}`, totalS);
-      const h = newHistogram();
-      const batches = rawBatches(seqs, defaultBuckets(m.spec.maxLength), size, m.prepared, mulberry32(seed + size));
-      const res = await runRawLoop(session, batches, warmupMs, durationMs, h);
-      const p = phaseFromRaw(closedLoopMeta(first ? 'efficiency' : 'models', m.name, 'short', label, 'in-process', 1, size), res, h);
-      ctx.phases.push(p);
-      raws.push(p);
-      ctx.progress.finish(`efficiency ${m.name} ${label}`, totalS, `${p.inputsPerS.toFixed(0)} inputs/s, ${p.latencyMs.p50.toFixed(2)} ms per batch`);
-    }
+    for (const size of RAW_BATCH_SIZES) raws.push(await runRawPhase(ctx, m, first ? 'efficiency' : 'models', session, size, `raw onnxruntime b=${size}`));
   } finally {
     await session.release();
   }

@@ -23,14 +23,23 @@ export interface EngineSide {
   model: string;
 }
 
-/** An engine for `model` with the server's defaults, and `maxBatchSize` where given (the unbatched side). */
-export async function openEngineSide(label: string, device: string, modelsDir: string, model: string, maxBatchSize?: number): Promise<EngineSide> {
+/** What an engine side sets beside the server's defaults: the unbatched side, the defaults case's engines. */
+export interface EngineChoice {
+  maxBatchSize?: number;
+  maxInflightBatches?: number;
+  intraOpThreads?: number;
+}
+
+/** An engine for `model` with the server's defaults, and what `choice` sets. */
+export async function openEngineSide(label: string, device: string, modelsDir: string, model: string, choice: EngineChoice = {}): Promise<EngineSide> {
   const engine = await createEngine({
     modelsDir,
     models: [model],
     device,
     cacheMb: 0, // as the servers run (bench/server-process.ts): the workloads repeat texts
-    ...(maxBatchSize !== undefined ? { batching: { maxBatchSize } } : {}),
+    ...(choice.maxBatchSize !== undefined ? { batching: { maxBatchSize: choice.maxBatchSize } } : {}),
+    ...(choice.maxInflightBatches !== undefined ? { maxInflightBatches: choice.maxInflightBatches } : {}),
+    ...(choice.intraOpThreads !== undefined ? { intraOpThreads: choice.intraOpThreads } : {}),
     log: () => {},
   });
   return { label, engine, model };

@@ -4,7 +4,7 @@
  * again, batching and efficiency recorded as the `models` case. Within a
  * model the order is fixed: batching first (its batched server's phases are
  * what efficiency and curve start from), then efficiency, bucketing, curve,
- * scheduling, peer, instances (the first model only).
+ * scheduling, defaults, peer, instances (the first model only).
  */
 import { runBatching } from './batching.js';
 import { runBucketing } from './bucketing.js';
@@ -12,6 +12,7 @@ import type { SuiteContext } from './context.js';
 import { runCurves } from './curve.js';
 import { runEfficiency } from './efficiency.js';
 import { runInstances } from './instances.js';
+import { runDefaults } from './defaults.js';
 import { runPeer } from './peer.js';
 import { runScheduling } from './scheduling.js';
 
@@ -23,6 +24,7 @@ export async function runModelCases(ctx: SuiteContext): Promise<void> {
     await runBucketing(ctx, m, first);
     await runCurves(ctx, m, first, batchedHttp);
     await runScheduling(ctx, m, first);
+    await runDefaults(ctx, m, first);
     await runPeer(ctx, m, first);
     await runInstances(ctx, m, first);
   }

@@ -10,7 +10,7 @@ import { REPO_ROOT } from './paths.js';
 import { cellsOf, CONFIG_FORMS, parseConfigs, type Cell, type Config } from './scheduling/configs.js';
 import { fail, parseOptions } from '../args.js';
 
-export const ALL_CASES = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'peer', 'instances', 'floor', 'models'] as const satisfies readonly CaseName[];
+export const ALL_CASES = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'defaults', 'peer', 'instances', 'floor', 'models'] as const satisfies readonly CaseName[];
 
 export const USAGE = 'npm run bench [-- options]        (node dist/bench/suite.js [options])';
 

@@ -13,6 +13,7 @@ export function planSeconds(o: SuiteOptions, nModels: number): number {
   if (cases.has('bucketing')) s += rounds * 3 * phase + 9;
   if (cases.has('curve')) s += (quick ? 2 : 3) * ((o.loadFractions.length + (quick ? 0 : 1)) * point + 3);
   if (cases.has('scheduling')) s += rounds * o.scheduling.cells.length * o.scheduling.configs.length * (phase + 0.5) + o.scheduling.configs.length * 3 + 5; // engines' start-ups and the probe
+  if (cases.has('defaults')) s += rounds * 9 * phase + 15; // six engines and three raw sessions
   if (cases.has('peer')) s += rounds * 2 * 4 * phase + 8; // 64, 16, 4 and 1 clients
   if (cases.has('instances')) s += rounds * 2 * INSTANCES_CLIENTS.length * phase + 8;
   if (cases.has('floor')) s += rounds * 16 * phase + 6;
