@@ -9,7 +9,7 @@
  *   floor      main (its only JavaScript thread), other, from /proc/PID/task/STAT
  *
  * The gateway thread's CPU per request against the floor's is the price of
- * slabserve's request path around the batcher; issue 12's target is 1.5x.
+ * slabserve's request path around the batcher; the target is 1.5x.
  * Phases: HTTP and WebSocket x text and pre-tokenized ids x 1 and 64 clients
  * (64 over WebSocket: one socket, 64 in flight); sides alternate round by
  * round (slabserve first in even rounds); the median round is reported.

@@ -4,7 +4,7 @@
  * after its `ready at` line for --window-s, each thread's CPU read from
  * /proc/PID/task/TID/schedstat at both ends; one server per round, one after
  * the other. Prints each round's total in % of one core and the threads that
- * spent it, then the median (issue 27's target: under 0.1% from 10 s after
+ * spent it, then the median (the target: under 0.1% from 10 s after
  * ready; src/shared/gc.ts says where it went before).
  *
  *   node dist/bench/idle.js [--rounds 3] [--wait-s 10] [--window-s 30] [--args "--model tiny-embed"]

@@ -1,5 +1,5 @@
 /**
- * What the outputs beyond the pooled row cost (issue 25), in one server, in
+ * What the outputs beyond the pooled row cost, in one server, in
  * alternating rounds, medians reported:
  *
  *   routes         req/s, P99 and answer bytes per input of each output against

@@ -1,5 +1,5 @@
 /**
- * The benchmark's peer (issue #6): the same model behind a small HTTP server
+ * The benchmark's peer: the same model behind a small HTTP server
  * built on @huggingface/transformers (transformers.js) pipelines, written the
  * way a Node.js user would write it without slabserve: node:http, one
  * `pipeline('feature-extraction', ...)` created at start-up, and every request

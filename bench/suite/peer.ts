@@ -18,7 +18,7 @@ const PEER_CLIENTS_OTHERS = [64, 16];
 
 type Question = { metric: 'rps' | 'p50' | 'p99' | 'cpuUsPerRequest'; question: string };
 
-/** What each client count asks of slabserve against the peer (docs: issue 27's targets). */
+/** What each client count asks of slabserve against the peer (the targets it is held to). */
 function questionsAt(clients: number): Question[] {
   const cpu: Question = { metric: 'cpuUsPerRequest', question: 'Server CPU per request against transformers.js (light load)' };
   if (clients === 1) {
