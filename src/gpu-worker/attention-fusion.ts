@@ -13,7 +13,7 @@
  * mask_filter_value. Seventeen nodes, three GEMMs and four Transposes become
  * one kernel. It saves per-node work, not arithmetic, so a run of one row
  * (the lone caller) gains most and batches little (docs/tuning.md, Graph
- * fusion, has the figures; bench/fusion.ts measures them).
+ * fusion, has the figures; bench/micro/fusion.ts measures them).
  *
  * Only the plain pattern is rewritten: float32 weights [H, H] and biases [H]
  * held in the file (not external data), the same x for q, k and v, reshape

@@ -17,7 +17,7 @@
  * with a double accumulator. The fused op takes fewer µs of onnxruntime per
  * row, most on narrow models, and its token states match the unmodified
  * graph's to float rounding (docs/tuning.md, "Graph fusion", has the figures;
- * bench/fusion.ts measures them).
+ * bench/micro/fusion.ts measures them).
  *
  * Only what is plainly one of those is rewritten: float32 initializers for
  * gamma, beta and the bias, all 1-D and as wide as the MatMul's 2-D weight's

@@ -47,7 +47,7 @@ const HANDED_BACK = /[^\t\n\r\x20-\x7e]/;
 
 /**
  * How many times faster per character this path tokenizes than the library, kept below what
- * bench/tokenizers.ts measures on short and long texts (docs/tokenizer.md). The inline rule
+ * bench/micro/tokenizers.ts measures on short and long texts (docs/tokenizer.md). The inline rule
  * (--inline-tokenize-chars) counts a text it takes at 1/ASCII_PACE of its length.
  */
 export const ASCII_PACE = 8;

@@ -6,7 +6,7 @@
  * Why: JSON.stringify(Array.from(row)) prints each float32 as the double it
  * widens to (0.012345678918063641: ~19 bytes) and builds a string that is
  * then encoded again; this writes ~11 bytes per number with arithmetic only,
- * and faster (bench/float-json.ts measures it).
+ * and faster (bench/micro/float-json.ts measures it).
  *
  * "Reads back": a client parses the JSON number into a double and rounds that
  * to float32, i.e. Math.fround(Number(s)) === v. Format: JavaScript's
