@@ -11,7 +11,7 @@ import { performance } from 'node:perf_hooks';
 import { join } from 'node:path';
 import { createTokenizePool } from '../../src/gateway/tokenize/pool.js';
 import { loadTokenizer } from '../../src/core/tokenizer/tokenizer.js';
-import type { ServedModel } from '../../src/core/infer.js';
+import type { ServedModel } from '../../src/core/served-model.js';
 import { packageRoot } from '../../src/main/plan-models.js';
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { mulberry32 } from '../../models/generator/rng.js';

@@ -8,7 +8,8 @@
  * --default-prompt, default_prompt_name). Token-id inputs are taken as sent.
  */
 import { ValidationError } from '../shared/errors.js';
-import type { ServedModel, Input } from './infer.js';
+import type { Input } from './inputs.js';
+import type { ServedModel } from './served-model.js';
 
 export interface PromptFields {
   prompt_name?: string | undefined;

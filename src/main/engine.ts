@@ -10,7 +10,10 @@
  *   await engine.close();
  */
 import { basename, join, resolve } from 'node:path';
-import { classifications, embeddings, Infer, rowOf, type CallInputs, type Classification, type ServedModel, type InferResult } from '../core/infer.js';
+import { Infer, type InferResult } from '../core/infer.js';
+import { type CallInputs } from '../core/inputs.js';
+import { classifications, embeddings, rowOf, type Classification } from '../core/rows.js';
+import { type ServedModel } from '../core/served-model.js';
 import { Cancellation } from '../core/cancel.js';
 import { prompted } from '../core/prompts.js';
 import { loadModelTokenizer, type Encoding } from '../core/tokenizer/tokenizer.js';
@@ -32,7 +35,7 @@ import { cacheLayoutOf, ResultCache } from '../shared/result-cache.js';
 import { Counter, Slab } from '../shared/slab.js';
 import { SlabSubmitter, type SlotResult } from '../core/submitter.js';
 
-export type { Classification } from '../core/infer.js';
+export type { Classification } from '../core/rows.js';
 export { resolveBatching } from './plan-models.js';
 
 /** Which models, and the settings imposed on every one of them (over serve.json and the folder's own files): the engine's and the server's alike. */

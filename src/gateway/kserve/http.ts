@@ -30,7 +30,10 @@
  */
 import { HttpError, ValidationError } from '../../shared/errors.js';
 import { servedSources } from '../../shared/model-format/model-config.js';
-import { classifications, embeddings, rowOf, type CallInputs, type InferCall, type InferResult, type ServedModel } from '../../core/infer.js';
+import { type InferCall, type InferResult } from '../../core/infer.js';
+import { type CallInputs } from '../../core/inputs.js';
+import { classifications, embeddings, rowOf } from '../../core/rows.js';
+import { type ServedModel } from '../../core/served-model.js';
 import { floatAnswer } from '../http/answers.js';
 import { float32RowsInJson } from '../http/float-json.js';
 import type { Answer, RequestContext } from '../http/request-context.js';
@@ -244,7 +247,7 @@ function callInputs(model: ServedModel, tensors: Map<string, KServeTensor>, trun
     if (extra.length) throw invalid(`unexpected input ${extra.join(', ')} beside input_ids; token inputs are ${TOKEN_INPUTS.join(', ')}`);
     const tokens = fromTokens(tensors);
     if (tokens.length > max) throw tooMany(tokens.length);
-    ec.infer.checkTokens(model, tokens); // before any slot is taken
+    ec.infer.encoder.checkTokens(model, tokens); // before any slot is taken
     return { kind: 'tokens', tokens };
   }
   if (spec.task === 'rerank') {

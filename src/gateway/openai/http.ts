@@ -25,7 +25,9 @@
  */
 import { statSync } from 'node:fs';
 import { FieldValidationError, InvalidModelNameError, ModelNotFoundError, UnknownFieldError, ValidationError } from '../../shared/errors.js';
-import { embeddings, inputCount, inputList, type ServedModel } from '../../core/infer.js';
+import { inputCount, inputList } from '../../core/inputs.js';
+import { embeddings } from '../../core/rows.js';
+import { type ServedModel } from '../../core/served-model.js';
 import { floatAnswer, integerRowJson } from '../http/answers.js';
 import { quantizeRow, rowBytes, type EmbeddingType, type QuantizedRow } from '../../core/quantized-embeddings.js';
 import { float32RowsInJson } from '../http/float-json.js';

@@ -12,19 +12,10 @@ import { float32RowListsJsonView, float32RowsInJson, outputsJson, sparseRowsJson
 import { keptTokens, type ColbertInputType } from '../../core/colbert.js';
 import { sparseEntries, sparseOf, type SparseRow } from '../../core/sparse.js';
 import { m3Colbert, m3Sparse } from '../../core/m3.js';
-import {
-  classifications,
-  embeddings,
-  inputCount,
-  inputList,
-  isSingleInput,
-  rerankScores,
-  tokenVectors,
-  type ServedModel,
-  type Inputs,
-  type InferResult,
-  type Classification,
-} from '../../core/infer.js';
+import { type InferResult } from '../../core/infer.js';
+import { inputCount, inputList, isSingleInput, type Inputs } from '../../core/inputs.js';
+import { classifications, embeddings, rerankScores, tokenVectors, type Classification } from '../../core/rows.js';
+import { type ServedModel } from '../../core/served-model.js';
 import {
   DecodeRequest,
   EmbedAllRequest,

@@ -11,7 +11,9 @@
  * EmbedSparse is /embed_sparse and EmbedAll /embed_all (a model without that
  * output: FAILED_PRECONDITION, as their 424).
  */
-import { classifications, embeddings, tokenVectors, type InferResult, type ServedModel } from '../../core/infer.js';
+import { type InferResult } from '../../core/infer.js';
+import { classifications, embeddings, tokenVectors } from '../../core/rows.js';
+import { type ServedModel } from '../../core/served-model.js';
 import { ValidationError } from '../../shared/errors.js';
 import type { Task } from '../../shared/model-format/model-config.js';
 import { shorten } from '../openai/http.js';

@@ -15,7 +15,7 @@
 import { Piscina } from 'piscina';
 import type { Cancellation } from '../../core/cancel.js';
 import { CancelledError, EngineClosedError, InputTooLongError, OverloadedError } from '../../shared/errors.js';
-import type { BatchTokenizer } from '../../core/infer.js';
+import type { BatchTokenizer } from '../../core/encoder.js';
 import type { TokenizeResult, TokenizeTask } from './task.js';
 import type { EncodeOptions, Encoding } from '../../core/tokenizer/tokenizer.js';
 

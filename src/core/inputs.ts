@@ -1,0 +1,61 @@
+/**
+ * What a request gives the pipeline: its inputs (texts or token ids), how they
+ * are cut, and the tokens one slot holds.
+ */
+import type { ColbertInputType } from './colbert.js';
+import type { Encoding, TruncationDirection } from './tokenizer/tokenizer.js';
+
+/** One input: a text, or token ids with the special tokens included (TEI's and OpenAI's pre-tokenized form). */
+export type Input = string | number[];
+/** One input, or a list of them. A flat list of numbers is ONE pre-tokenized input; a list of lists, several. */
+export type Inputs = string | number[] | Input[];
+
+/** Whether `inputs` is one input (a text or one list of token ids) rather than a list of inputs. */
+export function isSingleInput(inputs: Inputs): inputs is string | number[] {
+  return typeof inputs === 'string' || (Array.isArray(inputs) && inputs.length > 0 && typeof inputs[0] === 'number');
+}
+
+/** `inputs` as a list of inputs. */
+export function inputList(inputs: Inputs): Input[] {
+  return isSingleInput(inputs) ? [inputs] : (inputs as Input[]);
+}
+
+/** How many inputs (slots) a request holds. */
+export function inputCount(inputs: Inputs): number {
+  return isSingleInput(inputs) ? 1 : Array.isArray(inputs) ? inputs.length : 0;
+}
+
+/** Whether an input longer than the model's max length is cut (else refused, 413), and on which side. */
+export interface Truncation {
+  truncate: boolean;
+  direction?: TruncationDirection | undefined;
+  /** Tokens an input may have, where fewer than the model's max length (a ColBERT query's). */
+  maxLength?: number | undefined;
+}
+
+/** What one request runs, one input per slot. */
+export type CallInputs =
+  /** Texts and/or pre-tokenized ids (TEI's /embed and /predict, OpenAI's input). */
+  | {
+      kind: 'inputs';
+      inputs: readonly Input[];
+      truncate: boolean;
+      direction?: TruncationDirection | undefined;
+      /** Leading tokens of each text input the pooling leaves out: its prompt's (prompts.ts, include_prompt false). */
+      poolFrom?: number | undefined;
+      /** A ColBERT model's inputs: marked, cut and expanded as PyLate does for this type (core/colbert.ts). */
+      colbert?: ColbertInputType | undefined;
+    }
+  /** (query, text) pairs for a cross-encoder: one query for every text, or one per text. */
+  | { kind: 'pairs'; queries: readonly string[]; texts: readonly string[]; truncate: boolean }
+  /** Tokens built outside the tokenizer (KServe tensors), checked against the model's limits here. */
+  | { kind: 'tokens'; tokens: readonly Tokens[] };
+
+/** Token ids (special tokens included) and their type ids: what one slot holds. */
+export type Tokens = Pick<Encoding, 'ids'> & {
+  typeIds: Int32Array | null;
+  /** Leading tokens the pooling leaves out (a prompt's, include_prompt false); default 0. */
+  poolFrom?: number;
+  /** Leading tokens the attention sees, where fewer than all (ColBERT's query expansion); default all. */
+  attended?: number;
+};
