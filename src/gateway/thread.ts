@@ -39,7 +39,7 @@ import { type BatchTokenizer } from '../core/encoder.js';
 import { type ServedModel } from '../core/served-model.js';
 import { BusyLag } from './lag.js';
 import { AccessLog, batchedLines, createLogger, turnBatchedFd } from './log.js';
-import type { LogFormat, LogLevel } from '../shared/options.js';
+import type { GatewayOptions } from './options.js';
 import { registerRoutes, type GatewayLimits } from './http/routes.js';
 import { isValidModelName } from './security.js';
 import { createTokenizePool } from './tokenize/pool.js';
@@ -65,33 +65,18 @@ export interface GatewayWorkerData {
   control: SharedArrayBuffer;
   owners: number;
   models: ModelPlan[];
-  host: string;
   /** 0 picks a free port (the first gateway does, the others join it). */
   port: number;
-  limits: GatewayLimits;
-  requestTimeoutMs: number;
-  /** The longest this thread holds itself for the answer to a request alone in the server (--lone-wait-us; 0: never). */
-  loneWaitUs: number;
-  heartbeatTimeoutMs: number;
-  tokenizerThreads: number;
-  tokenizerQueue?: number;
-  inlineTokenizeChars: number;
-  ws: WsOptions;
+  options: GatewayOptions;
   version: string;
-  priorityNames: string[];
-  sloP99Ms?: number;
-  /** API keys and the request limits checked before any route (gate.ts); every one given by the server. */
-  security: GateOptions;
+  /** Where access lines are written (the CLI: 1, stdout); absent: they go to the main thread. */
+  accessFd?: number;
   /** The result cache every gateway shares (src/shared/result-cache.ts); absent: off (--cache-mb 0). */
   cache?: { buffer: SharedArrayBuffer; layout: CacheLayout };
-  /** Lazy loading (--lazy-load): a request for a model of the repository not loaded loads it. */
-  lazyLoad?: boolean;
   /** Whether this thread serves HTTP and WebSocket (false: a thread of gRPC's own, --grpc-threads). */
   http: boolean;
   /** gRPC (--grpc-port): where this thread binds it (SO_REUSEPORT, as uWS binds HTTP's); absent: this thread serves none. */
   grpc?: GrpcListen;
-  /** Log level, the file descriptor access lines are written to (absent: they go to the main thread) and how (--log-format), and whether probes get access lines (--log-probes). */
-  log?: { level: LogLevel; accessFd?: number; format?: LogFormat; probes?: boolean };
   /** Tracing on (--otlp-endpoint, OTEL_EXPORTER_OTLP_*): a span per request (request-trace.ts). */
   tracing?: TracingConfig;
   /** The uWebSockets.js build the main thread's start-up check chose (uws.ts). */
@@ -103,6 +88,8 @@ export interface GatewayWorkerData {
 export type GatewayMessage = { type: 'listening'; port: number; grpcPort?: number; tid: number | null } | { type: 'fatal'; message: string } | { type: 'log'; lines: string[] };
 
 const data = workerData as GatewayWorkerData;
+const options = data.options;
+const limits: GatewayLimits = { maxBodyBytes: options.maxBodyBytes, maxClientBatchSize: options.maxClientBatchSize, truncate: options.truncate };
 /** A load answers once the model is warmed up: give it as long as the inference thread does. */
 const REPOSITORY_RPC_MS = 11 * 60_000;
 const post = (m: GatewayMessage) => parentPort!.postMessage(m);
@@ -110,9 +97,9 @@ const post = (m: GatewayMessage) => parentPort!.postMessage(m);
 const toMain = batchedLines((lines) => post({ type: 'log', lines }));
 const thread = `gateway-${data.gatewayId}`;
 nameThread(thread); // what top -H shows
-const level = data.log?.level ?? 'info';
+const level = options.logLevel;
 const logger = createLogger(level, thread, { write: toMain.write });
-const accessOut = data.log?.accessFd !== undefined ? turnBatchedFd(data.log.accessFd, data.log.format) : null;
+const accessOut = data.accessFd !== undefined ? turnBatchedFd(data.accessFd, options.logFormat) : null;
 /** Writes every log line gathered so far (before closing, dying, or exiting). */
 const flushLogs = () => {
   accessOut?.flush();
@@ -130,7 +117,7 @@ async function main(): Promise<void> {
   const threadTracing = data.tracing ? startThreadTracing(data.tracing) : null;
   if (threadTracing) traceDropMetric(registry, threadTracing.dropped);
   const tracing = threadTracing ? new RequestTracing(threadTracing) : undefined;
-  const pool = createTokenizePool(data.tokenizerThreads, data.tokenizerQueue !== undefined ? { maxQueue: data.tokenizerQueue } : {});
+  const pool = createTokenizePool(options.tokenizerThreads, options.tokenizerQueue !== undefined ? { maxQueue: options.tokenizerQueue } : {});
   const { infer, submitter } = await makeInfer(control, plans, slabs, metrics, pool.tokenize);
 
   const lag = new BusyLag();
@@ -139,18 +126,18 @@ async function main(): Promise<void> {
   // Ready once the main thread has told this thread the /info document too: a client that saw
   // /readyz 200 and asks /info next gets the server's, not "starting".
   const ready = () =>
-    control.workerState === WorkerState.READY && info.known && !control.draining && nowMs() - control.heartbeat < data.heartbeatTimeoutMs;
+    control.workerState === WorkerState.READY && info.known && !control.draining && nowMs() - control.heartbeat < options.heartbeatTimeoutMs;
   // Access lines: straight to their file descriptor, or to the main thread with the events (lines without their newline).
-  const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) }, data.log?.probes ?? false);
-  const gate = new Gate(data.security, metrics, access, { touch: () => lag.touch(), draining: () => control.draining });
+  const access = new AccessLog(level, thread, accessOut ? accessOut.stream : { write: (line: string) => toMain.write(line.slice(0, -1)) }, options.logProbes);
+  const gate = new Gate({ ...options, apiKeys: options.apiKeys ?? [] }, metrics, access, { touch: () => lag.touch(), draining: () => control.draining });
   for (const m of data.models) {
     if (!isValidModelName(m.spec.name)) logger.warn({ model: m.spec.name }, 'this model name cannot be asked for by name (names are letters, digits, ".", "_", "-"): rename its folder');
   }
   const listeners = new GatewayListeners(uws, logger);
   const askRepository = (op: RepositoryOp, timeoutMs: number) => rpc.call<RepositoryAnswer>('repository', op, timeoutMs);
   const repositoryOp = (op: RepositoryOp) => askRepository(op, REPOSITORY_RPC_MS);
-  const loadModel = data.lazyLoad ? lazyLoader(askRepository, () => info.repository.notLoaded) : undefined;
-  listeners.closingWebSocketsWith(registerWebSocket(listeners.app, { infer, limits: data.limits, metrics, ready, version: data.version, gate, log: access, loadModel, tracing }, data.ws));
+  const loadModel = options.lazyLoad ? lazyLoader(askRepository, () => info.repository.notLoaded) : undefined;
+  listeners.closingWebSocketsWith(registerWebSocket(listeners.app, { infer, limits: limits, metrics, ready, version: data.version, gate, log: access, loadModel, tracing }, { maxInflight: options.wsMaxInflight, maxBufferedBytes: options.wsMaxBufferedBytes, maxFrameBytes: options.wsMaxFrameBytes, idleTimeoutSeconds: options.wsIdleTimeoutSeconds }));
 
   const rpc = new RpcPeer(parentPort!, {
     metrics: () => {
@@ -196,7 +183,7 @@ async function main(): Promise<void> {
     infer,
     loadModel,
     tracing,
-    limits: data.limits,
+    limits: limits,
     metrics,
     ready,
     info: () => withCosts(info.doc, infer, slabs),
@@ -207,12 +194,12 @@ async function main(): Promise<void> {
   });
   if (data.grpc) {
     try {
-      const deps = { infer, loadModel, tracing, limits: data.limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
+      const deps = { infer, loadModel, tracing, limits: limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
       // Loaded only where gRPC is served: grpc-js and the protos add to every thread's start-up.
       const { startGatewayGrpc } = await import('./grpc/server.js');
-      listeners.grpc = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: data.tokenizerThreads }, data.grpc);
+      listeners.grpc = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: options.tokenizerThreads }, data.grpc);
     } catch (err) {
-      post({ type: 'fatal', message: `cannot serve gRPC on ${data.host}:${data.grpc.port}: ${(err as Error).message}` });
+      post({ type: 'fatal', message: `cannot serve gRPC on ${options.host}:${data.grpc.port}: ${(err as Error).message}` });
       void listeners.close();
       return;
     }
@@ -222,8 +209,8 @@ async function main(): Promise<void> {
     post({ type: 'listening', port: data.port, ...grpcPort, tid: currentThreadId() });
     return;
   }
-  const port = await listeners.listen(data.host, data.port);
-  if (port === null) post({ type: 'fatal', message: `cannot listen on ${data.host}:${data.port} (in use, or not permitted)` });
+  const port = await listeners.listen(options.host, data.port);
+  if (port === null) post({ type: 'fatal', message: `cannot listen on ${options.host}:${data.port} (in use, or not permitted)` });
   else post({ type: 'listening', port, ...grpcPort, tid: currentThreadId() });
 }
 
@@ -265,19 +252,19 @@ async function makeInfer(control: ControlBlock, plans: ModelPlan[], slabs: Slab[
       metrics.cancellations.inc({ reason: r.reason });
       metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
     },
-    loneWait: { maxUs: data.loneWaitUs, onWait: (answered) => metrics.loneWaits.inc({ outcome: answered ? 'answered' : 'released' }) },
+    loneWait: { maxUs: options.loneWaitUs, onWait: (answered) => metrics.loneWaits.inc({ outcome: answered ? 'answered' : 'released' }) },
   });
   const models: ServedModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
   const infer = new Infer(models, submitter, {
-    requestTimeoutMs: data.requestTimeoutMs,
-    priorityNames: data.priorityNames,
-    ...(data.sloP99Ms !== undefined ? { sloP99Ms: data.sloP99Ms } : {}),
+    requestTimeoutMs: options.requestTimeoutMs,
+    priorityNames: options.priorities.map((p) => p.name),
+    ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
     onLate: (_model, tokens) => {
       metrics.cancellations.inc({ reason: 'deadline' });
       metrics.cancelledTokens.inc({ reason: 'deadline', outcome: 'wasted' }, tokens);
     },
     batchTokenizer,
-    inlineTokenizeChars: data.inlineTokenizeChars,
+    inlineTokenizeChars: options.inlineTokenizeChars,
     cache: data.cache ? new ResultCache(data.cache.buffer, data.cache.layout, data.owner) : null,
   });
   return { infer, submitter };

@@ -26,6 +26,7 @@ import { cpus } from 'node:os';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
 import { describeModel, modelOverrides, slabStats } from './engine.js';
 import type { GatewayWorkerData } from '../gateway/thread.js';
+import { GATEWAY_OPTIONS } from '../gateway/options.js';
 import type { GrpcListen } from '../gateway/grpc/server.js';
 import { quietListenSockets } from './drain/accept-queue.js';
 import { checkDevice, describeCuda, type DeviceInfo } from '../gpu-worker/device.js';
@@ -47,7 +48,7 @@ import { checkIntegerIn, SlabserveError, ValidationError } from '../shared/error
 import { cacheMetrics, processMetrics, repositoryMetrics, supervisionMetrics } from '../shared/telemetry/metrics.js';
 import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from '../shared/result-cache.js';
 import { Counter, Slab } from '../shared/slab.js';
-import { DEFAULT_GRPC_PORT, DEFAULTS, namesOf, OPTIONS, withDefaults, type BatchingName, type NamesOf, type OptionValues, type ResolvedValues } from '../shared/options.js';
+import { DEFAULT_GRPC_PORT, DEFAULTS, namesOf, OPTIONS, pickOptions, withDefaults, type BatchingName, type NamesOf, type OptionValues, type ResolvedValues } from '../shared/options.js';
 import { processThreadIds, threadCpuSeconds, threadName } from '../shared/threads.js';
 import { VERSION } from '../version.js';
 
@@ -470,35 +471,9 @@ function gatewayWorkerData(config: ResolvedServerConfig, control: ControlBlock, 
     control: control.buffer,
     ...(cache ? { cache: { buffer: cache.buffer, layout: cache.layout } } : {}),
     owners,
-    host: config.host,
-    limits: { maxBodyBytes: config.maxBodyBytes, maxClientBatchSize: config.maxClientBatchSize, truncate: config.truncate },
-    requestTimeoutMs: config.requestTimeoutMs,
-    loneWaitUs: config.loneWaitUs,
-    heartbeatTimeoutMs: config.heartbeatTimeoutMs,
-    tokenizerThreads: config.tokenizerThreads,
-    ...(config.tokenizerQueue !== undefined ? { tokenizerQueue: config.tokenizerQueue } : {}),
-    inlineTokenizeChars: config.inlineTokenizeChars,
-    ws: {
-      maxInflight: config.wsMaxInflight,
-      maxBufferedBytes: config.wsMaxBufferedBytes,
-      maxFrameBytes: config.wsMaxFrameBytes,
-      idleTimeoutSeconds: config.wsIdleTimeoutSeconds,
-    },
+    options: pickOptions(config, GATEWAY_OPTIONS) as GatewayWorkerData['options'],
     version: VERSION,
-    priorityNames: config.priorities.map((p) => p.name),
-    ...(config.sloP99Ms !== undefined ? { sloP99Ms: config.sloP99Ms } : {}),
-    security: {
-      apiKeys: config.apiKeys ?? [],
-      adminApiKeys: config.adminApiKeys ?? [],
-      metricsAuth: config.metricsAuth,
-      maxConnections: config.maxConnections,
-      maxUrlBytes: config.maxUrlBytes,
-      maxHeaderBytes: config.maxHeaderBytes,
-      maxDiscardBytes: config.maxDiscardBytes,
-      discardTimeoutMs: config.discardTimeoutMs,
-    },
-    ...(config.lazyLoad ? { lazyLoad: true } : {}),
-    log: { level: config.logLevel, probes: config.logProbes, ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd, format: config.logFormat } : {}) },
+    ...(config.accessLogFd !== undefined ? { accessFd: config.accessLogFd } : {}),
   };
 }
 

@@ -510,6 +510,13 @@ export function withDefaults<K extends OptionName, G extends OptionValues<K>>(na
   return out as G & ResolvedValues<K>;
 }
 
+/** Some options' values out of a larger set of them (what a thread is sent). */
+export function pickOptions<K extends OptionName, V extends { [N in K]?: unknown }>(values: V, names: readonly K[]): Pick<V, K> {
+  const out: Partial<V> = {};
+  for (const name of names) if (values[name] !== undefined) out[name] = values[name];
+  return out as Pick<V, K>;
+}
+
 /** The names of a scope's options, in the table's order. */
 export function namesOf<S extends Scope>(...scopes: S[]): NamesOf<S>[] {
   return (Object.keys(OPTIONS) as OptionName[]).filter((n) => (scopes as Scope[]).includes(OPTIONS[n].scope)) as NamesOf<S>[];
