@@ -9,6 +9,7 @@
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { Infer } from '../src/core/infer.js';
+import { ModelRegistry } from '../src/core/model-registry.js';
 import { type ServedModel } from '../src/core/served-model.js';
 import { DEFAULTS } from '../src/shared/options.js';
 import { createTokenizer, type EncodeOptions } from '../src/core/tokenizer/tokenizer.js';
@@ -151,7 +152,7 @@ describe('the inline rule counts ASCII the fast path takes at its pace', () => {
       pooled.push(texts);
       return texts.map((t) => tok.encode(t, opts));
     };
-    const infer = new Infer([], null as never, { requestTimeoutMs: 1000, batchTokenizer });
+    const infer = new Infer(new ModelRegistry([]), null as never, { requestTimeoutMs: 1000, batchTokenizer });
     return { pooled, encode: (texts: string[]) => infer.encoder.encodeTexts(model, texts, { truncate: true }) };
   };
   const ascii = (chars: number) => 'lorem ipsum dolor sit amet, '.repeat(Math.ceil(chars / 28)).slice(0, chars);

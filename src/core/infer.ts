@@ -40,6 +40,7 @@ import { DEFAULTS } from '../shared/options.js';
 import { Encoder, type BatchTokenizer } from './encoder.js';
 import type { CallInputs, Tokens } from './inputs.js';
 import type { ServedModel } from './served-model.js';
+import type { ModelRegistry } from './model-registry.js';
 
 
 export interface Timing {
@@ -82,8 +83,8 @@ export interface InferResult {
 }
 
 export class Infer {
-  private readonly models: ServedModel[];
-  private readonly byTask = new Map<Task, readonly ServedModel[]>();
+  /** The models this owner serves, by id, name and task. */
+  readonly models: ModelRegistry;
   private readonly submitter: SlabSubmitter;
   /** A request's deadline when it names none (--request-timeout-ms). */
   readonly requestTimeoutMs: number;
@@ -101,7 +102,7 @@ export class Infer {
   private readonly cache: ResultCache | null;
 
   constructor(
-    models: ServedModel[],
+    models: ModelRegistry,
     submitter: SlabSubmitter,
     opts: {
       requestTimeoutMs: number;
@@ -123,102 +124,6 @@ export class Infer {
     this.encoder = new Encoder({ batchTokenizer: opts.batchTokenizer, inlineTokenizeChars: opts.inlineTokenizeChars ?? DEFAULTS.inlineTokenizeChars });
     this.cache = opts.cache ?? null;
     this.admission = new Admission(submitter, this.sloP99Ms);
-  }
-
-  list(): ServedModel[] {
-    return this.models;
-  }
-
-  /** How a model not loaded can be, said in its 404 (the gateway knows the repository's folders). */
-  missingHint: ((name: string) => string) | undefined;
-
-  /** Serves `model` from now on, in place of the version of it served so far (a reload), else after the others. */
-  addModel(model: ServedModel): void {
-    const at = this.models.findIndex((x) => x.plan.spec.name === model.plan.spec.name);
-    if (at >= 0) this.models[at] = model;
-    else this.models.push(model);
-    this.byTask.clear();
-  }
-
-  /** New requests no longer find the model of id `id` (requests that already did finish on it). False if it was not served. */
-  removeModel(id: number): boolean {
-    const at = this.models.findIndex((x) => x.plan.index === id);
-    if (at < 0) return false;
-    this.models.splice(at, 1);
-    this.byTask.clear();
-    return true;
-  }
-
-  /** The models of `task`, in order (made once per task: asked on every request). */
-  private modelsOf(task: Task): readonly ServedModel[] {
-    let list = this.byTask.get(task);
-    if (!list) this.byTask.set(task, (list = this.models.filter((x) => x.plan.spec.task === task)));
-    return list;
-  }
-
-  /**
-   * The named model, or the first of the right task; checks the task matches.
-   * Every route of the embed task but /embed_sparse and /embed_all reads
-   * pooled rows, so for 'embed' this is resolveOutput('dense'): a ColBERT
-   * model (token vectors only) is 424 there.
-   */
-  resolve(task: Task, name?: string): ServedModel {
-    return task === 'embed' ? this.resolveOutput('dense', 'this route', name) : this.ofTask(task, name);
-  }
-
-  private ofTask(task: Task, name?: string): ServedModel {
-    if (name !== undefined) {
-      const m = this.byName(name);
-      if (m.plan.spec.task !== task) throw new WrongTaskError(`model "${name}" is a ${m.plan.spec.task} model, not ${task}`);
-      return m;
-    }
-    const m = this.modelsOf(task)[0];
-    if (!m) throw new ModelNotFoundError(`(any ${task} model)`, this.names());
-    return m;
-  }
-
-  /**
-   * The named embedding model, which must give `output`, or the first that
-   * does: a model without it is refused 424 naming what it gives (TEI's answer
-   * to /embed_sparse on a dense model).
-   */
-  resolveOutput(output: ModelOutput, route: string, name?: string): ServedModel {
-    if (name !== undefined) {
-      const m = this.ofTask('embed', name);
-      if (!m.plan.spec.outputs.includes(output)) {
-        throw new OutputUnavailableError(`model "${name}" has no ${output} output for ${route}: it gives ${m.plan.spec.outputs.join(' and ')}`);
-      }
-      return m;
-    }
-    const embedders = this.modelsOf('embed');
-    if (embedders.length === 0) throw new ModelNotFoundError('(any embed model)', this.names());
-    const m = embedders.find((x) => x.plan.spec.outputs.includes(output));
-    if (!m) throw new OutputUnavailableError(`no model served gives a ${output} output for ${route} (served: ${this.names().join(', ') || 'none'})`);
-    return m;
-  }
-
-  /** The named model, or the first loaded one (any task): for routes that only tokenize. */
-  anyModel(name?: string): ServedModel {
-    if (name !== undefined) return this.byName(name);
-    const m = this.models[0];
-    if (!m) throw new ModelNotFoundError('(any model)', []);
-    return m;
-  }
-
-  /**
-   * The loaded model named `name`. A name no model can have (checkModelName,
-   * shared/model-format/model-config.ts: `..`, slashes, percent signs, over 128 characters) is refused
-   * first, so a name from a URL or a body never reaches more than this list.
-   */
-  byName(name: string): ServedModel {
-    checkModelName(name);
-    const m = this.models.find((x) => x.plan.spec.name === name);
-    if (!m) throw new ModelNotFoundError(name, this.names(), this.missingHint?.(name));
-    return m;
-  }
-
-  names(): string[] {
-    return this.models.map((m) => m.plan.spec.name);
   }
 
   /** The index of a priority class by name ("interactive", "bulk", ...). */
@@ -387,11 +292,11 @@ export class Infer {
   refusalBeforeBody(task: Task | null, pathModel?: string): { error: OverloadedError; model: string | undefined } | null {
     let candidates: readonly ServedModel[];
     if (pathModel !== undefined) {
-      const m = this.models.find((x) => x.plan.spec.name === pathModel);
+      const m = this.models.list().find((x) => x.plan.spec.name === pathModel);
       if (!m || (task !== null && m.plan.spec.task !== task)) return null;
       candidates = [m];
     } else {
-      candidates = task === null ? this.models : this.modelsOf(task);
+      candidates = task === null ? this.models.list() : this.models.modelsOf(task);
       if (candidates.length === 0) return null;
     }
     const error = this.admission.refusalOf(candidates, (m) => this.mayHit(m));

@@ -30,7 +30,7 @@ import { traceDropMetric, gatewayMetrics, type GatewayMetrics } from '../shared/
 import { ResultCache, type CacheLayout } from '../shared/result-cache.js';
 import { RpcPeer } from '../shared/rpc.js';
 import { DeadlineExceededError, NotReadyError, SlabserveError } from '../shared/errors.js';
-import { Slab } from '../shared/slab.js';
+import type { Slab } from '../shared/slab.js';
 import { SlabSubmitter } from '../core/submitter.js';
 import { currentThreadId, nameThread } from '../shared/threads.js';
 import { Gate, type GateOptions } from './gate.js';
@@ -47,7 +47,7 @@ import { loadModelTokenizer } from '../core/tokenizer/tokenizer.js';
 import { GatewayListeners } from './listeners.js';
 import { loadUws, type UwsChoice } from './uws.js';
 import { registerWebSocket } from './ws/api.js';
-import { OwnerModels } from '../core/owner-models.js';
+import { ModelRegistry } from '../core/model-registry.js';
 import type { RepositoryAnswer, RepositoryOp } from '../shared/repository-protocol.js';
 import type { WsOptions } from './ws/api.js';
 import type { GrpcListen } from './grpc/server.js';
@@ -110,15 +110,14 @@ process.on('exit', flushLogs);
 async function main(): Promise<void> {
   const uws = loadUws(data.uws); // first: without its native binary nothing else is worth starting
   const control = new ControlBlock(data.control, data.owners);
-  const owned = new OwnerModels(data.models);
-  const { plans, slabs } = owned;
+  const owned = new ModelRegistry(data.models);
   const registry = new Registry();
   const metrics = gatewayMetrics(registry);
   const threadTracing = data.tracing ? startThreadTracing(data.tracing) : null;
   if (threadTracing) traceDropMetric(registry, threadTracing.dropped);
   const tracing = threadTracing ? new RequestTracing(threadTracing) : undefined;
   const pool = createTokenizePool(options.tokenizerThreads, options.tokenizerQueue !== undefined ? { maxQueue: options.tokenizerQueue } : {});
-  const { infer, submitter } = await makeInfer(control, plans, slabs, metrics, pool.tokenize);
+  const { infer, submitter } = await makeInfer(control, owned, metrics, pool.tokenize);
 
   const lag = new BusyLag();
   const info = new ServerInfo(infer);
@@ -171,7 +170,7 @@ async function main(): Promise<void> {
       return { pending: submitter.pendingCount };
     },
     pending: () => submitter.pendingCount,
-    ...owned.handlers(submitter, infer),
+    ...owned.handlers(submitter),
   });
   dieOnUncaught(() => {
     void listeners.close();
@@ -183,10 +182,10 @@ async function main(): Promise<void> {
     infer,
     loadModel,
     tracing,
-    limits: limits,
+    limits,
     metrics,
     ready,
-    info: () => withCosts(info.doc, infer, slabs),
+    info: () => withCosts(info.doc, infer, owned.slabs),
     scrape: () => rpc.call<string>('scrape'),
     repository: repositoryOp,
     version: data.version,
@@ -239,15 +238,15 @@ class ServerInfo {
     this.told = true;
     this.doc = doc;
     this.repository = repositoryOf(doc);
-    this.infer.missingHint = missingHint(this.repository);
+    this.infer.models.missingHint = missingHint(this.repository);
     return first;
   }
 }
 
 /** This thread's submitter (as owner `data.owner`) and the request pipeline over it (src/core/infer.ts). */
-async function makeInfer(control: ControlBlock, plans: ModelPlan[], slabs: Slab[], metrics: GatewayMetrics, batchTokenizer: BatchTokenizer): Promise<{ infer: Infer; submitter: SlabSubmitter }> {
-  const submitter = new SlabSubmitter(slabs, control, data.owner, {
-    buckets: plans.map((m) => ({ lengths: m.batching.buckets, capacities: m.capacities })),
+async function makeInfer(control: ControlBlock, owned: ModelRegistry, metrics: GatewayMetrics, batchTokenizer: BatchTokenizer): Promise<{ infer: Infer; submitter: SlabSubmitter }> {
+  const submitter = new SlabSubmitter(owned.slabs, control, data.owner, {
+    buckets: owned.plans.map((m) => ({ lengths: m.batching.buckets, capacities: m.capacities })),
     onCancel: (r) => {
       metrics.cancellations.inc({ reason: r.reason });
       metrics.cancelledTokens.inc({ reason: r.reason, outcome: r.ran ? 'wasted' : 'saved' }, r.tokens);
@@ -255,7 +254,8 @@ async function makeInfer(control: ControlBlock, plans: ModelPlan[], slabs: Slab[
     loneWait: { maxUs: options.loneWaitUs, onWait: (answered) => metrics.loneWaits.inc({ outcome: answered ? 'answered' : 'released' }) },
   });
   const models: ServedModel[] = await Promise.all(data.models.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
-  const infer = new Infer(models, submitter, {
+  for (const m of models) owned.addModel(m);
+  const infer = new Infer(owned, submitter, {
     requestTimeoutMs: options.requestTimeoutMs,
     priorityNames: options.priorities.map((p) => p.name),
     ...(options.sloP99Ms !== undefined ? { sloP99Ms: options.sloP99Ms } : {}),
@@ -328,7 +328,7 @@ function withCosts(info: unknown, infer: Infer, slabs: Slab[]): unknown {
   const doc = info as { models?: { name: string }[] };
   if (!Array.isArray(doc.models)) return info;
   const round = (v: number) => Math.round(v * 1000) / 1000;
-  const served = new Map(infer.list().map((m) => [m.plan.spec.name, m.plan]));
+  const served = new Map(infer.models.list().map((m) => [m.plan.spec.name, m.plan]));
   return {
     ...doc,
     models: doc.models.map((m) => {

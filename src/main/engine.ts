@@ -25,7 +25,7 @@ import { DEFAULTS, namesOf, withDefaults, type BatchingName, type NamesOf, type 
 import { bucketPlans, loadModels, packageRoot, planModel } from './plan-models.js';
 import { ModelRepository } from './repository/repository.js';
 import type { IndexEntry } from '../shared/repository-protocol.js';
-import { OwnerModels } from '../core/owner-models.js';
+import { ModelRegistry } from '../core/model-registry.js';
 import { ModelSet } from './repository/model-set.js';
 import { ControlBlock } from '../shared/control.js';
 import { EngineClosedError } from '../shared/errors.js';
@@ -181,7 +181,7 @@ export class Engine {
   /** The request pipeline (src/core/infer.ts) the engine's calls go through. */
   private readonly pipeline: Infer;
   /** The slabs this engine submits to, by model id. */
-  private readonly owned: OwnerModels;
+  private readonly owned: ModelRegistry;
   private readonly repository: ModelRepository;
   private readonly inference: InferenceSupervisor;
   private readonly control: ControlBlock;
@@ -194,7 +194,7 @@ export class Engine {
   constructor(parts: {
     device: DeviceInfo;
     infer: Infer;
-    owned: OwnerModels;
+    owned: ModelRegistry;
     repository: ModelRepository;
     inference: InferenceSupervisor;
     control: ControlBlock;
@@ -212,7 +212,7 @@ export class Engine {
   }
 
   info(): ModelInfo[] {
-    return this.pipeline.list().map((m) => describeModel(m.plan));
+    return this.pipeline.models.list().map((m) => describeModel(m.plan));
   }
 
   /**
@@ -223,7 +223,7 @@ export class Engine {
   async loadModel(nameOrPath: string, settings?: ServeSettings): Promise<ModelInfo> {
     this.assertOpen();
     await this.repository.load(nameOrPath, settings);
-    return describeModel(this.pipeline.byName(basename(resolve(nameOrPath))).plan);
+    return describeModel(this.pipeline.models.byName(basename(resolve(nameOrPath))).plan);
   }
 
   /** Unloads a model: refused for new calls at once; the calls it holds finish first. */
@@ -240,7 +240,7 @@ export class Engine {
   /** Embeds each text; one Float32Array per input, in order. */
   async embed(inputs: string | string[], opts: EmbedOptions = {}): Promise<Float32Array[]> {
     this.assertOpen();
-    const model = this.pipeline.resolve('embed', opts.model);
+    const model = this.pipeline.models.resolve('embed', opts.model);
     const call = prompted(
       { model, inputs: { kind: 'inputs', inputs: typeof inputs === 'string' ? [inputs] : inputs, truncate: opts.truncate ?? false } },
       { prompt_name: opts.promptName, prompt: opts.prompt },
@@ -252,7 +252,7 @@ export class Engine {
   /** Classifies each text; one Classification per input, in order. */
   async classify(inputs: string | string[], opts: RequestOptions = {}): Promise<Classification[]> {
     this.assertOpen();
-    const model = this.pipeline.resolve('classify', opts.model);
+    const model = this.pipeline.models.resolve('classify', opts.model);
     const r = await this.infer(model, { kind: 'inputs', inputs: typeof inputs === 'string' ? [inputs] : inputs, truncate: opts.truncate ?? false }, opts);
     return classifications(model, r.rows);
   }
@@ -263,14 +263,14 @@ export class Engine {
    */
   async runTokens(modelName: string, encodings: Pick<Encoding, 'ids' | 'typeIds'>[], opts: RequestOptions = {}): Promise<SlotResult[]> {
     this.assertOpen();
-    const model = this.pipeline.byName(modelName);
+    const model = this.pipeline.models.byName(modelName);
     const r = await this.infer(model, { kind: 'tokens', tokens: encodings }, opts);
     return encodings.map((_, i) => ({ output: rowOf(r.rows, i), queueMs: r.timing.queueMs, inferenceMs: r.timing.inferenceMs }));
   }
 
   stats(): Record<string, ModelStats> {
     const out: Record<string, ModelStats> = {};
-    for (const m of this.pipeline.list()) out[m.plan.spec.name] = slabStats(this.owned.slabs[m.plan.index]!);
+    for (const m of this.pipeline.models.list()) out[m.plan.spec.name] = slabStats(this.owned.slabs[m.plan.index]!);
     return out;
   }
 
@@ -329,16 +329,17 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   const modelSet = new ModelSet(plans);
   const inference = new InferenceSupervisor(modelSet, control, inferenceOptionsOf(o, log, testHooks));
   const device = await inference.ready;
-  const owned = new OwnerModels(plans);
+  const owned = new ModelRegistry(plans);
+  for (const m of models) owned.addModel(m);
   const submitter = new SlabSubmitter(owned.slabs, control, OWNER, { buckets: bucketPlans(plans) });
-  const infer = new Infer(models, submitter, {
+  const infer = new Infer(owned, submitter, {
     requestTimeoutMs: o.requestTimeoutMs,
     priorityNames: o.priorities.map((p) => p.name),
     ...(o.sloP99Ms !== undefined ? { sloP99Ms: o.sloP99Ms } : {}),
     cache: engineCache(o.cacheMb, plans),
   });
   // The engine's one owner (this thread) is the repository's only "gateway".
-  const handlers = owned.handlers(submitter, infer);
+  const handlers = owned.handlers(submitter);
   const repository = new ModelRepository({
     mode: 'explicit',
     modelsDir: resolve(o.modelsDir ?? join(packageRoot, 'models')),

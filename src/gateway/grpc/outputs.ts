@@ -28,7 +28,7 @@ const embedOutputs: InferenceMethod<EmbedOutputsMessage, State> = {
     parse(raw, ec) {
       const body = raw as EmbedOutputsMessage & { model?: string };
       // None named: every one of dense, sparse and colbert the model gives.
-      const gives = body.outputs?.length ? null : ec.infer.resolve('embed', body.model).plan.spec.outputs;
+      const gives = body.outputs?.length ? null : ec.infer.models.resolve('embed', body.model).plan.spec.outputs;
       const outputs = gives ? EMBED_OUTPUTS.filter((o) => gives.includes(o)) : body.outputs!;
       const { call, state } = embedEndpoint.parse({ ...body, outputs }, ec);
       return { call, state: { normalize: state.normalize, outputs: state.outputs!, chars: body.inputs.length, started: performance.now() } };

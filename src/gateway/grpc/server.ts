@@ -139,6 +139,6 @@ export async function startGatewayGrpc(given: Omit<KServeDeps, 'streams'> & { to
 /** Each service's status now: SERVING when ready and a model of its task is served. */
 function healthStatuses(deps: GrpcDeps): Record<string, ServingStatus> {
   const ready = deps.ready();
-  const tasks = new Set(deps.infer.list().map((m) => m.plan.spec.task));
+  const tasks = new Set(deps.infer.models.list().map((m) => m.plan.spec.task));
   return Object.fromEntries(Object.entries(SERVICE_TASKS).map(([service, task]) => [service, ready && (task === null || tasks.has(task)) ? 'SERVING' : 'NOT_SERVING']));
 }

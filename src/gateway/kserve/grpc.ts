@@ -162,7 +162,7 @@ export interface KServeDeps extends GrpcDeps {
 }
 
 function modelOf(deps: GrpcDeps, req: { name: string; version?: string }) {
-  const model = deps.infer.byName(req.name);
+  const model = deps.infer.models.byName(req.name);
   checkVersion(req.version || undefined);
   return model;
 }

@@ -68,13 +68,13 @@ export function checkVersion(version: string | undefined): void {
 }
 
 const metadataHandler = kserve((ctx, deps, [name, version]) => {
-  const model = deps.infer.byName(name!);
+  const model = deps.infer.models.byName(name!);
   checkVersion(version);
   ctx.send(200, modelMetadata(model));
 });
 
 const modelReadyHandler = kserve((ctx, deps, [name, version]) => {
-  const model = deps.infer.byName(name!);
+  const model = deps.infer.models.byName(name!);
   checkVersion(version);
   const ready = deps.ready();
   ctx.send(ready ? 200 : 503, { name: model.plan.spec.name, ready });
@@ -275,7 +275,7 @@ export const inferEndpoint: Endpoint<InferState> = {
   route: ROUTE,
   task: null,
   parse(raw, ec) {
-    const model = ec.infer.byName(ec.pathModel!);
+    const model = ec.infer.models.byName(ec.pathModel!);
     ec.label.model = model.plan.spec.name; // not the path's name: a metrics label must not take any value a client sends
     checkVersion(ec.params?.[1]);
     const body = parseBody(KServeInferRequest, raw);

@@ -53,7 +53,7 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     if (count > ec.limits.maxClientBatchSize) {
       throw new FieldValidationError(`${count} inputs exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`, 'input');
     }
-    const model = ec.infer.byName(body.model);
+    const model = ec.infer.models.byName(body.model);
     const name = (ec.label.model = model.plan.spec.name);
     if (model.plan.spec.task !== 'embed') throw new FieldValidationError(`model "${name}" is a ${model.plan.spec.task} model, not an embedding model`, 'model');
     const dim = model.plan.spec.dimension;
@@ -86,14 +86,14 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
 
 export const openaiRoutes: Route[] = [
   { method: 'post', path: '/v1/embeddings', fail, handle: (ctx, deps) => serveInference(ctx, deps, embeddingsEndpoint, fail) },
-  { method: 'get', path: '/v1/models', fail, handle: (ctx, deps) => ctx.send(200, { object: 'list', data: deps.infer.list().map(modelObject) }) },
+  { method: 'get', path: '/v1/models', fail, handle: (ctx, deps) => ctx.send(200, { object: 'list', data: deps.infer.models.list().map(modelObject) }) },
   {
     method: 'get',
     path: '/v1/models/:id',
     fail,
     handle: (ctx, deps, [id]) => {
       try {
-        ctx.send(200, modelObject(deps.infer.byName(id!)));
+        ctx.send(200, modelObject(deps.infer.models.byName(id!)));
       } catch (err) {
         failOpenAI(ctx, err, 'model');
       }

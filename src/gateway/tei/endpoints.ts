@@ -50,7 +50,7 @@ function pickModel(ec: EndpointContext, want: Wanted, count: number, bodyModel: 
   }
   const name = ec.pathModel ?? bodyModel;
   const model =
-    want === null ? ec.infer.anyModel(name) : typeof want === 'string' ? ec.infer.resolve(want, name) : ec.infer.resolveOutput(want.output, want.route, name);
+    want === null ? ec.infer.models.anyModel(name) : typeof want === 'string' ? ec.infer.models.resolve(want, name) : ec.infer.models.resolveOutput(want.output, want.route, name);
   ec.label.model = model.plan.spec.name;
   return model;
 }
@@ -426,9 +426,9 @@ function endpointFor(model: ServedModel, shape: BodyShape | null): Endpoint<unkn
 /** The model a POST / body names none for: the first served that its shape can run on. */
 function firstModelFor(ec: EndpointContext, shape: BodyShape | null): ServedModel {
   if (shape === null) throw new ValidationError(`POST / takes ${ROOT_BODIES}; "model" picks the task`);
-  if (shape === 'rerank') return ec.infer.resolve('rerank');
-  if (shape === 'similarity') return ec.infer.resolve('embed');
-  const first = ec.infer.list().find((m) => m.plan.spec.task !== 'rerank');
+  if (shape === 'rerank') return ec.infer.models.resolve('rerank');
+  if (shape === 'similarity') return ec.infer.models.resolve('embed');
+  const first = ec.infer.models.list().find((m) => m.plan.spec.task !== 'rerank');
   if (!first) throw new ValidationError(`no embedding or classification model is served for an {"inputs"} body; POST / takes ${ROOT_BODIES}`);
   return first;
 }
@@ -449,7 +449,7 @@ export const rootEndpoint: Endpoint<{ inner: Endpoint<unknown>; state: unknown }
     const named = typeof raw === 'object' && raw !== null && typeof (raw as { model?: unknown }).model === 'string' ? (raw as { model: string }).model : undefined;
     const shape = bodyShape(raw);
     const name = ec.pathModel ?? named;
-    const inner = endpointFor(name !== undefined ? ec.infer.anyModel(name) : firstModelFor(ec, shape), shape);
+    const inner = endpointFor(name !== undefined ? ec.infer.models.anyModel(name) : firstModelFor(ec, shape), shape);
     const { call, state } = inner.parse(raw, ec);
     return { call, state: { inner, state } };
   },

@@ -194,7 +194,7 @@ const predictPair: InferenceMethod<PredictMessage, PredictState> = {
     parse(raw, ec) {
       const body = raw as { inputs: string[]; truncate?: boolean; raw_scores?: boolean; model?: string };
       if (!Array.isArray(body.inputs) || body.inputs.length !== 2) throw new ValidationError(`PredictPair takes two inputs (a pair), got ${Array.isArray(body.inputs) ? body.inputs.length : 0}`);
-      const model = ec.infer.resolve('classify', body.model);
+      const model = ec.infer.models.resolve('classify', body.model);
       ec.label.model = model.plan.spec.name;
       const [a, b] = body.inputs as [string, string];
       const call = {
@@ -303,7 +303,7 @@ const MODEL_TYPES: Record<Task, string> = { embed: 'MODEL_TYPE_EMBEDDING', class
 /** Info: the model `x-model` names (default: the first served), as TEI describes its one model. */
 function info(deps: GrpcDeps, version: string, tokenizationWorkers: number) {
   return (_req: unknown, scope: CallScope) => {
-    const model = deps.infer.anyModel(metadataText(scope.metadata, 'x-model'));
+    const model = deps.infer.models.anyModel(metadataText(scope.metadata, 'x-model'));
     const { spec, maxLength, batching } = model.plan;
     return {
       version,
