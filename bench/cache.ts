@@ -23,8 +23,8 @@ import { runLoad } from './load.js';
 import { machineLine } from './machine.js';
 import { getText, startServerProcess, type ServerProcess } from './server-process.js';
 import { alignedTable, fmt } from './table.js';
-import { serverWorkload, textWorkload } from './quick/workload.js';
-import type { Workload } from './workloads.js';
+import { roundOrder } from './suite/phases.js';
+import { makeWorkload, type Workload } from './workloads.js';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 
@@ -41,6 +41,7 @@ const OPTIONS = {
 } as const;
 
 type Side = 'off' | 'on';
+const SIDES: Side[] = ['off', 'on'];
 
 interface Phase {
   reqPerS: number;
@@ -80,9 +81,8 @@ async function main(): Promise<void> {
     off: await startServerProcess({ cliPath: cli, args: [...base, '--cache-mb', '0'] }),
     on: await startServerProcess({ cliPath: cli, args: [...base, '--cache-mb', String(o['cache-mb'])] }),
   };
-  // Texts of 8..32 tokens from the vocabulary's words (bench:quick's): practically never the same twice.
-  const texts = async (seed: number, n: number) => serverWorkload(await textWorkload(mulberry32(seed), n, spec));
-  const workloads = { repeated: await texts(1, o.repeated), distinct: await texts(2, o.distinct) };
+  // The suite's short texts (8..32 tokens from the vocabulary's words): practically never the same twice.
+  const workloads = { repeated: await makeWorkload('short', spec, 1, o.repeated), distinct: await makeWorkload('short', spec, 2, o.distinct) };
   const times = { warmupMs: o['warmup-s'] * 1000, durationMs: o['duration-s'] * 1000 };
   const rows: string[][] = [];
   try {
@@ -93,7 +93,7 @@ async function main(): Promise<void> {
         for (let round = 0; round < o.rounds; round++) {
           // Both sides start at the same place in the workload in a round; every phase at a new one (the distinct texts stay unseen).
           const seed = 1000 * clients + round;
-          for (const side of (round % 2 ? ['on', 'off'] : ['off', 'on']) as Side[]) got[side].push(await phase(servers[side], o.model, w, clients, times, seed));
+          for (const side of roundOrder(round + 1, SIDES.length).map((i) => SIDES[i]!)) got[side].push(await phase(servers[side], o.model, w, clients, times, seed));
         }
         const m = (side: Side, k: keyof Phase) => median(got[side].map((p) => p[k]));
         const byRound = got.on.map((p, i) => fmt(p.reqPerS / got.off[i]!.reqPerS, 2)).join(' ');

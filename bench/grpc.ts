@@ -25,6 +25,7 @@ import { parseOptions } from './args.js';
 import { runLoad } from './load.js';
 import { machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
+import { roundOrder } from './suite/phases.js';
 import type { Workload } from './workloads.js';
 import { median, postScript, run, wrk, type Load } from './wrk.js';
 
@@ -96,7 +97,7 @@ async function transports(o: { rounds: number; seconds: number; connections: num
   try {
     for (const l of loads) await l.load(1); // warm every path
     for (let round = 0; round < o.rounds; round++) {
-      for (const l of round % 2 === 0 ? loads : [...loads].reverse()) {
+      for (const l of roundOrder(round + 1, loads.length).map((i) => loads[i]!)) {
         const r = { name: l.name, ...(await measured(server, () => l.load(o.seconds))) };
         rows.push(r);
         console.log(`round ${round + 1} ${l.name}: ${r.rps.toFixed(0)} req/s, P99 ${r.p99Ms.toFixed(1)} ms, server ${r.serverUs.toFixed(0)} us CPU/request, client ${r.clientUs.toFixed(0)} us`);
@@ -122,7 +123,7 @@ async function placements(o: { rounds: number; seconds: number; connections: num
   ];
   const rows: { placement: string; load: string; httpRps: number; httpP99: number; grpcRps: number; grpcP99: number; serverUs: number }[] = [];
   for (let round = 0; round < o.rounds; round++) {
-    for (const p of round % 2 === 0 ? where : [...where].reverse()) {
+    for (const p of roundOrder(round + 1, where.length).map((i) => where[i]!)) {
       const grpcPort = 18500 + round * where.length + where.indexOf(p);
       const server = await startServerProcess({ cliPath: CLI, args: ['--host', '127.0.0.1', '--port', '0', '--grpc-port', String(grpcPort), '--model', MODEL, '--device', 'cpu', ...p.args] });
       const both = (load: string, seconds: number) =>

@@ -28,6 +28,7 @@ import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
 import { machineLine } from './machine.js';
 import { startServerProcess } from './server-process.js';
+import { roundOrder } from './suite/phases.js';
 import { measureTracedPath } from './micro/tracing-path.js';
 import { median, postScript, wrk } from './wrk.js';
 
@@ -109,7 +110,7 @@ end
     for (const s of sides) await wrk(s.server.origin, 1, o.connections, s.script); // warm
     const rows: Row[] = [];
     for (let round = 0; round < o.rounds; round++) {
-      for (const s of round % 2 === 0 ? sides : [...sides].reverse()) {
+      for (const s of roundOrder(round + 1, sides.length).map((i) => sides[i]!)) {
         const cpu0 = s.server.cpuMs()!;
         const threads0 = (await s.server.counters('tiny-embed')).threadCpuS;
         const l = await wrk(s.server.origin, o.seconds, o.connections, s.script);
