@@ -10,8 +10,9 @@
 #
 # What goes in (each one an "item", compressed or not, then split into parts):
 #   node           this Node binary (process.execPath), stripped of symbols (--no-strip to keep them), xz
-#   app            package.json, dist/ (built by tsc from the working tree, --build), the
-#                  production node_modules + hdr-histogram-js (the bench needs it), pruned to
+#   app            package.json, proto/, dist/ (built by tsc from the working tree, --build), the
+#                  production node_modules + the devDependencies the suite loads
+#                  (BENCH_DEPS: hdr-histogram-js, cli-progress, vega, vega-lite), pruned to
 #                  linux-x64 (stage-deps.mjs), a copy of bench/gpu; tar, xz
 #   cuda-provider  libonnxruntime_providers_{cuda,shared}.so from
 #                  com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9 (what
@@ -58,6 +59,8 @@ MODEL_HASHES=1
 CARRY_MODELS=0
 KEEP_STAGE=0
 CUDA_PACKAGE='com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9'
+# devDependencies bench/suite.js imports: histograms, its progress display, the report's plots
+BENCH_DEPS=hdr-histogram-js,cli-progress,vega,vega-lite
 CUDA_INNER='package/Plugins/Linux/x64'
 CUDA_FILES=(libonnxruntime_providers_cuda.so libonnxruntime_providers_shared.so)
 
@@ -133,21 +136,23 @@ case "$BUILD" in
     GIT_DIRTY=0
     ;;
   none)
-    [ -f "$ROOT/dist/bench/quick.js" ] || die "no dist/ (npm run build)"
+    [ -f "$ROOT/dist/bench/suite.js" ] || die "no dist/ (npm run build)"
     stamp "copying dist/ as it is"
     cp -r "$ROOT/dist" "$STAGE/app/dist"
     ;;
 esac
-for f in dist/bench/quick.js dist/src/cli.js dist/models/generate.js; do
+for f in dist/bench/suite.js dist/src/cli.js dist/models/generate.js; do
   [ -f "$STAGE/app/$f" ] || die "the build has no $f"
 done
 cp "$ROOT/package.json" "$STAGE/app/package.json"
+# the gRPC gateway every server starts loads its .proto files from the package's proto/
+cp -r "$ROOT/proto" "$STAGE/app/proto" || die "no proto/ in $ROOT"
 mkdir -p "$STAGE/app/bench/gpu"
 find "$HERE" -maxdepth 1 -type f \( -name '*.sh' -o -name '*.mjs' -o -name '*.md' \) -exec cp {} "$STAGE/app/bench/gpu/" \;
 
 # ---------------------------------------------------------------- app: node_modules
-stamp "staging production node_modules (+ hdr-histogram-js), linux-x64 only"
-node "$HERE/stage-deps.mjs" --root "$ROOT" --out "$STAGE/app/node_modules" --extra hdr-histogram-js > "$STAGE/stage-deps.json"
+stamp "staging production node_modules (+ $BENCH_DEPS), linux-x64 only"
+node "$HERE/stage-deps.mjs" --root "$ROOT" --out "$STAGE/app/node_modules" --extra "$BENCH_DEPS" > "$STAGE/stage-deps.json"
 node -e 'const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); console.log(`prepare: node_modules: ${r.packages} packages, ${r.files} files, ${(r.bytes / 2 ** 20).toFixed(1)} MiB after pruning ${r.pruned} paths`)' "$STAGE/stage-deps.json"
 ORT_VERSION="$(node -p "require('$STAGE/app/node_modules/onnxruntime-node/package.json').version")"
 

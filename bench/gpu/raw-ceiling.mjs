@@ -6,8 +6,9 @@
 // token real. Inputs and outputs are CPU tensors, as the engine passes them, so the
 // numbers include the host<->device copies the engine also pays.
 //
-// (bench/quick.ts's raw rows always open a CPU session, whatever --device says: on a
-// GPU they are a CPU baseline, not this ceiling.)
+// (The suite's efficiency case runs raw onnxruntime on its --device too, but only at
+// B 1, 8, 32 on the workload's own lengths; this walks a B x T grid, to show where the
+// device levels off.)
 //
 //   node bench/gpu/raw-ceiling.mjs --model-dir DIR --device cuda [--batches 1,8,32,64,128,256]
 //        [--seq-lens 16,32,128] [--duration-s 1] [--warmup-runs 3] [--max-point-s 4] [--json PATH]

@@ -21,9 +21,9 @@
 #      (raw-ceiling.mjs --check): otherwise stop here, saying why
 #   5. cases, each under `timeout` and inside the overall --budget-s:
 #        raw:M      raw-ceiling.mjs: session.run on the device, B x T padded batches
-#        engine:M   dist/bench/quick.js --skip-http --skip-extra (engine batched, engine maxBatchSize=1;
-#                   its raw rows are CPU sessions)
-#        http:M     dist/bench/quick.js --http-only (2 servers on the device, HTTP and WebSocket rows)
+#        batching:M dist/bench/suite.js --cases batching: two `slabserve serve` and two in-process
+#                   engines on the device, batched and --max-batch-size 1, over HTTP, WebSocket
+#                   and in-process (results.json in a folder of its own)
 #      while nvidia-smi samples the GPU's memory and utilization every --sample-s
 #   6. summary.md (summarize.mjs), and results.tar.gz with every log and JSON
 #
@@ -37,10 +37,9 @@
 #   --cuda-lib-dirs A:B   folders with libcublas*.so.13, libcudart.so.13, libcurand.so.10, libcudnn*.so.9 (searched first)
 #   --cuda-provider-dir D take libonnxruntime_providers_{cuda,shared}.so from D (bundle made with --no-cuda-provider)
 #   --models LIST         (default minilm-l6,bert-base)
-#   --cases LIST          kind:model,... (default raw:M,engine:M for every model, then http:<first model>)
-#   --no-http             leave the http case out of the default cases
-#   --budget-s N          whole run, set-up included (default 420; dry run 1500)
-#   --quick-args "..."    more flags for quick.js (e.g. "--rounds 5 --duration-s 3")
+#   --cases LIST          kind:model,... (default raw:M,batching:M for every model)
+#   --budget-s N          whole run, set-up included (default 480; dry run 1500)
+#   --suite-args "..."    more flags for suite.js (e.g. "--rounds 5 --duration-s 2")
 #   --raw-args "..."      more flags for raw-ceiling.mjs (e.g. "--batches 1,32,512 --seq-lens 64")
 #   --sample-s S          nvidia-smi sampling period (default 0.5)
 #   --keep-detail         keep OUT/detail/ beside results.tar.gz (by default OUT holds 4 files:
@@ -58,9 +57,8 @@ CUDA_LIB_DIRS=""
 CUDA_PROVIDER_DIR=""
 MODELS=""
 CASES=""
-HTTP=1
 BUDGET_S=""
-QUICK_ARGS=""
+SUITE_ARGS=""
 RAW_ARGS=""
 SAMPLE_S=0.5
 KEEP_DETAIL=0
@@ -79,9 +77,8 @@ while [ $# -gt 0 ]; do
     --cuda-provider-dir) CUDA_PROVIDER_DIR="$2"; shift 2 ;;
     --models) MODELS="$2"; shift 2 ;;
     --cases) CASES="$2"; shift 2 ;;
-    --no-http) HTTP=0; shift ;;
     --budget-s) BUDGET_S="$2"; shift 2 ;;
-    --quick-args) QUICK_ARGS="$2"; shift 2 ;;
+    --suite-args) SUITE_ARGS="$2"; shift 2 ;;
     --raw-args) RAW_ARGS="$2"; shift 2 ;;
     --sample-s) SAMPLE_S="$2"; shift 2 ;;
     --keep-detail) KEEP_DETAIL=1; shift ;;
@@ -98,16 +95,15 @@ WORK="${WORK:-$PREP/work}"
 mkdir -p "$WORK/tmp"
 WORK="$(cd "$WORK" && pwd)"
 if [ -z "$MODELS" ]; then [ "$DRY" = 1 ] && MODELS=minilm-l6 || MODELS=minilm-l6,bert-base; fi
-if [ -z "$BUDGET_S" ]; then [ "$DRY" = 1 ] && BUDGET_S=1500 || BUDGET_S=420; fi
+if [ -z "$BUDGET_S" ]; then [ "$DRY" = 1 ] && BUDGET_S=1500 || BUDGET_S=480; fi
 IFS=',' read -r -a MODEL_LIST <<< "$MODELS"
 if [ -z "$CASES" ]; then
-  for m in "${MODEL_LIST[@]}"; do CASES="$CASES,raw:$m,engine:$m"; done
-  [ "$HTTP" = 1 ] && CASES="$CASES,http:${MODEL_LIST[0]}"
+  for m in "${MODEL_LIST[@]}"; do CASES="$CASES,raw:$m,batching:$m"; done
   CASES="${CASES#,}"
 fi
 IFS=',' read -r -a CASE_LIST <<< "$CASES"
 for c in "${CASE_LIST[@]}"; do
-  [[ "$c" =~ ^(raw|engine|http):[A-Za-z0-9._-]+$ ]] || { echo "run: --cases: kind:model with kind raw, engine or http, got '$c'" >&2; exit 2; }
+  [[ "$c" =~ ^(raw|batching):[A-Za-z0-9._-]+$ ]] || { echo "run: --cases: kind:model with kind raw or batching, got '$c'" >&2; exit 2; }
 done
 
 T0=$(date +%s)
@@ -430,20 +426,20 @@ fi
 
 # ---------------------------------------------------------------- cases
 if [ "$DRY" = 1 ]; then
-  QUICK_BASE="--duration-s 1 --warmup-s 0.3 --rounds 1 --requests 256"
+  SUITE_BASE="--rounds 1 --duration-s 1 --warmup-s 0.3"
   RAW_BASE="--batches 1,8,32 --seq-lens 16,32 --duration-s 0.5 --warmup-runs 1 --max-point-s 3"
-  LIMIT_RAW=300; LIMIT_ENGINE=600; LIMIT_HTTP=600
+  LIMIT_RAW=300; LIMIT_BATCHING=900
 else
-  QUICK_BASE=""
+  SUITE_BASE=""
   RAW_BASE="--batches 1,8,32,64,128,256 --seq-lens 16,32,128 --duration-s 1"
-  LIMIT_RAW=150; LIMIT_ENGINE=200; LIMIT_HTTP=240
+  LIMIT_RAW=150; LIMIT_BATCHING=240
 fi
 echo -e "case\tkind\tmodel\tstart\tend\trc\tstatus\tlimit_s" > "$DETAIL/cases.tsv"
 say "step 5: cases ${CASE_LIST[*]} (budget ${BUDGET_S}s in all, $(( DEADLINE - $(date +%s) ))s left)"
 for c in "${CASE_LIST[@]}"; do
   kind="${c%%:*}"; m="${c#*:}"; name="$kind-$m"
   left=$(( DEADLINE - $(date +%s) ))
-  case $kind in raw) limit=$LIMIT_RAW ;; engine) limit=$LIMIT_ENGINE ;; http) limit=$LIMIT_HTTP ;; esac
+  case $kind in raw) limit=$LIMIT_RAW ;; batching) limit=$LIMIT_BATCHING ;; esac
   [ $left -lt $limit ] && limit=$left
   now=$(date +%s.%N)
   if [ ! -f "$MODELS_DIR/$m/model.onnx" ]; then
@@ -455,16 +451,17 @@ for c in "${CASE_LIST[@]}"; do
     echo -e "$name\t$kind\t$m\t$now\t$now\t\tskipped: budget\t0" >> "$DETAIL/cases.tsv"; continue
   fi
   case $kind in
-    raw) cmd=(node "$HERE/raw-ceiling.mjs" --app "$APP" --model-dir "$MODELS_DIR/$m" --device "$DEVICE" $RAW_BASE $RAW_ARGS --json "$DETAIL/$name.json") ;;
-    engine) cmd=(node "$APP/dist/bench/quick.js" --model "$m" --models-dir "$MODELS_DIR" --device "$DEVICE" --skip-http --skip-extra $QUICK_BASE $QUICK_ARGS --json "$DETAIL/$name.json") ;;
-    http) cmd=(node "$APP/dist/bench/quick.js" --model "$m" --models-dir "$MODELS_DIR" --device "$DEVICE" --http-only $QUICK_BASE $QUICK_ARGS --json "$DETAIL/$name.json") ;;
+    raw) result="$DETAIL/$name.json"
+      cmd=(node "$HERE/raw-ceiling.mjs" --app "$APP" --model-dir "$MODELS_DIR/$m" --device "$DEVICE" $RAW_BASE $RAW_ARGS --json "$result") ;;
+    batching) result="$DETAIL/$name/results.json"
+      cmd=(node "$APP/dist/bench/suite.js" --cases batching --models "$m" --models-dir "$MODELS_DIR" --bench-models-dir "$WORK/bench-models" --device "$DEVICE" --no-progress $SUITE_BASE $SUITE_ARGS --out "$DETAIL/$name") ;;
   esac
   say "$name: ${cmd[*]} (limit ${limit}s)"
   start=$(date +%s.%N)
   timeout --kill-after=15 "$limit" "${cmd[@]}" 2>&1 | tee "$DETAIL/$name.log"
   rc=${PIPESTATUS[0]}
   end=$(date +%s.%N)
-  if [ "$rc" = 0 ] && [ -f "$DETAIL/$name.json" ]; then status=ok
+  if [ "$rc" = 0 ] && [ -f "$result" ]; then status=ok
   elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status="timed out"
   else status="failed"; fi
   echo -e "$name\t$kind\t$m\t$start\t$end\t$rc\t$status\t$limit" >> "$DETAIL/cases.tsv"

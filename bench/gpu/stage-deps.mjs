@@ -2,11 +2,11 @@
 // Copies the production dependency closure of a package root's node_modules into
 // another folder, pruned to linux-x64 binaries. Used by prepare.sh.
 //
-//   node bench/gpu/stage-deps.mjs --root /work/main --out STAGE/node_modules [--extra hdr-histogram-js] [--abi 115]
+//   node bench/gpu/stage-deps.mjs --root /work/main --out STAGE/node_modules [--extra hdr-histogram-js,cli-progress] [--abi 115]
 //
 // The closure: package.json `dependencies` and `optionalDependencies` (an optional one
 // that is not installed is skipped), `--extra` names (packages the bench needs that are
-// devDependencies: hdr-histogram-js), and, recursively, each package's `dependencies`,
+// devDependencies: prepare.sh's BENCH_DEPS), and, recursively, each package's `dependencies`,
 // `optionalDependencies` and installed `peerDependencies`, resolved as Node resolves them
 // (the requester's own node_modules first, then each parent's). Each package folder is
 // copied without its nested node_modules; the nested packages the walk needs are copied

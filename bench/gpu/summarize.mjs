@@ -4,8 +4,9 @@
 //   node bench/gpu/summarize.mjs --dir OUT/detail --out OUT/summary.md [--device cuda] [--failed "why"]
 //
 // Reads: cases.tsv, env.txt, card.csv, device-check.json, samples.csv, raw-*.json
-// (raw-ceiling.mjs), engine-*.json and http-*.json (bench/quick.js --json). Every input
-// is optional: what is missing is said, not guessed. Plain Node, no dependencies.
+// (raw-ceiling.mjs), batching-*/results.json (bench/suite.js --cases batching; the format
+// is bench/suite-results.ts) and batching-*.log. Every input is optional: what is missing
+// is said, not guessed. Plain Node, no dependencies.
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -85,10 +86,8 @@ const memStats = (a, b) => {
 // ---- per-case results
 const files = existsSync(dir) ? readdirSync(dir) : [];
 const raws = files.filter((f) => /^raw-.*\.json$/.test(f)).map((f) => json(f)).filter(Boolean);
-const engines = files.filter((f) => /^engine-.*\.json$/.test(f)).map((f) => [f.slice(7, -5), json(f)]).filter(([, j]) => j);
-const https = files.filter((f) => /^http-.*\.json$/.test(f)).map((f) => [f.slice(5, -5), json(f)]).filter(([, j]) => j);
 const rawOf = (model) => raws.find((r) => r.model === model) ?? null;
-/** The raw ceiling the engine is held against: T=32 (66% of quick's workload), B=32 (the engine's default maxBatchSize). */
+/** The raw ceiling the engine is held against: T=32 (two thirds of the short workload), B=32 (the engine's default maxBatchSize). */
 const ceilingOf = (model) => rawOf(model)?.points.find((p) => p.T === 32 && p.B === 32 && !p.skipped) ?? null;
 
 const out = [];
@@ -170,82 +169,105 @@ if (raws.length) {
   }
 }
 
-// engine
-const rowOf = (j, name) => j?.reported?.[name] ?? null;
-if (engines.length) {
-  out.push('## Engine (bench/quick.js --skip-http --skip-extra)', '');
-  const o = engines[0][1].options ?? {};
+// batching: one bench/suite.js --cases batching run per model, each in its own folder
+const median = (xs) => {
+  const v = xs.filter(Number.isFinite).sort((a, b) => a - b);
+  if (!v.length) return NaN;
+  return v.length % 2 ? v[(v.length - 1) / 2] : (v[v.length / 2 - 1] + v[v.length / 2]) / 2;
+};
+const suites = files
+  .filter((f) => /^batching-/.test(f))
+  .map((f) => [f.slice('batching-'.length), json(join(f, 'results.json')), read(`${f}.log`) ?? ''])
+  .filter(([, j]) => j && Array.isArray(j.phases));
+/** One row per configuration measured (target, transport, workload, callers): the median of its rounds. */
+function rowsOf(results) {
+  const groups = new Map();
+  for (const p of results.phases) {
+    const k = [p.transport, p.workload, p.concurrency, p.target].join('|');
+    if (!groups.has(k)) groups.set(k, []);
+    groups.get(k).push(p);
+  }
+  return [...groups.values()].map((ps) => {
+    const m = (f) => median(ps.map(f));
+    const perBatch = (p, x) => (p.server?.batches ? (x * p.windowS * 1000) / p.server.batches : NaN);
+    const { target, transport, workload, concurrency, generator } = ps[0];
+    return {
+      target,
+      transport,
+      workload,
+      concurrency,
+      generator,
+      rounds: ps.length,
+      rps: m((p) => p.rps),
+      inputsPerS: m((p) => p.inputsPerS),
+      p50Ms: m((p) => p.latencyMs?.p50),
+      p99Ms: m((p) => p.latencyMs?.p99),
+      meanBatch: m((p) => p.server?.meanBatch ?? NaN),
+      msPerBatch: m((p) => perBatch(p, 1)),
+      ortMsPerBatch: m((p) => perBatch(p, p.server?.deviceBusy ?? NaN)),
+      cpuUsPerRequest: m((p) => (p.cpuMsPerRequest ?? NaN) * 1000),
+      cores: m((p) => ((p.cpuMsPerRequest ?? NaN) * p.rps) / 1000),
+      clientUsPerRequest: m((p) => (p.clientCpuMsPerRequest ?? NaN) * 1000),
+      failed: ps.reduce((a, p) => a + p.errors + p.rejected, 0),
+    };
+  });
+}
+const shapeOf = (r) =>
+  r.transport === 'ws' ? `1 socket x ${r.concurrency} in flight` : r.workload === 'client-batch' ? `${r.concurrency} clients x 16 texts` : `${r.concurrency} client${r.concurrency === 1 ? '' : 's'}`;
+const UNITS = { rps: 'req/s', inputsPerS: 'inputs/s', tokensPerS: 'tokens/s', p50: 'ms P50', p99: 'ms P99' };
+const compLine = (c) =>
+  `${c.question} ${c.a.label} ${fmt(c.a.value, c.metric.startsWith('p') ? 2 : 0)} against ${c.b.label} ${fmt(c.b.value, c.metric.startsWith('p') ? 2 : 0)} ${UNITS[c.metric] ?? c.metric}: ` +
+  `**${fmt(c.ratio, 2)}x** (by round ${c.roundRatios.map((x) => fmt(x, 2)).join(' ')})`;
+const perModel = suites.map(([model, j, log]) => ({
+  model,
+  settings: j.settings ?? {},
+  rows: rowsOf(j),
+  comparisons: j.comparisons ?? [],
+  check: /server vectors equal raw onnxruntime within (\S+)/.exec(log)?.[1] ?? null,
+}));
+
+if (perModel.length) {
+  const st = perModel[0].settings;
+  const how = `${st.rounds ?? '?'} round(s) of ${st.durationS ?? '?'} s after ${st.warmupS ?? '?'} s of warm-up, sides alternating round by round, median round shown`;
+  out.push('## Engine in process (bench/suite.js --cases batching)', '');
   out.push(
-    `${o.concurrency ?? '?'} closed-loop callers, one sequence per request (quick's text workload, 8–32 tokens); ${o.rounds ?? '?'} rounds of ${o.durationS ?? '?'} s, ${o.report ?? 'median'} round shown. ` +
+    `64 in-process callers of \`engine.embed(text)\` (tokenizing included) on the suite's short workload (one text of 8–32 tokens per request); ${how}. ` +
       '`vs ceiling`: seq/s over raw-ceiling.mjs at T=32, B=32 on the same device (the engine\'s largest batch in the workload\'s main bucket). ' +
-      "quick's own `raw b=N` rows open CPU sessions whatever `--device` says: on a GPU they are a CPU baseline.",
+      '`ms/batch`: the window over its batches (the time from one batch to the next); `ORT ms/batch`: `session.run`\'s mean time per batch (above `ms/batch` where batches overlap, several in flight). `host cores`: the bench process (callers and engine threads).',
     '',
   );
   const rows = [];
-  for (const [model, j] of engines) {
+  for (const { model, rows: rs } of perModel) {
     const ceiling = ceilingOf(model);
-    for (const name of ['engine batched', 'engine maxBatchSize=1', 'raw b=1', 'raw b=8', 'raw b=32']) {
-      const r = rowOf(j, name);
-      if (!r) continue;
-      const isRaw = name.startsWith('raw');
-      rows.push([
-        model,
-        isRaw ? `${name} (CPU session)` : name,
-        fmt(r.seqPerSec),
-        fmt(r.p50Ms, 2),
-        fmt(r.p99Ms, 2),
-        fmt(r.meanBatch, 1),
-        fmt(r.msPerBatch, 2),
-        r.ortMsPerBatch === null ? '–' : fmt(r.ortMsPerBatch, 2),
-        fmt(r.cores, 2),
-        !isRaw && ceiling ? `${fmt(r.seqPerSec / ceiling.seqPerSec, 2)}x` : '',
-      ]);
+    for (const r of rs.filter((x) => x.transport === 'in-process')) {
+      rows.push([model, r.target, fmt(r.rps), fmt(r.p50Ms, 2), fmt(r.p99Ms, 2), fmt(r.meanBatch, 1), fmt(r.msPerBatch, 2), fmt(r.ortMsPerBatch, 2), fmt(r.cores, 2), ceiling ? `${fmt(r.rps / ceiling.seqPerSec, 2)}x` : '']);
     }
   }
   out.push(table(['model', 'config', 'seq/s', 'P50 ms', 'P99 ms', 'mean batch', 'ms/batch', 'ORT ms/batch', 'host cores', 'vs ceiling'], rows, 2), '');
-  for (const [model, j] of engines) {
-    const g = j.derived?.batchingGain;
-    const c = ceilingOf(model);
-    out.push(
-      `- ${model}: batching gain (engine batched / maxBatchSize=1) **${fmt(g, 2)}x**` +
-        (c ? `; engine batched at ${fmt(rowOf(j, 'engine batched')?.seqPerSec / c.seqPerSec, 2)}x the raw ceiling (${fmt(c.seqPerSec)} seq/s)` : '') +
-        `; set-up: engines ${fmt((j.setup?.engineStartMs ?? NaN) / 1000, 1)} s each.`,
-    );
+  for (const { model, comparisons } of perModel) {
+    for (const c of comparisons.filter((x) => x.transport === 'in-process' || x.id.endsWith('/http-vs-engine'))) out.push(`- ${model}: ${compLine(c)}`);
   }
   out.push('');
-}
 
-// http
-if (https.length) {
-  out.push('## HTTP and WebSocket (bench/quick.js --http-only)', '');
-  out.push('`slabserve serve` in a child process on the same device, driven over loopback; the server tokenizes. Rows as quick.js names them.', '');
-  const rows = [];
-  for (const [model, j] of https) {
-    for (const [name, r] of Object.entries(j.reported ?? {})) {
-      if (r.kind !== 'http' && r.kind !== 'ws') continue;
-      rows.push([
-        model,
-        name,
-        fmt(r.seqPerSec),
-        fmt(r.p50Ms, 2),
-        fmt(r.p99Ms, 2),
-        fmt(r.meanBatch, 1),
-        fmt(r.cores, 2),
-        fmt(r.cpuUsPerSeq),
-        r.client ? fmt(r.client.cores, 2) : '–',
-      ]);
+  out.push('## HTTP and WebSocket (bench/suite.js --cases batching)', '');
+  const gens = [...new Set(perModel.flatMap((m) => m.rows.map((r) => r.generator)).filter(Boolean))];
+  out.push(
+    `\`slabserve serve\` in child processes on the same device, with its defaults (batched) and with \`--max-batch-size 1\`, driven over loopback (load from ${gens.join(', ') || '?'}); the server tokenizes. ${how}.`,
+    '',
+  );
+  const hrows = [];
+  for (const { model, rows: rs } of perModel) {
+    for (const r of rs.filter((x) => x.transport !== 'in-process')) {
+      hrows.push([model, r.transport === 'ws' ? 'WebSocket' : 'HTTP', shapeOf(r), r.target, fmt(r.rps), fmt(r.inputsPerS), fmt(r.p50Ms, 2), fmt(r.p99Ms, 2), fmt(r.meanBatch, 1), fmt(r.cores, 2), fmt(r.cpuUsPerRequest), fmt(r.clientUsPerRequest)]);
     }
   }
-  out.push(table(['model', 'config', 'req/s', 'P50 ms', 'P99 ms', 'mean batch', 'server cores', 'server CPU us/req', 'client cores'], rows, 2), '');
-  for (const [model, j] of https) {
-    const d = j.derived?.http ?? {};
-    const parts = Object.entries(d).map(
-      ([k, v]) => `${k.replace(/^c/, '')} client(s): batching gain ${fmt(v?.batchingGain ?? NaN, 2)}x` + (v?.vsEngine !== undefined ? `, HTTP/engine ${fmt(v.vsEngine, 2)}x` : ''),
-    );
-    if (parts.length) out.push(`- ${model}: ${parts.join('; ')}`);
-    const checks = j.setup?.serverChecks;
-    if (checks) out.push(`- ${model} checks: ${Object.entries(checks).map(([k, v]) => `${k}: ${v}`).join('; ')}`);
+  out.push(table(['model', 'transport', 'load', 'config', 'req/s', 'inputs/s', 'P50 ms', 'P99 ms', 'mean batch', 'server cores', 'server CPU us/req', 'client CPU us/req'], hrows, 4), '');
+  for (const { model, comparisons, check: diff } of perModel) {
+    for (const c of comparisons.filter((x) => x.transport !== 'in-process' && !x.id.endsWith('/http-vs-engine'))) out.push(`- ${model}: ${compLine(c)}`);
+    if (diff) out.push(`- ${model} check before timing: the server's vectors equal raw onnxruntime's (CPU session) within ${diff}`);
   }
+  const failed = perModel.flatMap((m) => m.rows.filter((r) => r.failed > 0).map((r) => `${m.model} ${r.target} ${r.transport} ${shapeOf(r)}: ${r.failed}`));
+  if (failed.length) out.push(`- requests refused or failed: ${failed.join('; ')}`);
   out.push('');
 }
 
@@ -255,4 +277,4 @@ out.push('Files: results.tar.gz holds detail/ (every case\'s log and JSON, cases
 
 const md = out.join('\n');
 writeFileSync(args.out, md);
-writeFileSync(args.out.replace(/\.md$/, '') + '.json', JSON.stringify({ device, card, env, cases, raws, engines: Object.fromEntries(engines.map(([m, j]) => [m, { reported: j.reported, derived: j.derived }])), http: Object.fromEntries(https.map(([m, j]) => [m, { reported: j.reported, derived: j.derived }])) }, null, 2) + '\n');
+writeFileSync(args.out.replace(/\.md$/, '') + '.json', JSON.stringify({ device, card, env, cases, raws, batching: Object.fromEntries(perModel.map(({ model, ...rest }) => [model, rest])) }, null, 2) + '\n');
