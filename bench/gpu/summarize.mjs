@@ -223,7 +223,9 @@ const perModel = suites.map(([model, j, log]) => ({
   settings: j.settings ?? {},
   rows: rowsOf(j),
   comparisons: j.comparisons ?? [],
-  check: /server vectors equal raw onnxruntime within (\S+)/.exec(log)?.[1] ?? null,
+  // the suite's checks before timing, as its log has them
+  raw: [...log.matchAll(/^\S+: (.+?) vectors equal raw onnxruntime within (\S+)$/gm)].map((x) => `${x[1]} ${x[2]}`),
+  ws: [...log.matchAll(/^\S+: (.+?) \/ws f32 rows equal its POST \/embed vectors within (\S+)$/gm)].map((x) => `${x[1]} ${x[2]}`),
 }));
 
 if (perModel.length) {
@@ -262,9 +264,10 @@ if (perModel.length) {
     }
   }
   out.push(table(['model', 'transport', 'load', 'config', 'req/s', 'inputs/s', 'P50 ms', 'P99 ms', 'mean batch', 'server cores', 'server CPU us/req', 'client CPU us/req'], hrows, 4), '');
-  for (const { model, comparisons, check: diff } of perModel) {
+  for (const { model, comparisons, raw, ws } of perModel) {
     for (const c of comparisons.filter((x) => x.transport !== 'in-process' && !x.id.endsWith('/http-vs-engine'))) out.push(`- ${model}: ${compLine(c)}`);
-    if (diff) out.push(`- ${model} check before timing: the server's vectors equal raw onnxruntime's (CPU session) within ${diff}`);
+    if (raw.length) out.push(`- ${model} checks before timing: vectors equal raw onnxruntime's (a CPU session) within: ${raw.join(', ')}` + (ws.length ? `; /ws f32 rows equal POST /embed within: ${ws.join(', ')}` : ''));
+    else out.push(`- ${model}: no check line in the case's log`);
   }
   const failed = perModel.flatMap((m) => m.rows.filter((r) => r.failed > 0).map((r) => `${m.model} ${r.target} ${r.transport} ${shapeOf(r)}: ${r.failed}`));
   if (failed.length) out.push(`- requests refused or failed: ${failed.join('; ')}`);

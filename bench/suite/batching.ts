@@ -4,13 +4,14 @@
  * flight, 8 clients x 16 texts, 1 client (P50). Its batched server's 64-client
  * phases are what efficiency and curve measure against, so it also runs for
  * those cases; for the models after the first, only the 64 HTTP clients row,
- * recorded as the `models` case.
+ * recorded as the `models` case. Before timing, every server and engine must
+ * give raw onnxruntime's vectors within 1e-4, and /ws its POST /embed rows.
  */
 import type { CaseName, Comparison, PhaseResult } from '../suite-results.js';
 import { CLIENTS, type SuiteContext } from './context.js';
 import type { EngineSide } from './engine.js';
 import type { ModelSetup } from './setup.js';
-import { checkAgainstRaw, type Target } from './targets.js';
+import { checkAgainstRaw, checkWsAgainstHttp, postEmbed, type Target } from './targets.js';
 
 const CLIENT_BATCH_CLIENTS = 8;
 
@@ -30,8 +31,9 @@ export async function runBatching(ctx: SuiteContext, m: ModelSetup, first: boole
   const engines: EngineSide[] = [];
   try {
     if (full) engines.push(await ctx.openEngine('engine batched', m), await ctx.openEngine('engine max-batch-size 1', m, { maxBatchSize: 1 }));
-    await checkServerAgainstRaw(ctx, m, batched);
     const sides = unbatched ? [batched, unbatched] : [batched];
+    for (const s of sides) await checkAgainstRawOrStop(ctx, m, `${s.label} server`, (texts) => postEmbed(s.origin, texts));
+    for (const e of engines) await checkAgainstRawOrStop(ctx, m, e.label, (texts) => e.engine.embed(texts, { model: m.name }));
     const c: CaseName = first ? 'batching' : 'models';
     const phases = await ctx.closedRounds(c, m.name, sides, 'http', m.workloads.get('short')!, CLIENTS, engines);
     const http = phases.slice(0, sides.length);
@@ -73,16 +75,21 @@ function compareWithEngine(ctx: SuiteContext, m: ModelSetup, httpBatched: PhaseR
   );
 }
 
-/** The server must compute what raw onnxruntime computes before it is timed. */
-async function checkServerAgainstRaw(ctx: SuiteContext, m: ModelSetup, server: Target): Promise<void> {
-  const diff = await checkAgainstRaw(server.origin, m.workloads.get('short')!, m.prepared);
-  ctx.progress.log(`${m.name}: server vectors equal raw onnxruntime within ${diff.toExponential(1)}`);
-  if (diff > 1e-4) throw new Error(`${m.name}: the server's vectors differ from raw onnxruntime by ${diff}: not benchmarking a wrong answer`);
+/** A server or an engine must compute what raw onnxruntime computes before it is timed. */
+async function checkAgainstRawOrStop(ctx: SuiteContext, m: ModelSetup, what: string, embed: (texts: string[]) => Promise<ArrayLike<number>[]>): Promise<void> {
+  const diff = await checkAgainstRaw(embed, m.workloads.get('short')!, m.prepared);
+  ctx.progress.log(`${m.name}: ${what} vectors equal raw onnxruntime within ${diff.toExponential(1)}`);
+  if (diff > 1e-4) throw new Error(`${m.name}: the ${what} vectors differ from raw onnxruntime by ${diff}: not benchmarking a wrong answer`);
 }
 
 /** The first model's other load shapes: WebSocket, client batches, one lone client. */
 async function runOtherShapes(ctx: SuiteContext, m: ModelSetup, sides: Target[]): Promise<void> {
   const short = m.workloads.get('short')!;
+  for (const side of sides) {
+    const diff = await checkWsAgainstHttp(side.origin, short);
+    ctx.progress.log(`${m.name}: ${side.label} server /ws f32 rows equal its POST /embed vectors within ${diff.toExponential(1)}`);
+    if (diff > 1e-5) throw new Error(`${m.name}: ${side.label} server's /ws rows differ from its POST /embed vectors by ${diff}: not benchmarking a wrong answer`);
+  }
   const ws = await ctx.closedRounds('batching', m.name, sides, 'ws', short, CLIENTS);
   compareSides(
     ctx,

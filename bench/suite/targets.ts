@@ -7,6 +7,7 @@ import type { LoadTarget } from '../load.js';
 import { openRawSession, rawBatches } from '../raw-ort.js';
 import { procCpuMs, startChildServer, startServerProcess, type ServerProcess } from '../server-process.js';
 import type { Workload } from '../workloads.js';
+import { embedOnce } from '../ws-load.js';
 import { CLI, PEER } from './paths.js';
 
 /** A server under load, as the cases and the report name it. */
@@ -50,12 +51,15 @@ export async function postEmbed(origin: string, texts: string[]): Promise<number
   return (await res.json()) as number[][];
 }
 
-/** Largest difference between a server's vectors and raw onnxruntime's for a few inputs of the workload, each run alone. */
-export async function checkAgainstRaw(origin: string, w: Workload, prepared: PreparedModel, n = 6): Promise<number> {
+/**
+ * Largest difference between the vectors `embed` gives (a server's POST /embed, an engine's
+ * embed()) and raw onnxruntime's for a few inputs of the workload, each run alone.
+ */
+export async function checkAgainstRaw(embed: (texts: string[]) => Promise<ArrayLike<number>[]>, w: Workload, prepared: PreparedModel, n = 6): Promise<number> {
   const session = await openRawSession(prepared, 'cpu', 1);
   try {
     const picks = w.requests.slice(0, n).map((r) => r[0]!);
-    const rows = await postEmbed(origin, picks.map((x) => x.text));
+    const rows = await embed(picks.map((x) => x.text));
     let worst = 0;
     for (let i = 0; i < picks.length; i++) {
       const [batch] = rawBatches([picks[i]!], [picks[i]!.ids.length], 1, prepared, () => 0);
@@ -67,6 +71,19 @@ export async function checkAgainstRaw(origin: string, w: Workload, prepared: Pre
   } finally {
     await session.release();
   }
+}
+
+/** Largest difference between a server's f32 rows over /ws and its POST /embed vectors, for a few inputs of the workload. */
+export async function checkWsAgainstHttp(origin: string, w: Workload, n = 4): Promise<number> {
+  const texts = w.requests.slice(0, n).map((r) => r[0]!.text);
+  const want = await postEmbed(origin, texts);
+  let worst = 0;
+  for (const [i, text] of texts.entries()) {
+    const got = await embedOnce(origin, text);
+    if (got.length !== want[i]!.length) throw new Error(`/ws answered ${got.length} dimensions, POST /embed ${want[i]!.length}`);
+    got.forEach((v, j) => (worst = Math.max(worst, Math.abs(v - want[i]![j]!))));
+  }
+  return worst;
 }
 
 /** Largest difference between two servers' vectors for the same texts. */
