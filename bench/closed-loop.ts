@@ -1,9 +1,8 @@
 /**
- * A closed loop of in-process callers measured over one window: the core the
- * suite's engine side (bench/suite/engine.ts) and bench:quick's engine phase
- * (bench/quick/phases.ts) share. Each of `clients` callers makes its next call
- * when its last one settles; after `warmupMs` the window opens for
- * `durationMs`, and only the calls answered inside it count. The process's
+ * A closed loop of in-process callers measured over one window: the core of
+ * the suite's engine side (bench/suite/engine.ts). Each of `clients` callers
+ * makes its next call when its last one settles; after `warmupMs` the window
+ * opens for `durationMs`, and only the calls answered inside it count. The process's
  * CPU (process.cpuUsage: the callers and every thread they drive) and the
  * caller's own counters (`snapshot`, read as the window opens and closes)
  * cover the same window.

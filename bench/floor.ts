@@ -16,7 +16,7 @@
  *
  *   node dist/bench/floor.js [--rounds 3] [--duration-s 2] [--clients 1,64] [--transports http,ws] [--forms text,ids]
  *                            [--server-arg=--max-batch-size=1 ...] [--json PATH]
- * bench/quick.ts and bench/suite.ts run it as one of their cases (runFloorCase).
+ * bench/suite.ts runs it as one of its cases (runFloorCase).
  */
 import { writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';

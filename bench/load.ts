@@ -29,7 +29,7 @@
  * wrk has neither Poisson arrivals nor latency from the scheduled time.
  *
  * Why not autocannon: it has neither WebSocket, nor Poisson arrivals, nor
- * latency from the scheduled time. The transports reuse the quick bench's thin
+ * latency from the scheduled time. The transports use the benches' thin
  * clients (node:http keep-alive agent, `ws` + msgpackr) so the client's own
  * CPU stays small on a 2-core machine; the dispatcher wakes on 1 ms timers,
  * not a busy loop, for the same reason (arrivals due within the same

@@ -4,7 +4,7 @@
  * exactly what the server computes) and the same session options as the
  * server's runner. Batches are bucket-homogeneous, padded to the bucket, and
  * built before timing starts, so a raw phase pays for `session.run` only: the
- * best case for slabserve's scheduler. Used by bench/quick.ts and bench/suite.ts.
+ * best case for slabserve's scheduler. Used by the suite (bench/suite/).
  */
 import { performance } from 'node:perf_hooks';
 import type { Histogram } from 'hdr-histogram-js';

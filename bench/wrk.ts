@@ -7,7 +7,7 @@
  *   wrk()          a Lua script's load (the benches that compare routes or transports)
  *   wrkWorkload()  a workload's bodies in turn, closed loop, with the latency
  *                  distribution at every 0.1 percentile (bench/load.ts runs the
- *                  suite's, the quick bench's and the floor's HTTP closed loops so)
+ *                  suite's, the floor's and cache.ts's HTTP closed loops so)
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { rmSync, writeFileSync } from 'node:fs';

@@ -1,5 +1,5 @@
 /**
- * WebSocket helpers of the benches (bench/load.ts, bench/quick.ts): open a
+ * WebSocket helpers of the benches (bench/load.ts, bench/suite/targets.ts): open a
  * socket on /ws (docs/websocket.md) with a credit, close it, one embed over a
  * fresh socket for the set-up checks.
  *
