@@ -24,12 +24,15 @@ export interface TracedPathCost {
 
 const BATCH = 16;
 
-export async function measureTracedPath(requests: number): Promise<TracedPathCost> {
+/** Spans to the request body the OTLP/HTTP exporter sends. */
+export type SpanSerializer = (spans: Parameters<typeof serializeSpans>[0]) => Uint8Array;
+
+export async function measureTracedPath(requests: number, serialize: SpanSerializer = serializeSpans): Promise<TracedPathCost> {
   let bytes = 0;
   let spans = 0;
   const exporter = {
     export: (s: Parameters<typeof serializeSpans>[0], done: (r: { code: number }) => void) => {
-      bytes += serializeSpans(s).length;
+      bytes += serialize(s).length;
       spans += s.length;
       done({ code: 0 });
     },
