@@ -75,7 +75,11 @@ export async function serveCli(
   opts: { env?: Record<string, string | undefined>; readyWithinMs?: number; killAfterMs?: number; run?: (nodeArgs: string[]) => [string, string[]] } = {},
 ): Promise<CliServer> {
   const port = await portOutsideEphemeral();
-  const [command, argv] = (opts.run ?? ((a) => [process.execPath, a]))([CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--device', 'cpu', '--model', 'tiny-embed', ...args]);
+  // gRPC on a port of its own too (`args` may name another: the last one given counts). Without it a
+  // fixed --port puts gRPC on the default 8081, which every such server in the suite would share.
+  let grpcPort = await portOutsideEphemeral();
+  while (grpcPort === port) grpcPort = await portOutsideEphemeral();
+  const [command, argv] = (opts.run ?? ((a) => [process.execPath, a]))([CLI, 'serve', '--host', '127.0.0.1', '--port', String(port), '--grpc-port', String(grpcPort), '--device', 'cpu', '--model', 'tiny-embed', ...args]);
   const child = spawn(command, argv, {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...opts.env },

@@ -147,7 +147,11 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
  * turns it on); `over` changes the rest.
  */
 export function testServerConfig(over: Partial<ServerConfig> = {}): ServerConfig {
+  // A fixed port puts gRPC on the default 8081, which every such server in the suite would share
+  // (SO_REUSEPORT): off unless the test names its gRPC port. (Port 0 gives gRPC a free port too.)
+  const grpcOff = over.port !== undefined && over.port !== 0 && over.grpcPort === undefined;
   return {
+    ...(grpcOff ? { grpcPort: 0 } : {}),
     ...SERVER_DEFAULTS,
     host: '127.0.0.1',
     port: 0,

@@ -15,7 +15,8 @@ import { fileURLToPath } from 'node:url';
 import { pack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
-import { pickFreePort, SERVER_DEFAULTS, startServer, TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type Server } from '../dist/src/main/server.js';
+import { portOutsideEphemeral } from './cli-process.js';
+import { SERVER_DEFAULTS, startServer, TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type Server } from '../dist/src/main/server.js';
 import { VERSION } from '../dist/src/version.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
@@ -117,7 +118,8 @@ function wordsText(rand: () => number, n: number): string {
   return Array.from({ length: n }, () => words[Math.floor(rand() * words.length)]).join(' ');
 }
 
-const freePort = () => pickFreePort('127.0.0.1');
+/** A free port outside the ephemeral range, which another test's port-0 bind cannot take meanwhile. */
+const freePort = portOutsideEphemeral;
 
 // =================================================================== routes
 

@@ -21,9 +21,9 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import type { InferenceFault } from '../dist/src/gpu-worker/thread.js';
-import { pickFreePort, startServer, type Server, type ServerConfig } from '../dist/src/main/server.js';
+import { startServer, type Server, type ServerConfig } from '../dist/src/main/server.js';
 import { parseMetrics, type Metrics } from './fixtures/http-client.js';
-import { expectCliRefuses, serveCli } from './cli-process.js';
+import { expectCliRefuses, portOutsideEphemeral, serveCli } from './cli-process.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
 // Read by startServer: the servers of this file carry the test hooks.
@@ -146,7 +146,8 @@ async function expectSlotsFree(port: number): Promise<void> {
   await eventually('every slot free', () => scrape(port), (m) => m.has('slabserve_slots_in_use') && slotsInUse(m) === 0);
 }
 
-const freePort = () => pickFreePort('127.0.0.1');
+/** A free port outside the ephemeral range, which another test's port-0 bind cannot take meanwhile. */
+const freePort = portOutsideEphemeral;
 
 /** /readyz every 20 ms: its answers (or errors) over time. */
 class ReadinessPoller {
