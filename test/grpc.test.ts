@@ -8,10 +8,7 @@
  * order, keys are checked, health follows readiness.
  */
 import * as grpc from '@grpc/grpc-js';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
@@ -29,12 +26,12 @@ const PROTOS = ['inference.proto', 'tei.proto'].map((f) => fileURLToPath(new URL
 const HEALTH_PROTO = fileURLToPath(new URL('../node_modules/grpc-health-check/proto/health/v1/health.proto', import.meta.url));
 const REFLECTION_PROTO = fileURLToPath(new URL('../node_modules/@grpc/reflection/build/proto/grpc/reflection/v1/reflection.proto', import.meta.url));
 const TOLERANCE = 1e-5;
-/** Where the tests put the files a client call waits for (read_when_exists, ...): made on first use, removed after the file's tests. */
-let signalDir: string | undefined;
-const signalFile = (name: string) => join((signalDir ??= mkdtempSync(join(tmpdir(), 'slabserve-grpc-'))), name);
-afterAll(() => {
-  if (signalDir) rmSync(signalDir, { recursive: true, force: true });
-});
+/** A signal from the test to a client call (read_when, cancel_when, open_until): `fired` settles once `fire()` is called. */
+function signal(): { fired: Promise<void>; fire: () => void } {
+  let fire!: () => void;
+  const fired = new Promise<void>((resolve) => (fire = resolve));
+  return { fired, fire };
+}
 /** TEI's and KServe's own protos, unchanged (test/fixtures/upstream-protos/README.md). */
 const UPSTREAM_PROTOS = ['tei.proto', 'grpc_predict_v2.proto'].map((f) => fileURLToPath(new URL(`./fixtures/upstream-protos/${f}`, import.meta.url)));
 
@@ -269,16 +266,16 @@ describe('gRPC: TEI and KServe services beside HTTP', () => {
   it("a call whose deadline passes while queued ends DEADLINE_EXCEEDED and never reaches the device; a cancelled one frees its slots", async () => {
     const hooks = server.testHooks!;
     const before = await metrics(server);
-    const cancel = signalFile('cancel-queued');
+    const cancel = signal();
     await hooks.holdInference();
     let replies: Reply[];
     try {
       const pending = grpcCalls(port, [
         { method: '/tei.v1.Embed/Embed', request: { inputs: 'a deadline of 300 ms' }, timeout: 0.3 },
-        { method: '/tei.v1.Embed/Embed', request: { inputs: 'cancelled by its client' }, cancel_when_exists: cancel },
+        { method: '/tei.v1.Embed/Embed', request: { inputs: 'cancelled by its client' }, cancel_when: cancel.fired },
       ]);
       await eventually('both inputs queued', async () => hooks.inputsWaiting('tiny-embed'), (n) => n === 2, 10_000);
-      writeFileSync(cancel, ''); // its client gives up now, while it is queued
+      cancel.fire(); // its client gives up now, while it is queued
       replies = await pending; // both end while the loop is held
       // The client's cancel (RST_STREAM) reaches the gateway after the client has given up: let it land before the
       // loop may run, else the input can run first (the deadline needs no wait: it is checked when a batch is made).
@@ -461,7 +458,7 @@ describe('gRPC: API keys, message size, a taken port', () => {
 describe('gRPC health when nothing tells the gateway (a batch hung past --heartbeat-timeout-ms)', () => {
   it('Check reads readiness at the call (no Watch open, nothing polls); a Watch open meanwhile hears NOT_SERVING, then SERVING once the thread is replaced', { timeout: 60_000 }, async () => {
     const server = await startServer(testServerConfig({ models: ['tiny-embed'], heartbeatTimeoutMs: 600, inferenceTimeoutMs: 12_000 }));
-    const stop = signalFile('health-watch-stop');
+    const stop = signal();
     try {
       await server.ready;
       const port = server.grpcPort!;
@@ -475,15 +472,15 @@ describe('gRPC health when nothing tells the gateway (a batch hung past --heartb
       expect(await check()).toBe('NOT_SERVING');
       // A Watch opened now: its first word is NOT_SERVING; the poll (while a Watch is open) hears the replacement's SERVING.
       const seen: string[] = [];
-      const watch = grpcCalls(port, [{ method: '/grpc.health.v1.Health/Watch', kind: 'server_stream', request: { service: 'tei.v1.Embed' }, progress: true, cancel_when_exists: stop }], [HEALTH_PROTO], (_i, reply) => seen.push(reply.status));
+      const watch = grpcCalls(port, [{ method: '/grpc.health.v1.Health/Watch', kind: 'server_stream', request: { service: 'tei.v1.Embed' }, progress: true, cancel_when: stop.fired }], [HEALTH_PROTO], (_i, reply) => seen.push(reply.status));
       expect(await hung).toBe(503); // answered by the replacement's start: the hung run's input
       await eventually('the Watch hears SERVING again', async () => [...seen], (w) => w.includes('SERVING'), 30_000);
-      writeFileSync(stop, '');
+      stop.fire();
       const [watched] = await watch;
       expect(watched!.ok).toEqual([{ status: 'NOT_SERVING' }, { status: 'SERVING' }]);
       expect(await check()).toBe('SERVING');
     } finally {
-      writeFileSync(stop, '');
+      stop.fire();
       await server.close();
     }
   });
@@ -526,7 +523,7 @@ describe('gRPC while draining', () => {
     await server.ready;
     const port = server.grpcPort!;
     const hooks = server.testHooks!;
-    const halfClose = signalFile('half-close');
+    const halfClose = signal();
     const STREAMS = 32;
     const EACH = 3;
     let closing: Promise<void> | null = null;
@@ -535,19 +532,19 @@ describe('gRPC while draining', () => {
       const streams = grpcCalls(port, Array.from({ length: STREAMS }, (_, s): Call => ({
         method: '/tei.v1.Embed/EmbedStream',
         kind: 'stream',
-        open_until_exists: halfClose,
+        open_until: halfClose.fired,
         requests: Array.from({ length: EACH }, (_, m) => ({ inputs: `stream ${s} message ${m}` })),
       })));
       await eventually('every message queued', async () => hooks.inputsWaiting('tiny-embed'), (n) => n === STREAMS * EACH, 30_000);
       closing = server.close();
       hooks.releaseInference();
       await closing; // the server has closed: every stream ended before it, the clients still holding theirs open
-      writeFileSync(halfClose, '');
+      halfClose.fire();
       const replies = await streams;
       expect(replies.map((r) => r.error?.code ?? 'OK')).toEqual(Array(STREAMS).fill('OK'));
       expect(replies.map((r) => (r.ok as { embeddings: number[] }[]).filter((a) => a.embeddings.length === 128).length)).toEqual(Array(STREAMS).fill(EACH));
     } finally {
-      writeFileSync(halfClose, '');
+      halfClose.fire();
       hooks.releaseInference();
       await (closing ?? server.close());
     }
@@ -557,14 +554,14 @@ describe('gRPC while draining', () => {
 describe('gRPC streams: flow control', () => {
   it("a stream whose reader does not read stops being read, and holds back no other caller; once read, every answer comes, in order", async () => {
     const server = await startServer(testServerConfig({ models: ['tiny-embed'] }));
-    const gate = signalFile('read');
+    const gate = signal();
     try {
       await server.ready;
       const port = server.grpcPort!;
       const N = 2000;
       const texts = Array.from({ length: N }, (_, i) => `message number ${i}`);
       // BDP probing off: the client's window stays 64 KiB instead of growing to megabytes.
-      const streaming = grpcCalls(port, [{ method: '/tei.v1.Embed/EmbedStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })), read_when_exists: gate }], PROTOS);
+      const streaming = grpcCalls(port, [{ method: '/tei.v1.Embed/EmbedStream', kind: 'stream', requests: texts.map((t) => ({ inputs: t })), read_when: gate.fired }], PROTOS);
       const answered = async () => (await metrics(server)).sum('slabserve_request_duration_seconds_count', { route: '/tei.v1.Embed/EmbedStream' });
       // Stalled: the same count three scrapes in a row, after some answers went out.
       let seen: number[] = [];
@@ -576,7 +573,7 @@ describe('gRPC streams: flow control', () => {
       // Another caller is not held back meanwhile.
       const other = await one(port, { method: '/tei.v1.Embed/Embed', request: { inputs: 'another caller' } });
       expect(other.ok?.embeddings).toHaveLength(128);
-      writeFileSync(gate, '');
+      gate.fire();
       const [r] = await streaming;
       expect(r!.ok).toHaveLength(N);
       // In order: each answer is its own message's.
@@ -584,7 +581,7 @@ describe('gRPC streams: flow control', () => {
       const rows = await grpcCalls(port, probes.map((i) => ({ method: '/tei.v1.Embed/Embed', request: { inputs: texts[i] } })));
       probes.forEach((i, k) => expect(maxAbsDiff(r!.ok[i].embeddings, rows[k]!.ok.embeddings)).toBeLessThan(TOLERANCE));
     } finally {
-      writeFileSync(gate, '');
+      gate.fire();
       await server.close();
     }
   }, 120_000);
@@ -651,10 +648,10 @@ describe('gRPC: the repository RPCs, a reranker, the other streams, overload', (
   });
 
   it("health follows the models: a Watch on tei.v1.Rerank turns SERVING when a reranker loads and NOT_SERVING when it unloads; a Watch on the server hears no change", async () => {
-    const stop = signalFile('model-watch-stop');
+    const stop = signal();
     const rerank: string[] = [];
     const server: string[] = [];
-    const watch = (service: string) => ({ method: '/grpc.health.v1.Health/Watch', kind: 'server_stream' as const, request: { service }, progress: true, cancel_when_exists: stop });
+    const watch = (service: string) => ({ method: '/grpc.health.v1.Health/Watch', kind: 'server_stream' as const, request: { service }, progress: true, cancel_when: stop.fired });
     const watches = grpcCalls(port, [watch('tei.v1.Rerank'), watch('')], [HEALTH_PROTO], (i, reply) => (i === 0 ? rerank : server).push(reply.status));
     try {
       await eventually('both watching', async () => [rerank.length, server.length], ([r, s]) => r! > 0 && s! > 0);
@@ -663,7 +660,7 @@ describe('gRPC: the repository RPCs, a reranker, the other streams, overload', (
       expect((await one(port, { method: '/inference.GRPCInferenceService/RepositoryModelUnload', request: { model_name: 'tiny-rerank' } })).ok).toEqual({});
       await eventually('Rerank NOT_SERVING again', async () => [...rerank], (r) => r.length >= 3);
     } finally {
-      writeFileSync(stop, '');
+      stop.fire();
     }
     const [onRerank, onServer] = await watches;
     expect(onRerank!.ok).toEqual([{ status: 'NOT_SERVING' }, { status: 'SERVING' }, { status: 'NOT_SERVING' }]);
