@@ -11,35 +11,27 @@ const DOC = fileURLToPath(new URL('../docs/configuration.md', import.meta.url));
 /** The heading the generated table follows; everything after it is generated. */
 export const HEADING = '## Every option';
 
-/** What the docs say of an option's default. */
-function defaultOf(spec) {
-  if (spec.defaultHelp !== undefined) return spec.defaultHelp;
-  if (spec.default === undefined) return 'none';
-  if (spec.kind === 'priorities') return spec.default.map((p) => `${p.name}=${p.weight}`).join(',');
-  return String(spec.default);
-}
-
 const cell = (text) => String(text).replaceAll('|', '\\|');
 
 /** The table, one row an option in the table's order. */
-export function optionsTable(options, envOf) {
+export function optionsTable(options, envOf, defaultText) {
   const rows = Object.values(options).map((spec) => {
     const choices = spec.choices ? ` (${spec.choices.join(', ')})` : '';
     const range = spec.max !== undefined ? ` (${spec.min ?? 0} to ${spec.max})` : '';
-    return `| \`${spec.flag}\` | \`${envOf(spec)}\` | ${cell(defaultOf(spec))} | ${spec.scope} | ${cell(spec.help + choices + range)} |`;
+    return `| \`${spec.flag}\` | \`${envOf(spec)}\` | ${cell(defaultText(spec) ?? 'none')} | ${spec.scope} | ${cell(spec.help + choices + range)} |`;
   });
   return ['| flag | variable | default | scope | what it does |', '|---|---|---|---|---|', ...rows].join('\n') + '\n';
 }
 
 /** The document as it should read: its own text up to the heading, then the generated table. */
 export async function configurationDoc(current = readFileSync(DOC, 'utf8')) {
-  const { OPTIONS, envOf } = await import('../dist/src/shared/options.js');
+  const { OPTIONS, envOf, defaultText } = await import('../dist/src/shared/options.js');
   const at = current.indexOf(HEADING);
   if (at < 0) throw new Error(`docs/configuration.md has no "${HEADING}" heading`);
   const intro = current.slice(0, at + HEADING.length);
   const scopes =
     '\n\nScope: `engine`, the server and the in-process engine (`createEngine`) alike; `server`, the server only; `cluster`, the cluster (docs/cluster.md). A `createEngine` or `startServer` option has the same name in camelCase (`--max-batch-size` is `batching.maxBatchSize`, `--model` is `models`).\n\n';
-  return intro + scopes + optionsTable(OPTIONS, envOf);
+  return intro + scopes + optionsTable(OPTIONS, envOf, defaultText);
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {

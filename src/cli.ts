@@ -16,7 +16,7 @@ import { createLogger, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
 import { VERSION } from './version.js';
-import { BATCHING_OPTIONS, DEFAULTS, envOf, OPTIONS, type OptionName, type OptionSpec, type PriorityClass } from './shared/options.js';
+import { BATCHING_OPTIONS, defaultText, DEFAULTS, envOf, OPTIONS, type OptionName, type OptionSpec, type PriorityClass } from './shared/options.js';
 import { collectStartupGarbage, turnOffMemoryReducer } from './shared/gc.js';
 
 /** An integer option parser with a clear message on bad values. */
@@ -125,23 +125,17 @@ function parserOf(spec: OptionSpec<unknown>): ((v: string, prev?: never) => unkn
   }
 }
 
-/** What --help says of a default. */
-function shownDefault(value: unknown): string {
-  if (Array.isArray(value) && value.every((p) => typeof p === 'object')) return (value as PriorityClass[]).map((p) => `${p.name}=${p.weight}`).join(',');
-  return String(value);
-}
-
 /** An option of the table (src/shared/options.ts) as commander's: its flag, variable, parser, choices and default. */
 function commanderOption(spec: OptionSpec<unknown>): Option {
   // A default a model folder may override is applied when the models are planned, not here.
   const applied = spec.default !== undefined && !spec.perModel;
-  const said = spec.defaultHelp ?? (spec.default !== undefined ? shownDefault(spec.default) : undefined);
+  const said = defaultText(spec);
   const help = said !== undefined && !applied ? `${spec.help} (default: ${said})` : spec.help;
   const o = new Option(spec.flag, help).env(envOf(spec));
   const parse = parserOf(spec);
   if (parse) o.argParser(parse as (v: string, prev: unknown) => unknown);
   if (spec.choices) o.choices(spec.choices as string[]);
-  if (applied) o.default(spec.kind === 'priorities' ? (spec.default as PriorityClass[]).map((p) => ({ ...p })) : spec.default, spec.defaultHelp ?? shownDefault(spec.default));
+  if (applied) o.default(spec.kind === 'priorities' ? (spec.default as PriorityClass[]).map((p) => ({ ...p })) : spec.default, said);
   if (spec.kind === 'bool') o.preset(true);
   return o;
 }
@@ -156,9 +150,9 @@ interface CommonFlags {
 function commonOptions(cmd: Command): Command {
   return cmd
     .addOption(new Option('--models-dir <dir>', `${OPTIONS.modelsDir.help} (default: ${OPTIONS.modelsDir.defaultHelp})`).env(envOf(OPTIONS.modelsDir)))
-    .addOption(new Option('--model <name>', 'model to use (default: the first of the right task)').env('SLABSERVE_MODEL'))
+    .addOption(new Option('--model <name>', 'model to use (default: the first of the right task)').env(envOf(OPTIONS.models)))
     .addOption(new Option('--device <device>', OPTIONS.device.help).default(DEFAULTS.device).env(envOf(OPTIONS.device)))
-    .addOption(new Option('--truncate', 'cut inputs longer than the model accepts').default(false).env('SLABSERVE_TRUNCATE'));
+    .addOption(new Option('--truncate', 'cut inputs longer than the model accepts').default(false).env(envOf(OPTIONS.truncate)));
 }
 
 async function withEngine(flags: CommonFlags, fn: (e: Engine) => Promise<unknown>): Promise<void> {

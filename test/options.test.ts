@@ -9,7 +9,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { DEFAULTS, envOf, OPTIONS, type OptionSpec } from '../dist/src/shared/options.js';
+import { DEFAULTS, defaultText, envOf, OPTIONS, type OptionSpec } from '../dist/src/shared/options.js';
 import { resolveServerConfig } from '../dist/src/main/server.js';
 import { ENGINE_DEFAULTS } from '../dist/src/main/engine.js';
 // @ts-expect-error: a plain ES module of the repository's scripts
@@ -25,10 +25,10 @@ describe('the options table', () => {
   });
 
   it('the document would change with the table: a row per option, each with its variable and default', () => {
-    const table = optionsTable(OPTIONS, envOf) as string;
+    const table = optionsTable(OPTIONS, envOf, defaultText) as string;
     expect(table.split('\n').filter((l) => l.startsWith('| `--')).length).toBe(specs.length);
     const changed = { ...OPTIONS, port: { ...OPTIONS.port, default: 9999 } };
-    expect(optionsTable(changed, envOf)).not.toBe(table);
+    expect(optionsTable(changed, envOf, defaultText)).not.toBe(table);
     expect(table).toContain('| `--port <port>` | `SLABSERVE_PORT` | 8080 | server |');
   });
 

@@ -522,6 +522,14 @@ export function namesOf<S extends Scope>(...scopes: S[]): NamesOf<S>[] {
   return (Object.keys(OPTIONS) as OptionName[]).filter((n) => (scopes as Scope[]).includes(OPTIONS[n].scope)) as NamesOf<S>[];
 }
 
+/** What --help and the docs say of an option's default: its words where it is worked out at start, else its value; undefined: none. */
+export function defaultText(spec: OptionSpec<unknown>): string | undefined {
+  if (spec.defaultHelp !== undefined) return spec.defaultHelp;
+  if (spec.default === undefined) return undefined;
+  if (spec.kind === 'priorities') return (spec.default as PriorityClass[]).map((p) => `${p.name}=${p.weight}`).join(',');
+  return String(spec.default);
+}
+
 /** The environment variable of an option: SLABSERVE_ and its flag's name, upper case. */
 export function envOf(spec: OptionSpec<unknown>): string {
   return 'SLABSERVE_' + spec.flag.slice(2).split(' ')[0]!.replaceAll('-', '_').toUpperCase();
