@@ -21,7 +21,7 @@ import { checkNativeBinaries } from './native-binaries.js';
 import { checkDevice, cudaMissing, parseDevice, type DeviceInfo } from '../gpu-worker/device.js';
 import type { BatchingOptions } from '../gpu-worker/scheduler.js';
 import { inferenceOptionsOf, InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './threads/inference-supervisor.js';
-import { DEFAULTS, namesOf, withDefaults, type BatchingName, type NamesOf, type OptionValues } from '../shared/options.js';
+import { DEFAULTS, unbatchedNamesOf, withDefaults, type BatchingName, type NamesOf, type OptionValues } from '../shared/options.js';
 import { bucketPlans, loadModels, packageRoot, planModel } from './plan-models.js';
 import { ModelRepository } from './repository/repository.js';
 import type { IndexEntry } from '../shared/repository-protocol.js';
@@ -52,8 +52,10 @@ export type EngineOptions = OptionValues<Exclude<NamesOf<'engine'>, BatchingName
   log?: (line: string) => void;
 };
 
+const ENGINE_OPTION_NAMES = unbatchedNamesOf('engine');
+
 /** The engine's defaults: the table's, but no result cache. */
-export const ENGINE_DEFAULTS = { ...withDefaults(namesOf('engine'), {}), cacheMb: 0 };
+export const ENGINE_DEFAULTS = { ...withDefaults(ENGINE_OPTION_NAMES, {}), cacheMb: 0 };
 
 export interface RequestOptions {
   /** Model name; default: the first loaded model of the right task. */
@@ -305,7 +307,7 @@ export class Engine {
 }
 
 export async function createEngine(options: EngineOptions = {}): Promise<Engine> {
-  const o = withDefaults(namesOf('engine'), { ...options, cacheMb: options.cacheMb ?? 0 });
+  const o = withDefaults(ENGINE_OPTION_NAMES, { ...options, cacheMb: options.cacheMb ?? 0 });
   const log = options.log ?? ((line: string) => process.stderr.write(line + '\n'));
   checkDevice(o.device); // before any thread starts
   await checkNativeBinaries({ gateways: false });

@@ -48,7 +48,7 @@ import { checkIntegerIn, SlabserveError, ValidationError } from '../shared/error
 import { cacheMetrics, processMetrics, repositoryMetrics, supervisionMetrics } from '../shared/telemetry/metrics.js';
 import { cacheLayoutOf, KEY_TOKENS, ResultCache, WAYS } from '../shared/result-cache.js';
 import { Counter, Slab } from '../shared/slab.js';
-import { DEFAULT_GRPC_PORT, DEFAULTS, namesOf, OPTIONS, pickOptions, withDefaults, type BatchingName, type NamesOf, type OptionValues, type ResolvedValues } from '../shared/options.js';
+import { DEFAULT_GRPC_PORT, DEFAULTS, OPTIONS, pickOptions, unbatchedNamesOf, withDefaults, type BatchingName, type NamesOf, type OptionValues, type ResolvedValues } from '../shared/options.js';
 import { processThreadIds, threadCpuSeconds, threadName } from '../shared/threads.js';
 import { VERSION } from '../version.js';
 
@@ -83,7 +83,7 @@ export type ServerConfig = OptionValues<ServerOptionName> & {
 /** A server's configuration with every default in place. */
 export type ResolvedServerConfig = ServerConfig & ResolvedValues<ServerOptionName> & { gatewayThreads: number };
 
-const SERVER_OPTION_NAMES = namesOf('server', 'engine');
+const SERVER_OPTION_NAMES = unbatchedNamesOf('server', 'engine');
 
 /** `config` over the defaults. */
 export function resolveServerConfig(config: ServerConfig): ResolvedServerConfig {

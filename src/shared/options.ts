@@ -530,6 +530,11 @@ export function defaultText(spec: OptionSpec<unknown>): string | undefined {
   return String(spec.default);
 }
 
+/** The names of a scope's options that a server or an engine takes by name: all but the batching ones, which go together in `batching`. */
+export function unbatchedNamesOf<S extends Scope>(...scopes: S[]): Exclude<NamesOf<S>, BatchingName>[] {
+  return namesOf(...scopes).filter((n) => !(BATCHING_OPTIONS as readonly OptionName[]).includes(n)) as Exclude<NamesOf<S>, BatchingName>[];
+}
+
 /** The environment variable of an option: SLABSERVE_ and its flag's name, upper case. */
 export function envOf(spec: OptionSpec<unknown>): string {
   return 'SLABSERVE_' + spec.flag.slice(2).split(' ')[0]!.replaceAll('-', '_').toUpperCase();
