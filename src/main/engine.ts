@@ -9,7 +9,7 @@
  *   const [top] = await engine.classify('I want my money back');
  *   await engine.close();
  */
-import { basename, join, resolve } from 'node:path';
+import { basename, resolve } from 'node:path';
 import { Infer, type InferResult } from '../core/infer.js';
 import { type CallInputs } from '../core/inputs.js';
 import { classifications, embeddings, rowOf, type Classification } from '../core/rows.js';
@@ -18,18 +18,18 @@ import { Cancellation } from '../core/cancel.js';
 import { prompted } from '../core/prompts.js';
 import { loadModelTokenizer, type Encoding } from '../core/tokenizer/tokenizer.js';
 import { checkNativeBinaries } from './native-binaries.js';
-import { checkDevice, cudaMissing, parseDevice, type DeviceInfo } from '../gpu-worker/device.js';
+import { checkDevice, type DeviceInfo } from '../gpu-worker/device.js';
 import type { BatchingOptions } from '../gpu-worker/scheduler.js';
 import { inferenceOptionsOf, InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './threads/inference-supervisor.js';
 import { DEFAULTS, unbatchedNamesOf, withDefaults, type BatchingName, type NamesOf, type OptionValues } from '../shared/options.js';
-import { bucketPlans, loadModels, packageRoot, planModel } from './plan-models.js';
+import { bucketPlans, loadModels, modelsDirOf, planningOf, planWhileServing } from './plan-models.js';
 import { ModelRepository } from './repository/repository.js';
 import type { IndexEntry } from '../shared/repository-protocol.js';
 import { ModelRegistry } from '../core/model-registry.js';
 import { ModelSet } from './repository/model-set.js';
 import { ControlBlock } from '../shared/control.js';
 import { EngineClosedError } from '../shared/errors.js';
-import { servedSources, type Dtype, type ModelOverrides, type ModelOutput, type Pooling, type ServedPooling, type ServeSettings, type SettingSources, type Task } from '../shared/model-format/model-config.js';
+import { servedSources, type ModelOutput, type ServedPooling, type ServeSettings, type SettingSources, type Task } from '../shared/model-format/model-config.js';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { cacheLayoutOf, ResultCache } from '../shared/result-cache.js';
 import { Counter, Slab } from '../shared/slab.js';
@@ -118,27 +118,6 @@ export interface ModelStats {
   cancelledSkipped: number;
   /** Summed wall time of session.run calls, ms. */
   runMs: number;
-}
-
-/** The settings the server's (or engine's) options impose on every model: ModelOverrides. */
-export function modelOverrides(o: {
-  pooling?: Pooling | undefined;
-  maxInputLength?: number | undefined;
-  defaultPromptName?: string | undefined;
-  defaultPrompt?: string | undefined;
-  dtype?: Dtype | undefined;
-  device?: string | undefined;
-}): ModelOverrides {
-  const device = parseDevice(o.device ?? DEFAULTS.device);
-  return {
-    ...(o.dtype !== undefined ? { dtype: o.dtype } : {}),
-    // dtype auto: fp16 where the model has it and the device will be CUDA
-    onCuda: device.kind === 'cuda' || (device.kind === 'auto' && cudaMissing() === undefined),
-    ...(o.pooling !== undefined ? { pooling: o.pooling } : {}),
-    ...(o.maxInputLength !== undefined ? { maxLength: o.maxInputLength } : {}),
-    ...(o.defaultPromptName !== undefined ? { defaultPromptName: o.defaultPromptName } : {}),
-    ...(o.defaultPrompt !== undefined ? { defaultPrompt: o.defaultPrompt } : {}),
-  };
 }
 
 /** What a result row of each model looks like, for info() and the HTTP /info route. */
@@ -312,14 +291,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   checkDevice(o.device); // before any thread starts
   await checkNativeBinaries({ gateways: false });
   const owners = 1;
-  const planning = {
-    ...(options.batching ? { batching: options.batching } : {}),
-    overrides: modelOverrides(o),
-    warn: log,
-    slotsPerModel: o.slotsPerModel,
-    tokenOutputMb: o.tokenOutputMb,
-    owners,
-  };
+  const planning = planningOf(o, options.batching, log, owners);
   const plans = loadModels({
     ...(o.modelsDir ? { modelsDir: o.modelsDir } : {}),
     ...(o.models ? { models: o.models } : {}),
@@ -344,11 +316,11 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   const handlers = owned.handlers(submitter);
   const repository = new ModelRepository({
     mode: 'explicit',
-    modelsDir: resolve(o.modelsDir ?? join(packageRoot, 'models')),
+    modelsDir: modelsDirOf(o.modelsDir),
     models: modelSet,
     inference,
     gateways: { callEvery: async <T>(method: string, arg: unknown) => [(await handlers[method as keyof typeof handlers](arg)) as T] },
-    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => modelSet.reusable(bytes) }),
+    plan: planWhileServing(planning, modelSet),
     onChange: async () => {},
     log,
     drainTimeoutMs: o.requestTimeoutMs + 1000,

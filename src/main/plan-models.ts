@@ -9,8 +9,9 @@ import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { batchCapacity, PAD_TO, type BatchingOptions } from '../gpu-worker/scheduler.js';
 import { DEFAULTS, defaultBuckets } from '../shared/options.js';
+import { cudaMissing, parseDevice } from '../gpu-worker/device.js';
 import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
-import { isValidModelName, listModelDirs, loadModelSpec, type ModelOverrides, type ModelSpec, type ServeSettings } from '../shared/model-format/model-config.js';
+import { isValidModelName, listModelDirs, loadModelSpec, type Dtype, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings } from '../shared/model-format/model-config.js';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { MAX_BUCKETS, Slab } from '../shared/slab.js';
 
@@ -33,14 +34,53 @@ export interface LoadModelsOptions {
   owners: number;
 }
 
-/**
- * MiB of a model's token area by default (--token-output-mb): 128 inputs of
- * 512 tokens of 128 floats, or 21 of bert-base's 512 x 768. Its private copy on
- * the inference thread doubles it.
- */
+/** How every model is planned, at start and at a load while serving: all but which folders. */
+export type Planning = Omit<LoadModelsOptions, 'modelsDir' | 'models'>;
+
+/** The models directory: --models-dir, or the package's own models/. */
+export function modelsDirOf(given: string | undefined): string {
+  return resolve(given ?? join(packageRoot, 'models'));
+}
+
+/** How every model is planned, from the server's or the engine's option values. */
+export function planningOf(
+  o: Parameters<typeof modelOverrides>[0] & { slotsPerModel: number; tokenOutputMb: number },
+  batching: Partial<BatchingOptions> | undefined,
+  warn: (line: string) => void,
+  owners: number,
+): Planning {
+  return { ...(batching ? { batching } : {}), overrides: modelOverrides(o), warn, slotsPerModel: o.slotsPerModel, tokenOutputMb: o.tokenOutputMb, owners };
+}
+
+/** A folder planned while serving (a load) as at start, in a retired model's slab memory where it fits. */
+export function planWhileServing(planning: Planning, models: { reusable(bytes: number): SharedArrayBuffer | undefined }) {
+  return (folder: { name: string; dir: string }, id: number, serve?: ServeSettings): ModelPlan =>
+    planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => models.reusable(bytes) });
+}
+
+/** The settings the server's (or engine's) options impose on every model: ModelOverrides. */
+export function modelOverrides(o: {
+  pooling?: Pooling | undefined;
+  maxInputLength?: number | undefined;
+  defaultPromptName?: string | undefined;
+  defaultPrompt?: string | undefined;
+  dtype?: Dtype | undefined;
+  device?: string | undefined;
+}): ModelOverrides {
+  const device = parseDevice(o.device ?? DEFAULTS.device);
+  return {
+    ...(o.dtype !== undefined ? { dtype: o.dtype } : {}),
+    // dtype auto: fp16 where the model has it and the device will be CUDA
+    onCuda: device.kind === 'cuda' || (device.kind === 'auto' && cudaMissing() === undefined),
+    ...(o.pooling !== undefined ? { pooling: o.pooling } : {}),
+    ...(o.maxInputLength !== undefined ? { maxLength: o.maxInputLength } : {}),
+    ...(o.defaultPromptName !== undefined ? { defaultPromptName: o.defaultPromptName } : {}),
+    ...(o.defaultPrompt !== undefined ? { defaultPrompt: o.defaultPrompt } : {}),
+  };
+}
 
 export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
-  const modelsDir = resolve(opts.modelsDir ?? join(packageRoot, 'models'));
+  const modelsDir = modelsDirOf(opts.modelsDir);
   const names = opts.models && opts.models.length > 0 ? opts.models : listModelDirs(modelsDir);
   if (names.length === 0) throw new Error(noModelsMessage(modelsDir));
   const folders = names.map((given) => modelFolder(modelsDir, given));

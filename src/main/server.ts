@@ -21,10 +21,9 @@
 import { resolveTracing, type TracingConfig } from '../shared/telemetry/tracing.js';
 import { lookup } from 'node:dns/promises';
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
-import { join, resolve } from 'node:path';
 import { cpus } from 'node:os';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
-import { describeModel, modelOverrides, slabStats } from './engine.js';
+import { describeModel, slabStats } from './engine.js';
 import type { GatewayWorkerData } from '../gateway/thread.js';
 import { GATEWAY_OPTIONS } from '../gateway/options.js';
 import type { GrpcListen } from '../gateway/grpc/server.js';
@@ -40,7 +39,7 @@ import { ModelRepository } from './repository/repository.js';
 import type { RepositoryAnswer, RepositoryOp } from '../shared/repository-protocol.js';
 import { ModelSet } from './repository/model-set.js';
 import { ModelBudget } from './repository/model-budget.js';
-import { loadModels, packageRoot, planModel } from './plan-models.js';
+import { loadModels, modelsDirOf, planningOf, planWhileServing, type Planning } from './plan-models.js';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
@@ -207,7 +206,7 @@ export async function startServer(given: ServerConfig): Promise<Server> {
   const tracing = tracingOf(config);
   const grpcThreads = config.grpcThreads;
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
-  const planning = { batching: config.batching, overrides: modelOverrides(config), warn: log, slotsPerModel: config.slotsPerModel, tokenOutputMb: config.tokenOutputMb, owners };
+  const planning = planningOf(config, config.batching, log, owners);
   const plans = loadModels({
     ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
     ...(config.models && config.models.length ? { models: config.models } : {}),
@@ -302,7 +301,6 @@ export async function startServer(given: ServerConfig): Promise<Server> {
   return { port, grpcPort, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
 }
 
-type Planning = Parameters<typeof planModel>[2];
 
 /**
  * The model repository's routes over `models` (src/main/repository/repository.ts). `gateways` is how it
@@ -317,11 +315,11 @@ function modelRepository(
   const { planning, models, inference, registry, log } = parts;
   const repository: ModelRepository = new ModelRepository({
     mode: config.modelControlMode,
-    modelsDir: resolve(config.modelsDir ?? join(packageRoot, 'models')),
+    modelsDir: modelsDirOf(config.modelsDir),
     models,
     inference,
     gateways: { callEvery: (method, arg, timeoutMs) => gateways.callEvery(method, arg, timeoutMs) },
-    plan: (folder, id, serve) => planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => models.reusable(bytes) }),
+    plan: planWhileServing(planning, models),
     onChange: () => gateways.setInfo(),
     log,
     drainTimeoutMs: config.requestTimeoutMs + 1000,

@@ -224,6 +224,8 @@ export const OPTIONS = {
   }),
   maxInflightBatches: engine({ flag: '--max-inflight-batches <n>', kind: 'int', min: 1, default: 1, help: 'batches handed to the device before the first ends (onnxruntime-node runs a session synchronously, so more do not overlap today)' }),
   slotsPerModel: engine({ flag: '--slots-per-model <n>', kind: 'int', min: 1, default: 1024, help: 'requests queued or running per model; beyond it, 429 at once' }),
+  // 32 MiB: 128 inputs of 512 tokens of 128 floats, or 21 of bert-base's 512 x 768; the inference
+  // thread's private copy doubles it.
   tokenOutputMb: engine({
     flag: '--token-output-mb <mib>',
     kind: 'number',
