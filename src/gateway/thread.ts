@@ -90,6 +90,7 @@ export type GatewayMessage = { type: 'listening'; port: number; grpcPort?: numbe
 const data = workerData as GatewayWorkerData;
 const options = data.options;
 const limits: GatewayLimits = { maxBodyBytes: options.maxBodyBytes, maxClientBatchSize: options.maxClientBatchSize, truncate: options.truncate };
+const wsOptions: WsOptions = { maxInflight: options.wsMaxInflight, maxBufferedBytes: options.wsMaxBufferedBytes, maxFrameBytes: options.wsMaxFrameBytes, idleTimeoutSeconds: options.wsIdleTimeoutSeconds };
 /** A load answers once the model is warmed up: give it as long as the inference thread does. */
 const REPOSITORY_RPC_MS = 11 * 60_000;
 const post = (m: GatewayMessage) => parentPort!.postMessage(m);
@@ -136,7 +137,7 @@ async function main(): Promise<void> {
   const askRepository = (op: RepositoryOp, timeoutMs: number) => rpc.call<RepositoryAnswer>('repository', op, timeoutMs);
   const repositoryOp = (op: RepositoryOp) => askRepository(op, REPOSITORY_RPC_MS);
   const loadModel = options.lazyLoad ? lazyLoader(askRepository, () => info.repository.notLoaded) : undefined;
-  listeners.closingWebSocketsWith(registerWebSocket(listeners.app, { infer, limits: limits, metrics, ready, version: data.version, gate, log: access, loadModel, tracing }, { maxInflight: options.wsMaxInflight, maxBufferedBytes: options.wsMaxBufferedBytes, maxFrameBytes: options.wsMaxFrameBytes, idleTimeoutSeconds: options.wsIdleTimeoutSeconds }));
+  listeners.closingWebSocketsWith(registerWebSocket(listeners.app, { infer, limits, metrics, ready, version: data.version, gate, log: access, loadModel, tracing }, wsOptions));
 
   const rpc = new RpcPeer(parentPort!, {
     metrics: () => {
@@ -193,7 +194,7 @@ async function main(): Promise<void> {
   });
   if (data.grpc) {
     try {
-      const deps = { infer, loadModel, tracing, limits: limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
+      const deps = { infer, loadModel, tracing, limits, metrics, ready, gate, log: access, streamMaxInflight: data.grpc.streamMaxInflight };
       // Loaded only where gRPC is served: grpc-js and the protos add to every thread's start-up.
       const { startGatewayGrpc } = await import('./grpc/server.js');
       listeners.grpc = await startGatewayGrpc({ ...deps, version: data.version, repository: repositoryOp, tokenizationWorkers: options.tokenizerThreads }, data.grpc);
