@@ -715,6 +715,11 @@ function responseStatuses(data: Buffer): { status: number; ours: boolean }[] | s
     const head = rest.subarray(0, end).toString('latin1');
     const m = /^HTTP\/1\.1 (\d{3})(?: [^\r\n]*)?\r\n/.exec(head + '\r\n');
     if (!m) return `not an HTTP/1.1 status line: ${JSON.stringify(head.slice(0, 200))}`;
+    // An interim 1xx (uWS answers `Expect: 100-continue` itself) has no body and comes before the real answer.
+    if (m[1].startsWith('1')) {
+      rest = rest.subarray(end + 4);
+      continue;
+    }
     // Ours carry a request id; uWS's own parser answers (20.57) are a status, Connection: close and an HTML page to the close.
     const ours = /\r\nx-request-id: /i.test(head);
     statuses.push({ status: Number(m[1]), ours });
@@ -826,6 +831,15 @@ describe('fuzz: raw HTTP framing', () => {
       server,
     );
     await server.expectHealthy(['tiny-embed']);
+  });
+
+  it('Expect: 100-continue gets the interim 100 Continue, then the real answer', async () => {
+    const body = '{"inputs":"hello"}';
+    const req = `POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nExpect: 100-continue\r\n\r\n${body}`;
+    const out = await rawExchange(server.port, [Buffer.from(req, 'latin1')], true);
+    const text = out.data.toString('latin1');
+    expect(text.startsWith('HTTP/1.1 100 Continue\r\n\r\n'), text.slice(0, 200)).toBe(true);
+    expect(responseStatuses(out.data)).toEqual([{ status: 200, ours: true }]);
   });
 });
 
