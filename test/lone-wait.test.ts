@@ -53,15 +53,18 @@ describe('LoneWait', () => {
   it('applies only after LONE_STREAK requests in a row found nothing else in flight, to a request alone in its slab, whose run leaves a core free', () => {
     const wait = new LoneWait(newBell(), { maxUs: 1000 });
     const gpu = (inUse: number) => fakeSlab(inUse, 0); // a run that takes no core
-    for (let i = 1; i < LONE_STREAK; i++) wait.submitted(false);
-    expect(wait.applies(gpu(1))).toBe(false);
-    wait.submitted(false);
-    expect(wait.applies(gpu(1))).toBe(true);
-    expect(wait.applies(gpu(2))).toBe(false); // another request in the server
-    expect(wait.applies(fakeSlab(1, availableParallelism() - 1))).toBe(true); // a core left for the spin
-    expect(wait.applies(fakeSlab(1, availableParallelism()))).toBe(false); // the run takes every core
-    wait.submitted(true); // a second caller: the streak starts again
-    expect(wait.applies(gpu(1))).toBe(false);
+    for (let i = 1; i < LONE_STREAK; i++) wait.submitted(gpu(1), false);
+    expect(wait.applies()).toBe(false);
+    wait.submitted(gpu(1), false);
+    expect(wait.applies()).toBe(true);
+    wait.submitted(gpu(2), false); // another request in the server
+    expect(wait.applies()).toBe(false);
+    wait.submitted(fakeSlab(1, availableParallelism() - 1), false); // a core left for the spin
+    expect(wait.applies()).toBe(true);
+    wait.submitted(fakeSlab(1, availableParallelism()), false); // the run takes every core
+    expect(wait.applies()).toBe(false);
+    wait.submitted(gpu(1), true); // a second caller: the streak starts again
+    expect(wait.applies()).toBe(false);
   });
 
   it('never holds past its bound: a batch predicted to end later is slept on until the bound, then it returns false and reports it', () => {
@@ -74,7 +77,8 @@ describe('LoneWait', () => {
     const slab = fakeSlab(1);
     slab.counters[Counter.BUSY_UNTIL] = nowMs() + 60_000; // a minute away
     const before = nowMs();
-    expect(wait.wait(slab, bell.read())).toBe(false);
+    wait.submitted(slab, false);
+    expect(wait.wait(bell.read())).toBe(false);
     const after = nowMs();
     expect(outcomes).toEqual([false]);
     // It slept until its bound (20 ms after it began, which was between `before` and the first
@@ -112,7 +116,8 @@ describe('LoneWait', () => {
     const busyUntil = nowMs() + 5; // the batch is predicted to end in 5 ms
     slab.counters[Counter.BUSY_UNTIL] = busyUntil;
     const before = nowMs();
-    expect(wait.wait(slab, 0)).toBe(true);
+    wait.submitted(slab, false);
+    expect(wait.wait(0)).toBe(true);
     // One sleep, asked first thing, until WAKE_EARLY_MS (0.15) before the predicted end (the wait read
     // its clock between `before` and the sleep call); then reads until the ring.
     expect(calls.slice(0, 2)).toEqual(['read', 'sleep']);
@@ -136,7 +141,8 @@ describe('LoneWait', () => {
       },
     } as unknown as Doorbell;
     const wait = new LoneWait(bell, { maxUs: 1_000_000 }); // a second: a spin through the unstarted batch would use it all and return false
-    expect(wait.wait(slab, 0)).toBe(true);
+    wait.submitted(slab, false);
+    expect(wait.wait(0)).toBe(true);
     expect(sleeps).toHaveLength(4);
     for (const ms of sleeps.slice(0, 3)) expect(ms).toBeLessThanOrEqual(0.1); // slices, the core left to the inference thread
     expect(sleeps[3]).toBeGreaterThan(100); // started: asleep toward its end (a minute off), up to the bound
@@ -158,7 +164,8 @@ describe('LoneWait', () => {
     const slab = fakeSlab(1);
     slab.counters[Counter.BUSY_UNTIL] = nowMs() - 1; // predicted to end a millisecond ago
     const wait = new LoneWait(bell, { maxUs: 1_000_000 }); // a second: a spin would read the bell until then and return false
-    expect(wait.wait(slab, 0)).toBe(true);
+    wait.submitted(slab, false);
+    expect(wait.wait(0)).toBe(true);
     expect(calls).toEqual(['read', 'sleep', 'read']);
     expect(sleeps[0]).toBeGreaterThan(900); // until the bound (1000 ms), not a slice
     expect(sleeps[0]).toBeLessThanOrEqual(1000);
@@ -174,7 +181,8 @@ describe('LoneWait', () => {
     slab.counters[Counter.BUSY_UNTIL] = nowMs() + 60_000; // predicted far off: it sleeps until the ring
     const ringer = ringFromAnotherThread(cells);
     await new Promise((resolve) => ringer.once('online', resolve));
-    expect(wait.wait(slab, seen)).toBe(true);
+    wait.submitted(slab, false);
+    expect(wait.wait(seen)).toBe(true);
     expect(bell.read()).not.toBe(seen);
     expect(outcomes).toEqual([true]);
     await ringer.terminate();

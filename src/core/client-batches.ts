@@ -25,7 +25,8 @@
 import { Cancellation } from './cancel.js';
 import { nowMs } from '../shared/clock.js';
 import { CancelledError, DeadlineExceededError, OverloadedError } from '../shared/errors.js';
-import { mergeTrace, type RequestRows, type SlabSubmitter, type SlotReservation, type SubmitInput } from './submitter.js';
+import { mergeTrace, type RequestRows, type SlabSubmitter, type SubmitInput } from './submitter.js';
+import type { SlotReservation } from '../shared/slab.js';
 import type { SpanIds } from '../shared/trace-context.js';
 
 /** Parts of one request queued or running at once: one runs while the next waits its turn. */

@@ -69,6 +69,8 @@ export class LoneWait {
   private readonly cores = availableParallelism();
   /** Requests submitted in a row while nothing else of this thread's was in flight. */
   private streak = 0;
+  /** The slab of the latest request submitted: the one a lone wait waits on. */
+  private slab: Slab | undefined;
 
   /** `bell`: the doorbell this thread's answers ring. */
   constructor(bell: Doorbell, opts: LoneWaitOptions) {
@@ -77,18 +79,20 @@ export class LoneWait {
     this.onWait = opts.onWait;
   }
 
-  /** Called as each request is submitted: whether others of this thread's were in flight then. */
-  submitted(othersInFlight: boolean): void {
+  /** Called as each request is submitted to `slab`: whether others of this thread's were in flight then. */
+  submitted(slab: Slab, othersInFlight: boolean): void {
+    this.slab = slab;
     this.streak = othersInFlight ? 0 : this.streak + 1;
   }
 
   /**
-   * Whether the one request in flight on `slab` (this thread's only one) is a
-   * lone caller's, alone in the server, and its run leaves a core free: worth
-   * holding the thread for.
+   * Whether the one request in flight (this thread's only one, the latest
+   * submitted) is a lone caller's, alone in the server, and its run leaves a
+   * core free: worth holding the thread for.
    */
-  applies(slab: Slab): boolean {
-    return this.streak >= LONE_STREAK && slab.slotsInUse() === 1 && slab.counters[Counter.RUN_CORES]! < this.cores;
+  applies(): boolean {
+    const slab = this.slab;
+    return this.streak >= LONE_STREAK && slab !== undefined && slab.slotsInUse() === 1 && slab.counters[Counter.RUN_CORES]! < this.cores;
   }
 
   /**
@@ -96,7 +100,8 @@ export class LoneWait {
    * passes (false): asleep until shortly before the batch's predicted end,
    * awake from there, asleep again once the batch is overdue.
    */
-  wait(slab: Slab, seen: number): boolean {
+  wait(seen: number): boolean {
+    const slab = this.slab!;
     const started = nowMs();
     const end = started + this.maxMs;
     for (let now = started; ; now = nowMs()) {

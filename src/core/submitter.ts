@@ -1,25 +1,27 @@
 /**
  * The owner side of the slabs: how a thread that accepts requests (a gateway,
  * or the in-process engine) hands token ids to the inference thread and gets
- * each result back, with no message per request.
+ * each result back, with no message per request. The slot transitions
+ * themselves (claim, enqueue, release) are the slab's (shared/slab.ts); this
+ * keeps which request waits on which slot.
  *
- * submit():  take a free slot, write ids into it, mark it QUEUED, push its
- *            index on the model's submit ring, ring the inference thread's bell.
- * reserve(): take a request's slots before its inputs are ready (all of them
+ * submitRequest(): claim a free slot per input (or take them from a
+ *            reservation), write the inputs in, queue them, ring the
+ *            inference thread's bell once; one promise for all the rows.
+ * reserve(): claim a request's slots before its inputs are ready (all of them
  *            or none: OverloadedError at once), so it is refused before any
- *            work is spent on it (tokenizing) and cannot lose them meanwhile;
- *            submit() then fills them one by one, release() gives back the rest.
+ *            work is spent on it (tokenizing) and cannot lose them meanwhile.
  * listen():  sleep on this owner's doorbell (Atomics.waitAsync); the
  *            inference thread rings it once per finished batch; drain this
  *            owner's completion queues and settle the waiting promises.
- * cancel:    an AbortSignal moves the slot QUEUED|RUNNING -> CANCELLED; the
- *            inference thread never runs it (or drops its result) and frees it.
+ * cancel:    moves the slot QUEUED|RUNNING -> CANCELLED; the inference
+ *            thread never runs it (or drops its result) and frees it.
  *
  * A completion this owner has no request for is freed: a request it gave up
  * after its result was written, or one of a previous thread with this owner
  * index that died (the main thread starts a new one; src/main/server.ts).
  */
-import { readBatchSpan, TRACE_I32, writeRequestSpan, type SpanIds } from '../shared/trace-context.js';
+import { readBatchSpan, TRACE_I32, type SpanIds } from '../shared/trace-context.js';
 import { predictedWaitMs, type BucketCost } from './admission.js';
 import { bucketFor } from '../shared/batching.js';
 import { Cancellation } from './cancel.js';
@@ -42,25 +44,18 @@ import {
 import {
   Account,
   Counter,
-  H_CHUNK,
   H_ERROR,
   H_GENERATION,
-  H_HOLDER,
   H_LENGTH,
-  H_OWNER,
-  H_POOL_FROM,
   H_TOKEN_PAGE,
-  H_ATTENDED,
-  H_PRIORITY,
-  HEADER_I32,
-  INTERLEAVE_CHUNK,
   Slab,
   SlotError,
+  SlotReservation,
   SlotState,
-  T_DEADLINE,
   T_ENQUEUED,
   T_FINISHED,
   T_STARTED,
+  type SlotInput,
 } from '../shared/slab.js';
 
 export interface SubmitOptions {
@@ -75,15 +70,8 @@ export interface SubmitOptions {
   reservation?: SlotReservation;
 }
 
-/** One input of a request: token ids with the special tokens, their type ids (null: all 0). */
-export interface SubmitInput {
-  ids: ArrayLike<number>;
-  typeIds: ArrayLike<number> | null;
-  /** Leading tokens the pooling leaves out (slab.ts H_POOL_FROM); default 0. */
-  poolFrom?: number | undefined;
-  /** Leading tokens the attention sees when fewer than all (slab.ts H_ATTENDED: ColBERT's query expansion); default all. */
-  attended?: number | undefined;
-}
+/** One input of a request (its slot's contents: shared/slab.ts). */
+export type SubmitInput = SlotInput;
 
 /** How one request (all its inputs) is submitted: {@link SlabSubmitter.submitRequest}. */
 export interface RequestSubmitOptions {
@@ -137,43 +125,6 @@ function traceOf(r: RequestRows, slab: Slab, slot: number): void {
   const batch = readBatchSpan(slab.traces, slot * TRACE_I32);
   const times = { enqueuedAt: slab.time(slot, T_ENQUEUED), startedAt: slab.time(slot, T_STARTED), finishedAt: slab.time(slot, T_FINISHED) };
   mergeTrace(r, { ...times, batches: batch ? [batch] : [] });
-}
-
-/**
- * Slots one request took before its inputs were ready: FILLING, owned by
- * this thread, on no queue, so no other request can take them (and a dead
- * gateway's are freed by the main thread as slots it left FILLING).
- * `submitRequest({reservation})` fills them; `release()` gives back those
- * not filled (a request that failed before submitting, or submitted fewer).
- */
-export class SlotReservation {
-  readonly model: number;
-  private readonly slots: number[];
-  private readonly giveBack: (slot: number) => void;
-  private released = false;
-
-  constructor(model: number, slots: number[], giveBack: (slot: number) => void) {
-    this.model = model;
-    this.slots = slots;
-    this.giveBack = giveBack;
-  }
-
-  /** Slots still held. */
-  get size(): number {
-    return this.released ? 0 : this.slots.length;
-  }
-
-  /** One held slot, now the caller's to fill; -1 when none is left (or after release). */
-  take(): number {
-    return this.released ? -1 : (this.slots.pop() ?? -1);
-  }
-
-  /** Gives back every slot not taken. Idempotent. */
-  release(): void {
-    if (this.released) return;
-    this.released = true;
-    for (let slot = this.slots.pop(); slot !== undefined; slot = this.slots.pop()) this.giveBack(slot);
-  }
 }
 
 /** Why a request was cancelled and what it cost: `ran` when the device had already run it (work wasted). */
@@ -242,8 +193,6 @@ export class SlabSubmitter {
   private listening = false;
   /** How this thread waits for the answer to a request alone in the server (gateway threads only: lone-wait.ts). */
   private readonly loneWait: LoneWait | undefined;
-  /** The model of the latest request submitted: the one a lone wait waits on. */
-  private lastModel = -1;
 
   /** Per model: bucket lengths and the batch capacity of each (for the queued-work tallies and admission). */
   private readonly buckets: { lengths: number[]; capacities: number[] }[] = [];
@@ -300,7 +249,6 @@ export class SlabSubmitter {
     return true;
   }
 
-  /** The bucket an input of `length` tokens is queued in (the last for anything longer: lengths are checked before). */
   /** The bucket an input of `length` tokens is queued in (the one rule, shared/batching.ts); submitRequest refused longer ones. */
   private bucketOf(model: number, length: number): number {
     const b = bucketFor(this.buckets[model]!.lengths, length);
@@ -353,64 +301,9 @@ export class SlabSubmitter {
     const slab = this.slabs[model];
     if (!slab) throw new ModelUnloadedError();
     if (!(count >= 1)) throw new ValidationError(`a request needs at least one slot, not ${count}`);
-    const popped: number[] = [];
-    while (popped.length < count) {
-      const slot = slab.free.pop();
-      if (slot === -1) break;
-      popped.push(slot);
-    }
-    if (popped.length < count) {
-      for (const slot of popped) slab.freeSlot(slot); // still FREE: nothing else to undo
-      throw new OverloadedError(
-        count > slab.layout.slotCount
-          ? `${count} inputs need more slots than the ${slab.layout.slotCount} this model has (--slots-per-model)`
-          : `${count} request slot${count === 1 ? '' : 's'} needed, fewer free of ${slab.layout.slotCount}; retry shortly`,
-      );
-    }
-    const pages = tokens ? this.takePages(slab, count, popped) : null;
-    for (const [i, slot] of popped.entries()) {
-      this.acquire(slab, slot);
-      if (pages) slab.setHeader(slot, H_TOKEN_PAGE, pages[i]! + 1);
-    }
+    const slots = slab.claim(count, this.owner, tokens);
     this.reserved += count;
-    return new SlotReservation(model, popped, (slot) => {
-      this.reserved--;
-      if (slab.transition(slot, SlotState.FILLING, SlotState.FREE) !== SlotState.FILLING) {
-        throw new Error(`reserved slot ${slot} is not FILLING (state ${slab.state(slot)})`);
-      }
-      slab.freeSlot(slot);
-    });
-  }
-
-  /** `count` pages of the token area, all or none: with fewer free, the popped slots go back and OverloadedError. */
-  private takePages(slab: Slab, count: number, popped: number[]): number[] {
-    const pages: number[] = [];
-    while (pages.length < count && slab.tokenFree) {
-      const page = slab.tokenFree.pop();
-      if (page === -1) break;
-      pages.push(page);
-    }
-    if (pages.length === count) return pages;
-    for (const page of pages) slab.tokenFree!.push(page);
-    for (const slot of popped) slab.free.push(slot); // still FREE, and holding no page
-    const total = slab.layout.tokenPages ?? 0;
-    throw new OverloadedError(
-      count > total
-        ? `${count} inputs of token vectors need more than the ${total} the model's token area holds at once (--token-output-mb)`
-        : `${count} inputs of token vectors need room in the model's token area, fewer of its ${total} free; retry shortly`,
-    );
-  }
-
-  /** FREE -> FILLING for a slot just popped off the free list, marked as this owner's; returns its new generation. */
-  private acquire(slab: Slab, slot: number): number {
-    if (slab.transition(slot, SlotState.FREE, SlotState.FILLING) !== SlotState.FREE) {
-      throw new Error(`slot ${slot} on the free list is not FREE (state ${slab.state(slot)})`);
-    }
-    // Owner and holder before the generation moves: the main thread, reclaiming a dead thread's
-    // slots, reads the generation around them to tell a slot taken again from one it held.
-    slab.setHeader(slot, H_HOLDER, 0);
-    slab.setHeader(slot, H_OWNER, this.owner);
-    return Atomics.add(slab.headers, slot * HEADER_I32 + H_GENERATION, 1) + 1;
+    return new SlotReservation(model, slab, slots, () => this.reserved--);
   }
 
   /**
@@ -435,19 +328,27 @@ export class SlabSubmitter {
     if (held && (held.model !== model || held.size < n)) {
       return Promise.reject(new Error(`the request's reserved slots (${held.size} of model ${held.model}) do not fit its ${n} inputs of model ${model}`));
     }
-    let own: SlotReservation | undefined;
+    const t = new Ticket(model, n, slab.layout.outputWidth);
+    t.traced = opts.trace !== undefined;
+    let slots: SlotReservation;
     try {
-      own = held ? undefined : this.reserve(model, n);
+      slots = held ?? this.reserve(model, n);
     } catch (err) {
       return Promise.reject(err);
     }
-    const slots = held ?? own!;
-    this.loneWait?.submitted(this.inFlight > 0);
-    const t = new Ticket(model, n, slab.layout.outputWidth);
-    t.traced = opts.trace !== undefined;
-    for (let i = 0; i < n; i++) this.fill(slab, model, t, i, slots.take(), inputs[i]!, opts);
-    own?.release(); // nothing is left in it
-    this.lastModel = model;
+    this.loneWait?.submitted(slab, this.inFlight > 0);
+    const request = { deadline: opts.deadline, priority: opts.priority ?? 0, input: opts.firstInput ?? 0, trace: opts.trace ?? null };
+    const lengths = this.buckets[model]!.lengths;
+    for (let i = 0; i < n; i++, request.input++) {
+      const slot = slots.take();
+      t.slots[i] = slot;
+      t.generations[i] = slab.enqueue(slot, inputs[i]!, request, lengths);
+      this.pending[model]![slot] = t;
+      this.pendingInput[model]![slot] = i;
+    }
+    this.reserved -= n;
+    this.inFlight += n;
+    if (!held) slots.release(); // nothing is left in it
     this.control.workerBell.ring(); // once per request, however many inputs
     if (opts.cancel) {
       t.cancel = opts.cancel;
@@ -456,36 +357,6 @@ export class SlabSubmitter {
     }
     this.listen();
     return t.promise;
-  }
-
-  /** Writes input `i` of ticket `t` into `slot` (FILLING, this owner's) and queues it. */
-  private fill(slab: Slab, model: number, t: Ticket, i: number, slot: number, x: SubmitInput, opts: RequestSubmitOptions): void {
-    this.reserved--;
-    const len = x.ids.length;
-    slab.slotIds(slot).set(x.ids);
-    const types = slab.slotTypeIds(slot);
-    if (x.typeIds) types.set(x.typeIds);
-    else types.fill(0, 0, len);
-    slab.setHeader(slot, H_LENGTH, len);
-    slab.setHeader(slot, H_POOL_FROM, x.poolFrom ?? 0);
-    slab.setHeader(slot, H_ATTENDED, x.attended ?? 0);
-    slab.setHeader(slot, H_PRIORITY, opts.priority ?? 0);
-    slab.setHeader(slot, H_CHUNK, Math.floor(((opts.firstInput ?? 0) + i) / INTERLEAVE_CHUNK));
-    slab.setHeader(slot, H_ERROR, SlotError.NONE);
-    writeRequestSpan(slab.traces, slot * TRACE_I32, opts.trace ?? null);
-    slab.setTime(slot, T_ENQUEUED, nowMs());
-    slab.setTime(slot, T_DEADLINE, opts.deadline);
-    t.slots[i] = slot;
-    t.generations[i] = slab.header(slot, H_GENERATION);
-    this.pending[model]![slot] = t;
-    this.pendingInput[model]![slot] = i;
-    this.inFlight++;
-    slab.transition(slot, SlotState.FILLING, SlotState.QUEUED);
-    const bucket = this.bucketOf(model, len);
-    Atomics.add(slab.accounts, Account.QUEUED_TOKENS, this.buckets[model]!.lengths[bucket]!);
-    Atomics.add(slab.accounts, Account.QUEUED_BY_BUCKET + bucket, 1);
-    // The ring holds slotCount entries and a slot index is in it at most once: it cannot be full.
-    if (!slab.submit.push(slot)) throw new Error('submit ring full: a slot index was queued twice');
   }
 
   /**
@@ -547,7 +418,7 @@ export class SlabSubmitter {
         if (this.mayWaitLone()) {
           // After the turn that submitted it: its handler has finished, and what it wrote is sent.
           await new Promise<void>((resolve) => setImmediate(resolve));
-          if (this.mayWaitLone() && this.loneWait!.wait(this.slabs[this.lastModel]!, seen)) continue;
+          if (this.mayWaitLone() && this.loneWait!.wait(seen)) continue;
         }
         await this.bell.wait(seen);
       }
@@ -559,8 +430,7 @@ export class SlabSubmitter {
 
   /** Whether this thread would hold itself for its one request in flight: a lone caller's, alone in the server (lone-wait.ts). */
   private mayWaitLone(): boolean {
-    const slab = this.slabs[this.lastModel];
-    return this.loneWait !== undefined && slab !== undefined && this.inFlight === 1 && this.abandoned.size === 0 && this.loneWait.applies(slab);
+    return this.loneWait !== undefined && this.inFlight === 1 && this.abandoned.size === 0 && this.loneWait.applies();
   }
 
   /** Settles every finished request on this owner's completion queues. */
@@ -581,14 +451,14 @@ export class SlabSubmitter {
       // Its caller cancelled after the result was written, or it was a dead
       // predecessor's (this owner index, an earlier thread): nobody wants it.
       if (!t) this.abandoned.delete(abandonKey(model, slot));
-      this.release(slab, slot, state);
+      slab.release(slot, state);
       return;
     }
     this.pending[model]![slot] = undefined;
     this.inFlight--;
     if (state !== SlotState.DONE) {
       const err = slotError(slab.header(slot, H_ERROR));
-      this.release(slab, slot, state);
+      slab.release(slot, state);
       this.cancelTicket(t, 'request_failed', err); // its other inputs are cancelled
       return;
     }
@@ -603,19 +473,12 @@ export class SlabSubmitter {
     r.queueMs = Math.max(r.queueMs, started - slab.time(slot, T_ENQUEUED));
     r.inferenceMs = Math.max(r.inferenceMs, slab.time(slot, T_FINISHED) - started);
     if (t.traced) traceOf(r, slab, slot);
-    this.release(slab, slot, state);
+    slab.release(slot, state);
     if (--t.remaining === 0 && !t.settled) {
       t.settled = true;
       t.cancel?.unlisten(t.onCancel!);
       t.resolve(r);
     }
-  }
-
-  private release(slab: Slab, slot: number, state: number): void {
-    if (slab.transition(slot, state, SlotState.FREE) !== state) {
-      throw new Error(`slot ${slot} changed state while its owner released it`);
-    }
-    slab.freeSlot(slot);
   }
 
   /** Rejects every request still waiting (after the inference thread has stopped). */

@@ -35,8 +35,11 @@
  * (bumped on every acquire) lets an owner check that a completion belongs to
  * the request it is waiting for.
  */
-import { TRACE_I32 } from './trace-context.js';
+import { TRACE_I32, writeRequestSpan, type SpanIds } from './trace-context.js';
 import { IndexQueue } from './index-queue.js';
+import { bucketFor } from './batching.js';
+import { nowMs } from './clock.js';
+import { OverloadedError } from './errors.js';
 
 export const SlotState = {
   FREE: 0,
@@ -331,6 +334,92 @@ export class Slab {
   }
 
   /**
+   * Takes `count` free slots for `owner`, all or none, each with a page of the
+   * token area when `pages`: FREE -> FILLING, marked as the owner's, its
+   * generation moved. With fewer free, OverloadedError and nothing is held.
+   */
+  claim(count: number, owner: number, pages: boolean): number[] {
+    const slots = popAll(this.free, count);
+    const { slotCount, tokenPages = 0 } = this.layout;
+    if (!slots) {
+      throw new OverloadedError(
+        count > slotCount
+          ? `${count} inputs need more slots than the ${slotCount} this model has (--slots-per-model)`
+          : `${count} request slot${count === 1 ? '' : 's'} needed, fewer free of ${slotCount}; retry shortly`,
+      );
+    }
+    const taken = pages ? popAll(this.tokenFree, count) : null;
+    if (pages && !taken) {
+      for (const slot of slots) this.free.push(slot); // still FREE, and holding no page
+      throw new OverloadedError(
+        count > tokenPages
+          ? `${count} inputs of token vectors need more than the ${tokenPages} the model's token area holds at once (--token-output-mb)`
+          : `${count} inputs of token vectors need room in the model's token area, fewer of its ${tokenPages} free; retry shortly`,
+      );
+    }
+    for (const [i, slot] of slots.entries()) {
+      if (this.transition(slot, SlotState.FREE, SlotState.FILLING) !== SlotState.FREE) {
+        throw new Error(`slot ${slot} on the free list is not FREE (state ${this.state(slot)})`);
+      }
+      // Owner and holder before the generation moves: the main thread, reclaiming a dead thread's
+      // slots, reads the generation around them to tell a slot taken again from one it held.
+      this.setHeader(slot, H_HOLDER, 0);
+      this.setHeader(slot, H_OWNER, owner);
+      Atomics.add(this.headers, slot * HEADER_I32 + H_GENERATION, 1);
+      if (taken) this.setHeader(slot, H_TOKEN_PAGE, taken[i]! + 1);
+    }
+    return slots;
+  }
+
+  /** Gives back a claimed slot that was never queued: FILLING -> FREE. */
+  unclaim(slot: number): void {
+    if (this.transition(slot, SlotState.FILLING, SlotState.FREE) !== SlotState.FILLING) {
+      throw new Error(`reserved slot ${slot} is not FILLING (state ${this.state(slot)})`);
+    }
+    this.freeSlot(slot);
+  }
+
+  /**
+   * Writes one input into a claimed slot and queues it for the inference
+   * thread: FILLING -> QUEUED, counted in its bucket of `bucketLengths`,
+   * pushed on the submit ring. Returns the slot's generation, which its
+   * completion must still carry.
+   */
+  enqueue(slot: number, x: SlotInput, request: SlotRequest, bucketLengths: readonly number[]): number {
+    const len = x.ids.length;
+    const bucket = bucketFor(bucketLengths, len);
+    if (bucket < 0) throw new RangeError(`an input of ${len} tokens is longer than the longest bucket, ${bucketLengths.at(-1)}`);
+    this.slotIds(slot).set(x.ids);
+    const types = this.slotTypeIds(slot);
+    if (x.typeIds) types.set(x.typeIds);
+    else types.fill(0, 0, len);
+    this.setHeader(slot, H_LENGTH, len);
+    this.setHeader(slot, H_POOL_FROM, x.poolFrom ?? 0);
+    this.setHeader(slot, H_ATTENDED, x.attended ?? 0);
+    this.setHeader(slot, H_PRIORITY, request.priority);
+    this.setHeader(slot, H_CHUNK, Math.floor(request.input / INTERLEAVE_CHUNK));
+    this.setHeader(slot, H_ERROR, SlotError.NONE);
+    writeRequestSpan(this.traces, slot * TRACE_I32, request.trace);
+    this.setTime(slot, T_ENQUEUED, nowMs());
+    this.setTime(slot, T_DEADLINE, request.deadline);
+    const generation = this.header(slot, H_GENERATION);
+    this.transition(slot, SlotState.FILLING, SlotState.QUEUED);
+    Atomics.add(this.accounts, Account.QUEUED_TOKENS, bucketLengths[bucket]!);
+    Atomics.add(this.accounts, Account.QUEUED_BY_BUCKET + bucket, 1);
+    // The ring holds slotCount entries and a slot index is in it at most once: it cannot be full.
+    if (!this.submit.push(slot)) throw new Error('submit ring full: a slot index was queued twice');
+    return generation;
+  }
+
+  /** Frees a slot its owner has read (or given up): `state` -> FREE. */
+  release(slot: number, state: number): void {
+    if (this.transition(slot, state, SlotState.FREE) !== state) {
+      throw new Error(`slot ${slot} changed state while its owner released it`);
+    }
+    this.freeSlot(slot);
+  }
+
+  /**
    * This slab with private output and token regions: every other region is shared.
    * The inference thread gives its runners this view, so a batch writes its
    * rows here first and the loop copies them into the shared slots only after
@@ -371,4 +460,81 @@ function validateLayout(l: SlabLayout): void {
   }
   if ((l.tokenPages ?? 0) > l.slotCount) throw new RangeError(`slab tokenPages (${l.tokenPages}) must not exceed slotCount (${l.slotCount})`);
   if ((l.tokenPages ?? 0) > 0 && !((l.tokenWidth ?? 0) > 0)) throw new RangeError('slab tokenWidth must be positive where there are token pages');
+}
+
+/** One input as its owner queues it: token ids with the special tokens, their type ids (null: all 0). */
+export interface SlotInput {
+  ids: ArrayLike<number>;
+  typeIds: ArrayLike<number> | null;
+  /** Leading tokens the pooling leaves out (H_POOL_FROM); default 0. */
+  poolFrom?: number | undefined;
+  /** Leading tokens the attention sees when fewer than all (H_ATTENDED: ColBERT's query expansion); default all. */
+  attended?: number | undefined;
+}
+
+/** What a queued input carries of its request. */
+export interface SlotRequest {
+  /** Epoch ms after which it must not run. */
+  deadline: number;
+  /** Priority class index (0 = interactive). */
+  priority: number;
+  /** Its place among its client request's inputs (large requests are interleaved by chunks of these). */
+  input: number;
+  /** The request's sampled span, or null. */
+  trace: SpanIds | null;
+}
+
+/**
+ * Slots one request claimed before its inputs were ready: FILLING, its
+ * owner's, on no queue, so no other request can take them (and a dead
+ * gateway's are freed by the main thread as slots it left FILLING).
+ * `take()` hands them out to fill; `release()` gives back those not taken.
+ */
+export class SlotReservation {
+  readonly model: number;
+  private readonly slab: Slab;
+  private readonly slots: number[];
+  private readonly onGiveBack: () => void;
+  private released = false;
+
+  /** `onGiveBack`: called for each slot given back unfilled. */
+  constructor(model: number, slab: Slab, slots: number[], onGiveBack: () => void) {
+    this.model = model;
+    this.slab = slab;
+    this.slots = slots;
+    this.onGiveBack = onGiveBack;
+  }
+
+  /** Slots still held. */
+  get size(): number {
+    return this.released ? 0 : this.slots.length;
+  }
+
+  /** One held slot, now the caller's to fill; -1 when none is left (or after release). */
+  take(): number {
+    return this.released ? -1 : (this.slots.pop() ?? -1);
+  }
+
+  /** Gives back every slot not taken. Idempotent. */
+  release(): void {
+    if (this.released) return;
+    this.released = true;
+    for (let slot = this.slots.pop(); slot !== undefined; slot = this.slots.pop()) {
+      this.onGiveBack();
+      this.slab.unclaim(slot);
+    }
+  }
+}
+
+/** `count` entries of `queue`, all or none (those popped go back). */
+function popAll(queue: IndexQueue | null, count: number): number[] | null {
+  const popped: number[] = [];
+  while (queue && popped.length < count) {
+    const v = queue.pop();
+    if (v === -1) break;
+    popped.push(v);
+  }
+  if (popped.length === count) return popped;
+  for (const v of popped) queue!.push(v);
+  return null;
 }
