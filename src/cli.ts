@@ -15,7 +15,10 @@ import { defaultGatewayThreads, startServer, type ServerConfig } from './main/se
 import { createLogger, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
+import { DTYPES, type Dtype } from './shared/model-format/model-config.js';
 import { VERSION } from './version.js';
+import { prefetchModels } from './main/hub/prefetch.js';
+import { modelOverrides } from './main/plan-models.js';
 import { BATCHING_OPTIONS, defaultText, DEFAULTS, envOf, OPTIONS, type OptionName, type OptionSpec, type PriorityClass } from './shared/options.js';
 import { collectStartupGarbage, turnOffMemoryReducer } from './shared/gc.js';
 
@@ -287,6 +290,18 @@ commonOptions(program.command('classify').description('print the top label and s
       (await e.classify(texts, { truncate: flags.truncate, ...(flags.model ? { model: flags.model } : {}) })).map((c) => ({ label: c.label, score: c.score })),
     ),
 );
+
+program
+  .command('download')
+  .description('fetch models by Hub id into the Hugging Face cache (HF_HUB_CACHE), or as plain folders with --models-dir, and exit: for image builds and machines that serve offline')
+  .argument('<id...>', 'ORG/NAME[@REVISION] (a branch, tag or commit; default main)')
+  .addOption(new Option('--models-dir <dir>', 'write plain folders DIR/NAME instead of the cache (serve them with serve --models-dir DIR)'))
+  .addOption(new Option('--dtype <dtype>', `${OPTIONS.dtype.help} (default: ${defaultText(OPTIONS.dtype)})`).choices([...DTYPES]).env(envOf(OPTIONS.dtype)))
+  .addOption(new Option('--device <device>', `the device it will serve on: auto fetches fp16 for CUDA (default: ${DEFAULTS.device})`).default(DEFAULTS.device).env(envOf(OPTIONS.device)))
+  .action(async (ids: string[], flags: { modelsDir?: string; dtype?: Dtype; device: string }) => {
+    const log = (line: string) => process.stderr.write(line + '\n');
+    await prefetchModels(ids, { overrides: modelOverrides({ dtype: flags.dtype, device: flags.device }), modelsDir: flags.modelsDir, log });
+  });
 
 program.parseAsync().catch((err: unknown) => {
   const e = err as Error;

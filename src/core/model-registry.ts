@@ -114,15 +114,16 @@ export class ModelRegistry {
   }
 
   /**
-   * The loaded model named `name`. A name no model can have (checkModelName,
-   * shared/model-format/model-config.ts: `..`, slashes, percent signs, over 128 characters) is refused
-   * first, so a name from a URL or a body never reaches more than this list.
+   * The loaded model named `name` (or, fetched by its Hub id, with that repository id). A name
+   * that matches none and no model can have (checkModelName, shared/model-format/model-config.ts:
+   * `..`, slashes, percent signs, over 128 characters) is refused as invalid.
    */
   byName(name: string): ServedModel {
+    // A model fetched by its Hub id answers to "ORG/NAME" too (what OpenAI's clients send).
+    const m = this.served.find((x) => x.plan.spec.name === name || x.plan.spec.hub?.repo === name);
+    if (m) return m;
     checkModelName(name);
-    const m = this.served.find((x) => x.plan.spec.name === name);
-    if (!m) throw new ModelNotFoundError(name, this.names(), this.missingHint?.(name));
-    return m;
+    throw new ModelNotFoundError(name, this.names(), this.missingHint?.(name));
   }
 
   names(): string[] {

@@ -9,6 +9,8 @@
  *   const [top] = await engine.classify('I want my money back');
  *   await engine.close();
  */
+import { existsSync } from 'node:fs';
+import { parseHubId } from './hub/hub-id.js';
 import { basename, resolve } from 'node:path';
 import { Infer, type InferResult } from '../core/infer.js';
 import { type CallInputs } from '../core/inputs.js';
@@ -22,14 +24,14 @@ import { checkDevice, type DeviceInfo } from '../gpu-worker/device.js';
 import type { BatchingOptions } from '../gpu-worker/scheduler.js';
 import { inferenceOptionsOf, InferenceSupervisor, TEST_HOOKS_ENV, type InferenceHoldHooks } from './threads/inference-supervisor.js';
 import { DEFAULTS, unbatchedNamesOf, withDefaults, type BatchingName, type NamesOf, type OptionValues } from '../shared/options.js';
-import { bucketPlans, loadModels, modelsDirOf, planningOf, planWhileServing } from './plan-models.js';
+import { bucketPlans, loadModels, locateHubModel, locateModels, modelsDirOf, planningOf, planWhileServing } from './plan-models.js';
 import { ModelRepository } from './repository/repository.js';
 import type { IndexEntry } from '../shared/repository-protocol.js';
 import { ModelRegistry } from '../core/model-registry.js';
 import { ModelSet } from './repository/model-set.js';
 import { ControlBlock } from '../shared/control.js';
 import { EngineClosedError } from '../shared/errors.js';
-import { servedSources, type ModelOutput, type ServedPooling, type ServeSettings, type SettingSources, type Task } from '../shared/model-format/model-config.js';
+import { servedSources, type HubSource, type ModelOutput, type ServedPooling, type ServeSettings, type SettingSources, type Task } from '../shared/model-format/model-config.js';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { cacheLayoutOf, ResultCache } from '../shared/result-cache.js';
 import { Counter, Slab } from '../shared/slab.js';
@@ -81,6 +83,8 @@ export interface EmbedOptions extends RequestOptions {
 
 export interface ModelInfo {
   name: string;
+  /** A model served by its Hub id: the repository, the revision asked for and the commit served. */
+  hub?: HubSource;
   task: Task;
   maxLength: number;
   dimension: number;
@@ -124,6 +128,7 @@ export interface ModelStats {
 export function describeModel(m: ServedModel['plan']): ModelInfo {
   return {
     name: m.spec.name,
+    ...(m.spec.hub ? { hub: m.spec.hub } : {}),
     task: m.spec.task,
     maxLength: m.maxLength,
     dimension: m.spec.task === 'embed' ? m.spec.dimension : m.spec.labels.length,
@@ -197,14 +202,15 @@ export class Engine {
   }
 
   /**
-   * Loads a model while the engine serves (docs/model-repository.md): a name under `modelsDir`
-   * or a folder's path; a model served already is reloaded from its folder (the version served
+   * Loads a model while the engine serves (docs/model-repository.md): a name under `modelsDir`,
+   * a folder's path, or a Hub id (fetched into the Hugging Face cache); a model served already is reloaded from its folder (the version served
    * answers until the new one is warm). `settings` are serve.json's, over the folder's.
    */
   async loadModel(nameOrPath: string, settings?: ServeSettings): Promise<ModelInfo> {
     this.assertOpen();
     await this.repository.load(nameOrPath, settings);
-    return describeModel(this.pipeline.models.byName(basename(resolve(nameOrPath))).plan);
+    const hubId = existsSync(nameOrPath) ? null : parseHubId(nameOrPath);
+    return describeModel(this.pipeline.models.byName(hubId ? hubId.repo : basename(resolve(nameOrPath))).plan);
   }
 
   /** Unloads a model: refused for new calls at once; the calls it holds finish first. */
@@ -292,11 +298,8 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   await checkNativeBinaries({ gateways: false });
   const owners = 1;
   const planning = planningOf(o, options.batching, log, owners);
-  const plans = loadModels({
-    ...(o.modelsDir ? { modelsDir: o.modelsDir } : {}),
-    ...(o.models ? { models: o.models } : {}),
-    ...planning,
-  });
+  const folders = await locateModels({ modelsDir: o.modelsDir, models: o.models, servedNames: o.servedModelNames, overrides: planning.overrides, log });
+  const plans = loadModels(folders, planning);
   const control = ControlBlock.create(owners);
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const models: ServedModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));
@@ -321,6 +324,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
     inference,
     gateways: { callEvery: async <T>(method: string, arg: unknown) => [(await handlers[method as keyof typeof handlers](arg)) as T] },
     plan: planWhileServing(planning, modelSet),
+    fetchHub: (id) => locateHubModel(id, { overrides: planning.overrides, log }),
     onChange: async () => {},
     log,
     drainTimeoutMs: o.requestTimeoutMs + 1000,

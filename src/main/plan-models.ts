@@ -4,26 +4,47 @@
  * (checked and completed here), and a slab sized for it. Shared by the
  * in-process engine and the server.
  */
-import { existsSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { batchCapacity, PAD_TO, type BatchingOptions } from '../gpu-worker/scheduler.js';
 import { DEFAULTS, defaultBuckets } from '../shared/options.js';
 import { cudaMissing, parseDevice } from '../gpu-worker/device.js';
 import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
-import { isValidModelName, listModelDirs, loadModelSpec, type Dtype, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings } from '../shared/model-format/model-config.js';
+import { isValidModelName, listModelDirs, loadModelSpec, type Dtype, type HubSource, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings } from '../shared/model-format/model-config.js';
+import { fetchModel } from './hub/fetch-model.js';
+import { hfEnv, type HfEnv } from './hub/hf-env.js';
+import { hubIdText, parseHubId, shortNameOf, type HubModelId } from './hub/hub-id.js';
+import { downloadProgress } from './hub/progress.js';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { MAX_BUCKETS, Slab } from '../shared/slab.js';
 
 /** The package's own folder (dist/src/.. /..), where models/ lives by default. */
 export const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
+/** A model's folder, the name it is served by, and where it came from when it came from the Hub. */
+export interface ModelFolder {
+  name: string;
+  dir: string;
+  hub?: HubSource;
+}
+
+export interface LocateModelsOptions {
+  modelsDir?: string | undefined;
+  /** Names under modelsDir, folder paths, or Hub ids (ORG/NAME[@REVISION], fetched into the Hugging Face cache). Default: every folder of modelsDir. */
+  models?: string[] | undefined;
+  /** The names to serve them by instead (--served-model-name), one per model in order. */
+  servedNames?: string[] | undefined;
+  /** Which graph a Hub model needs (dtype, CUDA): only that one is fetched. */
+  overrides: ModelOverrides;
+  log: (line: string) => void;
+  /** The Hugging Face conventions (HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE, HF_HUB_OFFLINE); default from the environment. */
+  hf?: HfEnv;
+}
+
 export interface LoadModelsOptions {
-  modelsDir?: string;
-  /** Names under modelsDir, or folder paths (with a "/", or an existing folder): the model is then named after its folder. */
-  models?: string[];
   /** Settings the server's flags impose on every model (pooling, max input length). */
-  overrides?: ModelOverrides;
+  overrides: ModelOverrides;
   /** Where a model's start-up warnings go (a pooling left to the default). */
   warn?: (line: string) => void;
   batching?: Partial<BatchingOptions>;
@@ -34,8 +55,8 @@ export interface LoadModelsOptions {
   owners: number;
 }
 
-/** How every model is planned, at start and at a load while serving: all but which folders. */
-export type Planning = Omit<LoadModelsOptions, 'modelsDir' | 'models'>;
+/** How every model is planned, at start and at a load while serving. */
+export type Planning = LoadModelsOptions;
 
 /** The models directory: --models-dir, or the package's own models/. */
 export function modelsDirOf(given: string | undefined): string {
@@ -54,7 +75,7 @@ export function planningOf(
 
 /** A folder planned while serving (a load) as at start, in a retired model's slab memory where it fits. */
 export function planWhileServing(planning: Planning, models: { reusable(bytes: number): SharedArrayBuffer | undefined }) {
-  return (folder: { name: string; dir: string }, id: number, serve?: ServeSettings): ModelPlan =>
+  return (folder: ModelFolder, id: number, serve?: ServeSettings): ModelPlan =>
     planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => models.reusable(bytes) });
 }
 
@@ -79,17 +100,48 @@ export function modelOverrides(o: {
   };
 }
 
-export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
+/** Where each model to serve is, fetching those named by Hub id: the start's first step, before any thread. */
+export async function locateModels(opts: LocateModelsOptions): Promise<ModelFolder[]> {
   const modelsDir = modelsDirOf(opts.modelsDir);
   const names = opts.models && opts.models.length > 0 ? opts.models : listModelDirs(modelsDir);
   if (names.length === 0) throw new Error(noModelsMessage(modelsDir));
-  const folders = names.map((given) => modelFolder(modelsDir, given));
+  const served = opts.servedNames ?? [];
+  if (served.length > 0 && served.length !== names.length) {
+    throw new ValidationError(`--served-model-name gives ${served.length} name${served.length === 1 ? '' : 's'} for ${names.length} models (${names.join(', ')}): one per --model, in order`);
+  }
+  const folders: ModelFolder[] = [];
+  for (const [i, given] of names.entries()) {
+    const folder = await locateModel(modelsDir, given, opts);
+    const name = served[i];
+    if (name !== undefined && !isValidModelName(name)) throw new ValidationError(`--served-model-name "${name}": a name is letters, digits, ".", "_" and "-"`);
+    folders.push(name !== undefined ? { ...folder, name } : folder);
+  }
   const seen = new Set<string>();
   for (const f of folders) {
-    if (seen.has(f.name)) throw new ValidationError(`two models named "${f.name}" (${names.join(', ')}): a model is named after its folder`);
+    if (seen.has(f.name)) throw new ValidationError(`two models named "${f.name}" (${names.join(', ')}): a model is named after its folder, or its Hub repository's name; --served-model-name names them apart`);
     seen.add(f.name);
   }
-  return folders.map((folder, index) => planModel(folder, index, opts));
+  return folders;
+}
+
+/** Each folder planned, as model ids 0, 1, ... */
+export function loadModels(folders: readonly ModelFolder[], planning: Planning): ModelPlan[] {
+  return folders.map((folder, index) => planModel(folder, index, planning));
+}
+
+/** Where one --model value is: a local folder or a name under modelsDir as they stand, else a Hub id, fetched. */
+export async function locateModel(modelsDir: string, given: string, opts: HubFetching): Promise<ModelFolder> {
+  return localFolder(modelsDir, given) ?? locateHubModel(parseHubId(given)!, opts);
+}
+
+export type HubFetching = Pick<LocateModelsOptions, 'overrides' | 'log' | 'hf'>;
+
+/** A model by its Hub id: fetched into the cache (or found there), served from its snapshot under its repository's NAME. */
+export async function locateHubModel(id: HubModelId, opts: HubFetching): Promise<ModelFolder> {
+  const text = hubIdText(id);
+  const fetched = await fetchModel(id, { env: opts.hf ?? hfEnv(), overrides: opts.overrides, log: opts.log, progress: downloadProgress(text, opts.log) });
+  opts.log(`slabserve: model ${text}: commit ${fetched.commit}, ${fetched.online ? 'from the Hub' : 'from the cache'} (${fetched.dir})`);
+  return { name: shortNameOf(id.repo), dir: fetched.dir, hub: { repo: id.repo, revision: id.revision, commit: fetched.commit } };
 }
 
 /**
@@ -98,11 +150,12 @@ export function loadModels(opts: LoadModelsOptions): ModelPlan[] {
  * batching checked, its slab made. Throws with the reason when the folder cannot be served.
  */
 export function planModel(
-  folder: { name: string; dir: string },
+  folder: ModelFolder,
   index: number,
-  opts: Omit<LoadModelsOptions, 'modelsDir' | 'models'> & { serve?: ServeSettings; reuse?: (bytes: number) => SharedArrayBuffer | undefined },
+  opts: LoadModelsOptions & { serve?: ServeSettings; reuse?: (bytes: number) => SharedArrayBuffer | undefined },
 ): ModelPlan {
   let spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve);
+  if (folder.hub) spec = { ...spec, hub: folder.hub };
   for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
   const batching = resolveBatching(spec, opts.batching);
   const maxLength = Math.min(spec.maxLength, batching.buckets[batching.buckets.length - 1]!);
@@ -133,22 +186,24 @@ function noModelsMessage(modelsDir: string): string {
 }
 
 /**
- * Where `given` (a --model value) is: a folder path when it holds a "/" or is a
- * folder as it stands (relative to the working directory), else a name under
- * modelsDir. The model is named after its folder.
+ * Where `given` (a --model value) is on disk: a name under modelsDir when it
+ * is one (no "/"), else a folder path as it stands (relative to the working
+ * directory). null: not on disk, and shaped as a Hub id (ORG/NAME[@REVISION]).
  */
-function modelFolder(modelsDir: string, given: string): { name: string; dir: string } {
-  const isPath = given.includes('/') || given.includes('\\') || given === '.' || given === '..';
-  if (isPath || (!isValidModelName(given) && existsSync(given))) {
-    const dir = resolve(given);
-    if (!existsSync(join(dir, 'config.json'))) {
-      throw new ValidationError(existsSync(dir) ? `model folder ${dir} has no config.json` : `model folder ${dir} does not exist`);
-    }
+function localFolder(modelsDir: string, given: string): ModelFolder | null {
+  if (isValidModelName(given)) {
+    const dir = join(modelsDir, given);
+    if (!existsSync(join(dir, 'config.json'))) throw new ModelNotFoundError(given, listModelDirs(modelsDir));
+    return { name: given, dir };
+  }
+  const dir = resolve(given);
+  if (existsSync(dir) && statSync(dir).isDirectory()) {
+    if (!existsSync(join(dir, 'config.json'))) throw new ValidationError(`model folder ${dir} has no config.json`);
     return { name: basename(dir), dir };
   }
-  const dir = join(modelsDir, given);
-  if (!existsSync(join(dir, 'config.json'))) throw new ModelNotFoundError(given, listModelDirs(modelsDir));
-  return { name: given, dir };
+  const pathLike = /^(\.{1,2}|~)?[/\\]/.test(given) || given.includes('\\');
+  if (pathLike || !parseHubId(given)) throw new ValidationError(`model folder ${dir} does not exist${pathLike ? '' : ', and "' + given + '" is no Hub id (ORG/NAME[@REVISION])'}`);
+  return null;
 }
 
 /** "task=embed pooling=cls (1_Pooling/config.json) normalize=true (modules.json) maxLength=128 (sentence_bert_config.json)". */

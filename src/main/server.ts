@@ -39,7 +39,7 @@ import { ModelRepository } from './repository/repository.js';
 import type { RepositoryAnswer, RepositoryOp } from '../shared/repository-protocol.js';
 import { ModelSet } from './repository/model-set.js';
 import { ModelBudget } from './repository/model-budget.js';
-import { loadModels, modelsDirOf, planningOf, planWhileServing, type Planning } from './plan-models.js';
+import { loadModels, locateHubModel, locateModels, modelsDirOf, planningOf, planWhileServing, type Planning } from './plan-models.js';
 import type { ModelPlan } from '../shared/model-plan.js';
 import { nowMs } from '../shared/clock.js';
 import { ControlBlock, WorkerState } from '../shared/control.js';
@@ -207,11 +207,8 @@ export async function startServer(given: ServerConfig): Promise<Server> {
   const grpcThreads = config.grpcThreads;
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
   const planning = planningOf(config, config.batching, log, owners);
-  const plans = loadModels({
-    ...(config.modelsDir ? { modelsDir: config.modelsDir } : {}),
-    ...(config.models && config.models.length ? { models: config.models } : {}),
-    ...planning,
-  });
+  const folders = await locateModels({ modelsDir: config.modelsDir, models: config.models, servedNames: config.servedModelNames, overrides: planning.overrides, log });
+  const plans = loadModels(folders, planning);
   const models = new ModelSet(plans);
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const control = ControlBlock.create(owners);
@@ -320,6 +317,7 @@ function modelRepository(
     inference,
     gateways: { callEvery: (method, arg, timeoutMs) => gateways.callEvery(method, arg, timeoutMs) },
     plan: planWhileServing(planning, models),
+    fetchHub: (id) => locateHubModel(id, { overrides: planning.overrides, log }),
     onChange: () => gateways.setInfo(),
     log,
     drainTimeoutMs: config.requestTimeoutMs + 1000,

@@ -96,7 +96,13 @@ export const OPTIONS = {
     flag: '--model <name>',
     kind: 'list',
     defaultHelp: 'all',
-    help: 'which models to serve: a name under --models-dir or a folder path, such as a sentence-transformers folder (repeatable, or comma-separated): models/README.md',
+    help: 'which models to serve: a Hugging Face Hub id ORG/NAME[@REVISION] (fetched into the Hugging Face cache: HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE, HF_HUB_OFFLINE), a name under --models-dir, or a folder path (repeatable, or comma-separated): docs/models.md',
+  }),
+  servedModelNames: engine<string[]>({
+    flag: '--served-model-name <name>',
+    kind: 'list',
+    defaultHelp: "a Hub model's repository NAME, a folder's name",
+    help: 'the name each --model is served by, in order (repeatable, or comma-separated); a Hub model answers to its ORG/NAME id as well',
   }),
   modelControlMode: server<ModelControlMode>({
     flag: '--model-control-mode <mode>',

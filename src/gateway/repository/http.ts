@@ -3,6 +3,7 @@
  *
  *   POST /v2/repository/index                 {ready?}  -> [{name, version?, state, reason}]
  *   POST /v2/repository/models/{name}/load    {parameters?: {config?}} -> 200 once it takes requests
+ *                                             ({name}: a folder's name, or a Hub id percent-encoded: ORG%2FNAME)
  *   POST /v2/repository/models/{name}/unload  {parameters?: {unload_dependents?}} -> 200
  *
  * A body is optional. With --api-key they need a key, and with --admin-api-key one of its keys
@@ -63,7 +64,7 @@ export const REPOSITORY_ROUTES: readonly Route[] = [
     handle: async (ctx, deps, [name]) => {
       const body = parseBody(RepositoryLoadRequest, (await ctx.readPayload(MAX_BODY_BYTES, { emptyOk: true })) ?? {});
       const config = serveSettings(body.parameters?.config);
-      await ask(ctx, deps, { op: 'load', name: name!, ...(config ? { config } : {}) }, () => ctx.send(200, {}));
+      await ask(ctx, deps, { op: 'load', name: decodedName(name!), ...(config ? { config } : {}) }, () => ctx.send(200, {}));
     },
   },
   {
@@ -77,3 +78,12 @@ export const REPOSITORY_ROUTES: readonly Route[] = [
     },
   },
 ];
+
+/** A path segment's name: a Hub id comes percent-encoded (BAAI%2Fbge-small-en-v1.5%40v1); one that does not decode stays as sent. */
+function decodedName(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return segment;
+  }
+}

@@ -21,6 +21,8 @@ import { BudgetError, type ModelBudget } from './model-budget.js';
 import type { ModelSet } from './model-set.js';
 import { listModelDirs, isValidModelName, type ServeSettings } from '../../shared/model-format/model-config.js';
 import type { ModelPlan } from '../../shared/model-plan.js';
+import type { ModelFolder } from '../plan-models.js';
+import { parseHubId, type HubModelId } from '../hub/hub-id.js';
 import { SlabserveError, type ErrorType } from '../../shared/errors.js';
 import type { RepositoryMetrics } from '../../shared/telemetry/metrics.js';
 import type { ModelControlMode } from '../../shared/options.js';
@@ -43,7 +45,9 @@ export interface RepositoryOptions {
   /** Every gateway thread: `method` called on each, rejecting with the first failure (GatewaySupervisor.callEvery). */
   gateways: { callEvery<T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]> };
   /** Plans a folder as model id `id` with the server's settings (src/main/plan-models.ts planModel). */
-  plan: (folder: { name: string; dir: string }, id: number, serve?: ServeSettings) => ModelPlan;
+  plan: (folder: ModelFolder, id: number, serve?: ServeSettings) => ModelPlan;
+  /** Fetches a model named by its Hub id (ORG/NAME[@REVISION]) into the cache (src/main/plan-models.ts locateHubModel); absent: loads take folders only. */
+  fetchHub?: (id: HubModelId) => Promise<ModelFolder>;
   /** The model set changed: tell the gateways (the /info document). */
   onChange: () => Promise<void>;
   log: (line: string) => void;
@@ -146,10 +150,14 @@ export class ModelRepository {
     return [...new Set([...listModelDirs(this.opts.modelsDir), ...this.entries.keys()])].sort();
   }
 
-  /** Loads `name` (or reloads it, when served) and resolves once it takes requests. With `paths`, `name` may be a folder's path. */
-  async load(name: string, serve?: ServeSettings): Promise<void> {
+  /**
+   * Loads `name` (or reloads it, when served) and resolves once it takes requests. With `paths`,
+   * `name` may be a folder's path; with `fetchHub`, a Hub id (an explicit load only, never a lazy one).
+   */
+  async load(name: string, serve?: ServeSettings, hub = true): Promise<void> {
     this.checkControl('load');
-    const folder = this.folderOf(name);
+    const id = hub && this.opts.fetchHub && !(this.opts.paths && existsSync(name)) ? parseHubId(name) : null;
+    const folder = id ? await this.opts.fetchHub!(id) : this.folderOf(name);
     this.lazyFailures.delete(folder.name); // an explicit load tries again at once
     return this.serialize(folder.name, () => this.doLoad(folder, serve));
   }
@@ -165,7 +173,7 @@ export class ModelRepository {
     if (failed && Date.now() - failed.at < LAZY_RETRY_MS) return Promise.reject(failed.error);
     let shared = this.ensuring.get(name);
     if (!shared) {
-      shared = this.load(name)
+      shared = this.load(name, undefined, false)
         .catch((error: unknown) => {
           this.lazyFailures.set(name, { error, at: Date.now() });
           throw error;
@@ -198,7 +206,7 @@ export class ModelRepository {
     return run;
   }
 
-  private async doLoad(folder: { name: string; dir: string }, serve?: ServeSettings): Promise<void> {
+  private async doLoad(folder: ModelFolder, serve?: ServeSettings): Promise<void> {
     const name = folder.name;
     const entry: Entry = this.entries.get(name) ?? { state: 'UNAVAILABLE', reason: '', generation: 0, memoryBytes: null };
     this.entries.set(name, entry);

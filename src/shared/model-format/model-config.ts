@@ -117,9 +117,21 @@ export interface SettingSources {
   defaultPrompt?: string;
 }
 
+/** Where a model fetched by its Hub id came from (src/main/hub/). */
+export interface HubSource {
+  /** "ORG/NAME": the model answers to it as well as to its name. */
+  repo: string;
+  /** The branch, tag or commit asked for. */
+  revision: string;
+  /** The commit it resolved to, served. */
+  commit: string;
+}
+
 export interface ModelSpec {
   name: string;
   dir: string;
+  /** A model served by its Hub id: which repository and commit. */
+  hub?: HubSource;
   onnxPath: string;
   /** Which of the folder's graphs onnxPath is. */
   dtype: Exclude<Dtype, 'auto'>;
@@ -427,27 +439,38 @@ function chooseDefaultPrompt(name: string, folder: FolderSettings, overrides: Mo
   return { value: { name: named.value, text }, source: named.source };
 }
 
+/** The graph files of `dtype` a folder may hold, relative to it, in the order the first found wins. */
+export function graphFiles(dtype: Exclude<Dtype, 'auto'>): string[] {
+  return DTYPE_FILES[dtype].flatMap((f) => [f, `onnx/${f}`]);
+}
+
 /**
- * The graph to serve: the dtype asked for (its file must be there), or with
- * auto fp16 on CUDA where the folder has it, else fp32.
+ * The graph to serve, from what the folder `where` has (`has(relativePath)`):
+ * the dtype asked for (its file must be there), or with auto fp16 on CUDA
+ * where the folder has it, else fp32. Throws the reason when none fits.
  */
-function chooseGraph(name: string, dir: string, overrides: ModelOverrides): { path: string; dtype: Exclude<Dtype, 'auto'>; source: string } {
-  const find = (d: Exclude<Dtype, 'auto'>) => DTYPE_FILES[d].flatMap((f) => [join(dir, f), join(dir, 'onnx', f)]).find((p) => existsSync(p));
+export function pickGraph(name: string, where: string, has: (file: string) => boolean, overrides: ModelOverrides): { file: string; dtype: Exclude<Dtype, 'auto'>; source: string } {
+  const find = (d: Exclude<Dtype, 'auto'>) => graphFiles(d).find(has);
   const asked = overrides.dtype ?? 'auto';
   if (!DTYPES.includes(asked)) throw new Error(`unknown dtype "${String(asked)}"; expected one of ${DTYPES.join(', ')}`);
   if (asked !== 'auto') {
-    const path = find(asked);
-    if (!path) {
+    const file = find(asked);
+    if (!file) {
       const have = (['fp32', 'fp16', 'int8'] as const).filter((d) => find(d));
-      throw new Error(`model ${name}: --dtype ${asked} but ${dir} has no ${DTYPE_FILES[asked].join(' or ')} (in it or onnx/); it has: ${have.join(', ') || 'no graph'}`);
+      throw new Error(`model ${name}: --dtype ${asked} but ${where} has no ${DTYPE_FILES[asked].join(' or ')} (in it or onnx/); it has: ${have.join(', ') || 'no graph'}`);
     }
-    return { path, dtype: asked, source: 'flag' };
+    return { file, dtype: asked, source: 'flag' };
   }
   const fp16 = overrides.onCuda ? find('fp16') : undefined;
-  if (fp16) return { path: fp16, dtype: 'fp16', source: 'default (CUDA)' };
+  if (fp16) return { file: fp16, dtype: 'fp16', source: 'default (CUDA)' };
   const fp32 = find('fp32');
-  if (!fp32) throw new Error(`model ${name}: no model.onnx or onnx/model.onnx in ${dir}`);
-  return { path: fp32, dtype: 'fp32', source: 'default' };
+  if (!fp32) throw new Error(`model ${name}: no model.onnx or onnx/model.onnx in ${where}`);
+  return { file: fp32, dtype: 'fp32', source: 'default' };
+}
+
+function chooseGraph(name: string, dir: string, overrides: ModelOverrides): { path: string; dtype: Exclude<Dtype, 'auto'>; source: string } {
+  const { file, dtype, source } = pickGraph(name, dir, (f) => existsSync(join(dir, f)), overrides);
+  return { path: join(dir, file), dtype, source };
 }
 
 /**
