@@ -96,7 +96,7 @@ export const OPTIONS = {
     flag: '--model <name>',
     kind: 'list',
     defaultHelp: 'all',
-    help: 'which models to serve: a Hugging Face Hub id ORG/NAME[@REVISION] (fetched into the Hugging Face cache: HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE, HF_HUB_OFFLINE), a name under --models-dir, or a folder path (repeatable, or comma-separated): docs/models.md',
+    help: 'which models to serve: a Hugging Face Hub id ORG/NAME[@REVISION] (fetched into the Hugging Face cache: HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE, HF_HUB_OFFLINE), a name under --models-dir, or a folder path (repeatable, or comma-separated): models/README.md',
   }),
   servedModelNames: engine<string[]>({
     flag: '--served-model-name <name>',

@@ -26,7 +26,7 @@ export interface RepoFile {
 }
 
 export interface DownloadOptions {
-  /** The file's bytes from `offset` on; `from`: where they start (0 where the server ignored the range). */
+  /** The file's bytes from `offset` on; `from`: where they start (0 where the server ignored the range). Retries its own failures. */
   open(offset: number): Promise<{ body: ReadableStream<Uint8Array>; from: number }>;
   /** Once, as its transfer begins: from 0, or from the bytes an interrupted one left. */
   onStart?: (from: number) => void;
@@ -91,12 +91,13 @@ async function transfer(partial: string, file: RepoFile, opts: DownloadOptions):
         done(null, chunk);
       },
     });
+    // Opening is retried by `open` itself: what is retried here is a transfer that breaks.
+    const { body, from } = await opts.open(have);
+    if (from !== have) {
+      truncateSync(partial, from);
+      have = from;
+    }
     try {
-      const { body, from } = await opts.open(have);
-      if (from !== have) {
-        truncateSync(partial, from);
-        have = from;
-      }
       await pipeline(Readable.fromWeb(body), counted, createWriteStream(partial, { flags: 'a' }));
       if (have !== file.size) throw new Error(`the transfer ended at ${have} of ${file.size} bytes`);
       return;

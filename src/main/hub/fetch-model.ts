@@ -58,6 +58,9 @@ export class HubModelError extends Error {}
 export async function fetchModel(id: HubModelId, opts: FetchOptions): Promise<FetchedModel> {
   const cache = new RepoCache(opts.env.cacheDir, id.repo);
   if (opts.env.offline) return fromCache(id, cache, opts, 'HF_HUB_OFFLINE is set');
+  // A commit never changes: what the cache holds of it is served without asking (as huggingface_hub does).
+  const pinned = COMMIT.test(id.revision) ? cachedSnapshot(id, cache, opts) : null;
+  if (pinned && typeof pinned !== 'string') return pinned;
   const hub = new HubCalls(id, opts);
   let listing: { commit: string; files: RepoFile[] };
   try {
@@ -69,8 +72,8 @@ export async function fetchModel(id: HubModelId, opts: FetchOptions): Promise<Fe
   }
   const where = `${hubIdText(id)} (commit ${listing.commit})`;
   const { files } = pickFiles(listing.files.map((f) => f.path), where, shortNameOf(id.repo), opts.overrides);
-  const needed = files.map((path) => listing.files.find((f) => f.path === path)!);
-  for (const file of needed) {
+  for (const path of files) {
+    const file = listing.files.find((f) => f.path === path)!;
     if (cache.has(listing.commit, file.path)) continue;
     await downloadFile(cache, listing.commit, file, {
       open: (offset) => hub.open(listing.commit, file, offset),
@@ -84,17 +87,23 @@ export async function fetchModel(id: HubModelId, opts: FetchOptions): Promise<Fe
   return { id, commit: listing.commit, dir: cache.snapshotDir(listing.commit), files, online: true };
 }
 
-/** The cached snapshot of `id`'s revision, when it holds what the model needs. */
+/** The cached snapshot of `id`'s revision, when it holds what the model needs; else throws why not. */
 function fromCache(id: HubModelId, cache: RepoCache, opts: FetchOptions, why: string): FetchedModel {
-  const commit = COMMIT.test(id.revision) ? id.revision : cache.readRef(id.revision);
+  const found = cachedSnapshot(id, cache, opts);
+  if (typeof found !== 'string') return found;
+  throw new HubModelError(`model ${hubIdText(id)}: ${why}, and ${found}`);
+}
+
+/** The cached snapshot of `id`'s revision with what the model needs, or why there is none. */
+function cachedSnapshot(id: HubModelId, cache: RepoCache, opts: FetchOptions): FetchedModel | string {
   const text = hubIdText(id);
-  if (!commit) throw new HubModelError(`model ${text}: ${why}, and the cache (${opts.env.cacheDir}) has never fetched revision ${id.revision} of it: fetch it first (slabserve download ${text})`);
-  const present = cache.snapshotFiles(commit);
+  const commit = COMMIT.test(id.revision) ? id.revision : cache.readRef(id.revision);
+  if (!commit) return `the cache (${opts.env.cacheDir}) has never fetched revision ${id.revision} of it: fetch it first (slabserve download ${text})`;
   try {
-    const { files } = pickFiles(present, `the cached ${text} (commit ${commit}, ${cache.snapshotDir(commit)})`, shortNameOf(id.repo), opts.overrides);
+    const { files } = pickFiles(cache.snapshotFiles(commit), `the cached ${text} (commit ${commit}, ${cache.snapshotDir(commit)})`, shortNameOf(id.repo), opts.overrides);
     return { id, commit, dir: cache.snapshotDir(commit), files, online: false };
   } catch (err) {
-    throw new HubModelError(`model ${text}: ${why}, and ${(err as Error).message}`);
+    return (err as Error).message;
   }
 }
 
