@@ -1,26 +1,22 @@
 /**
  * Character offsets of tokens in the text they came from: what TEI's
  * /tokenize answers (`start`, `stop`). `@huggingface/tokenizers` gives token
- * strings but no offsets, so they are recovered here by aligning the tokens
- * with the text: each character of the input is normalised on its own the
- * way the tokenizer.json's normalizer does (BERT: control characters
- * dropped, whitespace to a space, CJK characters spaced, lowercased, accents
- * stripped), remembering which input character every normalised character
- * came from, then the tokens are matched one after the other against the
- * normalised text (a `##` piece continues the word; `[UNK]` spans the rest
- * of its word, as WordPiece gives one `[UNK]` per word).
+ * strings but no offsets, so they are recovered here: the text is normalised
+ * a character at a time (with the marks after it where NFC/NFKC compose) as
+ * the tokenizer.json's normalizer does, remembering which input character
+ * each normalised one came from, then the tokens are matched one after the
+ * other against it. Why not the Rust library's own offsets: docs/tokenizer.md.
  *
- * Offsets count Unicode code points (as Python's `str` and HF tokenizers'
- * char offsets do), not UTF-16 units and not bytes: for text outside the
- * Basic Multilingual Plane (emoji), `Array.from(text).slice(start, stop)` is
- * the token's text, not `text.slice(start, stop)`.
+ * Offsets count Unicode code points (as Python's `str` and the Rust library's
+ * do), not UTF-16 units and not bytes: `Array.from(text).slice(start, stop)`
+ * is a token's text, not `text.slice(start, stop)`.
  *
- * Limits: normalizers other than BertNormalizer, Lowercase, StripAccents,
- * NFD/NFKD/NFC/NFKC, Strip and a Sequence of those are not modelled: such a
- * tokenizer gets no offsets (null). Normalising one character at a time
- * differs from normalising the whole text only in context-dependent case
- * rules (a final Greek sigma); a token that cannot be matched gets null
- * offsets and the alignment picks up again at the next one.
+ * Limits: a normalizer other than BertNormalizer, Lowercase, StripAccents,
+ * NFD/NFKD/NFC/NFKC, Strip and a Sequence of those (Precompiled, Replace, ...)
+ * is not modelled: such a tokenizer gets null offsets. Context-dependent case
+ * rules (a final Greek sigma) are not seen a character at a time; a token
+ * that cannot be matched gets null offsets and the alignment picks up again
+ * at the next one.
  */
 
 type Json = Record<string, unknown>;
