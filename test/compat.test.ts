@@ -180,6 +180,16 @@ function messyTexts(rand: () => number, count: number): string[] {
   );
 }
 
+/** `text` with emoji, CJK (in and outside the BMP), control and zero-width characters, whitespace runs and [UNK] words put between its words. */
+function stressed(rand: () => number, text: string): string {
+  const pick = <T>(xs: readonly T[]) => xs[Math.floor(rand() * xs.length)]!;
+  const extras = ['😀', '👍🏽', '❤️', '𠀋', '你好', '\u0000', '\u200b', '\u00ad', '\u3000', 'x'.repeat(120), '∑x', 'e\u0301te\u0301', '[MASK]'];
+  return text
+    .split(' ')
+    .map((w) => (rand() < 0.3 ? `${pick(extras)} ${w}` : w))
+    .join(pick([' ', '  ', '\t', ' \n ']));
+}
+
 // ------------------------------------------------------------ OpenAI
 
 describe('OpenAI /v1 through the official client', () => {
@@ -710,7 +720,7 @@ describe('TEI /tokenize and /decode', () => {
     expect(bare[0]).toEqual(lists[0]!.slice(1, -1));
   }, 60_000);
 
-  it('offsets equal the Rust tokenizers library\'s on accents, CJK, emoji, control characters and long words', async () => {
+  it('offsets equal the Rust tokenizers library\'s on accents, CJK, emoji, control characters, whitespace runs and long words', async () => {
     const require = createRequire(import.meta.url);
     const { Tokenizer } = require('tokenizers') as { Tokenizer: { fromFile(p: string): { encode(t: string): Promise<{ getIds(): number[]; getOffsets(): number[][]; getSpecialTokensMask(): number[] }> } } };
     const rust = Tokenizer.fromFile(rerankRef.spec.tokenizerPath);
@@ -724,6 +734,7 @@ describe('TEI /tokenize and /decode', () => {
       'x'.repeat(120) + ' ok',
       "don't stop-believing... 3.14",
       ...messyTexts(rand, 10),
+      ...messyTexts(rand, 10).map((t) => stressed(rand, t)),
     ];
     const lists = (await post('/tokenize', { inputs: texts })).body as { id: number; start: number | null; stop: number | null }[][];
     for (let i = 0; i < texts.length; i++) {

@@ -84,7 +84,7 @@ afterAll(() => {
 /** Texts of several scripts, accents (composed and not), CJK (some outside the vocabulary), emoji, whitespace runs, punctuation. */
 function multilingualText(rand: () => number): string {
   const pick = <T>(xs: readonly T[]) => xs[Math.floor(rand() * xs.length)]!;
-  const words = ['the', 'parcel', 'Delivery', 'naïve', 'café', 'cafe\u0301', 'Über', 'straße', 'ΑΘΗΝΑ', 'Привет', 'мир', 'こんにちは', 'カタカナ', '你好', '世界', '龍', '😀', '🇫🇷', '👍🏽', "don't", '3.14', '$5', 'ＡＢＣ', 'ﬁne'];
+  const words = ['the', 'parcel', 'Delivery', 'naïve', 'café', 'cafe\u0301', 'Über', 'straße', 'ΑΘΗΝΑ', 'Привет', 'мир', 'こんにちは', 'カタカナ', '你好', '世界', '龍', '😀', '🇫🇷', '👍🏽', "don't", '3.14', '$5', 'ＡＢＣ', 'ﬁne', 'हिन्दी', '❤️', 'x\u0301', 'e\u0323\u0301', '\u1100\u1161\u11a8', 'ｶﾞ', 'ㅋㅠ'];
   const gaps = [' ', ' ', ' ', '  ', '\t', '\n', ' \u3000 ', ''];
   const n = 1 + Math.floor(rand() * 14);
   const parts: string[] = [];
@@ -165,6 +165,16 @@ describe('tiny-qwen3: the byte-level BPE layout', () => {
   it("gives the Rust library's ids, truncation and offsets on random multilingual texts, <|endoftext|> appended", async () => {
     const eos = (JSON.parse(readFileSync(join(qwenDir, 'config.json'), 'utf8')) as { eos_token_id: number }).eos_token_id;
     await expectSameAsRust(join(qwenDir, 'tokenizer.json'), qwenTok, 'qwen tokenizer', 300, { min: 2, spread: 30 }, (ids) => expect(ids[ids.length - 1]).toBe(eos));
+  });
+});
+
+describe('offsets where NFC or NFKC sees a character with the ones after it', () => {
+  it("are the Rust library's: marks that stay apart (Devanagari vowel signs, an emoji's variation selector), one of two marks composed, a two-part vowel, Hangul jamo, halfwidth sound marks", async () => {
+    const texts = ['हिन्दी', 'x❤️y', 'x\u0301y', 'e\u0323\u0301 e\u0301\u0323', 'ক\u09c7\u09be', '\u1100\u1161\u11a8 가\u11a8 x\u1100\u1161y ㅋㅠ', 'ｶﾞ ﾊﾟ', 'ﬁ\u0301 Å\u0301'];
+    for (const [path, mine] of [[join(dir, 'tokenizer.json'), tok], [join(qwenDir, 'tokenizer.json'), qwenTok]] as const) {
+      const rust = rustTokenizers.Tokenizer.fromFile(path);
+      for (const text of texts) expect(offsetsOf(mine, text), `${path}: ${JSON.stringify(text)}`).toEqual(rustOffsets(await rust.encode(text)));
+    }
   });
 });
 

@@ -1,6 +1,8 @@
 /**
  * @huggingface/tokenizers (pure JS) against tokenizers (Rust, N-API), on the
- * bert-base-uncased tokenizer.json from buildBertTokenizerJson().
+ * bert-base-uncased tokenizer.json from buildBertTokenizerJson(); and /tokenize's
+ * offsets: ours (JS encode + src/core/tokenizer/token-offsets.ts) against the
+ * Rust library's own (getOffsets: code points, as ours).
  *
  *   npx tsc -p tsconfig.json && node dist/bench/micro/tokenizers.js [--quick]   # --help: the options
  *
@@ -10,6 +12,9 @@
  *           async only: the work runs on the libuv thread pool, the event loop pays
  *           for the hop, the promise and reading the ids back (getIds/getTypeIds).
  * Both produce Int32Array ids + type ids, what the gateway hands to the batcher.
+ * The /tokenize rows build its answer (id, text, start, stop per token): ours is
+ * the gateway's tokenize() (JS encode, then the alignment, on the event loop);
+ * Rust's is await encode() then getIds/getOffsets/getSpecialTokensMask/getTokens.
  *
  * Reported per scenario (median over alternating rounds):
  *   wall µs/text     elapsed / texts
@@ -17,7 +22,9 @@
  *   loop µs/text     event-loop active time per text (performance.eventLoopUtilization):
  *                    how long the main thread is unavailable for other requests
  *   cpu µs/text      process CPU (all threads) per text
- * Plus: identical-ids check on random texts, install size, cold load time.
+ * Plus: identical-ids check on random texts, the offsets agreement on fresh
+ * stress texts for three tokenizer layouts (seed printed; --seed replays),
+ * install size, cold load time.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -28,9 +35,9 @@ import { fileURLToPath } from 'node:url';
 import { createRequire } from 'node:module';
 import { Tokenizer as JsTokenizer } from '@huggingface/tokenizers';
 import { Tokenizer as RsTokenizer } from 'tokenizers';
-import { createTokenizer } from '../../src/core/tokenizer/tokenizer.js';
+import { createTokenizer, type TokenSpan } from '../../src/core/tokenizer/tokenizer.js';
 import { mulberry32 as rng } from '../../models/generator/rng.js';
-import { bertUncasedVocab, buildBertTokenizerJson } from '../../models/generator/tokenizer-json.js';
+import { bertUncasedVocab, buildBertTokenizerJson, buildByteBpeTokenizerJson, buildUnigramTokenizerJson } from '../../models/generator/tokenizer-json.js';
 import { parseOptions, type OptionSpec } from '../args.js';
 import { alignedTable, fmt } from '../table.js';
 import { machineLine } from '../machine.js';
@@ -39,6 +46,7 @@ const OPTIONS = {
   rounds: { type: 'int', min: 1, default: 6, quick: 2, help: 'alternating rounds of each scenario; the median is reported' },
   'round-ms': { type: 'number', min: 1, value: 'MS', default: 600, quick: 200, help: 'ms each library runs a scenario per round (warm-up: half; the gateway rows: twice)' },
   'cold-runs': { type: 'int', min: 1, default: 7, quick: 3, help: 'fresh node processes per package for the cold load; the median is reported' },
+  seed: { type: 'int', min: 0, help: 'seed of the offsets agreement texts (default: a fresh one, printed)' },
   quick: { type: 'boolean', help: 'the shorter defaults marked quick above' },
 } as const satisfies Record<string, OptionSpec>;
 
@@ -93,7 +101,7 @@ function makeNastyText(r: () => number, v: Vocabulary): string {
     const k = r();
     if (k < 0.35) parts.push(pick(r, words));
     else if (k < 0.45) parts.push(pick(r, words).toUpperCase());
-    else if (k < 0.52) parts.push(pick(r, ['café', 'naïve', 'Ångström', 'résumé', 'Müller', 'façade', 'jalapeño', 'São', 'Łódź', 'e\u0301te\u0301']));
+    else if (k < 0.52) parts.push(pick(r, ['café', 'naïve', 'Ångström', 'résumé', 'Müller', 'façade', 'jalapeño', 'São', 'Łódź', 'e\u0301te\u0301', 'हिन्दी', 'ｶﾞ', 'ㅋㅠ', 'e\u0323\u0301']));
     else if (k < 0.58) {
       let s = '';
       const m = 1 + Math.floor(r() * 6);
@@ -206,6 +214,59 @@ async function identityCheck(lib: Libraries, v: Vocabulary): Promise<Identity> {
   return { checked, mismatches, decodeMismatches, decodeDefaultDiffers };
 }
 
+// ---------------------------------------------------------------- /tokenize offsets
+
+/** /tokenize's answer the Rust way: its ids and offsets, each token's text cut from the text as ours does. */
+async function rsTokenize(rs: RsTokenizer, text: string): Promise<TokenSpan[]> {
+  const e = await rs.encode(text);
+  const [ids, offsets, special, tokens] = [e.getIds(), e.getOffsets(), e.getSpecialTokensMask(), e.getTokens()];
+  const chars = Array.from(text);
+  return ids.map((id, i) => {
+    const [start, stop] = offsets[i]!;
+    if (special[i]) return { id, text: tokens[i]!, special: true, start: null, stop: null };
+    return { id, text: chars.slice(start, stop).join(''), special: false, start: start!, stop: stop! };
+  });
+}
+
+/** Ours against the Rust library's offsets on fresh stress texts, per tokenizer layout (texts whose ids differ are counted apart). */
+async function offsetsAgreement(v: Vocabulary, seed: number, count: number): Promise<void> {
+  console.log(`## /tokenize offsets, ours vs the Rust library's, on ${count} stress texts per tokenizer (seed ${seed})`);
+  const layouts: [string, object][] = [
+    ['BERT (BertNormalizer, WordPiece)', buildBertTokenizerJson()],
+    ['XLM-R (NFKC, Metaspace, Unigram)', buildUnigramTokenizerJson().json],
+    ['Qwen3 (NFC, ByteLevel BPE)', buildByteBpeTokenizerJson().json],
+  ];
+  for (const [name, json] of layouts) {
+    const ours = createTokenizer(json);
+    const rs = RsTokenizer.fromString(JSON.stringify(json));
+    const r = rng(seed);
+    let [idsDiffer, differ, tokens] = [0, 0, 0];
+    const shown: string[] = [];
+    for (let i = 0; i < count; i++) {
+      const text = makeNastyText(r, v);
+      const [a, b] = [ours.tokenize!(text, true), await rsTokenize(rs, text)];
+      if (a.map((t) => t.id).join() !== b.map((t) => t.id).join()) idsDiffer++;
+      else if (JSON.stringify(a) !== JSON.stringify(b)) {
+        differ++;
+        const k = a.findIndex((t, j) => t.start !== b[j]!.start || t.stop !== b[j]!.stop);
+        if (shown.length < 3) shown.push(`${JSON.stringify(text.slice(0, 60))} token ${k}: ours ${a[k]?.start}-${a[k]?.stop}, rust ${b[k]?.start}-${b[k]?.stop}`);
+      }
+      tokens += a.length;
+    }
+    console.log(`  ${name}: ${tokens} tokens; offsets differ on ${differ} texts (${idsDiffer} more have different ids)`);
+    for (const x of shown) console.log(`    ${x}`);
+  }
+  console.log();
+}
+
+function offsetsScenarios(lib: Libraries, texts: BenchTexts): Scenario[] {
+  const gw = createTokenizer(lib.json);
+  return [
+    { name: '/tokenize short: ids + offsets', textsPerCall: 1, js: () => gw.tokenize!(texts.nextShort(), true), rust: () => rsTokenize(lib.rs, texts.nextShort()) },
+    { name: '/tokenize long: ids + offsets', textsPerCall: 1, js: () => gw.tokenize!(texts.nextLong(), true), rust: () => rsTokenize(lib.rs, texts.nextLong()) },
+  ];
+}
+
 // ---------------------------------------------------------------- timing
 
 interface Sample {
@@ -291,21 +352,12 @@ async function runScenarios(scenarios: Scenario[], rounds: number, budgetMs: num
 
 // ---------------------------------------------------------------- install size, cold load
 
-function walkBytes(dir: string): number {
-  let total = 0;
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    if (e.isDirectory()) total += walkBytes(p);
-    else if (e.isFile()) total += statSync(p).size;
-  }
-  return total;
-}
-
-function duKiB(dir: string): number | null {
+/** `du -sk` of a folder, in MB. */
+function duMb(dir: string): string {
   try {
-    return Number(execFileSync('du', ['-sk', dir], { encoding: 'utf8' }).split(/\s+/)[0]);
+    return mb(Number(execFileSync('du', ['-sk', dir], { encoding: 'utf8' }).split(/\s+/)[0]) * 1024);
   } catch {
-    return null;
+    return 'n/a';
   }
 }
 
@@ -316,18 +368,11 @@ function packageDir(name: string): string {
   return d;
 }
 
-interface SizeRow {
-  lib: string;
-  du: string;
-  apparent: string;
-  note: string;
-}
-
 function mb(bytes: number): string {
   return `${(bytes / 1024 / 1024).toFixed(2)} MB`;
 }
 
-function installSizes(): SizeRow[] {
+function installSizes(): [string, string, string][] {
   const jsDir = packageDir('@huggingface/tokenizers');
   const rsDir = packageDir('tokenizers');
   const nodeFiles = readdirSync(rsDir).filter((f) => f.endsWith('.node'));
@@ -335,23 +380,9 @@ function installSizes(): SizeRow[] {
   // which binary this machine loads (napi-rs naming)
   const want = `tokenizers.${platform()}-${arch()}${platform() === 'linux' ? '-gnu' : ''}.node`;
   const mine = nodeFiles.includes(want) ? statSync(join(rsDir, want)).size : 0;
-  const sizeOf = (d: string) => {
-    const k = duKiB(d);
-    return k === null ? 'n/a' : mb(k * 1024);
-  };
   return [
-    {
-      lib: '@huggingface/tokenizers',
-      du: sizeOf(jsDir),
-      apparent: mb(walkBytes(jsDir)),
-      note: 'ESM + CJS + minified builds + .d.ts; zero dependencies',
-    },
-    {
-      lib: 'tokenizers',
-      du: sizeOf(rsDir),
-      apparent: mb(walkBytes(rsDir)),
-      note: `${nodeFiles.length} prebuilt .node binaries in the one package (${mb(nodeBytes)}); this machine loads ${want} (${mb(mine)})`,
-    },
+    ['@huggingface/tokenizers', duMb(jsDir), 'ESM + CJS + minified builds + .d.ts; zero dependencies'],
+    ['tokenizers', duMb(rsDir), `${nodeFiles.length} prebuilt .node binaries in the one package (${mb(nodeBytes)}); this machine loads ${want} (${mb(mine)})`],
   ];
 }
 
@@ -492,7 +523,7 @@ function printThroughput(scenarios: Scenario[], rows: Row[], rounds: number, rou
   console.log(
     alignedTable(
       ['scenario', 'lib', 'µs/text', 'texts/s', 'loop µs/text', 'cpu µs/text'],
-      rows.map((x) => [x.scenario, x.lib === 'js' ? 'JS @huggingface/tokenizers' : 'Rust tokenizers', fmt(x.wallUs, 1), fmt(x.perSec, 0), fmt(x.loopUs, 1), fmt(x.cpuUs, 1)]),
+      rows.map((x) => [x.scenario, x.lib === 'js' ? (x.scenario.startsWith('/tokenize') ? 'JS + token-offsets.ts' : 'JS @huggingface/tokenizers') : 'Rust tokenizers', fmt(x.wallUs, 1), fmt(x.perSec, 0), fmt(x.loopUs, 1), fmt(x.cpuUs, 1)]),
     ),
   );
   console.log('\n## ratios (JS / Rust: > 1 means Rust is better by that factor; < 1 means JS is better)');
@@ -530,7 +561,7 @@ async function measureGateway(lib: Libraries, texts: BenchTexts, budgetMs: numbe
 
 function printInstallSizes(): void {
   console.log('\n## install size (node_modules folder of each package)');
-  console.log(alignedTable(['package', 'du -sk', 'apparent', 'what'], installSizes().map((x) => [x.lib, x.du, x.apparent, x.note])));
+  console.log(alignedTable(['package', 'du -sk', 'what'], installSizes()));
 }
 
 /** Cold load from a tokenizer.json file in a temporary folder. */
@@ -558,7 +589,8 @@ async function main(): Promise<void> {
   const texts = new BenchTexts(vocab);
   printHeader(lib, texts);
   printIdentity(await identityCheck(lib, vocab));
-  const scenarios = libraryScenarios(lib, texts);
+  await offsetsAgreement(vocab, opts.seed ?? Math.floor(Math.random() * 2 ** 31), 300);
+  const scenarios = [...libraryScenarios(lib, texts), ...offsetsScenarios(lib, texts)];
   const rows = await runScenarios(scenarios, opts.rounds, opts['round-ms']);
   printThroughput(scenarios, rows, opts.rounds, opts['round-ms']);
   await measureGateway(lib, texts, opts['round-ms'] * 2);

@@ -1,41 +1,38 @@
 /**
  * Character offsets of tokens in the text they came from: what TEI's
  * /tokenize answers (`start`, `stop`). `@huggingface/tokenizers` gives token
- * strings but no offsets, so they are recovered here by aligning the tokens
- * with the text: each character of the input is normalised on its own the
- * way the tokenizer.json's normalizer does (BERT: control characters
- * dropped, whitespace to a space, CJK characters spaced, lowercased, accents
- * stripped), remembering which input character every normalised character
- * came from, then the tokens are matched one after the other against the
- * normalised text (a `##` piece continues the word; `[UNK]` spans the rest
- * of its word, as WordPiece gives one `[UNK]` per word).
+ * strings but no offsets, so they are recovered here: the text is normalised
+ * a character at a time (with the marks after it where NFC/NFKC compose) as
+ * the tokenizer.json's normalizer does, remembering which input character
+ * each normalised one came from, then the tokens are matched one after the
+ * other against it. Why not the Rust library's own offsets: docs/tokenizer.md.
  *
- * Offsets count Unicode code points (as Python's `str` and HF tokenizers'
- * char offsets do), not UTF-16 units and not bytes: for text outside the
- * Basic Multilingual Plane (emoji), `Array.from(text).slice(start, stop)` is
- * the token's text, not `text.slice(start, stop)`.
+ * Offsets count Unicode code points (as Python's `str` and the Rust library's
+ * do), not UTF-16 units and not bytes: `Array.from(text).slice(start, stop)`
+ * is a token's text, not `text.slice(start, stop)`.
  *
- * Limits: normalizers other than BertNormalizer, Lowercase, StripAccents,
- * NFD/NFKD/NFC/NFKC, Strip and a Sequence of those are not modelled: such a
- * tokenizer gets no offsets (null). Normalising one character at a time
- * differs from normalising the whole text only in context-dependent case
- * rules (a final Greek sigma); a token that cannot be matched gets null
- * offsets and the alignment picks up again at the next one.
+ * Limits: a normalizer other than BertNormalizer, Lowercase, StripAccents,
+ * NFD/NFKD/NFC/NFKC, Strip and a Sequence of those (Precompiled, Replace, ...)
+ * is not modelled: such a tokenizer gets null offsets. Context-dependent case
+ * rules (a final Greek sigma) are not seen a character at a time; a token
+ * that cannot be matched gets null offsets and the alignment picks up again
+ * at the next one.
  */
 
 type Json = Record<string, unknown>;
 
 const isObj = (x: unknown): x is Json => typeof x === 'object' && x !== null && !Array.isArray(x);
 
-/** One character (code point) of input in, zero or more characters out. */
 /**
- * A normalizer, one character at a time; `composes` when it also joins a
- * character with the combining marks after it (NFC, NFKC: e + U+0301 is é),
- * so it must see them together.
+ * A normalizer, one character (code point) in, zero or more out; `composes`
+ * when it also joins a character with the combining marks after it (NFC,
+ * NFKC: e + U+0301 is é), so it must see them together (`form`: which one;
+ * `stages`: a Sequence's parts, in order).
  */
-type CharMap = ((c: string) => string) & { composes?: boolean };
+type CharMap = ((c: string) => string) & { composes?: boolean; form?: 'NFC' | 'NFKC'; stages?: CharMap[] };
 
-const COMBINING = /^\p{M}$/u;
+/** What NFC/NFKC may join to the character before: marks, Hangul vowel and final jamo (and, for NFKC, their compatibility and halfwidth forms), halfwidth sound marks. */
+const COMBINING = /^[\p{M}\u1161-\u1175\u11a8-\u11c2\u3131-\u318e\uff9e-\uffdc]$/u;
 
 // The tests the JS library's BertNormalizer and BertPreTokenizer use, so the alignment sees what it saw.
 const CONTROL = /^(?:\p{Cc}|\p{Cf}|\p{Co}|\p{Cs})$/u;
@@ -90,10 +87,11 @@ function charMapOf(normalizer: unknown): CharMap | null {
       return (c) => c.replace(MARK_M, '');
     case 'NFD':
     case 'NFKD':
+      return (c) => c.normalize(normalizer.type as string);
     case 'NFC':
     case 'NFKC': {
       const form = normalizer.type;
-      return Object.assign((c: string) => c.normalize(form), { composes: form === 'NFC' || form === 'NFKC' });
+      return Object.assign((c: string) => c.normalize(form), { composes: true, form });
     }
     case 'Strip':
       return (c) => c; // only trims the ends, which no token covers
@@ -104,14 +102,7 @@ function charMapOf(normalizer: unknown): CharMap | null {
       const composes = maps.some((m) => m.composes);
       // A composing sequence maps whole clusters: each part must take more than one character then.
       if (composes && (normalizer.normalizers as unknown[]).some((n) => isObj(n) && n.type === 'BertNormalizer')) return null;
-      return Object.assign(
-        (c: string) => {
-          let text = c;
-          for (const m of maps) text = m.composes ? m(text) : Array.from(text, (x) => m(x)).join('');
-          return text;
-        },
-        { composes },
-      );
+      return Object.assign((c: string) => mapUnit(maps, [c]).chars.join(''), { composes, stages: maps });
     }
     default:
       return null;
@@ -121,11 +112,63 @@ function charMapOf(normalizer: unknown): CharMap | null {
 /** The normalised text, one entry per normalised code point, with the input code point it came from. */
 interface Normalized {
   chars: string[];
-  /**
-   * For each normalised character, the code point of the text it came from
-   * (a composed character: its first, as the Rust library aligns it).
-   */
+  /** For each normalised character, the code point of the text it came from. */
   from: Int32Array;
+}
+
+/** Some characters' normalisation: for each normalised character, the index of the one it came from. */
+interface Mapped {
+  chars: string[];
+  from: number[];
+}
+
+/** `unit` through a normalizer's stages, each normalised character traced back to its character of `unit`. */
+function mapUnit(stages: readonly CharMap[], unit: readonly string[]): Mapped {
+  let cur: Mapped = { chars: [...unit], from: unit.map((_, i) => i) };
+  for (const stage of stages) {
+    const next = stage.stages ? mapUnit(stage.stages, cur.chars) : stage.form ? composed(cur.chars, stage.form) : perChar(stage, cur.chars);
+    const before = cur.from;
+    cur = { chars: next.chars, from: next.from.map((f) => before[f]!) };
+  }
+  return cur;
+}
+
+/** A normalizer that takes one character at a time: what each gives comes from it. */
+function perChar(map: CharMap, unit: readonly string[]): Mapped {
+  const out: Mapped = { chars: [], from: [] };
+  unit.forEach((c, i) => {
+    for (const o of map(c)) {
+      out.chars.push(o);
+      out.from.push(i);
+    }
+  });
+  return out;
+}
+
+/**
+ * NFC or NFKC of `unit`, placed the way the Rust library places it: by
+ * position, each normalised character taking as many characters of `unit` as
+ * it holds first parts of their decompositions (é from e + U+0301: one; ো
+ * from ে + া: one, the ে; a mark left apart: its own), one holding none (the
+ * "i" of ﬁ) sharing the place of the character before.
+ */
+function composed(unit: readonly string[], form: 'NFC' | 'NFKC'): Mapped {
+  const decompose = form === 'NFC' ? 'NFD' : 'NFKD';
+  const pool: { cp: string; first: boolean }[] = [];
+  for (const c of unit) Array.from(c.normalize(decompose), (cp, k) => pool.push({ cp, first: k === 0 }));
+  const chars = Array.from(unit.join('').normalize(form));
+  const from: number[] = [];
+  let at = 0;
+  for (const c of chars) {
+    let firsts = 0;
+    for (const cp of c.normalize(decompose)) {
+      const k = pool.findIndex((p) => p.cp === cp);
+      if (k >= 0 && pool.splice(k, 1)[0]!.first) firsts++;
+    }
+    from.push(Math.min(unit.length - 1, firsts > 0 ? at : Math.max(0, at - 1)));
+    at += firsts;
+  }
+  return { chars, from };
 }
 
 /** Distinct characters whose normalisation an aligner remembers. */
@@ -141,7 +184,7 @@ export class TokenAligner {
   /** Added tokens (e.g. [MASK]) as the normalised text spells them. */
   readonly #added = new Map<string, string[]>();
   /** Normalisation of characters seen before: a text repeats few distinct characters. */
-  readonly #cache = new Map<string, string[]>();
+  readonly #cache = new Map<string, Mapped>();
 
   /** Metaspace pre-tokenizers (SentencePiece layouts: XLM-RoBERTa's Unigram): the character that stands for a space. */
   readonly #metaspace: string | null;
@@ -181,12 +224,12 @@ export class TokenAligner {
       const unit = j === i + 1 ? source[i]! : source.slice(i, j).join('');
       let out = this.#cache.get(unit);
       if (out === undefined) {
-        out = Array.from(this.#map(unit));
+        out = mapUnit([this.#map], source.slice(i, j));
         if (this.#cache.size < CACHE_LIMIT) this.#cache.set(unit, out);
       }
-      for (const n of out) {
-        chars.push(n);
-        from.push(i);
+      for (let k = 0; k < out.chars.length; k++) {
+        chars.push(out.chars[k]!);
+        from.push(i + out.from[k]!);
       }
       i = j;
     }
