@@ -28,6 +28,7 @@ import { startServer } from '../dist/src/main/server.js';
 import { fetchModel } from '../dist/src/main/hub/fetch-model.js';
 import { hfEnv } from '../dist/src/main/hub/hf-env.js';
 import { parseHubId } from '../dist/src/main/hub/hub-id.js';
+import { pickFiles } from '../dist/src/main/hub/pick-files.js';
 import { startHub, type FakeHub, type FileContent, type LoggedRequest } from './fixtures/hub-server.js';
 import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
 
@@ -268,6 +269,55 @@ describe('a model served by its Hub id', () => {
       expect(maxAbsDiff(byId.data[0]!.embedding, row!)).toBeLessThan(1e-6);
       const info = (await (await fetch(`${server.url}/info`)).json()) as { models: { name: string; hub?: { commit: string } }[] };
       expect(info.models[0]).toMatchObject({ name: 'embed-only', hub: { commit: hub.revisionSha('acme/embed-only', 'main') } });
+    } finally {
+      await server.close();
+    }
+  });
+});
+
+describe('what a Hub model needs, and from where', () => {
+  it('picks the configs, the tokenizer, the sentence-transformers modules and the one graph --dtype picks with its external data; the checkpoint only without a graph', () => {
+    const repo = [
+      'README.md', '.gitattributes', 'config.json', 'modules.json', 'sentence_bert_config.json', 'config_sentence_transformers.json',
+      'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.txt', '1_Pooling/config.json', '2_Dense/config.json', '2_Dense/model.safetensors',
+      '2_Dense/pytorch_model.bin', 'model.safetensors', 'pytorch_model.bin', 'onnx/model.onnx', 'onnx/model.onnx_data', 'onnx/model_fp16.onnx', 'onnx/model_fp16.onnx_data',
+      'onnx/model_O4.onnx', 'onnx/model_quantized.onnx', 'openvino/openvino_model.xml', 'openvino/openvino_model.bin', 'colbert_linear.safetensors', 'colbert_linear.pt',
+    ];
+    const settings = ['config.json', 'modules.json', 'sentence_bert_config.json', 'config_sentence_transformers.json', 'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.txt', '1_Pooling/config.json', '2_Dense/config.json', '2_Dense/model.safetensors', 'colbert_linear.safetensors'];
+    const pick = (paths: string[], overrides = {}) => pickFiles(paths, 'org/x', 'x', overrides);
+    expect(pick(repo)).toEqual({ files: [...settings, 'onnx/model.onnx', 'onnx/model.onnx_data'], graph: 'onnx/model.onnx' });
+    expect(pick(repo, { onCuda: true }).graph).toBe('onnx/model_fp16.onnx');
+    expect(pick(repo, { dtype: 'int8' }).files.slice(settings.length)).toEqual(['onnx/model_quantized.onnx']);
+    expect(() => pick(repo.filter((p) => !p.includes('fp16')), { dtype: 'fp16' })).toThrow(/--dtype fp16 but org\/x has no model_fp16\.onnx .*it has: fp32, int8/);
+    const noGraph = repo.filter((p) => !p.startsWith('onnx/'));
+    expect(pick(noGraph).files.slice(settings.length)).toEqual(['model.safetensors']);
+    expect(pick(['config.json', 'model.safetensors.index.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'pytorch_model.bin']).files).toEqual(['config.json', 'model.safetensors.index.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']);
+    expect(() => pick(['README.md', 'model.onnx'])).toThrow(/org\/x has no config\.json/);
+  });
+
+  it('reads the token from the token file when HF_TOKEN is not set, and retries the Hub\'s 5xx answers', { timeout: 60_000 }, async () => {
+    hfEnvironment();
+    mkdirSync(process.env.HF_HOME!, { recursive: true });
+    writeFileSync(join(process.env.HF_HOME!, 'token'), `${TOKEN}\n`);
+    const env = hfEnv();
+    expect(env).toMatchObject({ token: TOKEN, tokenSource: join(process.env.HF_HOME!, 'token') });
+    hub.failNext((r) => r.kind === 'model-info', 2, 503);
+    const fetched = await fetchModel({ repo: 'acme/gated-embed', revision: 'main' }, { env, overrides: {}, log: () => {}, backoff: noBackoff });
+    expect(fetched.online).toBe(true);
+    expect(hub.log.filter((r) => r.kind === 'model-info').map((r) => r.status)).toEqual([503, 503, 200]);
+  });
+
+  it('loads a model by its Hub id while serving, through the repository API (the id percent-encoded)', { timeout: 120_000 }, async () => {
+    hfEnvironment();
+    const server = await startServer(testServerConfig({ models: ['tiny-embed'], modelControlMode: 'explicit' }));
+    try {
+      const load = await fetch(`${server.url}/v2/repository/models/${encodeURIComponent('acme/tiny-embed@v1')}/load`, { method: 'POST' });
+      expect(load.status, await load.clone().text()).toBe(200);
+      const res = await fetch(`${server.url}/v1/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'acme/tiny-embed', input: 'where is my parcel' }) });
+      expect(res.status).toBe(200);
+      const missing = await fetch(`${server.url}/v2/repository/models/${encodeURIComponent('acme/nothing-here')}/load`, { method: 'POST' });
+      expect(missing.status).toBe(400);
+      expect(await missing.text()).toMatch(/has no repository acme\/nothing-here/);
     } finally {
       await server.close();
     }
