@@ -29,6 +29,7 @@ import { fetchModel } from '../dist/src/main/hub/fetch-model.js';
 import { hfEnv } from '../dist/src/main/hub/hf-env.js';
 import { parseHubId } from '../dist/src/main/hub/hub-id.js';
 import { pickFiles } from '../dist/src/main/hub/pick-files.js';
+import { downloadProgress } from '../dist/src/main/hub/progress.js';
 import { startHub, type FakeHub, type FileContent, type LoggedRequest } from './fixtures/hub-server.js';
 import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
 
@@ -295,6 +296,21 @@ describe('what a Hub model needs, and from where', () => {
     expect(() => pick(['README.md', 'model.onnx'])).toThrow(/org\/x has no config\.json/);
   });
 
+  it('shows a download as a bar redrawn in place on a terminal, and as a line per file elsewhere', () => {
+    for (const isTTY of [true, false]) {
+      const written: string[] = [];
+      const lines: string[] = [];
+      const out = { isTTY, write: (s: string) => written.push(s) } as unknown as NodeJS.WriteStream;
+      const p = downloadProgress('acme/x', (l) => lines.push(l), out);
+      p.start('model.onnx', 4 * 2 ** 20, 2 ** 20);
+      p.update('model.onnx', 2 * 2 ** 20);
+      p.done('model.onnx', 4 * 2 ** 20);
+      expect(lines).toEqual([expect.stringMatching(/^slabserve: acme\/x: resuming model\.onnx at 1\.0 MB of 4\.0 MB$/), expect.stringMatching(/^slabserve: acme\/x: fetched model\.onnx \(3\.0 MB\) in \d+\.\d s$/)]);
+      if (isTTY) expect(written[0]).toMatch(/^\racme\/x model\.onnx \[#{12}\.{12}\] 50% 2\.0 MB\/4\.0 MB/);
+      else expect(written).toEqual([]);
+    }
+  });
+
   it('reads the token from the token file when HF_TOKEN is not set, and retries the Hub\'s 5xx answers', { timeout: 60_000 }, async () => {
     hfEnvironment();
     mkdirSync(process.env.HF_HOME!, { recursive: true });
@@ -346,6 +362,27 @@ describe('slabserve download', () => {
       expect(readFileSync(join(dir, 'embed-only', file)).equals(readFileSync(join(modelsDir, 'tiny-embed', file)))).toBe(true);
     }
     await expect(cli(['not-an-id'], process.env)).rejects.toMatchObject({ stderr: expect.stringMatching(/"not-an-id" is no Hub id: ORG\/NAME/) });
+  });
+
+  it('a download killed mid-file is resumed by the next one, from the bytes it left', { timeout: 120_000 }, async () => {
+    const cache = hfEnvironment();
+    const size = readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx')).length;
+    const held = hub.hold((r) => r.server === 'cdn' && r.file === 'model.onnx', { afterBytes: Math.floor(size / 2) });
+    const child = spawn(process.execPath, [CLI, 'download', 'acme/embed-only'], { env: process.env, stdio: 'ignore' });
+    await held.arrived;
+    const partial = join(cache, 'models--acme--embed-only', 'blobs', createHash('sha256').update(readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx'))).digest('hex') + '.incomplete');
+    // Killed once what it was sent has reached the file (the fake holds the rest).
+    for (let i = 0; i < 600 && !(existsSync(partial) && lstatSync(partial).size >= Math.floor(size / 2)); i++) await new Promise((r) => setTimeout(r, 50));
+    child.kill('SIGKILL');
+    await new Promise((r) => child.once('exit', r));
+    held.release();
+    hub.clearLog();
+    // Its lock is left behind; the next download takes it over once it is stale, then resumes.
+    await cli(['acme/embed-only'], process.env);
+    const cdn = hub.log.filter((r) => r.server === 'cdn' && r.file === 'model.onnx');
+    expect(cdn.map((r) => r.range)).toEqual([`bytes=${Math.floor(size / 2)}-`]);
+    const snapshot = join(cache, 'models--acme--embed-only', 'snapshots', hub.revisionSha('acme/embed-only', 'main'));
+    expect(readFileSync(join(snapshot, 'model.onnx')).equals(readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx')))).toBe(true);
   });
 
   it('two processes fetching one model at once download each file once', { timeout: 120_000 }, async () => {

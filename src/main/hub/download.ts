@@ -40,14 +40,27 @@ export interface DownloadOptions {
 
 export class CorruptDownloadError extends Error {}
 
+const LOCK_STALE_MS = 10_000;
+
 /** `file` of snapshot `commit` in `cache`, fetched unless it is there. Resolves once it is linked. */
 export async function downloadFile(cache: RepoCache, commit: string, file: RepoFile, opts: DownloadOptions): Promise<void> {
   if (cache.has(commit, file.path)) return;
   const blob = cache.blobPath(file.etag);
   mkdirSync(join(cache.folder, 'blobs'), { recursive: true });
   mkdirSync(cache.locks, { recursive: true });
-  // Beside huggingface_hub's own <etag>.lock file, which its filelock holds open: a folder of our own.
-  const release = await lockfile.lock(cache.locks, { lockfilePath: join(cache.locks, `${file.etag}.slabserve.lock`), stale: 30_000, update: 5_000, retries: { forever: true, minTimeout: 100, maxTimeout: 1_000 }, realpath: false });
+  const release = await lockfile.lock(cache.locks, {
+    // Beside huggingface_hub's own <etag>.lock file, which its filelock holds open: a folder of our own.
+    lockfilePath: join(cache.locks, `${file.etag}.slabserve.lock`),
+    // The holder touches it while it downloads; one untouched this long was left by a process that
+    // died (a crash, a kill): the next one takes it over and resumes the download.
+    stale: LOCK_STALE_MS,
+    update: LOCK_STALE_MS / 4,
+    retries: { forever: true, minTimeout: 100, maxTimeout: 1_000 },
+    realpath: false,
+    // Taken over under us (the disk stalled past the staleness): the other download and ours write the
+    // same bytes, and the hash check catches any mix. Not a crash of the server.
+    onCompromised: () => {},
+  });
   try {
     if (!existsSync(blob)) await fetchBlob(blob, file, opts);
     cache.link(commit, file.path, file.etag);
