@@ -31,7 +31,8 @@ import { parseHubId } from '../dist/src/main/hub/hub-id.js';
 import { pickFiles } from '../dist/src/main/hub/pick-files.js';
 import { downloadProgress } from '../dist/src/main/hub/progress.js';
 import { startHub, type FakeHub, type FileContent, type LoggedRequest } from './fixtures/hub-server.js';
-import { makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
+import { serveCli } from './cli-process.js';
+import { eventually, makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
 
 const run = promisify(execFile);
 const CLI = join(dirname(modelsDir), 'dist', 'src', 'cli.js');
@@ -336,6 +337,34 @@ describe('what a Hub model needs, and from where', () => {
       expect(await missing.text()).toMatch(/has no repository acme\/nothing-here/);
     } finally {
       await server.close();
+    }
+  });
+});
+
+describe('a Hub model in a cluster', () => {
+  it('loaded while serving, reaches every process; a process restarted later serves it again from the cache, at the commit the others serve', { timeout: 180_000 }, async () => {
+    hfEnvironment();
+    const server = await serveCli(['--processes', '2', '--gateway-threads', '1', '--model-control-mode', 'explicit']);
+    try {
+      const id = encodeURIComponent('acme/tiny-embed@v1');
+      const load = await fetch(`http://127.0.0.1:${server.port}/v2/repository/models/${id}/load`, { method: 'POST' });
+      expect(load.status, await load.clone().text()).toBe(200);
+      const embedStatuses = () =>
+        Promise.all(
+          Array.from({ length: 16 }, () =>
+            fetch(`http://127.0.0.1:${server.port}/v1/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json', connection: 'close' }, body: JSON.stringify({ model: 'acme/tiny-embed', input: 'where is my parcel' }) }).then((r) => r.status),
+          ),
+        );
+      expect(await embedStatuses()).toEqual(Array(16).fill(200));
+      hub.clearLog();
+      const pid = Number(/process 0 \(cpu\) started, pid (\d+)/.exec(server.stderr())?.[1]);
+      process.kill(pid, 'SIGKILL');
+      await eventually('process 0 ready again', async () => server.stderr(), (s) => /process 0 \(pid \d+\) ready again/.test(s), 90_000, (s) => s.slice(-1500));
+      expect(await embedStatuses()).toEqual(Array(16).fill(200));
+      expect(hub.log).toEqual([]); // the commit served, from the cache
+    } finally {
+      server.kill('SIGTERM');
+      await server.exited;
     }
   });
 });

@@ -25,7 +25,15 @@ export type RepositoryOp =
   | { op: 'load'; name: string; config?: ServeSettings }
   | { op: 'unload'; name: string }
   /** Lazy loading: load it unless it is served; requests asking meanwhile share that load. */
-  | { op: 'ensure'; name: string };
+  | { op: 'ensure'; name: string }
+  /** The models served and how each is found again (a cluster's restarted process starts with them); not a route. */
+  | { op: 'served' };
+
+/** A model served, and the --model value that finds it again: its name, its folder's path, or its Hub id at the commit served. */
+export interface ServedSource {
+  name: string;
+  given: string;
+}
 
 /** The answer, as plain data (errors do not cross threads): the index, or the error's message, code and type. */
-export type RepositoryAnswer = { ok: true; index?: IndexEntry[] } | { ok: false; message: string; code: string; type: ErrorType };
+export type RepositoryAnswer = { ok: true; index?: IndexEntry[]; served?: ServedSource[] } | { ok: false; message: string; code: string; type: ErrorType };

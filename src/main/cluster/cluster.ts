@@ -37,7 +37,7 @@ import { DEFAULT_GRPC_PORT } from '../../shared/options.js';
 import { settlesWithin } from '../../shared/clock.js';
 import { ValidationError } from '../../shared/errors.js';
 import { RpcPeer } from '../../shared/rpc.js';
-import type { IndexEntry, ModelState, RepositoryAnswer, RepositoryOp } from '../../shared/repository-protocol.js';
+import type { IndexEntry, ModelState, RepositoryAnswer, RepositoryOp, ServedSource } from '../../shared/repository-protocol.js';
 
 type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 
@@ -53,6 +53,8 @@ interface ProcessPlan {
   intraOpThreads: number;
   /** The models to load at start, when the repository routes changed the set since the flags said it (a restarted process serves what the others do). */
   models?: string[];
+  /** The names they are served by, one per model. */
+  servedModelNames?: string[];
 }
 
 const PLAN_ENV = 'SLABSERVE_CLUSTER_PROCESS';
@@ -233,6 +235,7 @@ export function clusterWorker(log: (line: string) => void, stop: AbortController
       scrape,
       repository,
       ...(plan.models ? { models: plan.models } : {}),
+      ...(plan.servedModelNames ? { servedModelNames: plan.servedModelNames } : {}),
     },
     started(s: Server) {
       server = s;
@@ -467,16 +470,16 @@ class ClusterPrimary {
     return { ok: false, message: failed.length === answers.length && failed.length === 1 ? first.message : message, code: first.code, type: first.type };
   }
 
-  /** The models a process serves now (its index's READY ones): what a restarted process starts with. */
-  private async servedModels(slot: Slot): Promise<string[] | null> {
-    const a = await slot.rpc!.call<RepositoryAnswer>('repositoryLocal', { op: 'index', ready: true }, REPOSITORY_TIMEOUT_MS).catch(() => null);
-    return a?.ok && a.index ? a.index.map((e) => e.name) : null;
+  /** The models a process serves now, as --model finds them again: what a restarted process starts with. */
+  private async servedModels(slot: Slot): Promise<ServedSource[] | null> {
+    const a = await slot.rpc!.call<RepositoryAnswer>('repositoryLocal', { op: 'served' }, REPOSITORY_TIMEOUT_MS).catch(() => null);
+    return a?.ok && a.served ? a.served : null;
   }
 
   /** What every process starts with from now on (none served: the flags' set, as a start with no model is refused). */
-  private rememberModels(models: string[] | null): void {
+  private rememberModels(models: ServedSource[] | null): void {
     if (!models || models.length === 0) return;
-    for (const s of this.slots) s.plan.models = models;
+    for (const s of this.slots) Object.assign(s.plan, { models: models.map((m) => m.given), servedModelNames: models.map((m) => m.name) });
   }
 
   private fork(slot: Slot): void {

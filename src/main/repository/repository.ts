@@ -26,7 +26,7 @@ import { parseHubId, type HubModelId } from '../hub/hub-id.js';
 import { SlabserveError, type ErrorType } from '../../shared/errors.js';
 import type { RepositoryMetrics } from '../../shared/telemetry/metrics.js';
 import type { ModelControlMode } from '../../shared/options.js';
-import type { IndexEntry, ModelState, RepositoryAnswer, RepositoryOp } from '../../shared/repository-protocol.js';
+import type { IndexEntry, ModelState, RepositoryAnswer, RepositoryOp, ServedSource } from '../../shared/repository-protocol.js';
 
 
 /** A repository operation refused or failed (answered 400 with its message, as Triton answers). */
@@ -84,8 +84,10 @@ interface Entry {
   reason: string;
   /** Loads of this name that succeeded. */
   generation: number;
-  /** Where it is: under modelsDir, or the folder it was started from (--model PATH). */
+  /** Where it is: under modelsDir, or the folder it was started from (--model PATH), or a Hub snapshot. */
   dir?: string;
+  /** The --model value that finds it again (ModelRepository.served). */
+  given?: string;
   /** Its footprint as measured at its load (null: loaded at start, not measured alone). */
   memoryBytes: number | null;
 }
@@ -106,7 +108,7 @@ export class ModelRepository {
   constructor(opts: RepositoryOptions) {
     this.opts = opts;
     this.nextId = opts.models.nextId();
-    for (const p of opts.models.plans()) this.entries.set(p.spec.name, { state: 'READY', reason: '', generation: 1, dir: p.spec.dir, memoryBytes: null });
+    for (const p of opts.models.plans()) this.entries.set(p.spec.name, { state: 'READY', reason: '', generation: 1, dir: p.spec.dir, given: this.givenOf(p.spec), memoryBytes: null });
   }
 
   get mode(): ModelControlMode {
@@ -117,6 +119,7 @@ export class ModelRepository {
   async handle(op: RepositoryOp): Promise<RepositoryAnswer> {
     try {
       if (op.op === 'index') return { ok: true, index: this.index(op.ready ?? false) };
+      if (op.op === 'served') return { ok: true, served: this.served() };
       if (op.op === 'load') await this.load(op.name, op.config);
       else if (op.op === 'ensure') await this.ensure(op.name);
       else await this.unload(op.name);
@@ -143,6 +146,17 @@ export class ModelRepository {
   /** The models served now and what each was measured to take (slabserve_model_memory_bytes). */
   loaded(): { name: string; memoryBytes: number | null }[] {
     return [...this.entries].flatMap(([name, e]) => (e.state === 'READY' || e.state === 'UNLOADING' ? [{ name, memoryBytes: e.memoryBytes }] : []));
+  }
+
+  /** The models served, each with the --model value that finds it again. */
+  served(): ServedSource[] {
+    return [...this.entries].flatMap(([name, e]) => (e.state === 'READY' && e.given ? [{ name, given: e.given }] : []));
+  }
+
+  /** What --model finds `m` by: its name in the models directory, its Hub id at the commit served, else its folder's path. */
+  private givenOf(m: { name: string; dir: string; hub?: { repo: string; commit: string } | undefined }): string {
+    if (m.hub) return `${m.hub.repo}@${m.hub.commit}`;
+    return m.dir === join(this.opts.modelsDir, m.name) ? m.name : m.dir;
   }
 
   /** Every name the repository knows: its folders and the models served. */
@@ -224,7 +238,7 @@ export class ModelRepository {
       // Measured (host and, on CUDA, device memory); an RSS delta lost in other threads' churn (0 or less) falls back to the estimate.
       const measured = opened.rssBytes + Math.max(0, opened.deviceBytes ?? 0);
       const memoryBytes = opened.rssBytes > 0 ? measured + plan.slab.byteLength : estimatedBytes(plan);
-      Object.assign(entry, { state: 'READY', reason: '', generation: entry.generation + 1, dir: folder.dir, memoryBytes });
+      Object.assign(entry, { state: 'READY', reason: '', generation: entry.generation + 1, dir: folder.dir, given: this.givenOf(folder), memoryBytes });
       this.opts.metrics?.loads.inc({ model: name, outcome: 'ok' });
       this.opts.budget?.touch(name, this.opts.models.slab(plan.index)!);
       this.opts.metrics?.loadSeconds.observe({ model: name }, (performance.now() - started) / 1000);
