@@ -16,7 +16,7 @@
  */
 import { execFile, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statfsSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { promisify } from 'node:util';
@@ -26,6 +26,8 @@ import { loadTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import { createEngine } from '../dist/src/index.js';
 import { startServer } from '../dist/src/main/server.js';
 import { fetchModel } from '../dist/src/main/hub/fetch-model.js';
+import { RepoCache } from '../dist/src/main/hub/cache.js';
+import { downloadFile } from '../dist/src/main/hub/download.js';
 import { hfEnv } from '../dist/src/main/hub/hf-env.js';
 import { parseHubId } from '../dist/src/main/hub/hub-id.js';
 import { pickFiles } from '../dist/src/main/hub/pick-files.js';
@@ -295,6 +297,22 @@ describe('what a Hub model needs, and from where', () => {
     expect(pick(noGraph).files.slice(settings.length)).toEqual(['model.safetensors']);
     expect(pick(['config.json', 'model.safetensors.index.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'pytorch_model.bin']).files).toEqual(['config.json', 'model.safetensors.index.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']);
     expect(() => pick(['README.md', 'model.onnx'])).toThrow(/org\/x has no config\.json/);
+  });
+
+  it('refuses a file the disk cannot hold before fetching a byte of it, and leaves nothing behind', async () => {
+    const cache = new RepoCache(mkdtempSync(join(home, 'cache-')), 'acme/huge');
+    mkdirSync(join(cache.folder, 'blobs'), { recursive: true });
+    const { bavail, bsize } = statfsSync(join(cache.folder, 'blobs'));
+    const file = { path: 'model.onnx', size: bavail * bsize + 2 ** 30, etag: 'a'.repeat(64), lfs: true };
+    let opened = 0;
+    const open = async () => {
+      opened++;
+      throw new Error('not to be opened');
+    };
+    await expect(downloadFile(cache, 'c'.repeat(40), file, { open })).rejects.toThrow(/not enough disk space for .*: \d+ bytes needed, \d+ free/);
+    expect(opened).toBe(0);
+    expect(readdirSync(join(cache.folder, 'blobs'))).toEqual([]);
+    expect(existsSync(cache.snapshotDir('c'.repeat(40)))).toBe(false);
   });
 
   it('shows a download as a bar redrawn in place on a terminal, and as a line per file elsewhere', () => {
