@@ -1,6 +1,6 @@
 /**
  * A slabserve server in a child process (`node dist/src/cli.js serve`), as the
- * benches (bench/suite.ts, bench/floor.ts, bench/cache.ts ...) run it, and its
+ * benches (bench/suite.ts, bench/cache.ts ...) run it, and its
  * /metrics counters.
  *
  * Why a child process for the server: client and server CPU are then measured

@@ -37,7 +37,7 @@ export interface SuiteResults {
   scheduling?: SchedulingSection;
   /** Figures from a GPU run of bench/gpu/run.sh, when its output folder was given (--gpu-results). */
   gpu?: GpuSection;
-  /** The floor case (bench/floor.ts): CPU per request by thread, slabserve beside the floor server. */
+  /** The floor case (bench/suite/floor.ts): CPU per request by thread, slabserve beside the floor server. */
   floor?: FloorRow[];
 }
 

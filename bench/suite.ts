@@ -16,7 +16,7 @@
  *   peer        the same model behind a small @huggingface/transformers
  *               pipeline server, one request at a time per call
  *   floor       the gateway's CPU per request against a server doing only
- *               its unavoidable work (bench/floor.ts)
+ *               its unavoidable work (bench/floor-server.ts)
  *   models      the comparisons above for each model size (tiny-embed,
  *               minilm-l6; bert-base with bench/gpu on a GPU)
  *

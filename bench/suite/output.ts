@@ -8,7 +8,7 @@ import { hostname, loadavg } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fail } from '../args.js';
-import type { FloorRow } from '../floor.js';
+import type { FloorRow } from '../floor-report.js';
 import { renderReport, summaryTable } from '../report.js';
 import { RESULTS_VERSION, type GpuSection, type MachineInfo, type SuiteResults } from '../suite-results.js';
 import { summarizeWorkload } from '../workloads.js';
