@@ -37,7 +37,7 @@ function cell(s: string | number): string {
   return String(s).replace(/\|/g, '\\|').replace(/\r?\n/g, ' ');
 }
 
-function table(header: string[], rows: (string | number)[][], align?: ('l' | 'r')[]): string {
+export function table(header: string[], rows: (string | number)[][], align?: ('l' | 'r')[]): string {
   const sep = header.map((_, i) => ((align?.[i] ?? 'l') === 'r' ? '---:' : '---'));
   return [header, sep, ...rows].map((r, i) => `| ${(i === 1 ? r : r.map(cell)).join(' | ')} |`).join('\n');
 }
@@ -82,7 +82,7 @@ function comparisonsTable(comps: Comparison[]): string {
 }
 
 /** One comparison as a sentence, for its case's section (the headline table has them all). */
-function comparisonLine(c: Comparison): string {
+export function comparisonLine(c: Comparison): string {
   const where = [c.model, c.workload, transportName(c.transport)].join(' · ');
   return (
     `- ${c.question} **${fmtRatio(c.ratio)}** (${where}): ${c.a.label} ${fmtMetric(c.metric, c.a.value)} against ${c.b.label} ${fmtMetric(c.metric, c.b.value)}; ` +

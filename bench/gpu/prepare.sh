@@ -141,7 +141,7 @@ case "$BUILD" in
     cp -r "$ROOT/dist" "$STAGE/app/dist"
     ;;
 esac
-for f in dist/bench/suite.js dist/src/cli.js dist/models/generate.js; do
+for f in dist/bench/suite.js dist/bench/gpu/raw-ceiling.js dist/bench/gpu/summarize.js dist/src/cli.js dist/models/generate.js; do
   [ -f "$STAGE/app/$f" ] || die "the build has no $f"
 done
 cp "$ROOT/package.json" "$STAGE/app/package.json"

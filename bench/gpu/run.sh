@@ -18,14 +18,14 @@
 #   4. cuda: LD_LIBRARY_PATH = the provider's folder + --cuda-lib-dirs + CUDA/cuDNN folders found
 #      (a Python env's site-packages/nvidia/*/lib, /usr/local/cuda/lib64, ...); `ldd` of the
 #      provider must find every library; nvidia-smi's card; one CUDA session must open and run
-#      (raw-ceiling.mjs --check): otherwise stop here, saying why
+#      (dist/bench/gpu/raw-ceiling.js --check): otherwise stop here, saying why
 #   5. cases, each under `timeout` and inside the overall --budget-s:
-#        raw:M      raw-ceiling.mjs: session.run on the device, B x T padded batches
+#        raw:M      dist/bench/gpu/raw-ceiling.js: session.run on the device, B x T padded batches
 #        batching:M dist/bench/suite.js --cases batching: two `slabserve serve` and two in-process
 #                   engines on the device, batched and --max-batch-size 1, over HTTP, WebSocket
 #                   and in-process (results.json in a folder of its own)
 #      while nvidia-smi samples the GPU's memory and utilization every --sample-s
-#   6. summary.md (summarize.mjs), and results.tar.gz with every log and JSON
+#   6. summary.md (dist/bench/gpu/summarize.js), and results.tar.gz with every log and JSON
 #
 # Options:
 #   --prepared DIR        the bundle (default: $SLABSERVE_GPU_PREPARED, else bench/gpu/prepared)
@@ -40,7 +40,7 @@
 #   --cases LIST          kind:model,... (default raw:M,batching:M for every model)
 #   --budget-s N          whole run, set-up included (default 480; dry run 1500)
 #   --suite-args "..."    more flags for suite.js (e.g. "--rounds 5 --duration-s 2")
-#   --raw-args "..."      more flags for raw-ceiling.mjs (e.g. "--batches 1,32,512 --seq-lens 64")
+#   --raw-args "..."      more flags for raw-ceiling.js (e.g. "--batches 1,32,512 --seq-lens 64")
 #   --sample-s S          nvidia-smi sampling period (default 0.5)
 #   --keep-detail         keep OUT/detail/ beside results.tar.gz (by default OUT holds 4 files:
 #                         summary.md, run.log, samples.csv, results.tar.gz)
@@ -133,8 +133,8 @@ finish() {
   if [ "$STAGE" = all ]; then
     cp "$DETAIL/samples.csv" "$OUT_DIR/samples.csv" 2>/dev/null
     local summarized=0
-    if [ -n "${NODE:-}" ] && [ -x "${NODE:-}" ]; then
-      "$NODE" "$HERE/summarize.mjs" --dir "$DETAIL" --out "$OUT_DIR/summary.md" --device "$DEVICE" ${FAILED:+--failed "$FAILED"} && summarized=1
+    if [ -x "${NODE:-}" ] && [ -n "${APP:-}" ]; then
+      "$NODE" "$APP/dist/bench/gpu/summarize.js" --dir "$DETAIL" --out "$OUT_DIR/summary.md" --device "$DEVICE" ${FAILED:+--failed "$FAILED"} && summarized=1
     fi
     if [ "$summarized" = 0 ]; then
       { echo "# slabserve GPU bench: FAILED"; echo; echo "${FAILED:-summary could not be written}"; echo; echo "See run.log."; } > "$OUT_DIR/summary.md"
@@ -388,8 +388,8 @@ if [ "$DEVICE" != cpu ]; then
   else
     say "warning: no nvidia-smi: no card name, no memory samples"
   fi
-  say "opening a CUDA session (raw-ceiling.mjs --check on ${MODEL_LIST[0]})"
-  timeout 180 node "$HERE/raw-ceiling.mjs" --app "$APP" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device "$DEVICE" --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
+  say "opening a CUDA session (raw-ceiling.js --check on ${MODEL_LIST[0]})"
+  timeout 180 node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device "$DEVICE" --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" != 0 ]; then
     echo "--- ldd of the provider:"; cat "$DETAIL/ldd-provider.txt"
@@ -398,7 +398,7 @@ if [ "$DEVICE" != cpu ]; then
 else
   say "step 4: device cpu$([ "$DRY" = 1 ] && echo ' (dry run: short phases)')"
   if [ -f "$PROVIDER" ]; then ldd "$PROVIDER" > "$DETAIL/ldd-provider.txt" 2>&1; say "(provider present; ldd finds $(grep -c 'not found' "$DETAIL/ldd-provider.txt") libraries missing here: recorded, not needed on cpu)"; fi
-  node "$HERE/raw-ceiling.mjs" --app "$APP" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device cpu --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
+  node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device cpu --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
   [ "${PIPESTATUS[0]}" = 0 ] || fail "no CPU session could be opened"
 fi
 
@@ -427,7 +427,7 @@ fi
 # ---------------------------------------------------------------- cases
 if [ "$DRY" = 1 ]; then
   SUITE_BASE="--rounds 1 --duration-s 1 --warmup-s 0.3"
-  RAW_BASE="--batches 1,8,32 --seq-lens 16,32 --duration-s 0.5 --warmup-runs 1 --max-point-s 3"
+  RAW_BASE="--batches 1,8,32 --seq-lens 16,32 --duration-s 0.5 --warmup-s 0.1 --max-point-s 3"
   LIMIT_RAW=300; LIMIT_BATCHING=900
 else
   SUITE_BASE=""
@@ -452,7 +452,7 @@ for c in "${CASE_LIST[@]}"; do
   fi
   case $kind in
     raw) result="$DETAIL/$name.json"
-      cmd=(node "$HERE/raw-ceiling.mjs" --app "$APP" --model-dir "$MODELS_DIR/$m" --device "$DEVICE" $RAW_BASE $RAW_ARGS --json "$result") ;;
+      cmd=(node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/$m" --device "$DEVICE" $RAW_BASE $RAW_ARGS --json "$result") ;;
     batching) result="$DETAIL/$name/results.json"
       cmd=(node "$APP/dist/bench/suite.js" --cases batching --models "$m" --models-dir "$MODELS_DIR" --bench-models-dir "$WORK/bench-models" --device "$DEVICE" --no-progress $SUITE_BASE $SUITE_ARGS --out "$DETAIL/$name") ;;
   esac

@@ -20,7 +20,7 @@ import { modelInfo } from './setup.js';
 function readGpuResults(dir: string): GpuSection {
   const summary = join(dir, 'summary.md');
   if (!existsSync(summary)) fail(`--gpu-results ${dir}: no summary.md there (bench/gpu/run.sh writes one)`);
-  // bench/gpu/summarize.mjs writes summary.json beside it: card = [name, memory, driver]
+  // bench/gpu/summarize.ts writes summary.json beside it: card = [name, memory, driver]
   let card = 'unknown';
   try {
     const j = JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8')) as { card?: string[] | null; device?: string };
