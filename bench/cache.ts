@@ -23,7 +23,7 @@ import { runLoad } from './load.js';
 import { machineLine } from './machine.js';
 import { getText, startServerProcess, type ServerProcess } from './server-process.js';
 import { alignedTable, fmt } from './table.js';
-import { roundOrder } from './suite/phases.js';
+import { median, roundOrder } from './suite/phases.js';
 import { makeWorkload, type Workload } from './workloads.js';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -50,8 +50,6 @@ interface Phase {
   /** The load generator's CPU per request (wrk's where installed: bench/load.ts). */
   clientUsPerReq: number;
 }
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 async function phase(server: ServerProcess, model: string, w: Workload, clients: number, o: { warmupMs: number; durationMs: number }, seed: number): Promise<Phase> {
   const r = await runLoad({ target: server, model, transport: 'http', workload: w, arrivals: { kind: 'closed', concurrency: clients }, warmupMs: o.warmupMs, durationMs: o.durationMs }, mulberry32(seed));

@@ -25,9 +25,9 @@ import { parseOptions } from './args.js';
 import { runLoad } from './load.js';
 import { machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
-import { roundOrder } from './suite/phases.js';
+import { median, roundOrder } from './suite/phases.js';
 import type { Workload } from './workloads.js';
-import { median, postScript, run, wrk, type Load } from './wrk.js';
+import { postScript, run, wrk, type Load } from './wrk.js';
 
 const SPEC = {
   mode: { type: 'string', default: 'transports', choices: ['transports', 'placements'], help: 'what to compare' },

@@ -16,7 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
 import { machineLine } from './machine.js';
 import { startServerProcess } from './server-process.js';
-import { median } from './wrk.js';
+import { median } from './suite/phases.js';
 
 const SPEC = {
   rounds: { type: 'int', min: 1, default: 3, help: 'servers, one after the other' },

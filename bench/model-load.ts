@@ -20,6 +20,7 @@ import { parseOptions } from './args.js';
 import { createLoadClient, type LoadClient } from './http-clients.js';
 import { newHistogram } from './load.js';
 import { getText, startServerProcess, type ServerProcess } from './server-process.js';
+import { median } from './suite/phases.js';
 
 const SPEC = {
   rounds: { type: 'int', min: 1, default: 3, help: 'quiet and loading windows, alternated, per model' },
@@ -79,7 +80,6 @@ async function memoryOf(server: ServerProcess, model: string): Promise<number> {
   return m ? Number(m[1]) : NaN;
 }
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const mib = (b: number) => (b / 2 ** 20).toFixed(0);
 
 async function main(): Promise<void> {

@@ -31,7 +31,8 @@ import { loadModelSpec } from '../src/shared/model-format/model-config.js';
 import { parseOptions } from './args.js';
 import { machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
-import { median, postScript, wrk } from './wrk.js';
+import { median } from './suite/phases.js';
+import { postScript, wrk } from './wrk.js';
 
 const SPEC = {
   rounds: { type: 'int', min: 1, default: 3, help: 'alternating rounds' },

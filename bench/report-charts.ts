@@ -10,6 +10,7 @@ import * as vega from 'vega';
 import * as vl from 'vega-lite';
 import type { TopLevelSpec } from 'vega-lite';
 import type { CaseName, Comparison, Curve, PhaseResult, SuiteResults } from './suite-results.js';
+import { median } from './suite/phases.js';
 
 export const CHART_WIDTH = 640;
 export const CHART_HEIGHT = 360;
@@ -57,13 +58,6 @@ export const CASE_TITLES: Record<CaseName, string> = {
 };
 
 export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'defaults', 'peer', 'instances', 'floor', 'models'];
-
-export function median(xs: number[]): number {
-  if (xs.length === 0) return NaN;
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-}
 
 /** Significant-ish digits: 1234.5 -> "1235", 56.78 -> "56.8", 3.456 -> "3.46", 0.0123 -> "0.012"; integers as they are. */
 export function fmtNum(v: number | null | undefined): string {

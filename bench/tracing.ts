@@ -28,9 +28,9 @@ import { fileURLToPath } from 'node:url';
 import { parseOptions } from './args.js';
 import { machineLine } from './machine.js';
 import { startServerProcess } from './server-process.js';
-import { roundOrder } from './suite/phases.js';
+import { median, roundOrder } from './suite/phases.js';
 import { measureTracedPath } from './micro/tracing-path.js';
-import { median, postScript, wrk } from './wrk.js';
+import { postScript, wrk } from './wrk.js';
 
 const SPEC = {
   rounds: { type: 'int', min: 1, default: 3, help: 'alternating rounds' },

@@ -70,8 +70,6 @@ end
 `;
 }
 
-export const median = (v: number[]) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
-
 /** Whether wrk is on the PATH (`wrk --version` prints its banner and exits 1). */
 export function wrkInstalled(): boolean {
   return /^wrk /.test(spawnSync('wrk', ['--version'], { encoding: 'utf8' }).stdout ?? '');

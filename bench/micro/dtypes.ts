@@ -16,6 +16,7 @@ import { createEngine, type Engine } from '../../src/main/engine.js';
 import { writePreset } from '../../models/generator/presets.js';
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { parseOptions } from '../args.js';
+import { median } from '../suite/phases.js';
 import { makeWorkload } from '../workloads.js';
 
 const values = parseOptions('node dist/bench/micro/dtypes.js [options]', {
@@ -65,7 +66,6 @@ try {
       for (let r = 0; r < ROUNDS; r++) {
         for (const d of r % 2 ? (['int8', 'fp32'] as const) : (['fp32', 'int8'] as const)) rates[d].push(await throughput(engines[d], texts));
       }
-      const median = (v: number[]) => [...v].sort((a, b) => a - b)[v.length >> 1]!;
       const ratios = rates.int8.map((v, i) => (v / rates.fp32[i]!).toFixed(2)).join(' ');
       console.log(
         `| ${name} | ${median(rates.fp32).toFixed(0)} | ${median(rates.int8).toFixed(0)} | ${(median(rates.int8) / median(rates.fp32)).toFixed(2)}x (${ratios}) | ` +

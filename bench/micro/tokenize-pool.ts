@@ -16,6 +16,7 @@ import { packageRoot } from '../../src/main/plan-models.js';
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { mulberry32 } from '../../models/generator/rng.js';
 import { bertUncasedVocab } from '../../models/generator/tokenizer-json.js';
+import { median } from '../suite/phases.js';
 
 const ROUNDS = 5;
 const ROUND_MS = 1000;
@@ -66,7 +67,6 @@ for (let r = 0; r < ROUNDS; r++) {
     results.set(c.name, list);
   }
 }
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const chars = (xs: string[]) => Math.round(xs.reduce((a, t) => a + t.length, 0) / xs.length);
 console.log(`texts: short ${chars(short)} chars on average, long ${chars(long)} chars`);
 console.log('| case | wall µs/request | event-loop µs/request |');
