@@ -125,11 +125,10 @@ export function groupConfigs(phases: PhaseResult[]): PhaseResult[][] {
   return [...groups.values()];
 }
 
-/** Fields that take more than one value over `items`: the rest can be left out of a label. */
-function varying<T>(items: T[], fields: (keyof T)[]): Set<keyof T> {
-  const out = new Set<keyof T>();
-  for (const f of fields) if (new Set(items.map((x) => String(x[f]))).size > 1) out.add(f);
-  return out;
+/** An item's values of those `fields` that take more than one value over `items`: the rest can be left out of a label. */
+function varyingLabel<T>(items: T[], fields: (keyof T)[]): (x: T) => string[] {
+  const vary = fields.filter((f) => new Set(items.map((x) => String(x[f]))).size > 1);
+  return (x) => vary.map((f) => String(x[f]));
 }
 
 function phaseLoad(p: PhaseResult): string {
@@ -311,7 +310,7 @@ export function batchSizeSeries(results: SuiteResults): BatchSizeSeries[] {
   const out: BatchSizeSeries[] = [];
   const batching = results.phases.filter((p) => p.case === 'batching' && p.server && p.server.batchSizes.length > 0);
   const groups = groupConfigs(batching);
-  const vary = varying(
+  const label = varyingLabel(
     groups.map((g) => g[0]),
     ['model', 'workload', 'transport'],
   );
@@ -320,16 +319,11 @@ export function batchSizeSeries(results: SuiteResults): BatchSizeSeries[] {
     // "batched": some batch held more than one input
     if (!sizes.some((s) => s.le > 1 && s.count > 0)) continue;
     const p = g[0];
-    const parts = [`batching: ${p.target}`];
-    if (vary.has('model')) parts.push(p.model);
-    if (vary.has('workload')) parts.push(p.workload);
-    if (vary.has('transport')) parts.push(p.transport);
-    parts.push(phaseLoad(p));
-    out.push({ label: parts.join(' · '), sizes, meanBatch: median(g.map((x) => x.server!.meanBatch)) });
+    out.push({ label: [`batching: ${p.target}`, ...label(p), phaseLoad(p)].join(' · '), sizes, meanBatch: median(g.map((x) => x.server!.meanBatch)) });
   }
   const byId = new Map(results.phases.map((p) => [p.id, p]));
   const curves = (results.curves ?? []).filter((c) => c.points.length > 0);
-  const curveVary = varying(curves, ['model', 'workload', 'transport']);
+  const curveLabel = varyingLabel(curves, ['model', 'workload', 'transport']);
   for (const c of curves) {
     const seen = new Set<string>();
     for (const f of [0.5, 1]) {
@@ -338,11 +332,7 @@ export function batchSizeSeries(results: SuiteResults): BatchSizeSeries[] {
       seen.add(pt.phaseId);
       const ph = byId.get(pt.phaseId);
       if (!ph?.server || ph.server.batchSizes.length === 0) continue;
-      const parts = [`curve: ${c.label}`];
-      if (curveVary.has('model')) parts.push(c.model);
-      if (curveVary.has('workload')) parts.push(c.workload);
-      if (curveVary.has('transport')) parts.push(c.transport);
-      parts.push(`${fmtPct(pt.loadFraction, 0)} load`);
+      const parts = [`curve: ${c.label}`, ...curveLabel(c), `${fmtPct(pt.loadFraction, 0)} load`];
       out.push({ label: parts.join(' · '), sizes: sumSizes([ph]), meanBatch: ph.server.meanBatch });
     }
   }
@@ -438,12 +428,9 @@ export function paddingRows(results: SuiteResults): PaddingRow[] {
 function paddingChart(results: SuiteResults): Chart | null {
   const rows = paddingRows(results);
   if (rows.length === 0) return null;
-  const vary = varying(rows, ['model', 'transport']);
+  const label = varyingLabel(rows, ['model', 'transport']);
   const data = rows.map((r) => {
-    const parts = [r.case, r.workload];
-    if (vary.has('model')) parts.push(r.model);
-    if (vary.has('transport')) parts.push(r.transport);
-    return { ...r, group: parts.join(' · '), text: fmtPct(r.efficiency) };
+    return { ...r, group: [r.case, r.workload, ...label(r)].join(' · '), text: fmtPct(r.efficiency) };
   });
   const groups = [...new Set(data.map((d) => d.group))];
   const targets = [...new Set(data.map((d) => d.target))];
@@ -496,13 +483,11 @@ function throughputChart(results: SuiteResults): Chart | null {
   }
   questions.sort((a, b) => CASE_ORDER.indexOf(a.case) - CASE_ORDER.indexOf(b.case));
   const charts = questions.map((q) => {
-    const vary = varying(q.comps, ['model', 'workload', 'transport', 'metric']);
+    // a lone comparison says where it was measured; several, only where they differ
+    const where = q.comps.length === 1 ? (c: Comparison) => [c.model, c.workload, c.transport] : varyingLabel(q.comps, ['model', 'workload', 'transport']);
+    const metric = varyingLabel(q.comps, ['metric']);
     const rows = q.comps.flatMap((c) => {
-      const parts: string[] = [];
-      if (vary.has('model') || q.comps.length === 1) parts.push(c.model);
-      if (vary.has('workload') || q.comps.length === 1) parts.push(c.workload);
-      if (vary.has('transport') || q.comps.length === 1) parts.push(c.transport);
-      if (vary.has('metric')) parts.push(METRIC_UNITS[c.metric]);
+      const parts = [...where(c), ...metric(c).map((m) => METRIC_UNITS[m as Comparison['metric']])];
       const row = `${parts.join(' · ')}  (A/B ${fmtRatio(c.ratio)})`;
       return [
         { row, side: 'A', rel: c.a.value / c.b.value, text: `${c.a.label}: ${fmtMetric(c.metric, c.a.value)}` },

@@ -4,8 +4,8 @@
  *
  *   node dist/bench/report.js bench/results/<date>-<host>     # re-render from <dir>/results.json
  *
- * bench/suite.ts calls renderReport() at the end of a run, and summaryTable() /
- * summaryText() for the console and the closing note. Plots: bench/report-charts.ts.
+ * The suite calls renderReport() at the end of a run and prints summaryTable();
+ * the command line prints summaryText(). Plots: bench/report-charts.ts.
  */
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -27,7 +27,6 @@ import {
 } from './report-charts.js';
 import { RESULTS_VERSION, type CaseName, type Comparison, type Curve, type PhaseResult, type SuiteResults } from './suite-results.js';
 
-export { fmtNum, fmtPct, fmtRatio } from './report-charts.js';
 import { floorTable } from './floor-report.js';
 import { schedulingMarkdown } from './report-scheduling.js';
 
@@ -56,7 +55,8 @@ function sortedComparisons(results: SuiteResults): Comparison[] {
   return [...results.comparisons].sort((a, b) => CASE_ORDER.indexOf(a.case) - CASE_ORDER.indexOf(b.case));
 }
 
-function comparisonRow(c: Comparison): string[] {
+/** question, model, workload, transport, A, B, A/B and A/B by round (joined by `roundSep`). */
+function comparisonRow(c: Comparison, roundSep = ', '): string[] {
   return [
     c.question,
     c.model,
@@ -65,7 +65,7 @@ function comparisonRow(c: Comparison): string[] {
     `${fmtMetric(c.metric, c.a.value)} (${c.a.label})`,
     `${fmtMetric(c.metric, c.b.value)} (${c.b.label})`,
     fmtRatio(c.ratio),
-    c.roundRatios.map(fmtRatio).join(', '),
+    c.roundRatios.map(fmtRatio).join(roundSep),
   ];
 }
 
@@ -73,7 +73,7 @@ const SUMMARY_HEADER = ['question', 'model', 'workload', 'transport', 'A', 'B', 
 
 function comparisonsTable(comps: Comparison[]): string {
   if (comps.length === 0) return '_No comparisons in this run._';
-  const lines = [table(SUMMARY_HEADER, comps.map(comparisonRow), ['l', 'l', 'l', 'l', 'r', 'r', 'r', 'r'])];
+  const lines = [table(SUMMARY_HEADER, comps.map((c) => comparisonRow(c)), ['l', 'l', 'l', 'l', 'r', 'r', 'r', 'r'])];
   const notes = comps.filter((c) => c.note);
   if (notes.length) {
     lines.push('', ...notes.map((c) => `- ${c.question} (${c.model}, ${c.workload}, ${c.transport}): ${c.note}`));
@@ -122,16 +122,7 @@ export function summaryText(results: SuiteResults): string {
       out.push(c.question);
       lastQuestion = c.question;
     }
-    rows.push([
-      ' ',
-      c.model,
-      c.workload,
-      c.transport,
-      `${fmtMetric(c.metric, c.a.value)} (${c.a.label})`,
-      `${fmtMetric(c.metric, c.b.value)} (${c.b.label})`,
-      fmtRatio(c.ratio),
-      c.roundRatios.map(fmtRatio).join(' '),
-    ]);
+    rows.push([' ', ...comparisonRow(c, ' ').slice(1)]);
   }
   flush();
   return out.join('\n');
