@@ -31,7 +31,7 @@ import { loadModelSpec } from '../src/shared/model-format/model-config.js';
 import { parseOptions } from './args.js';
 import { machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
-import { median } from './suite/phases.js';
+import { median, roundOrder } from './suite/phases.js';
 import { postScript, wrk } from './wrk.js';
 
 const SPEC = {
@@ -84,8 +84,7 @@ async function routes(server: ServerProcess, o: { rounds: number; seconds: numbe
   for (const s of scripts) await wrk(server.origin, 1, o.connections, s); // warm every path
   const rows: { name: string; rps: number; p99Ms: number }[] = [];
   for (let round = 0; round < o.rounds; round++) {
-    const order = round % 2 === 0 ? ROUTES.map((_, i) => i) : ROUTES.map((_, i) => ROUTES.length - 1 - i);
-    for (const i of order) {
+    for (const i of roundOrder(round + 1, ROUTES.length)) {
       const l = await wrk(server.origin, o.seconds, o.connections, scripts[i]!);
       rows.push({ name: ROUTES[i]!.name, rps: l.requests / l.seconds, p99Ms: l.p99Ms });
       console.log(`round ${round + 1} ${ROUTES[i]!.name}: ${(l.requests / l.seconds).toFixed(0)} req/s, P99 ${l.p99Ms.toFixed(1)} ms`);
@@ -159,7 +158,7 @@ async function lateChunking(server: ServerProcess, o: { rounds: number; seconds:
       lat.late.push(await timed(late));
       lat.apart.push(await timed(apart));
     }
-    for (const side of round % 2 === 0 ? (['late', 'apart'] as const) : (['apart', 'late'] as const)) {
+    for (const side of roundOrder(round + 1, 2).map((i) => (['late', 'apart'] as const)[i]!)) {
       rps[side].push(await closedLoop(server.origin, side === 'late' ? late : apart, 8, o.seconds));
     }
   }

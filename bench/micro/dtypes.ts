@@ -16,7 +16,7 @@ import { createEngine, type Engine } from '../../src/main/engine.js';
 import { writePreset } from '../../models/generator/presets.js';
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { parseOptions } from '../args.js';
-import { median } from '../suite/phases.js';
+import { median, roundOrder } from '../suite/phases.js';
 import { makeWorkload } from '../workloads.js';
 
 const values = parseOptions('node dist/bench/micro/dtypes.js [options]', {
@@ -63,8 +63,8 @@ try {
       const i8 = await engines.int8.embed(texts);
       const cos = f32.map((v, i) => cosine(v, i8[i]!));
       const rates: Record<'fp32' | 'int8', number[]> = { fp32: [], int8: [] };
-      for (let r = 0; r < ROUNDS; r++) {
-        for (const d of r % 2 ? (['int8', 'fp32'] as const) : (['fp32', 'int8'] as const)) rates[d].push(await throughput(engines[d], texts));
+      for (let r = 1; r <= ROUNDS; r++) {
+        for (const d of roundOrder(r, 2).map((i) => (['fp32', 'int8'] as const)[i]!)) rates[d].push(await throughput(engines[d], texts));
       }
       const ratios = rates.int8.map((v, i) => (v / rates.fp32[i]!).toFixed(2)).join(' ');
       console.log(
