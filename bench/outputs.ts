@@ -29,6 +29,7 @@ import { loadTokenizer } from '../src/core/tokenizer/tokenizer.js';
 import { writePreset } from '../models/generator/presets.js';
 import { loadModelSpec } from '../src/shared/model-format/model-config.js';
 import { parseOptions } from './args.js';
+import { runClosedLoop } from './closed-loop.js';
 import { machineLine } from './machine.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
 import { median, roundOrder } from './suite/phases.js';
@@ -126,17 +127,9 @@ const cosine = (a: number[], b: number[]) => {
 
 /** `clients` closed loops sending `body` for `seconds`: requests/s. */
 async function closedLoop(origin: string, body: unknown, clients: number, seconds: number): Promise<number> {
-  const end = performance.now() + seconds * 1000;
-  let done = 0;
-  await Promise.all(
-    Array.from({ length: clients }, async () => {
-      while (performance.now() < end) {
-        await postJson(origin, '/embed', body);
-        done++;
-      }
-    }),
-  );
-  return done / seconds;
+  const loop = await runClosedLoop({ clients, warmupMs: 0, durationMs: seconds * 1000, call: () => postJson(origin, '/embed', body), snapshot: () => null });
+  loop.histogram.destroy();
+  return (loop.requests / loop.windowMs) * 1000;
 }
 
 async function lateChunking(server: ServerProcess, o: { rounds: number; seconds: number }, dir: string): Promise<void> {

@@ -16,6 +16,7 @@ import { createEngine, type Engine } from '../../src/main/engine.js';
 import { writePreset } from '../../models/generator/presets.js';
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { parseOptions } from '../args.js';
+import { runClosedLoop } from '../closed-loop.js';
 import { median, roundOrder } from '../suite/phases.js';
 import { makeWorkload } from '../workloads.js';
 
@@ -32,18 +33,9 @@ const CALLERS = 64;
 
 /** Sequences per second of `CALLERS` closed-loop callers over `texts` for DURATION_MS. */
 async function throughput(engine: Engine, texts: string[]): Promise<number> {
-  let done = 0;
-  let next = 0;
-  const end = performance.now() + DURATION_MS;
-  await Promise.all(
-    Array.from({ length: CALLERS }, async () => {
-      while (performance.now() < end) {
-        await engine.embed(texts[next++ % texts.length]!);
-        done++;
-      }
-    }),
-  );
-  return done / (DURATION_MS / 1000);
+  const loop = await runClosedLoop({ clients: CALLERS, warmupMs: 0, durationMs: DURATION_MS, call: (n) => engine.embed(texts[n % texts.length]!), snapshot: () => null });
+  loop.histogram.destroy();
+  return (loop.requests / loop.windowMs) * 1000;
 }
 
 const cosine = (a: Float32Array, b: Float32Array) => a.reduce((s, v, i) => s + v * b[i]!, 0) / Math.hypot(...a) / Math.hypot(...b);

@@ -15,6 +15,12 @@ export const median = (xs: number[]) => {
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
 export const round = (x: number, digits = 3) => Math.round(x * 10 ** digits) / 10 ** digits;
+/** The largest difference between two vectors' elements. */
+export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let worst = 0;
+  for (let j = 0; j < a.length; j++) worst = Math.max(worst, Math.abs(a[j]! - b[j]!));
+  return worst;
+}
 
 /** What a phase is, before it is measured. */
 export type PhaseMeta = Pick<PhaseResult, 'case' | 'model' | 'workload' | 'target' | 'transport' | 'loop' | 'round'> &
