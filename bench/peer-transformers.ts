@@ -22,12 +22,6 @@ export interface PeerOptions {
   host?: string;
   /** 0: any free port. */
   port?: number;
-  /** Default: serve.json's (slabserve's default: mean). */
-  pooling?: Pooling;
-  /** Default: serve.json's (slabserve's default: true). */
-  normalize?: boolean;
-  /** onnxruntime intra-op threads; 0 or absent: onnxruntime decides (what transformers.js does by default). */
-  intraOpThreads?: number;
 }
 
 /** Longest JSON body accepted, bytes. */
@@ -122,9 +116,9 @@ function send(res: http.ServerResponse, status: number, body: string, type = 'ap
 export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
   const spec = loadModelSpec(resolve(opts.modelDir));
   if (spec.task !== 'embed') throw new Error(`model ${spec.name} is a ${spec.task} model; the peer serves embedding models only`);
-  const pooling = opts.pooling ?? spec.pooling;
+  const pooling = spec.pooling;
   if (pooling !== 'mean' && pooling !== 'cls') throw new Error(`peer-transformers: pooling ${pooling} is not one transformers.js computes as sentence-transformers does (mean or cls)`);
-  const defaultNormalize = opts.normalize ?? spec.normalize;
+  const defaultNormalize = spec.normalize;
 
   const view = peerModelView(spec);
   const removeView = () => {
@@ -142,7 +136,6 @@ export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
       device: 'cpu',
       dtype: 'fp32',
       local_files_only: true,
-      session_options: opts.intraOpThreads ? { intraOpNumThreads: opts.intraOpThreads } : {},
     });
     await extractor('warm up', { pooling, normalize: defaultNormalize });
   } catch (err) {
@@ -202,10 +195,6 @@ const PEER_OPTIONS = {
   'model-dir': { type: 'string', value: 'DIR', help: 'slabserve model folder (config.json, tokenizer.json, model.onnx, serve.json); required' },
   host: { type: 'string', value: 'H', default: '127.0.0.1', help: 'address to listen on' },
   port: { type: 'int', min: 0, default: 0, help: '0: any free port' },
-  pooling: { type: 'string', choices: ['mean', 'cls'], value: 'mean|cls', help: "(default: serve.json's, else mean)" },
-  normalize: { type: 'boolean', help: "L2-normalise (default: serve.json's, else on)" },
-  'no-normalize': { type: 'boolean', help: 'do not' },
-  'intra-op-threads': { type: 'int', min: 0, default: 0, help: 'onnxruntime intra-op threads (0: onnxruntime decides, as transformers.js does)' },
 } as const;
 const USAGE = `node dist/bench/peer-transformers.js --model-dir DIR [options]
   Prints "listening on http://HOST:PORT" on stdout when ready; logs on stderr.`;
@@ -214,9 +203,6 @@ async function main(): Promise<void> {
   const a = parseOptions(USAGE, PEER_OPTIONS);
   if (!a['model-dir']) fail('--model-dir is required (--help lists the options)');
   if (a.port > 65535) fail(`--port: expected a port number, got ${a.port}`);
-  if (a.normalize && a['no-normalize']) fail('--normalize and --no-normalize together');
-  const port = a.port;
-  const threads = a['intra-op-threads'];
 
   // a parent that went away must not turn a log line into an EPIPE crash during shutdown
   process.stdout.on('error', () => {});
@@ -245,14 +231,11 @@ async function main(): Promise<void> {
   peer = await startPeerServer({
     modelDir: a['model-dir'],
     host: a.host,
-    port,
-    ...(a.pooling !== undefined ? { pooling: a.pooling as Pooling } : {}),
-    ...(a.normalize ? { normalize: true } : a['no-normalize'] ? { normalize: false } : {}),
-    intraOpThreads: threads,
+    port: a.port,
   });
   process.stderr.write(
-    `peer-transformers: model ${basename(resolve(a['model-dir']))}, pooling ${peer.pooling}, normalize ${peer.normalize}, ` +
-      `intra-op threads ${threads || 'onnxruntime default'}; transformers.js ${peer.versions.transformers}, onnxruntime-node ${peer.versions.onnxruntime}\n`,
+    `peer-transformers: model ${basename(resolve(a['model-dir']))}, pooling ${peer.pooling}, normalize ${peer.normalize}; ` +
+      `transformers.js ${peer.versions.transformers}, onnxruntime-node ${peer.versions.onnxruntime}\n`,
   );
   process.stdout.write(`listening on ${peer.url}\n`);
 }
