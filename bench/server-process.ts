@@ -27,17 +27,12 @@ export interface ServerCounters {
   threadCpuS: Map<string, number>;
 }
 
-export interface ServerProcess {
-  readonly pid: number;
-  readonly origin: string;
-  /** The server's `slabserve: ...` start-up lines. */
-  readonly startLines: string[];
+/** `slabserve serve` in a child process; stop() drains it (close every load client first). */
+export interface ServerProcess extends ChildServer {
   /** Process CPU time (all threads), ms; null where /proc is missing. */
   cpuMs(): number | null;
   /** Counters of one model from /metrics (one request with Connection: close, so no connection lingers). */
   counters(model: string): Promise<ServerCounters>;
-  /** SIGTERM (drain), then SIGKILL after `graceMs`. Close every load client first. */
-  stop(graceMs?: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
 export interface ServerOptions {
@@ -62,11 +57,10 @@ export function procCpuMs(pid: number): number | null {
   }
 }
 
-/** A server in a child process: where it listens, its start-up lines, and how to stop it. */
+/** A server in a child process: where it listens, and how to stop it. */
 export interface ChildServer {
   readonly pid: number;
   readonly origin: string;
-  readonly startLines: string[];
   /** SIGTERM, then SIGKILL after `graceMs`. */
   stop(graceMs?: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
@@ -122,7 +116,6 @@ export async function startChildServer(opts: {
   return {
     pid: child.pid!,
     origin,
-    startLines: lines,
     stop: async (graceMs = 10_000) => {
       child.kill('SIGTERM');
       const timer = setTimeout(kill, graceMs);
