@@ -1,18 +1,11 @@
 /**
- * What the result cache (docs/cache.md) buys and costs, side by side in one
- * run: the same `slabserve serve` with `--cache-mb 0` and with the cache on,
- * under the same closed-loop HTTP load, rounds in alternating order.
- *
- *   repeated   a few hundred distinct short texts sent over and over (a chat
- *              front end's "hi", "thanks"): after the first pass every
- *              request is a hit, answered by the gateway without the device
- *   distinct   texts that (almost) never repeat: every request a miss, so the
- *              ratio is the lookup's and the store's cost on the miss path
+ * What the result cache buys and costs (docs/cache.md has the method and the
+ * results): `slabserve serve` with `--cache-mb 0` against the cache on, the same
+ * closed-loop HTTP load in alternating rounds, on a few hundred texts sent over
+ * and over (every request a hit after the first pass) and on texts that never
+ * repeat (every request a miss: the lookup's and the store's cost).
  *
  *   node dist/bench/cache.js [--rounds 3] [--duration-s 3] [--clients 1,64]
- *
- * Each row reports the median round; the hit share is the cache side's own
- * counters (slabserve_cache_hits_total / (hits + misses)) over the whole run.
  */
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';

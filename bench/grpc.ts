@@ -1,19 +1,10 @@
 /**
- * gRPC against the other transports (docs/grpc.md), two questions, each in
- * alternating rounds, medians reported:
- *
- *   --mode transports (default)  one server (the defaults): HTTP (wrk, 64 connections), WebSocket
- *                                (64 requests in flight on one socket), gRPC unary (64 closed loops,
- *                                a channel each) and gRPC streaming (64 messages in flight on one
- *                                EmbedStream), one after another; req/s, P99, the server's CPU and
- *                                the load generator's per request
- *   --mode placements            where gRPC belongs: on the uWebSockets.js gateway thread beside
- *                                HTTP, on two that serve both, or on a thread of its own
- *                                (--grpc-threads 1); HTTP alone, gRPC alone, both at once
- *
- * Texts are distinct and short (about 10 tokens) on every transport, and the
- * result cache is off, so every request runs on the device. The load
- * generators share the server's cores: the figures are ratios, not ceilings.
+ * gRPC against the other transports (docs/grpc.md has the method and the
+ * results), in alternating rounds: `--mode transports`, one server under HTTP
+ * (wrk), WebSocket, gRPC unary and gRPC streaming loads one after another;
+ * `--mode placements`, gRPC on the gateway thread, on two that serve both, or on
+ * a thread of its own, under HTTP, gRPC and both at once. Texts are distinct and
+ * the result cache off, so every request runs on the device.
  *
  *   node dist/bench/grpc.js [--mode transports|placements] [--rounds 3] [--seconds 5] [--connections 64]
  */

@@ -1,13 +1,8 @@
 /**
  * What loading a model while serving costs the models already served
- * (docs/model-repository.md): `slabserve serve --model-control-mode explicit`
- * in a child process serves tiny-embed to a closed loop of keep-alive clients;
- * rounds alternate a quiet window with a window during which a larger model
- * (minilm-l6, bert-base) is loaded, and its unload after. Same run, same
- * clients: tiny-embed's P50 and P99 during a load against without one, as a
- * ratio; the load's time; the footprint the server measured
- * (slabserve_model_memory_bytes) and the process's RSS with and without it.
- * Then `--cycles` load/unload cycles of minilm-l6 and the RSS before and after.
+ * (docs/model-repository.md has the method and the results): tiny-embed under a
+ * closed loop, rounds alternating a quiet window with one during which a larger
+ * model loads; then `--cycles` load/unload cycles and the RSS before and after.
  *
  *   node dist/bench/model-load.js [--rounds 3] [--clients 8] [--models minilm-l6,bert-base] [--cycles 50]
  */

@@ -1,21 +1,10 @@
 /**
- * What tracing costs (docs/tracing.md), in alternating rounds, medians: a
- * server with tracing off, and one with it on (the default sampler, which
- * follows the caller's parent) exporting over http/protobuf to a receiver in
- * this process that answers at once: with OTEL_TRACES_SAMPLER traceidratio at
- * 0.1 and at 1.0 (requests without a traceparent), and with the default
- * sampler, which follows the caller's parent, loaded by wrk's script two
- * ways: every request with an unsampled traceparent (flags 00), and every one
- * sampled; so the CPU of a sampled request is also read as the difference
- * between two loads of the same process, not of two processes.
- * 64 connections, distinct short texts; req/s, P99, the server's CPU per request,
- * and that of its gateway threads and its inference thread, where spans are
- * made and exported: the whole process's CPU per request moves with the
- * batches the load happened to form (20% between rounds here), the gateway's
- * far less, so a sampled request's cost is read from those threads.
- *
- * First, the traced path alone in this process (micro/tracing-path.ts): what a
- * sampled request costs where the load cannot move it.
+ * What tracing costs under load (docs/tracing.md has the method and the
+ * results): the traced path alone first (micro/tracing-path.ts), then servers
+ * with tracing off, a ratio sampler at 0.1 and 1.0, and the default sampler fed
+ * unsampled and sampled traceparents, in alternating rounds. A sampled
+ * request's cost is read from the gateway's and the inference thread's own CPU
+ * counters: the whole process's moves with the batches each window formed.
  *
  *   node dist/bench/tracing.js [--rounds 3] [--seconds 5] [--connections 64] [--path-requests 100000]
  */

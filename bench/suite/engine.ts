@@ -1,15 +1,9 @@
 /**
  * The in-process engine as a side of the suite's comparisons: createEngine()
- * in this process with the server's defaults, and `clients` closed-loop
- * callers of engine.embed(text) on a workload's texts (tokenizing included,
- * as the server's gateways do). It is the same request with no transport at
- * all, so it answers two questions the HTTP phases cannot alone: how much of
- * the engine HTTP keeps, and what batching buys with no per-request transport
- * cost diluting it (the bound the HTTP batching gain sits under).
- *
- * Its CPU is this process's (process.cpuUsage): the callers and every engine
- * thread. The engines stay open for all rounds; an idle one costs nothing
- * measurable while another side runs.
+ * in this process and closed-loop callers of engine.embed(text), tokenizing
+ * included. The same request with no transport at all: how much of the engine
+ * HTTP keeps, and what batching buys with no per-request transport cost
+ * diluting it. Its CPU is this process's (the callers and every engine thread).
  */
 import { createEngine, type Engine } from '../../src/main/engine.js';
 import { runClosedLoop } from '../closed-loop.js';
