@@ -10,8 +10,6 @@
  */
 import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { cpus } from 'node:os';
 import { resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { InferenceSession } from 'onnxruntime-node';
@@ -20,6 +18,7 @@ import { prepareModel, type PreparedModel } from '../../src/gpu-worker/graph.js'
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { fail, parseOptions } from '../args.js';
 import { newHistogram } from '../load.js';
+import { machineInfo } from '../machine.js';
 import { openRawSession, rawBatches, runRawLoop, type RawBatch } from '../raw-ort.js';
 
 const o = parseOptions('node dist/bench/gpu/raw-ceiling.js --model-dir DIR [options]', {
@@ -111,9 +110,7 @@ const head = {
   layers: config.num_hidden_layers ?? null,
   hidden: spec.hiddenSize,
   device: o.device,
-  onnxruntime: (createRequire(import.meta.url)('onnxruntime-node/package.json') as { version: string }).version,
-  node: `${process.execPath} ${process.version}`,
-  cpu: `${cpus()[0]?.model ?? '?'} x${cpus().length}`,
+  machine: machineInfo(),
   sessionCreateMs: +(performance.now() - t0).toFixed(1),
 };
 const res = o.check ? { ...head, check: await check(session) } : { ...head, durationS: o['duration-s'], points: await grid(session), gpuMemMiB: gpuMemMiB() };

@@ -310,8 +310,6 @@ ORT_DIR="$APP/$ORT_REL"
 PROVIDER="$ORT_DIR/libonnxruntime_providers_cuda.so"
 {
   echo "bundle: $BUNDLE"; echo "uname: $(uname -a)"; echo "node: $NODE_SAYS"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') x$(nproc)"
-  echo "memory: $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
 } > "$DETAIL/env.txt"
 for k in "${!META[@]}"; do echo "meta $k: ${META[$k]}"; done | LC_ALL=C sort >> "$DETAIL/env.txt"
 

@@ -13,7 +13,7 @@ import { fail, parseOptions } from '../args.js';
 import { groupConfigs } from '../report-charts.js';
 import { comparisonLine, table } from '../report.js';
 import { median } from '../suite/phases.js';
-import type { Comparison, PhaseResult, SuiteResults } from '../suite-results.js';
+import type { Comparison, MachineInfo, PhaseResult, SuiteResults } from '../suite-results.js';
 import { fmt } from '../table.js';
 
 const o = parseOptions('node dist/bench/gpu/summarize.js --dir DETAIL --out summary.md [options]', {
@@ -47,7 +47,7 @@ interface RawCeiling {
   layers: number | null;
   hidden: number;
   device: string;
-  onnxruntime: string;
+  machine?: MachineInfo;
   sessionCreateMs: number;
   durationS?: number;
   gpuMemMiB?: number | null;
@@ -74,9 +74,10 @@ function memStats(a: number, b: number) {
 const out: string[] = [];
 out.push(`# ${onGpu ? `slabserve GPU bench: ${card?.[0] ?? 'CUDA device'}` : 'slabserve GPU bench, run on the CPU'}${o.failed ? ' (FAILED)' : ''}`, '');
 const when = cases[0] ? new Date(cases[0].start * 1000).toISOString().replace(/\.\d+Z$/, 'Z') : new Date().toISOString();
+const host = check?.machine;
 out.push(
-  `${when}; device **${device}**${card ? ` (${card[0]}, ${card[1]}, driver ${card[2]})` : ''}; host ${env.cpu ?? '?'}, ${env.memory ?? '?'}; ${env.node ?? 'node ?'}; ` +
-    `onnxruntime-node ${check?.onnxruntime ?? env['meta onnxruntime-node'] ?? '?'}; bundle ${env.bundle ?? '?'} ` +
+  `${when}; device **${device}**${card ? ` (${card[0]}, ${card[1]}, driver ${card[2]})` : ''}; host ${host ? `${host.cpu} x${host.cores}, ${host.memoryGiB} GiB` : '?'}; ${env.node ?? 'node ?'}; ` +
+    `onnxruntime-node ${host?.onnxruntime ?? env['meta onnxruntime-node'] ?? '?'}; bundle ${env.bundle ?? '?'} ` +
     `(git ${(env['meta git'] ?? '?').replace(/ (\d+)$/, ' + $1 modified files')}, build ${env['meta build'] ?? '?'}, made ${env['meta created'] ?? '?'}).`,
   '',
 );
