@@ -45,6 +45,8 @@ export interface LoadSpec {
   ws?: { sockets: number; depth: number };
   /** WebSocket: bytes each f32 answer row must have (4 x dimension); a row of another size is an error. */
   rowBytes?: number;
+  /** HTTP closed loops on wrk only: a fresh W3C traceparent on every request, this share of them sampled. */
+  traceparent?: number;
   /** Called about every 250 ms. */
   onProgress?(p: Progress): void;
 }
@@ -106,7 +108,7 @@ function httpChannel(client: LoadClient, w: Workload): Channel {
   return {
     send: async (i) => {
       try {
-        const r = await client.post('/embed', w.bodies[i]!);
+        const r = await client.post(w.path ?? '/embed', w.bodies[i]!);
         if (r.status === 200) return 'ok';
         if (r.status === 429 || r.status === 503) return 'rejected';
         return `HTTP ${r.status}: ${r.body.toString('utf8').slice(0, 200)}`;
@@ -378,7 +380,7 @@ let installed: boolean | undefined;
 /** wrk for HTTP closed loops where it is installed (or asked for), else the Node generator, with a warning once. */
 function generatorFor(spec: LoadSpec): Generator {
   if (spec.transport !== 'http' || spec.arrivals.kind !== 'closed') return 'node';
-  const asked = spec.generator ?? 'auto';
+  const asked = spec.traceparent !== undefined ? 'wrk' : (spec.generator ?? 'auto');
   if (asked === 'node') return 'node';
   if ((installed ??= wrkInstalled())) return 'wrk';
   if (asked === 'wrk') throw new Error('--load-generator wrk: wrk is not installed (apt-get install wrk)');
@@ -396,7 +398,8 @@ function generatorFor(spec: LoadSpec): Generator {
 async function wrkLoop(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
   const connections = (spec.arrivals as Extract<Arrivals, { kind: 'closed' }>).concurrency;
   const w = spec.workload;
-  const opts = { connections, timeoutMs: TIMEOUT_MS, first: Math.floor(r() * w.bodies.length), scriptPath: join(tmpdir(), `slabserve-bench-${process.pid}.lua`) };
+  const first = Math.floor(r() * w.bodies.length);
+  const opts = { connections, timeoutMs: TIMEOUT_MS, first, path: w.path ?? '/embed', traceparent: spec.traceparent, scriptPath: join(tmpdir(), `slabserve-bench-${process.pid}.lua`) };
   const seconds = (ms: number) => Math.max(1, Math.round(ms / 1000));
   const started = performance.now();
   const tick = spec.onProgress ? setInterval(() => spec.onProgress!({ elapsedMs: performance.now() - started, totalMs: spec.warmupMs + spec.durationMs, answered: 0, rejected: 0, errors: 0 }), 250) : undefined;

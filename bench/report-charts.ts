@@ -10,6 +10,7 @@ import * as vega from 'vega';
 import * as vl from 'vega-lite';
 import type { TopLevelSpec } from 'vega-lite';
 import type { CaseName, Comparison, Curve, PhaseResult, SuiteResults } from './suite-results.js';
+import { ALL_CASES, OPT_IN_CASES } from './suite/options.js';
 import { median } from './suite/phases.js';
 
 export const CHART_WIDTH = 640;
@@ -55,9 +56,15 @@ export const CASE_TITLES: Record<CaseName, string> = {
   instances: 'Model instances',
   models: 'Model sizes',
   floor: 'The request path against the floor',
+  cache: 'The result cache',
+  grpc: 'gRPC beside HTTP and WebSocket',
+  tracing: 'What tracing costs',
+  outputs: 'What the outputs beyond the pooled row cost',
+  idle: 'A server doing nothing',
+  'model-load': 'Loading a model while serving',
 };
 
-export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'defaults', 'peer', 'instances', 'floor', 'models'];
+export const CASE_ORDER: CaseName[] = [...ALL_CASES, ...OPT_IN_CASES];
 
 /** Significant-ish digits: 1234.5 -> "1235", 56.78 -> "56.8", 3.456 -> "3.46", 0.0123 -> "0.012"; integers as they are. */
 export function fmtNum(v: number | null | undefined): string {

@@ -28,6 +28,7 @@ import {
 import { RESULTS_VERSION, type CaseName, type Comparison, type Curve, type PhaseResult, type SuiteResults } from './suite-results.js';
 
 import { floorTable } from './floor-report.js';
+import { OPT_IN_CASES } from './suite/options.js';
 import { schedulingMarkdown } from './report-scheduling.js';
 
 // ---------------------------------------------------------------- Markdown helpers
@@ -46,7 +47,7 @@ function code(s: string): string {
 }
 
 function transportName(t: PhaseResult['transport']): string {
-  return t === 'ws' ? 'WebSocket' : t === 'http' ? 'HTTP' : 'in-process';
+  return t === 'ws' ? 'WebSocket' : t === 'http' ? 'HTTP' : t === 'grpc' ? 'gRPC' : 'in-process';
 }
 
 // ---------------------------------------------------------------- the headline comparisons
@@ -149,7 +150,7 @@ function formatDuration(s: number): string {
   return m > 0 ? `${m} min ${sec} s` : `${sec} s`;
 }
 
-const CASE_INTROS: Record<CaseName, string> = {
+const CASE_INTROS: Partial<Record<CaseName, string>> = {
   batching: 'Dynamic batching on against the same server with `--max-batch-size 1`, same clients, same workload.',
   bucketing:
     'Length buckets against one FIFO queue padded to the longest input in the batch (`--pad-to longest`), on each workload: throughput, and padding efficiency (real tokens / padded tokens).',
@@ -356,7 +357,8 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
   out.push('## Headline', '', summaryTable(r), '');
   if (charts.throughput) out.push(image(charts.throughput), '');
 
-  const present = new Set<CaseName>([...r.phases.map((p) => p.case), ...r.comparisons.map((c) => c.case)]);
+  const figures = r.notes ?? [];
+  const present = new Set<CaseName>([...r.phases.map((p) => p.case), ...r.comparisons.map((c) => c.case), ...figures.map((n) => n.case)]);
   if (r.floor?.length) present.add('floor');
   const hasCurves = (r.curves ?? []).some((c) => c.points.length > 0);
   if (hasCurves) present.add('curve');
@@ -374,6 +376,8 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
     if (CASE_INTROS[k]) out.push(CASE_INTROS[k], '');
     const comps = r.comparisons.filter((c) => c.case === k);
     if (comps.length) out.push(comps.map(comparisonLine).join('\n'), '');
+    const lines = figures.filter((n) => n.case === k).map((n) => `- ${n.line}`);
+    if (lines.length) out.push(lines.join('\n'), '');
     const phases = r.phases.filter((p) => p.case === k);
     if (phases.length) out.push(phaseTables(phases), '');
     if (k === 'floor' && r.floor?.length) out.push(floorTable(r.floor), '');
@@ -385,7 +389,7 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
   if (!present.has('batching') && charts.batchSizes) out.push('## Batch sizes', '', image(charts.batchSizes), '');
   if (!present.has('bucketing') && charts.padding) out.push('## Padding efficiency', '', image(charts.padding), '');
 
-  const absent = CASE_ORDER.filter((k) => !present.has(k)).map((k) => CASE_TITLES[k].toLowerCase());
+  const absent = CASE_ORDER.filter((k) => !present.has(k) && !(OPT_IN_CASES as readonly CaseName[]).includes(k)).map((k) => CASE_TITLES[k].toLowerCase());
   const notes: string[] = [];
   if (absent.length) notes.push(`Not measured in this run${r.mode === 'quick' ? ' (quick mode)' : ''}: ${absent.join('; ')}.`);
   if (!hasCurves) notes.push('No latency-throughput curves, so no latency-throughput plot.');

@@ -20,7 +20,10 @@ export interface Input {
 }
 
 export interface Workload {
-  name: WorkloadName;
+  /** A WorkloadName, or a case's own (cache's `repeated`, outputs' routes). */
+  name: string;
+  /** The route the bodies go to (default /embed). */
+  path?: string;
   description: string;
   /** requests[i] holds the inputs of request i (one, or a client batch). */
   requests: Input[][];

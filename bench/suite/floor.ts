@@ -16,7 +16,7 @@ import { procCpuMs, startChildServer, startServerProcess } from '../server-proce
 import { preTokenized } from '../workloads.js';
 import type { SuiteContext } from './context.js';
 import { CLI, REPO_ROOT } from './paths.js';
-import { median, round, roundOrder } from './phases.js';
+import { median, perThread, round, roundOrder } from './phases.js';
 import type { ModelSetup } from './setup.js';
 
 const SIDES: Side[] = ['slabserve', 'floor'];
@@ -45,13 +45,6 @@ async function startFloor(m: ModelSetup): Promise<LoadTarget & { stop(): Promise
   });
   const noBatches = { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, failures: 0, batchSizeLe: new Map() };
   return { origin: child.origin, cpuMs: () => procCpuMs(child.pid), counters: async () => ({ ...noBatches, threadCpuS: floorThreadCpu(child.pid) }), stop: () => child.stop() };
-}
-
-/** Per-request CPU µs by thread, from two samples of the server's thread counters. */
-function perRequest(before: Map<string, number>, after: Map<string, number>, requests: number): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const [name, s] of after) out[name] = us((s - (before.get(name) ?? 0)) / Math.max(1, requests));
-  return out;
 }
 
 /** Runs the case where asked; returns the floor's rows for results.json. */
@@ -98,7 +91,7 @@ export async function runFloor(ctx: SuiteContext): Promise<FloorRow[] | undefine
                 p50Ms: o.histogram.getValueAtPercentile(50) / 1000,
                 p99Ms: o.histogram.getValueAtPercentile(99) / 1000,
                 errors: o.errors,
-                cpuUsPerRequest: perRequest(o.before!.threadCpuS, o.after!.threadCpuS, o.requests),
+                cpuUsPerRequest: perThread(o.before!.threadCpuS, o.after!.threadCpuS, o.requests),
                 clientUsPerRequest: us(o.clientCpuMs / 1000 / Math.max(1, o.requests)),
               };
               o.histogram.destroy();

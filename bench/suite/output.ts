@@ -61,6 +61,7 @@ export function suiteResults(ctx: SuiteContext, start: RunStart, floor: FloorRow
     ...(o.gpuResults ? { gpu: readGpuResults(resolve(o.gpuResults)) } : {}),
     ...(floor ? { floor } : {}),
     ...(ctx.scheduling ? { scheduling: ctx.scheduling } : {}),
+    ...(ctx.notes.length ? { notes: ctx.notes } : {}),
   };
 }
 

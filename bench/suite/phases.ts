@@ -94,6 +94,13 @@ function record(m: PhaseMeta, windowMs: number, c: { requests: number; inputs: n
   };
 }
 
+/** CPU µs per request by thread, from two samples of a server's thread counters (seconds). */
+export function perThread(before: Map<string, number>, after: Map<string, number>, requests: number): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [name, s] of after) out[name] = round(((s - (before.get(name) ?? 0)) * 1e6) / Math.max(1, requests), 1);
+  return out;
+}
+
 /** A load phase's record; destroys the outcome's histogram (its compressed copy is kept). */
 export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
   const p = record(m, o.windowMs, o, o.histogram);
@@ -101,6 +108,7 @@ export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
   if (o.before && o.after) p.server = serverSide(o.before, o.after, o.countersMs);
   if (o.serverCpuMs !== null && o.requests > 0) p.cpuMsPerRequest = round(o.serverCpuMs / o.requests, 4);
   if (o.requests > 0) p.clientCpuMsPerRequest = round(o.clientCpuMs / o.requests, 4);
+  if (o.before?.threadCpuS.size && o.after) p.threadCpuUsPerRequest = perThread(o.before.threadCpuS, o.after.threadCpuS, o.requests);
   o.histogram.destroy();
   return p;
 }

@@ -20,9 +20,9 @@ export interface Target extends LoadTarget {
 }
 
 /** `slabserve serve` with the common flags (loopback, a free port, the model, the device) and `extra`, nothing else. */
-export async function startSlabserve(label: string, device: string, modelsDir: string, model: string, extra: string[]): Promise<Target & { server: ServerProcess }> {
+export async function startSlabserve(label: string, device: string, modelsDir: string, model: string, extra: string[], env?: Record<string, string>): Promise<Target & { server: ServerProcess }> {
   const args = ['--host', '127.0.0.1', '--port', '0', '--models-dir', modelsDir, '--model', model, '--device', device, ...extra];
-  const server = await startServerProcess({ cliPath: CLI, args, startTimeoutMs: 180_000 });
+  const server = await startServerProcess({ cliPath: CLI, args, startTimeoutMs: 180_000, ...(env ? { env } : {}) });
   return {
     label,
     serverArgs: extra,
