@@ -4,8 +4,8 @@
  *
  *   node dist/bench/report.js bench/results/<date>-<host>     # re-render from <dir>/results.json
  *
- * The suite calls renderReport() at the end of a run and prints summaryTable();
- * the command line prints summaryText(). Plots: bench/report-charts.ts.
+ * The suite and the command line call renderReport() and print summaryTable().
+ * Plots: bench/report-charts.ts.
  */
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -56,8 +56,8 @@ function sortedComparisons(results: SuiteResults): Comparison[] {
   return [...results.comparisons].sort((a, b) => CASE_ORDER.indexOf(a.case) - CASE_ORDER.indexOf(b.case));
 }
 
-/** question, model, workload, transport, A, B, A/B and A/B by round (joined by `roundSep`). */
-function comparisonRow(c: Comparison, roundSep = ', '): string[] {
+/** question, model, workload, transport, A, B, A/B and A/B by round. */
+function comparisonRow(c: Comparison): string[] {
   return [
     c.question,
     c.model,
@@ -66,7 +66,7 @@ function comparisonRow(c: Comparison, roundSep = ', '): string[] {
     `${fmtMetric(c.metric, c.a.value)} (${c.a.label})`,
     `${fmtMetric(c.metric, c.b.value)} (${c.b.label})`,
     fmtRatio(c.ratio),
-    c.roundRatios.map(fmtRatio).join(roundSep),
+    c.roundRatios.map(fmtRatio).join(', '),
   ];
 }
 
@@ -98,35 +98,6 @@ export function comparisonLine(c: Comparison): string {
  */
 export function summaryTable(results: SuiteResults): string {
   return comparisonsTable(sortedComparisons(results));
-}
-
-/** The same comparisons as aligned plain text, for the terminal. */
-export function summaryText(results: SuiteResults): string {
-  const comps = sortedComparisons(results);
-  if (comps.length === 0) return 'no comparisons in this run';
-  const header = ['', 'model', 'workload', 'transport', 'A', 'B', 'A/B', 'by round'];
-  const rows: string[][] = [];
-  let lastQuestion = '';
-  const out: string[] = [];
-  const flush = () => {
-    if (rows.length === 0) return;
-    const all = [header, ...rows];
-    const widths = header.map((_, i) => Math.max(...all.map((r) => r[i].length)));
-    const right = new Set([4, 5, 6, 7]);
-    for (const r of all) out.push(r.map((s, i) => (right.has(i) ? s.padStart(widths[i]) : s.padEnd(widths[i]))).join('  ').trimEnd());
-    rows.length = 0;
-  };
-  for (const c of comps) {
-    if (c.question !== lastQuestion) {
-      flush();
-      if (out.length) out.push('');
-      out.push(c.question);
-      lastQuestion = c.question;
-    }
-    rows.push([' ', ...comparisonRow(c, ' ').slice(1)]);
-  }
-  flush();
-  return out.join('\n');
 }
 
 // ---------------------------------------------------------------- sections
@@ -455,7 +426,7 @@ async function main(argv: string[]): Promise<number> {
   const dir = resolve(argv[0]);
   const results = await readResults(dir);
   const { files } = await renderReport(results, dir);
-  console.log(summaryText(results));
+  console.log(summaryTable(results));
   console.log('');
   for (const f of files) console.log(`wrote ${f}`);
   return 0;
