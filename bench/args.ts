@@ -2,16 +2,8 @@
  * The one command-line parser of the bench scripts. A script declares its
  * options once, in a table (type, default, help line, bounds), and gets back
  * checked, typed values and a --help text written from that same table, so
- * the help, the defaults and the checks cannot drift apart:
- *
- *   const opts = parseOptions('node dist/bench/x.js [options]', {
- *     rounds: { type: 'int', min: 1, default: 3, quick: 1, help: 'A/B alternations' },
- *     loads: { type: 'numbers', min: 1, default: [25, 75], help: 'load points, % of capacity' },
- *     quick: { type: 'boolean', help: 'shorter defaults (marked quick)' },
- *   });
- *   opts.rounds // number
- *
- * Values:
+ * the help, the defaults and the checks cannot drift apart (bench/suite/options.ts
+ * is the largest table). Values:
  *   boolean            present or not
  *   string             as given; `choices` limits it
  *   number, int        a number >= `min` (int: an integer)

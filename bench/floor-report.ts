@@ -1,15 +1,8 @@
-/**
- * The floor case's results and table (bench/floor.ts runs it): what the
- * report needs, without the servers and load generator.
- */
+/** The floor case's records and table (bench/suite/floor.ts runs it): what the report needs. */
+import { median } from './suite/phases.js';
 
 /** What is sent: texts, or their token ids. */
-export type Form = 'text' | 'ids';
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-}
+type Form = 'text' | 'ids';
 
 export type Side = 'slabserve' | 'floor';
 
@@ -42,7 +35,7 @@ export interface FloorRow {
 }
 
 /** slabserve's CPU per request on all its gateway threads together (gateway-0, gateway-1, ...). */
-function gatewayUs(cpu: Record<string, number>): number {
+export function gatewayUs(cpu: Record<string, number>): number {
   let sum = 0;
   for (const [thread, us] of Object.entries(cpu)) if (thread.startsWith('gateway')) sum += us;
   return sum;

@@ -5,10 +5,10 @@
  * check the token ids) with slabserve's own tokenizer, and answer one
  * 128-float row serialised exactly as slabserve's gateway serialises rows,
  * reading and writing bodies as it does (no copy of a one-chunk body, the row
- * written from the serialiser's scratch buffer).
- * `bench/floor.ts` runs it side by side with `slabserve serve` and compares
- * CPU per request, thread by thread: whatever slabserve's gateway thread
- * spends beyond this is the price of its path around the batcher.
+ * written from the serialiser's scratch buffer). The suite's floor case
+ * (bench/suite/floor.ts) runs it beside `slabserve serve`: whatever
+ * slabserve's gateway thread spends beyond this is the price of its path
+ * around the batcher.
  *
  *   POST /embed  {"inputs": "text" | [ids]}  -> [[row]]      (JSON)
  *   /ws          msgpack {id, op: "embed", inputs, encoding?: "f32"} -> {id, result: [row]}

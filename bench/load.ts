@@ -1,40 +1,12 @@
 /**
- * The suite's load generator (bench/suite.ts): closed or open loop, over HTTP
- * keep-alive or WebSocket, against any server that speaks slabserve's
- * `POST /embed` (slabserve itself, or the transformers.js peer).
- *
- *   closed loop  `concurrency` callers; each sends its next request when the
- *                previous one is answered. Latency: send to answer.
- *   open loop    arrivals on a schedule drawn before the run: Poisson at a
- *                mean rate, or Poisson whose rate steps up `factor` times for
- *                `duty` of every period (bursts) and down in between, so the
- *                mean stays the same. A request is sent at its scheduled time
- *                whatever happened to the ones before, and its latency is
- *                measured FROM ITS SCHEDULED TIME: time spent waiting for a
- *                connection or a credit counts. That is the correction for
- *                coordinated omission (a closed loop, or an open loop that
- *                measures from the actual send, stops offering load while
- *                the server stalls, and so under-reports the stall).
- *
- * Latencies go into an HDR histogram (hdr-histogram-js, microseconds, 3
- * significant digits). Only the measured window counts: closed loop, requests
- * answered inside it; open loop, requests scheduled inside it (however late
- * they are answered, up to the timeout).
- *
- * HTTP closed loops run on wrk (bench/wrk.ts) where it is installed: it
- * spends about 31 us of CPU per request where the Node client below spends
- * 179, CPU the server under test would not get on 2 cores. The bench says
- * which generator ran (LoadOutcome.generator), and warns once when it falls
- * back to the Node one. Open loops and WebSocket keep the Node generator:
- * wrk has neither Poisson arrivals nor latency from the scheduled time.
- *
- * Why not autocannon: it has neither WebSocket, nor Poisson arrivals, nor
- * latency from the scheduled time. The transports use the benches' thin
- * clients (node:http keep-alive agent, `ws` + msgpackr) so the client's own
- * CPU stays small on a 2-core machine; the dispatcher wakes on 1 ms timers,
- * not a busy loop, for the same reason (arrivals due within the same
- * millisecond leave together; their latency still counts from each one's own
- * scheduled time).
+ * The suite's load generator: closed or open loop, over HTTP keep-alive or
+ * WebSocket, against anything that speaks slabserve's `POST /embed`
+ * (bench/README.md, "Load generator"). An open loop sends each request at its
+ * scheduled time and counts its latency from then, so a stalled server is not
+ * under-reported (coordinated omission). Only the measured window counts:
+ * closed loop, the answers inside it; open loop, the arrivals scheduled in it.
+ * HTTP closed loops run on wrk where it is installed (bench/wrk.ts): the Node
+ * client's CPU per request would be taken from the server's cores.
  */
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -65,10 +37,6 @@ export interface LoadSpec {
   arrivals: Arrivals;
   warmupMs: number;
   durationMs: number;
-  /** Per request; an unanswered request counts as an error after it. Default 10 s. */
-  timeoutMs?: number;
-  /** Open loop: requests outstanding beyond which new arrivals are dropped (and counted as errors). Default 4096. */
-  maxOutstanding?: number;
   /** Open loop: HTTP connections, or WebSocket sockets. Default 256 HTTP, 4 WS. */
   connections?: number;
   /** HTTP closed loops: wrk, the Node generator, or (default) wrk where it is installed. */
@@ -77,9 +45,10 @@ export interface LoadSpec {
   ws?: { sockets: number; depth: number };
   /** WebSocket: bytes each f32 answer row must have (4 x dimension); a row of another size is an error. */
   rowBytes?: number;
+  /** HTTP closed loops on wrk only: a fresh W3C traceparent on every request, this share of them sampled. */
+  traceparent?: number;
   /** Called about every 250 ms. */
   onProgress?(p: Progress): void;
-  seed?: number;
 }
 
 export interface Progress {
@@ -108,11 +77,7 @@ export interface LoadOutcome {
   /** Latencies of the answered requests, microseconds. The caller destroys it. */
   histogram: Histogram;
   clientCpuMs: number;
-  /** This process's event-loop utilization over the window (NaN where wrk sent the load). */
-  clientElu: number;
   serverCpuMs: number | null;
-  /** TCP connections opened (HTTP; null where the client does not say) or sockets (WebSocket). */
-  connections: number | null;
   before?: ServerCounters;
   after?: ServerCounters;
   /** Ms between the midpoints of the two /metrics scrapes. */
@@ -124,11 +89,14 @@ type Outcome = 'ok' | 'rejected' | string;
 /** Sends request i of the workload and says how it ended. */
 interface Channel {
   send(i: number): Promise<Outcome>;
-  connections(): number | null;
   close(): Promise<void>;
 }
 
 const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
+/** Per request: an unanswered request counts as an error after it. */
+const TIMEOUT_MS = 10_000;
+/** Open loop: requests outstanding beyond which new arrivals are dropped (and counted as errors). */
+const MAX_OUTSTANDING = 4096;
 
 export function newHistogram(): Histogram {
   return hdr.build({ numberOfSignificantValueDigits: 3, lowestDiscernibleValue: 1 });
@@ -140,7 +108,7 @@ function httpChannel(client: LoadClient, w: Workload): Channel {
   return {
     send: async (i) => {
       try {
-        const r = await client.post('/embed', w.bodies[i]!);
+        const r = await client.post(w.path ?? '/embed', w.bodies[i]!);
         if (r.status === 200) return 'ok';
         if (r.status === 429 || r.status === 503) return 'rejected';
         return `HTTP ${r.status}: ${r.body.toString('utf8').slice(0, 200)}`;
@@ -148,7 +116,6 @@ function httpChannel(client: LoadClient, w: Workload): Channel {
         return (err as Error).message ?? String(err);
       }
     },
-    connections: () => client.connections(),
     close: () => client.close(),
   };
 }
@@ -216,20 +183,19 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
   });
   return {
     send: (i) => lanes[rr++ % lanes.length]!.send(i),
-    connections: () => lanes.length,
     close: async () => {
       await Promise.all(lanes.map((l) => closeSocket(l.ws as WebSocket)));
     },
   };
 }
 
-async function openChannel(spec: LoadSpec, connections: number, timeoutMs: number): Promise<Channel> {
-  if (spec.transport === 'http') return httpChannel(createLoadClient(spec.target.origin, connections, timeoutMs), spec.workload);
+async function openChannel(spec: LoadSpec, connections: number): Promise<Channel> {
+  if (spec.transport === 'http') return httpChannel(createLoadClient(spec.target.origin, connections, TIMEOUT_MS), spec.workload);
   const closed = spec.arrivals.kind === 'closed';
   // closed loop: one socket per 64 callers (or as asked), each with exactly its callers' share in flight
   const sockets = spec.ws?.sockets ?? (closed ? Math.max(1, Math.ceil(connections / 64)) : connections);
   const credit = spec.ws?.depth ?? (closed ? Math.ceil(connections / sockets) : 256);
-  return wsChannel(spec.target.origin, spec.workload, sockets, credit, timeoutMs, spec.rowBytes);
+  return wsChannel(spec.target.origin, spec.workload, sockets, credit, TIMEOUT_MS, spec.rowBytes);
 }
 
 // ---------------------------------------------------------------- the run
@@ -323,7 +289,6 @@ async function openLoop(run: Run, arrivals: Extract<Arrivals, { kind: 'open' }>,
   const { spec, channel, tally, window } = run;
   const totalMs = spec.warmupMs + spec.durationMs;
   const times = arrivalTimes(arrivals.ratePerS, totalMs, r, arrivals.bursts);
-  const maxOutstanding = spec.maxOutstanding ?? 4096;
   const inFlight = new Set<Promise<void>>();
   const t0 = performance.now();
   let opening: Promise<void> | undefined;
@@ -335,8 +300,8 @@ async function openLoop(run: Run, arrivals: Extract<Arrivals, { kind: 'open' }>,
       const scheduled = t0 + times[k]!;
       const counts = times[k]! >= spec.warmupMs;
       const i = run.next();
-      if (inFlight.size >= maxOutstanding) {
-        tally.finish(i, `client: ${maxOutstanding} requests outstanding, arrival dropped`, 0, counts);
+      if (inFlight.size >= MAX_OUTSTANDING) {
+        tally.finish(i, `client: ${MAX_OUTSTANDING} requests outstanding, arrival dropped`, 0, counts);
         continue;
       }
       const p: Promise<void> = channel.send(i).then((outcome) => {
@@ -345,6 +310,7 @@ async function openLoop(run: Run, arrivals: Extract<Arrivals, { kind: 'open' }>,
       });
       inFlight.add(p);
     }
+    // sleep, never spin: a busy loop would take CPU from the server on 2 cores (the lag counts in the latency)
     if (k < times.length) await sleep(Math.max(1, times[k]! - (performance.now() - t0)));
   }
   await (opening ?? window.open());
@@ -365,7 +331,7 @@ function progressTimer(spec: LoadSpec, tally: Tally, started: number): ReturnTyp
   }, 250);
 }
 
-function outcome(spec: LoadSpec, tally: Tally, window: MeasuredWindow, connections: number | null): LoadOutcome {
+function outcome(spec: LoadSpec, tally: Tally, window: MeasuredWindow): LoadOutcome {
   const m = window.measures!; // both loops end their window before returning
   return {
     generator: 'node',
@@ -379,9 +345,7 @@ function outcome(spec: LoadSpec, tally: Tally, window: MeasuredWindow, connectio
     ...(tally.firstError !== undefined ? { firstError: tally.firstError } : {}),
     histogram: tally.histogram,
     clientCpuMs: m.clientCpuMs,
-    clientElu: m.clientElu,
     serverCpuMs: m.serverCpuMs,
-    connections,
     ...(m.before ? { before: m.before } : {}),
     ...(m.after ? { after: m.after } : {}),
     countersMs: m.countersMs,
@@ -391,24 +355,21 @@ function outcome(spec: LoadSpec, tally: Tally, window: MeasuredWindow, connectio
 /** Runs one load phase (see the module header); `r` draws the starting request, then the open loop's arrivals. */
 export async function runLoad(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
   if (generatorFor(spec) === 'wrk') return wrkLoop(spec, r);
-  const timeoutMs = spec.timeoutMs ?? 10_000;
   const connections = spec.arrivals.kind === 'closed' ? spec.arrivals.concurrency : (spec.connections ?? (spec.transport === 'http' ? 256 : 4));
-  const channel = await openChannel(spec, connections, timeoutMs);
+  const channel = await openChannel(spec, connections);
   const w = spec.workload;
   const tally = new Tally(w);
   let cursor = Math.floor(r() * w.requests.length);
   const run: Run = { spec, channel, tally, window: new MeasuredWindow(spec), next: () => cursor++ % w.requests.length };
   const progress = progressTimer(spec, tally, performance.now());
-  let connectionsOpened: number | null = null;
   try {
     if (spec.arrivals.kind === 'closed') await closedLoop(run, connections);
     else await openLoop(run, spec.arrivals, r);
   } finally {
     if (progress) clearInterval(progress);
-    connectionsOpened = channel.connections(); // before close() forgets them
     await channel.close();
   }
-  return outcome(spec, tally, run.window, connectionsOpened);
+  return outcome(spec, tally, run.window);
 }
 
 // ---------------------------------------------------------------- wrk
@@ -419,7 +380,7 @@ let installed: boolean | undefined;
 /** wrk for HTTP closed loops where it is installed (or asked for), else the Node generator, with a warning once. */
 function generatorFor(spec: LoadSpec): Generator {
   if (spec.transport !== 'http' || spec.arrivals.kind !== 'closed') return 'node';
-  const asked = spec.generator ?? 'auto';
+  const asked = spec.traceparent !== undefined ? 'wrk' : (spec.generator ?? 'auto');
   if (asked === 'node') return 'node';
   if ((installed ??= wrkInstalled())) return 'wrk';
   if (asked === 'wrk') throw new Error('--load-generator wrk: wrk is not installed (apt-get install wrk)');
@@ -437,7 +398,8 @@ function generatorFor(spec: LoadSpec): Generator {
 async function wrkLoop(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
   const connections = (spec.arrivals as Extract<Arrivals, { kind: 'closed' }>).concurrency;
   const w = spec.workload;
-  const opts = { connections, timeoutMs: spec.timeoutMs ?? 10_000, first: Math.floor(r() * w.bodies.length), scriptPath: join(tmpdir(), `slabserve-bench-${process.pid}.lua`) };
+  const first = Math.floor(r() * w.bodies.length);
+  const opts = { connections, timeoutMs: TIMEOUT_MS, first, path: w.path ?? '/embed', traceparent: spec.traceparent, scriptPath: join(tmpdir(), `slabserve-bench-${process.pid}.lua`) };
   const seconds = (ms: number) => Math.max(1, Math.round(ms / 1000));
   const started = performance.now();
   const tick = spec.onProgress ? setInterval(() => spec.onProgress!({ elapsedMs: performance.now() - started, totalMs: spec.warmupMs + spec.durationMs, answered: 0, rejected: 0, errors: 0 }), 250) : undefined;
@@ -446,14 +408,14 @@ async function wrkLoop(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
     const window = await openWindow(spec.target, spec.model);
     const run = await wrkWorkload(spec.target.origin, w.bodies, { ...opts, seconds: seconds(spec.durationMs) });
     const m = await window.close();
-    return wrkOutcome(w, run, m, connections);
+    return wrkOutcome(w, run, m);
   } finally {
     if (tick) clearInterval(tick);
   }
 }
 
 /** A wrk run as the load generator's outcome: no rejections apart (any non-2xx is an error), inputs and tokens from the workload's mean. */
-function wrkOutcome(w: Workload, run: WrkWorkloadRun, m: WindowMeasures, connections: number): LoadOutcome {
+function wrkOutcome(w: Workload, run: WrkWorkloadRun, m: WindowMeasures): LoadOutcome {
   const ok = run.requests - run.non2xx;
   let inputs = 0;
   let tokens = 0;
@@ -476,9 +438,7 @@ function wrkOutcome(w: Workload, run: WrkWorkloadRun, m: WindowMeasures, connect
     ...(firstError ? { firstError } : {}),
     histogram: histogramOfQuantiles(run.quantilesUs, run.requests),
     clientCpuMs: run.clientCpuMs,
-    clientElu: NaN, // no event loop of this process sent it
     serverCpuMs: m.serverCpuMs,
-    connections,
     ...(m.before ? { before: m.before } : {}),
     ...(m.after ? { after: m.after } : {}),
     countersMs: m.countersMs,

@@ -1,10 +1,9 @@
 /**
- * The measured window of a load phase: the client's CPU and event-loop use, the
- * server's CPU and (slabserve) its counters, taken at both ends.
+ * The measured window of a load phase: the client's CPU, the server's CPU and
+ * (slabserve) its counters, taken at both ends.
  */
 import { performance } from 'node:perf_hooks';
 import type { ServerCounters } from './server-process.js';
-
 
 const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
 
@@ -17,9 +16,8 @@ export interface MeasuredTarget {
 /** What a load loop measures around its window; the counters only where the server has them (slabserve). */
 export interface WindowMeasures {
   windowMs: number;
-  /** This process's CPU ms and event-loop utilization over the window. */
+  /** This process's CPU ms over the window. */
   clientCpuMs: number;
-  clientElu: number;
   /** Server process CPU ms over the window (null without /proc). */
   serverCpuMs: number | null;
   before?: ServerCounters;
@@ -30,7 +28,7 @@ export interface WindowMeasures {
 
 /**
  * Opens a measured window now: scrapes the server's counters, then notes this
- * process's CPU and event-loop use, the server's CPU and the start time.
+ * process's CPU, the server's CPU and the start time.
  * close() ends the window (`onEnd` is called at its end, before the second
  * scrape, so answers during the scrape do not count) and takes them again.
  */
@@ -45,7 +43,6 @@ export async function openWindow(
   };
   const before = await scrape();
   const cpu0 = process.cpuUsage();
-  const elu0 = performance.eventLoopUtilization();
   const s0 = target.cpuMs();
   const start = performance.now();
   return {
@@ -55,12 +52,10 @@ export async function openWindow(
       onEnd?.(end);
       const s1 = target.cpuMs();
       const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
-      const clientElu = performance.eventLoopUtilization(elu0).utilization;
       const after = await scrape();
       return {
         windowMs: end - start,
         clientCpuMs,
-        clientElu,
         serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
         ...(before.c ? { before: before.c } : {}),
         ...(after.c ? { after: after.c } : {}),

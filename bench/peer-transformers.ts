@@ -1,40 +1,10 @@
 /**
- * The benchmark's peer: the same model behind a small HTTP server
- * built on @huggingface/transformers (transformers.js) pipelines, written the
- * way a Node.js user would write it without slabserve: node:http, one
- * `pipeline('feature-extraction', ...)` created at start-up, and every request
- * awaiting `extractor(inputs, { pooling, normalize })` on its own. No batching
- * across requests: two requests in flight are two independent session runs
- * (onnxruntime-node runs them concurrently on its own threads).
- *
- *   node dist/bench/peer-transformers.js --model-dir models/tiny-embed --port 0 --host 127.0.0.1
- *       [--pooling mean|cls] [--normalize | --no-normalize] [--intra-op-threads N]
- *
- * API, the request/response shape of slabserve's /embed, so one load
- * generator drives both:
- *
- *   POST /embed  {"inputs": "text" | ["a", "b", ...], "normalize"?: bool}  -> number[][]
- *   GET  /health                                                          -> 200 "ok"
- *
- * Stdout gets exactly one line, `listening on http://HOST:PORT`, once the
- * pipeline is loaded and warmed up; everything else goes to stderr. SIGTERM
- * and SIGINT close the server (in-flight requests finish) and exit 0.
- *
- * The model folder is slabserve's (config.json, tokenizer.json,
- * tokenizer_config.json, model.onnx or onnx/model.onnx, serve.json). Its
- * pooling and normalize come from serve.json through the same loadModelSpec
- * slabserve uses, so both servers compute the same vectors; the flags
- * override them. transformers.js wants `<localModelPath>/<id>/config.json,
- * tokenizer.json, tokenizer_config.json, onnx/model.onnx`, so the peer builds
- * that view in a temporary folder of symlinks (the model folder is never
- * touched) and removes it on exit.
- *
- * Differences from slabserve a benchmark report should state: the peer always
- * truncates inputs to the model's maximum length (the pipeline tokenizes with
- * `truncation: true`), where slabserve answers an error unless the request says
- * `truncate: true`; a list of inputs in one request is padded to its longest
- * member and run as one batch (that is the pipeline's own behaviour); it
- * accepts only texts (no token-id inputs) and ignores `truncate`/`model`.
+ * The suite's peer (bench/peer-transformers.md): the same model behind a
+ * node:http server on a transformers.js feature-extraction pipeline, as a
+ * Node.js user would write it without slabserve: every request runs on its
+ * own, nothing batches requests together. It speaks slabserve's `POST /embed`,
+ * so one load generator drives both, and prints one line on stdout,
+ * `listening on http://HOST:PORT`, once the pipeline is warm.
  */
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -52,20 +22,13 @@ export interface PeerOptions {
   host?: string;
   /** 0: any free port. */
   port?: number;
-  /** Default: serve.json's (slabserve's default: mean). */
-  pooling?: Pooling;
-  /** Default: serve.json's (slabserve's default: true). */
-  normalize?: boolean;
-  /** onnxruntime intra-op threads; 0 or absent: onnxruntime decides (what transformers.js does by default). */
-  intraOpThreads?: number;
-  /** Longest JSON body accepted, bytes. */
-  maxBodyBytes?: number;
 }
+
+/** Longest JSON body accepted, bytes. */
+const MAX_BODY_BYTES = 4 * 1024 * 1024;
 
 export interface PeerServer {
   readonly url: string;
-  readonly host: string;
-  readonly port: number;
   readonly pooling: Pooling;
   readonly normalize: boolean;
   /** transformers.js and onnxruntime-node versions actually loaded. */
@@ -153,10 +116,9 @@ function send(res: http.ServerResponse, status: number, body: string, type = 'ap
 export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
   const spec = loadModelSpec(resolve(opts.modelDir));
   if (spec.task !== 'embed') throw new Error(`model ${spec.name} is a ${spec.task} model; the peer serves embedding models only`);
-  const pooling = opts.pooling ?? spec.pooling;
+  const pooling = spec.pooling;
   if (pooling !== 'mean' && pooling !== 'cls') throw new Error(`peer-transformers: pooling ${pooling} is not one transformers.js computes as sentence-transformers does (mean or cls)`);
-  const defaultNormalize = opts.normalize ?? spec.normalize;
-  const maxBodyBytes = opts.maxBodyBytes ?? 4 * 1024 * 1024;
+  const defaultNormalize = spec.normalize;
 
   const view = peerModelView(spec);
   const removeView = () => {
@@ -174,7 +136,6 @@ export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
       device: 'cpu',
       dtype: 'fp32',
       local_files_only: true,
-      session_options: opts.intraOpThreads ? { intraOpNumThreads: opts.intraOpThreads } : {},
     });
     await extractor('warm up', { pooling, normalize: defaultNormalize });
   } catch (err) {
@@ -189,7 +150,7 @@ export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
     if (req.method !== 'POST') return send(res, 405, JSON.stringify({ error: 'POST only' }));
     void (async () => {
       try {
-        const body = parseEmbedBody(await readBody(req, maxBodyBytes));
+        const body = parseEmbedBody(await readBody(req, MAX_BODY_BYTES));
         const out = await extractor(body.inputs, { pooling, normalize: body.normalize ?? defaultNormalize });
         send(res, 200, JSON.stringify(rows(out)));
       } catch (err) {
@@ -213,8 +174,6 @@ export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
   let closing: Promise<void> | null = null;
   return {
     url: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
-    host,
-    port,
     pooling,
     normalize: defaultNormalize,
     versions: { transformers: env.version, onnxruntime: ortVersion() },
@@ -236,10 +195,6 @@ const PEER_OPTIONS = {
   'model-dir': { type: 'string', value: 'DIR', help: 'slabserve model folder (config.json, tokenizer.json, model.onnx, serve.json); required' },
   host: { type: 'string', value: 'H', default: '127.0.0.1', help: 'address to listen on' },
   port: { type: 'int', min: 0, default: 0, help: '0: any free port' },
-  pooling: { type: 'string', choices: ['mean', 'cls'], value: 'mean|cls', help: "(default: serve.json's, else mean)" },
-  normalize: { type: 'boolean', help: "L2-normalise (default: serve.json's, else on)" },
-  'no-normalize': { type: 'boolean', help: 'do not' },
-  'intra-op-threads': { type: 'int', min: 0, default: 0, help: 'onnxruntime intra-op threads (0: onnxruntime decides, as transformers.js does)' },
 } as const;
 const USAGE = `node dist/bench/peer-transformers.js --model-dir DIR [options]
   Prints "listening on http://HOST:PORT" on stdout when ready; logs on stderr.`;
@@ -248,9 +203,6 @@ async function main(): Promise<void> {
   const a = parseOptions(USAGE, PEER_OPTIONS);
   if (!a['model-dir']) fail('--model-dir is required (--help lists the options)');
   if (a.port > 65535) fail(`--port: expected a port number, got ${a.port}`);
-  if (a.normalize && a['no-normalize']) fail('--normalize and --no-normalize together');
-  const port = a.port;
-  const threads = a['intra-op-threads'];
 
   // a parent that went away must not turn a log line into an EPIPE crash during shutdown
   process.stdout.on('error', () => {});
@@ -279,14 +231,11 @@ async function main(): Promise<void> {
   peer = await startPeerServer({
     modelDir: a['model-dir'],
     host: a.host,
-    port,
-    ...(a.pooling !== undefined ? { pooling: a.pooling as Pooling } : {}),
-    ...(a.normalize ? { normalize: true } : a['no-normalize'] ? { normalize: false } : {}),
-    intraOpThreads: threads,
+    port: a.port,
   });
   process.stderr.write(
-    `peer-transformers: model ${basename(resolve(a['model-dir']))}, pooling ${peer.pooling}, normalize ${peer.normalize}, ` +
-      `intra-op threads ${threads || 'onnxruntime default'}; transformers.js ${peer.versions.transformers}, onnxruntime-node ${peer.versions.onnxruntime}\n`,
+    `peer-transformers: model ${basename(resolve(a['model-dir']))}, pooling ${peer.pooling}, normalize ${peer.normalize}; ` +
+      `transformers.js ${peer.versions.transformers}, onnxruntime-node ${peer.versions.onnxruntime}\n`,
   );
   process.stdout.write(`listening on ${peer.url}\n`);
 }

@@ -10,6 +10,8 @@ import * as vega from 'vega';
 import * as vl from 'vega-lite';
 import type { TopLevelSpec } from 'vega-lite';
 import type { CaseName, Comparison, Curve, PhaseResult, SuiteResults } from './suite-results.js';
+import { ALL_CASES, OPT_IN_CASES } from './suite/options.js';
+import { median } from './suite/phases.js';
 
 export const CHART_WIDTH = 640;
 export const CHART_HEIGHT = 360;
@@ -54,16 +56,15 @@ export const CASE_TITLES: Record<CaseName, string> = {
   instances: 'Model instances',
   models: 'Model sizes',
   floor: 'The request path against the floor',
+  cache: 'The result cache',
+  grpc: 'gRPC beside HTTP and WebSocket',
+  tracing: 'What tracing costs',
+  outputs: 'What the outputs beyond the pooled row cost',
+  idle: 'A server doing nothing',
+  'model-load': 'Loading a model while serving',
 };
 
-export const CASE_ORDER: CaseName[] = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'defaults', 'peer', 'instances', 'floor', 'models'];
-
-export function median(xs: number[]): number {
-  if (xs.length === 0) return NaN;
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-}
+export const CASE_ORDER: CaseName[] = [...ALL_CASES, ...OPT_IN_CASES];
 
 /** Significant-ish digits: 1234.5 -> "1235", 56.78 -> "56.8", 3.456 -> "3.46", 0.0123 -> "0.012"; integers as they are. */
 export function fmtNum(v: number | null | undefined): string {
@@ -131,11 +132,10 @@ export function groupConfigs(phases: PhaseResult[]): PhaseResult[][] {
   return [...groups.values()];
 }
 
-/** Fields that take more than one value over `items`: the rest can be left out of a label. */
-function varying<T>(items: T[], fields: (keyof T)[]): Set<keyof T> {
-  const out = new Set<keyof T>();
-  for (const f of fields) if (new Set(items.map((x) => String(x[f]))).size > 1) out.add(f);
-  return out;
+/** An item's values of those `fields` that take more than one value over `items`: the rest can be left out of a label. */
+function varyingLabel<T>(items: T[], fields: (keyof T)[]): (x: T) => string[] {
+  const vary = fields.filter((f) => new Set(items.map((x) => String(x[f]))).size > 1);
+  return (x) => vary.map((f) => String(x[f]));
 }
 
 function phaseLoad(p: PhaseResult): string {
@@ -317,7 +317,7 @@ export function batchSizeSeries(results: SuiteResults): BatchSizeSeries[] {
   const out: BatchSizeSeries[] = [];
   const batching = results.phases.filter((p) => p.case === 'batching' && p.server && p.server.batchSizes.length > 0);
   const groups = groupConfigs(batching);
-  const vary = varying(
+  const label = varyingLabel(
     groups.map((g) => g[0]),
     ['model', 'workload', 'transport'],
   );
@@ -326,16 +326,11 @@ export function batchSizeSeries(results: SuiteResults): BatchSizeSeries[] {
     // "batched": some batch held more than one input
     if (!sizes.some((s) => s.le > 1 && s.count > 0)) continue;
     const p = g[0];
-    const parts = [`batching: ${p.target}`];
-    if (vary.has('model')) parts.push(p.model);
-    if (vary.has('workload')) parts.push(p.workload);
-    if (vary.has('transport')) parts.push(p.transport);
-    parts.push(phaseLoad(p));
-    out.push({ label: parts.join(' · '), sizes, meanBatch: median(g.map((x) => x.server!.meanBatch)) });
+    out.push({ label: [`batching: ${p.target}`, ...label(p), phaseLoad(p)].join(' · '), sizes, meanBatch: median(g.map((x) => x.server!.meanBatch)) });
   }
   const byId = new Map(results.phases.map((p) => [p.id, p]));
   const curves = (results.curves ?? []).filter((c) => c.points.length > 0);
-  const curveVary = varying(curves, ['model', 'workload', 'transport']);
+  const curveLabel = varyingLabel(curves, ['model', 'workload', 'transport']);
   for (const c of curves) {
     const seen = new Set<string>();
     for (const f of [0.5, 1]) {
@@ -344,11 +339,7 @@ export function batchSizeSeries(results: SuiteResults): BatchSizeSeries[] {
       seen.add(pt.phaseId);
       const ph = byId.get(pt.phaseId);
       if (!ph?.server || ph.server.batchSizes.length === 0) continue;
-      const parts = [`curve: ${c.label}`];
-      if (curveVary.has('model')) parts.push(c.model);
-      if (curveVary.has('workload')) parts.push(c.workload);
-      if (curveVary.has('transport')) parts.push(c.transport);
-      parts.push(`${fmtPct(pt.loadFraction, 0)} load`);
+      const parts = [`curve: ${c.label}`, ...curveLabel(c), `${fmtPct(pt.loadFraction, 0)} load`];
       out.push({ label: parts.join(' · '), sizes: sumSizes([ph]), meanBatch: ph.server.meanBatch });
     }
   }
@@ -444,12 +435,9 @@ export function paddingRows(results: SuiteResults): PaddingRow[] {
 function paddingChart(results: SuiteResults): Chart | null {
   const rows = paddingRows(results);
   if (rows.length === 0) return null;
-  const vary = varying(rows, ['model', 'transport']);
+  const label = varyingLabel(rows, ['model', 'transport']);
   const data = rows.map((r) => {
-    const parts = [r.case, r.workload];
-    if (vary.has('model')) parts.push(r.model);
-    if (vary.has('transport')) parts.push(r.transport);
-    return { ...r, group: parts.join(' · '), text: fmtPct(r.efficiency) };
+    return { ...r, group: [r.case, r.workload, ...label(r)].join(' · '), text: fmtPct(r.efficiency) };
   });
   const groups = [...new Set(data.map((d) => d.group))];
   const targets = [...new Set(data.map((d) => d.target))];
@@ -502,13 +490,11 @@ function throughputChart(results: SuiteResults): Chart | null {
   }
   questions.sort((a, b) => CASE_ORDER.indexOf(a.case) - CASE_ORDER.indexOf(b.case));
   const charts = questions.map((q) => {
-    const vary = varying(q.comps, ['model', 'workload', 'transport', 'metric']);
+    // a lone comparison says where it was measured; several, only where they differ
+    const where = q.comps.length === 1 ? (c: Comparison) => [c.model, c.workload, c.transport] : varyingLabel(q.comps, ['model', 'workload', 'transport']);
+    const metric = varyingLabel(q.comps, ['metric']);
     const rows = q.comps.flatMap((c) => {
-      const parts: string[] = [];
-      if (vary.has('model') || q.comps.length === 1) parts.push(c.model);
-      if (vary.has('workload') || q.comps.length === 1) parts.push(c.workload);
-      if (vary.has('transport') || q.comps.length === 1) parts.push(c.transport);
-      if (vary.has('metric')) parts.push(METRIC_UNITS[c.metric]);
+      const parts = [...where(c), ...metric(c).map((m) => METRIC_UNITS[m as Comparison['metric']])];
       const row = `${parts.join(' · ')}  (A/B ${fmtRatio(c.ratio)})`;
       return [
         { row, side: 'A', rel: c.a.value / c.b.value, text: `${c.a.label}: ${fmtMetric(c.metric, c.a.value)}` },

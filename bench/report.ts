@@ -4,8 +4,8 @@
  *
  *   node dist/bench/report.js bench/results/<date>-<host>     # re-render from <dir>/results.json
  *
- * bench/suite.ts calls renderReport() at the end of a run, and summaryTable() /
- * summaryText() for the console and the closing note. Plots: bench/report-charts.ts.
+ * The suite and the command line call renderReport() and print summaryTable().
+ * Plots: bench/report-charts.ts.
  */
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -27,8 +27,8 @@ import {
 } from './report-charts.js';
 import { RESULTS_VERSION, type CaseName, type Comparison, type Curve, type PhaseResult, type SuiteResults } from './suite-results.js';
 
-export { fmtNum, fmtPct, fmtRatio } from './report-charts.js';
 import { floorTable } from './floor-report.js';
+import { OPT_IN_CASES } from './suite/options.js';
 import { schedulingMarkdown } from './report-scheduling.js';
 
 // ---------------------------------------------------------------- Markdown helpers
@@ -37,7 +37,7 @@ function cell(s: string | number): string {
   return String(s).replace(/\|/g, '\\|').replace(/\r?\n/g, ' ');
 }
 
-function table(header: string[], rows: (string | number)[][], align?: ('l' | 'r')[]): string {
+export function table(header: string[], rows: (string | number)[][], align?: ('l' | 'r')[]): string {
   const sep = header.map((_, i) => ((align?.[i] ?? 'l') === 'r' ? '---:' : '---'));
   return [header, sep, ...rows].map((r, i) => `| ${(i === 1 ? r : r.map(cell)).join(' | ')} |`).join('\n');
 }
@@ -47,7 +47,7 @@ function code(s: string): string {
 }
 
 function transportName(t: PhaseResult['transport']): string {
-  return t === 'ws' ? 'WebSocket' : t === 'http' ? 'HTTP' : 'in-process';
+  return t === 'ws' ? 'WebSocket' : t === 'http' ? 'HTTP' : t === 'grpc' ? 'gRPC' : 'in-process';
 }
 
 // ---------------------------------------------------------------- the headline comparisons
@@ -56,6 +56,7 @@ function sortedComparisons(results: SuiteResults): Comparison[] {
   return [...results.comparisons].sort((a, b) => CASE_ORDER.indexOf(a.case) - CASE_ORDER.indexOf(b.case));
 }
 
+/** question, model, workload, transport, A, B, A/B and A/B by round. */
 function comparisonRow(c: Comparison): string[] {
   return [
     c.question,
@@ -73,7 +74,7 @@ const SUMMARY_HEADER = ['question', 'model', 'workload', 'transport', 'A', 'B', 
 
 function comparisonsTable(comps: Comparison[]): string {
   if (comps.length === 0) return '_No comparisons in this run._';
-  const lines = [table(SUMMARY_HEADER, comps.map(comparisonRow), ['l', 'l', 'l', 'l', 'r', 'r', 'r', 'r'])];
+  const lines = [table(SUMMARY_HEADER, comps.map((c) => comparisonRow(c)), ['l', 'l', 'l', 'l', 'r', 'r', 'r', 'r'])];
   const notes = comps.filter((c) => c.note);
   if (notes.length) {
     lines.push('', ...notes.map((c) => `- ${c.question} (${c.model}, ${c.workload}, ${c.transport}): ${c.note}`));
@@ -82,7 +83,7 @@ function comparisonsTable(comps: Comparison[]): string {
 }
 
 /** One comparison as a sentence, for its case's section (the headline table has them all). */
-function comparisonLine(c: Comparison): string {
+export function comparisonLine(c: Comparison): string {
   const where = [c.model, c.workload, transportName(c.transport)].join(' · ');
   return (
     `- ${c.question} **${fmtRatio(c.ratio)}** (${where}): ${c.a.label} ${fmtMetric(c.metric, c.a.value)} against ${c.b.label} ${fmtMetric(c.metric, c.b.value)}; ` +
@@ -97,44 +98,6 @@ function comparisonLine(c: Comparison): string {
  */
 export function summaryTable(results: SuiteResults): string {
   return comparisonsTable(sortedComparisons(results));
-}
-
-/** The same comparisons as aligned plain text, for the terminal. */
-export function summaryText(results: SuiteResults): string {
-  const comps = sortedComparisons(results);
-  if (comps.length === 0) return 'no comparisons in this run';
-  const header = ['', 'model', 'workload', 'transport', 'A', 'B', 'A/B', 'by round'];
-  const rows: string[][] = [];
-  let lastQuestion = '';
-  const out: string[] = [];
-  const flush = () => {
-    if (rows.length === 0) return;
-    const all = [header, ...rows];
-    const widths = header.map((_, i) => Math.max(...all.map((r) => r[i].length)));
-    const right = new Set([4, 5, 6, 7]);
-    for (const r of all) out.push(r.map((s, i) => (right.has(i) ? s.padStart(widths[i]) : s.padEnd(widths[i]))).join('  ').trimEnd());
-    rows.length = 0;
-  };
-  for (const c of comps) {
-    if (c.question !== lastQuestion) {
-      flush();
-      if (out.length) out.push('');
-      out.push(c.question);
-      lastQuestion = c.question;
-    }
-    rows.push([
-      ' ',
-      c.model,
-      c.workload,
-      c.transport,
-      `${fmtMetric(c.metric, c.a.value)} (${c.a.label})`,
-      `${fmtMetric(c.metric, c.b.value)} (${c.b.label})`,
-      fmtRatio(c.ratio),
-      c.roundRatios.map(fmtRatio).join(' '),
-    ]);
-  }
-  flush();
-  return out.join('\n');
 }
 
 // ---------------------------------------------------------------- sections
@@ -158,7 +121,7 @@ function formatDuration(s: number): string {
   return m > 0 ? `${m} min ${sec} s` : `${sec} s`;
 }
 
-const CASE_INTROS: Record<CaseName, string> = {
+const CASE_INTROS: Partial<Record<CaseName, string>> = {
   batching: 'Dynamic batching on against the same server with `--max-batch-size 1`, same clients, same workload.',
   bucketing:
     'Length buckets against one FIFO queue padded to the longest input in the batch (`--pad-to longest`), on each workload: throughput, and padding efficiency (real tokens / padded tokens).',
@@ -365,7 +328,8 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
   out.push('## Headline', '', summaryTable(r), '');
   if (charts.throughput) out.push(image(charts.throughput), '');
 
-  const present = new Set<CaseName>([...r.phases.map((p) => p.case), ...r.comparisons.map((c) => c.case)]);
+  const figures = r.notes ?? [];
+  const present = new Set<CaseName>([...r.phases.map((p) => p.case), ...r.comparisons.map((c) => c.case), ...figures.map((n) => n.case)]);
   if (r.floor?.length) present.add('floor');
   const hasCurves = (r.curves ?? []).some((c) => c.points.length > 0);
   if (hasCurves) present.add('curve');
@@ -383,6 +347,8 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
     if (CASE_INTROS[k]) out.push(CASE_INTROS[k], '');
     const comps = r.comparisons.filter((c) => c.case === k);
     if (comps.length) out.push(comps.map(comparisonLine).join('\n'), '');
+    const lines = figures.filter((n) => n.case === k).map((n) => `- ${n.line}`);
+    if (lines.length) out.push(lines.join('\n'), '');
     const phases = r.phases.filter((p) => p.case === k);
     if (phases.length) out.push(phaseTables(phases), '');
     if (k === 'floor' && r.floor?.length) out.push(floorTable(r.floor), '');
@@ -394,7 +360,7 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
   if (!present.has('batching') && charts.batchSizes) out.push('## Batch sizes', '', image(charts.batchSizes), '');
   if (!present.has('bucketing') && charts.padding) out.push('## Padding efficiency', '', image(charts.padding), '');
 
-  const absent = CASE_ORDER.filter((k) => !present.has(k)).map((k) => CASE_TITLES[k].toLowerCase());
+  const absent = CASE_ORDER.filter((k) => !present.has(k) && !(OPT_IN_CASES as readonly CaseName[]).includes(k)).map((k) => CASE_TITLES[k].toLowerCase());
   const notes: string[] = [];
   if (absent.length) notes.push(`Not measured in this run${r.mode === 'quick' ? ' (quick mode)' : ''}: ${absent.join('; ')}.`);
   if (!hasCurves) notes.push('No latency-throughput curves, so no latency-throughput plot.');
@@ -460,7 +426,7 @@ async function main(argv: string[]): Promise<number> {
   const dir = resolve(argv[0]);
   const results = await readResults(dir);
   const { files } = await renderReport(results, dir);
-  console.log(summaryText(results));
+  console.log(summaryTable(results));
   console.log('');
   for (const f of files) console.log(`wrote ${f}`);
   return 0;

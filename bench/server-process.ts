@@ -1,7 +1,6 @@
 /**
  * A slabserve server in a child process (`node dist/src/cli.js serve`), as the
- * benches (bench/suite.ts, bench/floor.ts, bench/cache.ts ...) run it, and its
- * /metrics counters.
+ * suite runs it, and its /metrics counters.
  *
  * Why a child process for the server: client and server CPU are then measured
  * apart (process.cpuUsage() in the bench, /proc/<pid>/stat here), the server runs
@@ -27,17 +26,14 @@ export interface ServerCounters {
   threadCpuS: Map<string, number>;
 }
 
-export interface ServerProcess {
-  readonly pid: number;
-  readonly origin: string;
-  /** The server's `slabserve: ...` start-up lines. */
-  readonly startLines: string[];
+/** `slabserve serve` in a child process; stop() drains it (close every load client first). */
+export interface ServerProcess extends ChildServer {
+  /** Where its gRPC listens (null: off). */
+  grpcPort: number | null;
   /** Process CPU time (all threads), ms; null where /proc is missing. */
   cpuMs(): number | null;
   /** Counters of one model from /metrics (one request with Connection: close, so no connection lingers). */
   counters(model: string): Promise<ServerCounters>;
-  /** SIGTERM (drain), then SIGKILL after `graceMs`. Close every load client first. */
-  stop(graceMs?: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
 export interface ServerOptions {
@@ -62,11 +58,10 @@ export function procCpuMs(pid: number): number | null {
   }
 }
 
-/** A server in a child process: where it listens, its start-up lines, and how to stop it. */
+/** A server in a child process: where it listens, and how to stop it. */
 export interface ChildServer {
   readonly pid: number;
   readonly origin: string;
-  readonly startLines: string[];
   /** SIGTERM, then SIGKILL after `graceMs`. */
   stop(graceMs?: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
@@ -122,7 +117,6 @@ export async function startChildServer(opts: {
   return {
     pid: child.pid!,
     origin,
-    startLines: lines,
     stop: async (graceMs = 10_000) => {
       child.kill('SIGTERM');
       const timer = setTimeout(kill, graceMs);
@@ -141,6 +135,7 @@ export async function startServerProcess(opts: ServerOptions): Promise<ServerPro
   // (on by default) would answer instead. Off unless a bench sets --cache-mb itself.
   const args = opts.args.includes('--cache-mb') ? opts.args : [...opts.args, '--cache-mb', '0'];
   let port: number | null = null;
+  let grpcPort: number | null = null;
   const child = await startChildServer({
     args: [opts.cliPath, 'serve', ...args],
     env,
@@ -149,6 +144,7 @@ export async function startServerProcess(opts: ServerOptions): Promise<ServerPro
     ready: (line) => {
       const m = /listening on http:\/\/[^\s:]+:(\d+)/.exec(line);
       if (m) port = Number(m[1]);
+      grpcPort ??= Number(/grpc on [^\s:]+:(\d+)/.exec(line)?.[1]) || null;
       return /ready at /.test(line) && port !== null ? `http://127.0.0.1:${port}` : null;
     },
     startTimeoutMs: opts.startTimeoutMs ?? 60_000,
@@ -156,6 +152,7 @@ export async function startServerProcess(opts: ServerOptions): Promise<ServerPro
   });
   return {
     ...child,
+    grpcPort,
     cpuMs: () => procCpuMs(child.pid),
     counters: async (model: string) => parseCounters(await getText(`${child.origin}/metrics`), model),
   };

@@ -37,8 +37,10 @@ export interface SuiteResults {
   scheduling?: SchedulingSection;
   /** Figures from a GPU run of bench/gpu/run.sh, when its output folder was given (--gpu-results). */
   gpu?: GpuSection;
-  /** The floor case (bench/floor.ts): CPU per request by thread, slabserve beside the floor server. */
+  /** The floor case (bench/suite/floor.ts): CPU per request by thread, slabserve beside the floor server. */
   floor?: FloorRow[];
+  /** Figures that are not phases (the opt-in cases' hit shares, RSS, idle CPU ...), shown in their case's section. */
+  notes?: { case: CaseName; line: string }[];
 }
 
 export interface MachineInfo {
@@ -94,7 +96,9 @@ export interface WorkloadSummary {
   bucketShares: Record<string, number>;
 }
 
-export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'scheduling' | 'defaults' | 'peer' | 'instances' | 'models' | 'floor';
+export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'scheduling' | 'defaults' | 'peer' | 'instances' | 'models' | 'floor' | OptInCase;
+/** The cases run only when named (`--cases`): one server question each. */
+export type OptInCase = 'cache' | 'grpc' | 'tracing' | 'outputs' | 'idle' | 'model-load';
 
 export interface LatencySummary {
   p50: number;
@@ -115,7 +119,7 @@ export interface PhaseResult {
   target: string;
   /** The server's command-line flags beyond the common ones (slabserve targets). */
   serverArgs?: string[];
-  transport: 'http' | 'ws' | 'in-process';
+  transport: 'http' | 'ws' | 'grpc' | 'in-process';
   loop: 'closed' | 'open';
   /** Closed loop: callers (HTTP clients, or WS sockets x in flight). */
   concurrency?: number;
@@ -150,6 +154,8 @@ export interface PhaseResult {
   clientCpuMsPerRequest?: number;
   /** What sent the load (HTTP/WS): wrk, or the Node generator (bench/load.ts). */
   generator?: 'wrk' | 'node';
+  /** The server's CPU per request by thread (slabserve_thread_cpu_seconds_total), µs. */
+  threadCpuUsPerRequest?: Record<string, number>;
 }
 
 export interface ServerSide {

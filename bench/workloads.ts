@@ -1,15 +1,7 @@
 /**
- * The suite's workloads (bench/suite.ts), generated from a fixed seed out of
- * the real bert-base-uncased vocabulary and measured with the model's own
- * tokenizer, so the bench knows every input's token count before it is sent.
- *
- *   short         one text per request, 8-32 tokens ([CLS]/[SEP] included):
- *                 intent detection, chat moderation
- *   mixed         one text per request, 8-512 tokens, log-normal: median ~24,
- *                 p90 ~90, p99 ~300, a long tail up to the model's limit
- *                 (search queries next to pasted paragraphs)
- *   client-batch  16 short texts per request (a client that batches itself:
- *                 indexing, bulk moderation)
+ * The suite's workloads (short, mixed, client-batch: bench/README.md), drawn
+ * from a fixed seed out of the bert-base-uncased vocabulary and tokenized by
+ * the model's own tokenizer before timing, so every input's length is known.
  */
 import { loadTokenizer, type TextTokenizer } from '../src/core/tokenizer/tokenizer.js';
 import { bucketFor, defaultBuckets } from '../src/gpu-worker/scheduler.js';
@@ -28,7 +20,10 @@ export interface Input {
 }
 
 export interface Workload {
-  name: WorkloadName;
+  /** A WorkloadName, or a case's own (cache's `repeated`, outputs' routes). */
+  name: string;
+  /** The route the bodies go to (default /embed). */
+  path?: string;
   description: string;
   /** requests[i] holds the inputs of request i (one, or a client batch). */
   requests: Input[][];

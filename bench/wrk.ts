@@ -2,23 +2,11 @@
  * wrk, the C load generator (apt-get install wrk), as the HTTP load of the
  * benches: it costs about 30 us of client CPU a request where a Node client
  * costs 180, so more of the 2 cores are the server's. Its CPU is read from
- * bash's `times` after it exits.
- *
- *   wrk()          a Lua script's load (the benches that compare routes or transports)
- *   wrkWorkload()  a workload's bodies in turn, closed loop, with the latency
- *                  distribution at every 0.1 percentile (bench/load.ts runs the
- *                  suite's, the floor's and cache.ts's HTTP closed loops so)
+ * bash's `times` after it exits. wrkWorkload() sends a workload's bodies in
+ * turn, closed loop, and reads the latency at every 0.1 percentile back.
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { rmSync, writeFileSync } from 'node:fs';
-
-export interface Load {
-  requests: number;
-  seconds: number;
-  p99Ms: number;
-  /** The load generator's own CPU over the window, ms. */
-  clientCpuMs: number;
-}
 
 /** Runs a command to its end; its stdout, or an error with the end of its stderr. */
 export function run(cmd: string, args: string[]): Promise<string> {
@@ -45,32 +33,6 @@ function childCpuMs(out: string): number | null {
   const t = /\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s\s*$/.exec(out);
   return t ? (Number(t[1]) * 60 + Number(t[2]) + Number(t[3]) * 60 + Number(t[4])) * 1000 : null;
 }
-
-/** wrk under bash with a Lua script (`script`, a file's path); its CPU from `times`. */
-export async function wrk(origin: string, seconds: number, connections: number, script: string): Promise<Load> {
-  const out = await run('bash', ['-c', wrkCommand(origin, connections, seconds, `--latency -s ${script}`)]);
-  const ms = (v: string, unit: string) => Number(v) * (unit === 'us' ? 1e-3 : unit === 's' ? 1e3 : 1);
-  const p99 = /99%\s+([\d.]+)(us|ms|s)/.exec(out);
-  const total = /(\d+) requests in ([\d.]+)s/.exec(out);
-  const clientCpuMs = childCpuMs(out);
-  if (!p99 || !total || clientCpuMs === null) throw new Error(`cannot read wrk's output:\n${out}`);
-  const errors = /Non-2xx or 3xx responses: (\d+)/.exec(out);
-  if (errors) throw new Error(`wrk: ${errors[1]} requests were not answered 2xx:\n${out}`);
-  return { requests: Number(total[1]), seconds: Number(total[2]), p99Ms: ms(p99[1]!, p99[2]!), clientCpuMs };
-}
-
-/** wrk's Lua for POSTs of `body(n)` to `path`: `bodyLua` is a Lua expression of `counter` (and `wrk.thread`), distinct per request. */
-export function postScript(path: string, bodyLua: string): string {
-  return `counter = 0
-request = function()
-  counter = counter + 1
-  local body = ${bodyLua}
-  return wrk.format("POST", "${path}", {["Content-Type"] = "application/json"}, body)
-end
-`;
-}
-
-export const median = (v: number[]) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
 
 /** Whether wrk is on the PATH (`wrk --version` prints its banner and exits 1). */
 export function wrkInstalled(): boolean {
@@ -99,13 +61,15 @@ export interface WrkWorkloadRun {
  * The Lua for wrkWorkload(): POST /embed of `bodies` in turn, each wrk thread
  * from its own place (the first from `first`), and a summary line at the end.
  */
-export function workloadScript(bodies: Buffer[], first: number, threads: number): string {
+export function workloadScript(bodies: Buffer[], o: { first: number; threads: number; path: string; traceparent?: number | undefined }): string {
   // Long brackets of a level no body contains: the bodies go in as they are, no escaping.
   let level = 0;
   const texts = bodies.map((b) => b.toString('utf8'));
   while (texts.some((t) => t.includes(`]${'='.repeat(level)}]`))) level++;
   const [open, close] = [`[${'='.repeat(level)}[`, `]${'='.repeat(level)}]`];
-  const stride = Math.max(1, Math.floor(bodies.length / threads));
+  const stride = Math.max(1, Math.floor(bodies.length / o.threads));
+  const hex = (n: number) => Array(n).fill("string.format('%08x', math.random(0, 2147483647))").join(' .. ');
+  const parent = o.traceparent === undefined ? '' : `headers["traceparent"] = '00-' .. ${hex(4)} .. '-' .. ${hex(2)} .. (math.random() < ${o.traceparent} and '-01' or '-00')`;
   return `local bodies = {
 ${texts.map((t) => `${open}${t}${close},`).join('\n')}
 }
@@ -113,14 +77,15 @@ local n = #bodies
 local headers = {["Content-Type"] = "application/json"}
 local started = 0
 setup = function(thread)
-  thread:set("offset", (${first} + started * ${stride}) % n)
+  thread:set("offset", (${o.first} + started * ${stride}) % n)
   started = started + 1
 end
 local i = 0
 request = function()
   local k = (offset + i) % n + 1
   i = i + 1
-  return wrk.format("POST", "/embed", headers, bodies[k])
+  ${parent}
+  return wrk.format("POST", "${o.path}", headers, bodies[k])
 end
 done = function(summary, latency, requests)
   local q = {}
@@ -134,8 +99,12 @@ end
 }
 
 /** wrk's closed loop over a workload's bodies (workloadScript) for `seconds` (whole seconds: wrk's unit). */
-export async function wrkWorkload(origin: string, bodies: Buffer[], opts: { connections: number; seconds: number; timeoutMs: number; first: number; scriptPath: string }): Promise<WrkWorkloadRun> {
-  writeFileSync(opts.scriptPath, workloadScript(bodies, opts.first, wrkThreads(opts.connections)));
+export async function wrkWorkload(
+  origin: string,
+  bodies: Buffer[],
+  opts: { connections: number; seconds: number; timeoutMs: number; first: number; path: string; traceparent?: number | undefined; scriptPath: string },
+): Promise<WrkWorkloadRun> {
+  writeFileSync(opts.scriptPath, workloadScript(bodies, { ...opts, threads: wrkThreads(opts.connections) }));
   const timeoutS = Math.max(1, Math.ceil(opts.timeoutMs / 1000));
   let out: string;
   try {

@@ -1,16 +1,9 @@
 /**
- * WebSocket helpers of the benches (bench/load.ts, bench/suite/targets.ts): open a
- * socket on /ws (docs/websocket.md) with a credit, close it, one embed over a
- * fresh socket for the set-up checks.
- *
- * The load generator (bench/load.ts) uses the `ws` package and msgpackr
- * directly, not SlabClient (src/client/ws-client.ts). SlabClient adds, per
- * request, an options object, a deadline timer, a promise and a copy of every
- * row into a Float32Array: all client-side costs that would land in the
- * bench's CPU (and on a 2-core box, take CPU from the server). The bench wants
- * what the server does per request over /ws, so the client is kept as thin as
- * the protocol allows: pack {id, op, inputs, encoding}, send, unpack the
- * answer, match the id, check the rows' size (4 x dimension bytes).
+ * The benches' WebSocket helpers: open a /ws socket with a credit, close it, one
+ * embed over a fresh socket for the set-up checks. The load generator
+ * (bench/load.ts) uses `ws` and msgpackr as thinly as the protocol allows, not
+ * SlabClient: its per-request options, timer, promise and row copy would be
+ * the bench's CPU, taken from the server on 2 cores.
  */
 import { pack, unpack } from 'msgpackr';
 import WebSocket from 'ws';

@@ -1,6 +1,6 @@
 /**
  * src/shared/gc.ts: a thread's start-up garbage is collected when it asks, not when V8's memory
- * reducer would (the CLI turns that off; bench/idle.ts measures what it saves).
+ * reducer would (the CLI turns that off; bench/suite/idle.ts measures what it saves).
  */
 import { describe, expect, it } from 'vitest';
 import { collectStartupGarbage } from '../dist/src/shared/gc.js';

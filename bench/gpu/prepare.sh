@@ -6,42 +6,23 @@
 #
 #   bash bench/gpu/prepare.sh                       # -> bench/gpu/prepared/carry-1 ... carry-N
 #   bash bench/gpu/prepare.sh --no-cuda-provider    # the GPU machine already has the provider
-#   bash bench/gpu/prepare.sh --cuda-from FILE.tgz  # provider from a tarball/folder, not npm
+#   bash bench/gpu/prepare.sh --cuda-from FILE.tgz  # provider from the package's tarball, not npm
 #
-# What goes in (each one an "item", compressed or not, then split into parts):
-#   node           this Node binary (process.execPath), stripped of symbols (--no-strip to keep them), xz
-#   app            package.json, proto/, dist/ (built by tsc from the working tree, --build), the
-#                  production node_modules + the devDependencies the suite loads
-#                  (BENCH_DEPS: hdr-histogram-js, cli-progress, vega, vega-lite), pruned to
-#                  linux-x64 (stage-deps.mjs), a copy of bench/gpu; tar, xz
-#   cuda-provider  libonnxruntime_providers_{cuda,shared}.so from
-#                  com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9 (what
-#                  scripts/install-cuda-provider.mjs places); tar, not compressed (its
-#                  kernels are compressed already: xz saves ~2% for minutes of CPU)
-#   models         only with --carry-models (530 MB); by default run.sh generates minilm-l6
-#                  and bert-base there with the carried node (deterministic: same bytes), and
-#                  the manifest holds the sha256 of every file they must come out as
-#
-# Parts (<stored>.part-NN, --split-mb each at most) are packed into folders carry-1,
-# carry-2, ... of at most --carry-mb each: one folder per transfer when what can be sent
-# at once is capped. Every carry folder holds manifest.tsv (sha256 of every item, stored
-# file and part, of every model file to expect) and app-files.sha256 (every file of app).
+# Each item (node, app, the CUDA provider; bench/gpu/README.md says what is in each) is
+# compressed or not, then split into parts packed into folders carry-1, carry-2, ... of
+# at most --carry-mb each: one folder per transfer. Every carry folder holds manifest.tsv
+# (the sha256 of every item, part and model file to expect) and app-files.sha256.gz.
 #
 # Options:
 #   --out DIR            (default bench/gpu/prepared; emptied first)
 #   --split-mb N         part size, MiB (default 29: two parts fill a carry folder)
 #   --carry-mb N         carry folder size, MiB, manifest included (default 60: with the working tree,
 #                        under a 64 MiB cap on one transfer)
-#   --build MODE         current: tsc on the working tree (default); head: tsc on `git archive HEAD`;
-#                        none: copy ./dist as it is
+#   --build MODE         current: tsc on the working tree (default); none: copy ./dist as it is
 #   --compress KIND      xz (default), gzip or none: for node and app
-#   --no-strip           keep node's symbols (98 MB instead of 86 MB)
-#   --cuda-from PATH     provider from this .tgz or unpacked folder instead of `npm pack`
+#   --cuda-from FILE     provider from this copy of the package's .tgz instead of `npm pack`
 #   --no-cuda-provider   leave it out
-#   --models LIST        models to expect / carry (default minilm-l6,bert-base)
-#   --no-model-hashes    do not generate the models here to record their sha256 (saves ~45 s)
-#   --carry-models       carry the generated models instead of generating them there
-#   --keep-stage         keep OUT/.stage (the unsplit files) for inspection
+#   --models LIST        models run.sh generates there; their sha256 is recorded here (default minilm-l6,bert-base)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -51,13 +32,9 @@ SPLIT_MB=29
 CARRY_MB=60
 BUILD=current
 COMPRESS=xz
-STRIP=1
 CUDA_FROM=""
 CUDA=1
 MODELS="minilm-l6,bert-base"
-MODEL_HASHES=1
-CARRY_MODELS=0
-KEEP_STAGE=0
 CUDA_PACKAGE='com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9'
 # devDependencies bench/suite.js imports: histograms, its progress display, the report's plots
 BENCH_DEPS=hdr-histogram-js,cli-progress,vega,vega-lite
@@ -73,22 +50,17 @@ while [ $# -gt 0 ]; do
     --carry-mb) CARRY_MB="$2"; shift 2 ;;
     --build) BUILD="$2"; shift 2 ;;
     --compress) COMPRESS="$2"; shift 2 ;;
-    --no-strip) STRIP=0; shift ;;
     --cuda-from) CUDA_FROM="$2"; shift 2 ;;
     --no-cuda-provider) CUDA=0; shift ;;
     --models) MODELS="$2"; shift 2 ;;
-    --no-model-hashes) MODEL_HASHES=0; shift ;;
-    --carry-models) CARRY_MODELS=1; shift ;;
-    --keep-stage) KEEP_STAGE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
 [[ "$SPLIT_MB" =~ ^[0-9]+$ && "$SPLIT_MB" -ge 1 ]] || die "--split-mb: expected a positive integer"
 [[ "$CARRY_MB" =~ ^[0-9]+$ && "$CARRY_MB" -gt "$SPLIT_MB" ]] || die "--carry-mb: expected an integer > --split-mb (1 MiB of each folder is kept for manifest.tsv and app-files.sha256.gz)"
-case "$BUILD" in current|head|none) ;; *) die "--build: current, head or none" ;; esac
+case "$BUILD" in current|none) ;; *) die "--build: current or none" ;; esac
 case "$COMPRESS" in xz|gzip|none) ;; *) die "--compress: xz, gzip or none" ;; esac
-[ "$CARRY_MODELS" = 1 ] && MODEL_HASHES=1
 
 NODE="$(node -p process.execPath)"
 NODE_VERSION="$(node -v)"
@@ -124,16 +96,7 @@ TSC="$ROOT/node_modules/.bin/tsc"
 case "$BUILD" in
   current)
     stamp "building dist/ from the working tree (tsc; $GIT_DIRTY tracked files modified since $GIT_COMMIT)"
-    "$TSC" -p "$ROOT/tsconfig.json" --outDir "$STAGE/app/dist" || die "tsc failed (try --build head or --build none)"
-    ;;
-  head)
-    stamp "building dist/ from git HEAD $GIT_COMMIT (tsc on git archive)"
-    mkdir -p "$STAGE/head"
-    git -C "$ROOT" archive HEAD | tar -x -C "$STAGE/head"
-    ln -s "$ROOT/node_modules" "$STAGE/head/node_modules"
-    "$TSC" -p "$STAGE/head/tsconfig.json" --outDir "$STAGE/app/dist" || die "tsc failed on HEAD"
-    rm -rf "$STAGE/head"
-    GIT_DIRTY=0
+    "$TSC" -p "$ROOT/tsconfig.json" --outDir "$STAGE/app/dist" || die "tsc failed (or --build none)"
     ;;
   none)
     [ -f "$ROOT/dist/bench/suite.js" ] || die "no dist/ (npm run build)"
@@ -141,7 +104,7 @@ case "$BUILD" in
     cp -r "$ROOT/dist" "$STAGE/app/dist"
     ;;
 esac
-for f in dist/bench/suite.js dist/src/cli.js dist/models/generate.js; do
+for f in dist/bench/suite.js dist/bench/gpu/raw-ceiling.js dist/bench/gpu/summarize.js dist/src/cli.js dist/models/generate.js; do
   [ -f "$STAGE/app/$f" ] || die "the build has no $f"
 done
 cp "$ROOT/package.json" "$STAGE/app/package.json"
@@ -163,9 +126,7 @@ stamp "app.tar: $(mib "$(size_of "$STAGE/items/app.tar")"), $(wc -l < "$STAGE/ap
 # ---------------------------------------------------------------- node
 cp "$NODE" "$STAGE/items/node"
 chmod 755 "$STAGE/items/node"
-if [ "$STRIP" = 1 ]; then
-  if command -v strip >/dev/null; then strip --strip-all "$STAGE/items/node"; else echo "prepare: no strip; node keeps its symbols" >&2; fi
-fi
+if command -v strip >/dev/null; then strip --strip-all "$STAGE/items/node"; else echo "prepare: no strip; node keeps its symbols" >&2; fi
 [ "$("$STAGE/items/node" -v)" = "$NODE_VERSION" ] || die "the staged node does not run"
 stamp "node $NODE_VERSION from $NODE: $(mib "$(size_of "$NODE")") -> $(mib "$(size_of "$STAGE/items/node")")"
 
@@ -173,43 +134,25 @@ stamp "node $NODE_VERSION from $NODE: $(mib "$(size_of "$NODE")") -> $(mib "$(si
 CUDA_SOURCE=none
 if [ "$CUDA" = 1 ]; then
   mkdir -p "$STAGE/cuda" "$STAGE/dl"
-  src=""
-  if [ -n "$CUDA_FROM" ] && [ -d "$CUDA_FROM" ]; then
-    for d in "$CUDA_FROM" "$CUDA_FROM/$CUDA_INNER" "$CUDA_FROM/Plugins/Linux/x64"; do
-      [ -f "$d/${CUDA_FILES[0]}" ] && src="$d" && break
-    done
-    [ -n "$src" ] || die "$CUDA_FROM holds no ${CUDA_FILES[0]}"
-    CUDA_SOURCE="$CUDA_FROM"
-  else
-    tgz="$CUDA_FROM"
-    if [ -z "$tgz" ]; then
-      stamp "fetching $CUDA_PACKAGE (about 180 MB) with npm pack"
-      (cd "$STAGE/dl" && npm pack "$CUDA_PACKAGE" --silent >/dev/null) || die "npm pack $CUDA_PACKAGE failed (or use --cuda-from / --no-cuda-provider)"
-      tgz="$(ls "$STAGE"/dl/*.tgz)"
-      CUDA_SOURCE="$CUDA_PACKAGE"
-    else
-      CUDA_SOURCE="$CUDA_FROM"
-    fi
-    [ -f "$tgz" ] || die "no such file: $tgz"
-    tar -xzf "$tgz" -C "$STAGE/dl" "${CUDA_FILES[@]/#/$CUDA_INNER/}"
-    src="$STAGE/dl/$CUDA_INNER"
+  tgz="$CUDA_FROM"
+  CUDA_SOURCE="${CUDA_FROM:-$CUDA_PACKAGE}"
+  if [ -z "$tgz" ]; then
+    stamp "fetching $CUDA_PACKAGE (about 180 MB) with npm pack"
+    (cd "$STAGE/dl" && npm pack "$CUDA_PACKAGE" --silent >/dev/null) || die "npm pack $CUDA_PACKAGE failed (or use --cuda-from / --no-cuda-provider)"
+    tgz="$(ls "$STAGE"/dl/*.tgz)"
   fi
-  for f in "${CUDA_FILES[@]}"; do cp "$src/$f" "$STAGE/cuda/$f"; done
+  [ -f "$tgz" ] || die "no such file: $tgz"
+  tar -xzf "$tgz" -C "$STAGE/dl" "${CUDA_FILES[@]/#/$CUDA_INNER/}"
+  for f in "${CUDA_FILES[@]}"; do cp "$STAGE/dl/$CUDA_INNER/$f" "$STAGE/cuda/$f"; done
   rm -rf "$STAGE/dl"
   tar -C "$STAGE/cuda" --owner=0 --group=0 --numeric-owner -cf "$STAGE/items/cuda-provider.tar" "${CUDA_FILES[@]}"
   stamp "cuda-provider.tar: $(mib "$(size_of "$STAGE/items/cuda-provider.tar")") (${CUDA_FILES[*]})"
 fi
 
-# ---------------------------------------------------------------- models
-if [ "$MODEL_HASHES" = 1 ]; then
-  stamp "generating ${MODELS//,/ } with the staged app, for their sha256"
-  # shellcheck disable=SC2086
-  "$STAGE/items/node" "$STAGE/app/dist/models/generate.js" ${MODELS//,/ } --out "$STAGE/models" | sed 's/^/prepare:   /'
-  if [ "$CARRY_MODELS" = 1 ]; then
-    tar -C "$STAGE" --owner=0 --group=0 --numeric-owner -cf "$STAGE/items/models.tar" models
-    stamp "models.tar: $(mib "$(size_of "$STAGE/items/models.tar")")"
-  fi
-fi
+# ---------------------------------------------------------------- models: their sha256, for run.sh to check its own against
+stamp "generating ${MODELS//,/ } with the staged app, for their sha256"
+# shellcheck disable=SC2086
+"$STAGE/items/node" "$STAGE/app/dist/models/generate.js" ${MODELS//,/ } --out "$STAGE/models" | sed 's/^/prepare:   /'
 
 # ---------------------------------------------------------------- compress, split, pack
 MANIFEST="$STAGE/manifest.tsv"
@@ -221,19 +164,18 @@ MANIFEST="$STAGE/manifest.tsv"
   printf 'meta\tnode\t%s\n' "$NODE_VERSION"
   printf 'meta\tonnxruntime-node\t%s\n' "$ORT_VERSION"
   printf 'meta\tcuda-provider\t%s\n' "$CUDA_SOURCE"
-  printf 'meta\tmodels\t%s\t%s\n' "$MODELS" "$([ "$CARRY_MODELS" = 1 ] && echo carried || echo generate)"
+  printf 'meta\tmodels\t%s\tgenerate\n' "$MODELS"
   printf 'meta\tsplit-mb\t%s\n' "$SPLIT_MB"
   printf 'meta\tcarry-mb\t%s\n' "$CARRY_MB"
 } > "$MANIFEST"
 
 ITEM_LINES=()
 PART_LIST=() # "bytes<TAB>item<TAB>part"
-for item in node app cuda-provider models; do
+for item in node app cuda-provider; do
   case $item in
     node) f="$STAGE/items/node"; enc="$COMPRESS" ;;
     app) f="$STAGE/items/app.tar"; enc="$COMPRESS" ;;
     cuda-provider) f="$STAGE/items/cuda-provider.tar"; enc=none ;;
-    models) f="$STAGE/items/models.tar"; enc=none ;;
   esac
   [ -f "$f" ] || continue
   fsha="$(sha_of "$f")"; fbytes="$(size_of "$f")"
@@ -310,10 +252,5 @@ BUNDLE="$(grep -E '^(item|part)' "$MANIFEST" | sha256sum | cut -c1-12)"
   echo "on the GPU machine, with every carry folder under one dir:  bash bench/gpu/run.sh --prepared DIR"
 } | tee "$OUT/CARRY.txt"
 
-if [ "$KEEP_STAGE" = 1 ]; then
-  rm -rf "$STAGE/items"
-  echo "prepare: kept $STAGE"
-else
-  rm -rf "$STAGE"
-fi
+rm -rf "$STAGE"
 stamp "done"

@@ -1,31 +1,12 @@
 #!/usr/bin/env bash
 # Runs slabserve's GPU bench on a machine with an NVIDIA GPU, from a bundle made by
-# prepare.sh: no Node.js and no network needed there (see bench/gpu/README.md).
+# prepare.sh: no Node.js and no network needed there. bench/gpu/README.md has its
+# steps (each done once: a later call on the same machine skips what is in place).
 #
 #   bash bench/gpu/run.sh --prepared DIR                 # everything, results in $OUT (or --out)
 #   bash bench/gpu/run.sh --prepared DIR --stage check   # which parts are here (sha256 checked); exit 3 if some are missing
 #   bash bench/gpu/run.sh --prepared DIR --stage setup   # reassemble and unpack what is complete, generate the models
 #   bash bench/gpu/run.sh --prepared DIR --dry-run       # the same cases on the CPU, short: proves the plumbing
-#
-# Steps (each one done once: a later call on the same machine skips what is in place):
-#   1. find manifest.tsv and every part (any depth under DIR), check each part's sha256,
-#      `cat` the parts of each item, check the whole, decompress, check again, install it
-#      under --work: bin/node, app/ (every file checked against app-files.sha256), the CUDA
-#      provider beside onnxruntime-node's binding, models/ if carried
-#   2. PATH starts with the carried node (checked: `command -v node` is it)
-#   3. models (default minilm-l6, bert-base): generated with the carried node unless carried;
-#      every file must match the sha256 prepare.sh recorded
-#   4. cuda: LD_LIBRARY_PATH = the provider's folder + --cuda-lib-dirs + CUDA/cuDNN folders found
-#      (a Python env's site-packages/nvidia/*/lib, /usr/local/cuda/lib64, ...); `ldd` of the
-#      provider must find every library; nvidia-smi's card; one CUDA session must open and run
-#      (raw-ceiling.mjs --check): otherwise stop here, saying why
-#   5. cases, each under `timeout` and inside the overall --budget-s:
-#        raw:M      raw-ceiling.mjs: session.run on the device, B x T padded batches
-#        batching:M dist/bench/suite.js --cases batching: two `slabserve serve` and two in-process
-#                   engines on the device, batched and --max-batch-size 1, over HTTP, WebSocket
-#                   and in-process (results.json in a folder of its own)
-#      while nvidia-smi samples the GPU's memory and utilization every --sample-s
-#   6. summary.md (summarize.mjs), and results.tar.gz with every log and JSON
 #
 # Options:
 #   --prepared DIR        the bundle (default: $SLABSERVE_GPU_PREPARED, else bench/gpu/prepared)
@@ -40,8 +21,7 @@
 #   --cases LIST          kind:model,... (default raw:M,batching:M for every model)
 #   --budget-s N          whole run, set-up included (default 480; dry run 1500)
 #   --suite-args "..."    more flags for suite.js (e.g. "--rounds 5 --duration-s 2")
-#   --raw-args "..."      more flags for raw-ceiling.mjs (e.g. "--batches 1,32,512 --seq-lens 64")
-#   --sample-s S          nvidia-smi sampling period (default 0.5)
+#   --raw-args "..."      more flags for raw-ceiling.js (e.g. "--batches 1,32,512 --seq-lens 64")
 #   --keep-detail         keep OUT/detail/ beside results.tar.gz (by default OUT holds 4 files:
 #                         summary.md, run.log, samples.csv, results.tar.gz)
 set -uo pipefail
@@ -60,7 +40,6 @@ CASES=""
 BUDGET_S=""
 SUITE_ARGS=""
 RAW_ARGS=""
-SAMPLE_S=0.5
 KEEP_DETAIL=0
 NVIDIA_SMI="${NVIDIA_SMI:-nvidia-smi}"
 
@@ -80,7 +59,6 @@ while [ $# -gt 0 ]; do
     --budget-s) BUDGET_S="$2"; shift 2 ;;
     --suite-args) SUITE_ARGS="$2"; shift 2 ;;
     --raw-args) RAW_ARGS="$2"; shift 2 ;;
-    --sample-s) SAMPLE_S="$2"; shift 2 ;;
     --keep-detail) KEEP_DETAIL=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -133,8 +111,8 @@ finish() {
   if [ "$STAGE" = all ]; then
     cp "$DETAIL/samples.csv" "$OUT_DIR/samples.csv" 2>/dev/null
     local summarized=0
-    if [ -n "${NODE:-}" ] && [ -x "${NODE:-}" ]; then
-      "$NODE" "$HERE/summarize.mjs" --dir "$DETAIL" --out "$OUT_DIR/summary.md" --device "$DEVICE" ${FAILED:+--failed "$FAILED"} && summarized=1
+    if [ -x "${NODE:-}" ] && [ -n "${APP:-}" ]; then
+      "$NODE" "$APP/dist/bench/gpu/summarize.js" --dir "$DETAIL" --out "$OUT_DIR/summary.md" --device "$DEVICE" ${FAILED:+--failed "$FAILED"} && summarized=1
     fi
     if [ "$summarized" = 0 ]; then
       { echo "# slabserve GPU bench: FAILED"; echo; echo "${FAILED:-summary could not be written}"; echo; echo "See run.log."; } > "$OUT_DIR/summary.md"
@@ -265,9 +243,6 @@ assemble() {
         [[ "$k" == cuda-provider/* ]] || continue
         [ "$(sha256sum "$WORK/app/$ORT_REL/${k#cuda-provider/}" | cut -d' ' -f1)" = "${FILE_SHA[$k]}" ] || fail "cuda-provider: ${k#cuda-provider/} has the wrong sha256"
       done ;;
-    models)
-      tar -xf "$final" -C "$WORK" || fail "models: tar failed"
-      rm -f "$final" ;;
   esac
   echo "${ITEM_SHA[$item]}" > "$WORK/.installed-$item"
   say "$item: ${ITEM_N[$item]} part(s) -> ${ITEM_STORED[$item]} -> installed (sha256 checked at each step)"
@@ -275,13 +250,13 @@ assemble() {
 }
 
 say "step 1: reassembling the bundle into $WORK"
-for item in node app cuda-provider models; do
+for item in node app cuda-provider; do
   [ -n "${ITEM_SHA[$item]:-}" ] || continue
   assemble "$item"
   rc=$?
   if [ $rc = 2 ] && [ "$STAGE" = all ]; then
     case "$item" in
-      node|app|models) fail "$item is incomplete: send the missing parts (bash bench/gpu/run.sh --stage check lists them)" ;;
+      node|app) fail "$item is incomplete: send the missing parts (bash bench/gpu/run.sh --stage check lists them)" ;;
       cuda-provider) [ "$DEVICE" = cpu ] || fail "the CUDA provider is incomplete: send the missing parts, or --cuda-provider-dir" ;;
     esac
   fi
@@ -298,7 +273,6 @@ NODE_SAYS="$(node -p 'process.execPath + " " + process.version + " " + process.p
 say "step 2: node on PATH: $NODE_SAYS"
 installed app || { [ "$STAGE" = setup ] && { say "setup: app not here yet"; exit 0; }; fail "no app"; }
 APP="$WORK/app"
-export SLABSERVE_APP="$APP"
 
 # ---------------------------------------------------------------- models
 MODELS_DIR="$WORK/models"
@@ -319,14 +293,14 @@ say "step 3: models ${MODELS//,/ } in $MODELS_DIR"
 mkdir -p "$MODELS_DIR"
 for m in "${MODEL_LIST[@]}"; do
   if [ "$(cat "$WORK/.model-$m" 2>/dev/null)" = "$BUNDLE" ] && [ -f "$MODELS_DIR/$m/model.onnx" ]; then say "$m: in place"; continue; fi
+  how=present
   if ! model_ok "$m"; then
     t=$(date +%s)
     node "$APP/dist/models/generate.js" "$m" --out "$MODELS_DIR" || fail "generating $m failed"
     model_ok "$m" || fail "$m: generated files differ from the sha256 prepare.sh recorded (a different generator?)"
-    say "$m: generated in $(( $(date +%s) - t ))s, $([ $MODEL_FILES_CHECKED -gt 0 ] && echo "$MODEL_FILES_CHECKED files, sha256 as recorded" || echo "no sha256 recorded for it (prepared with --no-model-hashes or without it in --models)")"
-  else
-    say "$m: present, $([ $MODEL_FILES_CHECKED -gt 0 ] && echo "$MODEL_FILES_CHECKED files, sha256 as recorded" || echo "no sha256 recorded")"
+    how="generated in $(( $(date +%s) - t ))s"
   fi
+  say "$m: $how, $([ $MODEL_FILES_CHECKED -gt 0 ] && echo "$MODEL_FILES_CHECKED files, sha256 as recorded" || echo "no sha256 recorded for it (not in prepare.sh's --models)")"
   echo "$BUNDLE" > "$WORK/.model-$m"
 done
 [ "$STAGE" = setup ] && { say "setup done: $(du -sh "$WORK" | cut -f1) in $WORK"; exit 0; }
@@ -336,8 +310,6 @@ ORT_DIR="$APP/$ORT_REL"
 PROVIDER="$ORT_DIR/libonnxruntime_providers_cuda.so"
 {
   echo "bundle: $BUNDLE"; echo "uname: $(uname -a)"; echo "node: $NODE_SAYS"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') x$(nproc)"
-  echo "memory: $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
 } > "$DETAIL/env.txt"
 for k in "${!META[@]}"; do echo "meta $k: ${META[$k]}"; done | LC_ALL=C sort >> "$DETAIL/env.txt"
 
@@ -388,8 +360,8 @@ if [ "$DEVICE" != cpu ]; then
   else
     say "warning: no nvidia-smi: no card name, no memory samples"
   fi
-  say "opening a CUDA session (raw-ceiling.mjs --check on ${MODEL_LIST[0]})"
-  timeout 180 node "$HERE/raw-ceiling.mjs" --app "$APP" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device "$DEVICE" --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
+  say "opening a CUDA session (raw-ceiling.js --check on ${MODEL_LIST[0]})"
+  timeout 180 node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device "$DEVICE" --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" != 0 ]; then
     echo "--- ldd of the provider:"; cat "$DETAIL/ldd-provider.txt"
@@ -398,7 +370,7 @@ if [ "$DEVICE" != cpu ]; then
 else
   say "step 4: device cpu$([ "$DRY" = 1 ] && echo ' (dry run: short phases)')"
   if [ -f "$PROVIDER" ]; then ldd "$PROVIDER" > "$DETAIL/ldd-provider.txt" 2>&1; say "(provider present; ldd finds $(grep -c 'not found' "$DETAIL/ldd-provider.txt") libraries missing here: recorded, not needed on cpu)"; fi
-  node "$HERE/raw-ceiling.mjs" --app "$APP" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device cpu --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
+  node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device cpu --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
   [ "${PIPESTATUS[0]}" = 0 ] || fail "no CPU session could be opened"
 fi
 
@@ -412,14 +384,14 @@ if command -v "$NVIDIA_SMI" >/dev/null && "$NVIDIA_SMI" -L >/dev/null 2>&1; then
       t=$(date +%s.%N)
       "$NVIDIA_SMI" -i "$GPU_INDEX" --query-gpu=memory.used,memory.total,utilization.gpu,power.draw --format=csv,noheader,nounits 2>/dev/null \
         | awk -v t="$t" -v g="gpu$GPU_INDEX" -F', *' 'NF >= 4 { printf "%.2f,%s,%s,%s,%s,%s\n", t, g, $1, $2, $3, $4 }'
-      sleep "$SAMPLE_S"
+      sleep 0.5
     done >> "$SAMPLES" ) &
   SAMPLER_PID=$!
 else
   ( while :; do
       t=$(date +%s.%N)
       awk -v t="$t" '/^MemTotal/ { tot = $2 } /^MemAvailable/ { av = $2 } END { printf "%.2f,host,%d,%d,,\n", t, (tot - av) / 1024, tot / 1024 }' /proc/meminfo
-      sleep "$SAMPLE_S"
+      sleep 0.5
     done >> "$SAMPLES" ) &
   SAMPLER_PID=$!
 fi
@@ -427,7 +399,7 @@ fi
 # ---------------------------------------------------------------- cases
 if [ "$DRY" = 1 ]; then
   SUITE_BASE="--rounds 1 --duration-s 1 --warmup-s 0.3"
-  RAW_BASE="--batches 1,8,32 --seq-lens 16,32 --duration-s 0.5 --warmup-runs 1 --max-point-s 3"
+  RAW_BASE="--batches 1,8,32 --seq-lens 16,32 --duration-s 0.5 --warmup-s 0.1 --max-point-s 3"
   LIMIT_RAW=300; LIMIT_BATCHING=900
 else
   SUITE_BASE=""
@@ -452,7 +424,7 @@ for c in "${CASE_LIST[@]}"; do
   fi
   case $kind in
     raw) result="$DETAIL/$name.json"
-      cmd=(node "$HERE/raw-ceiling.mjs" --app "$APP" --model-dir "$MODELS_DIR/$m" --device "$DEVICE" $RAW_BASE $RAW_ARGS --json "$result") ;;
+      cmd=(node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/$m" --device "$DEVICE" $RAW_BASE $RAW_ARGS --json "$result") ;;
     batching) result="$DETAIL/$name/results.json"
       cmd=(node "$APP/dist/bench/suite.js" --cases batching --models "$m" --models-dir "$MODELS_DIR" --bench-models-dir "$WORK/bench-models" --device "$DEVICE" --no-progress $SUITE_BASE $SUITE_ARGS --out "$DETAIL/$name") ;;
   esac

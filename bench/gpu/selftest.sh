@@ -53,7 +53,8 @@ for c in raw-minilm-l6 batching-minilm-l6; do
 done
 top="$(cd "$T/out" 2>/dev/null && ls | LC_ALL=C sort | tr '\n' ' ')"
 [ "$top" = "results.tar.gz run.log samples.csv summary.json summary.md " ] && ok "output: $top" || ko "output holds: $top"
-tar -tzf "$T/out/results.tar.gz" 2>/dev/null | grep -q 'detail/batching-minilm-l6/results.json' && ok "results.tar.gz holds the suite's results.json" || ko "results.tar.gz lacks detail/batching-minilm-l6/results.json"
+tar -tzf "$T/out/results.tar.gz" > "$T/listing.txt" 2>/dev/null # not piped into grep -q: its early exit would kill tar (pipefail)
+grep -q 'detail/batching-minilm-l6/results.json' "$T/listing.txt" && ok "results.tar.gz holds the suite's results.json" || ko "results.tar.gz lacks detail/batching-minilm-l6/results.json"
 # both sides of the engine and of HTTP, and the batching gains, made it from results.json into the summary
 rows=0
 for r in '| minilm-l6 | engine batched |' '| minilm-l6 | engine max-batch-size 1 |' '| minilm-l6 | HTTP | 64 clients | batched |' '| minilm-l6 | HTTP | 64 clients | max-batch-size 1 |' '| minilm-l6 | WebSocket | 1 socket x 64 in flight | batched |'; do

@@ -16,6 +16,8 @@ import { createEngine, type Engine } from '../../src/main/engine.js';
 import { writePreset } from '../../models/generator/presets.js';
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { parseOptions } from '../args.js';
+import { runClosedLoop } from '../closed-loop.js';
+import { median, roundOrder } from '../suite/phases.js';
 import { makeWorkload } from '../workloads.js';
 
 const values = parseOptions('node dist/bench/micro/dtypes.js [options]', {
@@ -31,18 +33,9 @@ const CALLERS = 64;
 
 /** Sequences per second of `CALLERS` closed-loop callers over `texts` for DURATION_MS. */
 async function throughput(engine: Engine, texts: string[]): Promise<number> {
-  let done = 0;
-  let next = 0;
-  const end = performance.now() + DURATION_MS;
-  await Promise.all(
-    Array.from({ length: CALLERS }, async () => {
-      while (performance.now() < end) {
-        await engine.embed(texts[next++ % texts.length]!);
-        done++;
-      }
-    }),
-  );
-  return done / (DURATION_MS / 1000);
+  const loop = await runClosedLoop({ clients: CALLERS, warmupMs: 0, durationMs: DURATION_MS, call: (n) => engine.embed(texts[n % texts.length]!), snapshot: () => null });
+  loop.histogram.destroy();
+  return (loop.requests / loop.windowMs) * 1000;
 }
 
 const cosine = (a: Float32Array, b: Float32Array) => a.reduce((s, v, i) => s + v * b[i]!, 0) / Math.hypot(...a) / Math.hypot(...b);
@@ -62,10 +55,9 @@ try {
       const i8 = await engines.int8.embed(texts);
       const cos = f32.map((v, i) => cosine(v, i8[i]!));
       const rates: Record<'fp32' | 'int8', number[]> = { fp32: [], int8: [] };
-      for (let r = 0; r < ROUNDS; r++) {
-        for (const d of r % 2 ? (['int8', 'fp32'] as const) : (['fp32', 'int8'] as const)) rates[d].push(await throughput(engines[d], texts));
+      for (let r = 1; r <= ROUNDS; r++) {
+        for (const d of roundOrder(r, 2).map((i) => (['fp32', 'int8'] as const)[i]!)) rates[d].push(await throughput(engines[d], texts));
       }
-      const median = (v: number[]) => [...v].sort((a, b) => a - b)[v.length >> 1]!;
       const ratios = rates.int8.map((v, i) => (v / rates.fp32[i]!).toFixed(2)).join(' ');
       console.log(
         `| ${name} | ${median(rates.fp32).toFixed(0)} | ${median(rates.int8).toFixed(0)} | ${(median(rates.int8) / median(rates.fp32)).toFixed(2)}x (${ratios}) | ` +

@@ -15,6 +15,7 @@
 import { performance } from 'node:perf_hooks';
 import { float32RowsJson } from '../../src/gateway/http/float-json.js';
 import { mulberry32 } from '../../models/generator/rng.js';
+import { roundOrder } from '../suite/phases.js';
 
 const rand = mulberry32(20240601);
 
@@ -63,10 +64,7 @@ for (const [n, dims] of shapes) {
   const sets = Array.from({ length: Math.ceil(16384 / floats) }, () => Array.from({ length: n }, () => unitRow(dims)));
   for (const m of methods) time(m, sets, 100); // warm-up
   const samples = methods.map(() => [] as number[]);
-  for (let round = 0; round < 7; round++) {
-    const order = round % 2 === 0 ? methods : [...methods].reverse();
-    for (const m of order) samples[methods.indexOf(m)]!.push(time(m, sets, 150));
-  }
+  for (let round = 1; round <= 7; round++) for (const i of roundOrder(round, methods.length)) samples[i]!.push(time(methods[i]!, sets, 150));
   const cells = methods.map((m, i) => {
     const sorted = samples[i]!.sort((a, b) => a - b);
     const bytes = m.run(sets[0]!);

@@ -20,6 +20,7 @@ import { writePreset } from '../../models/generator/presets.js';
 import { decodeModel, encodeModel } from '../../src/shared/model-format/onnx-graph.js';
 import { keepOnnxruntimeTelemetryOff } from '../../src/main/onnxruntime-telemetry.js';
 import { parseOptions } from '../args.js';
+import { maxAbsDiff } from '../suite/phases.js';
 
 const values = parseOptions('node dist/bench/micro/fusion.js [options]', {
   models: { type: 'strings', default: ['tiny-embed', 'minilm-l6'], help: 'presets to generate and compare' },
@@ -48,7 +49,6 @@ async function rowCost(session: ort.InferenceSession, B: number, T: number, budg
   return { us: (usedMs() * 1000) / runs / B, states: out[session.outputNames[0]!]!.data as Float32Array };
 }
 
-const maxDiff = (a: Float32Array, b: Float32Array) => a.reduce((d, v, i) => Math.max(d, Math.abs(v - b[i]!)), 0);
 keepOnnxruntimeTelemetryOff(); // as the server does
 const open = (bytes: Uint8Array) => ort.InferenceSession.create(bytes, { intraOpNumThreads: 1, graphOptimizationLevel: 'all', enableCpuMemArena: false, logSeverityLevel: 3 });
 
@@ -78,7 +78,7 @@ try {
           ratios.all.push(got.exported.us / got.all.us);
           last = got;
         }
-        const diff = Math.max(maxDiff(last!.exported.states, last!.layerNorms.states), maxDiff(last!.exported.states, last!.all.states));
+        const diff = Math.max(maxAbsDiff(last!.exported.states, last!.layerNorms.states), maxAbsDiff(last!.exported.states, last!.all.states));
         const show = (xs: number[]) => xs.map((x) => x.toFixed(2)).join(' ');
         console.log(
           `| ${name} | ${layerNorms} | ${attentions} | ${B} | ${last!.exported.us.toFixed(0)} | ${last!.layerNorms.us.toFixed(0)} | ${last!.all.us.toFixed(0)} | ${show(ratios.layerNorms)} | ${show(ratios.all)} | ${diff.toExponential(1)} |`,

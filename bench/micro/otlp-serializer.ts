@@ -11,7 +11,7 @@
 import { ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
 import { parseOptions } from '../args.js';
 import { machineLine } from '../machine.js';
-import { roundOrder } from '../suite/phases.js';
+import { median, roundOrder } from '../suite/phases.js';
 import { serializeSpans } from '../../src/shared/telemetry/otlp-protobuf.js';
 import { measureTracedPath, type SpanSerializer, type TracedPathCost } from './tracing-path.js';
 
@@ -44,7 +44,6 @@ async function sameBodies(): Promise<string> {
   return `${caught.length} exported bodies: ${lengths} of the same length, ${same} byte for byte the same`;
 }
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 console.log(machineLine());
 console.log(await sameBodies());

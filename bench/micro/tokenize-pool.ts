@@ -16,6 +16,8 @@ import { packageRoot } from '../../src/main/plan-models.js';
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { mulberry32 } from '../../models/generator/rng.js';
 import { bertUncasedVocab } from '../../models/generator/tokenizer-json.js';
+import { median, roundOrder } from '../suite/phases.js';
+import { alignedTable, fmt } from '../table.js';
 
 const ROUNDS = 5;
 const ROUND_MS = 1000;
@@ -56,23 +58,11 @@ async function measure(c: Case): Promise<{ wallUs: number; loopUs: number }> {
   return { wallUs: (wall * 1000) / n, loopUs: (elu.active * 1000) / n };
 }
 
-const results = new Map<string, { wallUs: number; loopUs: number }[]>();
+const results = cases.map(() => [] as { wallUs: number; loopUs: number }[]);
 for (const c of cases) await measure(c); // warm-up
-for (let r = 0; r < ROUNDS; r++) {
-  const order = r % 2 === 0 ? cases : [...cases].reverse();
-  for (const c of order) {
-    const list = results.get(c.name) ?? [];
-    list.push(await measure(c));
-    results.set(c.name, list);
-  }
-}
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+for (let r = 1; r <= ROUNDS; r++) for (const i of roundOrder(r, cases.length)) results[i]!.push(await measure(cases[i]!));
 const chars = (xs: string[]) => Math.round(xs.reduce((a, t) => a + t.length, 0) / xs.length);
 console.log(`texts: short ${chars(short)} chars on average, long ${chars(long)} chars`);
-console.log('| case | wall µs/request | event-loop µs/request |');
-console.log('|---|--:|--:|');
-for (const c of cases) {
-  const rs = results.get(c.name)!;
-  console.log(`| ${c.name} | ${median(rs.map((x) => x.wallUs)).toFixed(0)} | ${median(rs.map((x) => x.loopUs)).toFixed(0)} |`);
-}
+const rows = cases.map((c, i) => [c.name, fmt(median(results[i]!.map((x) => x.wallUs)), 0), fmt(median(results[i]!.map((x) => x.loopUs)), 0)]);
+console.log(alignedTable(['case', 'wall µs/request', 'event-loop µs/request'], rows));
 await pool.close();

@@ -1,6 +1,6 @@
 /**
  * A sampled request's tracing alone, in one thread, with nothing else to
- * disturb it (bench/tracing.ts runs it and prints it before the servers' figures; it has no command of its own): the
+ * disturb it (the suite's tracing case runs it before its servers; it has no command of its own): the
  * gateway's span made from a traceparent, its ids written into a slot, the
  * inference thread's batch span (a batch of 16) reading them and writing its
  * own back, the request's span and its two children made as it ends, and all

@@ -22,6 +22,7 @@ export class SuiteContext {
   readonly phases: PhaseResult[] = [];
   readonly comparisons: Comparison[] = [];
   readonly curves: Curve[] = [];
+  readonly notes: { case: CaseName; line: string }[] = [];
   /** The scheduling case's rows (scheduling.ts), once it has run. */
   scheduling: SchedulingSection | undefined;
   /** One generator for every load phase's draws, in the order the phases run (the run is reproducible from --seed). */
@@ -35,9 +36,22 @@ export class SuiteContext {
     this.loadRandom = mulberry32(options.seed);
   }
 
-  /** `slabserve serve` for model `m` on the suite's device, with `extra` flags. */
-  startSlabserve(label: string, m: ModelSetup, extra: string[]) {
-    return startSlabserve(label, this.options.device, m.dir, m.name, extra);
+  /** `slabserve serve` for model `m` on the suite's device, with `extra` flags (and `env`). */
+  startSlabserve(label: string, m: ModelSetup, extra: string[], env?: Record<string, string>) {
+    return startSlabserve(label, this.options.device, m.dir, m.name, extra, env);
+  }
+
+  /** A figure that is not a phase, logged and shown in its case's section. */
+  note(c: CaseName, line: string): void {
+    this.notes.push({ case: c, line });
+    this.progress.log(`${c}: ${line}`);
+  }
+
+  /** A phase measured by the case itself (gRPC's), recorded. */
+  record(p: PhaseResult): PhaseResult {
+    this.phases.push(p);
+    this.progress.log(`${p.id}: ${describePhase(p)}`);
+    return p;
   }
 
   /** An in-process engine for model `m` on the suite's device (engine.ts), with what `choice` sets. */
@@ -46,10 +60,10 @@ export class SuiteContext {
   }
 
   /** One load phase against a target, recorded. */
-  async load(meta: PhaseMeta, target: Target, w: Workload, arrivals: Arrivals, durationMs = this.options.durationMs): Promise<PhaseResult> {
+  async load(meta: PhaseMeta, target: Target, w: Workload, arrivals: Arrivals, durationMs = this.options.durationMs, traceparent?: number): Promise<PhaseResult> {
     const { warmupMs } = this.options;
     const shape = arrivals.kind === 'closed' ? `${arrivals.concurrency} clients` : `${Math.round((meta.loadFraction ?? 0) * 100)}%`;
-    const label = `${meta.case} ${meta.model} ${target.label} ${meta.transport} ${shape}`;
+    const label = `${meta.case} ${meta.model} ${meta.target} ${meta.transport} ${shape}`;
     const totalS = (warmupMs + durationMs) / 1000;
     this.progress.start(label, totalS);
     const o = await runLoad(
@@ -57,6 +71,7 @@ export class SuiteContext {
         target,
         model: meta.model,
         transport: meta.transport as 'http' | 'ws',
+        ...(traceparent !== undefined ? { traceparent } : {}),
         workload: w,
         arrivals,
         warmupMs,

@@ -1,15 +1,9 @@
 /**
  * The in-process engine as a side of the suite's comparisons: createEngine()
- * in this process with the server's defaults, and `clients` closed-loop
- * callers of engine.embed(text) on a workload's texts (tokenizing included,
- * as the server's gateways do). It is the same request with no transport at
- * all, so it answers two questions the HTTP phases cannot alone: how much of
- * the engine HTTP keeps, and what batching buys with no per-request transport
- * cost diluting it (the bound the HTTP batching gain sits under).
- *
- * Its CPU is this process's (process.cpuUsage): the callers and every engine
- * thread. The engines stay open for all rounds; an idle one costs nothing
- * measurable while another side runs.
+ * in this process and closed-loop callers of engine.embed(text), tokenizing
+ * included. The same request with no transport at all: how much of the engine
+ * HTTP keeps, and what batching buys with no per-request transport cost
+ * diluting it. Its CPU is this process's (the callers and every engine thread).
  */
 import { createEngine, type Engine } from '../../src/main/engine.js';
 import { runClosedLoop } from '../closed-loop.js';
@@ -23,26 +17,29 @@ export interface EngineSide {
   model: string;
 }
 
-/** What an engine side sets beside the server's defaults: the unbatched side, the defaults case's engines. */
+/** What an engine sets beside the server's defaults: the unbatched side, the defaults and scheduling cases' engines. */
 export interface EngineChoice {
   maxBatchSize?: number;
+  maxBatchDelayMs?: number;
+  maxBatchTokens?: number;
   maxInflightBatches?: number;
   intraOpThreads?: number;
+  sloP99Ms?: number;
 }
 
+/** `o` without its undefined fields: an option given as undefined would not take its default. */
+const defined = <T extends object>(o: T): T => Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
+
 /** An engine for `model` with the server's defaults, and what `choice` sets. */
+export function openEngine(device: string, modelsDir: string, model: string, choice: EngineChoice = {}): Promise<Engine> {
+  const { maxBatchSize, maxBatchDelayMs, maxBatchTokens, ...engine } = choice;
+  const batching = defined({ maxBatchSize, maxBatchDelayMs, maxBatchTokens });
+  // the result cache off, as the servers run (bench/server-process.ts): the workloads repeat texts
+  return createEngine({ modelsDir, models: [model], device, cacheMb: 0, ...defined(engine), ...(Object.keys(batching).length ? { batching } : {}), log: () => {} });
+}
+
 export async function openEngineSide(label: string, device: string, modelsDir: string, model: string, choice: EngineChoice = {}): Promise<EngineSide> {
-  const engine = await createEngine({
-    modelsDir,
-    models: [model],
-    device,
-    cacheMb: 0, // as the servers run (bench/server-process.ts): the workloads repeat texts
-    ...(choice.maxBatchSize !== undefined ? { batching: { maxBatchSize: choice.maxBatchSize } } : {}),
-    ...(choice.maxInflightBatches !== undefined ? { maxInflightBatches: choice.maxInflightBatches } : {}),
-    ...(choice.intraOpThreads !== undefined ? { intraOpThreads: choice.intraOpThreads } : {}),
-    log: () => {},
-  });
-  return { label, engine, model };
+  return { label, engine: await openEngine(device, modelsDir, model, choice), model };
 }
 
 /** What the engine counted, as a server's /metrics counters are read (it keeps no batch-size histogram). */

@@ -5,18 +5,20 @@
  */
 import { join, resolve } from 'node:path';
 import type { GeneratorChoice } from '../load.js';
-import type { CaseName } from '../suite-results.js';
+import type { CaseName, OptInCase } from '../suite-results.js';
 import { REPO_ROOT } from './paths.js';
 import { cellsOf, CONFIG_FORMS, parseConfigs, type Cell, type Config } from './scheduling/configs.js';
 import { fail, parseOptions } from '../args.js';
 
 export const ALL_CASES = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'defaults', 'peer', 'instances', 'floor', 'models'] as const satisfies readonly CaseName[];
+/** Run only when named: each starts servers of its own on the first model. */
+export const OPT_IN_CASES = ['cache', 'grpc', 'tracing', 'outputs', 'idle', 'model-load'] as const satisfies readonly OptInCase[];
 
 export const USAGE = 'npm run bench [-- options]        (node dist/bench/suite.js [options])';
 
 export const SUITE_OPTIONS = {
   quick: { type: 'boolean', help: 'under 2 minutes: one round, short windows, tiny-embed only, 4 load points, no bursts, 2 curves (the defaults marked quick)' },
-  cases: { type: 'strings', choices: ALL_CASES, default: ALL_CASES, help: 'the cases to run' },
+  cases: { type: 'strings', choices: [...ALL_CASES, ...OPT_IN_CASES], default: ALL_CASES, help: `the cases to run (${OPT_IN_CASES.join(', ')}: only when named)` },
   models: {
     type: 'strings',
     default: ['tiny-embed', 'minilm-l6'],

@@ -8,7 +8,7 @@ import { hostname, loadavg } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fail } from '../args.js';
-import type { FloorRow } from '../floor.js';
+import type { FloorRow } from '../floor-report.js';
 import { renderReport, summaryTable } from '../report.js';
 import { RESULTS_VERSION, type GpuSection, type MachineInfo, type SuiteResults } from '../suite-results.js';
 import { summarizeWorkload } from '../workloads.js';
@@ -20,7 +20,7 @@ import { modelInfo } from './setup.js';
 function readGpuResults(dir: string): GpuSection {
   const summary = join(dir, 'summary.md');
   if (!existsSync(summary)) fail(`--gpu-results ${dir}: no summary.md there (bench/gpu/run.sh writes one)`);
-  // bench/gpu/summarize.mjs writes summary.json beside it: card = [name, memory, driver]
+  // bench/gpu/summarize.ts writes summary.json beside it: card = [name, memory, driver]
   let card = 'unknown';
   try {
     const j = JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8')) as { card?: string[] | null; device?: string };
@@ -61,6 +61,7 @@ export function suiteResults(ctx: SuiteContext, start: RunStart, floor: FloorRow
     ...(o.gpuResults ? { gpu: readGpuResults(resolve(o.gpuResults)) } : {}),
     ...(floor ? { floor } : {}),
     ...(ctx.scheduling ? { scheduling: ctx.scheduling } : {}),
+    ...(ctx.notes.length ? { notes: ctx.notes } : {}),
   };
 }
 

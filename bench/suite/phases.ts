@@ -15,6 +15,12 @@ export const median = (xs: number[]) => {
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
 export const round = (x: number, digits = 3) => Math.round(x * 10 ** digits) / 10 ** digits;
+/** The largest difference between two vectors' elements. */
+export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let worst = 0;
+  for (let j = 0; j < a.length; j++) worst = Math.max(worst, Math.abs(a[j]! - b[j]!));
+  return worst;
+}
 
 /** What a phase is, before it is measured. */
 export type PhaseMeta = Pick<PhaseResult, 'case' | 'model' | 'workload' | 'target' | 'transport' | 'loop' | 'round'> &
@@ -88,6 +94,13 @@ function record(m: PhaseMeta, windowMs: number, c: { requests: number; inputs: n
   };
 }
 
+/** CPU µs per request by thread, from two samples of a server's thread counters (seconds). */
+export function perThread(before: Map<string, number>, after: Map<string, number>, requests: number): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [name, s] of after) out[name] = round(((s - (before.get(name) ?? 0)) * 1e6) / Math.max(1, requests), 1);
+  return out;
+}
+
 /** A load phase's record; destroys the outcome's histogram (its compressed copy is kept). */
 export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
   const p = record(m, o.windowMs, o, o.histogram);
@@ -95,6 +108,7 @@ export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
   if (o.before && o.after) p.server = serverSide(o.before, o.after, o.countersMs);
   if (o.serverCpuMs !== null && o.requests > 0) p.cpuMsPerRequest = round(o.serverCpuMs / o.requests, 4);
   if (o.requests > 0) p.clientCpuMsPerRequest = round(o.clientCpuMs / o.requests, 4);
+  if (o.before?.threadCpuS.size && o.after) p.threadCpuUsPerRequest = perThread(o.before.threadCpuS, o.after.threadCpuS, o.requests);
   o.histogram.destroy();
   return p;
 }

@@ -1,16 +1,9 @@
 /**
- * scheduling: what the batch window (maxBatchDelayMs) and the latency target
- * (sloP99Ms) do to latency, batch fill, shedding and timeouts under open-loop
- * load, in-process: one createEngine() per configuration
- * (--scheduling-configs), engine.runTokens on the mixed workload's token ids
- * (no tokenization, no HTTP). First model only.
- *
- * A capacity probe on the first configuration's engine says what 100% is;
- * each cell (Poisson at --scheduling-loads, bursts of 5x the mean for 20% of
- * every second at --scheduling-burst-loads, % of capacity) runs every
- * configuration once per round, all on the same arrivals within a round, in
- * alternating order (roundOrder). Latency and each request's 1 s deadline
- * run from its scheduled arrival (coordinated omission corrected).
+ * scheduling: fixed batch windows against the latency target, in-process, under
+ * open-loop Poisson and bursts (bench/README.md). One engine per
+ * --scheduling-configs item; a capacity probe on the first says what 100% is;
+ * every configuration runs each cell once per round on the same arrivals, in
+ * alternating order. First model only.
  */
 import { mulberry32 } from '../../models/generator/rng.js';
 import { arrivalTimes } from '../arrivals.js';

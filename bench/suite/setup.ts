@@ -25,12 +25,13 @@ export interface ModelSetup {
   workloads: Map<WorkloadName, Workload>;
 }
 
-/** The models folder holding `name`: the repository's, the bench's, or the bench's after generating it there once. */
-function ensureModel(o: SuiteOptions, name: string): string {
-  for (const base of [o.modelsDir, o.benchModelsDir]) if (existsSync(join(base, name, 'model.onnx'))) return base;
+/** The bench's models folder, every one of `names` in it (generated there once). */
+export function benchModels(o: SuiteOptions, names: string[]): string {
+  const missing = names.filter((name) => !existsSync(join(o.benchModelsDir, name, 'model.onnx')));
+  if (missing.length === 0) return o.benchModelsDir;
   mkdirSync(o.benchModelsDir, { recursive: true });
-  process.stderr.write(`generating ${name} into ${o.benchModelsDir} (once)\n`);
-  execFileSync(process.execPath, [join(REPO_ROOT, 'dist', 'models', 'generate.js'), '--missing', '--out', o.benchModelsDir, name], { stdio: 'inherit' });
+  process.stderr.write(`generating ${missing.join(', ')} into ${o.benchModelsDir} (once)\n`);
+  execFileSync(process.execPath, [join(REPO_ROOT, 'dist', 'models', 'generate.js'), '--missing', '--out', o.benchModelsDir, ...missing], { stdio: 'inherit' });
   return o.benchModelsDir;
 }
 
@@ -38,7 +39,7 @@ function ensureModel(o: SuiteOptions, name: string): string {
 export async function loadModels(o: SuiteOptions): Promise<ModelSetup[]> {
   const models: ModelSetup[] = [];
   for (const name of o.models) {
-    const base = ensureModel(o, name);
+    const base = existsSync(join(o.modelsDir, name, 'model.onnx')) ? o.modelsDir : benchModels(o, [name]);
     const dir = join(base, name);
     const spec = await loadModelSpec(dir);
     if (spec.task !== 'embed') fail(`model ${name} is a ${spec.task} model; the suite drives /embed (pick embedding models)`);

@@ -9,6 +9,7 @@ import { procCpuMs, startChildServer, startServerProcess, type ServerProcess } f
 import type { Workload } from '../workloads.js';
 import { embedOnce } from '../ws-load.js';
 import { CLI, PEER } from './paths.js';
+import { maxAbsDiff } from './phases.js';
 
 /** A server under load, as the cases and the report name it. */
 export interface Target extends LoadTarget {
@@ -19,9 +20,9 @@ export interface Target extends LoadTarget {
 }
 
 /** `slabserve serve` with the common flags (loopback, a free port, the model, the device) and `extra`, nothing else. */
-export async function startSlabserve(label: string, device: string, modelsDir: string, model: string, extra: string[]): Promise<Target & { server: ServerProcess }> {
+export async function startSlabserve(label: string, device: string, modelsDir: string, model: string, extra: string[], env?: Record<string, string>): Promise<Target & { server: ServerProcess }> {
   const args = ['--host', '127.0.0.1', '--port', '0', '--models-dir', modelsDir, '--model', model, '--device', device, ...extra];
-  const server = await startServerProcess({ cliPath: CLI, args, startTimeoutMs: 180_000 });
+  const server = await startServerProcess({ cliPath: CLI, args, startTimeoutMs: 180_000, ...(env ? { env } : {}) });
   return {
     label,
     serverArgs: extra,
@@ -65,7 +66,7 @@ export async function checkAgainstRaw(embed: (texts: string[]) => Promise<ArrayL
       const [batch] = rawBatches([picks[i]!], [picks[i]!.ids.length], 1, prepared, () => 0);
       const out = await session.run(batch!.feeds);
       const ref = out[prepared.outputs[0]!.name]!.data as Float32Array;
-      for (let j = 0; j < rows[i]!.length; j++) worst = Math.max(worst, Math.abs(rows[i]![j]! - ref[j]!));
+      worst = Math.max(worst, maxAbsDiff(rows[i]!, ref));
     }
     return worst;
   } finally {
@@ -81,7 +82,7 @@ export async function checkWsAgainstHttp(origin: string, w: Workload, n = 4): Pr
   for (const [i, text] of texts.entries()) {
     const got = await embedOnce(origin, text);
     if (got.length !== want[i]!.length) throw new Error(`/ws answered ${got.length} dimensions, POST /embed ${want[i]!.length}`);
-    got.forEach((v, j) => (worst = Math.max(worst, Math.abs(v - want[i]![j]!))));
+    worst = Math.max(worst, maxAbsDiff(got, want[i]!));
   }
   return worst;
 }
@@ -89,7 +90,5 @@ export async function checkWsAgainstHttp(origin: string, w: Workload, n = 4): Pr
 /** Largest difference between two servers' vectors for the same texts. */
 export async function largestVectorDiff(originA: string, originB: string, texts: string[]): Promise<number> {
   const [av, bv] = await Promise.all([postEmbed(originA, texts), postEmbed(originB, texts)]);
-  let diff = 0;
-  av.forEach((row, i) => row.forEach((v, j) => (diff = Math.max(diff, Math.abs(v - bv[i]![j]!)))));
-  return diff;
+  return Math.max(...av.map((row, i) => maxAbsDiff(row, bv[i]!)));
 }

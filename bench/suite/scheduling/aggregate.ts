@@ -6,7 +6,8 @@
  */
 import type { Bursts } from '../../arrivals.js';
 import type { Cell, Config } from './configs.js';
-import { phaseKey, zeroCounts, zeroEngineDelta, type BucketCounts, type Counts, type EngineDelta, type Histogram, type SchedulingPhase } from './results.js';
+import type { Histogram } from 'hdr-histogram-js';
+import { phaseKey, zeroCounts, zeroEngineDelta, type BucketCounts, type Counts, type EngineDelta, type SchedulingPhase } from './results.js';
 import type { Bench, Capacity } from './setup.js';
 
 /** Every phase's result, and per (configuration, cell) the latency histogram of all its rounds merged. */
@@ -53,22 +54,14 @@ export interface Aggregate {
   shortAnswered: number;
   longAnswered: number;
   p50Ms: number;
-  p90Ms: number;
   p99Ms: number;
-  p999Ms: number;
-  maxMs: number;
-  /** Per round: P99 ms and answered/s (how far apart the rounds were). */
+  /** Per round: P99 ms (how far apart the rounds were). */
   roundsP99Ms: number[];
-  roundsAnsweredPerS: number[];
   meanBatch: number;
   batchFill: number;
   paddingEfficiency: number;
-  droppedExpired: number;
   ortMsPerBatch: number;
   sendLagP99Ms: number;
-  sendLagMaxMs: number;
-  refusalMaxMs: number;
-  cores: number;
 }
 
 /** The rows by phaseKey(config, cell), cells in order and configurations within each. */
@@ -113,21 +106,13 @@ function aggregateOne(b: Bench, config: Config, cell: Cell, runs: SchedulingPhas
     shortAnswered: share((T) => T <= SHORT_MAX),
     longAnswered: share((T) => T > LONG_MIN),
     p50Ms: h.getValueAtPercentile(50) / 1000,
-    p90Ms: h.getValueAtPercentile(90) / 1000,
     p99Ms: h.getValueAtPercentile(99) / 1000,
-    p999Ms: h.getValueAtPercentile(99.9) / 1000,
-    maxMs: h.maxValue / 1000,
     roundsP99Ms: runs.map((x) => x.p99Ms),
-    roundsAnsweredPerS: runs.map((x) => (x.counts.answered / x.windowMs) * 1000),
     meanBatch,
     batchFill: meanBatch / b.capacityOf.get(config.name)!.rowCapacity,
     paddingEfficiency: eng.realTokens / eng.paddedTokens,
-    droppedExpired: eng.droppedExpired,
     ortMsPerBatch: eng.runMs / eng.batches,
     sendLagP99Ms: Math.max(...runs.map((x) => x.sendLagP99Ms)),
-    sendLagMaxMs: Math.max(...runs.map((x) => x.sendLagMaxMs)),
-    refusalMaxMs: Math.max(...runs.map((x) => x.refusalMaxMs)),
-    cores: runs.reduce((a, x) => a + x.cores, 0) / runs.length,
   };
 }
 

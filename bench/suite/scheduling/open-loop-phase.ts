@@ -8,12 +8,13 @@
  * count; the engine's counters are read at both ends of that window. Then a
  * bounded drain until every request has settled.
  */
-import { loadavg } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import type { Engine, ModelStats } from '../../../src/main/engine.js';
 import type { SlabserveError } from '../../../src/shared/errors.js';
 import type { Cell, Config } from './configs.js';
-import { classify, engineDelta, histogram, zeroBuckets, zeroCounts, type BucketCounts, type Histogram, type SchedulingPhase } from './results.js';
+import type { Histogram } from 'hdr-histogram-js';
+import { newHistogram } from '../../load.js';
+import { classify, engineDelta, zeroBuckets, zeroCounts, type BucketCounts, type SchedulingPhase } from './results.js';
 import type { Bench } from './setup.js';
 
 const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
@@ -43,12 +44,11 @@ interface Window {
 
 /** What the requests scheduled inside the measured window did. */
 class Tally {
-  readonly latency = histogram();
-  readonly lag = histogram();
+  readonly latency = newHistogram();
+  readonly lag = newHistogram();
   readonly counts = zeroCounts();
   readonly byBucket: BucketCounts[];
   answeredTokens = 0;
-  refusalMaxMs = 0;
   firstOther: string | undefined;
 
   constructor(nBuckets: number) {
@@ -68,14 +68,12 @@ class Tally {
     this.latency.recordValue(toUs(latencyMs));
   }
 
-  failed(bc: BucketCounts, err: unknown, sinceSentMs: number): void {
+  failed(bc: BucketCounts, err: unknown): void {
     const other = classify(err, this.counts);
     if (other !== null) this.firstOther ??= other;
     const code = (err as SlabserveError).code;
-    if (code === 'SLABSERVE_OVERLOADED') {
-      bc.refused++;
-      this.refusalMaxMs = Math.max(this.refusalMaxMs, sinceSentMs);
-    } else if (code === 'SLABSERVE_DEADLINE_EXCEEDED') bc.timedOut++;
+    if (code === 'SLABSERVE_OVERLOADED') bc.refused++;
+    else if (code === 'SLABSERVE_DEADLINE_EXCEEDED') bc.timedOut++;
   }
 }
 
@@ -119,18 +117,16 @@ function send(b: Bench, run: PhaseRun, tally: Tally, inFlight: InFlight, window:
         if (measured) tally.answered(bc, seq.ids.length, performance.now() - scheduled);
       },
       (err: unknown) => {
-        if (measured) tally.failed(bc, err, performance.now() - sent);
+        if (measured) tally.failed(bc, err);
       },
     )
     .finally(() => inFlight.done());
 }
 
-/** The engine's counters and the process's CPU at both ends of the measured window. */
+/** The engine's counters at both ends of the measured window. */
 interface WindowReading {
   stats0: ModelStats;
   stats1: ModelStats;
-  cpuMs: number;
-  wallMs: number;
 }
 
 /** Calls `send(i, t0)` for each arrival at its time until the schedule and the window are over. */
@@ -138,17 +134,11 @@ async function sendOnSchedule(engine: Engine, model: string, times: readonly num
   const t0 = performance.now() + 2;
   while (performance.now() < t0) await yieldNow();
   let s0: ModelStats | null = null;
-  let cpu0: NodeJS.CpuUsage | null = null;
-  let wall0 = 0;
   const n = times.length;
   let i = 0;
   for (;;) {
     const now = performance.now() - t0;
-    if (s0 === null && now >= window.start) {
-      s0 = engine.stats()[model]!;
-      cpu0 = process.cpuUsage();
-      wall0 = performance.now();
-    }
+    if (s0 === null && now >= window.start) s0 = engine.stats()[model]!;
     while (i < n && times[i]! <= now) send(i++, t0);
     const next = Math.min(i < n ? times[i]! : window.end, s0 === null ? window.start : Infinity);
     if (i >= n && now >= window.end) break;
@@ -158,13 +148,10 @@ async function sendOnSchedule(engine: Engine, model: string, times: readonly num
     if (wait > 0) await sleep(wait);
     else await yieldNow();
   }
-  const stats1 = engine.stats()[model]!;
-  const u = process.cpuUsage(cpu0!);
-  const cpu = (u.user + u.system) / 1000;
-  return { stats0: s0!, stats1, cpuMs: cpu, wallMs: performance.now() - wall0 };
+  return { stats0: s0!, stats1: engine.stats()[model]! };
 }
 
-function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: WindowReading, drainMs: number): SchedulingPhase {
+function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: WindowReading): SchedulingPhase {
   const { latency, lag } = tally;
   return {
     config: run.config.name,
@@ -173,19 +160,11 @@ function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: Win
     windowMs,
     counts: tally.counts,
     p50Ms: latency.getValueAtPercentile(50) / 1000,
-    p90Ms: latency.getValueAtPercentile(90) / 1000,
     p99Ms: latency.getValueAtPercentile(99) / 1000,
-    p999Ms: latency.getValueAtPercentile(99.9) / 1000,
-    maxMs: latency.maxValue / 1000,
     sendLagP99Ms: lag.getValueAtPercentile(99) / 1000,
-    sendLagMaxMs: lag.maxValue / 1000,
-    refusalMaxMs: tally.refusalMaxMs,
     engine: engineDelta(reading.stats0, reading.stats1),
     byBucket: tally.byBucket,
     answeredTokens: tally.answeredTokens,
-    cores: reading.cpuMs / reading.wallMs,
-    drainMs,
-    loadavg1: Number(loadavg()[0]!.toFixed(2)),
     ...(tally.firstOther !== undefined ? { firstOtherError: tally.firstOther } : {}),
   };
 }
@@ -202,7 +181,7 @@ export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: Sched
   await inFlight.settled(s.deadlineMs + 5000);
   const drainMs = performance.now() - drainStart;
   if (inFlight.count > 0) process.stderr.write(`  ${run.config.name} / ${run.cell.name}: ${inFlight.count} requests still open ${Math.round(drainMs)} ms after the window\n`);
-  const result = phaseResult(run, s.durationMs, tally, reading, drainMs);
+  const result = phaseResult(run, s.durationMs, tally, reading);
   tally.lag.destroy();
   return { result, latency: tally.latency };
 }

@@ -1,17 +1,9 @@
 /**
- * What one open-loop phase of the scheduling case records (SchedulingPhase): how each offered request ended, the engine's counters over the
- * measured window, and the HDR histograms the latencies go into.
+ * What one open-loop phase of the scheduling case records (SchedulingPhase):
+ * how each offered request ended and the engine's counters over the window.
  */
-import hdr from 'hdr-histogram-js';
 import type { ModelStats } from '../../../src/main/engine.js';
 import { SlabserveError } from '../../../src/shared/errors.js';
-
-export type Histogram = ReturnType<typeof hdr.build>;
-
-/** An HDR histogram of µs values, 3 significant digits. */
-export function histogram(): Histogram {
-  return hdr.build({ numberOfSignificantValueDigits: 3, lowestDiscernibleValue: 1 });
-}
 
 export interface Counts {
   offered: number;
@@ -48,11 +40,10 @@ export interface EngineDelta {
   rows: number;
   realTokens: number;
   paddedTokens: number;
-  droppedExpired: number;
   runMs: number;
 }
 
-export const zeroEngineDelta = (): EngineDelta => ({ batches: 0, rows: 0, realTokens: 0, paddedTokens: 0, droppedExpired: 0, runMs: 0 });
+export const zeroEngineDelta = (): EngineDelta => ({ batches: 0, rows: 0, realTokens: 0, paddedTokens: 0, runMs: 0 });
 
 export function engineDelta(a: ModelStats, b: ModelStats): EngineDelta {
   return {
@@ -60,7 +51,6 @@ export function engineDelta(a: ModelStats, b: ModelStats): EngineDelta {
     rows: b.rows - a.rows,
     realTokens: b.realTokens - a.realTokens,
     paddedTokens: b.paddedTokens - a.paddedTokens,
-    droppedExpired: b.droppedExpired - a.droppedExpired,
     runMs: b.runMs - a.runMs,
   };
 }
@@ -94,25 +84,13 @@ export interface SchedulingPhase {
   windowMs: number;
   counts: Counts;
   p50Ms: number;
-  p90Ms: number;
   p99Ms: number;
-  p999Ms: number;
-  maxMs: number;
-  /** Send time - scheduled time: how far the generator fell behind (P99 and max, ms). */
+  /** Send time - scheduled time: how far the generator fell behind (P99, ms). */
   sendLagP99Ms: number;
-  sendLagMaxMs: number;
-  /** Longest time from sending a request to its refusal, ms ("at once"?). */
-  refusalMaxMs: number;
   engine: EngineDelta;
   /** Per length bucket (index as in the engine's buckets): offered and answered requests, refused and timed out. */
   byBucket: BucketCounts[];
   /** Real tokens of the requests answered in time. */
   answeredTokens: number;
-  /** Process CPU (all threads) / wall time over the window. */
-  cores: number;
-  /** Ms after the window until every request of the phase had settled. */
-  drainMs: number;
-  /** 1-minute load average of the machine at the end of the window (others' work included). */
-  loadavg1: number;
   firstOtherError?: string;
 }

@@ -5,11 +5,13 @@
  * capacity each configuration's buckets have, and the capacity probe that
  * says what 100% load means. `Bench` carries it to the phases and the rows.
  */
-import { createEngine, type Engine, type ModelStats } from '../../../src/main/engine.js';
+import type { Engine, ModelStats } from '../../../src/main/engine.js';
 import { batchCapacity, bucketFor, type BatchingOptions } from '../../../src/gpu-worker/scheduler.js';
 import type { Bursts } from '../../arrivals.js';
 import { runClosedLoop } from '../../closed-loop.js';
+import type { RawSeq } from '../../raw-ort.js';
 import type { Workload } from '../../workloads.js';
+import { openEngine } from '../engine.js';
 import type { Cell, Config } from './configs.js';
 
 export interface Settings {
@@ -30,11 +32,6 @@ export interface Settings {
   seed: number;
 }
 
-export interface Seq {
-  ids: Int32Array;
-  typeIds: Int32Array;
-}
-
 /** The batch capacity a row sees in one configuration. */
 export interface BatchCapacity {
   /** Per bucket: min(maxBatchSize, maxBatchTokens / bucket). */
@@ -52,7 +49,7 @@ export interface Bench {
   batching: BatchingOptions;
   buckets: number[];
   capacities: number[];
-  seqs: Seq[];
+  seqs: RawSeq[];
   /** Each sequence's bucket index (into `buckets`). */
   seqBucket: Uint8Array;
   capacityOf: Map<string, BatchCapacity>;
@@ -70,19 +67,6 @@ export interface Capacity {
   given: boolean;
 }
 
-function openEngine(s: Settings, c: Config): Promise<Engine> {
-  return createEngine({
-    modelsDir: s.modelsDir,
-    models: [s.model],
-    device: s.device,
-    cacheMb: 0, // the workload repeats its texts: every request must reach the model
-    maxInflightBatches: c.maxInflightBatches,
-    batching: { maxBatchDelayMs: c.maxBatchDelayMs, ...(c.maxBatchTokens !== undefined ? { maxBatchTokens: c.maxBatchTokens } : {}) },
-    ...(c.sloP99Ms !== undefined ? { sloP99Ms: c.sloP99Ms } : {}),
-    log: () => {},
-  });
-}
-
 export async function closeEngines(engines: Map<string, Engine>): Promise<void> {
   for (const e of engines.values()) await e.close();
 }
@@ -91,7 +75,7 @@ export async function closeEngines(engines: Map<string, Engine>): Promise<void> 
 export async function openBench(settings: Settings, w: Workload): Promise<Bench> {
   const engines = new Map<string, Engine>();
   try {
-    for (const c of settings.configs) engines.set(c.name, await openEngine(settings, c));
+    for (const { name, kind, ...choice } of settings.configs) engines.set(name, await openEngine(settings.device, settings.modelsDir, settings.model, choice));
   } catch (err) {
     await closeEngines(engines);
     throw err;

@@ -8,7 +8,7 @@
  * known when they end, and the Tracer's work per span (a context, clock
  * anchoring, attribute limits, a live Span with its methods) would be most of
  * what a traced request costs, and is mostly left out here (docs/tracing.md
- * has the figures, bench/tracing.ts measures them).
+ * has the figures, bench/suite/tracing.ts measures them).
  */
 import { SpanStatusCode, TraceFlags, type Attributes, type HrTime, type Link, type SpanContext, type SpanKind, type SpanStatus } from '@opentelemetry/api';
 import { millisToHrTime, type InstrumentationScope } from '@opentelemetry/core';
