@@ -8,14 +8,13 @@
  * HTTP closed loops run on wrk where it is installed (bench/wrk.ts): the Node
  * client's CPU per request would be taken from the server's cores.
  */
+import http from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import hdr, { type Histogram } from 'hdr-histogram-js';
 import { pack, unpack } from 'msgpackr';
 import type WebSocket from 'ws';
-import { createLoadClient, type LoadClient } from './http-clients.js';
-import { openWindow, type MeasuredTarget, type WindowMeasures } from './measured-window.js';
 import type { ServerCounters } from './server-process.js';
 import { NODE_GENERATOR_COST, wrkInstalled, wrkWorkload, type WrkWorkloadRun } from './wrk.js';
 import { closeSocket, openSocket } from './ws-load.js';
@@ -23,8 +22,10 @@ import { arrivalTimes, type Bursts } from './arrivals.js';
 import { requestInputs, requestSize, type Workload } from './workloads.js';
 
 /** A server under load: where it listens, its CPU, and (slabserve) its counters. */
-export interface LoadTarget extends MeasuredTarget {
+export interface LoadTarget {
   readonly origin: string;
+  cpuMs(): number | null;
+  counters?(model: string): Promise<ServerCounters>;
 }
 
 export type Arrivals = { kind: 'closed'; concurrency: number } | { kind: 'open'; ratePerS: number; bursts?: Bursts };
@@ -64,7 +65,19 @@ export type Generator = 'wrk' | 'node';
 /** What a bench asks for (--load-generator): a generator, or `auto`, wrk where it is installed. */
 export type GeneratorChoice = 'auto' | Generator;
 
-export interface LoadOutcome {
+/** What a load loop measures around its window; the counters only where the server has them (slabserve). */
+interface WindowMeasures {
+  /** This process's CPU ms over the window. */
+  clientCpuMs: number;
+  /** Server process CPU ms over the window (null without /proc). */
+  serverCpuMs: number | null;
+  before?: ServerCounters;
+  after?: ServerCounters;
+  /** Ms between the midpoints of the two /metrics scrapes: the window the counter deltas cover. */
+  countersMs: number;
+}
+
+export interface LoadOutcome extends WindowMeasures {
   generator: Generator;
   windowMs: number;
   /** Answered 200 (counted as the module header says). */
@@ -76,12 +89,6 @@ export interface LoadOutcome {
   firstError?: string;
   /** Latencies of the answered requests, microseconds. The caller destroys it. */
   histogram: Histogram;
-  clientCpuMs: number;
-  serverCpuMs: number | null;
-  before?: ServerCounters;
-  after?: ServerCounters;
-  /** Ms between the midpoints of the two /metrics scrapes. */
-  countersMs: number;
 }
 
 type Outcome = 'ok' | 'rejected' | string;
@@ -104,11 +111,31 @@ export function newHistogram(): Histogram {
 
 // ---------------------------------------------------------------- transports
 
-function httpChannel(client: LoadClient, w: Workload): Channel {
+/**
+ * node:http with a keep-alive Agent, one socket per connection. Not the global
+ * fetch (undici): it cost several times node:http's client CPU per request,
+ * CPU the server under test shares on 2 cores.
+ */
+function httpChannel(origin: string, connections: number, w: Workload): Channel {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: connections, maxFreeSockets: connections });
+  const url = new URL(origin);
+  const headers = { 'content-type': 'application/json', accept: 'application/json' };
+  const post = (body: Buffer) =>
+    new Promise<{ status: number; body: Buffer }>((resolve, reject) => {
+      const req = http.request({ host: url.hostname, port: url.port, path: w.path ?? '/embed', method: 'POST', agent, headers: { ...headers, 'content-length': body.byteLength } }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks) }));
+        res.on('error', reject);
+      });
+      req.setTimeout(TIMEOUT_MS, () => req.destroy(new Error(`no answer in ${TIMEOUT_MS} ms`)));
+      req.on('error', reject);
+      req.end(body);
+    });
   return {
     send: async (i) => {
       try {
-        const r = await client.post(w.path ?? '/embed', w.bodies[i]!);
+        const r = await post(w.bodies[i]!);
         if (r.status === 200) return 'ok';
         if (r.status === 429 || r.status === 503) return 'rejected';
         return `HTTP ${r.status}: ${r.body.toString('utf8').slice(0, 200)}`;
@@ -116,7 +143,7 @@ function httpChannel(client: LoadClient, w: Workload): Channel {
         return (err as Error).message ?? String(err);
       }
     },
-    close: () => client.close(),
+    close: async () => agent.destroy(),
   };
 }
 
@@ -190,7 +217,7 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
 }
 
 async function openChannel(spec: LoadSpec, connections: number): Promise<Channel> {
-  if (spec.transport === 'http') return httpChannel(createLoadClient(spec.target.origin, connections, TIMEOUT_MS), spec.workload);
+  if (spec.transport === 'http') return httpChannel(spec.target.origin, connections, spec.workload);
   const closed = spec.arrivals.kind === 'closed';
   // closed loop: one socket per 64 callers (or as asked), each with exactly its callers' share in flight
   const sockets = spec.ws?.sockets ?? (closed ? Math.max(1, Math.ceil(connections / 64)) : connections);
@@ -230,6 +257,42 @@ class Tally {
       this.firstError ??= outcome;
     }
   }
+}
+
+const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
+
+/**
+ * Opens a measured window now: scrapes the server's counters, then notes this
+ * process's CPU, the server's CPU and the start time. close() ends the window
+ * (`onEnd` is called at its end, before the second scrape, so answers during
+ * the scrape do not count) and takes them again.
+ */
+async function openWindow(target: LoadTarget, model: string): Promise<{ start: number; close(onEnd?: (end: number) => void): Promise<WindowMeasures> }> {
+  const scrape = async () => {
+    const t0 = performance.now();
+    const c = target.counters ? await target.counters(model) : undefined;
+    return { c, at: (t0 + performance.now()) / 2 };
+  };
+  const before = await scrape();
+  const cpu0 = process.cpuUsage();
+  const s0 = target.cpuMs();
+  const start = performance.now();
+  return {
+    start,
+    close: async (onEnd) => {
+      onEnd?.(performance.now());
+      const s1 = target.cpuMs();
+      const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
+      const after = await scrape();
+      return {
+        clientCpuMs,
+        serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
+        ...(before.c ? { before: before.c } : {}),
+        ...(after.c ? { after: after.c } : {}),
+        countersMs: after.at - before.at,
+      };
+    },
+  };
 }
 
 /** The measured window of a run: Infinity at both ends until it opens and closes (a closed loop counts answers between them). */
@@ -344,11 +407,7 @@ function outcome(spec: LoadSpec, tally: Tally, window: MeasuredWindow): LoadOutc
     errors: tally.errors,
     ...(tally.firstError !== undefined ? { firstError: tally.firstError } : {}),
     histogram: tally.histogram,
-    clientCpuMs: m.clientCpuMs,
-    serverCpuMs: m.serverCpuMs,
-    ...(m.before ? { before: m.before } : {}),
-    ...(m.after ? { after: m.after } : {}),
-    countersMs: m.countersMs,
+    ...m,
   };
 }
 
@@ -437,11 +496,9 @@ function wrkOutcome(w: Workload, run: WrkWorkloadRun, m: WindowMeasures): LoadOu
     errors,
     ...(firstError ? { firstError } : {}),
     histogram: histogramOfQuantiles(run.quantilesUs, run.requests),
+    ...m,
+    // wrk's own CPU, not this process's
     clientCpuMs: run.clientCpuMs,
-    serverCpuMs: m.serverCpuMs,
-    ...(m.before ? { before: m.before } : {}),
-    ...(m.after ? { after: m.after } : {}),
-    countersMs: m.countersMs,
   };
 }
 
