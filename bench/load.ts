@@ -42,10 +42,6 @@ export interface LoadSpec {
   connections?: number;
   /** HTTP closed loops: wrk, the Node generator, or (default) wrk where it is installed. */
   generator?: GeneratorChoice;
-  /** Closed loop over WebSocket: sockets and requests in flight on each (default: one socket per 64 callers). */
-  ws?: { sockets: number; depth: number };
-  /** WebSocket: bytes each f32 answer row must have (4 x dimension); a row of another size is an error. */
-  rowBytes?: number;
   /** HTTP closed loops on wrk only: a fresh W3C traceparent on every request, this share of them sampled. */
   traceparent?: number;
   /** Called about every 250 ms. */
@@ -157,9 +153,7 @@ interface WsAnswer {
  * `sockets` WebSockets, each with `credit` requests in flight at most; requests
  * beyond the credit wait in a local queue (their wait counts in the latency).
  */
-async function wsChannel(origin: string, w: Workload, sockets: number, credit: number, timeoutMs: number, rowBytes?: number): Promise<Channel> {
-  const rightRows = (result: unknown) =>
-    Array.isArray(result) && (rowBytes === undefined || result.every((row) => (row as Uint8Array).byteLength === rowBytes));
+async function wsChannel(origin: string, w: Workload, sockets: number, credit: number, timeoutMs: number): Promise<Channel> {
   const open = await Promise.all(Array.from({ length: sockets }, () => openSocket(origin, credit)));
   let nextId = 1;
   let rr = 0;
@@ -174,7 +168,7 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
       pending.delete(m.id!);
       inflight--;
       queue.shift()?.();
-      if (!m.error) done(rightRows(m.result) ? 'ok' : `ws: unexpected result ${JSON.stringify(m).slice(0, 200)}`);
+      if (!m.error) done(Array.isArray(m.result) ? 'ok' : `ws: unexpected result ${JSON.stringify(m).slice(0, 200)}`);
       else if (m.error.type === 'overloaded' || m.error.type === 'unavailable') done('rejected');
       else done(`ws ${m.error.type} ${m.error.code}: ${m.error.message}`);
     });
@@ -219,10 +213,10 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
 async function openChannel(spec: LoadSpec, connections: number): Promise<Channel> {
   if (spec.transport === 'http') return httpChannel(spec.target.origin, connections, spec.workload);
   const closed = spec.arrivals.kind === 'closed';
-  // closed loop: one socket per 64 callers (or as asked), each with exactly its callers' share in flight
-  const sockets = spec.ws?.sockets ?? (closed ? Math.max(1, Math.ceil(connections / 64)) : connections);
-  const credit = spec.ws?.depth ?? (closed ? Math.ceil(connections / sockets) : 256);
-  return wsChannel(spec.target.origin, spec.workload, sockets, credit, TIMEOUT_MS, spec.rowBytes);
+  // closed loop: one socket per 64 callers, each with exactly its callers' share in flight
+  const sockets = closed ? Math.max(1, Math.ceil(connections / 64)) : connections;
+  const credit = closed ? Math.ceil(connections / sockets) : 256;
+  return wsChannel(spec.target.origin, spec.workload, sockets, credit, TIMEOUT_MS);
 }
 
 // ---------------------------------------------------------------- the run

@@ -26,10 +26,9 @@ import {
   type ChartSet,
 } from './report-charts.js';
 import { RESULTS_VERSION, type CaseName, type Comparison, type Curve, type PhaseResult, type SuiteResults } from './suite-results.js';
-
-import { floorTable } from './floor-report.js';
 import { OPT_IN_CASES } from './suite/options.js';
 import { schedulingMarkdown } from './report-scheduling.js';
+import { gatewayUs, median } from './suite/phases.js';
 
 // ---------------------------------------------------------------- Markdown helpers
 
@@ -200,6 +199,53 @@ function phaseTable(phases: PhaseResult[]): string {
   return lines.join('\n');
 }
 
+/** The floor case's CPU per request by thread: one row per (transport, input, clients), each side's median round. */
+function floorTable(phases: PhaseResult[]): string {
+  const head = [
+    'transport',
+    'input',
+    'clients',
+    'slabserve req/s',
+    'floor req/s',
+    'gateway us/req',
+    'floor us/req',
+    'gateway / floor',
+    'inference us/req',
+    'onnxruntime us/req',
+    'main us/req',
+    'other us/req (slabserve / floor)',
+    'P50 ms (slabserve / floor)',
+  ];
+  const f = (v: number | undefined) => (v === undefined || Number.isNaN(v) ? '-' : String(Math.round(v)));
+  const keys = [...new Set(phases.map((p) => `${p.transport}|${p.workload}|${p.concurrency}`))];
+  const rows = keys.map((key) => {
+    const [slab, floor] = ['slabserve', 'floor'].map((target) => {
+      const ps = phases.filter((p) => p.target === target && `${p.transport}|${p.workload}|${p.concurrency}` === key);
+      const cpu = (thread: string) => median(ps.map((p) => p.threadCpuUsPerRequest?.[thread] ?? NaN));
+      return { rps: median(ps.map((p) => p.rps)), p50: median(ps.map((p) => p.latencyMs.p50)), gateway: median(ps.map(gatewayUs)), cpu };
+    }) as [Side, Side];
+    const p = phases.find((x) => `${x.transport}|${x.workload}|${x.concurrency}` === key)!;
+    const form = p.workload.endsWith(' ids') ? 'ids' : 'text';
+    return [
+      p.transport,
+      form,
+      String(p.concurrency),
+      f(slab.rps),
+      f(floor.rps),
+      f(slab.gateway),
+      f(floor.gateway),
+      `${(slab.gateway / floor.gateway).toFixed(2)}x`,
+      f(slab.cpu('inference')),
+      f(slab.cpu('onnxruntime')),
+      f(slab.cpu('main')),
+      `${f(slab.cpu('other'))} / ${f(floor.cpu('other'))}`,
+      `${slab.p50.toFixed(2)} / ${floor.p50.toFixed(2)}`,
+    ];
+  });
+  return table(head, rows, head.map((_, i) => (i < 3 ? 'l' : 'r')));
+}
+type Side = { rps: number; p50: number; gateway: number; cpu(thread: string): number };
+
 /** Phase tables, one per model and workload. */
 function phaseTables(phases: PhaseResult[]): string {
   const parts: string[] = [];
@@ -330,7 +376,6 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
 
   const figures = r.notes ?? [];
   const present = new Set<CaseName>([...r.phases.map((p) => p.case), ...r.comparisons.map((c) => c.case), ...figures.map((n) => n.case)]);
-  if (r.floor?.length) present.add('floor');
   const hasCurves = (r.curves ?? []).some((c) => c.points.length > 0);
   if (hasCurves) present.add('curve');
   if (r.scheduling) present.add('scheduling');
@@ -351,7 +396,7 @@ export function reportMarkdown(r: SuiteResults, charts: ChartSet): string {
     if (lines.length) out.push(lines.join('\n'), '');
     const phases = r.phases.filter((p) => p.case === k);
     if (phases.length) out.push(phaseTables(phases), '');
-    if (k === 'floor' && r.floor?.length) out.push(floorTable(r.floor), '');
+    if (k === 'floor' && phases.length) out.push(floorTable(phases), '');
     if (k === 'scheduling' && r.scheduling) out.push(schedulingMarkdown(r.scheduling), '');
     if (k === 'batching' && charts.batchSizes) out.push(image(charts.batchSizes), '');
     if (k === 'bucketing' && charts.padding) out.push(image(charts.padding), '');

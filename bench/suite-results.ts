@@ -9,7 +9,6 @@
 
 export const RESULTS_VERSION = 1;
 
-import type { FloorRow } from './floor-report.js';
 import type { SchedulingSection } from './suite/scheduling/aggregate.js';
 
 export interface SuiteResults {
@@ -37,8 +36,6 @@ export interface SuiteResults {
   scheduling?: SchedulingSection;
   /** Figures from a GPU run of bench/gpu/run.sh, when its output folder was given (--gpu-results). */
   gpu?: GpuSection;
-  /** The floor case (bench/suite/floor.ts): CPU per request by thread, slabserve beside the floor server. */
-  floor?: FloorRow[];
   /** Figures that are not phases (the opt-in cases' hit shares, RSS, idle CPU ...), shown in their case's section. */
   notes?: { case: CaseName; line: string }[];
 }

@@ -185,6 +185,10 @@ function fullResults(): SuiteResults {
     phase({ case: 'models', model: 'minilm-l6', target: 'slabserve batched', rps: 180, server: server(24, 0.7, [0, 0, 0, 1, 5, 20, 0, 0]) }),
     phase({ case: 'models', model: 'minilm-l6', target: 'slabserve max-batch-size 1', rps: 95, server: server(1, 0.6, [500, 0, 0, 0, 0, 0, 0, 0]) }),
   );
+  // the floor: CPU per request by thread, pre-tokenized inputs
+  const floorPhase = (target: string, rps: number, p50: number, threadCpuUsPerRequest: Record<string, number>) =>
+    phase({ case: 'floor', workload: 'short ids', target, rps, latencyMs: { p50, p90: p50, p99: p50, p999: p50, max: p50, mean: p50 }, threadCpuUsPerRequest });
+  phases.push(floorPhase('slabserve', 2100, 30.2, { 'gateway-0': 96, inference: 455, main: 3, other: 9 }), floorPhase('floor', 9000, 6.5, { main: 60, other: 1 }));
 
   const comparisons: Comparison[] = [
     comparison({
@@ -326,16 +330,6 @@ function fullResults(): SuiteResults {
       summaryMarkdown: '| model | batch | inputs/s |\n|---|---:|---:|\n| minilm-l6 | 64 | 41230 |\n',
       folder: 'bench/gpu/results/2026-03-13-h200',
     },
-    floor: [
-      {
-        transport: 'http',
-        form: 'ids',
-        clients: 64,
-        slabserve: { reqPerS: 2100, p50Ms: 30.2, cpu: { 'gateway-0': 96, inference: 455, main: 3, other: 9 } },
-        floor: { reqPerS: 9000, p50Ms: 6.5, cpu: { main: 60, other: 1 } },
-        gatewayOverFloor: 1.6,
-      },
-    ],
   };
 }
 
@@ -350,7 +344,6 @@ function quickResults(): SuiteResults {
     comparisons: full.comparisons.filter((c) => c.case === 'batching'),
     curves: [],
     gpu: undefined,
-    floor: undefined,
   };
 }
 

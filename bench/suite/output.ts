@@ -8,7 +8,6 @@ import { hostname, loadavg } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fail } from '../args.js';
-import type { FloorRow } from '../floor-report.js';
 import { renderReport, summaryTable } from '../report.js';
 import { RESULTS_VERSION, type GpuSection, type MachineInfo, type SuiteResults } from '../suite-results.js';
 import { summarizeWorkload } from '../workloads.js';
@@ -39,7 +38,7 @@ export interface RunStart {
 }
 
 /** results.json's content, now that every case has run. */
-export function suiteResults(ctx: SuiteContext, start: RunStart, floor: FloorRow[] | undefined): SuiteResults {
+export function suiteResults(ctx: SuiteContext, start: RunStart): SuiteResults {
   const o = ctx.options;
   const first = ctx.models[0]!;
   start.machine.loadAverageEnd = round(loadavg()[0]!, 2);
@@ -59,7 +58,6 @@ export function suiteResults(ctx: SuiteContext, start: RunStart, floor: FloorRow
     comparisons: ctx.comparisons,
     curves: ctx.curves,
     ...(o.gpuResults ? { gpu: readGpuResults(resolve(o.gpuResults)) } : {}),
-    ...(floor ? { floor } : {}),
     ...(ctx.scheduling ? { scheduling: ctx.scheduling } : {}),
     ...(ctx.notes.length ? { notes: ctx.notes } : {}),
   };

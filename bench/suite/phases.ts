@@ -105,7 +105,8 @@ export function perThread(before: Map<string, number>, after: Map<string, number
 export function phaseFromLoad(m: PhaseMeta, o: LoadOutcome): PhaseResult {
   const p = record(m, o.windowMs, o, o.histogram);
   p.generator = o.generator;
-  if (o.before && o.after) p.server = serverSide(o.before, o.after, o.countersMs);
+  // a server that batches nothing (the floor server) has no batch figures
+  if (o.before && o.after && o.after.batches > 0) p.server = serverSide(o.before, o.after, o.countersMs);
   if (o.serverCpuMs !== null && o.requests > 0) p.cpuMsPerRequest = round(o.serverCpuMs / o.requests, 4);
   if (o.requests > 0) p.clientCpuMsPerRequest = round(o.clientCpuMs / o.requests, 4);
   if (o.before?.threadCpuS.size && o.after) p.threadCpuUsPerRequest = perThread(o.before.threadCpuS, o.after.threadCpuS, o.requests);
@@ -146,6 +147,13 @@ export function describePhase(p: PhaseResult): string {
   const cpu = p.cpuMsPerRequest != null ? `, ${cpuOf} ${(p.cpuMsPerRequest * 1000).toFixed(0)} us CPU/request` : '';
   const gen = p.generator ? `, load from ${p.generator === 'wrk' ? 'wrk' : 'the Node generator'}${p.clientCpuMsPerRequest != null ? ` (${(p.clientCpuMsPerRequest * 1000).toFixed(0)} us/request)` : ''}` : '';
   return `${p.rps.toFixed(0)} req/s, ${p.inputsPerS.toFixed(0)} inputs/s, ${lat}${batch}${cpu}${gen}${bad}`;
+}
+
+/** The floor case's figure: slabserve's CPU per request on all its gateway threads together (gateway-0, ...), or the floor server's main thread's. */
+export function gatewayUs(p: PhaseResult): number {
+  const cpu = p.threadCpuUsPerRequest ?? {};
+  if (p.target === 'floor') return cpu.main ?? NaN;
+  return Object.entries(cpu).reduce((a, [thread, us]) => (thread.startsWith('gateway') ? a + us : a), 0);
 }
 
 export interface Side {
