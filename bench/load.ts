@@ -341,38 +341,47 @@ async function closedLoop(run: Run, callers: number): Promise<void> {
   await Promise.all(running); // bounded: every request has its timeout
 }
 
+/**
+ * Calls `send(k, scheduled)` for each arrival at its time (`times`: ms from now, ascending), whatever
+ * happened to the earlier ones, and `opening()` once the warm-up is over; returns at `totalMs`.
+ * It sleeps, never spins: a busy loop would take CPU from the server on 2 cores (the lag counts in the latency).
+ */
+export async function sendOnSchedule(times: readonly number[], warmupMs: number, totalMs: number, send: (k: number, scheduled: number) => void, opening: () => void): Promise<void> {
+  const t0 = performance.now();
+  let opened = false;
+  let k = 0;
+  for (;;) {
+    const now = performance.now() - t0;
+    if (!opened && now >= warmupMs) {
+      opened = true;
+      opening();
+    }
+    for (; k < times.length && times[k]! <= now; k++) send(k, t0 + times[k]!);
+    if (k >= times.length && now >= totalMs) return;
+    const next = Math.min(k < times.length ? times[k]! : totalMs, opened ? Infinity : warmupMs);
+    await sleep(Math.max(1, next - (performance.now() - t0)));
+  }
+}
+
 /** Sends each arrival at its scheduled time; returns once the window's arrivals are all answered (or timed out). */
 async function openLoop(run: Run, arrivals: Extract<Arrivals, { kind: 'open' }>, r: () => number): Promise<void> {
   const { spec, channel, tally, window } = run;
-  const totalMs = spec.warmupMs + spec.durationMs;
-  const times = arrivalTimes(arrivals.ratePerS, totalMs, r, arrivals.bursts);
+  const times = arrivalTimes(arrivals.ratePerS, spec.warmupMs + spec.durationMs, r, arrivals.bursts);
   const inFlight = new Set<Promise<void>>();
-  const t0 = performance.now();
   let opening: Promise<void> | undefined;
-  let k = 0;
-  while (k < times.length) {
-    const now = performance.now() - t0;
-    if (!opening && now >= spec.warmupMs) opening = window.open(); // not awaited: arrivals keep their schedule
-    for (; k < times.length && times[k]! <= now; k++) {
-      const scheduled = t0 + times[k]!;
-      const counts = times[k]! >= spec.warmupMs;
-      const i = run.next();
-      if (inFlight.size >= MAX_OUTSTANDING) {
-        tally.finish(i, `client: ${MAX_OUTSTANDING} requests outstanding, arrival dropped`, 0, counts);
-        continue;
-      }
-      const p: Promise<void> = channel.send(i).then((outcome) => {
-        inFlight.delete(p);
-        tally.finish(i, outcome, performance.now() - scheduled, counts);
-      });
-      inFlight.add(p);
-    }
-    // sleep, never spin: a busy loop would take CPU from the server on 2 cores (the lag counts in the latency)
-    if (k < times.length) await sleep(Math.max(1, times[k]! - (performance.now() - t0)));
-  }
-  await (opening ?? window.open());
-  const end = t0 + totalMs;
-  if (performance.now() < end) await sleep(end - performance.now());
+  const send = (k: number, scheduled: number) => {
+    const counts = times[k]! >= spec.warmupMs;
+    const i = run.next();
+    if (inFlight.size >= MAX_OUTSTANDING) return tally.finish(i, `client: ${MAX_OUTSTANDING} requests outstanding, arrival dropped`, 0, counts);
+    const p: Promise<void> = channel.send(i).then((outcome) => {
+      inFlight.delete(p);
+      tally.finish(i, outcome, performance.now() - scheduled, counts);
+    });
+    inFlight.add(p);
+  };
+  // the window opens without holding up the arrivals' schedule
+  await sendOnSchedule(times, spec.warmupMs, spec.warmupMs + spec.durationMs, send, () => (opening = window.open()));
+  await opening;
   await window.close();
   // the window's arrivals are counted when answered, however late (each has its timeout)
   await Promise.all(inFlight);

@@ -13,12 +13,11 @@ import type { Engine, ModelStats } from '../../../src/main/engine.js';
 import type { SlabserveError } from '../../../src/shared/errors.js';
 import type { Cell, Config } from './configs.js';
 import type { Histogram } from 'hdr-histogram-js';
-import { newHistogram } from '../../load.js';
+import { newHistogram, sendOnSchedule } from '../../load.js';
 import { classify, engineDelta, zeroBuckets, zeroCounts, type BucketCounts, type SchedulingPhase } from './results.js';
 import type { Bench } from './setup.js';
 
 const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
-const yieldNow = () => new Promise<void>((res) => setImmediate(res));
 /** A duration in ms as the µs a histogram records: at least 1, its lowest discernible value. */
 const toUs = (ms: number) => Math.max(1, Math.round(ms * 1000));
 
@@ -34,12 +33,6 @@ export interface PhaseRun {
   cell: Cell;
   round: number;
   sched: Schedule;
-}
-
-/** The measured window, ms from the phase start: [warm-up, warm-up + duration). */
-interface Window {
-  start: number;
-  end: number;
 }
 
 /** What the requests scheduled inside the measured window did. */
@@ -77,78 +70,27 @@ class Tally {
   }
 }
 
-/** Requests sent and not settled yet. */
-class InFlight {
-  count = 0;
-  private onNone: (() => void) | null = null;
-
-  add(): void {
-    this.count++;
-  }
-
-  done(): void {
-    this.count--;
-    if (this.count === 0 && this.onNone) this.onNone();
-  }
-
-  /** Resolves once none is left, or after `graceMs`. */
-  async settled(graceMs: number): Promise<void> {
-    if (this.count === 0) return;
-    await Promise.race([new Promise<void>((res) => (this.onNone = res)), sleep(graceMs)]);
-    this.onNone = null;
-  }
-}
-
-/** Sends arrival `i` of the schedule, whose clock started at `t0`, and tallies how it ends. */
-function send(b: Bench, run: PhaseRun, tally: Tally, inFlight: InFlight, window: Window, i: number, t0: number): void {
-  const at = run.sched.times[i]!;
-  const scheduled = t0 + at;
+/** Sends arrival `i` of the schedule at `scheduled` and tallies how it ends; the promise is in flight until it settles. */
+function send(b: Bench, run: PhaseRun, tally: Tally, measured: boolean, i: number, scheduled: number): Promise<void> {
   const sent = performance.now();
-  const measured = at >= window.start && at < window.end;
   const seq = b.seqs[run.sched.seq[i]!]!;
   const bc = tally.byBucket[b.seqBucket[run.sched.seq[i]!]!]!;
   if (measured) tally.offered(bc, sent - scheduled);
-  inFlight.add();
   // The deadline runs from the scheduled arrival: a late send has less time left.
-  run.engine
-    .runTokens(b.settings.model, [seq], { timeoutMs: b.settings.deadlineMs - (sent - scheduled) })
-    .then(
-      () => {
-        if (measured) tally.answered(bc, seq.ids.length, performance.now() - scheduled);
-      },
-      (err: unknown) => {
-        if (measured) tally.failed(bc, err);
-      },
-    )
-    .finally(() => inFlight.done());
+  return run.engine.runTokens(b.settings.model, [seq], { timeoutMs: b.settings.deadlineMs - (sent - scheduled) }).then(
+    () => {
+      if (measured) tally.answered(bc, seq.ids.length, performance.now() - scheduled);
+    },
+    (err: unknown) => {
+      if (measured) tally.failed(bc, err);
+    },
+  );
 }
 
 /** The engine's counters at both ends of the measured window. */
 interface WindowReading {
   stats0: ModelStats;
   stats1: ModelStats;
-}
-
-/** Calls `send(i, t0)` for each arrival at its time until the schedule and the window are over. */
-async function sendOnSchedule(engine: Engine, model: string, times: readonly number[], window: Window, send: (i: number, t0: number) => void): Promise<WindowReading> {
-  const t0 = performance.now() + 2;
-  while (performance.now() < t0) await yieldNow();
-  let s0: ModelStats | null = null;
-  const n = times.length;
-  let i = 0;
-  for (;;) {
-    const now = performance.now() - t0;
-    if (s0 === null && now >= window.start) s0 = engine.stats()[model]!;
-    while (i < n && times[i]! <= now) send(i++, t0);
-    const next = Math.min(i < n ? times[i]! : window.end, s0 === null ? window.start : Infinity);
-    if (i >= n && now >= window.end) break;
-    const wait = next - (performance.now() - t0);
-    // No busy-waiting (it would take CPU from the inference thread on a small box): sleep until due,
-    // with setTimeout's 1 ms granularity; the lag this adds is measured and counted in the latency.
-    if (wait > 0) await sleep(wait);
-    else await yieldNow();
-  }
-  return { stats0: s0!, stats1: engine.stats()[model]! };
 }
 
 function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: WindowReading): SchedulingPhase {
@@ -172,16 +114,22 @@ function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: Win
 /** Runs one phase; the latency histogram (µs) is the caller's to merge and destroy. */
 export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: SchedulingPhase; latency: Histogram }> {
   const s = b.settings;
-  const window: Window = { start: s.warmupMs, end: s.warmupMs + s.durationMs };
+  const { model, warmupMs, durationMs } = s;
   const tally = new Tally(b.buckets.length);
-  const inFlight = new InFlight();
-  const reading = await sendOnSchedule(run.engine, s.model, run.sched.times, window, (i, t0) => send(b, run, tally, inFlight, window, i, t0));
+  const inFlight = new Set<Promise<void>>();
+  let stats0: ModelStats | undefined;
+  const sendOne = (i: number, scheduled: number) => {
+    const p = send(b, run, tally, run.sched.times[i]! >= warmupMs, i, scheduled).finally(() => inFlight.delete(p));
+    inFlight.add(p);
+  };
+  await sendOnSchedule(run.sched.times, warmupMs, warmupMs + durationMs, sendOne, () => (stats0 = run.engine.stats()[model]!));
+  const reading = { stats0: stats0!, stats1: run.engine.stats()[model]! };
   // Every request of the phase settles by its deadline; give stragglers a bounded grace.
   const drainStart = performance.now();
-  await inFlight.settled(s.deadlineMs + 5000);
+  await Promise.race([Promise.all(inFlight), sleep(s.deadlineMs + 5000)]);
   const drainMs = performance.now() - drainStart;
-  if (inFlight.count > 0) process.stderr.write(`  ${run.config.name} / ${run.cell.name}: ${inFlight.count} requests still open ${Math.round(drainMs)} ms after the window\n`);
-  const result = phaseResult(run, s.durationMs, tally, reading);
+  if (inFlight.size > 0) process.stderr.write(`  ${run.config.name} / ${run.cell.name}: ${inFlight.size} requests still open ${Math.round(drainMs)} ms after the window\n`);
+  const result = phaseResult(run, durationMs, tally, reading);
   tally.lag.destroy();
   return { result, latency: tally.latency };
 }
