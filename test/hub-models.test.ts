@@ -242,6 +242,7 @@ describe('a model served by its Hub id', () => {
   });
 
   it('a transfer cut mid-file resumes where it stopped; a corrupt file is fetched again; each checked against the announced hash', { timeout: 60_000 }, async () => {
+    hfEnvironment();
     const id = parseHubId('acme/embed-only')!;
     const env = () => hfEnv({ ...process.env, HF_HUB_CACHE: mkdtempSync(join(home, 'cache-')) });
     const size = readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx')).length;

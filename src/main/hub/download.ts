@@ -110,11 +110,14 @@ async function transfer(partial: string, file: RepoFile, opts: DownloadOptions):
       truncateSync(partial, from);
       have = from;
     }
+    const out = createWriteStream(partial, { flags: 'a' });
     try {
-      await pipeline(Readable.fromWeb(body), counted, createWriteStream(partial, { flags: 'a' }));
+      await pipeline(Readable.fromWeb(body), counted, out);
       if (have !== file.size) throw new Error(`the transfer ended at ${have} of ${file.size} bytes`);
       return;
     } catch (err) {
+      // A write still in flight when the transfer broke lands after it: the next append must start after it.
+      if (!out.closed) await new Promise<void>((closed) => out.once('close', () => closed()));
       if ((err as NodeJS.ErrnoException).code === 'ENOSPC') {
         rmSync(partial, { force: true });
         throw new Error(`${file.path}: the disk is full (${partial}); ${file.size} bytes were needed`);
