@@ -2,8 +2,8 @@
  * Shared test helpers: fresh random inputs and an unbatched, unpadded
  * onnxruntime reference to compare the engine's batched results against.
  */
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { readFileSync, statSync, watch } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pack, unpack } from 'msgpackr';
 import * as ort from 'onnxruntime-node';
@@ -176,6 +176,38 @@ export async function eventually<T>(what: string, read: () => Promise<T>, ok: (v
     if (Date.now() > deadline) throw new Error(`${what}: never happened; last seen ${JSON.stringify(show(v))?.slice(0, 2000)}`);
     await sleep(10);
   }
+}
+
+/**
+ * Resolves once the file at `path` has a size `ok` accepts (-1: not there), looked at whenever its
+ * folder changes (inotify: another process writing it), never on a timer; bounded, so a file that
+ * never gets there fails with `what`. The folder must exist.
+ */
+export function whenFileSize(path: string, ok: (size: number) => boolean, what: string, limitMs = 30_000): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const sizeNow = () => {
+      try {
+        return statSync(path).size;
+      } catch {
+        return -1;
+      }
+    };
+    const stop = () => {
+      watcher.close();
+      clearTimeout(limit);
+    };
+    const look = () => {
+      if (!ok(sizeNow())) return;
+      stop();
+      resolve();
+    };
+    const watcher = watch(dirname(path), look);
+    const limit = setTimeout(() => {
+      stop();
+      reject(new Error(`${what}: not within ${limitMs} ms (size ${sizeNow()})`));
+    }, limitMs);
+    look();
+  });
 }
 
 /**

@@ -34,7 +34,7 @@ import { pickFiles } from '../dist/src/main/hub/pick-files.js';
 import { downloadProgress } from '../dist/src/main/hub/progress.js';
 import { startHub, type FakeHub, type FileContent, type LoggedRequest } from './fixtures/hub-server.js';
 import { serveCli } from './cli-process.js';
-import { eventually, makeRandom, maxAbsDiff, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually, makeRandom, maxAbsDiff, whenFileSize, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
 
 const run = promisify(execFile);
 const CLI = join(dirname(modelsDir), 'dist', 'src', 'cli.js');
@@ -420,7 +420,7 @@ describe('slabserve download', () => {
     await held.arrived;
     const partial = join(cache, 'models--acme--embed-only', 'blobs', createHash('sha256').update(readFileSync(join(modelsDir, 'tiny-embed', 'model.onnx'))).digest('hex') + '.incomplete');
     // Killed once what it was sent has reached the file (the fake holds the rest).
-    for (let i = 0; i < 600 && !(existsSync(partial) && lstatSync(partial).size >= Math.floor(size / 2)); i++) await new Promise((r) => setTimeout(r, 50));
+    await whenFileSize(partial, (n) => n >= Math.floor(size / 2), 'the first half of the graph written');
     child.kill('SIGKILL');
     await new Promise((r) => child.once('exit', r));
     held.release();
@@ -445,11 +445,12 @@ describe('slabserve download', () => {
       });
     const first = spawnOne();
     await held.arrived; // the first is inside the graph's download, holding its lock
+    // The next listing is the second's: held as it arrives, so the first is released only once the
+    // second has come as far as listing the repository (then it waits on the graph's lock).
+    const secondListing = hub.hold((r) => r.kind === 'tree');
     const second = spawnOne();
-    // The second has asked for the listing and is waiting on the lock (it has not asked for the graph).
-    const listed = () => hub.log.filter((r) => r.kind === 'tree').length >= 2;
-    for (let i = 0; i < 600 && !listed(); i++) await new Promise((r) => setTimeout(r, 50));
-    expect(listed()).toBe(true);
+    await secondListing.arrived;
+    secondListing.release();
     held.release();
     const results = await Promise.all([first, second]);
     expect(results.map((r) => r.code), results.map((r) => r.stderr).join('\n')).toEqual([0, 0]);

@@ -13,6 +13,7 @@ import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downloadFile, downloadFileToCacheDir, fileDownloadInfo, HubApiError, listFiles, modelInfo, pathsInfo, snapshotDownload } from '@huggingface/hub';
 import { startHub, type FakeHub, type LoggedRequest } from './fixtures/hub-server.js';
+import { whenFileSize } from './helpers.js';
 
 // ---- fresh contents, from a printed seed ----
 
@@ -517,7 +518,7 @@ describe("@huggingface/hub's cache download (what a server caching files may lea
     await held.arrived;
     // The first is writing its .incomplete (its bytes reach the file some time after the fake sent them).
     const incomplete = join(storage(dir), 'blobs', `${sha256(files1[path])}.incomplete`);
-    while (!(await stat(incomplete).then((s) => s.size > 0, () => false))) await new Promise((r) => setTimeout(r, 5));
+    await whenFileSize(incomplete, (n) => n > 0, "the first download's .incomplete written");
     // The second truncates the first's .incomplete, downloads it whole and renames it into place.
     const second = await downloadFileToCacheDir({ repo: REPO, hubUrl, path, cacheDir: dir });
     expect((await readFile(second)).equals(files1[path])).toBe(true);
