@@ -9,8 +9,7 @@
  *   const [top] = await engine.classify('I want my money back');
  *   await engine.close();
  */
-import { existsSync } from 'node:fs';
-import { parseHubId } from './hub/hub-id.js';
+import { hubIdOf } from './hub/hub-id.js';
 import { basename, resolve } from 'node:path';
 import { Infer, type InferResult } from '../core/infer.js';
 import { type CallInputs } from '../core/inputs.js';
@@ -209,7 +208,7 @@ export class Engine {
   async loadModel(nameOrPath: string, settings?: ServeSettings): Promise<ModelInfo> {
     this.assertOpen();
     await this.repository.load(nameOrPath, settings);
-    const hubId = existsSync(nameOrPath) ? null : parseHubId(nameOrPath);
+    const hubId = hubIdOf(nameOrPath, true);
     return describeModel(this.pipeline.models.byName(hubId ? hubId.repo : basename(resolve(nameOrPath))).plan);
   }
 

@@ -4,6 +4,7 @@
  * `-`, `_`, `.`; no `--` or `..`; at most 96 characters); REVISION is a
  * branch, a tag or a commit, and may hold slashes (`refs/pr/1`).
  */
+import { existsSync } from 'node:fs';
 
 export interface HubModelId {
   /** "ORG/NAME". */
@@ -25,6 +26,11 @@ export function parseHubId(value: string): HubModelId | null {
   if (repo.length > 96 || repo.includes('--') || repo.includes('..') || repo.endsWith('.git')) return null;
   if (revision === '' || revision.split('/').some((p) => p === '' || p === '.' || p === '..')) return null;
   return { repo, revision };
+}
+
+/** `given` as a Hub id where it is one and, when it may name a folder (`paths`), no folder of that path is there. */
+export function hubIdOf(given: string, paths: boolean): HubModelId | null {
+  return paths && existsSync(given) ? null : parseHubId(given);
 }
 
 /** The name a Hub model answers to in URLs and metrics labels: its repository's NAME. */

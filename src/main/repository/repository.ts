@@ -22,7 +22,7 @@ import type { ModelSet } from './model-set.js';
 import { listModelDirs, isValidModelName, type ServeSettings } from '../../shared/model-format/model-config.js';
 import type { ModelPlan } from '../../shared/model-plan.js';
 import type { ModelFolder } from '../plan-models.js';
-import { parseHubId, type HubModelId } from '../hub/hub-id.js';
+import { hubIdOf, type HubModelId } from '../hub/hub-id.js';
 import { SlabserveError, type ErrorType } from '../../shared/errors.js';
 import type { RepositoryMetrics } from '../../shared/telemetry/metrics.js';
 import type { ModelControlMode } from '../../shared/options.js';
@@ -170,7 +170,7 @@ export class ModelRepository {
    */
   async load(name: string, serve?: ServeSettings, hub = true): Promise<void> {
     this.checkControl('load');
-    const id = hub && this.opts.fetchHub && !(this.opts.paths && existsSync(name)) ? parseHubId(name) : null;
+    const id = hub && this.opts.fetchHub ? hubIdOf(name, this.opts.paths ?? false) : null;
     const folder = id ? await this.opts.fetchHub!(id) : this.folderOf(name);
     this.lazyFailures.delete(folder.name); // an explicit load tries again at once
     return this.serialize(folder.name, () => this.doLoad(folder, serve));
