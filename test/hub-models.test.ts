@@ -267,6 +267,7 @@ describe('a model served by its Hub id', () => {
     hfEnvironment();
     const server = await startServer(testServerConfig({ models: ['acme/embed-only'] }));
     try {
+      await server.ready; // listening comes before warm-up, which answers 503 until done
       const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused' });
       const byId = await client.embeddings.create({ model: 'acme/embed-only', input: 'where is my parcel' });
       const res = await fetch(`${server.url}/models/embed-only/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ inputs: 'where is my parcel' }) });
@@ -347,6 +348,7 @@ describe('what a Hub model needs, and from where', () => {
     hfEnvironment();
     const server = await startServer(testServerConfig({ models: ['tiny-embed'], modelControlMode: 'explicit' }));
     try {
+      await server.ready;
       const load = await fetch(`${server.url}/v2/repository/models/${encodeURIComponent('acme/tiny-embed@v1')}/load`, { method: 'POST' });
       expect(load.status, await load.clone().text()).toBe(200);
       const res = await fetch(`${server.url}/v1/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'acme/tiny-embed', input: 'where is my parcel' }) });
