@@ -1,7 +1,7 @@
 /**
- * Builds a BERT encoder as an ONNX graph, shaped like a Hugging Face export
- * (optimum / torch.onnx of BertModel or BertForSequenceClassification), with
- * deterministic random weights.
+ * A BERT encoder as an ONNX graph with deterministic random weights: the
+ * graph is src/main/checkpoint/encoder-graph.ts's (the one a checkpoint's
+ * weights are built into), the weights drawn here, each seeded by its name.
  *
  * Graph (opset 17):
  *   inputs  input_ids, attention_mask, token_type_ids: int64 [batch_size, sequence_length]
@@ -25,7 +25,8 @@
  * encoder.layer.0.attention.self.query.weight, ...), but dense weights are
  * stored [in, out] (ready for MatMul), as a torch.onnx export does.
  */
-import { GraphBuilder, encodeModel, makeModel, onnx } from '../../src/shared/model-format/onnx-graph.js';
+import { buildEncoderGraph, checkEncoderShape, encodeEncoderModel, type EncoderParams, type EncoderShape, type LinearRole } from '../../src/main/checkpoint/encoder-graph.js';
+import type { onnx } from '../../src/shared/model-format/onnx-graph.js';
 import { Rng } from './rng.js';
 
 /**
@@ -35,14 +36,8 @@ import { Rng } from './rng.js';
  */
 export type BertTask = 'embed' | 'classify' | 'mlm';
 
-export interface BertSpec {
-  layers: number;
-  hidden: number;
-  heads: number;
-  intermediate: number;
-  vocabSize: number;
-  maxPositions: number;
-  typeVocabSize: number;
+/** The sizes are the encoder's (src/main/checkpoint/encoder-graph.ts); the rest says what to generate. */
+export interface BertSpec extends Pick<EncoderShape, 'layers' | 'hidden' | 'heads' | 'intermediate' | 'vocabSize' | 'maxPositions' | 'typeVocabSize'> {
   task: BertTask;
   /** Number of classes for task 'classify' (required there). */
   numLabels?: number;
@@ -136,194 +131,14 @@ export const DEFAULT_INIT: Readonly<InitScales> = {
   classifierGain: 2.0,
 };
 
-/** The model's input names, in the order an HF export declares them. */
-export const BERT_INPUT_NAMES = ['input_ids', 'attention_mask', 'token_type_ids'] as const;
-/** Symbolic dimension names of the inputs. */
-export const BATCH_DIM = 'batch_size';
-export const SEQUENCE_DIM = 'sequence_length';
+export { attentionProbsName, ENCODER_INPUT_NAMES as BERT_INPUT_NAMES, BATCH_DIM, SEQUENCE_DIM } from '../../src/main/checkpoint/encoder-graph.js';
 
-/**
- * Name of layer `layer`'s attention-probabilities tensor ([B, heads, T, T],
- * after Softmax). Not a graph output; tests expose it with
- * `GraphBuilder.wrap(graph).addOutput(...)` to inspect attention.
- */
-export function attentionProbsName(layer: number): string {
-  return `/encoder/layer.${layer}/attention/self/Softmax_output_0`;
-}
-
+/** Checks a spec; throws a RangeError naming the first field that cannot make a model. */
 export function validateBertSpec(spec: BertSpec): void {
-  const ints: (keyof BertSpec)[] = ['layers', 'hidden', 'heads', 'intermediate', 'vocabSize', 'maxPositions', 'typeVocabSize'];
-  for (const k of ints) {
-    const v = spec[k];
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new RangeError(`BertSpec.${k} must be a positive integer, got ${String(v)}`);
-  }
-  if (spec.hidden % spec.heads !== 0) throw new RangeError(`hidden (${spec.hidden}) must be a multiple of heads (${spec.heads})`);
-  if (spec.task === 'classify') {
-    if (!spec.numLabels || !Number.isSafeInteger(spec.numLabels) || spec.numLabels < 1) {
-      throw new RangeError('task "classify" needs numLabels >= 1');
-    }
-  } else if (spec.task !== 'embed' && spec.task !== 'mlm') {
-    throw new RangeError(`unknown task "${String(spec.task)}"`);
-  }
+  if (spec.task !== 'embed' && spec.task !== 'classify' && spec.task !== 'mlm') throw new RangeError(`unknown task "${String(spec.task)}"`);
+  if (!(spec.typeVocabSize >= 1)) throw new RangeError(`typeVocabSize must be a positive integer, got ${String(spec.typeVocabSize)}`);
+  checkEncoderShape(shapeOf(spec));
   if (!Number.isSafeInteger(spec.seed)) throw new RangeError('seed must be an integer');
-}
-
-/** Most negative finite float32 (torch.finfo(torch.float32).min). */
-const FLOAT32_MIN = -3.4028234663852886e38;
-
-/**
- * The parts of one BERT graph under construction: its builder, its seeded
- * parameters and the constants every part shares. Created in the order the
- * graph's initializers are listed (constants first), so the bytes of a
- * generated model depend only on its spec.
- */
-class BertParts {
-  readonly b: GraphBuilder;
-  readonly init: InitScales;
-  private readonly root: Rng;
-  private readonly eps: number;
-  readonly c: ReturnType<typeof sharedConstants>;
-
-  constructor(readonly spec: BertSpec) {
-    this.init = { ...DEFAULT_INIT, ...spec.init };
-    this.eps = spec.layerNormEps ?? 1e-12;
-    this.root = new Rng(spec.seed);
-    this.b = new GraphBuilder(spec.task === 'classify' ? 'bert_for_sequence_classification' : spec.task === 'mlm' ? 'bert_for_masked_lm' : 'bert_model');
-    this.c = sharedConstants(this.b, spec);
-  }
-
-  /** A parameter of normal random values, seeded by its name. */
-  normal(name: string, dims: number[], std: number, mean = 0): string {
-    const n = dims.reduce((x, y) => x * y, 1);
-    return this.b.addInitializer(name, 'float', this.root.fork(name).normalArray(n, std, mean), dims);
-  }
-
-  /** x @ W + bias, W [fanIn, fanOut] scaled by gain / sqrt(fanIn). */
-  dense(x: string, prefix: string, fanIn: number, fanOut: number, gain: number): string {
-    const w = this.normal(`${prefix}.weight`, [fanIn, fanOut], gain / Math.sqrt(fanIn));
-    const bias = this.normal(`${prefix}.bias`, [fanOut], this.init.bias);
-    return this.b.op('Add', [this.b.op('MatMul', [x, w]), bias]);
-  }
-
-  layerNorm(x: string, prefix: string): string {
-    const gamma = this.normal(`${prefix}.weight`, [this.spec.hidden], this.init.layerNormGammaNoise, 1);
-    const beta = this.normal(`${prefix}.bias`, [this.spec.hidden], this.init.layerNormBeta);
-    return this.b.op('LayerNormalization', [x, gamma, beta], { axis: -1, epsilon: { f: this.eps } });
-  }
-}
-
-/** The scalar and shape constants the graph's parts share. */
-function sharedConstants(b: GraphBuilder, spec: BertSpec) {
-  const headDim = spec.hidden / spec.heads;
-  const cI64 = (name: string, v: number[] | number): string =>
-    b.addInitializer(name, 'int64', Array.isArray(v) ? v : [v], Array.isArray(v) ? [v.length] : []);
-  const cF32 = (name: string, v: number): string => b.addInitializer(name, 'float', [v], []);
-  return {
-    zero: cI64('/Constant_zero', 0),
-    one64: cI64('/Constant_one', 1),
-    oneF: cF32('/Constant_one_float', 1),
-    minF: cF32('/Constant_float32_min', FLOAT32_MIN),
-    sqrtHeadDim: cF32('/Constant_sqrt_head_dim', Math.sqrt(headDim)),
-    sqrt2: cF32('/Constant_sqrt2', Math.SQRT2),
-    half: cF32('/Constant_half', 0.5),
-    splitShape: cI64('/Constant_split_heads_shape', [0, 0, spec.heads, headDim]),
-    mergeShape: cI64('/Constant_merge_heads_shape', [0, 0, spec.hidden]),
-    maskAxes: cI64('/Constant_mask_axes', [1, 2]),
-  };
-}
-
-interface BertInputs {
-  inputIds: string;
-  attentionMask: string;
-  tokenTypeIds: string | null;
-  positionIds: string | null;
-}
-
-function addInputs(b: GraphBuilder, spec: BertSpec): BertInputs {
-  const dims = [BATCH_DIM, SEQUENCE_DIM];
-  return {
-    inputIds: b.addInput('input_ids', 'int64', dims),
-    attentionMask: b.addInput('attention_mask', 'int64', dims),
-    tokenTypeIds: spec.tokenTypeIds === false ? null : b.addInput('token_type_ids', 'int64', dims),
-    positionIds: spec.positionIdsInput ? b.addInput('position_ids', 'int64', dims) : null,
-  };
-}
-
-/** Word + token type + position embeddings, layer-normed: [B, T, H]. */
-function embeddings(g: BertParts, inputs: BertInputs): string {
-  const { b, spec, init, c } = g;
-  const H = spec.hidden;
-  return b.scoped('embeddings', () => {
-    const wordEmb = g.normal('embeddings.word_embeddings.weight', [spec.vocabSize, H], init.wordEmbedding);
-    const posEmb = g.normal('embeddings.position_embeddings.weight', [spec.maxPositions, H], init.positionEmbedding);
-    const typeEmb = g.normal('embeddings.token_type_embeddings.weight', [spec.typeVocabSize, H], init.tokenTypeEmbedding);
-    const words = b.op('Gather', [wordEmb, inputs.inputIds], { axis: 0 }); // [B, T, H]
-    // No token_type_ids: type 0's row, broadcast over every token.
-    const types = b.op('Gather', [typeEmb, inputs.tokenTypeIds ?? c.zero], { axis: 0 }); // [B, T, H] or [H]
-    const positionIds = inputs.positionIds ?? positionIdsOf(b, inputs.inputIds, spec.positionPaddingIdx, c.zero, c.one64);
-    const positions = b.op('Gather', [posEmb, positionIds], { axis: 0 }); // [T, H] or [B, T, H]
-    const sum = b.op('Add', [b.op('Add', [words, types]), positions]);
-    return g.layerNorm(sum, 'embeddings.LayerNorm');
-  });
-}
-
-/** The extended attention mask, (1 - mask[:, None, None, :]) * float32_min, plus the causal mask for decoders. */
-function attentionBias(g: BertParts, inputs: BertInputs): string {
-  const { b, spec, c } = g;
-  return b.scoped('extended_attention_mask', () => {
-    const m = b.op('Cast', [b.op('Unsqueeze', [inputs.attentionMask, c.maskAxes])], { to: onnx.TensorProto.DataType.FLOAT });
-    const padding = b.op('Mul', [b.op('Sub', [c.oneF, m]), c.minF]); // [B, 1, 1, T]
-    if (!spec.causal) return padding;
-    // Key j after query i: float32 min too ([T, T], broadcast to [B, 1, T, T]). Both at once
-    // sum to -inf, which Softmax turns into the same exact 0.
-    const seqLen = b.op('Gather', [b.op('Shape', [inputs.inputIds]), c.one64], { axis: 0 });
-    const t = b.op('Range', [c.zero, seqLen, c.one64]);
-    const axis = (k: number) => b.addInitializer(`/Constant_axes_${k}`, 'int64', [k], [1]);
-    const later = b.op('Greater', [b.op('Unsqueeze', [t, axis(0)]), b.op('Unsqueeze', [t, axis(1)])]); // [T, T]: j > i
-    return b.op('Add', [padding, b.op('Mul', [b.op('Cast', [later], { to: onnx.TensorProto.DataType.FLOAT }), c.minF])]);
-  });
-}
-
-/** Multi-head self-attention of layer `p` over x: [B, T, H]. */
-function selfAttention(g: BertParts, p: string, x: string, bias: string): string {
-  const { b, init, c } = g;
-  const H = g.spec.hidden;
-  return b.scoped('self', () => {
-    const heads = (t: string, perm: number[]) => b.op('Transpose', [b.op('Reshape', [t, c.splitShape])], { perm });
-    const q = heads(g.dense(x, `${p}.attention.self.query`, H, H, init.qkGain), [0, 2, 1, 3]); // [B, NH, T, D]
-    const kT = heads(g.dense(x, `${p}.attention.self.key`, H, H, init.qkGain), [0, 2, 3, 1]); // [B, NH, D, T]
-    const v = heads(g.dense(x, `${p}.attention.self.value`, H, H, init.denseGain), [0, 2, 1, 3]); // [B, NH, T, D]
-    const scores = b.op('Add', [b.op('Div', [b.op('MatMul', [q, kT]), c.sqrtHeadDim]), bias]);
-    const probs = b.op('Softmax', [scores], { axis: -1 });
-    const merged = b.op('Transpose', [b.op('MatMul', [probs, v])], { perm: [0, 2, 1, 3] }); // [B, T, NH, D]
-    return b.op('Reshape', [merged, c.mergeShape]); // [B, T, H]
-  });
-}
-
-/** Encoder layer `l`: attention, then the feed-forward block, each with its residual and LayerNorm. */
-function encoderLayer(g: BertParts, l: number, x: string, bias: string): string {
-  const { b, init, c } = g;
-  const { hidden: H, intermediate: I } = g.spec;
-  const p = `encoder.layer.${l}`;
-  return b.scoped(`encoder/layer.${l}`, () => {
-    const attnOut = b.scoped('attention', () => {
-      const ctx = selfAttention(g, p, x, bias);
-      return b.scoped('output', () => {
-        const o = g.dense(ctx, `${p}.attention.output.dense`, H, H, init.residualGain);
-        return g.layerNorm(b.op('Add', [o, x]), `${p}.attention.output.LayerNorm`);
-      });
-    });
-    const inter = b.scoped('intermediate', () => {
-      const h = g.dense(attnOut, `${p}.intermediate.dense`, H, I, init.denseGain);
-      // exact GELU, as HF's "gelu": x * 0.5 * (1 + erf(x / sqrt(2)))
-      const erf = b.op('Erf', [b.op('Div', [h, c.sqrt2])]);
-      return b.op('Mul', [b.op('Mul', [h, b.op('Add', [erf, c.oneF])]), c.half]);
-    });
-    return b.scoped('output', () => {
-      const o = g.dense(inter, `${p}.output.dense`, I, H, init.residualGain);
-      return g.layerNorm(b.op('Add', [o, attnOut]), `${p}.output.LayerNorm`);
-    });
-  });
 }
 
 /**
@@ -334,72 +149,70 @@ function encoderLayer(g: BertParts, l: number, x: string, bias: string): string 
  */
 const MLM_BIAS_MEAN = -3.3;
 
-/** The outputs: last_hidden_state (embed), pooler + classifier logits (classify), or the masked-LM logits (mlm). */
-function addHead(g: BertParts, x: string): void {
-  const { b, spec, init, c } = g;
-  const H = spec.hidden;
-  if (spec.task === 'embed') {
-    b.node('Identity', [x], undefined, ['last_hidden_state']);
-    b.addOutput('last_hidden_state', 'float', [BATCH_DIM, SEQUENCE_DIM, H]);
-    return;
+/** The gain of each kind of dense layer (std = gain / sqrt(fan_in)). */
+function gainOf(role: LinearRole, init: InitScales): number {
+  switch (role) {
+    case 'query':
+    case 'key':
+      return init.qkGain;
+    case 'attention-output':
+    case 'output':
+      return init.residualGain;
+    case 'pooler':
+      return init.poolerGain;
+    case 'classifier':
+      return init.classifierGain;
+    default:
+      return init.denseGain;
   }
-  if (spec.task === 'mlm') {
-    // BertOnlyMLMHead: transform (dense, GELU, LayerNorm), then the decoder over the vocabulary.
-    b.scoped('cls', () => {
-      const h = g.dense(x, 'cls.predictions.transform.dense', H, H, init.denseGain);
-      const gelu = b.op('Mul', [b.op('Mul', [h, c.half]), b.op('Add', [c.oneF, b.op('Erf', [b.op('Div', [h, c.sqrt2])])])]);
-      const t = g.layerNorm(gelu, 'cls.predictions.transform.LayerNorm');
-      const w = g.normal('cls.predictions.decoder.weight', [H, spec.vocabSize], 1 / Math.sqrt(H));
-      const bias = g.normal('cls.predictions.bias', [spec.vocabSize], 0.3, MLM_BIAS_MEAN);
-      b.node('Add', [b.op('MatMul', [t, w]), bias], undefined, ['logits']);
-    });
-    b.addOutput('logits', 'float', [BATCH_DIM, SEQUENCE_DIM, spec.vocabSize]);
-    return;
-  }
-  const pooled = b.scoped('pooler', () => {
-    const first = b.op('Gather', [x, c.zero], { axis: 1 }); // [B, H]: the [CLS] token
-    return b.op('Tanh', [g.dense(first, 'pooler.dense', H, H, init.poolerGain)]);
-  });
-  b.scoped('classifier', () => {
-    const logits = g.dense(pooled, 'classifier', H, spec.numLabels!, init.classifierGain);
-    b.node('Identity', [logits], undefined, ['logits']);
-  });
-  b.addOutput('logits', 'float', [BATCH_DIM, spec.numLabels!]);
+}
+
+/** Random weights with the scales above, each seeded by its name, so a model's bytes depend only on its spec. */
+function randomParams(spec: BertSpec): EncoderParams {
+  const init = { ...DEFAULT_INIT, ...spec.init };
+  const root = new Rng(spec.seed);
+  const normal = (name: string, n: number, std: number, mean = 0) => root.fork(name).normalArray(n, std, mean);
+  const embeddingStd = { word: init.wordEmbedding, position: init.positionEmbedding, 'token-type': init.tokenTypeEmbedding };
+  return {
+    linear: (name, fanIn, fanOut, role) => ({
+      weight: normal(`${name}.weight`, fanIn * fanOut, gainOf(role, init) / Math.sqrt(fanIn)),
+      bias: normal(`${name}.bias`, fanOut, init.bias),
+    }),
+    embedding: (name, rows, width, role) => normal(`${name}.weight`, rows * width, embeddingStd[role]),
+    layerNorm: (name, width) => ({ weight: normal(`${name}.weight`, width, init.layerNormGammaNoise, 1), bias: normal(`${name}.bias`, width, init.layerNormBeta) }),
+    decoder: (hidden, vocab) => ({
+      weight: normal('cls.predictions.decoder.weight', hidden * vocab, 1 / Math.sqrt(hidden)),
+      bias: normal('cls.predictions.bias', vocab, 0.3, MLM_BIAS_MEAN),
+    }),
+  };
+}
+
+/** The encoder's shape for a spec. */
+function shapeOf(spec: BertSpec): EncoderShape {
+  return {
+    layers: spec.layers, hidden: spec.hidden, heads: spec.heads, intermediate: spec.intermediate,
+    vocabSize: spec.vocabSize, maxPositions: spec.maxPositions, typeVocabSize: spec.typeVocabSize,
+    tokenTypeIds: spec.tokenTypeIds !== false, layerNormEps: spec.layerNormEps ?? 1e-12, activation: 'gelu',
+    ...(spec.positionPaddingIdx !== undefined ? { positionPaddingIdx: spec.positionPaddingIdx } : {}),
+    ...(spec.positionIdsInput ? { positionIdsInput: true } : {}),
+    ...(spec.causal ? { causal: true } : {}),
+    head: spec.task === 'embed' ? 'hidden' : spec.task,
+    ...(spec.numLabels !== undefined ? { numLabels: spec.numLabels } : {}),
+  };
 }
 
 /** Builds the graph (not yet wrapped in a model). */
 export function buildBertGraph(spec: BertSpec): onnx.IGraphProto {
   validateBertSpec(spec);
-  const g = new BertParts(spec);
-  const inputs = addInputs(g.b, spec);
-  let x = embeddings(g, inputs);
-  const bias = attentionBias(g, inputs);
-  for (let l = 0; l < spec.layers; l++) x = encoderLayer(g, l, x, bias);
-  addHead(g, x);
-  return g.b.graph();
-}
-
-/**
- * BERT: arange(T) (Shape -> Gather(index 1) -> Range(0, T, 1)). The RoBERTa
- * family: cumsum(ids != pad) * (ids != pad) + pad, per row.
- */
-function positionIdsOf(b: GraphBuilder, inputIds: string, paddingIdx: number | undefined, zero: string, one64: string): string {
-  if (paddingIdx === undefined) {
-    const seqLen = b.op('Gather', [b.op('Shape', [inputIds]), one64], { axis: 0 });
-    return b.op('Range', [zero, seqLen, one64]);
-  }
-  const pad = b.addInitializer('/Constant_padding_idx', 'int64', [paddingIdx], []);
-  const real = b.op('Cast', [b.op('Not', [b.op('Equal', [inputIds, pad])])], { to: onnx.TensorProto.DataType.INT64 });
-  return b.op('Add', [b.op('Mul', [b.op('CumSum', [real, one64]), real]), pad]);
+  const name = spec.task === 'classify' ? 'bert_for_sequence_classification' : spec.task === 'mlm' ? 'bert_for_masked_lm' : 'bert_model';
+  return buildEncoderGraph(name, shapeOf(spec), randomParams(spec));
 }
 
 /** Builds the model and returns the serialised ONNX bytes. */
 export function buildBertModel(spec: BertSpec): Uint8Array {
-  const model = makeModel(buildBertGraph(spec), {
-    opset: 17,
-    irVersion: 8,
-    docString: 'BERT with random weights generated by slabserve (meaningless outputs; for tests and benchmarks)',
-    metadata: { slabserve_generated: 'true', seed: String(spec.seed), task: spec.task },
+  return encodeEncoderModel(buildBertGraph(spec), 'BERT with random weights generated by slabserve (meaningless outputs; for tests and benchmarks)', {
+    slabserve_generated: 'true',
+    seed: String(spec.seed),
+    task: spec.task,
   });
-  return encodeModel(model);
 }

@@ -1,0 +1,319 @@
+/**
+ * A BERT-family encoder as an ONNX graph, shaped as a Hugging Face export
+ * (optimum / torch.onnx) is: the same inputs, outputs and op pattern, so the
+ * graph rewriter fuses it at load (one Attention and SkipLayerNormalization
+ * per block) and everything downstream treats it as an export. Where its
+ * weights come from is the caller's: a checkpoint (checkpoint-params.ts) or the
+ * model generator's random ones (models/generator/bert-graph.ts).
+ *
+ * Graph (opset 17):
+ *   inputs  input_ids, attention_mask [, token_type_ids] [, position_ids]: int64 [batch_size, sequence_length]
+ *   embeddings = LayerNorm(word[input_ids] + type[token_type_ids] + position[ids])  (then a projection where E != H)
+ *   mask bias  = (1 - Cast<float>(Unsqueeze(attention_mask, [1, 2]))) * float32_min   [B, 1, 1, T]
+ *   N x layer (post-LN):
+ *     probs = Softmax(q·kᵀ / sqrt(head_dim) + mask bias)
+ *     x     = LayerNorm(x + (probs·v merged)·Wo + bo)
+ *     x     = LayerNorm(x + act(x·Wi + bi)·Wo2 + bo2)
+ *   head 'hidden':   last_hidden_state [B, T, H]
+ *   head 'classify': logits [B, L] = out(act(dense(x[:, 0])))   (BERT's pooler + classifier, RoBERTa's and ELECTRA's
+ *                    classification head, DistilBERT's pre_classifier: one shape, their own activations)
+ *   head 'mlm':      logits [B, T, V] = LayerNorm(act(dense(x)))·decoder + bias
+ *
+ * The additive mask uses the most negative float32 as transformers does: a padded
+ * key scores about -3.4e38, which Softmax turns into exactly 0, so real positions'
+ * outputs do not depend on what the padding holds.
+ */
+import { GraphBuilder, encodeModel, makeModel, onnx } from '../../shared/model-format/onnx-graph.js';
+
+/** The activations transformers' configs name, by the formula each computes. */
+export type Activation = 'gelu' | 'gelu_tanh' | 'relu' | 'silu' | 'tanh';
+
+export type EncoderHead = 'hidden' | 'classify' | 'mlm';
+
+/** The structure of one encoder: sizes, and what differs between the families. */
+export interface EncoderShape {
+  layers: number;
+  hidden: number;
+  heads: number;
+  intermediate: number;
+  vocabSize: number;
+  maxPositions: number;
+  /** Token types the embedding table has; 0: none (DistilBERT). */
+  typeVocabSize: number;
+  /** false: no token_type_ids input, every token gets type 0's row (the RoBERTa family, whose table has one row). */
+  tokenTypeIds: boolean;
+  /** The width of the embeddings where it is not the hidden size (ELECTRA): a projection follows their LayerNorm. */
+  embeddingSize?: number;
+  layerNormEps: number;
+  /** The feed-forward block's activation (hidden_act). */
+  activation: Activation;
+  /** The RoBERTa family's positions: cumsum(ids != pad) * (ids != pad) + pad. Absent: 0..T-1. */
+  positionPaddingIdx?: number;
+  /** A position_ids input instead of positions computed in the graph (decoder exports). */
+  positionIdsInput?: boolean;
+  /** Causal attention (each token attends to itself and those before it). */
+  causal?: boolean;
+  head: EncoderHead;
+  /** head 'classify': logits; and the activation between its two dense layers. */
+  numLabels?: number;
+  classifierActivation?: Activation;
+  /** head 'mlm': the activation of its transform. */
+  mlmActivation?: Activation;
+}
+
+/** What a weight is for: generated weights pick their random scale by it; a checkpoint's ignore it. */
+export type LinearRole = 'query' | 'key' | 'value' | 'attention-output' | 'intermediate' | 'output' | 'pooler' | 'classifier' | 'projection' | 'mlm-transform';
+export type EmbeddingRole = 'word' | 'position' | 'token-type';
+
+/**
+ * The weights by the names of transformers' BertModel (embeddings.word_embeddings,
+ * encoder.layer.0.attention.self.query, ...; the heads as pooler.dense and classifier,
+ * cls.predictions.*). Each returns float32 data for the shapes asked.
+ */
+export interface EncoderParams {
+  /** A Linear layer: weight laid out [fanIn, fanOut] (ready for MatMul), bias [fanOut]. */
+  linear(name: string, fanIn: number, fanOut: number, role: LinearRole): { weight: Float32Array; bias: Float32Array };
+  /** An embedding table [rows, width]. */
+  embedding(name: string, rows: number, width: number, role: EmbeddingRole): Float32Array;
+  layerNorm(name: string, width: number): { weight: Float32Array; bias: Float32Array };
+  /** The masked-LM decoder over the vocabulary: weight [hidden, vocab] (the word embeddings' transpose where tied), bias [vocab]. */
+  decoder(hidden: number, vocab: number): { weight: Float32Array; bias: Float32Array };
+}
+
+/** The model's input names, in the order an export declares them. */
+export const ENCODER_INPUT_NAMES = ['input_ids', 'attention_mask', 'token_type_ids'] as const;
+export const BATCH_DIM = 'batch_size';
+export const SEQUENCE_DIM = 'sequence_length';
+
+/** Most negative finite float32 (torch.finfo(torch.float32).min). */
+const FLOAT32_MIN = -3.4028234663852886e38;
+
+/** Layer `layer`'s attention probabilities ([B, heads, T, T], after Softmax): not an output; tests expose it. */
+export function attentionProbsName(layer: number): string {
+  return `/encoder/layer.${layer}/attention/self/Softmax_output_0`;
+}
+
+/** The graph under construction, its weights and the constants its parts share. */
+class Parts {
+  readonly c: ReturnType<typeof sharedConstants>;
+
+  constructor(
+    readonly b: GraphBuilder,
+    readonly shape: EncoderShape,
+    readonly params: EncoderParams,
+  ) {
+    this.c = sharedConstants(b, shape);
+  }
+
+  /** x @ W + bias. */
+  dense(x: string, name: string, fanIn: number, fanOut: number, role: LinearRole): string {
+    const { weight, bias } = this.params.linear(name, fanIn, fanOut, role);
+    const w = this.b.addInitializer(`${name}.weight`, 'float', weight, [fanIn, fanOut]);
+    const bi = this.b.addInitializer(`${name}.bias`, 'float', bias, [fanOut]);
+    return this.b.op('Add', [this.b.op('MatMul', [x, w]), bi]);
+  }
+
+  layerNorm(x: string, name: string, width = this.shape.hidden): string {
+    const { weight, bias } = this.params.layerNorm(name, width);
+    const gamma = this.b.addInitializer(`${name}.weight`, 'float', weight, [width]);
+    const beta = this.b.addInitializer(`${name}.bias`, 'float', bias, [width]);
+    return this.b.op('LayerNormalization', [x, gamma, beta], { axis: -1, epsilon: { f: this.shape.layerNormEps } });
+  }
+
+  activation(x: string, kind: Activation): string {
+    const { b, c } = this;
+    switch (kind) {
+      case 'gelu': // x * 0.5 * (1 + erf(x / sqrt(2)))
+        return b.op('Mul', [b.op('Mul', [x, b.op('Add', [b.op('Erf', [b.op('Div', [x, c.sqrt2])]), c.oneF])]), c.half]);
+      case 'gelu_tanh': { // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+        const cube = b.op('Mul', [b.op('Mul', [x, x]), x]);
+        const inner = b.op('Mul', [b.op('Add', [x, b.op('Mul', [cube, c.geluCubic])]), c.sqrt2OverPi]);
+        return b.op('Mul', [b.op('Mul', [x, c.half]), b.op('Add', [c.oneF, b.op('Tanh', [inner])])]);
+      }
+      case 'relu':
+        return b.op('Relu', [x]);
+      case 'silu':
+        return b.op('Mul', [x, b.op('Sigmoid', [x])]);
+      case 'tanh':
+        return b.op('Tanh', [x]);
+    }
+  }
+}
+
+/** The scalar and shape constants the graph's parts share, listed first so a graph's bytes depend only on its inputs. */
+function sharedConstants(b: GraphBuilder, shape: EncoderShape) {
+  const headDim = shape.hidden / shape.heads;
+  const cI64 = (name: string, v: number[] | number): string => b.addInitializer(name, 'int64', Array.isArray(v) ? v : [v], Array.isArray(v) ? [v.length] : []);
+  const cF32 = (name: string, v: number): string => b.addInitializer(name, 'float', [v], []);
+  const c = {
+    zero: cI64('/Constant_zero', 0),
+    one64: cI64('/Constant_one', 1),
+    oneF: cF32('/Constant_one_float', 1),
+    minF: cF32('/Constant_float32_min', FLOAT32_MIN),
+    sqrtHeadDim: cF32('/Constant_sqrt_head_dim', Math.sqrt(headDim)),
+    sqrt2: cF32('/Constant_sqrt2', Math.SQRT2),
+    half: cF32('/Constant_half', 0.5),
+    splitShape: cI64('/Constant_split_heads_shape', [0, 0, shape.heads, headDim]),
+    mergeShape: cI64('/Constant_merge_heads_shape', [0, 0, shape.hidden]),
+    maskAxes: cI64('/Constant_mask_axes', [1, 2]),
+  };
+  const usesTanhGelu = [shape.activation, shape.classifierActivation, shape.mlmActivation].includes('gelu_tanh');
+  return { ...c, geluCubic: usesTanhGelu ? cF32('/Constant_gelu_cubic', 0.044715) : '', sqrt2OverPi: usesTanhGelu ? cF32('/Constant_sqrt_2_over_pi', Math.sqrt(2 / Math.PI)) : '' };
+}
+
+interface Inputs {
+  inputIds: string;
+  attentionMask: string;
+  tokenTypeIds: string | null;
+  positionIds: string | null;
+}
+
+function addInputs(b: GraphBuilder, shape: EncoderShape): Inputs {
+  const dims = [BATCH_DIM, SEQUENCE_DIM];
+  return {
+    inputIds: b.addInput('input_ids', 'int64', dims),
+    attentionMask: b.addInput('attention_mask', 'int64', dims),
+    tokenTypeIds: shape.tokenTypeIds ? b.addInput('token_type_ids', 'int64', dims) : null,
+    positionIds: shape.positionIdsInput ? b.addInput('position_ids', 'int64', dims) : null,
+  };
+}
+
+/** Word + token type + position embeddings, layer-normed (and projected to the hidden size where narrower): [B, T, H]. */
+function embeddings(g: Parts, inputs: Inputs): string {
+  const { b, shape, params, c } = g;
+  const E = shape.embeddingSize ?? shape.hidden;
+  return b.scoped('embeddings', () => {
+    const table = (name: string, rows: number, role: EmbeddingRole) => b.addInitializer(`${name}.weight`, 'float', params.embedding(name, rows, E, role), [rows, E]);
+    const wordEmb = table('embeddings.word_embeddings', shape.vocabSize, 'word');
+    const posEmb = table('embeddings.position_embeddings', shape.maxPositions, 'position');
+    const typeEmb = shape.typeVocabSize > 0 ? table('embeddings.token_type_embeddings', shape.typeVocabSize, 'token-type') : null;
+    const words = b.op('Gather', [wordEmb, inputs.inputIds], { axis: 0 }); // [B, T, E]
+    // No token_type_ids input: type 0's row, broadcast over every token.
+    const types = typeEmb && b.op('Gather', [typeEmb, inputs.tokenTypeIds ?? c.zero], { axis: 0 });
+    const positionIds = inputs.positionIds ?? positionIdsOf(b, inputs.inputIds, shape.positionPaddingIdx, c.zero, c.one64);
+    const positions = b.op('Gather', [posEmb, positionIds], { axis: 0 });
+    const sum = b.op('Add', [types ? b.op('Add', [words, types]) : words, positions]);
+    const normed = g.layerNorm(sum, 'embeddings.LayerNorm', E);
+    return shape.embeddingSize === undefined ? normed : g.dense(normed, 'embeddings_project', E, shape.hidden, 'projection');
+  });
+}
+
+/**
+ * BERT: arange(T) (Shape -> Gather(index 1) -> Range(0, T, 1)). The RoBERTa
+ * family: cumsum(ids != pad) * (ids != pad) + pad, per row.
+ */
+function positionIdsOf(b: GraphBuilder, inputIds: string, paddingIdx: number | undefined, zero: string, one64: string): string {
+  if (paddingIdx === undefined) {
+    const seqLen = b.op('Gather', [b.op('Shape', [inputIds]), one64], { axis: 0 });
+    return b.op('Range', [zero, seqLen, one64]);
+  }
+  const pad = b.addInitializer('/Constant_padding_idx', 'int64', [paddingIdx], []);
+  const real = b.op('Cast', [b.op('Not', [b.op('Equal', [inputIds, pad])])], { to: onnx.TensorProto.DataType.INT64 });
+  return b.op('Add', [b.op('Mul', [b.op('CumSum', [real, one64]), real]), pad]);
+}
+
+/** The extended attention mask, (1 - mask[:, None, None, :]) * float32_min, plus the causal mask for decoders. */
+function attentionBias(g: Parts, inputs: Inputs): string {
+  const { b, shape, c } = g;
+  return b.scoped('extended_attention_mask', () => {
+    const m = b.op('Cast', [b.op('Unsqueeze', [inputs.attentionMask, c.maskAxes])], { to: onnx.TensorProto.DataType.FLOAT });
+    const padding = b.op('Mul', [b.op('Sub', [c.oneF, m]), c.minF]); // [B, 1, 1, T]
+    if (!shape.causal) return padding;
+    // Key j after query i: float32 min too ([T, T], broadcast to [B, 1, T, T]). Both at once
+    // sum to -inf, which Softmax turns into the same exact 0.
+    const seqLen = b.op('Gather', [b.op('Shape', [inputs.inputIds]), c.one64], { axis: 0 });
+    const t = b.op('Range', [c.zero, seqLen, c.one64]);
+    const axis = (k: number) => b.addInitializer(`/Constant_axes_${k}`, 'int64', [k], [1]);
+    const later = b.op('Greater', [b.op('Unsqueeze', [t, axis(0)]), b.op('Unsqueeze', [t, axis(1)])]); // [T, T]: j > i
+    return b.op('Add', [padding, b.op('Mul', [b.op('Cast', [later], { to: onnx.TensorProto.DataType.FLOAT }), c.minF])]);
+  });
+}
+
+/** Multi-head self-attention of layer `p` over x: [B, T, H]. */
+function selfAttention(g: Parts, p: string, x: string, bias: string): string {
+  const { b, c } = g;
+  const H = g.shape.hidden;
+  return b.scoped('self', () => {
+    const heads = (t: string, perm: number[]) => b.op('Transpose', [b.op('Reshape', [t, c.splitShape])], { perm });
+    const q = heads(g.dense(x, `${p}.attention.self.query`, H, H, 'query'), [0, 2, 1, 3]); // [B, NH, T, D]
+    const kT = heads(g.dense(x, `${p}.attention.self.key`, H, H, 'key'), [0, 2, 3, 1]); // [B, NH, D, T]
+    const v = heads(g.dense(x, `${p}.attention.self.value`, H, H, 'value'), [0, 2, 1, 3]); // [B, NH, T, D]
+    const scores = b.op('Add', [b.op('Div', [b.op('MatMul', [q, kT]), c.sqrtHeadDim]), bias]);
+    const probs = b.op('Softmax', [scores], { axis: -1 });
+    const merged = b.op('Transpose', [b.op('MatMul', [probs, v])], { perm: [0, 2, 1, 3] }); // [B, T, NH, D]
+    return b.op('Reshape', [merged, c.mergeShape]); // [B, T, H]
+  });
+}
+
+/** Encoder layer `l`: attention, then the feed-forward block, each with its residual and LayerNorm. */
+function encoderLayer(g: Parts, l: number, x: string, bias: string): string {
+  const { b } = g;
+  const { hidden: H, intermediate: I } = g.shape;
+  const p = `encoder.layer.${l}`;
+  return b.scoped(`encoder/layer.${l}`, () => {
+    const attnOut = b.scoped('attention', () => {
+      const ctx = selfAttention(g, p, x, bias);
+      return b.scoped('output', () => g.layerNorm(b.op('Add', [g.dense(ctx, `${p}.attention.output.dense`, H, H, 'attention-output'), x]), `${p}.attention.output.LayerNorm`));
+    });
+    const inter = b.scoped('intermediate', () => g.activation(g.dense(attnOut, `${p}.intermediate.dense`, H, I, 'intermediate'), g.shape.activation));
+    return b.scoped('output', () => g.layerNorm(b.op('Add', [g.dense(inter, `${p}.output.dense`, I, H, 'output'), attnOut]), `${p}.output.LayerNorm`));
+  });
+}
+
+/** The outputs: last_hidden_state, the classification head's logits, or the masked-LM logits. */
+function addHead(g: Parts, x: string): void {
+  const { b, shape, params } = g;
+  const H = shape.hidden;
+  if (shape.head === 'hidden') {
+    b.node('Identity', [x], undefined, ['last_hidden_state']);
+    b.addOutput('last_hidden_state', 'float', [BATCH_DIM, SEQUENCE_DIM, H]);
+    return;
+  }
+  if (shape.head === 'mlm') {
+    b.scoped('cls', () => {
+      const h = g.activation(g.dense(x, 'cls.predictions.transform.dense', H, H, 'mlm-transform'), shape.mlmActivation ?? shape.activation);
+      const t = g.layerNorm(h, 'cls.predictions.transform.LayerNorm');
+      const { weight, bias } = params.decoder(H, shape.vocabSize);
+      const w = b.addInitializer('cls.predictions.decoder.weight', 'float', weight, [H, shape.vocabSize]);
+      const bi = b.addInitializer('cls.predictions.bias', 'float', bias, [shape.vocabSize]);
+      b.node('Add', [b.op('MatMul', [t, w]), bi], undefined, ['logits']);
+    });
+    b.addOutput('logits', 'float', [BATCH_DIM, SEQUENCE_DIM, shape.vocabSize]);
+    return;
+  }
+  const pooled = b.scoped('pooler', () => {
+    const first = b.op('Gather', [x, g.c.zero], { axis: 1 }); // [B, H]: the first token ([CLS], <s>)
+    return g.activation(g.dense(first, 'pooler.dense', H, H, 'pooler'), shape.classifierActivation ?? 'tanh');
+  });
+  b.scoped('classifier', () => b.node('Identity', [g.dense(pooled, 'classifier', H, shape.numLabels!, 'classifier')], undefined, ['logits']));
+  b.addOutput('logits', 'float', [BATCH_DIM, shape.numLabels!]);
+}
+
+/** Checks the sizes; throws a RangeError naming the first that cannot make a graph. */
+export function checkEncoderShape(shape: EncoderShape): void {
+  const ints: (keyof EncoderShape)[] = ['layers', 'hidden', 'heads', 'intermediate', 'vocabSize', 'maxPositions'];
+  for (const k of ints) {
+    const v = shape[k];
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new RangeError(`${k} must be a positive integer, got ${String(v)}`);
+  }
+  if (!Number.isSafeInteger(shape.typeVocabSize) || shape.typeVocabSize < 0) throw new RangeError(`typeVocabSize must be an integer >= 0, got ${String(shape.typeVocabSize)}`);
+  if (shape.hidden % shape.heads !== 0) throw new RangeError(`hidden (${shape.hidden}) must be a multiple of heads (${shape.heads})`);
+  if (shape.head === 'classify' && !(Number.isSafeInteger(shape.numLabels) && shape.numLabels! >= 1)) throw new RangeError('a classification head needs numLabels >= 1');
+}
+
+/** The encoder's graph (not yet wrapped in a model). */
+export function buildEncoderGraph(name: string, shape: EncoderShape, params: EncoderParams): onnx.IGraphProto {
+  checkEncoderShape(shape);
+  const g = new Parts(new GraphBuilder(name), shape, params);
+  const inputs = addInputs(g.b, shape);
+  let x = embeddings(g, inputs);
+  const bias = attentionBias(g, inputs);
+  for (let l = 0; l < shape.layers; l++) x = encoderLayer(g, l, x, bias);
+  addHead(g, x);
+  return g.b.graph();
+}
+
+/** The serialised model: opset 17, IR 8, with `metadata` in its properties. */
+export function encodeEncoderModel(graph: onnx.IGraphProto, docString: string, metadata: Record<string, string>): Uint8Array {
+  return encodeModel(makeModel(graph, { opset: 17, irVersion: 8, docString, metadata }));
+}
