@@ -242,7 +242,9 @@ describe('the load generator against a stand-in server', () => {
 });
 
 describe('wrk as the HTTP closed loop', () => {
-  beforeAll(() => toolOnPath('wrk'), 120_000);
+  beforeAll(() => {
+    toolOnPath('wrk');
+  }, 120_000);
 
   const { standIn, target } = listeningStandIn();
 

@@ -83,7 +83,9 @@ const closingHead = (headers: Record<string, string | number>) =>
   requestHead('POST', '/embed', { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, connection: 'close', ...headers });
 
 describe('a refusal with a body still arriving, to a client that asked Connection: close', () => {
-  beforeAll(() => toolOnPath('python3'), 120_000);
+  beforeAll(() => {
+    toolOnPath('python3');
+  }, 120_000);
 
   it("Python's urllib with a 5 MB body reads our 413, 401 and 404, not BrokenPipeError", async () => {
     const seen = await runPython(URLLIB([['/embed', 5_000_000, true], ['/embed', 5_000_000, false], ['/no-such-route', 5_000_000, true]]));

@@ -230,7 +230,9 @@ describe('SIGTERM under keep-alive load', () => {
 });
 
 describe('SIGTERM under load from clients that open a connection per request', () => {
-  beforeAll(() => toolOnPath('python3'), 120_000);
+  beforeAll(() => {
+    toolOnPath('python3');
+  }, 120_000);
 
   for (const [where, args] of [
     ['one process', ['--gateway-threads', '2']],

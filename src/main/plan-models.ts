@@ -11,7 +11,9 @@ import { batchCapacity, PAD_TO, type BatchingOptions } from '../gpu-worker/sched
 import { DEFAULTS, defaultBuckets } from '../shared/options.js';
 import { cudaMissing, parseDevice } from '../gpu-worker/device.js';
 import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
-import { isValidModelName, listModelDirs, loadModelSpec, type Dtype, type HubSource, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings } from '../shared/model-format/model-config.js';
+import { isValidModelName, listModelDirs, loadModelSpec, type Dtype, type HubSource, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings, type WeightsSource } from '../shared/model-format/model-config.js';
+import { checkpointGraph, defaultGraphCacheDir } from './checkpoint/build.js';
+import type { EncoderHead } from './checkpoint/encoder-graph.js';
 import { fetchModel } from './hub/fetch-model.js';
 import { hfEnv, type HfEnv } from './hub/hf-env.js';
 import { hubIdText, parseHubId, shortNameOf, type HubModelId } from './hub/hub-id.js';
@@ -53,6 +55,8 @@ export interface LoadModelsOptions {
   tokenOutputMb?: number;
   /** Threads that submit requests (each gets its own completion queue). */
   owners: number;
+  /** Where graphs built from checkpoints are kept (--graph-cache-dir); default: the user's cache. */
+  graphCacheDir?: string;
 }
 
 /** How every model is planned, at start and at a load while serving. */
@@ -65,12 +69,13 @@ export function modelsDirOf(given: string | undefined): string {
 
 /** How every model is planned, from the server's or the engine's option values. */
 export function planningOf(
-  o: Parameters<typeof modelOverrides>[0] & { slotsPerModel: number; tokenOutputMb: number },
+  o: Parameters<typeof modelOverrides>[0] & { slotsPerModel: number; tokenOutputMb: number; graphCacheDir?: string | undefined },
   batching: Partial<BatchingOptions> | undefined,
   warn: (line: string) => void,
   owners: number,
 ): Planning {
-  return { ...(batching ? { batching } : {}), overrides: modelOverrides(o), warn, slotsPerModel: o.slotsPerModel, tokenOutputMb: o.tokenOutputMb, owners };
+  const graphCacheDir = o.graphCacheDir ?? defaultGraphCacheDir();
+  return { ...(batching ? { batching } : {}), overrides: modelOverrides(o), warn, slotsPerModel: o.slotsPerModel, tokenOutputMb: o.tokenOutputMb, owners, graphCacheDir };
 }
 
 /** A folder planned while serving (a load) as at start, in a retired model's slab memory where it fits. */
@@ -87,6 +92,7 @@ export function modelOverrides(o: {
   defaultPrompt?: string | undefined;
   dtype?: Dtype | undefined;
   device?: string | undefined;
+  weights?: WeightsSource | undefined;
 }): ModelOverrides {
   const device = parseDevice(o.device ?? DEFAULTS.device);
   return {
@@ -97,6 +103,7 @@ export function modelOverrides(o: {
     ...(o.maxInputLength !== undefined ? { maxLength: o.maxInputLength } : {}),
     ...(o.defaultPromptName !== undefined ? { defaultPromptName: o.defaultPromptName } : {}),
     ...(o.defaultPrompt !== undefined ? { defaultPrompt: o.defaultPrompt } : {}),
+    ...(o.weights !== undefined ? { weights: o.weights } : {}),
   };
 }
 
@@ -154,7 +161,9 @@ export function planModel(
   index: number,
   opts: LoadModelsOptions & { serve?: ServeSettings; reuse?: (bytes: number) => SharedArrayBuffer | undefined },
 ): ModelPlan {
-  let spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve);
+  const log = (line: string) => opts.warn?.(line);
+  const build = (head: EncoderHead) => checkpointGraph(folder.name, folder.dir, head, { cacheDir: opts.graphCacheDir ?? defaultGraphCacheDir(), log });
+  let spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve, build);
   if (folder.hub) spec = { ...spec, hub: folder.hub };
   for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
   const batching = resolveBatching(spec, opts.batching);

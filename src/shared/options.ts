@@ -11,7 +11,7 @@
  * and the default applies only where neither says.
  */
 import { PAD_TO, type PadTo } from './batching.js';
-import { DTYPES, POOLINGS, type Dtype, type Pooling } from './model-format/model-config.js';
+import { DTYPES, POOLINGS, WEIGHTS_SOURCES, type Dtype, type Pooling, type WeightsSource } from './model-format/model-config.js';
 
 export type Scope = 'engine' | 'server' | 'cluster';
 
@@ -163,6 +163,19 @@ export const OPTIONS = {
     defaultHelp: 'auto',
     help: "which of a folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8.onnx or model_quantized.onnx), in the folder or onnx/ as transformers.js names them; auto: fp16 on CUDA where the folder has it, else fp32 (rows are float32 whatever the graph computes in)",
     perModel: true,
+  }),
+  weights: engine<WeightsSource>({
+    flag: '--weights <source>',
+    kind: 'string',
+    choices: WEIGHTS_SOURCES,
+    default: 'auto',
+    help: "where a model's graph comes from: auto, the folder's ONNX graph, or where it has none a graph built from its checkpoint (model.safetensors, sharded safetensors, pytorch_model.bin; docs/checkpoints.md); graph, never built; checkpoint, built even beside a graph",
+  }),
+  graphCacheDir: engine<string>({
+    flag: '--graph-cache-dir <dir>',
+    kind: 'string',
+    defaultHelp: '$XDG_CACHE_HOME/slabserve/graphs, or ~/.cache/slabserve/graphs',
+    help: 'where graphs built from checkpoints are kept, one per checkpoint, config and head, so a restart opens them at once',
   }),
   defaultPromptName: engine<string>({
     flag: '--default-prompt-name <name>',

@@ -104,7 +104,19 @@ export interface ModelOverrides {
   /** The prompt put before every text that names none: one of the model's prompts by name, or a literal text. */
   defaultPromptName?: string;
   defaultPrompt?: string;
+  /** Where the graph comes from: auto, the folder's graph or else its checkpoint; graph; checkpoint, even beside a graph. */
+  weights?: WeightsSource;
 }
+
+export const WEIGHTS_SOURCES = ['auto', 'graph', 'checkpoint'] as const;
+export type WeightsSource = (typeof WEIGHTS_SOURCES)[number];
+
+/**
+ * Builds a graph from the folder's checkpoint (src/main/checkpoint/) with the
+ * head the model is served with: the token states, a classifier's logits, or
+ * the masked-LM logits (SPLADE). undefined: the folder has no checkpoint.
+ */
+export type GraphFromCheckpoint = (head: 'hidden' | 'classify' | 'mlm') => { path: string; source: string } | undefined;
 
 /** Where each served setting came from: 'flag', 'serve.json', a file of the folder, or 'default'. */
 export interface SettingSources {
@@ -230,13 +242,11 @@ export interface ServeSettings {
   defaultPrompt?: string;
 }
 
-export function loadModelSpec(dir: string, name = basename(dir), overrides: ModelOverrides = {}, serveOver: ServeSettings = {}): ModelSpec {
+export function loadModelSpec(dir: string, name = basename(dir), overrides: ModelOverrides = {}, serveOver: ServeSettings = {}, fromCheckpoint?: GraphFromCheckpoint): ModelSpec {
   if (!isValidModelName(name)) throw new Error(`invalid model name "${name}"`);
   const config = readJsonFile<HfConfig>(join(dir, 'config.json'));
   const serve: ServeSettings = { ...(existsSync(join(dir, 'serve.json')) ? readJsonFile<ServeSettings>(join(dir, 'serve.json')) : {}), ...serveOver };
 
-  const { path: onnxPath, dtype, source: dtypeSource } = chooseGraph(name, dir, overrides);
-  const graphInputs = tokenInputs(name, onnxPath);
   const tokenizerPath = join(dir, 'tokenizer.json');
   if (!existsSync(tokenizerPath)) throw new Error(`model ${name}: no tokenizer.json in ${dir}`);
   // tokenizer.json (often megabytes) is read only where do_lower_case asks what its normalizer does.
@@ -266,6 +276,9 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   const dimension = splade ? config.vocab_size! : hiddenSize!;
   const colbert = task === 'embed' && folder.colbert ? colbertOf(name, dir, folder.colbert, hiddenSize!, tokenizerPath) : undefined;
   const m3 = task === 'embed' && !splade && !colbert ? m3Of(name, dir, hiddenSize!, tokenizerPath, warnings) : undefined;
+  const build = fromCheckpoint && (() => fromCheckpoint(task !== 'embed' ? 'classify' : splade ? 'mlm' : 'hidden'));
+  const { path: onnxPath, dtype, source: dtypeSource } = chooseGraph(name, dir, overrides, build);
+  const graphInputs = tokenInputs(name, onnxPath);
   // PyLate cuts queries and documents to their own lengths; its sentence_bert_config.json records whichever ran last.
   const colbertLength = colbert ? { value: Math.max(colbert.queryLength, colbert.documentLength), source: 'config_sentence_transformers.json' } : undefined;
   const maxLength = inputLimit(name, colbert ? { ...folder, maxSeqLength: colbertLength } : folder, sourced(overrides.maxLength, 'flag'), sourced(serve.maxLength, 'serve.json'));
@@ -468,9 +481,31 @@ export function pickGraph(name: string, where: string, has: (file: string) => bo
   return { file: fp32, dtype: 'fp32', source: 'default' };
 }
 
-function chooseGraph(name: string, dir: string, overrides: ModelOverrides): { path: string; dtype: Exclude<Dtype, 'auto'>; source: string } {
-  const { file, dtype, source } = pickGraph(name, dir, (f) => existsSync(join(dir, f)), overrides);
-  return { path: join(dir, file), dtype, source };
+/**
+ * The folder's graph, or one built from its checkpoint: where it has no graph
+ * (weights auto), or always (weights checkpoint). A built graph is float32.
+ */
+function chooseGraph(name: string, dir: string, overrides: ModelOverrides, build?: () => { path: string; source: string } | undefined): { path: string; dtype: Exclude<Dtype, 'auto'>; source: string } {
+  const weights = overrides.weights ?? 'auto';
+  const fromCheckpoint = () => {
+    if ((overrides.dtype ?? 'auto') !== 'auto' && overrides.dtype !== 'fp32') throw new Error(`model ${name}: --dtype ${overrides.dtype}: a graph built from a checkpoint is float32 (--dtype fp32 or auto)`);
+    const built = build?.();
+    return built && { path: built.path, dtype: 'fp32' as const, source: built.source };
+  };
+  if (weights === 'checkpoint') {
+    const built = fromCheckpoint();
+    if (!built) throw new Error(`model ${name}: --weights checkpoint, but ${dir} has no checkpoint (model.safetensors, model.safetensors.index.json, pytorch_model.bin or its index)`);
+    return built;
+  }
+  try {
+    const { file, dtype, source } = pickGraph(name, dir, (f) => existsSync(join(dir, f)), overrides);
+    return { path: join(dir, file), dtype, source };
+  } catch (err) {
+    const noGraph = !(['fp32', 'fp16', 'int8'] as const).some((d) => graphFiles(d).some((f) => existsSync(join(dir, f))));
+    const built = weights === 'auto' && noGraph ? fromCheckpoint() : undefined;
+    if (built) return built;
+    throw err;
+  }
 }
 
 /**

@@ -1,0 +1,92 @@
+/**
+ * A model folder that holds a checkpoint and no ONNX graph: its graph built
+ * from the weights (architectures.ts, encoder-graph.ts), once. The built graph
+ * is kept in the graph cache under a key of the builder's version, the head,
+ * config.json and the weights' hashes, so a restart opens it at once and a
+ * changed checkpoint is built again.
+ */
+import { createHash } from 'node:crypto';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { basename, dirname, join } from 'node:path';
+import { planCheckpoint, type CheckpointConfig } from './architectures.js';
+import { Checkpoint, checkpointFile, checkpointParams, weightFiles } from './checkpoint-params.js';
+import { buildEncoderGraph, encodeEncoderModel, type EncoderHead } from './encoder-graph.js';
+
+/** Bumped whenever a change makes a built graph differ, so the cache builds again. */
+const BUILDER_VERSION = '1';
+
+/** The graph cache's default: $XDG_CACHE_HOME/slabserve/graphs, or ~/.cache/slabserve/graphs. */
+export function defaultGraphCacheDir(env: NodeJS.ProcessEnv = process.env): string {
+  return join(env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'slabserve', 'graphs');
+}
+
+export interface BuiltGraph {
+  /** The graph file to serve. */
+  path: string;
+  /** What /info and the log say of where it came from. */
+  source: string;
+}
+
+export interface BuildOptions {
+  cacheDir: string;
+  log: (line: string) => void;
+}
+
+/**
+ * The graph of `dir`'s checkpoint with `head`, built or from the cache;
+ * undefined where the folder has no checkpoint. Throws the reason a
+ * checkpoint cannot make a graph (the file named, and the tensor or field).
+ */
+export function checkpointGraph(name: string, dir: string, head: EncoderHead, opts: BuildOptions): BuiltGraph | undefined {
+  const file = checkpointFile(dir);
+  if (!file) return undefined;
+  const configBytes = readFileSync(join(dir, 'config.json'));
+  const config = JSON.parse(configBytes.toString('utf8')) as CheckpointConfig;
+  const plan = planCheckpoint(config, head);
+  const key = createHash('sha256').update(`${BUILDER_VERSION}\n${head}\n`).update(configBytes);
+  for (const shard of weightFiles(dir, file)) key.update(`\n${shard}\n${weightsHash(join(dir, shard))}`);
+  const path = join(opts.cacheDir, key.digest('hex').slice(0, 32), 'model.onnx');
+  const source = `built from ${file} (${plan.architecture})`;
+  if (existsSync(path)) {
+    opts.log(`slabserve: model ${name}: the graph built from ${file} before (${path})`);
+    return { path, source };
+  }
+  const started = performance.now();
+  const checkpoint = Checkpoint.open(dir, file);
+  let bytes: Uint8Array;
+  try {
+    const graph = buildEncoderGraph(`${plan.architecture}`, plan.shape, checkpointParams(checkpoint, plan));
+    bytes = encodeEncoderModel(graph, `${plan.architecture} built by slabserve from ${file}`, { slabserve_built_from: file, architecture: plan.architecture });
+  } catch (err) {
+    throw new Error(`${join(dir, file)}: ${(err as Error).message}`);
+  } finally {
+    checkpoint.close();
+  }
+  mkdirSync(dirname(path), { recursive: true });
+  const tmp = `${path}.${process.pid}.tmp`;
+  try {
+    writeFileSync(tmp, bytes);
+    renameSync(tmp, path); // another process building the same graph writes the same bytes
+  } catch (err) {
+    rmSync(tmp, { force: true });
+    throw new Error(`the graph cache ${opts.cacheDir} (--graph-cache-dir): ${(err as Error).message}`);
+  }
+  opts.log(`slabserve: model ${name}: built its graph from ${file} (${plan.architecture}, ${plan.shape.layers} layers) in ${((performance.now() - started) / 1000).toFixed(1)} s (${path})`);
+  return { path, source };
+}
+
+/** A weights file's sha256: the Hugging Face cache's blob name where the file is one (its LFS sha256), else hashed here. */
+function weightsHash(path: string): string {
+  const real = realpathSync(path);
+  if (basename(dirname(real)) === 'blobs' && /^[0-9a-f]{64}$/.test(basename(real))) return basename(real);
+  const hash = createHash('sha256');
+  const fd = openSync(real, 'r');
+  try {
+    const chunk = Buffer.alloc(8 * 2 ** 20);
+    for (let n; (n = readSync(fd, chunk, 0, chunk.length, null)) > 0; ) hash.update(chunk.subarray(0, n));
+  } finally {
+    closeSync(fd);
+  }
+  return hash.digest('hex');
+}

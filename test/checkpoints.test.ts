@@ -1,0 +1,343 @@
+/**
+ * Model folders that hold a PyTorch checkpoint and no ONNX graph, served from
+ * a graph slabserve builds from the weights, against an independent
+ * reference: transformers' forward passes written out in PyTorch
+ * (test/fixtures/torch_reference.py, Debian's python3-torch, fetched once
+ * where the machine lacks it), one text at a time, on the same token ids (the
+ * Rust `tokenizers` library's). The checkpoints are random, at each
+ * architecture's real structure and naming (2 layers, small widths, fan-in
+ * scaled weights so every layer mixes tokens), written here as transformers
+ * saves them: safetensors in F32, F16, BF16 and sharded; a pytorch_model.bin
+ * saved by torch.save (with non-row-major strides and an int64 buffer).
+ */
+import { execFileSync } from 'node:child_process';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startServer, type Server } from '../dist/src/main/server.js';
+import { encodeSafetensors, type F32Tensor } from '../dist/src/shared/model-format/safetensors.js';
+import { loadModelSpec } from '../dist/src/shared/model-format/model-config.js';
+import { checkpointGraph } from '../dist/src/main/checkpoint/build.js';
+import { writePreset } from '../dist/models/generator/presets.js';
+import { sentTogether } from './fixtures/queued-together.js';
+import { toolOnPath } from './fixtures/system-tools.js';
+import { makeRandom, testServerConfig } from './helpers.js';
+
+process.env.SLABSERVE_TEST_HOOKS = '1';
+
+const REFERENCE = fileURLToPath(new URL('./fixtures/torch_reference.py', import.meta.url));
+/** fp32 graphs against the reference, absolute. */
+const TOLERANCE = 1e-4;
+
+interface RustEncoding {
+  getIds(): number[];
+  getTypeIds(): number[];
+}
+interface RustTokenizer {
+  encode(text: string, pair?: string | null): Promise<RustEncoding>;
+}
+const rust = createRequire(import.meta.url)('tokenizers') as { Tokenizer: { fromFile(path: string): RustTokenizer } };
+
+type Family = 'bert' | 'roberta' | 'distilbert' | 'electra';
+type Head = 'hidden' | 'classify' | 'mlm';
+
+interface Case {
+  name: string;
+  architecture: string;
+  family: Family;
+  head: Head;
+  labels?: number;
+  /** The preset whose tokenizer (and sentence-transformers files) the folder takes. */
+  preset: 'tiny-embed' | 'tiny-xlmr' | 'tiny-distilbert' | 'tiny-splade';
+  storage: 'F32' | 'F16' | 'BF16' | 'sharded' | 'bin' | 'bin-strided';
+  /** Whether the body's weights carry the family's prefix (bert., roberta., ...): a task model's always do. */
+  prefixed: boolean;
+  hiddenAct?: string;
+  embeddingSize?: number;
+}
+
+const CASES: Case[] = [
+  { name: 'bert-model', architecture: 'BertModel', family: 'bert', head: 'hidden', preset: 'tiny-embed', storage: 'F32', prefixed: false },
+  { name: 'bert-intent', architecture: 'BertForSequenceClassification', family: 'bert', head: 'classify', labels: 3, preset: 'tiny-embed', storage: 'F16', prefixed: true, hiddenAct: 'gelu_new' },
+  { name: 'bert-rerank', architecture: 'BertForSequenceClassification', family: 'bert', head: 'classify', labels: 1, preset: 'tiny-embed', storage: 'sharded', prefixed: true, hiddenAct: 'relu' },
+  { name: 'bert-splade', architecture: 'BertForMaskedLM', family: 'bert', head: 'mlm', preset: 'tiny-splade', storage: 'bin-strided', prefixed: true },
+  { name: 'xlmr-model', architecture: 'XLMRobertaModel', family: 'roberta', head: 'hidden', preset: 'tiny-xlmr', storage: 'BF16', prefixed: false },
+  { name: 'xlmr-rerank', architecture: 'XLMRobertaForSequenceClassification', family: 'roberta', head: 'classify', labels: 1, preset: 'tiny-xlmr', storage: 'bin', prefixed: true },
+  { name: 'distilbert-model', architecture: 'DistilBertModel', family: 'distilbert', head: 'hidden', preset: 'tiny-distilbert', storage: 'F32', prefixed: false },
+  { name: 'distilbert-intent', architecture: 'DistilBertForSequenceClassification', family: 'distilbert', head: 'classify', labels: 4, preset: 'tiny-distilbert', storage: 'F32', prefixed: true, hiddenAct: 'relu' },
+  { name: 'electra-rerank', architecture: 'ElectraForSequenceClassification', family: 'electra', head: 'classify', labels: 1, preset: 'tiny-embed', storage: 'F32', prefixed: true, embeddingSize: 32 },
+];
+
+const H = 64;
+const HEADS = 4;
+const I = 128;
+const LAYERS = 2;
+
+let root: string;
+let python: string;
+let server: Server;
+const dirs = new Map<string, string>();
+const tokenizers = new Map<string, RustTokenizer>();
+
+/** A seeded normal generator. */
+function normals(rand: () => number) {
+  return (n: number, std: number, mean = 0) => {
+    const out = new Float32Array(n);
+    for (let i = 0; i < n; i++) out[i] = mean + std * Math.sqrt(-2 * Math.log(1 - rand())) * Math.cos(2 * Math.PI * rand());
+    return out;
+  };
+}
+
+/** The state dict of `c` as transformers names and shapes it, with random fan-in scaled weights. */
+function stateDict(c: Case, vocab: number, positions: number, types: number, rand: () => number): Record<string, F32Tensor> {
+  const normal = normals(rand);
+  const sd: Record<string, F32Tensor> = {};
+  const t = (name: string, shape: number[], std: number, mean = 0) => (sd[name] = { shape, data: normal(shape.reduce((a, b) => a * b, 1), std, mean) });
+  const linear = (name: string, fanIn: number, fanOut: number, gain = 1) => {
+    t(`${name}.weight`, [fanOut, fanIn], gain / Math.sqrt(fanIn));
+    t(`${name}.bias`, [fanOut], 0.02);
+  };
+  const norm = (name: string, width = H) => {
+    t(`${name}.weight`, [width], 0.05, 1);
+    t(`${name}.bias`, [width], 0.02);
+  };
+  const prefix = c.prefixed ? { bert: 'bert.', roberta: 'roberta.', distilbert: 'distilbert.', electra: 'electra.' }[c.family] : '';
+  const E = c.embeddingSize ?? H;
+  t(`${prefix}embeddings.word_embeddings.weight`, [vocab, E], 1);
+  t(`${prefix}embeddings.position_embeddings.weight`, [positions, E], 0.5);
+  if (c.family !== 'distilbert') t(`${prefix}embeddings.token_type_embeddings.weight`, [types, E], 0.1);
+  norm(`${prefix}embeddings.LayerNorm`, E);
+  if (c.embeddingSize) linear(`${prefix}embeddings_project`, E, H);
+  for (let l = 0; l < LAYERS; l++) {
+    if (c.family === 'distilbert') {
+      const p = `${prefix}transformer.layer.${l}`;
+      linear(`${p}.attention.q_lin`, H, H, 1.5);
+      linear(`${p}.attention.k_lin`, H, H, 1.5);
+      linear(`${p}.attention.v_lin`, H, H);
+      linear(`${p}.attention.out_lin`, H, H, 0.5);
+      norm(`${p}.sa_layer_norm`);
+      linear(`${p}.ffn.lin1`, H, I);
+      linear(`${p}.ffn.lin2`, I, H, 0.5);
+      norm(`${p}.output_layer_norm`);
+      continue;
+    }
+    const p = `${prefix}encoder.layer.${l}`;
+    linear(`${p}.attention.self.query`, H, H, 1.5);
+    linear(`${p}.attention.self.key`, H, H, 1.5);
+    linear(`${p}.attention.self.value`, H, H);
+    linear(`${p}.attention.output.dense`, H, H, 0.5);
+    norm(`${p}.attention.output.LayerNorm`);
+    linear(`${p}.intermediate.dense`, H, I);
+    linear(`${p}.output.dense`, I, H, 0.5);
+    norm(`${p}.output.LayerNorm`);
+  }
+  // Bare BERT and RoBERTa models carry a pooler they never use for token states.
+  if (c.family === 'bert' || c.family === 'roberta') linear(`${prefix}pooler.dense`, H, H);
+  if (c.head === 'classify') {
+    const L = c.labels!;
+    if (c.family === 'bert') linear('classifier', H, L, 2);
+    else if (c.family === 'distilbert') (linear('pre_classifier', H, H), linear('classifier', H, L, 2));
+    else (linear('classifier.dense', H, H), linear('classifier.out_proj', H, L, 2));
+  }
+  if (c.head === 'mlm') {
+    // The decoder is tied to the word embeddings: a checkpoint keeps only its bias.
+    linear('cls.predictions.transform.dense', H, H);
+    norm('cls.predictions.transform.LayerNorm');
+    t('cls.predictions.bias', [vocab], 0.3, -3.3);
+  }
+  return sd;
+}
+
+function configOf(c: Case, vocab: number, positions: number, types: number): Record<string, unknown> {
+  const labels = c.labels ? { id2label: Object.fromEntries(Array.from({ length: c.labels }, (_, i) => [String(i), `L${i}`])) } : {};
+  if (c.family === 'distilbert') {
+    return { architectures: [c.architecture], model_type: 'distilbert', dim: H, n_heads: HEADS, n_layers: LAYERS, hidden_dim: I, vocab_size: vocab, max_position_embeddings: positions, activation: c.hiddenAct ?? 'gelu', pad_token_id: 0, ...labels };
+  }
+  return {
+    architectures: [c.architecture],
+    model_type: { bert: 'bert', roberta: 'xlm-roberta', electra: 'electra' }[c.family],
+    hidden_size: H, num_attention_heads: HEADS, num_hidden_layers: LAYERS, intermediate_size: I, hidden_act: c.hiddenAct ?? 'gelu',
+    vocab_size: vocab, max_position_embeddings: positions, type_vocab_size: types, layer_norm_eps: c.family === 'roberta' ? 1e-5 : 1e-12,
+    pad_token_id: c.family === 'roberta' ? 1 : 0, position_embedding_type: 'absolute',
+    ...(c.embeddingSize ? { embedding_size: c.embeddingSize } : {}),
+    ...labels,
+  };
+}
+
+/** Runs the reference script with `job` on stdin; its JSON answer. */
+function reference<T>(job: unknown): T {
+  const out = execFileSync(python, [REFERENCE], { input: JSON.stringify(job), encoding: 'utf8', maxBuffer: 2 ** 30 });
+  return JSON.parse(out) as T;
+}
+
+/** A checkpoint folder for `c`: the preset's tokenizer (and its sentence-transformers files), config.json, the weights. */
+function writeCase(c: Case, presets: Map<string, string>, rand: () => number): string {
+  const preset = presets.get(c.preset)!;
+  const dir = join(root, c.name);
+  mkdirSync(dir);
+  for (const f of readdirSync(preset)) if (f !== 'model.onnx' && f !== 'config.json' && f !== 'serve.json') cpSync(join(preset, f), join(dir, f), { recursive: true });
+  const presetConfig = JSON.parse(readFileSync(join(preset, 'config.json'), 'utf8')) as { vocab_size: number; max_position_embeddings?: number };
+  const vocab = presetConfig.vocab_size;
+  const positions = presetConfig.max_position_embeddings ?? 512;
+  const types = c.family === 'roberta' ? 1 : 2;
+  writeFileSync(join(dir, 'config.json'), JSON.stringify(configOf(c, vocab, positions, types), null, 2));
+  const sd = stateDict(c, vocab, positions, types, rand);
+  if (c.storage === 'sharded') {
+    const names = Object.keys(sd);
+    const half = Math.ceil(names.length / 2);
+    const shards = [names.slice(0, half), names.slice(half)];
+    const map: Record<string, string> = {};
+    shards.forEach((part, i) => {
+      const file = `model-0000${i + 1}-of-00002.safetensors`;
+      writeFileSync(join(dir, file), encodeSafetensors(Object.fromEntries(part.map((n) => [n, sd[n]!]))));
+      for (const n of part) map[n] = file;
+    });
+    writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: {}, weight_map: map }));
+  } else if (c.storage === 'bin' || c.storage === 'bin-strided') {
+    // torch.save of the same weights (from a scratch folder), with BERT's int64 position_ids buffer that loaders ignore.
+    const scratch = join(root, `${c.name}-f32`);
+    mkdirSync(scratch);
+    writeFileSync(join(scratch, 'model.safetensors'), encodeSafetensors(sd));
+    reference({ save_bin: dir, from: scratch, strided: c.storage === 'bin-strided' });
+    cpSync(join(scratch, 'model.safetensors'), join(root, `${c.name}.weights.safetensors`));
+  } else {
+    writeFileSync(join(dir, 'model.safetensors'), encodeSafetensors(sd, c.storage));
+  }
+  return dir;
+}
+
+function vocabularyWordsOf(tokenizerPath: string): string[] {
+  const model = (JSON.parse(readFileSync(tokenizerPath, 'utf8')) as { model: { vocab: Record<string, number> | [string, number][] } }).model;
+  const pieces = Array.isArray(model.vocab) ? model.vocab.map(([p]) => p.replace(/^▁/, '')) : Object.keys(model.vocab);
+  return [...new Set(pieces.filter((w) => /^[a-z]{2,}$/.test(w)))];
+}
+
+beforeAll(async () => {
+  python = toolOnPath('python3-torch');
+  root = mkdtempSync(join(tmpdir(), 'slabserve-checkpoints-'));
+  const presetRoot = join(root, 'presets');
+  const presets = new Map(['tiny-embed', 'tiny-xlmr', 'tiny-distilbert', 'tiny-splade'].map((p) => [p, writePreset(p, presetRoot).dir]));
+  const rand = makeRandom('checkpoint weights');
+  for (const c of CASES) {
+    dirs.set(c.name, writeCase(c, presets, rand));
+    tokenizers.set(c.name, rust.Tokenizer.fromFile(join(dirs.get(c.name)!, 'tokenizer.json')));
+  }
+  server = await startServer(testServerConfig({ models: CASES.map((c) => dirs.get(c.name)!), graphCacheDir: join(root, 'graphs'), slotsPerModel: 64, batching: { maxBatchTokens: 4096 } }));
+  await server.ready;
+}, 900_000);
+
+afterAll(async () => {
+  await server?.close();
+  if (root) rmSync(root, { recursive: true, force: true });
+});
+
+async function post(path: string, body: unknown): Promise<any> {
+  const r = await fetch(`${server.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const text = await r.text();
+  if (r.status !== 200) throw new Error(`${path}: ${r.status} ${text.slice(0, 400)}`);
+  return JSON.parse(text);
+}
+
+function worstDiff(a: ArrayLike<number>, b: ArrayLike<number>, what: string): number {
+  expect(a.length, `${what}: length`).toBe(b.length);
+  let worst = 0;
+  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i]! - b[i]!));
+  return worst;
+}
+
+/** Random texts of mixed lengths from the model's vocabulary. */
+function textsFor(c: Case, rand: () => number, count: number): string[] {
+  const words = vocabularyWordsOf(join(dirs.get(c.name)!, 'tokenizer.json'));
+  return Array.from({ length: count }, () => Array.from({ length: 1 + Math.floor(rand() ** 2 * 60) }, () => words[Math.floor(rand() * words.length)]).join(' '));
+}
+
+describe('a checkpoint folder is served from a graph built from its weights, as transformers computes it', () => {
+  it('token states (/embed_all) and pooled rows (/embed) of bare models, batched with mixed lengths, equal the PyTorch reference', async () => {
+    const rand = makeRandom('checkpoint hidden');
+    for (const c of CASES.filter((k) => k.head === 'hidden')) {
+      const texts = textsFor(c, rand, 12);
+      const tok = tokenizers.get(c.name)!;
+      const encodings = await Promise.all(texts.map((t) => tok.encode(t)));
+      const want = reference<{ outputs: number[][] }>({ dir: dirs.get(c.name), head: 'hidden', texts: encodings.map((e) => ({ ids: e.getIds(), types: e.getTypeIds() })) }).outputs;
+      const [all, pooled] = await sentTogether(server.testHooks, { [c.name]: 2 * texts.length }, () =>
+        Promise.all([Promise.all(texts.map((t) => post('/embed_all', { model: c.name, inputs: t }))), Promise.all(texts.map((t) => post('/embed', { model: c.name, inputs: t })))]),
+      );
+      let worst = 0;
+      for (const [i, e] of encodings.entries()) {
+        const states = (all[i] as number[][][])[0]!;
+        expect(states, `${c.name} text ${i}: one vector per token`).toHaveLength(e.getIds().length);
+        worst = Math.max(worst, worstDiff(states.flat(), want[i]!, `${c.name} text ${i}`));
+        // Mean pooling (no 1_Pooling in these folders), then L2: the test's own arithmetic on the reference.
+        const T = e.getIds().length;
+        const mean = Array.from({ length: H }, (_, h) => want[i]!.filter((_, k) => k % H === h).reduce((a, b) => a + b, 0) / T);
+        const norm = Math.hypot(...mean);
+        worst = Math.max(worst, worstDiff((pooled[i] as number[][])[0]!, mean.map((v) => v / norm), `${c.name} pooled ${i}`));
+      }
+      console.log(`${c.name} (${c.storage}): worst |diff| ${worst.toExponential(2)} over ${texts.length} texts`);
+      expect(worst).toBeLessThan(TOLERANCE);
+    }
+  });
+});
+
+/** Reference outputs of `c` for encodings. */
+function referenceOf(c: Case, head: Head, encodings: RustEncoding[]): number[][] {
+  return reference<{ outputs: number[][] }>({ dir: dirs.get(c.name), head, texts: encodings.map((e) => ({ ids: e.getIds(), types: e.getTypeIds() })) }).outputs;
+}
+
+describe('task heads', () => {
+  it('classifier logits (/predict raw_scores) equal the reference: BERT (F16 storage, gelu_new) and DistilBERT (relu, pre_classifier)', async () => {
+    const rand = makeRandom('checkpoint classify');
+    for (const c of CASES.filter((k) => k.head === 'classify' && k.labels! > 1)) {
+      const texts = textsFor(c, rand, 12);
+      const want = referenceOf(c, 'classify', await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(t))));
+      const got = await sentTogether(server.testHooks, { [c.name]: texts.length }, () => Promise.all(texts.map((t) => post('/predict', { model: c.name, inputs: t, raw_scores: true }))));
+      const labels = Array.from({ length: c.labels! }, (_, i) => `L${i}`);
+      let worst = 0;
+      for (const [i, g] of got.entries()) {
+        const byClass = labels.map((l) => (g as { label: string; score: number }[]).find((x) => x.label === l)!.score);
+        worst = Math.max(worst, worstDiff(byClass, want[i]!, `${c.name} text ${i}`));
+      }
+      console.log(`${c.name} (${c.storage}): worst logit |diff| ${worst.toExponential(2)} over ${texts.length} texts`);
+      expect(worst).toBeLessThan(TOLERANCE);
+    }
+  });
+
+  it('reranker scores (/rerank raw_scores) equal the reference on each (query, text) pair: BERT (sharded), XLM-RoBERTa (pytorch_model.bin), ELECTRA (embedding projection)', async () => {
+    const rand = makeRandom('checkpoint rerank');
+    for (const c of CASES.filter((k) => k.head === 'classify' && k.labels === 1)) {
+      const [query, ...texts] = textsFor(c, rand, 11).map((t) => t.split(' ').slice(0, 25).join(' '));
+      const pairs = await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(query!, t)));
+      const want = referenceOf(c, 'classify', pairs);
+      const got = (await post('/rerank', { model: c.name, query, texts, raw_scores: true })) as { index: number; score: number }[];
+      expect(got).toHaveLength(texts.length);
+      const scores = texts.map((_, i) => got.find((g) => g.index === i)!.score);
+      const worst = worstDiff(scores, want.map((w) => w[0]!), c.name);
+      console.log(`${c.name} (${c.storage}): worst score |diff| ${worst.toExponential(2)} over ${texts.length} pairs`);
+      expect(worst).toBeLessThan(TOLERANCE);
+    }
+  });
+
+  it("SPLADE rows (/embed_sparse) from a masked-LM checkpoint (pytorch_model.bin with strided tensors, the decoder tied to the word embeddings) equal the reference's max of log(1 + relu(logits))", async () => {
+    const c = CASES.find((k) => k.head === 'mlm')!;
+    const texts = textsFor(c, makeRandom('checkpoint splade'), 8);
+    const logits = referenceOf(c, 'mlm', await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(t))));
+    const got = await sentTogether(server.testHooks, { [c.name]: texts.length }, () => Promise.all(texts.map((t) => post('/embed_sparse', { model: c.name, inputs: t }))));
+    let worst = 0;
+    let nonZeros = 0;
+    for (const [i, l] of logits.entries()) {
+      const vocab = (JSON.parse(readFileSync(join(dirs.get(c.name)!, 'config.json'), 'utf8')) as { vocab_size: number }).vocab_size;
+      const want = new Float64Array(vocab);
+      for (let k = 0; k < l.length; k++) want[k % vocab] = Math.max(want[k % vocab]!, Math.log1p(Math.max(0, l[k]!)));
+      const row = new Float64Array(vocab);
+      for (const e of (got[i] as { index: number; value: number }[][])[0]!) row[e.index] = e.value;
+      nonZeros += want.filter((v) => v > 0).length;
+      worst = Math.max(worst, worstDiff(row, want, `${c.name} text ${i}`));
+    }
+    console.log(`${c.name}: worst |diff| ${worst.toExponential(2)}, ${nonZeros} non-zeros over ${texts.length} texts`);
+    expect(nonZeros).toBeGreaterThan(texts.length);
+    expect(worst).toBeLessThan(TOLERANCE);
+  });
+});
