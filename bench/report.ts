@@ -145,15 +145,11 @@ function phaseTable(phases: PhaseResult[]): string {
   const rows = groups.map((g) => {
     const byRps = [...g].sort((a, b) => a.rps - b.rps);
     const p = byRps[(byRps.length - 1) >> 1];
-    const load =
-      p.loop === 'closed'
-        ? String(p.concurrency ?? '–')
-        : `${fmtNum(p.offeredRps)} req/s${p.loadFraction != null ? ` (${fmtPct(p.loadFraction, 0)})` : ''}${p.arrivals === 'bursts' ? ', bursts' : ''}`;
     return [
       p.target,
       p.generator ? `${p.transport} (${p.generator})` : p.transport,
       p.loop,
-      load,
+      String(p.concurrency ?? '–'),
       fmtNum(p.rps),
       g.length > 1 ? g.map((x) => fmtNum(x.rps)).join(', ') : '',
       fmtNum(p.inputsPerS),
