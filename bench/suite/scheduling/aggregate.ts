@@ -119,8 +119,8 @@ function aggregateOne(b: Bench, config: Config, cell: Cell, runs: SchedulingPhas
 /** Every (configuration, cell)'s rounds merged; destroys the merged histograms. */
 export function aggregateRounds(b: Bench, records: PhaseRecords): Aggregates {
   const agg: Aggregates = new Map();
-  for (const cell of b.settings.cells) {
-    for (const config of b.settings.configs) {
+  for (const cell of b.options.scheduling.cells) {
+    for (const config of b.options.scheduling.configs) {
       const runs = records.phases.filter((x) => x.cell === cell.name && x.config === config.name);
       const k = phaseKey(config.name, cell.name);
       agg.set(k, aggregateOne(b, config, cell, runs, records.histograms.get(k)!));

@@ -11,7 +11,7 @@
 import { performance } from 'node:perf_hooks';
 import type { Engine, ModelStats } from '../../../src/main/engine.js';
 import type { SlabserveError } from '../../../src/shared/errors.js';
-import type { Cell, Config } from './configs.js';
+import { DEADLINE_MS, type Cell, type Config } from './configs.js';
 import type { Histogram } from 'hdr-histogram-js';
 import { newHistogram, sendOnSchedule } from '../../load.js';
 import { classify, engineDelta, zeroBuckets, zeroCounts, type BucketCounts, type SchedulingPhase } from './results.js';
@@ -77,7 +77,7 @@ function send(b: Bench, run: PhaseRun, tally: Tally, measured: boolean, i: numbe
   const bc = tally.byBucket[b.seqBucket[run.sched.seq[i]!]!]!;
   if (measured) tally.offered(bc, sent - scheduled);
   // The deadline runs from the scheduled arrival: a late send has less time left.
-  return run.engine.runTokens(b.settings.model, [seq], { timeoutMs: b.settings.deadlineMs - (sent - scheduled) }).then(
+  return run.engine.runTokens(b.model.name, [seq], { timeoutMs: DEADLINE_MS - (sent - scheduled) }).then(
     () => {
       if (measured) tally.answered(bc, seq.ids.length, performance.now() - scheduled);
     },
@@ -113,8 +113,8 @@ function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: Win
 
 /** Runs one phase; the latency histogram (µs) is the caller's to merge and destroy. */
 export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: SchedulingPhase; latency: Histogram }> {
-  const s = b.settings;
-  const { model, warmupMs, durationMs } = s;
+  const { warmupMs, durationMs } = b.options;
+  const model = b.model.name;
   const tally = new Tally(b.buckets.length);
   const inFlight = new Set<Promise<void>>();
   let stats0: ModelStats | undefined;
@@ -126,7 +126,7 @@ export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: Sched
   const reading = { stats0: stats0!, stats1: run.engine.stats()[model]! };
   // Every request of the phase settles by its deadline; give stragglers a bounded grace.
   const drainStart = performance.now();
-  await Promise.race([Promise.all(inFlight), sleep(s.deadlineMs + 5000)]);
+  await Promise.race([Promise.all(inFlight), sleep(DEADLINE_MS + 5000)]);
   const drainMs = performance.now() - drainStart;
   if (inFlight.size > 0) process.stderr.write(`  ${run.config.name} / ${run.cell.name}: ${inFlight.size} requests still open ${Math.round(drainMs)} ms after the window\n`);
   const result = phaseResult(run, durationMs, tally, reading);
