@@ -1,30 +1,11 @@
 /**
- * @huggingface/tokenizers (pure JS) against tokenizers (Rust, N-API), on the
- * bert-base-uncased tokenizer.json from buildBertTokenizerJson(); and /tokenize's
- * offsets: ours (JS encode + src/core/tokenizer/token-offsets.ts) against the
- * Rust library's own (getOffsets: code points, as ours).
+ * @huggingface/tokenizers (pure JS) against tokenizers (Rust, N-API) on the
+ * bert-base-uncased tokenizer.json from buildBertTokenizerJson(), each called the
+ * way the gateway would; /tokenize's offsets, ours against the Rust library's; the
+ * gateway's own tokenizer; install size and cold load. docs/tokenizer.md says how
+ * each is measured and what the columns mean.
  *
  *   npx tsc -p tsconfig.json && node dist/bench/micro/tokenizers.js [--quick]   # --help: the options
- *
- * Each library is called through its own API the way the gateway would call it:
- *   - JS:   tokenizer.encode(text, { return_token_type_ids: true })   synchronous, on the event loop
- *   - Rust: await tokenizer.encode(text) / await tokenizer.encodeBatch(texts)
- *           async only: the work runs on the libuv thread pool, the event loop pays
- *           for the hop, the promise and reading the ids back (getIds/getTypeIds).
- * Both produce Int32Array ids + type ids, what the gateway hands to the batcher.
- * The /tokenize rows build its answer (id, text, start, stop per token): ours is
- * the gateway's tokenize() (JS encode, then the alignment, on the event loop);
- * Rust's is await encode() then getIds/getOffsets/getSpecialTokensMask/getTokens.
- *
- * Reported per scenario (median over alternating rounds):
- *   wall µs/text     elapsed / texts
- *   texts/s          texts / elapsed
- *   loop µs/text     event-loop active time per text (performance.eventLoopUtilization):
- *                    how long the main thread is unavailable for other requests
- *   cpu µs/text      process CPU (all threads) per text
- * Plus: identical-ids check on random texts, the offsets agreement on fresh
- * stress texts for three tokenizer layouts (seed printed; --seed replays),
- * install size, cold load time.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
