@@ -77,7 +77,7 @@ export async function runScheduling(ctx: SuiteContext, m: ModelSetup, first: boo
       buckets: b.buckets,
       capacities: b.capacities,
       uniformCapacity: b.uniformCapacity,
-      rows: [...aggregateRounds(b, records).values()],
+      rows: aggregateRounds(b, records),
       phases: records.phases,
     };
     ctx.scheduling = section;

@@ -87,13 +87,8 @@ function send(b: Bench, run: PhaseRun, tally: Tally, measured: boolean, i: numbe
   );
 }
 
-/** The engine's counters at both ends of the measured window. */
-interface WindowReading {
-  stats0: ModelStats;
-  stats1: ModelStats;
-}
-
-function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: WindowReading): SchedulingPhase {
+/** The phase's record, from its tally and the engine's counters at both ends of the measured window. */
+function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, stats0: ModelStats, stats1: ModelStats): SchedulingPhase {
   const { latency, lag } = tally;
   return {
     config: run.config.name,
@@ -104,7 +99,7 @@ function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: Win
     p50Ms: latency.getValueAtPercentile(50) / 1000,
     p99Ms: latency.getValueAtPercentile(99) / 1000,
     sendLagP99Ms: lag.getValueAtPercentile(99) / 1000,
-    engine: engineDelta(reading.stats0, reading.stats1),
+    engine: engineDelta(stats0, stats1),
     byBucket: tally.byBucket,
     answeredTokens: tally.answeredTokens,
     ...(tally.firstOther !== undefined ? { firstOtherError: tally.firstOther } : {}),
@@ -123,13 +118,13 @@ export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: Sched
     inFlight.add(p);
   };
   await sendOnSchedule(run.sched.times, warmupMs, warmupMs + durationMs, sendOne, () => (stats0 = run.engine.stats()[model]!));
-  const reading = { stats0: stats0!, stats1: run.engine.stats()[model]! };
+  const stats1 = run.engine.stats()[model]!;
   // Every request of the phase settles by its deadline; give stragglers a bounded grace.
   const drainStart = performance.now();
   await Promise.race([Promise.all(inFlight), sleep(DEADLINE_MS + 5000)]);
   const drainMs = performance.now() - drainStart;
   if (inFlight.size > 0) process.stderr.write(`  ${run.config.name} / ${run.cell.name}: ${inFlight.size} requests still open ${Math.round(drainMs)} ms after the window\n`);
-  const result = phaseResult(run, durationMs, tally, reading);
+  const result = phaseResult(run, durationMs, tally, stats0!, stats1);
   tally.lag.destroy();
   return { result, latency: tally.latency };
 }
