@@ -15,6 +15,7 @@ import {
   CASE_TITLES,
   buildCharts,
   chartList,
+  curveGroups,
   fmtMetric,
   fmtNum,
   fmtPct,
@@ -265,13 +266,9 @@ function curveSection(r: SuiteResults, charts: ChartSet): string {
       'Rejected: share of offered requests refused with 429/503.',
     '',
   );
-  const curves = (r.curves ?? []).filter((c) => c.points.length > 0);
-  const groups = [...new Set(curves.map((c) => `${c.model}\u0000${c.transport}`))];
-  for (const gk of groups) {
-    const [model, transport] = gk.split('\u0000');
-    const inGroup = curves.filter((c) => c.model === model && c.transport === transport);
-    for (const c of inGroup) out.push(curveBlock(c), '');
-    const chart = charts.latencyThroughput.find((x) => x.file === latencyThroughputFile(model, transport));
+  for (const g of curveGroups(r)) {
+    for (const c of g.curves) out.push(curveBlock(c), '');
+    const chart = charts.latencyThroughput.find((x) => x.file === latencyThroughputFile(g.model, g.transport));
     if (chart) out.push(image(chart), '');
   }
   return out.join('\n').trimEnd();
