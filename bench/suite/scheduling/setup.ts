@@ -64,8 +64,7 @@ export async function openBench(options: SuiteOptions, model: ModelSetup): Promi
     throw err;
   }
   const ref = engines.get(configs[0]!.name)!;
-  const batching = ref.info().find((m) => m.name === model.name)!.batching;
-  const buckets = batching.buckets;
+  const buckets = ref.info().find((m) => m.name === model.name)!.batching.buckets;
   const seqs = model.workloads.get('mixed')!.requests.map((q) => ({ ids: q[0]!.ids, typeIds: q[0]!.typeIds }));
   const seqBucket = Uint8Array.from(seqs, (s) => bucketFor(buckets, s.ids.length));
   const rowsByBucket = buckets.map((_, b) => seqBucket.filter((x) => x === b).length);
@@ -77,7 +76,7 @@ export async function openBench(options: SuiteOptions, model: ModelSetup): Promi
       return [c.name, { caps, uniform, rowCapacity: uniform ? caps[0]! : rowsByBucket.reduce((a, n, b) => a + n * caps[b]!, 0) / seqs.length }];
     }),
   );
-  const capacities = buckets.map((b) => batchCapacity(batching, b));
+  const capacities = capacityOf.get(configs[0]!.name)!.caps;
   const uniformCapacity = [...capacityOf.values()].every((x) => x.uniform && x.caps[0] === capacities[0]);
   return { options, model, engines, ref, buckets, capacities, seqs, seqBucket, capacityOf, uniformCapacity };
 }
