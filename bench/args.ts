@@ -9,7 +9,6 @@
  *   number, int        a number >= `min` (int: an integer)
  *   numbers, ints      a comma-separated list of those (empty items skipped)
  *   strings            a comma-separated list; `choices` limits each item
- *   repeated           every occurrence of a string flag, in order
  *
  * `quick` is the default when the script's own `--quick` flag is given.
  * A bad value ends the run with exit status 2 and one line naming the flag;
@@ -29,25 +28,22 @@ export type OptionSpec = Common &
     | { type: 'number' | 'int'; min: number; default?: number; quick?: number }
     | { type: 'numbers' | 'ints'; min: number; default?: readonly number[]; quick?: readonly number[] }
     | { type: 'strings'; default?: readonly string[]; quick?: readonly string[]; choices?: readonly string[] }
-    | { type: 'repeated' }
   );
 
 type Given<O, V> = O extends { default: unknown } ? V : V | undefined;
 type ValueOf<O extends OptionSpec> = O extends { type: 'boolean' }
   ? boolean
-  : O extends { type: 'repeated' }
-    ? string[]
-    : O extends { type: 'number' | 'int' }
-      ? Given<O, number>
-      : O extends { type: 'numbers' | 'ints' }
-        ? Given<O, number[]>
-        : O extends { type: 'strings'; choices: readonly (infer C)[] }
-          ? Given<O, C[]>
-          : O extends { type: 'strings' }
-            ? Given<O, string[]>
-            : O extends { type: 'string'; choices: readonly (infer C)[] }
-              ? Given<O, C>
-              : Given<O, string>;
+  : O extends { type: 'number' | 'int' }
+    ? Given<O, number>
+    : O extends { type: 'numbers' | 'ints' }
+      ? Given<O, number[]>
+      : O extends { type: 'strings'; choices: readonly (infer C)[] }
+        ? Given<O, C[]>
+        : O extends { type: 'strings' }
+          ? Given<O, string[]>
+          : O extends { type: 'string'; choices: readonly (infer C)[] }
+            ? Given<O, C>
+            : Given<O, string>;
 export type Options<T extends Record<string, OptionSpec>> = { -readonly [K in keyof T]: ValueOf<T[K]> };
 
 export function fail(msg: string): never {
@@ -93,12 +89,10 @@ function convert(name: string, o: OptionSpec, text: string): unknown {
       return numList(name, text, o.min, o.type === 'ints');
     case 'strings':
       return items(text).map((x) => checkChoice(name, x, o.choices));
-    default:
-      return text;
   }
 }
 
-const PLACEHOLDER: Record<OptionSpec['type'], string> = { boolean: '', string: 'S', number: 'X', int: 'N', numbers: 'LIST', ints: 'LIST', strings: 'LIST', repeated: 'S' };
+const PLACEHOLDER: Record<OptionSpec['type'], string> = { boolean: '', string: 'S', number: 'X', int: 'N', numbers: 'LIST', ints: 'LIST', strings: 'LIST' };
 
 const shown = (v: unknown) => (Array.isArray(v) ? v.join(',') : String(v));
 
@@ -117,9 +111,9 @@ export function helpText(usage: string, spec: Record<string, OptionSpec>): strin
 
 /** Parses `argv` (default: this process's arguments) against `spec`; see the header. */
 export function parseOptions<const T extends Record<string, OptionSpec>>(usage: string, spec: T, argv = process.argv.slice(2)): Options<T> {
-  const options: Record<string, { type: 'string' | 'boolean'; multiple?: boolean; short?: string }> = { help: { type: 'boolean', short: 'h' } };
-  for (const [name, o] of Object.entries(spec)) options[name] = o.type === 'boolean' ? { type: 'boolean' } : { type: 'string', ...(o.type === 'repeated' ? { multiple: true } : {}) };
-  let values: Record<string, string | boolean | string[] | undefined>;
+  const options: Record<string, { type: 'string' | 'boolean'; short?: string }> = { help: { type: 'boolean', short: 'h' } };
+  for (const [name, o] of Object.entries(spec)) options[name] = { type: o.type === 'boolean' ? 'boolean' : 'string' };
+  let values: Record<string, string | boolean | undefined>;
   try {
     values = parseArgs({ args: argv, options, strict: true, allowPositionals: false }).values as typeof values;
   } catch (err) {
@@ -134,7 +128,6 @@ export function parseOptions<const T extends Record<string, OptionSpec>>(usage: 
   for (const [name, o] of Object.entries(spec)) {
     const v = values[name];
     if (o.type === 'boolean') out[name] = v === true;
-    else if (o.type === 'repeated') out[name] = (v as string[] | undefined) ?? [];
     else if (typeof v === 'string') out[name] = convert(name, o, v);
     else {
       const d = quick && o.quick !== undefined ? o.quick : o.default;

@@ -16,8 +16,9 @@ import hdr, { type Histogram } from 'hdr-histogram-js';
 import { pack, unpack } from 'msgpackr';
 import type WebSocket from 'ws';
 import type { ServerCounters } from './server-process.js';
+import type { PhaseResult } from './suite-results.js';
 import { NODE_GENERATOR_COST, wrkInstalled, wrkWorkload, type WrkWorkloadRun } from './wrk.js';
-import { closeSocket, openSocket } from './ws-load.js';
+import { closeSocket, openSocket, type WsAnswer } from './ws-load.js';
 import { arrivalTimes, type Bursts } from './arrivals.js';
 import { requestInputs, requestSize, type Workload } from './workloads.js';
 
@@ -73,16 +74,10 @@ interface WindowMeasures {
   countersMs: number;
 }
 
-export interface LoadOutcome extends WindowMeasures {
+/** The counts as a phase record has them (requests: answered 200, counted as the module header says). */
+export interface LoadOutcome extends WindowMeasures, Pick<PhaseResult, 'requests' | 'inputs' | 'tokens' | 'rejected' | 'errors' | 'firstError'> {
   generator: Generator;
   windowMs: number;
-  /** Answered 200 (counted as the module header says). */
-  requests: number;
-  inputs: number;
-  tokens: number;
-  rejected: number;
-  errors: number;
-  firstError?: string;
   /** Latencies of the answered requests, microseconds. The caller destroys it. */
   histogram: Histogram;
 }
@@ -143,12 +138,6 @@ function httpChannel(origin: string, connections: number, w: Workload): Channel 
   };
 }
 
-interface WsAnswer {
-  id?: number;
-  result?: unknown;
-  error?: { type: string; code: string; message: string };
-}
-
 /**
  * `sockets` WebSockets, each with `credit` requests in flight at most; requests
  * beyond the credit wait in a local queue (their wait counts in the latency).
@@ -165,7 +154,7 @@ async function wsChannel(origin: string, w: Workload, sockets: number, credit: n
       const m = unpack(data) as WsAnswer;
       const done = typeof m.id === 'number' ? pending.get(m.id) : undefined;
       if (!done) return;
-      pending.delete(m.id!);
+      pending.delete(m.id as number);
       inflight--;
       queue.shift()?.();
       if (!m.error) done(Array.isArray(m.result) ? 'ok' : `ws: unexpected result ${JSON.stringify(m).slice(0, 200)}`);
@@ -256,55 +245,45 @@ class Tally {
 const cpuMs = (u: NodeJS.CpuUsage) => (u.user + u.system) / 1000;
 
 /**
- * Opens a measured window now: scrapes the server's counters, then notes this
- * process's CPU, the server's CPU and the start time. close() ends the window
- * (`onEnd` is called at its end, before the second scrape, so answers during
- * the scrape do not count) and takes them again.
+ * The measured window of a run: Infinity at both ends until it opens and closes (a closed loop
+ * counts the answers between them). open() scrapes the server's counters, then notes this
+ * process's CPU, the server's CPU and the start time; close() ends the window (before the second
+ * scrape, so answers during the scrape do not count) and takes them again.
  */
-async function openWindow(target: LoadTarget, model: string): Promise<{ start: number; close(onEnd?: (end: number) => void): Promise<WindowMeasures> }> {
-  const scrape = async () => {
-    const t0 = performance.now();
-    const c = target.counters ? await target.counters(model) : undefined;
-    return { c, at: (t0 + performance.now()) / 2 };
-  };
-  const before = await scrape();
-  const cpu0 = process.cpuUsage();
-  const s0 = target.cpuMs();
-  const start = performance.now();
-  return {
-    start,
-    close: async (onEnd) => {
-      onEnd?.(performance.now());
-      const s1 = target.cpuMs();
-      const clientCpuMs = cpuMs(process.cpuUsage(cpu0));
-      const after = await scrape();
-      return {
-        clientCpuMs,
-        serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
-        ...(before.c ? { before: before.c } : {}),
-        ...(after.c ? { after: after.c } : {}),
-        countersMs: after.at - before.at,
-      };
-    },
-  };
-}
-
-/** The measured window of a run: Infinity at both ends until it opens and closes (a closed loop counts answers between them). */
 class MeasuredWindow {
   start = Infinity;
   end = Infinity;
   measures: WindowMeasures | undefined;
-  private opened: Awaited<ReturnType<typeof openWindow>> | undefined;
+  private before: { counters: ServerCounters | undefined; at: number; cpu: NodeJS.CpuUsage; serverCpuMs: number | null } | undefined;
 
-  constructor(private readonly spec: LoadSpec) {}
+  constructor(private readonly spec: Pick<LoadSpec, 'target' | 'model'>) {}
 
-  async open(): Promise<void> {
-    this.opened = await openWindow(this.spec.target, this.spec.model);
-    this.start = this.opened.start;
+  private async scrape() {
+    const t0 = performance.now();
+    const counters = this.spec.target.counters ? await this.spec.target.counters(this.spec.model) : undefined;
+    return { counters, at: (t0 + performance.now()) / 2 };
   }
 
-  async close(): Promise<void> {
-    this.measures = await this.opened!.close((end) => (this.end = end));
+  async open(): Promise<void> {
+    const scraped = await this.scrape();
+    this.before = { ...scraped, cpu: process.cpuUsage(), serverCpuMs: this.spec.target.cpuMs() };
+    this.start = performance.now();
+  }
+
+  async close(): Promise<WindowMeasures> {
+    this.end = performance.now();
+    const s1 = this.spec.target.cpuMs();
+    const clientCpuMs = cpuMs(process.cpuUsage(this.before!.cpu));
+    const { counters: before, at, serverCpuMs: s0 } = this.before!;
+    const after = await this.scrape();
+    this.measures = {
+      clientCpuMs,
+      serverCpuMs: s0 !== null && s1 !== null ? s1 - s0 : null,
+      ...(before ? { before } : {}),
+      ...(after.counters ? { after: after.counters } : {}),
+      countersMs: after.at - at,
+    };
+    return this.measures;
   }
 }
 
@@ -467,10 +446,10 @@ async function wrkLoop(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
   const tick = spec.onProgress ? setInterval(() => spec.onProgress!({ elapsedMs: performance.now() - started, totalMs: spec.warmupMs + spec.durationMs, answered: 0, rejected: 0, errors: 0 }), 250) : undefined;
   try {
     if (spec.warmupMs > 0) await wrkWorkload(spec.target.origin, w.bodies, { ...opts, seconds: seconds(spec.warmupMs) });
-    const window = await openWindow(spec.target, spec.model);
+    const window = new MeasuredWindow(spec);
+    await window.open();
     const run = await wrkWorkload(spec.target.origin, w.bodies, { ...opts, seconds: seconds(spec.durationMs) });
-    const m = await window.close();
-    return wrkOutcome(w, run, m);
+    return wrkOutcome(w, run, await window.close());
   } finally {
     if (tick) clearInterval(tick);
   }

@@ -138,12 +138,9 @@ function varyingLabel<T>(items: T[], fields: (keyof T)[]): (x: T) => string[] {
   return (x) => vary.map((f) => String(x[f]));
 }
 
+/** A closed loop's callers (the open-loop phases are the curves', which have tables and plots of their own). */
 function phaseLoad(p: PhaseResult): string {
-  if (p.loop === 'closed') return p.concurrency != null ? `${p.concurrency} callers` : 'closed loop';
-  const parts = [p.offeredRps != null ? `${fmtNum(p.offeredRps)} req/s offered` : 'open loop'];
-  if (p.loadFraction != null) parts.push(`(${fmtPct(p.loadFraction, 0)} load)`);
-  if (p.arrivals === 'bursts') parts.push('bursts');
-  return parts.join(' ');
+  return p.concurrency != null ? `${p.concurrency} callers` : 'closed loop';
 }
 
 export function safeName(s: string): string {
@@ -426,7 +423,7 @@ export function paddingRows(results: SuiteResults): PaddingRow[] {
     model: g[0].model,
     workload: g[0].workload,
     transport: g[0].transport,
-    target: g[0].target + (g[0].loop === 'closed' ? '' : ` (${phaseLoad(g[0])})`),
+    target: g[0].target,
     efficiency: median(g.map((p) => p.server!.paddingEfficiency)),
   }));
   return rows.sort((a, b) => CASE_ORDER.indexOf(a.case) - CASE_ORDER.indexOf(b.case));

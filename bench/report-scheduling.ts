@@ -7,7 +7,7 @@
 import { alignedTable, fmt, pct } from './table.js';
 import { LONG_MIN, SHORT_MAX, type Aggregate, type SchedulingSection } from './suite/scheduling/aggregate.js';
 import type { Cell, Config } from './suite/scheduling/configs.js';
-import { phaseKey, refused, timedOut } from './suite/scheduling/results.js';
+import { refused, timedOut } from './suite/scheduling/results.js';
 
 /** The rows, looked up by configuration and cell. */
 type Rows = (config: string, cell: string) => Aggregate;
@@ -137,7 +137,7 @@ function readOverload(configs: Config[], cells: Cell[], rows: Rows): string[] {
 
 /** The section's Markdown. */
 export function schedulingMarkdown(sec: SchedulingSection): string {
-  const rows: Rows = (config, cell) => sec.rows.find((x) => phaseKey(x.config, x.cell) === phaseKey(config, cell))!;
+  const rows: Rows = (config, cell) => sec.rows.find((x) => x.config === config && x.cell === cell)!;
   const reading = [...readTargets(sec.configs, sec.cells, rows), ...readFixedWindows(sec.configs, sec.cells, rows), ...readOverload(sec.configs, sec.cells, rows)];
   return [...cellTables(sec, rows), ...summary(sec, rows), '', 'Reading (computed):', '', ...reading.map((l) => `- ${l}`)].join('\n');
 }

@@ -15,6 +15,7 @@ import {
   CASE_TITLES,
   buildCharts,
   chartList,
+  curveGroups,
   fmtMetric,
   fmtNum,
   fmtPct,
@@ -145,15 +146,11 @@ function phaseTable(phases: PhaseResult[]): string {
   const rows = groups.map((g) => {
     const byRps = [...g].sort((a, b) => a.rps - b.rps);
     const p = byRps[(byRps.length - 1) >> 1];
-    const load =
-      p.loop === 'closed'
-        ? String(p.concurrency ?? '–')
-        : `${fmtNum(p.offeredRps)} req/s${p.loadFraction != null ? ` (${fmtPct(p.loadFraction, 0)})` : ''}${p.arrivals === 'bursts' ? ', bursts' : ''}`;
     return [
       p.target,
       p.generator ? `${p.transport} (${p.generator})` : p.transport,
       p.loop,
-      load,
+      String(p.concurrency ?? '–'),
       fmtNum(p.rps),
       g.length > 1 ? g.map((x) => fmtNum(x.rps)).join(', ') : '',
       fmtNum(p.inputsPerS),
@@ -269,13 +266,9 @@ function curveSection(r: SuiteResults, charts: ChartSet): string {
       'Rejected: share of offered requests refused with 429/503.',
     '',
   );
-  const curves = (r.curves ?? []).filter((c) => c.points.length > 0);
-  const groups = [...new Set(curves.map((c) => `${c.model}\u0000${c.transport}`))];
-  for (const gk of groups) {
-    const [model, transport] = gk.split('\u0000');
-    const inGroup = curves.filter((c) => c.model === model && c.transport === transport);
-    for (const c of inGroup) out.push(curveBlock(c), '');
-    const chart = charts.latencyThroughput.find((x) => x.file === latencyThroughputFile(model, transport));
+  for (const g of curveGroups(r)) {
+    for (const c of g.curves) out.push(curveBlock(c), '');
+    const chart = charts.latencyThroughput.find((x) => x.file === latencyThroughputFile(g.model, g.transport));
     if (chart) out.push(image(chart), '');
   }
   return out.join('\n').trimEnd();

@@ -19,7 +19,6 @@ export interface ServerCounters {
   runSeconds: number;
   realTokens: number;
   paddedTokens: number;
-  failures: number;
   /** slabserve_batch_size histogram: upper bound (`le`, "+Inf" as Infinity) -> cumulative batches. */
   batchSizeLe: Map<number, number>;
   /** CPU seconds per thread of the server (slabserve_thread_cpu_seconds_total: main, gateway-N, inference, onnxruntime, other). */
@@ -174,7 +173,7 @@ export function getText(url: string): Promise<string> {
 
 /** Sums of the slabserve series the bench needs, for one model (label order does not matter). */
 export function parseCounters(text: string, model: string): ServerCounters {
-  const out: ServerCounters = { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, failures: 0, batchSizeLe: new Map(), threadCpuS: new Map() };
+  const out: ServerCounters = { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, batchSizeLe: new Map(), threadCpuS: new Map() };
   for (const line of text.split('\n')) {
     if (!line.startsWith('slabserve_')) continue;
     const m = /^(\w+)(?:\{([^}]*)\})?\s+(\S+)/.exec(line);
@@ -182,7 +181,6 @@ export function parseCounters(text: string, model: string): ServerCounters {
     const [, name, labelText = '', value] = m;
     const labels = Object.fromEntries([...labelText.matchAll(/(\w+)="([^"]*)"/g)].map((x) => [x[1]!, x[2]!]));
     const v = Number(value);
-    if (name === 'slabserve_request_failures_total') out.failures += v;
     if (name === 'slabserve_thread_cpu_seconds_total') out.threadCpuS.set(labels.thread!, (out.threadCpuS.get(labels.thread!) ?? 0) + v);
     if (labels.model !== model) continue;
     if (name === 'slabserve_batch_size_count') out.batches += v;

@@ -50,16 +50,20 @@ function normal(r: () => number): number {
   return Math.sqrt(-2 * Math.log(1 - r())) * Math.cos(2 * Math.PI * r());
 }
 
+/** The words and the word pieces (without ##) of the bert-base-uncased vocabulary, what the generated texts are made of. */
+export function vocabulary(): { words: string[]; pieces: string[] } {
+  const vocab = bertUncasedVocab();
+  return {
+    words: vocab.filter((t) => /^[a-z]{2,}$/.test(t)),
+    pieces: vocab.filter((t) => /^##[a-z]{2,}$/.test(t)).map((t) => t.slice(2)),
+  };
+}
+
 /** Builds English-looking texts out of vocabulary words and word pieces. */
 class TextMaker {
-  private readonly words: string[];
-  private readonly pieces: string[];
+  private readonly v = vocabulary();
 
-  constructor(private readonly r: () => number) {
-    const vocab = bertUncasedVocab();
-    this.words = vocab.filter((t) => /^[a-z]{2,}$/.test(t));
-    this.pieces = vocab.filter((t) => /^##[a-z]{2,}$/.test(t)).map((t) => t.slice(2));
-  }
+  constructor(private readonly r: () => number) {}
 
   private pick<T>(xs: readonly T[]): T {
     return xs[Math.floor(this.r() * xs.length)]!;
@@ -70,8 +74,8 @@ class TextMaker {
     const parts: string[] = [];
     const words = Math.max(1, Math.round((tokens - 2) * 0.8));
     for (let i = 0; i < words; i++) {
-      let w = this.pick(this.words);
-      if (this.r() < 0.15) w += this.pick(this.pieces);
+      let w = this.pick(this.v.words);
+      if (this.r() < 0.15) w += this.pick(this.v.pieces);
       if (i === 0) w = w[0]!.toUpperCase() + w.slice(1);
       if (this.r() < 0.1) w += this.pick([',', ';', '.']);
       parts.push(w);

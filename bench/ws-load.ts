@@ -8,7 +8,8 @@
 import { pack, unpack } from 'msgpackr';
 import WebSocket from 'ws';
 
-interface Answer {
+/** A message from the server's /ws: an answer (id, result or error) or the hello granting a credit. */
+export interface WsAnswer {
   id?: number | string | null;
   op?: string;
   credit?: number;
@@ -37,7 +38,7 @@ export function openSocket(origin: string, credit: number, timeoutMs = 10_000): 
     ws.once('open', () => ws.send(pack({ op: 'hello', credit })));
     ws.once('message', (data: Buffer) => {
       clearTimeout(timer);
-      const m = unpack(data) as Answer;
+      const m = unpack(data) as WsAnswer;
       if (m.op !== 'hello' || m.credit !== credit) {
         ws.terminate();
         reject(new Error(`ws: expected hello with credit ${credit}, got ${JSON.stringify(m).slice(0, 200)}`));
@@ -68,7 +69,7 @@ export async function embedOnce(origin: string, text: string): Promise<Float32Ar
   try {
     return await new Promise<Float32Array>((resolve, reject) => {
       ws.once('message', (data: Buffer) => {
-        const m = unpack(data) as Answer;
+        const m = unpack(data) as WsAnswer;
         if (m.error || !Array.isArray(m.result)) return reject(new Error(`ws embed: ${JSON.stringify(m.error ?? m).slice(0, 300)}`));
         const row = m.result[0] as Uint8Array;
         const copy = new Uint8Array(row); // aligned copy

@@ -20,7 +20,6 @@ const SPEC = {
   clients: { type: 'ints', min: 1, default: [1, 64], help: 'clients' },
   loads: { type: 'numbers', min: 1, quick: [25, 100], help: 'loads' },
   forms: { type: 'strings', default: ['text', 'ids'], choices: ['text', 'ids'], help: 'forms' },
-  'server-arg': { type: 'repeated', help: 'passed on' },
   json: { type: 'string', value: 'PATH', help: 'raw results' },
   quick: { type: 'boolean', help: 'shorter defaults' },
 } as const satisfies Record<string, OptionSpec>;
@@ -37,16 +36,15 @@ function runParser(argv: string[]) {
 describe('bench/args parseOptions', () => {
   it('gives every option its declared default, typed, when nothing is given', () => {
     const o = parseOptions('x', SPEC, []);
-    expect(o).toEqual({ model: 'tiny-embed', report: 'median', rounds: 3, 'duration-s': 2, clients: [1, 64], loads: undefined, forms: ['text', 'ids'], 'server-arg': [], json: undefined, quick: false });
+    expect(o).toEqual({ model: 'tiny-embed', report: 'median', rounds: 3, 'duration-s': 2, clients: [1, 64], loads: undefined, forms: ['text', 'ids'], json: undefined, quick: false });
   });
 
-  it('converts what is given: numbers, lists, repeated flags, choices', () => {
-    const o = parseOptions('x', SPEC, ['--rounds', '5', '--duration-s=0.5', '--clients', '2, 8,,16', '--forms', 'ids', '--server-arg=--a=1', '--server-arg=--b', '--report', 'best', '--json', 'out.json']);
+  it('converts what is given: numbers, lists, choices', () => {
+    const o = parseOptions('x', SPEC, ['--rounds', '5', '--duration-s=0.5', '--clients', '2, 8,,16', '--forms', 'ids', '--report', 'best', '--json', 'out.json']);
     expect(o.rounds).toBe(5);
     expect(o['duration-s']).toBe(0.5);
     expect(o.clients).toEqual([2, 8, 16]);
     expect(o.forms).toEqual(['ids']);
-    expect(o['server-arg']).toEqual(['--a=1', '--b']);
     expect(o.report).toBe('best');
     expect(o.json).toBe('out.json');
   });

@@ -43,7 +43,6 @@ describe('suite phases', () => {
       runSeconds: runS,
       realTokens: real,
       paddedTokens: padded,
-      failures: 0,
       batchSizeLe: new Map(le),
       threadCpuS: new Map(),
     });

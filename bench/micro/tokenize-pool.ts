@@ -15,9 +15,9 @@ import type { ServedModel } from '../../src/core/served-model.js';
 import { packageRoot } from '../../src/main/plan-models.js';
 import { loadModelSpec } from '../../src/shared/model-format/model-config.js';
 import { mulberry32 } from '../../models/generator/rng.js';
-import { bertUncasedVocab } from '../../models/generator/tokenizer-json.js';
 import { median, roundOrder } from '../suite/phases.js';
 import { alignedTable, fmt } from '../table.js';
+import { vocabulary } from '../workloads.js';
 
 const ROUNDS = 5;
 const ROUND_MS = 1000;
@@ -31,7 +31,7 @@ const pool = createTokenizePool(1);
 await pool.tokenize(model, ['warm up'], opts);
 
 const rand = mulberry32(7);
-const words = bertUncasedVocab().filter((w) => /^[a-z]{2,}$/.test(w));
+const words = vocabulary().words;
 const text = (n: number) => Array.from({ length: n }, () => words[Math.floor(rand() * words.length)]).join(' ');
 const short = Array.from({ length: 256 }, () => text(8 + Math.floor(rand() * 24)));
 const long = Array.from({ length: 64 * 8 }, () => text(380 + Math.floor(rand() * 40)));

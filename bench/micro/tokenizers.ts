@@ -1,30 +1,11 @@
 /**
- * @huggingface/tokenizers (pure JS) against tokenizers (Rust, N-API), on the
- * bert-base-uncased tokenizer.json from buildBertTokenizerJson(); and /tokenize's
- * offsets: ours (JS encode + src/core/tokenizer/token-offsets.ts) against the
- * Rust library's own (getOffsets: code points, as ours).
+ * @huggingface/tokenizers (pure JS) against tokenizers (Rust, N-API) on the
+ * bert-base-uncased tokenizer.json from buildBertTokenizerJson(), each called the
+ * way the gateway would; /tokenize's offsets, ours against the Rust library's; the
+ * gateway's own tokenizer; install size and cold load. docs/tokenizer.md says how
+ * each is measured and what the columns mean.
  *
  *   npx tsc -p tsconfig.json && node dist/bench/micro/tokenizers.js [--quick]   # --help: the options
- *
- * Each library is called through its own API the way the gateway would call it:
- *   - JS:   tokenizer.encode(text, { return_token_type_ids: true })   synchronous, on the event loop
- *   - Rust: await tokenizer.encode(text) / await tokenizer.encodeBatch(texts)
- *           async only: the work runs on the libuv thread pool, the event loop pays
- *           for the hop, the promise and reading the ids back (getIds/getTypeIds).
- * Both produce Int32Array ids + type ids, what the gateway hands to the batcher.
- * The /tokenize rows build its answer (id, text, start, stop per token): ours is
- * the gateway's tokenize() (JS encode, then the alignment, on the event loop);
- * Rust's is await encode() then getIds/getOffsets/getSpecialTokensMask/getTokens.
- *
- * Reported per scenario (median over alternating rounds):
- *   wall µs/text     elapsed / texts
- *   texts/s          texts / elapsed
- *   loop µs/text     event-loop active time per text (performance.eventLoopUtilization):
- *                    how long the main thread is unavailable for other requests
- *   cpu µs/text      process CPU (all threads) per text
- * Plus: identical-ids check on random texts, the offsets agreement on fresh
- * stress texts for three tokenizer layouts (seed printed; --seed replays),
- * install size, cold load time.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -37,10 +18,12 @@ import { Tokenizer as JsTokenizer } from '@huggingface/tokenizers';
 import { Tokenizer as RsTokenizer } from 'tokenizers';
 import { createTokenizer, type TokenSpan } from '../../src/core/tokenizer/tokenizer.js';
 import { mulberry32 as rng } from '../../models/generator/rng.js';
-import { bertUncasedVocab, buildBertTokenizerJson, buildByteBpeTokenizerJson, buildUnigramTokenizerJson } from '../../models/generator/tokenizer-json.js';
+import { buildBertTokenizerJson, buildByteBpeTokenizerJson, buildUnigramTokenizerJson } from '../../models/generator/tokenizer-json.js';
 import { parseOptions, type OptionSpec } from '../args.js';
 import { alignedTable, fmt } from '../table.js';
 import { machineLine } from '../machine.js';
+import { median, roundOrder } from '../suite/phases.js';
+import { vocabulary } from '../workloads.js';
 
 const OPTIONS = {
   rounds: { type: 'int', min: 1, default: 6, quick: 2, help: 'alternating rounds of each scenario; the median is reported' },
@@ -52,19 +35,7 @@ const OPTIONS = {
 
 // ---------------------------------------------------------------- texts
 
-/** Words and word pieces (without ##) of the bert-base-uncased vocabulary, for the generated texts. */
-interface Vocabulary {
-  words: string[];
-  pieces: string[];
-}
-
-function vocabulary(): Vocabulary {
-  const vocab = bertUncasedVocab();
-  return {
-    words: vocab.filter((t) => /^[a-z]{2,}$/.test(t)),
-    pieces: vocab.filter((t) => /^##[a-z]{2,}$/.test(t)).map((t) => t.slice(2)),
-  };
-}
+type Vocabulary = ReturnType<typeof vocabulary>;
 
 const PUNCT = [',', '.', ';', ':', '!', '?', "'s", ' -', ' (', ')', '"'];
 
@@ -301,12 +272,6 @@ interface Scenario {
   textsPerCall: number;
 }
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
-
 interface Row {
   scenario: string;
   lib: 'js' | 'rust';
@@ -316,6 +281,8 @@ interface Row {
   cpuUs: number;
 }
 
+const LIBS = ['js', 'rust'] as const;
+
 async function runScenarios(scenarios: Scenario[], rounds: number, budgetMs: number): Promise<Row[]> {
   const samples = new Map<string, Sample[]>();
   // warm-up: both libraries, every scenario
@@ -323,10 +290,9 @@ async function runScenarios(scenarios: Scenario[], rounds: number, budgetMs: num
     await measure(budgetMs / 2, s.textsPerCall, s.js);
     await measure(budgetMs / 2, s.textsPerCall, s.rust);
   }
-  for (let round = 0; round < rounds; round++) {
+  for (let round = 1; round <= rounds; round++) {
     for (const s of scenarios) {
-      const order: Array<'js' | 'rust'> = round % 2 === 0 ? ['js', 'rust'] : ['rust', 'js'];
-      for (const lib of order) {
+      for (const lib of roundOrder(round, 2).map((i) => LIBS[i]!)) {
         const sample = await measure(budgetMs, s.textsPerCall, lib === 'js' ? s.js : s.rust);
         const key = `${s.name}\u0000${lib}`;
         samples.set(key, [...(samples.get(key) ?? []), sample]);
@@ -335,7 +301,7 @@ async function runScenarios(scenarios: Scenario[], rounds: number, budgetMs: num
   }
   const rows: Row[] = [];
   for (const s of scenarios) {
-    for (const lib of ['js', 'rust'] as const) {
+    for (const lib of LIBS) {
       const ss = samples.get(`${s.name}\u0000${lib}`)!;
       rows.push({
         scenario: s.name,
@@ -420,9 +386,8 @@ function coldLoad(jsonPath: string, runs: number): ColdRow[] {
   const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..'); // dist/bench/micro/tokenizers.js -> the repo root
   const acc = new Map<string, number[][]>();
   const libs = Object.keys(scripts);
-  for (let i = 0; i < runs; i++) {
-    const order = i % 2 === 0 ? libs : [...libs].reverse();
-    for (const lib of order) {
+  for (let i = 1; i <= runs; i++) {
+    for (const lib of roundOrder(i, libs.length).map((k) => libs[k]!)) {
       const t0 = performance.now();
       const out = spawnSync(process.execPath, ['--input-type=module', '-e', scripts[lib]!], { cwd: repoRoot, encoding: 'utf8' });
       const procMs = performance.now() - t0;

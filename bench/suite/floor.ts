@@ -43,7 +43,7 @@ async function startFloor(m: ModelSetup): Promise<Target> {
   // its /ws answers must be rows of the model's width, or what it spends per request proves nothing
   const row = await embedOnce(child.origin, 'a floor check');
   if (row.length !== m.spec.hiddenSize) throw new Error(`floor server: /ws answered ${row.length} dimensions, the model has ${m.spec.hiddenSize}`);
-  const noBatches = { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, failures: 0, batchSizeLe: new Map() };
+  const noBatches = { batches: 0, rows: 0, runSeconds: 0, realTokens: 0, paddedTokens: 0, batchSizeLe: new Map() };
   return { label: 'floor', origin: child.origin, cpuMs: () => procCpuMs(child.pid), counters: async () => ({ ...noBatches, threadCpuS: floorThreadCpu(child.pid) }), stop: () => child.stop() };
 }
 

@@ -11,36 +11,33 @@ import { fmt } from '../table.js';
 import type { SuiteContext } from './context.js';
 import { roundOrder } from './phases.js';
 import { aggregateRounds, type PhaseRecords, type SchedulingSection } from './scheduling/aggregate.js';
-import type { Cell, Config } from './scheduling/configs.js';
+import { DEADLINE_MS, SCHEDULING_BURSTS, type Cell } from './scheduling/configs.js';
 import { runPhase, type Schedule } from './scheduling/open-loop-phase.js';
 import { phaseKey } from './scheduling/results.js';
-import { closeEngines, measureCapacity, openBench, type Bench, type Settings } from './scheduling/setup.js';
+import { closeEngines, measureCapacity, openBench, type Bench } from './scheduling/setup.js';
 import type { ModelSetup } from './setup.js';
-
-/** 5x the mean rate for 20% of every second: silence in between. */
-export const SCHEDULING_BURSTS = { factor: 5, duty: 0.2, periodMs: 1000 };
-const DEADLINE_MS = 1000;
 
 /** A cell's arrivals in one round, seeded by the seed, the round and the cell's place. */
 function schedule(b: Bench, cell: Cell, ci: number, capacityPerS: number, round: number): Schedule {
-  const s = b.settings;
-  const r = mulberry32((s.seed * 7919 + round * 104729 + ci * 1299709) >>> 0);
-  const times = arrivalTimes((capacityPerS * cell.loadPct) / 100, s.warmupMs + s.durationMs, r, cell.pattern === 'burst' ? s.burst : undefined);
+  const o = b.options;
+  const r = mulberry32((o.seed * 7919 + round * 104729 + ci * 1299709) >>> 0);
+  const times = arrivalTimes((capacityPerS * cell.loadPct) / 100, o.warmupMs + o.durationMs, r, cell.pattern === 'burst' ? SCHEDULING_BURSTS : undefined);
   const start = Math.floor(r() * b.seqs.length);
   return { times, seq: Uint32Array.from(times, (_, i) => (start + i) % b.seqs.length) };
 }
 
 /** Every (cell, configuration) phase once per round, the whole order reversed every other round. */
 async function runRounds(ctx: SuiteContext, b: Bench, capacityPerS: number): Promise<PhaseRecords> {
-  const s = b.settings;
+  const o = b.options;
+  const { cells, configs } = o.scheduling;
   const records: PhaseRecords = { phases: [], histograms: new Map() };
-  const order = s.cells.flatMap((cell, ci) => s.configs.map((config) => ({ cell, ci, config })));
-  const phaseS = (s.warmupMs + s.durationMs) / 1000;
-  for (let k = 1; k <= s.rounds; k++) {
-    const scheds = s.cells.map((cell, ci) => schedule(b, cell, ci, capacityPerS, k - 1));
+  const order = cells.flatMap((cell, ci) => configs.map((config) => ({ cell, ci, config })));
+  const phaseS = (o.warmupMs + o.durationMs) / 1000;
+  for (let k = 1; k <= o.rounds; k++) {
+    const scheds = cells.map((cell, ci) => schedule(b, cell, ci, capacityPerS, k - 1));
     for (const i of roundOrder(k, order.length)) {
       const { cell, ci, config } = order[i]!;
-      const label = `scheduling ${s.model} ${config.name} ${cell.name} round ${k}`;
+      const label = `scheduling ${b.model.name} ${config.name} ${cell.name} round ${k}`;
       ctx.progress.start(label, phaseS);
       const { result, latency } = await runPhase(b, { config, engine: b.engines.get(config.name)!, cell, round: k - 1, sched: scheds[ci]! });
       records.phases.push(result);
@@ -61,39 +58,26 @@ async function runRounds(ctx: SuiteContext, b: Bench, capacityPerS: number): Pro
 export async function runScheduling(ctx: SuiteContext, m: ModelSetup, first: boolean): Promise<void> {
   const o = ctx.options;
   if (!first || !o.cases.has('scheduling')) return;
-  const settings: Settings = {
-    model: m.name,
-    modelsDir: m.dir,
-    device: o.device,
-    configs: o.scheduling.configs,
-    cells: o.scheduling.cells,
-    burst: SCHEDULING_BURSTS,
-    deadlineMs: DEADLINE_MS,
-    warmupMs: o.warmupMs,
-    durationMs: o.durationMs,
-    rounds: o.rounds,
-    capacityGiven: o.scheduling.capacity,
-    seed: o.seed,
-  };
-  const b = await openBench(settings, m.workloads.get('mixed')!);
+  const { configs, cells } = o.scheduling;
+  const b = await openBench(o, m);
   try {
     const capacity = await measureCapacity(b);
-    ctx.progress.log(`scheduling ${m.name}: capacity ${fmt(capacity.perS, 0)} requests/s (${capacity.given ? 'given' : `closed loop on "${settings.configs[0]!.name}", mean batch ${fmt(capacity.meanBatch, 1)}`})`);
+    ctx.progress.log(`scheduling ${m.name}: capacity ${fmt(capacity.perS, 0)} requests/s (${capacity.given ? 'given' : `closed loop on "${configs[0]!.name}", mean batch ${fmt(capacity.meanBatch, 1)}`})`);
     const records = await runRounds(ctx, b, capacity.perS);
     const section: SchedulingSection = {
       model: m.name,
       workload: 'mixed',
       capacity,
-      configs: settings.configs,
-      cells: settings.cells,
-      burst: settings.burst,
-      deadlineMs: settings.deadlineMs,
-      rounds: settings.rounds,
-      durationS: settings.durationMs / 1000,
+      configs,
+      cells,
+      burst: SCHEDULING_BURSTS,
+      deadlineMs: DEADLINE_MS,
+      rounds: o.rounds,
+      durationS: o.durationMs / 1000,
       buckets: b.buckets,
       capacities: b.capacities,
       uniformCapacity: b.uniformCapacity,
-      rows: [...aggregateRounds(b, records).values()],
+      rows: aggregateRounds(b, records),
       phases: records.phases,
     };
     ctx.scheduling = section;

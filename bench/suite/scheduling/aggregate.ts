@@ -64,9 +64,6 @@ export interface Aggregate {
   sendLagP99Ms: number;
 }
 
-/** The rows by phaseKey(config, cell), cells in order and configurations within each. */
-export type Aggregates = Map<string, Aggregate>;
-
 function sumCounts(runs: SchedulingPhase[]): { counts: Counts; eng: EngineDelta } {
   const counts = zeroCounts();
   const eng = zeroEngineDelta();
@@ -116,16 +113,15 @@ function aggregateOne(b: Bench, config: Config, cell: Cell, runs: SchedulingPhas
   };
 }
 
-/** Every (configuration, cell)'s rounds merged; destroys the merged histograms. */
-export function aggregateRounds(b: Bench, records: PhaseRecords): Aggregates {
-  const agg: Aggregates = new Map();
-  for (const cell of b.settings.cells) {
-    for (const config of b.settings.configs) {
+/** Every (configuration, cell)'s rounds merged, cells in order and configurations within each; destroys the merged histograms. */
+export function aggregateRounds(b: Bench, records: PhaseRecords): Aggregate[] {
+  const { cells, configs } = b.options.scheduling;
+  const rows = cells.flatMap((cell) =>
+    configs.map((config) => {
       const runs = records.phases.filter((x) => x.cell === cell.name && x.config === config.name);
-      const k = phaseKey(config.name, cell.name);
-      agg.set(k, aggregateOne(b, config, cell, runs, records.histograms.get(k)!));
-    }
-  }
+      return aggregateOne(b, config, cell, runs, records.histograms.get(phaseKey(config.name, cell.name))!);
+    }),
+  );
   for (const h of records.histograms.values()) h.destroy();
-  return agg;
+  return rows;
 }

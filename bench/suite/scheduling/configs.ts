@@ -1,6 +1,6 @@
 /**
- * The scheduling case's engine configurations (--scheduling-configs) and its
- * (pattern, load) cells:
+ * The scheduling case's engine configurations (--scheduling-configs), its
+ * (pattern, load) cells, its bursts and its deadline:
  *
  *   fixed:D[:I[:N]]   maxBatchDelayMs D, maxInflightBatches I (default 1), no latency target
  *   slo:T[:I[:N]]     sloP99Ms T, maxInflightBatches I (default 1)
@@ -18,6 +18,11 @@ export interface Config {
   /** maxBatchTokens override (default: the engine's). */
   maxBatchTokens?: number;
 }
+
+/** 5x the mean rate for 20% of every second: silence in between. */
+export const SCHEDULING_BURSTS = { factor: 5, duty: 0.2, periodMs: 1000 };
+/** Every request's deadline, from its scheduled arrival. */
+export const DEADLINE_MS = 1000;
 
 export const CONFIG_FORMS = 'fixed:DELAY_MS[:INFLIGHT[:MAX_BATCH_TOKENS]] or slo:TARGET_MS[:INFLIGHT[:MAX_BATCH_TOKENS]]';
 

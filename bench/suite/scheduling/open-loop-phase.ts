@@ -11,7 +11,7 @@
 import { performance } from 'node:perf_hooks';
 import type { Engine, ModelStats } from '../../../src/main/engine.js';
 import type { SlabserveError } from '../../../src/shared/errors.js';
-import type { Cell, Config } from './configs.js';
+import { DEADLINE_MS, type Cell, type Config } from './configs.js';
 import type { Histogram } from 'hdr-histogram-js';
 import { newHistogram, sendOnSchedule } from '../../load.js';
 import { classify, engineDelta, zeroBuckets, zeroCounts, type BucketCounts, type SchedulingPhase } from './results.js';
@@ -77,7 +77,7 @@ function send(b: Bench, run: PhaseRun, tally: Tally, measured: boolean, i: numbe
   const bc = tally.byBucket[b.seqBucket[run.sched.seq[i]!]!]!;
   if (measured) tally.offered(bc, sent - scheduled);
   // The deadline runs from the scheduled arrival: a late send has less time left.
-  return run.engine.runTokens(b.settings.model, [seq], { timeoutMs: b.settings.deadlineMs - (sent - scheduled) }).then(
+  return run.engine.runTokens(b.model.name, [seq], { timeoutMs: DEADLINE_MS - (sent - scheduled) }).then(
     () => {
       if (measured) tally.answered(bc, seq.ids.length, performance.now() - scheduled);
     },
@@ -87,13 +87,8 @@ function send(b: Bench, run: PhaseRun, tally: Tally, measured: boolean, i: numbe
   );
 }
 
-/** The engine's counters at both ends of the measured window. */
-interface WindowReading {
-  stats0: ModelStats;
-  stats1: ModelStats;
-}
-
-function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: WindowReading): SchedulingPhase {
+/** The phase's record, from its tally and the engine's counters at both ends of the measured window. */
+function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, stats0: ModelStats, stats1: ModelStats): SchedulingPhase {
   const { latency, lag } = tally;
   return {
     config: run.config.name,
@@ -104,7 +99,7 @@ function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: Win
     p50Ms: latency.getValueAtPercentile(50) / 1000,
     p99Ms: latency.getValueAtPercentile(99) / 1000,
     sendLagP99Ms: lag.getValueAtPercentile(99) / 1000,
-    engine: engineDelta(reading.stats0, reading.stats1),
+    engine: engineDelta(stats0, stats1),
     byBucket: tally.byBucket,
     answeredTokens: tally.answeredTokens,
     ...(tally.firstOther !== undefined ? { firstOtherError: tally.firstOther } : {}),
@@ -113,8 +108,8 @@ function phaseResult(run: PhaseRun, windowMs: number, tally: Tally, reading: Win
 
 /** Runs one phase; the latency histogram (µs) is the caller's to merge and destroy. */
 export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: SchedulingPhase; latency: Histogram }> {
-  const s = b.settings;
-  const { model, warmupMs, durationMs } = s;
+  const { warmupMs, durationMs } = b.options;
+  const model = b.model.name;
   const tally = new Tally(b.buckets.length);
   const inFlight = new Set<Promise<void>>();
   let stats0: ModelStats | undefined;
@@ -123,13 +118,13 @@ export async function runPhase(b: Bench, run: PhaseRun): Promise<{ result: Sched
     inFlight.add(p);
   };
   await sendOnSchedule(run.sched.times, warmupMs, warmupMs + durationMs, sendOne, () => (stats0 = run.engine.stats()[model]!));
-  const reading = { stats0: stats0!, stats1: run.engine.stats()[model]! };
+  const stats1 = run.engine.stats()[model]!;
   // Every request of the phase settles by its deadline; give stragglers a bounded grace.
   const drainStart = performance.now();
-  await Promise.race([Promise.all(inFlight), sleep(s.deadlineMs + 5000)]);
+  await Promise.race([Promise.all(inFlight), sleep(DEADLINE_MS + 5000)]);
   const drainMs = performance.now() - drainStart;
   if (inFlight.size > 0) process.stderr.write(`  ${run.config.name} / ${run.cell.name}: ${inFlight.size} requests still open ${Math.round(drainMs)} ms after the window\n`);
-  const result = phaseResult(run, durationMs, tally, reading);
+  const result = phaseResult(run, durationMs, tally, stats0!, stats1);
   tally.lag.destroy();
   return { result, latency: tally.latency };
 }

@@ -74,7 +74,7 @@ export function classify(err: unknown, c: Counts): string | null {
   return null;
 }
 
-/** The key of a (configuration, cell) pair in the merged histograms and the aggregated rows. */
+/** The key of a (configuration, cell) pair in the merged histograms. */
 export const phaseKey = (config: string, cell: string) => `${config}\u0000${cell}`;
 
 export interface SchedulingPhase {

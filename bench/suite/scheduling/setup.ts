@@ -6,31 +6,12 @@
  * says what 100% load means. `Bench` carries it to the phases and the rows.
  */
 import type { Engine, ModelStats } from '../../../src/main/engine.js';
-import { batchCapacity, bucketFor, type BatchingOptions } from '../../../src/gpu-worker/scheduler.js';
-import type { Bursts } from '../../arrivals.js';
+import { batchCapacity, bucketFor } from '../../../src/gpu-worker/scheduler.js';
 import { runClosedLoop } from '../../closed-loop.js';
 import type { RawSeq } from '../../raw-ort.js';
-import type { Workload } from '../../workloads.js';
 import { openEngine } from '../engine.js';
-import type { Cell, Config } from './configs.js';
-
-export interface Settings {
-  model: string;
-  modelsDir: string;
-  device: string;
-  /** The first is the reference: it runs the capacity probe, the ratio columns divide by its rows. */
-  configs: Config[];
-  /** The Poisson cells, then the burst cells. */
-  cells: Cell[];
-  burst: Bursts;
-  deadlineMs: number;
-  warmupMs: number;
-  durationMs: number;
-  rounds: number;
-  /** Requests/s taken as 100% without a probe (null: probe). */
-  capacityGiven: number | null;
-  seed: number;
-}
+import type { SuiteOptions } from '../options.js';
+import type { ModelSetup } from '../setup.js';
 
 /** The batch capacity a row sees in one configuration. */
 export interface BatchCapacity {
@@ -42,11 +23,12 @@ export interface BatchCapacity {
 }
 
 export interface Bench {
-  settings: Settings;
+  /** The suite's settings: the configurations and cells are its `scheduling`; the first configuration is the reference (it runs the capacity probe, the ratio columns divide by its rows). */
+  options: SuiteOptions;
+  model: ModelSetup;
   engines: Map<string, Engine>;
   /** The first configuration's engine: the capacity probe runs on it. */
   ref: Engine;
-  batching: BatchingOptions;
   buckets: number[];
   capacities: number[];
   seqs: RawSeq[];
@@ -71,32 +53,32 @@ export async function closeEngines(engines: Map<string, Engine>): Promise<void> 
   for (const e of engines.values()) await e.close();
 }
 
-/** Opens one engine per configuration (closing those open if one fails) over the workload's token ids. */
-export async function openBench(settings: Settings, w: Workload): Promise<Bench> {
+/** Opens one engine per configuration (closing those open if one fails) over the mixed workload's token ids. */
+export async function openBench(options: SuiteOptions, model: ModelSetup): Promise<Bench> {
+  const { configs } = options.scheduling;
   const engines = new Map<string, Engine>();
   try {
-    for (const { name, kind, ...choice } of settings.configs) engines.set(name, await openEngine(settings.device, settings.modelsDir, settings.model, choice));
+    for (const { name, kind, ...choice } of configs) engines.set(name, await openEngine(options.device, model.dir, model.name, choice));
   } catch (err) {
     await closeEngines(engines);
     throw err;
   }
-  const ref = engines.get(settings.configs[0]!.name)!;
-  const batching = ref.info().find((m) => m.name === settings.model)!.batching;
-  const buckets = batching.buckets;
-  const seqs = w.requests.map((q) => ({ ids: q[0]!.ids, typeIds: q[0]!.typeIds }));
+  const ref = engines.get(configs[0]!.name)!;
+  const buckets = ref.info().find((m) => m.name === model.name)!.batching.buckets;
+  const seqs = model.workloads.get('mixed')!.requests.map((q) => ({ ids: q[0]!.ids, typeIds: q[0]!.typeIds }));
   const seqBucket = Uint8Array.from(seqs, (s) => bucketFor(buckets, s.ids.length));
   const rowsByBucket = buckets.map((_, b) => seqBucket.filter((x) => x === b).length);
   const capacityOf = new Map(
-    settings.configs.map((c) => {
-      const bo = engines.get(c.name)!.info().find((m) => m.name === settings.model)!.batching;
+    configs.map((c) => {
+      const bo = engines.get(c.name)!.info().find((m) => m.name === model.name)!.batching;
       const caps = bo.buckets.map((b) => batchCapacity(bo, b));
       const uniform = caps.every((x) => x === caps[0]);
       return [c.name, { caps, uniform, rowCapacity: uniform ? caps[0]! : rowsByBucket.reduce((a, n, b) => a + n * caps[b]!, 0) / seqs.length }];
     }),
   );
-  const capacities = buckets.map((b) => batchCapacity(batching, b));
+  const capacities = capacityOf.get(configs[0]!.name)!.caps;
   const uniformCapacity = [...capacityOf.values()].every((x) => x.uniform && x.caps[0] === capacities[0]);
-  return { settings, engines, ref, batching, buckets, capacities, seqs, seqBucket, capacityOf, uniformCapacity };
+  return { options, model, engines, ref, buckets, capacities, seqs, seqBucket, capacityOf, uniformCapacity };
 }
 
 /** Closed-loop callers of the capacity probe. */
@@ -107,14 +89,14 @@ const PROBE_CALLERS = 128;
  * (a closed loop of PROBE_CALLERS callers, bench/closed-loop.ts), or the capacity given.
  */
 export async function measureCapacity(b: Bench): Promise<Capacity> {
-  const s = b.settings;
-  if (s.capacityGiven !== null) return { perS: s.capacityGiven, meanBatch: NaN, p50Ms: NaN, errors: 0, given: true };
-  const stats = (): ModelStats => b.ref.stats()[s.model]!;
+  const { options: o, model } = b;
+  if (o.scheduling.capacity !== null) return { perS: o.scheduling.capacity, meanBatch: NaN, p50Ms: NaN, errors: 0, given: true };
+  const stats = (): ModelStats => b.ref.stats()[model.name]!;
   const loop = await runClosedLoop({
     clients: PROBE_CALLERS,
-    warmupMs: Math.max(500, s.warmupMs),
-    durationMs: s.durationMs,
-    call: (n) => b.ref.runTokens(s.model, [b.seqs[n % b.seqs.length]!], { timeoutMs: 30_000 }),
+    warmupMs: Math.max(500, o.warmupMs),
+    durationMs: o.durationMs,
+    call: (n) => b.ref.runTokens(model.name, [b.seqs[n % b.seqs.length]!], { timeoutMs: 30_000 }),
     snapshot: stats,
   });
   const out = {
