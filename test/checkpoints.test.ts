@@ -225,7 +225,13 @@ beforeAll(async () => {
     dirs.set(c.name, writeCase(c, presets, rand));
     tokenizers.set(c.name, rust.Tokenizer.fromFile(join(dirs.get(c.name)!, 'tokenizer.json')));
   }
-  server = await startServer(testServerConfig({ models: CASES.map((c) => dirs.get(c.name)!), graphCacheDir: join(root, 'graphs'), slotsPerModel: 64, batching: { maxBatchTokens: 4096 } }));
+  // The same BERT weights as torch.onnx.export writes them: served through the graph path.
+  const exported = join(root, 'bert-export');
+  mkdirSync(exported);
+  for (const f of readdirSync(dirs.get('bert-model')!)) if (f !== 'model.safetensors') cpSync(join(dirs.get('bert-model')!, f), join(exported, f));
+  reference({ export: exported, from: dirs.get('bert-model') });
+  const models = [...CASES.map((c) => dirs.get(c.name)!), exported];
+  server = await startServer(testServerConfig({ models, graphCacheDir: join(root, 'graphs'), slotsPerModel: 64, batching: { maxBatchTokens: 4096 } }));
   await server.ready;
 }, 900_000);
 
@@ -341,3 +347,154 @@ describe('task heads', () => {
     expect(worst).toBeLessThan(TOLERANCE);
   });
 });
+
+describe('the graph an exporter would give', () => {
+  it("the same weights exported by torch.onnx.export (the graph path) and served from the checkpoint give the same token states", async () => {
+    const texts = textsFor(CASES[0]!, makeRandom('checkpoint vs export'), 10);
+    const [fromCheckpoint, fromExport] = await Promise.all(
+      ['bert-model', 'bert-export'].map((model) => Promise.all(texts.map((t) => post('/embed_all', { model, inputs: t })))),
+    );
+    let worst = 0;
+    for (const [i, rows] of fromCheckpoint!.entries()) worst = Math.max(worst, worstDiff((rows as number[][][])[0]!.flat(), (fromExport![i] as number[][][])[0]!.flat(), `text ${i}`));
+    console.log(`checkpoint vs torch.onnx.export: worst |diff| ${worst.toExponential(2)} over ${texts.length} texts`);
+    expect(worst).toBeLessThan(1e-5);
+  });
+});
+
+describe('the graph is fused at load as an export is', () => {
+  it('every built graph runs one Attention per layer and its LayerNormalizations as SkipLayerNormalization (SPLADE graphs stay unfused, as exported ones)', async () => {
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    const gauge = (name: string, model: string) => Number(new RegExp(`^${name}\\{[^}]*model="${model}"[^}]*\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
+    // SPLADE graphs run unfused, exported or built (their sparse ids stay the unfused graph's: docs/tuning.md).
+    expect(gauge('slabserve_model_fused_attentions', 'bert-splade')).toBe(0);
+    for (const model of CASES.filter((c) => c.head !== 'mlm').map((c) => c.name)) {
+      expect(gauge('slabserve_model_fused_attentions', model), model).toBe(LAYERS);
+      // Two residual LayerNorms a layer, and the embeddings' (after the sum of the tables' rows).
+      expect(gauge('slabserve_model_fused_layer_norms', model), model).toBe(2 * LAYERS + 1);
+    }
+  });
+});
+
+describe('the graph cache', () => {
+  it('builds a checkpoint once: the next load opens the cached graph; a changed config or checkpoint builds again', () => {
+    const dir = join(root, 'cache-case');
+    cpSync(dirs.get('bert-model')!, dir, { recursive: true });
+    const cacheDir = join(root, 'cache-of-its-own');
+    const lines: string[] = [];
+    const build = () => checkpointGraph('cache-case', dir, 'hidden', { cacheDir, log: (l) => lines.push(l) })!;
+    const first = build();
+    const second = build();
+    expect(second.path).toBe(first.path);
+    expect(lines.map((l) => (/built its graph/.test(l) ? 'built' : /before/.test(l) ? 'cached' : l))).toEqual(['built', 'cached']);
+    expect(first.source).toBe('built from model.safetensors (BertModel)');
+    // Another head is another graph; a changed config (or weights) another key.
+    expect(checkpointGraph('cache-case', dir, 'hidden', { cacheDir, log: () => {} })!.path).toBe(first.path);
+    const config = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
+    writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...config, layer_norm_eps: 1e-6 }));
+    expect(build().path).not.toBe(first.path);
+    const weights = readFileSync(join(dir, 'model.safetensors'));
+    weights[weights.length - 1] ^= 1;
+    writeFileSync(join(dir, 'model.safetensors'), weights);
+    const third = build();
+    expect(lines.filter((l) => /built its graph/.test(l))).toHaveLength(3);
+    expect(existsSync(third.path)).toBe(true);
+  });
+});
+
+describe('refusals, each naming the file and what is wrong', () => {
+  /** A copy of bert-model (or `from`) changed by `change`, loaded as the server loads it. */
+  const broken = (name: string, change: (dir: string) => void, from = 'bert-model') => {
+    const dir = join(root, 'bad', name);
+    cpSync(dirs.get(from)!, dir, { recursive: true });
+    change(dir);
+    return () => loadModelSpec(dir, name, {}, {}, (head) => checkpointGraph(name, dir, head, { cacheDir: join(root, 'bad-graphs'), log: () => {} }));
+  };
+  const editConfig = (dir: string, edit: (c: Record<string, unknown>) => Record<string, unknown>) =>
+    writeFileSync(join(dir, 'config.json'), JSON.stringify(edit(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>)));
+  const weightsOf = (dir: string) => join(dir, 'model.safetensors');
+
+  it('a config without a size the builder needs, or with one the weights do not have', () => {
+    expect(broken('no-heads', (d) => editConfig(d, ({ num_attention_heads: _, ...c }) => c))).toThrow(/config\.json: num_attention_heads is missing/);
+    expect(broken('wider', (d) => editConfig(d, (c) => ({ ...c, intermediate_size: 96 })))).toThrow(
+      /model\.safetensors: tensor encoder\.layer\.0\.intermediate\.dense\.weight has shape \[128, 64\], the config needs \[96, 64\]/,
+    );
+    expect(broken('relative', (d) => editConfig(d, (c) => ({ ...c, position_embedding_type: 'relative_key' })))).toThrow(/position_embedding_type "relative_key" is not built/);
+    expect(broken('gpt2', (d) => editConfig(d, (c) => ({ ...c, architectures: ['GPT2Model'] })))).toThrow(/architecture GPT2Model is not one slabserve builds from a checkpoint; it builds BertModel, .*ElectraForSequenceClassification/);
+    expect(broken('act', (d) => editConfig(d, (c) => ({ ...c, hidden_act: 'quick_gelu' })))).toThrow(/hidden_act "quick_gelu" is not an activation slabserve builds/);
+  });
+
+  it('a missing tensor, a truncated file, a weight type it does not read', () => {
+    const without = (name: string) => (d: string) => {
+      const sd = tensorsOf(readFileSync(weightsOf(d)));
+      delete sd[name];
+      writeFileSync(weightsOf(d), encodeSafetensors(sd));
+    };
+    expect(broken('missing', without('encoder.layer.1.output.LayerNorm.weight'))).toThrow(/the checkpoint has no tensor encoder\.layer\.1\.output\.LayerNorm\.weight/);
+    expect(broken('truncated', (d) => writeFileSync(weightsOf(d), readFileSync(weightsOf(d)).subarray(0, 100_000)))).toThrow(/model\.safetensors: tensor .* lie past the end of the file \(truncated\?\)/);
+    expect(broken('float64', (d) => writeFileSync(weightsOf(d), withDtype(readFileSync(weightsOf(d)), 'embeddings.LayerNorm.bias', 'F64')))).toThrow(/tensor embeddings\.LayerNorm\.bias is F64; F32, F16 and BF16 weights are read/);
+    expect(broken('bin-truncated', (d) => writeFileSync(join(d, 'pytorch_model.bin'), readFileSync(join(d, 'pytorch_model.bin')).subarray(0, 5000)), 'xlmr-rerank')).toThrow(/pytorch_model\.bin: not a zip archive/);
+  });
+
+  it("a pickle that names anything but a state dict's parts (here os.system) is refused before anything is built, and never run", () => {
+    expect(
+      broken('evil', (d) => {
+        rmSync(weightsOf(d));
+        reference({ save_evil: join(d, 'pytorch_model.bin') });
+      }),
+    ).toThrow(/pytorch_model\.bin: not a plain state dict: it names posix\.system, which a state dict never does/);
+  });
+
+  it('while serving: a load of a broken checkpoint leaves the model UNAVAILABLE with the reason, and the others serving', async () => {
+    const repo = join(root, 'repo');
+    for (const [name, from] of [['good', 'bert-model'], ['intent', 'bert-intent']] as const) cpSync(dirs.get(from)!, join(repo, name), { recursive: true });
+    cpSync(join(root, 'bad', 'wider'), join(repo, 'wider'), { recursive: true });
+    const srv = await startServer(testServerConfig({ modelsDir: repo, models: ['good'], modelControlMode: 'explicit', graphCacheDir: join(root, 'graphs') }));
+    try {
+      await srv.ready;
+      const load = async (name: string) => fetch(`${srv.url}/v2/repository/models/${name}/load`, { method: 'POST' });
+      const bad = await load('wider');
+      expect(bad.status).toBe(400);
+      expect(((await bad.json()) as { error: string }).error).toMatch(/intermediate\.dense\.weight has shape \[128, 64\], the config needs \[96, 64\]/);
+      const index = (await (await fetch(`${srv.url}/v2/repository/index`, { method: 'POST' })).json()) as { name: string; state: string; reason: string }[];
+      expect(index.find((e) => e.name === 'wider')).toMatchObject({ state: 'UNAVAILABLE', reason: expect.stringMatching(/intermediate\.dense\.weight/) });
+      expect((await load('intent')).status).toBe(200);
+      const embed = await fetch(`${srv.url}/embed`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'good', inputs: 'where is my parcel' }) });
+      expect(embed.status).toBe(200);
+      const predict = await fetch(`${srv.url}/predict`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'intent', inputs: 'where is my parcel' }) });
+      expect(predict.status).toBe(200);
+    } finally {
+      await srv.close();
+    }
+  });
+});
+
+/** Every tensor of a safetensors file of F32 tensors (the test's own reading: header and bytes). */
+function tensorsOf(bytes: Buffer): Record<string, F32Tensor> {
+  const n = Number(bytes.readBigUInt64LE(0));
+  const header = JSON.parse(bytes.subarray(8, 8 + n).toString('utf8')) as Record<string, { dtype: string; shape: number[]; data_offsets: [number, number] }>;
+  const out: Record<string, F32Tensor> = {};
+  for (const [name, t] of Object.entries(header)) {
+    if (name === '__metadata__') continue;
+    const raw = bytes.subarray(8 + n + t.data_offsets[0], 8 + n + t.data_offsets[1]);
+    out[name] = { shape: t.shape, data: new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength)) };
+  }
+  return out;
+}
+
+/** The file with one F32 tensor rewritten as `dtype` (F64: each value widened), the header's offsets moved to fit. */
+function withDtype(bytes: Buffer, name: string, dtype: 'F64'): Buffer {
+  const sd = tensorsOf(bytes);
+  const header: Record<string, unknown> = {};
+  const parts: Buffer[] = [];
+  let at = 0;
+  for (const [k, t] of Object.entries(sd)) {
+    const data = k === name ? Buffer.from(Float64Array.from(t.data).buffer) : Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength);
+    header[k] = { dtype: k === name ? dtype : 'F32', shape: t.shape, data_offsets: [at, at + data.length] };
+    parts.push(data);
+    at += data.length;
+  }
+  const json = Buffer.from(JSON.stringify(header));
+  const length = Buffer.alloc(8);
+  length.writeBigUInt64LE(BigInt(json.length));
+  return Buffer.concat([length, json, ...parts]);
+}
