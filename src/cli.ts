@@ -15,7 +15,7 @@ import { defaultGatewayThreads, startServer, type ServerConfig } from './main/se
 import { createLogger, logDestination } from './gateway/log.js';
 import { apiKeyProblem } from './gateway/security.js';
 import { InputTooLongError, SlabserveError, ValidationError } from './shared/errors.js';
-import { DTYPES, type Dtype } from './shared/model-format/model-config.js';
+import { DTYPES, WEIGHTS_SOURCES, type Dtype, type WeightsSource } from './shared/model-format/model-config.js';
 import { VERSION } from './version.js';
 import { prefetchModels } from './main/hub/prefetch.js';
 import { modelOverrides } from './main/plan-models.js';
@@ -298,9 +298,10 @@ program
   .addOption(new Option('--models-dir <dir>', 'write plain folders DIR/NAME instead of the cache (serve them with serve --models-dir DIR)'))
   .addOption(new Option('--dtype <dtype>', `${OPTIONS.dtype.help} (default: ${defaultText(OPTIONS.dtype)})`).choices([...DTYPES]).env(envOf(OPTIONS.dtype)))
   .addOption(new Option('--device <device>', `the device it will serve on: auto fetches fp16 for CUDA (default: ${DEFAULTS.device})`).default(DEFAULTS.device).env(envOf(OPTIONS.device)))
-  .action(async (ids: string[], flags: { modelsDir?: string; dtype?: Dtype; device: string }) => {
+  .addOption(new Option('--weights <source>', `${OPTIONS.weights.help} (default: ${defaultText(OPTIONS.weights)})`).choices([...WEIGHTS_SOURCES]).env(envOf(OPTIONS.weights)))
+  .action(async (ids: string[], flags: { modelsDir?: string; dtype?: Dtype; device: string; weights?: WeightsSource }) => {
     const log = (line: string) => process.stderr.write(line + '\n');
-    await prefetchModels(ids, { overrides: modelOverrides({ dtype: flags.dtype, device: flags.device }), modelsDir: flags.modelsDir, log });
+    await prefetchModels(ids, { overrides: modelOverrides({ dtype: flags.dtype, device: flags.device, weights: flags.weights }), modelsDir: flags.modelsDir, log });
   });
 
 program.parseAsync().catch((err: unknown) => {

@@ -375,6 +375,26 @@ describe('the graph is fused at load as an export is', () => {
   });
 });
 
+describe("--weights: which of a folder's graph and checkpoint serves", () => {
+  it('auto: the graph where there is one, else the checkpoint; checkpoint: the checkpoint beside a graph; graph: never the checkpoint', () => {
+    const both = join(root, 'both');
+    cpSync(join(root, 'bert-export'), both, { recursive: true });
+    cpSync(join(dirs.get('bert-model')!, 'model.safetensors'), join(both, 'model.safetensors'));
+    const cacheDir = join(root, 'weights-graphs');
+    const spec = (dir: string, weights?: 'auto' | 'graph' | 'checkpoint') =>
+      loadModelSpec(dir, 'x', weights ? { weights } : {}, {}, (head) => checkpointGraph('x', dir, head, { cacheDir, log: () => {} }));
+    expect(spec(both).onnxPath).toBe(join(both, 'model.onnx'));
+    expect(spec(both, 'graph').onnxPath).toBe(join(both, 'model.onnx'));
+    const built = spec(both, 'checkpoint');
+    expect(built.onnxPath.startsWith(cacheDir)).toBe(true);
+    expect([built.dtype, built.sources.dtype]).toEqual(['fp32', 'built from model.safetensors (BertModel)']);
+    expect(spec(dirs.get('bert-model')!).onnxPath.startsWith(cacheDir)).toBe(true);
+    expect(() => spec(dirs.get('bert-model')!, 'graph')).toThrow(/no model\.onnx or onnx\/model\.onnx/);
+    expect(() => spec(join(root, 'bert-export'), 'checkpoint')).toThrow(/--weights checkpoint, but .* has no checkpoint/);
+    expect(() => loadModelSpec(dirs.get('bert-model')!, 'x', { dtype: 'fp16' }, {}, () => undefined)).toThrow(/a graph built from a checkpoint is float32/);
+  });
+});
+
 describe('the graph cache', () => {
   it('builds a checkpoint once: the next load opens the cached graph; a changed config or checkpoint builds again', () => {
     const dir = join(root, 'cache-case');

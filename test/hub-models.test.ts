@@ -32,6 +32,7 @@ import { hfEnv } from '../dist/src/main/hub/hf-env.js';
 import { parseHubId } from '../dist/src/main/hub/hub-id.js';
 import { pickFiles } from '../dist/src/main/hub/pick-files.js';
 import { downloadProgress } from '../dist/src/main/hub/progress.js';
+import { checkpointOf } from './fixtures/checkpoint-of.js';
 import { startHub, type FakeHub, type FileContent, type LoggedRequest } from './fixtures/hub-server.js';
 import { serveCli } from './cli-process.js';
 import { eventually, makeRandom, maxAbsDiff, whenFileSize, modelsDir, PlainReference, randomTexts, testServerConfig, vocabularyWords } from './helpers.js';
@@ -47,6 +48,10 @@ function repoFiles(model: string): Record<string, FileContent> {
   const files: Record<string, FileContent> = {};
   for (const name of readdirSync(dir)) files[name] = name.endsWith('.onnx') ? { lfs: readFileSync(join(dir, name)) } : readFileSync(join(dir, name));
   return files;
+}
+
+function withoutGraph(files: Record<string, FileContent>): Record<string, FileContent> {
+  return Object.fromEntries(Object.entries(files).filter(([name]) => !name.endsWith('.onnx')));
 }
 
 /** What a repository holds beside the model that slabserve must never fetch. */
@@ -95,6 +100,8 @@ beforeAll(async () => {
       'other/embed-only': { commits: [{ files: embed }] },
       'acme/gated-embed': { commits: [{ files: embed }], gated: 'manual', access: [TOKEN] },
       'acme/no-graph': { commits: [{ files: { 'config.json': readFileSync(join(modelsDir, 'tiny-embed', 'config.json')), 'README.md': Buffer.from('x') } }] },
+      // tiny-embed's weights as a PyTorch checkpoint, no graph (what most Hub repositories hold), and a .bin beside it never fetched.
+      'acme/checkpoint-only': { commits: [{ files: { ...withoutGraph(repoFiles('tiny-embed')), 'model.safetensors': { lfs: Buffer.from(checkpointOf(join(modelsDir, 'tiny-embed', 'model.onnx'))) }, 'pytorch_model.bin': { lfs: Buffer.from('not read') } } }] },
     },
     tokens: [TOKEN, OTHER_TOKEN],
   });
@@ -140,6 +147,28 @@ describe('a model served by its Hub id', () => {
         expect(target).toBe(`../../blobs/${etag}`);
       }
       expect(readdirSync(join(repo, 'blobs')).filter((f) => f.includes('.incomplete'))).toEqual([]);
+    } finally {
+      await engine.close();
+      await ref.close();
+    }
+  });
+
+  it('a repository with a checkpoint and no graph: the checkpoint is fetched (safetensors, not the .bin beside it) and served from a graph built from it, with the rows of the same weights as a graph', { timeout: 120_000 }, async () => {
+    hfEnvironment();
+    const graphs = mkdtempSync(join(home, 'graphs-'));
+    const logs: string[] = [];
+    const engine = await createEngine({ device: 'cpu', models: ['acme/checkpoint-only'], graphCacheDir: graphs, log: (l) => logs.push(l) });
+    const ref = await PlainReference.open('tiny-embed');
+    try {
+      expect(filesAsked(hub.log)).toEqual(['config.json', 'model.safetensors', 'serve.json', 'tokenizer.json', 'tokenizer_config.json']);
+      expect(logs.some((l) => /built its graph from model\.safetensors \(BertModel/.test(l))).toBe(true);
+      const tok = await loadTokenizer(ref.spec.tokenizerPath);
+      const texts = randomTexts(makeRandom('hub checkpoint rows'), vocabularyWords(ref.spec), 8, 30);
+      const rows = await engine.embed(texts, { model: 'acme/checkpoint-only' });
+      for (const [i, text] of texts.entries()) {
+        const expected = await ref.embedding(tok.encode(text, { maxLength: ref.spec.maxLength, truncate: false }).ids);
+        expect(maxAbsDiff(rows[i]!, expected), text).toBeLessThan(1e-5);
+      }
     } finally {
       await engine.close();
       await ref.close();
@@ -299,6 +328,9 @@ describe('what a Hub model needs, and from where', () => {
     expect(pick(noGraph).files.slice(settings.length)).toEqual(['model.safetensors']);
     expect(pick(['config.json', 'model.safetensors.index.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'pytorch_model.bin']).files).toEqual(['config.json', 'model.safetensors.index.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']);
     expect(() => pick(['README.md', 'model.onnx'])).toThrow(/org\/x has no config\.json/);
+    // --weights checkpoint: the checkpoint even beside a graph; --weights graph: never the checkpoint.
+    expect(pick(repo, { weights: 'checkpoint' }).files.slice(settings.length)).toEqual(['model.safetensors']);
+    expect(() => pick(noGraph, { weights: 'graph' })).toThrow(/has no ONNX graph/);
   });
 
   it('refuses a file the disk cannot hold before fetching a byte of it, and leaves nothing behind', async () => {

@@ -4,7 +4,7 @@
  * graph (the one --dtype picks, as a local folder would be read), with its
  * external data. Never the other variants (other dtypes, O1-O4 graphs,
  * OpenVINO, other frameworks' weights); the checkpoint only where the
- * repository has no graph at all.
+ * repository has no graph at all (or --weights checkpoint asks for it).
  */
 import { basename, dirname } from 'node:path/posix';
 import { graphFiles, pickGraph, type ModelOverrides } from '../../shared/model-format/model-config.js';
@@ -47,11 +47,12 @@ export function pickFiles(paths: readonly string[], where: string, name: string,
   const settings = paths.filter((p) => SETTINGS.has(p) || MODULE_FILE.test(p));
   if (!has.has('config.json')) throw new Error(`${where} has no config.json: not a transformers model (it has: ${listed(paths)})`);
   const anyGraph = (['fp32', 'fp16', 'int8'] as const).some((d) => graphFiles(d).some((f) => has.has(f)));
-  if (anyGraph) {
+  // --weights: graph never takes the checkpoint; checkpoint takes it even beside a graph.
+  if (anyGraph && overrides.weights !== 'checkpoint') {
     const { file } = pickGraph(name, where, (f) => has.has(f), overrides);
     return { files: [...settings, file, ...externalData(paths, file)], graph: file };
   }
-  for (const pattern of CHECKPOINTS) {
+  for (const pattern of overrides.weights === 'graph' ? [] : CHECKPOINTS) {
     const weights = paths.filter((p) => pattern.test(p));
     if (weights.length > 0) return { files: [...settings, ...weights], graph: null };
   }
