@@ -10,6 +10,7 @@
  * (max |W| / 127). Activations are quantized per batch, at run time.
  */
 import { decodeModel, encodeModel, onnx } from '../../src/shared/model-format/onnx-graph.js';
+import { floatToHalf } from '../../src/shared/model-format/safetensors.js';
 
 const INT8 = onnx.TensorProto.DataType.INT8;
 const FLOAT = onnx.TensorProto.DataType.FLOAT;
@@ -65,32 +66,8 @@ export function quantizeDynamicInt8(modelBytes: Uint8Array): Uint8Array {
 
 const FLOAT16 = onnx.TensorProto.DataType.FLOAT16;
 
-const f32 = new Float32Array(1);
-const u32 = new Uint32Array(f32.buffer);
-
 /** The IEEE half-precision bits nearest to `value` (round to nearest even; overflow to infinity). */
-export function toHalfBits(value: number): number {
-  f32[0] = value;
-  const x = u32[0]!;
-  const sign = (x >>> 16) & 0x8000;
-  const exp = (x >>> 23) & 0xff;
-  let mant = x & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0); // infinity, NaN
-  let e = exp - 127 + 15;
-  if (e >= 0x1f) return sign | 0x7c00;
-  if (e <= 0) {
-    if (e < -10) return sign; // below the smallest subnormal
-    mant |= 0x800000;
-    const shift = 14 - e;
-    const half = mant >>> shift;
-    const rest = mant & ((1 << shift) - 1);
-    const mid = 1 << (shift - 1);
-    return sign | (half + (rest > mid || (rest === mid && (half & 1)) ? 1 : 0));
-  }
-  const half = (e << 10) | (mant >>> 13);
-  const rest = mant & 0x1fff;
-  return sign | (half + (rest > 0x1000 || (rest === 0x1000 && (half & 1)) ? 1 : 0));
-}
+export const toHalfBits = floatToHalf;
 
 /**
  * The fp16 variant (model_fp16.onnx) of a float32 model: every weight stored

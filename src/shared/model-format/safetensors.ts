@@ -174,7 +174,7 @@ function floatToBfloat(x: number): number {
 }
 
 /** A number to float16's bits, rounded to nearest even (overflow to infinity, underflow through subnormals). */
-function floatToHalf(x: number): number {
+export function floatToHalf(x: number): number {
   f32[0] = x;
   const b = u32[0]!;
   const sign = (b >>> 16) & 0x8000;
