@@ -21,6 +21,7 @@ import { startServer, type Server } from '../dist/src/main/server.js';
 import { encodeSafetensors, type F32Tensor } from '../dist/src/shared/model-format/safetensors.js';
 import { loadModelSpec } from '../dist/src/shared/model-format/model-config.js';
 import { checkpointGraph } from '../dist/src/main/checkpoint/build.js';
+import { relativeBucket } from '../dist/src/main/checkpoint/encoder-graph.js';
 import { writePreset } from '../dist/models/generator/presets.js';
 import { sentTogether } from './fixtures/queued-together.js';
 import { toolOnPath } from './fixtures/system-tools.js';
@@ -41,7 +42,7 @@ interface RustTokenizer {
 }
 const rust = createRequire(import.meta.url)('tokenizers') as { Tokenizer: { fromFile(path: string): RustTokenizer } };
 
-type Family = 'bert' | 'roberta' | 'distilbert' | 'electra';
+type Family = 'bert' | 'roberta' | 'distilbert' | 'electra' | 'mpnet';
 type Head = 'hidden' | 'classify' | 'mlm';
 
 interface Case {
@@ -66,6 +67,7 @@ const CASES: Case[] = [
   { name: 'bert-splade', architecture: 'BertForMaskedLM', family: 'bert', head: 'mlm', preset: 'tiny-splade', storage: 'bin-strided', prefixed: true },
   { name: 'xlmr-model', architecture: 'XLMRobertaModel', family: 'roberta', head: 'hidden', preset: 'tiny-xlmr', storage: 'BF16', prefixed: false },
   { name: 'xlmr-rerank', architecture: 'XLMRobertaForSequenceClassification', family: 'roberta', head: 'classify', labels: 1, preset: 'tiny-xlmr', storage: 'bin', prefixed: true },
+  { name: 'mpnet-model', architecture: 'MPNetModel', family: 'mpnet', head: 'hidden', preset: 'tiny-xlmr', storage: 'F32', prefixed: false },
   { name: 'distilbert-model', architecture: 'DistilBertModel', family: 'distilbert', head: 'hidden', preset: 'tiny-distilbert', storage: 'F32', prefixed: false },
   { name: 'distilbert-intent', architecture: 'DistilBertForSequenceClassification', family: 'distilbert', head: 'classify', labels: 4, preset: 'tiny-distilbert', storage: 'F32', prefixed: true, hiddenAct: 'relu' },
   { name: 'electra-rerank', architecture: 'ElectraForSequenceClassification', family: 'electra', head: 'classify', labels: 1, preset: 'tiny-embed', storage: 'F32', prefixed: true, embeddingSize: 32 },
@@ -104,11 +106,12 @@ function stateDict(c: Case, vocab: number, positions: number, types: number, ran
     t(`${name}.weight`, [width], 0.05, 1);
     t(`${name}.bias`, [width], 0.02);
   };
-  const prefix = c.prefixed ? { bert: 'bert.', roberta: 'roberta.', distilbert: 'distilbert.', electra: 'electra.' }[c.family] : '';
+  const prefix = c.prefixed ? { bert: 'bert.', roberta: 'roberta.', distilbert: 'distilbert.', electra: 'electra.', mpnet: 'mpnet.' }[c.family] : '';
   const E = c.embeddingSize ?? H;
   t(`${prefix}embeddings.word_embeddings.weight`, [vocab, E], 1);
   t(`${prefix}embeddings.position_embeddings.weight`, [positions, E], 0.5);
-  if (c.family !== 'distilbert') t(`${prefix}embeddings.token_type_embeddings.weight`, [types, E], 0.1);
+  if (c.family !== 'distilbert' && c.family !== 'mpnet') t(`${prefix}embeddings.token_type_embeddings.weight`, [types, E], 0.1);
+  if (c.family === 'mpnet') t(`${prefix}encoder.relative_attention_bias.weight`, [32, HEADS], 1);
   norm(`${prefix}embeddings.LayerNorm`, E);
   if (c.embeddingSize) linear(`${prefix}embeddings_project`, E, H);
   for (let l = 0; l < LAYERS; l++) {
@@ -125,17 +128,18 @@ function stateDict(c: Case, vocab: number, positions: number, types: number, ran
       continue;
     }
     const p = `${prefix}encoder.layer.${l}`;
-    linear(`${p}.attention.self.query`, H, H, 1.5);
-    linear(`${p}.attention.self.key`, H, H, 1.5);
-    linear(`${p}.attention.self.value`, H, H);
-    linear(`${p}.attention.output.dense`, H, H, 0.5);
-    norm(`${p}.attention.output.LayerNorm`);
+    const [q, k, v, o, ln] = c.family === 'mpnet' ? ['attn.q', 'attn.k', 'attn.v', 'attn.o', 'LayerNorm'] : ['self.query', 'self.key', 'self.value', 'output.dense', 'output.LayerNorm'];
+    linear(`${p}.attention.${q}`, H, H, 1.5);
+    linear(`${p}.attention.${k}`, H, H, 1.5);
+    linear(`${p}.attention.${v}`, H, H);
+    linear(`${p}.attention.${o}`, H, H, 0.5);
+    norm(`${p}.attention.${ln}`);
     linear(`${p}.intermediate.dense`, H, I);
     linear(`${p}.output.dense`, I, H, 0.5);
     norm(`${p}.output.LayerNorm`);
   }
   // Bare BERT and RoBERTa models carry a pooler they never use for token states.
-  if (c.family === 'bert' || c.family === 'roberta') linear(`${prefix}pooler.dense`, H, H);
+  if (c.family === 'bert' || c.family === 'roberta' || c.family === 'mpnet') linear(`${prefix}pooler.dense`, H, H);
   if (c.head === 'classify') {
     const L = c.labels!;
     if (c.family === 'bert') linear('classifier', H, L, 2);
@@ -158,10 +162,11 @@ function configOf(c: Case, vocab: number, positions: number, types: number): Rec
   }
   return {
     architectures: [c.architecture],
-    model_type: { bert: 'bert', roberta: 'xlm-roberta', electra: 'electra' }[c.family],
+    model_type: { bert: 'bert', roberta: 'xlm-roberta', electra: 'electra', mpnet: 'mpnet' }[c.family],
     hidden_size: H, num_attention_heads: HEADS, num_hidden_layers: LAYERS, intermediate_size: I, hidden_act: c.hiddenAct ?? 'gelu',
-    vocab_size: vocab, max_position_embeddings: positions, type_vocab_size: types, layer_norm_eps: c.family === 'roberta' ? 1e-5 : 1e-12,
-    pad_token_id: c.family === 'roberta' ? 1 : 0, position_embedding_type: 'absolute',
+    vocab_size: vocab, max_position_embeddings: positions, layer_norm_eps: c.family === 'roberta' || c.family === 'mpnet' ? 1e-5 : 1e-12,
+    pad_token_id: c.family === 'roberta' || c.family === 'mpnet' ? 1 : 0,
+    ...(c.family === 'mpnet' ? { relative_attention_num_buckets: 32 } : { type_vocab_size: types, position_embedding_type: 'absolute' }),
     ...(c.embeddingSize ? { embedding_size: c.embeddingSize } : {}),
     ...labels,
   };
@@ -362,13 +367,15 @@ describe('the graph an exporter would give', () => {
 });
 
 describe('the graph is fused at load as an export is', () => {
-  it('every built graph runs one Attention per layer and its LayerNormalizations as SkipLayerNormalization (SPLADE graphs stay unfused, as exported ones)', async () => {
+  it("every built graph runs one Attention per layer and its LayerNormalizations as SkipLayerNormalization (SPLADE graphs stay unfused, as exported ones; MPNet's attention too)", async () => {
     const metrics = await (await fetch(`${server.url}/metrics`)).text();
     const gauge = (name: string, model: string) => Number(new RegExp(`^${name}\\{[^}]*model="${model}"[^}]*\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
     // SPLADE graphs run unfused, exported or built (their sparse ids stay the unfused graph's: docs/tuning.md).
     expect(gauge('slabserve_model_fused_attentions', 'bert-splade')).toBe(0);
-    for (const model of CASES.filter((c) => c.head !== 'mlm').map((c) => c.name)) {
-      expect(gauge('slabserve_model_fused_attentions', model), model).toBe(LAYERS);
+    for (const c of CASES.filter((k) => k.head !== 'mlm')) {
+      const model = c.name;
+      // MPNet's scores take its relative position bias beside the mask, which the Attention fusion does not take: unfused.
+      expect(gauge('slabserve_model_fused_attentions', model), model).toBe(c.family === 'mpnet' ? 0 : LAYERS);
       // Two residual LayerNorms a layer, and the embeddings' (after the sum of the tables' rows).
       expect(gauge('slabserve_model_fused_layer_norms', model), model).toBe(2 * LAYERS + 1);
     }
@@ -392,6 +399,13 @@ describe("--weights: which of a folder's graph and checkpoint serves", () => {
     expect(() => spec(dirs.get('bert-model')!, 'graph')).toThrow(/no model\.onnx or onnx\/model\.onnx/);
     expect(() => spec(join(root, 'bert-export'), 'checkpoint')).toThrow(/--weights checkpoint, but .* has no checkpoint/);
     expect(() => loadModelSpec(dirs.get('bert-model')!, 'x', { dtype: 'fp16' }, {}, () => undefined)).toThrow(/a graph built from a checkpoint is float32/);
+  });
+});
+
+describe("MPNet's relative position buckets", () => {
+  it("are transformers' (its float32 computation in torch) at every distance from -600 to 600", () => {
+    const want = reference<{ buckets: number[] }>({ buckets: 600 }).buckets;
+    expect(want.map((_, k) => relativeBucket(k - 600))).toEqual(want);
   });
 });
 

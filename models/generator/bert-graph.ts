@@ -172,7 +172,7 @@ function randomParams(spec: BertSpec): EncoderParams {
   const init = { ...DEFAULT_INIT, ...spec.init };
   const root = new Rng(spec.seed);
   const normal = (name: string, n: number, std: number, mean = 0) => root.fork(name).normalArray(n, std, mean);
-  const embeddingStd = { word: init.wordEmbedding, position: init.positionEmbedding, 'token-type': init.tokenTypeEmbedding };
+  const embeddingStd = { word: init.wordEmbedding, position: init.positionEmbedding, 'token-type': init.tokenTypeEmbedding, 'relative-bias': 1 };
   return {
     linear: (name, fanIn, fanOut, role) => ({
       weight: normal(`${name}.weight`, fanIn * fanOut, gainOf(role, init) / Math.sqrt(fanIn)),

@@ -22,6 +22,7 @@ export interface CheckpointConfig {
   position_embedding_type?: string;
   pad_token_id?: number;
   embedding_size?: number;
+  relative_attention_num_buckets?: number;
   num_labels?: number;
   id2label?: Record<string, string>;
   // DistilBERT's
@@ -32,7 +33,7 @@ export interface CheckpointConfig {
   activation?: string;
 }
 
-type Family = 'bert' | 'roberta' | 'distilbert' | 'electra';
+type Family = 'bert' | 'roberta' | 'distilbert' | 'electra' | 'mpnet';
 
 /** The architectures served from a checkpoint, by family and the head their weights carry. */
 const ARCHITECTURES: Record<string, { family: Family; head: 'base' | 'classify' | 'mlm' }> = {
@@ -52,13 +53,14 @@ const ARCHITECTURES: Record<string, { family: Family; head: 'base' | 'classify' 
   DistilBertForSequenceClassification: { family: 'distilbert', head: 'classify' },
   DistilBertForMaskedLM: { family: 'distilbert', head: 'mlm' },
   ElectraModel: { family: 'electra', head: 'base' },
+  MPNetModel: { family: 'mpnet', head: 'base' },
   ElectraForSequenceClassification: { family: 'electra', head: 'classify' },
 };
 
 export const SUPPORTED_ARCHITECTURES: readonly string[] = Object.keys(ARCHITECTURES);
 
 /** transformers' base_model_prefix of each family: a task model's body lives under it. */
-const BODY_PREFIX: Record<Family, string> = { bert: 'bert.', roberta: 'roberta.', distilbert: 'distilbert.', electra: 'electra.' };
+const BODY_PREFIX: Record<Family, string> = { bert: 'bert.', roberta: 'roberta.', distilbert: 'distilbert.', electra: 'electra.', mpnet: 'mpnet.' };
 
 /** What the builder needs of one checkpoint: the graph's shape and how its weight names read in the state dict. */
 export interface CheckpointPlan {
@@ -156,6 +158,10 @@ function shapeOf(family: Family, config: CheckpointConfig, head: EncoderHead): E
     mlmActivation: roberta ? 'gelu' : activation,
   };
   if (roberta) shape.positionPaddingIdx = config.pad_token_id ?? 1;
+  if (family === 'mpnet') {
+    // MPNet: positions from its padding_idx, fixed at 1 whatever pad_token_id says; no token types; a relative position bias.
+    Object.assign(shape, { positionPaddingIdx: 1, typeVocabSize: 0, tokenTypeIds: false, relativeBuckets: config.relative_attention_num_buckets ?? 32 });
+  }
   if (family === 'electra' && config.embedding_size !== undefined && config.embedding_size !== shape.hidden) shape.embeddingSize = size(config, 'embedding_size');
   return shape;
 }
@@ -174,6 +180,12 @@ const NAMES: Record<Family, Namer> = {
     if (c === 'cls.predictions.transform.dense') return head('lm_head.dense');
     if (c === 'cls.predictions.transform.LayerNorm') return head('lm_head.layer_norm');
     return body(c);
+  },
+  mpnet: (c) => {
+    const layer = /^encoder\.layer\.(\d+)\.attention\.(self\.query|self\.key|self\.value|output\.dense|output\.LayerNorm)$/.exec(c);
+    if (!layer) return body(c); // the embeddings, the feed-forward block and encoder.relative_attention_bias: BERT's names
+    const parts: Record<string, string> = { 'self.query': 'attn.q', 'self.key': 'attn.k', 'self.value': 'attn.v', 'output.dense': 'attn.o', 'output.LayerNorm': 'LayerNorm' };
+    return body(`encoder.layer.${layer[1]}.attention.${parts[layer[2]!]}`);
   },
   electra: (c) => {
     if (c === 'pooler.dense') return head('classifier.dense');
@@ -202,4 +214,5 @@ const DECODER: Record<Family, { weight: string; bias: string[] }> = {
   roberta: { weight: 'lm_head.decoder.weight', bias: ['lm_head.bias', 'lm_head.decoder.bias'] },
   distilbert: { weight: 'vocab_projector.weight', bias: ['vocab_projector.bias'] },
   electra: { weight: 'generator_lm_head.weight', bias: ['generator_lm_head.bias'] },
+  mpnet: { weight: 'lm_head.decoder.weight', bias: ['lm_head.bias', 'lm_head.decoder.bias'] },
 };

@@ -53,6 +53,11 @@ export interface EncoderShape {
   positionIdsInput?: boolean;
   /** Causal attention (each token attends to itself and those before it). */
   causal?: boolean;
+  /**
+   * MPNet's relative position bias: a table of `buckets` rows (a value per head), indexed by the
+   * bucket of each key's distance from the query, added to every layer's scores.
+   */
+  relativeBuckets?: number;
   head: EncoderHead;
   /** head 'classify': logits; and the activation between its two dense layers. */
   numLabels?: number;
@@ -63,7 +68,7 @@ export interface EncoderShape {
 
 /** What a weight is for: generated weights pick their random scale by it; a checkpoint's ignore it. */
 export type LinearRole = 'query' | 'key' | 'value' | 'attention-output' | 'intermediate' | 'output' | 'pooler' | 'classifier' | 'projection' | 'mlm-transform';
-export type EmbeddingRole = 'word' | 'position' | 'token-type';
+export type EmbeddingRole = 'word' | 'position' | 'token-type' | 'relative-bias';
 
 /**
  * The weights by the names of transformers' BertModel (embeddings.word_embeddings,
@@ -212,12 +217,50 @@ function positionIdsOf(b: GraphBuilder, inputIds: string, paddingIdx: number | u
   return b.op('Add', [b.op('Mul', [b.op('CumSum', [real, one64]), real]), pad]);
 }
 
+/**
+ * MPNet's relative position bias, [1, heads, T, T]: the bucket of each (query i, key j) read from a
+ * table by i - j (precomputed: `relativeBucket`), then the bias table's row for it. transformers
+ * computes it once for every layer, as the graph does.
+ */
+function relativePositionBias(g: Parts, inputs: Inputs): string {
+  const { b, shape, params, c } = g;
+  const P = shape.maxPositions;
+  const buckets = Int32Array.from({ length: 2 * P - 1 }, (_, k) => relativeBucket(k - (P - 1)));
+  const table = b.addInitializer('/Constant_relative_buckets', 'int64', Array.from(buckets), [2 * P - 1]);
+  const bias = b.addInitializer('encoder.relative_attention_bias.weight', 'float', params.embedding('encoder.relative_attention_bias', shape.relativeBuckets!, shape.heads, 'relative-bias'), [shape.relativeBuckets!, shape.heads]);
+  const seqLen = b.op('Gather', [b.op('Shape', [inputs.inputIds]), c.one64], { axis: 0 });
+  const t = b.op('Range', [c.zero, seqLen, c.one64]);
+  const [axis0, axis1] = [0, 1].map((k) => b.addInitializer(`/Constant_axes_${k}`, 'int64', [k], [1]));
+  const offset = b.addInitializer('/Constant_relative_offset', 'int64', [P - 1], []);
+  const distance = b.op('Add', [b.op('Sub', [b.op('Unsqueeze', [t, axis1!]), b.op('Unsqueeze', [t, axis0!])]), offset]); // [T, T]: i - j + P - 1
+  const values = b.op('Gather', [bias, b.op('Gather', [table, distance], { axis: 0 })], { axis: 0 }); // [T, T, heads]
+  return b.op('Unsqueeze', [b.op('Transpose', [values], { perm: [2, 0, 1] }), axis0!]);
+}
+
+/**
+ * transformers' MPNet relative_position_bucket for a query at i and a key at j, given i - j: 32
+ * buckets and a max distance of 128 whatever the config says; keys to the right take the upper
+ * half; distances under 8 exact, then logarithmic up to 128 (computed in doubles: the same buckets
+ * as transformers' float32 computation, test/checkpoints.test.ts holds it).
+ */
+export function relativeBucket(iMinusJ: number): number {
+  const half = 16;
+  const maxExact = 8;
+  let bucket = iMinusJ < 0 ? half : 0;
+  const n = Math.abs(iMinusJ);
+  if (n < maxExact) return bucket + n;
+  const large = maxExact + Math.floor((Math.log(n / maxExact) / Math.log(128 / maxExact)) * (half - maxExact) + 1e-9);
+  bucket += Math.min(large, half - 1);
+  return bucket;
+}
+
 /** The extended attention mask, (1 - mask[:, None, None, :]) * float32_min, plus the causal mask for decoders. */
 function attentionBias(g: Parts, inputs: Inputs): string {
   const { b, shape, c } = g;
   return b.scoped('extended_attention_mask', () => {
     const m = b.op('Cast', [b.op('Unsqueeze', [inputs.attentionMask, c.maskAxes])], { to: onnx.TensorProto.DataType.FLOAT });
     const padding = b.op('Mul', [b.op('Sub', [c.oneF, m]), c.minF]); // [B, 1, 1, T]
+    if (shape.relativeBuckets !== undefined) return b.op('Add', [relativePositionBias(g, inputs), padding]); // [B, heads, T, T]
     if (!shape.causal) return padding;
     // Key j after query i: float32 min too ([T, T], broadcast to [B, 1, T, T]). Both at once
     // sum to -inf, which Softmax turns into the same exact 0.
