@@ -42,7 +42,7 @@ interface RustTokenizer {
 }
 const rust = createRequire(import.meta.url)('tokenizers') as { Tokenizer: { fromFile(path: string): RustTokenizer } };
 
-type Family = 'bert' | 'roberta' | 'distilbert' | 'electra' | 'mpnet';
+type Family = 'bert' | 'roberta' | 'distilbert' | 'electra' | 'mpnet' | 'modernbert';
 type Head = 'hidden' | 'classify' | 'mlm';
 
 interface Case {
@@ -52,7 +52,9 @@ interface Case {
   head: Head;
   labels?: number;
   /** The preset whose tokenizer (and sentence-transformers files) the folder takes. */
-  preset: 'tiny-embed' | 'tiny-xlmr' | 'tiny-distilbert' | 'tiny-splade';
+  preset: 'tiny-embed' | 'tiny-xlmr' | 'tiny-distilbert' | 'tiny-splade' | 'tiny-modernbert';
+  /** ModernBERT: the v5 config keys (layer_types, rope_parameters) instead of v4's, and every bias on. */
+  v5?: boolean;
   storage: 'F32' | 'F16' | 'BF16' | 'sharded' | 'bin' | 'bin-strided';
   /** Whether the body's weights carry the family's prefix (bert., roberta., ...): a task model's always do. */
   prefixed: boolean;
@@ -68,6 +70,8 @@ const CASES: Case[] = [
   { name: 'xlmr-model', architecture: 'XLMRobertaModel', family: 'roberta', head: 'hidden', preset: 'tiny-xlmr', storage: 'BF16', prefixed: false },
   { name: 'xlmr-rerank', architecture: 'XLMRobertaForSequenceClassification', family: 'roberta', head: 'classify', labels: 1, preset: 'tiny-xlmr', storage: 'bin', prefixed: true },
   { name: 'mpnet-model', architecture: 'MPNetModel', family: 'mpnet', head: 'hidden', preset: 'tiny-xlmr', storage: 'F32', prefixed: false },
+  { name: 'modernbert-model', architecture: 'ModernBertModel', family: 'modernbert', head: 'hidden', preset: 'tiny-modernbert', storage: 'F32', prefixed: false },
+  { name: 'modernbert-rerank', architecture: 'ModernBertForSequenceClassification', family: 'modernbert', head: 'classify', labels: 1, preset: 'tiny-modernbert', storage: 'BF16', prefixed: true, v5: true },
   { name: 'distilbert-model', architecture: 'DistilBertModel', family: 'distilbert', head: 'hidden', preset: 'tiny-distilbert', storage: 'F32', prefixed: false },
   { name: 'distilbert-intent', architecture: 'DistilBertForSequenceClassification', family: 'distilbert', head: 'classify', labels: 4, preset: 'tiny-distilbert', storage: 'F32', prefixed: true, hiddenAct: 'relu' },
   { name: 'electra-rerank', architecture: 'ElectraForSequenceClassification', family: 'electra', head: 'classify', labels: 1, preset: 'tiny-embed', storage: 'F32', prefixed: true, embeddingSize: 32 },
@@ -77,6 +81,9 @@ const H = 64;
 const HEADS = 4;
 const I = 128;
 const LAYERS = 2;
+/** ModernBERT: four layers, so that layers 1 and 2 attend locally (every third is global), within a window of 16 (texts are longer). */
+const MODERNBERT_LAYERS = 4;
+const MODERNBERT_WINDOW = 16;
 
 let root: string;
 let python: string;
@@ -95,6 +102,7 @@ function normals(rand: () => number) {
 
 /** The state dict of `c` as transformers names and shapes it, with random fan-in scaled weights. */
 function stateDict(c: Case, vocab: number, positions: number, types: number, rand: () => number): Record<string, F32Tensor> {
+  if (c.family === 'modernbert') return modernBertStateDict(c, vocab, rand);
   const normal = normals(rand);
   const sd: Record<string, F32Tensor> = {};
   const t = (name: string, shape: number[], std: number, mean = 0) => (sd[name] = { shape, data: normal(shape.reduce((a, b) => a * b, 1), std, mean) });
@@ -155,8 +163,56 @@ function stateDict(c: Case, vocab: number, positions: number, types: number, ran
   return sd;
 }
 
+/** ModernBERT's state dict: its own names (model. for a task checkpoint), Wqkv [3H, H] and Wi [2I, H], biases where v5 cases turn them on. */
+function modernBertStateDict(c: Case, vocab: number, rand: () => number): Record<string, F32Tensor> {
+  const normal = normals(rand);
+  const sd: Record<string, F32Tensor> = {};
+  const t = (name: string, shape: number[], std: number, mean = 0) => (sd[name] = { shape, data: normal(shape.reduce((a, b) => a * b, 1), std, mean) });
+  const bias = c.v5 === true;
+  const lin = (name: string, fanIn: number, fanOut: number, gain = 1, withBias = bias) => {
+    t(`${name}.weight`, [fanOut, fanIn], gain / Math.sqrt(fanIn));
+    if (withBias) t(`${name}.bias`, [fanOut], 0.02);
+  };
+  const ln = (name: string) => {
+    t(`${name}.weight`, [H], 0.05, 1);
+    if (bias) t(`${name}.bias`, [H], 0.02);
+  };
+  const p = c.prefixed ? 'model.' : '';
+  t(`${p}embeddings.tok_embeddings.weight`, [vocab, H], 1);
+  ln(`${p}embeddings.norm`);
+  for (let l = 0; l < MODERNBERT_LAYERS; l++) {
+    if (l > 0) ln(`${p}layers.${l}.attn_norm`);
+    lin(`${p}layers.${l}.attn.Wqkv`, H, 3 * H, 1.5);
+    lin(`${p}layers.${l}.attn.Wo`, H, H, 0.5);
+    ln(`${p}layers.${l}.mlp_norm`);
+    lin(`${p}layers.${l}.mlp.Wi`, H, 2 * I);
+    lin(`${p}layers.${l}.mlp.Wo`, I, H, 0.5);
+  }
+  ln(`${p}final_norm`);
+  if (c.head === 'classify') {
+    lin('head.dense', H, H);
+    ln('head.norm');
+    lin('classifier', H, c.labels!, 2, true);
+  }
+  return sd;
+}
+
 function configOf(c: Case, vocab: number, positions: number, types: number): Record<string, unknown> {
   const labels = c.labels ? { id2label: Object.fromEntries(Array.from({ length: c.labels }, (_, i) => [String(i), `L${i}`])) } : {};
+  if (c.family === 'modernbert') {
+    const layout = c.v5
+      ? {
+          layer_types: Array.from({ length: MODERNBERT_LAYERS }, (_, l) => (l % 3 === 0 ? 'full_attention' : 'sliding_attention')),
+          rope_parameters: { full_attention: { rope_theta: 160000.0, rope_type: 'default' }, sliding_attention: { rope_theta: 10000.0, rope_type: 'default' } },
+          norm_bias: true, attention_bias: true, mlp_bias: true, classifier_bias: true, classifier_pooling: 'mean',
+        }
+      : { global_rope_theta: 160000.0, local_rope_theta: 10000.0, global_attn_every_n_layers: 3, norm_bias: false, attention_bias: false, mlp_bias: false, classifier_pooling: 'cls' };
+    return {
+      architectures: [c.architecture], model_type: 'modernbert', hidden_size: H, num_attention_heads: HEADS, num_hidden_layers: MODERNBERT_LAYERS, intermediate_size: I,
+      vocab_size: vocab, max_position_embeddings: positions, norm_eps: 1e-5, hidden_activation: 'gelu', classifier_activation: 'gelu', local_attention: MODERNBERT_WINDOW,
+      ...layout, ...labels,
+    };
+  }
   if (c.family === 'distilbert') {
     return { architectures: [c.architecture], model_type: 'distilbert', dim: H, n_heads: HEADS, n_layers: LAYERS, hidden_dim: I, vocab_size: vocab, max_position_embeddings: positions, activation: c.hiddenAct ?? 'gelu', pad_token_id: 0, ...labels };
   }
@@ -224,7 +280,7 @@ beforeAll(async () => {
   python = toolOnPath('python3-torch');
   root = mkdtempSync(join(tmpdir(), 'slabserve-checkpoints-'));
   const presetRoot = join(root, 'presets');
-  const presets = new Map(['tiny-embed', 'tiny-xlmr', 'tiny-distilbert', 'tiny-splade'].map((p) => [p, writePreset(p, presetRoot).dir]));
+  const presets = new Map(['tiny-embed', 'tiny-xlmr', 'tiny-distilbert', 'tiny-splade', 'tiny-modernbert'].map((p) => [p, writePreset(p, presetRoot).dir]));
   const rand = makeRandom('checkpoint weights');
   for (const c of CASES) {
     dirs.set(c.name, writeCase(c, presets, rand));
@@ -372,7 +428,7 @@ describe('the graph is fused at load as an export is', () => {
     const gauge = (name: string, model: string) => Number(new RegExp(`^${name}\\{[^}]*model="${model}"[^}]*\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
     // SPLADE graphs run unfused, exported or built (their sparse ids stay the unfused graph's: docs/tuning.md).
     expect(gauge('slabserve_model_fused_attentions', 'bert-splade')).toBe(0);
-    for (const c of CASES.filter((k) => k.head !== 'mlm')) {
+    for (const c of CASES.filter((k) => k.head !== 'mlm' && k.family !== 'modernbert')) {
       const model = c.name;
       // MPNet's scores take its relative position bias beside the mask, which the Attention fusion does not take: unfused.
       expect(gauge('slabserve_model_fused_attentions', model), model).toBe(c.family === 'mpnet' ? 0 : LAYERS);

@@ -5,6 +5,7 @@
  * dict. Pure: no file is read here.
  */
 import type { Activation, EncoderHead, EncoderShape } from './encoder-graph.js';
+import type { ModernBertShape } from './modernbert-graph.js';
 
 /** config.json's fields the builders read (each family names some differently). */
 export interface CheckpointConfig {
@@ -25,6 +26,22 @@ export interface CheckpointConfig {
   relative_attention_num_buckets?: number;
   num_labels?: number;
   id2label?: Record<string, string>;
+  // ModernBERT's (transformers v4's keys, and v5's layer_types / rope_parameters)
+  hidden_activation?: string;
+  norm_eps?: number;
+  norm_bias?: boolean;
+  attention_bias?: boolean;
+  mlp_bias?: boolean;
+  classifier_bias?: boolean;
+  decoder_bias?: boolean;
+  classifier_activation?: string;
+  classifier_pooling?: string;
+  global_rope_theta?: number;
+  local_rope_theta?: number | null;
+  global_attn_every_n_layers?: number;
+  local_attention?: number;
+  layer_types?: string[];
+  rope_parameters?: Record<string, { rope_theta?: number; rope_type?: string } | null>;
   // DistilBERT's
   dim?: number;
   n_layers?: number;
@@ -33,7 +50,7 @@ export interface CheckpointConfig {
   activation?: string;
 }
 
-type Family = 'bert' | 'roberta' | 'distilbert' | 'electra' | 'mpnet';
+type Family = 'bert' | 'roberta' | 'distilbert' | 'electra' | 'mpnet' | 'modernbert';
 
 /** The architectures served from a checkpoint, by family and the head their weights carry. */
 const ARCHITECTURES: Record<string, { family: Family; head: 'base' | 'classify' | 'mlm' }> = {
@@ -54,16 +71,32 @@ const ARCHITECTURES: Record<string, { family: Family; head: 'base' | 'classify' 
   DistilBertForMaskedLM: { family: 'distilbert', head: 'mlm' },
   ElectraModel: { family: 'electra', head: 'base' },
   MPNetModel: { family: 'mpnet', head: 'base' },
+  ModernBertModel: { family: 'modernbert', head: 'base' },
+  ModernBertForSequenceClassification: { family: 'modernbert', head: 'classify' },
+  ModernBertForMaskedLM: { family: 'modernbert', head: 'mlm' },
   ElectraForSequenceClassification: { family: 'electra', head: 'classify' },
 };
 
 export const SUPPORTED_ARCHITECTURES: readonly string[] = Object.keys(ARCHITECTURES);
 
 /** transformers' base_model_prefix of each family: a task model's body lives under it. */
-const BODY_PREFIX: Record<Family, string> = { bert: 'bert.', roberta: 'roberta.', distilbert: 'distilbert.', electra: 'electra.', mpnet: 'mpnet.' };
+const BODY_PREFIX: Record<Family, string> = { bert: 'bert.', roberta: 'roberta.', distilbert: 'distilbert.', electra: 'electra.', mpnet: 'mpnet.', modernbert: 'model.' };
 
 /** What the builder needs of one checkpoint: the graph's shape and how its weight names read in the state dict. */
-export interface CheckpointPlan {
+export type CheckpointPlan = EncoderPlan | ModernBertPlan;
+
+/** ModernBERT: transformers' own names (under `model.`), its biases where the config has them. */
+export interface ModernBertPlan {
+  kind: 'modernbert';
+  architecture: string;
+  shape: ModernBertShape;
+  bias: { attention: boolean; mlp: boolean; norm: boolean; classifier: boolean; decoder: boolean };
+  bodyPrefix: string;
+}
+
+/** The BERT-shaped families (encoder-graph.ts). */
+export interface EncoderPlan {
+  kind: 'encoder';
   architecture: string;
   shape: EncoderShape;
   /** The state-dict name of a weight named as BertModel's (without the body prefix, which the reader finds). */
@@ -108,9 +141,11 @@ export function planCheckpoint(config: CheckpointConfig, served: EncoderHead): C
   }
   if (served === 'classify' && arch.head !== 'classify') throw new Error(`config.json: ${architecture} has no classification head`);
   if (served === 'mlm' && arch.head !== 'mlm') throw new Error(`config.json: SPLADE pooling needs a masked-LM head, and ${architecture} has none`);
+  if (arch.family === 'modernbert') return modernBertPlan(architecture!, config, served);
   const shape = shapeOf(arch.family, config, served);
   const names = NAMES[arch.family];
   return {
+    kind: 'encoder',
     architecture: architecture!,
     shape,
     nameOf: (canonical) => names(canonical),
@@ -130,7 +165,7 @@ function labelsOf(config: CheckpointConfig): number {
   return config.id2label ? Object.keys(config.id2label).length : (config.num_labels ?? 2);
 }
 
-function shapeOf(family: Family, config: CheckpointConfig, head: EncoderHead): EncoderShape {
+function shapeOf(family: Exclude<Family, 'modernbert'>, config: CheckpointConfig, head: EncoderHead): EncoderShape {
   if (family === 'distilbert') {
     // DistilBERT's own keys; its LayerNorms' eps is fixed at 1e-12 in modeling_distilbert.py.
     const activation = activationOf(config.activation, 'activation');
@@ -166,13 +201,43 @@ function shapeOf(family: Family, config: CheckpointConfig, head: EncoderHead): E
   return shape;
 }
 
+/**
+ * ModernBERT's plan: v4 configs say global_attn_every_n_layers, global_rope_theta and local_rope_theta
+ * (none: the global one); v5 configs say layer_types ("full_attention", "sliding_attention") and
+ * rope_parameters per type. Both are read.
+ */
+function modernBertPlan(architecture: string, config: CheckpointConfig, head: EncoderHead): ModernBertPlan {
+  const layers = size(config, 'num_hidden_layers');
+  const every = config.global_attn_every_n_layers ?? 3;
+  const localLayers = config.layer_types
+    ? config.layer_types.map((t) => t === 'sliding_attention')
+    : Array.from({ length: layers }, (_, l) => l % every !== 0);
+  if (localLayers.length !== layers) throw new Error(`config.json: layer_types names ${localLayers.length} layers, num_hidden_layers ${layers}`);
+  const globalTheta = config.rope_parameters?.full_attention?.rope_theta ?? config.global_rope_theta ?? 160_000;
+  const localTheta = config.rope_parameters?.sliding_attention?.rope_theta ?? config.local_rope_theta ?? globalTheta;
+  const pooling = config.classifier_pooling ?? 'cls';
+  if (pooling !== 'cls' && pooling !== 'mean') throw new Error(`config.json: classifier_pooling "${pooling}" is not cls or mean`);
+  return {
+    kind: 'modernbert',
+    architecture,
+    shape: {
+      layers, hidden: size(config, 'hidden_size'), heads: size(config, 'num_attention_heads'), intermediate: size(config, 'intermediate_size'),
+      vocabSize: size(config, 'vocab_size'), normEps: config.norm_eps ?? 1e-5, localLayers, localWindow: config.local_attention ?? 128,
+      globalTheta, localTheta, activation: activationOf(config.hidden_activation, 'hidden_activation'), head, numLabels: labelsOf(config),
+      classifierActivation: activationOf(config.classifier_activation, 'classifier_activation'), classifierPooling: pooling,
+    },
+    bias: { attention: config.attention_bias ?? false, mlp: config.mlp_bias ?? false, norm: config.norm_bias ?? false, classifier: config.classifier_bias ?? false, decoder: config.decoder_bias ?? true },
+    bodyPrefix: BODY_PREFIX.modernbert,
+  };
+}
+
 type Namer = (canonical: string) => { name: string; part: 'body' | 'head' };
 
 const body = (name: string) => ({ name, part: 'body' as const });
 const head = (name: string) => ({ name, part: 'head' as const });
 
 /** Where each family keeps the weights BertModel names. */
-const NAMES: Record<Family, Namer> = {
+const NAMES: Record<Exclude<Family, 'modernbert'>, Namer> = {
   bert: (c) => (c.startsWith('pooler.') ? body(c) : c === 'classifier' || c.startsWith('cls.') ? head(c) : body(c)),
   roberta: (c) => {
     if (c === 'pooler.dense') return head('classifier.dense');
@@ -209,7 +274,7 @@ const NAMES: Record<Family, Namer> = {
 };
 
 /** The masked-LM decoder's own weight and bias names (the weight is usually absent: tied to the word embeddings). */
-const DECODER: Record<Family, { weight: string; bias: string[] }> = {
+const DECODER: Record<Exclude<Family, 'modernbert'>, { weight: string; bias: string[] }> = {
   bert: { weight: 'cls.predictions.decoder.weight', bias: ['cls.predictions.bias', 'cls.predictions.decoder.bias'] },
   roberta: { weight: 'lm_head.decoder.weight', bias: ['lm_head.bias', 'lm_head.decoder.bias'] },
   distilbert: { weight: 'vocab_projector.weight', bias: ['vocab_projector.bias'] },

@@ -10,8 +10,9 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rea
 import { homedir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { planCheckpoint, type CheckpointConfig } from './architectures.js';
-import { Checkpoint, checkpointFile, checkpointParams, weightFiles } from './checkpoint-params.js';
+import { Checkpoint, checkpointFile, checkpointParams, modernBertParams, weightFiles } from './checkpoint-params.js';
 import { buildEncoderGraph, encodeEncoderModel, type EncoderHead } from './encoder-graph.js';
+import { buildModernBertGraph } from './modernbert-graph.js';
 
 /** Bumped whenever a change makes a built graph differ, so the cache builds again. */
 const BUILDER_VERSION = '1';
@@ -56,7 +57,10 @@ export function checkpointGraph(name: string, dir: string, head: EncoderHead, op
   const checkpoint = Checkpoint.open(dir, file);
   let bytes: Uint8Array;
   try {
-    const graph = buildEncoderGraph(`${plan.architecture}`, plan.shape, checkpointParams(checkpoint, plan));
+    const graph =
+      plan.kind === 'modernbert'
+        ? buildModernBertGraph(plan.architecture, plan.shape, modernBertParams(checkpoint, plan))
+        : buildEncoderGraph(plan.architecture, plan.shape, checkpointParams(checkpoint, plan));
     bytes = encodeEncoderModel(graph, `${plan.architecture} built by slabserve from ${file}`, { slabserve_built_from: file, architecture: plan.architecture });
   } catch (err) {
     throw new Error(`${join(dir, file)}: ${(err as Error).message}`);

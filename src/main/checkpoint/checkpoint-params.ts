@@ -11,8 +11,9 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { floatsOf, openSafetensors, type TensorFile } from '../../shared/model-format/safetensors.js';
 import { readJsonFile } from '../../shared/model-format/hf-folder.js';
-import type { CheckpointPlan } from './architectures.js';
+import type { EncoderPlan, ModernBertPlan } from './architectures.js';
 import type { EncoderParams } from './encoder-graph.js';
+import type { ModernBertParams } from './modernbert-graph.js';
 import { openTorchFile } from './torch-file.js';
 
 /** The checkpoint files a folder may hold, in the order the first found wins (transformers' order). */
@@ -75,11 +76,8 @@ export class Checkpoint {
 }
 
 /** The builder's weights from `checkpoint`, named as `plan` says. */
-export function checkpointParams(checkpoint: Checkpoint, plan: CheckpointPlan): EncoderParams {
-  // The body's prefix as the file has it: a task checkpoint's (bert.), or none (a bare model saved alone).
-  const word = 'embeddings.word_embeddings.weight';
-  const prefix = checkpoint.has(`${plan.bodyPrefix}${word}`) ? plan.bodyPrefix : checkpoint.has(word) ? '' : undefined;
-  if (prefix === undefined) throw new Error(`the checkpoint has no tensor ${plan.bodyPrefix}${word} (nor ${word}): not a ${plan.architecture} checkpoint`);
+export function checkpointParams(checkpoint: Checkpoint, plan: EncoderPlan): EncoderParams {
+  const prefix = bodyPrefixOf(checkpoint, plan, 'embeddings.word_embeddings.weight');
   const full = (canonical: string) => {
     const { name, part } = plan.nameOf(canonical);
     return part === 'body' ? `${prefix}${name}` : name;
@@ -105,6 +103,38 @@ export function checkpointParams(checkpoint: Checkpoint, plan: CheckpointPlan): 
       const weight = own ? checkpoint.floats(plan.decoderNames.weight, [vocab, hidden]) : checkpoint.floats(full('embeddings.word_embeddings') + '.weight', [vocab, hidden]);
       const biasName = plan.decoderNames.bias.find((n) => checkpoint.has(n)) ?? plan.decoderNames.bias[0]!;
       return { weight: transpose(weight, vocab, hidden), bias: checkpoint.floats(biasName, [vocab]) };
+    },
+  };
+}
+
+/** The body's prefix as the file has it: a task checkpoint's (bert., model.), or none (a bare model saved alone). */
+function bodyPrefixOf(checkpoint: Checkpoint, plan: { bodyPrefix: string; architecture: string }, word: string): string {
+  if (checkpoint.has(`${plan.bodyPrefix}${word}`)) return plan.bodyPrefix;
+  if (checkpoint.has(word)) return '';
+  throw new Error(`the checkpoint has no tensor ${plan.bodyPrefix}${word} (nor ${word}): not a ${plan.architecture} checkpoint`);
+}
+
+/**
+ * ModernBERT's weights by its own names: the body under `model.` (or bare), the head, classifier and
+ * decoder at the root; a bias read where the config says the layer has one (and required then).
+ */
+export function modernBertParams(checkpoint: Checkpoint, plan: ModernBertPlan): ModernBertParams {
+  const prefix = bodyPrefixOf(checkpoint, plan, 'embeddings.tok_embeddings.weight');
+  const full = (name: string) => (/^(head|classifier|decoder)\b/.test(name) ? name : `${prefix}${name}`);
+  const hasBias = (name: string) => (/\.attn\./.test(name) ? plan.bias.attention : /\.mlp\./.test(name) ? plan.bias.mlp : name === 'classifier' ? true : plan.bias.classifier);
+  return {
+    linear: (name, fanIn, fanOut, rows) => {
+      const [start, end, total] = rows ?? [0, fanOut, fanOut];
+      const weight = checkpoint.floats(`${full(name)}.weight`, [total, fanIn]).subarray(start * fanIn, end * fanIn);
+      const bias = hasBias(name) ? checkpoint.floats(`${full(name)}.bias`, [total]).slice(start, end) : undefined;
+      return { weight: transpose(weight, fanOut, fanIn), bias };
+    },
+    embedding: (name, rows, width) => checkpoint.floats(`${full(name)}.weight`, [rows, width]),
+    norm: (name, width) => ({ weight: checkpoint.floats(`${full(name)}.weight`, [width]), bias: plan.bias.norm ? checkpoint.floats(`${full(name)}.bias`, [width]) : undefined }),
+    decoder: (hidden, vocab) => {
+      // Tied to the token embeddings, as transformers ties it.
+      const weight = checkpoint.has('decoder.weight') ? checkpoint.floats('decoder.weight', [vocab, hidden]) : checkpoint.floats(`${prefix}embeddings.tok_embeddings.weight`, [vocab, hidden]);
+      return { weight: transpose(weight, vocab, hidden), bias: plan.bias.decoder ? checkpoint.floats('decoder.bias', [vocab]) : undefined };
     },
   };
 }

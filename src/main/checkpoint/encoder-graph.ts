@@ -126,22 +126,36 @@ class Parts {
   }
 
   activation(x: string, kind: Activation): string {
-    const { b, c } = this;
-    switch (kind) {
-      case 'gelu': // x * 0.5 * (1 + erf(x / sqrt(2)))
-        return b.op('Mul', [b.op('Mul', [x, b.op('Add', [b.op('Erf', [b.op('Div', [x, c.sqrt2])]), c.oneF])]), c.half]);
-      case 'gelu_tanh': { // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
-        const cube = b.op('Mul', [b.op('Mul', [x, x]), x]);
-        const inner = b.op('Mul', [b.op('Add', [x, b.op('Mul', [cube, c.geluCubic])]), c.sqrt2OverPi]);
-        return b.op('Mul', [b.op('Mul', [x, c.half]), b.op('Add', [c.oneF, b.op('Tanh', [inner])])]);
-      }
-      case 'relu':
-        return b.op('Relu', [x]);
-      case 'silu':
-        return b.op('Mul', [x, b.op('Sigmoid', [x])]);
-      case 'tanh':
-        return b.op('Tanh', [x]);
+    return activationOp(this.b, x, kind);
+  }
+}
+
+/** Scalar float constants by name, one initializer each per graph (the parts that use one share it). */
+const scalars = new WeakMap<GraphBuilder, Map<string, string>>();
+
+export function floatConstant(b: GraphBuilder, name: string, value: number): string {
+  let named = scalars.get(b);
+  if (!named) scalars.set(b, (named = new Map()));
+  return named.get(name) ?? named.set(name, b.addInitializer(name, 'float', [value], [])).get(name)!;
+}
+
+/** `kind` applied to x. */
+export function activationOp(b: GraphBuilder, x: string, kind: Activation): string {
+  const c = (name: string, v: number) => floatConstant(b, name, v);
+  switch (kind) {
+    case 'gelu': // x * 0.5 * (1 + erf(x / sqrt(2)))
+      return b.op('Mul', [b.op('Mul', [x, b.op('Add', [b.op('Erf', [b.op('Div', [x, c('/Constant_sqrt2', Math.SQRT2)])]), c('/Constant_one_float', 1)])]), c('/Constant_half', 0.5)]);
+    case 'gelu_tanh': { // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+      const cube = b.op('Mul', [b.op('Mul', [x, x]), x]);
+      const inner = b.op('Mul', [b.op('Add', [x, b.op('Mul', [cube, c('/Constant_gelu_cubic', 0.044715)])]), c('/Constant_sqrt_2_over_pi', Math.sqrt(2 / Math.PI))]);
+      return b.op('Mul', [b.op('Mul', [x, c('/Constant_half', 0.5)]), b.op('Add', [c('/Constant_one_float', 1), b.op('Tanh', [inner])])]);
     }
+    case 'relu':
+      return b.op('Relu', [x]);
+    case 'silu':
+      return b.op('Mul', [x, b.op('Sigmoid', [x])]);
+    case 'tanh':
+      return b.op('Tanh', [x]);
   }
 }
 
@@ -149,8 +163,8 @@ class Parts {
 function sharedConstants(b: GraphBuilder, shape: EncoderShape) {
   const headDim = shape.hidden / shape.heads;
   const cI64 = (name: string, v: number[] | number): string => b.addInitializer(name, 'int64', Array.isArray(v) ? v : [v], Array.isArray(v) ? [v.length] : []);
-  const cF32 = (name: string, v: number): string => b.addInitializer(name, 'float', [v], []);
-  const c = {
+  const cF32 = (name: string, v: number): string => floatConstant(b, name, v);
+  return {
     zero: cI64('/Constant_zero', 0),
     one64: cI64('/Constant_one', 1),
     oneF: cF32('/Constant_one_float', 1),
@@ -162,8 +176,6 @@ function sharedConstants(b: GraphBuilder, shape: EncoderShape) {
     mergeShape: cI64('/Constant_merge_heads_shape', [0, 0, shape.hidden]),
     maskAxes: cI64('/Constant_mask_axes', [1, 2]),
   };
-  const usesTanhGelu = [shape.activation, shape.classifierActivation, shape.mlmActivation].includes('gelu_tanh');
-  return { ...c, geluCubic: usesTanhGelu ? cF32('/Constant_gelu_cubic', 0.044715) : '', sqrt2OverPi: usesTanhGelu ? cF32('/Constant_sqrt_2_over_pi', Math.sqrt(2 / Math.PI)) : '' };
 }
 
 interface Inputs {
@@ -303,15 +315,17 @@ function encoderLayer(g: Parts, l: number, x: string, bias: string): string {
   });
 }
 
+/** x as the graph's output last_hidden_state [B, T, hidden], as a bare model's export names it. */
+export function hiddenStatesOutput(b: GraphBuilder, x: string, hidden: number): void {
+  b.node('Identity', [x], undefined, ['last_hidden_state']);
+  b.addOutput('last_hidden_state', 'float', [BATCH_DIM, SEQUENCE_DIM, hidden]);
+}
+
 /** The outputs: last_hidden_state, the classification head's logits, or the masked-LM logits. */
 function addHead(g: Parts, x: string): void {
   const { b, shape, params } = g;
   const H = shape.hidden;
-  if (shape.head === 'hidden') {
-    b.node('Identity', [x], undefined, ['last_hidden_state']);
-    b.addOutput('last_hidden_state', 'float', [BATCH_DIM, SEQUENCE_DIM, H]);
-    return;
-  }
+  if (shape.head === 'hidden') return hiddenStatesOutput(b, x, H);
   if (shape.head === 'mlm') {
     b.scoped('cls', () => {
       const h = g.activation(g.dense(x, 'cls.predictions.transform.dense', H, H, 'mlm-transform'), shape.mlmActivation ?? shape.activation);

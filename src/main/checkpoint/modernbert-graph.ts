@@ -1,0 +1,196 @@
+/**
+ * A ModernBERT encoder as an ONNX graph, as transformers' modeling_modernbert.py
+ * computes it on its eager path: no position embeddings; pre-LayerNorm blocks
+ * (none before layer 0's attention) and a final norm; one Wqkv projection
+ * (split here into q, k and v); rotary embeddings (half rotation) with the
+ * global theta on global layers and the local theta on the others, whose
+ * attention sees only keys within local_attention / 2; a GeGLU feed-forward
+ * block (the activation on the first half of Wi's output, times the second);
+ * biases only where the config says so.
+ *
+ *   inputs  input_ids, attention_mask: int64 [batch_size, sequence_length]
+ *   head 'hidden':   last_hidden_state [B, T, H]
+ *   head 'classify': logits [B, L] = classifier(norm(act(dense(pool(x)))))  (pool: cls or the masked mean)
+ *   head 'mlm':      logits [B, T, V] = decoder(norm(act(dense(x))))        (the decoder tied to the embeddings)
+ */
+import { GraphBuilder, onnx } from '../../shared/model-format/onnx-graph.js';
+import type { Activation, EncoderHead } from './encoder-graph.js';
+import { BATCH_DIM, SEQUENCE_DIM, activationOp, floatConstant, hiddenStatesOutput } from './encoder-graph.js';
+
+export interface ModernBertShape {
+  layers: number;
+  hidden: number;
+  heads: number;
+  intermediate: number;
+  vocabSize: number;
+  normEps: number;
+  /** Which layers attend only within the local window (the others globally). */
+  localLayers: boolean[];
+  /** Keys a local layer's query sees: |i - j| <= localWindow / 2. */
+  localWindow: number;
+  globalTheta: number;
+  localTheta: number;
+  activation: Activation;
+  head: EncoderHead;
+  numLabels?: number;
+  classifierActivation: Activation;
+  classifierPooling: 'cls' | 'mean';
+}
+
+/** The weights by transformers' ModernBERT names (without the `model.` prefix); `undefined` for a bias the config leaves out. */
+export interface ModernBertParams {
+  /** A Linear layer's weight as [fanIn, fanOut] and its bias (undefined where the layer has none); `rows`: [start, end, total] of its output rows. */
+  linear(name: string, fanIn: number, fanOut: number, rows?: [number, number, number]): { weight: Float32Array; bias: Float32Array | undefined };
+  embedding(name: string, rows: number, width: number): Float32Array;
+  norm(name: string, width: number): { weight: Float32Array; bias: Float32Array | undefined };
+  /** The tied decoder: weight [hidden, vocab], its bias where the config has one. */
+  decoder(hidden: number, vocab: number): { weight: Float32Array; bias: Float32Array | undefined };
+}
+
+const FLOAT32_MIN = -3.4028234663852886e38;
+
+class Parts {
+  /** 0..T-1 (int64), and the split of a head's dimension into halves: made once, shared by every layer. */
+  readonly positions: string;
+  readonly halves: string;
+
+  constructor(
+    readonly b: GraphBuilder,
+    readonly shape: ModernBertShape,
+    readonly params: ModernBertParams,
+    ids: string,
+  ) {
+    const zero = b.addInitializer('/Constant_zero', 'int64', [0], []);
+    const one = b.addInitializer('/Constant_one', 'int64', [1], []);
+    this.positions = b.op('Range', [zero, b.op('Gather', [b.op('Shape', [ids]), one], { axis: 0 }), one]);
+    const d = shape.hidden / shape.heads;
+    this.halves = this.ints('/Constant_rotary_halves', [d / 2, d / 2]);
+  }
+
+  scalar(name: string, v: number): string {
+    return floatConstant(this.b, name, v);
+  }
+
+  ints(name: string, v: number[]): string {
+    return this.b.addInitializer(name, 'int64', v, [v.length]);
+  }
+
+  /** x @ W (+ bias); `rows` picks a slice of the layer's output rows (Wqkv's q, k or v; Wi's two halves). */
+  dense(x: string, name: string, fanIn: number, fanOut: number, rows?: [number, number, number], suffix = ''): string {
+    const { weight, bias } = this.params.linear(name, fanIn, fanOut, rows);
+    const out = this.b.op('MatMul', [x, this.b.addInitializer(`${name}${suffix}.weight`, 'float', weight, [fanIn, fanOut])]);
+    return bias ? this.b.op('Add', [out, this.b.addInitializer(`${name}${suffix}.bias`, 'float', bias, [fanOut])]) : out;
+  }
+
+  norm(x: string, name: string): string {
+    const { weight, bias } = this.params.norm(name, this.shape.hidden);
+    const inputs = [x, this.b.addInitializer(`${name}.weight`, 'float', weight, [this.shape.hidden])];
+    if (bias) inputs.push(this.b.addInitializer(`${name}.bias`, 'float', bias, [this.shape.hidden]));
+    return this.b.op('LayerNormalization', inputs, { axis: -1, epsilon: { f: this.shape.normEps } });
+  }
+}
+
+/** The encoder's graph. */
+export function buildModernBertGraph(name: string, shape: ModernBertShape, params: ModernBertParams): onnx.IGraphProto {
+  const b = new GraphBuilder(name);
+  const dims = [BATCH_DIM, SEQUENCE_DIM];
+  const ids = b.addInput('input_ids', 'int64', dims);
+  const mask = b.addInput('attention_mask', 'int64', dims);
+  const g = new Parts(b, shape, params, ids);
+  const tok = b.addInitializer('embeddings.tok_embeddings.weight', 'float', params.embedding('embeddings.tok_embeddings', shape.vocabSize, shape.hidden), [shape.vocabSize, shape.hidden]);
+  let x = g.norm(b.op('Gather', [tok, ids], { axis: 0 }), 'embeddings.norm');
+  const masks = attentionMasks(g, mask);
+  const rotary = new Map<number, { cos: string; sin: string }>();
+  const rotaryOf = (theta: number) => rotary.get(theta) ?? rotary.set(theta, rotaryTables(g, theta, rotary.size)).get(theta)!;
+  for (let l = 0; l < shape.layers; l++) {
+    const local = shape.localLayers[l]!;
+    x = b.scoped(`layers.${l}`, () => encoderLayer(g, l, x, local ? masks.local : masks.global, rotaryOf(local ? shape.localTheta : shape.globalTheta)));
+  }
+  x = g.norm(x, 'final_norm');
+  addHead(g, x, mask);
+  return b.graph();
+}
+
+/** The additive masks [B, 1, T, T]: padding (global layers), and padding or outside the window (local layers); never -inf. */
+function attentionMasks(g: Parts, mask: string): { global: string; local: string } {
+  const { b } = g;
+  const min = g.scalar('/Constant_float32_min', FLOAT32_MIN);
+  const one = g.scalar('/Constant_one_float', 1);
+  const padding = b.op('Mul', [b.op('Sub', [one, b.op('Cast', [b.op('Unsqueeze', [mask, g.ints('/Constant_mask_axes', [1, 2])])], { to: onnx.TensorProto.DataType.FLOAT })]), min]);
+  const t = g.positions;
+  const distance = b.op('Abs', [b.op('Sub', [b.op('Unsqueeze', [t, g.ints('/Constant_axes_1', [1])]), b.op('Unsqueeze', [t, g.ints('/Constant_axes_0', [0])])])]);
+  const outside = b.op('Greater', [distance, b.addInitializer('/Constant_half_window', 'int64', [Math.floor(g.shape.localWindow / 2)], [])]);
+  const window = b.op('Where', [outside, min, b.addInitializer('/Constant_zero_float', 'float', [0], [])]); // [T, T]
+  // transformers masks with masked_fill, so a key both padded and outside is float32 min, not -inf: Min, not Add.
+  return { global: padding, local: b.op('Min', [padding, window]) };
+}
+
+/**
+ * cos and sin of the rotary angles, [1, 1, T, d]: position * inv_freq with inv_freq = 1 / theta^(2i/d),
+ * each frequency twice (cat(freqs, freqs)), as ModernBertRotaryEmbedding makes them in float32.
+ */
+function rotaryTables(g: Parts, theta: number, index: number): { cos: string; sin: string } {
+  const { b } = g;
+  const d = g.shape.hidden / g.shape.heads;
+  const inv = Float32Array.from({ length: d / 2 }, (_, i) => 1 / Math.fround(theta ** Math.fround((2 * i) / d)));
+  const invFreq = b.addInitializer(`/Constant_inv_freq_${index}`, 'float', inv, [1, d / 2]);
+  const pos = b.op('Cast', [b.op('Unsqueeze', [g.positions, g.ints(`/Constant_rotary_axis_${index}`, [1])])], { to: onnx.TensorProto.DataType.FLOAT }); // [T, 1]
+  const freqs = b.op('Mul', [pos, invFreq]); // [T, d/2]
+  const emb = b.op('Concat', [freqs, freqs], { axis: -1 }); // [T, d]
+  return { cos: b.op('Cos', [emb]), sin: b.op('Sin', [emb]) };
+}
+
+/** x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1) over the head dimension. */
+function rotate(g: Parts, x: string, cs: { cos: string; sin: string }): string {
+  const { b } = g;
+  const halves = b.node('Split', [x, g.halves], { axis: -1 }, 2);
+  const rotated = b.op('Concat', [b.op('Neg', [halves[1]!]), halves[0]!], { axis: -1 });
+  return b.op('Add', [b.op('Mul', [x, cs.cos]), b.op('Mul', [rotated, cs.sin])]);
+}
+
+function encoderLayer(g: Parts, l: number, x: string, bias: string, cs: { cos: string; sin: string }): string {
+  const { b, shape } = g;
+  const { hidden: H, heads, intermediate: I } = shape;
+  const d = H / heads;
+  const p = `layers.${l}`;
+  const normed = l === 0 ? x : g.norm(x, `${p}.attn_norm`);
+  const split = g.ints(`/${p}/Constant_split_heads_shape`, [0, 0, heads, d]);
+  const heads4 = (t: string, perm: number[]) => b.op('Transpose', [b.op('Reshape', [t, split])], { perm });
+  const proj = (k: number, label: string) => g.dense(normed, `${p}.attn.Wqkv`, H, H, [k * H, (k + 1) * H, 3 * H], `_${label}`);
+  const q = rotate(g, heads4(proj(0, 'q'), [0, 2, 1, 3]), cs);
+  const k = rotate(g, heads4(proj(1, 'k'), [0, 2, 1, 3]), cs);
+  const v = heads4(proj(2, 'v'), [0, 2, 1, 3]);
+  const scores = b.op('Add', [b.op('Mul', [b.op('MatMul', [q, b.op('Transpose', [k], { perm: [0, 1, 3, 2] })]), g.scalar(`/${p}/Constant_scale`, d ** -0.5)]), bias]);
+  const ctx = b.op('Reshape', [b.op('Transpose', [b.op('MatMul', [b.op('Softmax', [scores], { axis: -1 }), v])], { perm: [0, 2, 1, 3] }), g.ints(`/${p}/Constant_merge_heads_shape`, [0, 0, H])]);
+  const h = b.op('Add', [x, g.dense(ctx, `${p}.attn.Wo`, H, H)]);
+  const m = g.norm(h, `${p}.mlp_norm`);
+  const input = g.dense(m, `${p}.mlp.Wi`, H, I, [0, I, 2 * I], '_input');
+  const gate = g.dense(m, `${p}.mlp.Wi`, H, I, [I, 2 * I, 2 * I], '_gate');
+  return b.op('Add', [h, g.dense(b.op('Mul', [activationOp(b, input, shape.activation), gate]), `${p}.mlp.Wo`, I, H)]);
+}
+
+function addHead(g: Parts, x: string, mask: string): void {
+  const { b, shape, params } = g;
+  const H = shape.hidden;
+  if (shape.head === 'hidden') return hiddenStatesOutput(b, x, H);
+  const headOf = (t: string) => g.norm(activationOp(b, g.dense(t, 'head.dense', H, H), shape.classifierActivation), 'head.norm');
+  if (shape.head === 'mlm') {
+    const { weight, bias } = params.decoder(H, shape.vocabSize);
+    let logits = b.op('MatMul', [headOf(x), b.addInitializer('decoder.weight', 'float', weight, [H, shape.vocabSize])]);
+    if (bias) logits = b.op('Add', [logits, b.addInitializer('decoder.bias', 'float', bias, [shape.vocabSize])]);
+    b.node('Identity', [logits], undefined, ['logits']);
+    b.addOutput('logits', 'float', [BATCH_DIM, SEQUENCE_DIM, shape.vocabSize]);
+    return;
+  }
+  let pooled: string;
+  if (shape.classifierPooling === 'cls') {
+    pooled = b.op('Gather', [x, b.addInitializer('/Constant_first', 'int64', [0], [])], { axis: 1 });
+  } else {
+    // (x * mask).sum(1) / mask.sum(1)
+    const m = b.op('Cast', [b.op('Unsqueeze', [mask, g.ints('/Constant_pool_axis', [-1])])], { to: onnx.TensorProto.DataType.FLOAT });
+    const axis = g.ints('/Constant_sum_axis', [1]);
+    pooled = b.op('Div', [b.op('ReduceSum', [b.op('Mul', [x, m]), axis], { keepdims: 0 }), b.op('ReduceSum', [m, axis], { keepdims: 0 })]);
+  }
+  b.node('Identity', [g.dense(headOf(pooled), 'classifier', H, shape.numLabels!)], undefined, ['logits']);
+  b.addOutput('logits', 'float', [BATCH_DIM, shape.numLabels!]);
+}
