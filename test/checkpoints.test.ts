@@ -55,6 +55,8 @@ interface Case {
   preset: 'tiny-embed' | 'tiny-xlmr' | 'tiny-distilbert' | 'tiny-splade' | 'tiny-modernbert';
   /** ModernBERT: the v5 config keys (layer_types, rope_parameters) instead of v4's, and every bias on. */
   v5?: boolean;
+  /** A SPLADE folder: tiny-splade's sentence-transformers files (MLMTransformer, SpladePooling) beside the preset's tokenizer. */
+  splade?: boolean;
   storage: 'F32' | 'F16' | 'BF16' | 'sharded' | 'bin' | 'bin-strided';
   /** Whether the body's weights carry the family's prefix (bert., roberta., ...): a task model's always do. */
   prefixed: boolean;
@@ -67,6 +69,9 @@ const CASES: Case[] = [
   { name: 'bert-intent', architecture: 'BertForSequenceClassification', family: 'bert', head: 'classify', labels: 3, preset: 'tiny-embed', storage: 'F16', prefixed: true, hiddenAct: 'gelu_new' },
   { name: 'bert-rerank', architecture: 'BertForSequenceClassification', family: 'bert', head: 'classify', labels: 1, preset: 'tiny-embed', storage: 'sharded', prefixed: true, hiddenAct: 'relu' },
   { name: 'bert-splade', architecture: 'BertForMaskedLM', family: 'bert', head: 'mlm', preset: 'tiny-splade', storage: 'bin-strided', prefixed: true },
+  { name: 'xlmr-splade', architecture: 'XLMRobertaForMaskedLM', family: 'roberta', head: 'mlm', preset: 'tiny-xlmr', splade: true, storage: 'F16', prefixed: true },
+  { name: 'distilbert-splade', architecture: 'DistilBertForMaskedLM', family: 'distilbert', head: 'mlm', preset: 'tiny-distilbert', splade: true, storage: 'F32', prefixed: true },
+  { name: 'modernbert-splade', architecture: 'ModernBertForMaskedLM', family: 'modernbert', head: 'mlm', preset: 'tiny-modernbert', splade: true, storage: 'F32', prefixed: true },
   { name: 'xlmr-model', architecture: 'XLMRobertaModel', family: 'roberta', head: 'hidden', preset: 'tiny-xlmr', storage: 'BF16', prefixed: false },
   { name: 'xlmr-rerank', architecture: 'XLMRobertaForSequenceClassification', family: 'roberta', head: 'classify', labels: 1, preset: 'tiny-xlmr', storage: 'bin', prefixed: true },
   { name: 'mpnet-model', architecture: 'MPNetModel', family: 'mpnet', head: 'hidden', preset: 'tiny-xlmr', storage: 'F32', prefixed: false },
@@ -156,9 +161,14 @@ function stateDict(c: Case, vocab: number, positions: number, types: number, ran
   }
   if (c.head === 'mlm') {
     // The decoder is tied to the word embeddings: a checkpoint keeps only its bias.
-    linear('cls.predictions.transform.dense', H, H);
-    norm('cls.predictions.transform.LayerNorm');
-    t('cls.predictions.bias', [vocab], 0.3, -3.3);
+    const [dense, layerNorm, bias] = {
+      bert: ['cls.predictions.transform.dense', 'cls.predictions.transform.LayerNorm', 'cls.predictions.bias'],
+      roberta: ['lm_head.dense', 'lm_head.layer_norm', 'lm_head.bias'],
+      distilbert: ['vocab_transform', 'vocab_layer_norm', 'vocab_projector.bias'],
+    }[c.family as 'bert' | 'roberta' | 'distilbert'];
+    linear(dense!, H, H);
+    norm(layerNorm!);
+    t(bias!, [vocab], 0.3, -3.3);
   }
   return sd;
 }
@@ -189,11 +199,13 @@ function modernBertStateDict(c: Case, vocab: number, rand: () => number): Record
     lin(`${p}layers.${l}.mlp.Wo`, I, H, 0.5);
   }
   ln(`${p}final_norm`);
-  if (c.head === 'classify') {
+  if (c.head !== 'hidden') {
     lin('head.dense', H, H);
     ln('head.norm');
-    lin('classifier', H, c.labels!, 2, true);
   }
+  if (c.head === 'classify') lin('classifier', H, c.labels!, 2, true);
+  // The masked-LM decoder is tied to the token embeddings; its bias (decoder_bias, true by default) is its own.
+  if (c.head === 'mlm') t('decoder.bias', [vocab], 0.3, -3.3);
   return sd;
 }
 
@@ -240,6 +252,10 @@ function writeCase(c: Case, presets: Map<string, string>, rand: () => number): s
   const dir = join(root, c.name);
   mkdirSync(dir);
   for (const f of readdirSync(preset)) if (f !== 'model.onnx' && f !== 'config.json' && f !== 'serve.json') cpSync(join(preset, f), join(dir, f), { recursive: true });
+  if (c.splade) {
+    rmSync(join(dir, '1_Pooling'), { recursive: true, force: true });
+    for (const f of ['modules.json', '1_SpladePooling', 'sentence_bert_config.json', 'config_sentence_transformers.json']) cpSync(join(presets.get('tiny-splade')!, f), join(dir, f), { recursive: true });
+  }
   const presetConfig = JSON.parse(readFileSync(join(preset, 'config.json'), 'utf8')) as { vocab_size: number; max_position_embeddings?: number };
   const vocab = presetConfig.vocab_size;
   const positions = presetConfig.max_position_embeddings ?? 512;
@@ -387,25 +403,26 @@ describe('task heads', () => {
     }
   });
 
-  it("SPLADE rows (/embed_sparse) from a masked-LM checkpoint (pytorch_model.bin with strided tensors, the decoder tied to the word embeddings) equal the reference's max of log(1 + relu(logits))", async () => {
-    const c = CASES.find((k) => k.head === 'mlm')!;
-    const texts = textsFor(c, makeRandom('checkpoint splade'), 8);
-    const logits = referenceOf(c, 'mlm', await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(t))));
-    const got = await sentTogether(server.testHooks, { [c.name]: texts.length }, () => Promise.all(texts.map((t) => post('/embed_sparse', { model: c.name, inputs: t }))));
-    let worst = 0;
-    let nonZeros = 0;
-    for (const [i, l] of logits.entries()) {
-      const vocab = (JSON.parse(readFileSync(join(dirs.get(c.name)!, 'config.json'), 'utf8')) as { vocab_size: number }).vocab_size;
-      const want = new Float64Array(vocab);
-      for (let k = 0; k < l.length; k++) want[k % vocab] = Math.max(want[k % vocab]!, Math.log1p(Math.max(0, l[k]!)));
-      const row = new Float64Array(vocab);
-      for (const e of (got[i] as { index: number; value: number }[][])[0]!) row[e.index] = e.value;
-      nonZeros += want.filter((v) => v > 0).length;
-      worst = Math.max(worst, worstDiff(row, want, `${c.name} text ${i}`));
+  it("SPLADE rows (/embed_sparse) from masked-LM checkpoints (BERT's .bin with strided tensors, XLM-RoBERTa's lm_head, DistilBERT's vocab_projector, ModernBERT's head; each decoder tied to the embeddings) equal the reference's max of log(1 + relu(logits))", async () => {
+    for (const c of CASES.filter((k) => k.head === 'mlm')) {
+      const texts = textsFor(c, makeRandom('checkpoint splade'), 8);
+      const logits = referenceOf(c, 'mlm', await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(t))));
+      const got = await sentTogether(server.testHooks, { [c.name]: texts.length }, () => Promise.all(texts.map((t) => post('/embed_sparse', { model: c.name, inputs: t }))));
+      let worst = 0;
+      let nonZeros = 0;
+      for (const [i, l] of logits.entries()) {
+        const vocab = (JSON.parse(readFileSync(join(dirs.get(c.name)!, 'config.json'), 'utf8')) as { vocab_size: number }).vocab_size;
+        const want = new Float64Array(vocab);
+        for (let k = 0; k < l.length; k++) want[k % vocab] = Math.max(want[k % vocab]!, Math.log1p(Math.max(0, l[k]!)));
+        const row = new Float64Array(vocab);
+        for (const e of (got[i] as { index: number; value: number }[][])[0]!) row[e.index] = e.value;
+        nonZeros += want.filter((v) => v > 0).length;
+        worst = Math.max(worst, worstDiff(row, want, `${c.name} text ${i}`));
+      }
+      console.log(`${c.name}: worst |diff| ${worst.toExponential(2)}, ${nonZeros} non-zeros over ${texts.length} texts`);
+      expect(nonZeros).toBeGreaterThan(texts.length);
+      expect(worst).toBeLessThan(TOLERANCE);
     }
-    console.log(`${c.name}: worst |diff| ${worst.toExponential(2)}, ${nonZeros} non-zeros over ${texts.length} texts`);
-    expect(nonZeros).toBeGreaterThan(texts.length);
-    expect(worst).toBeLessThan(TOLERANCE);
   });
 });
 
@@ -427,7 +444,7 @@ describe('the graph is fused at load as an export is', () => {
     const metrics = await (await fetch(`${server.url}/metrics`)).text();
     const gauge = (name: string, model: string) => Number(new RegExp(`^${name}\\{[^}]*model="${model}"[^}]*\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
     // SPLADE graphs run unfused, exported or built (their sparse ids stay the unfused graph's: docs/tuning.md).
-    expect(gauge('slabserve_model_fused_attentions', 'bert-splade')).toBe(0);
+    for (const c of CASES.filter((k) => k.head === 'mlm')) expect(gauge('slabserve_model_fused_attentions', c.name), c.name).toBe(0);
     for (const c of CASES.filter((k) => k.head !== 'mlm' && k.family !== 'modernbert')) {
       const model = c.name;
       // MPNet's scores take its relative position bias beside the mask, which the Attention fusion does not take: unfused.
