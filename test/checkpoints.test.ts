@@ -57,7 +57,7 @@ interface Case {
   v5?: boolean;
   /** A SPLADE folder: tiny-splade's sentence-transformers files (MLMTransformer, SpladePooling) beside the preset's tokenizer. */
   splade?: boolean;
-  storage: 'F32' | 'F16' | 'BF16' | 'sharded' | 'bin' | 'bin-strided';
+  storage: 'F32' | 'F16' | 'BF16' | 'sharded' | 'bin' | 'bin-strided' | 'bin-sharded';
   /** Whether the body's weights carry the family's prefix (bert., roberta., ...): a task model's always do. */
   prefixed: boolean;
   hiddenAct?: string;
@@ -78,7 +78,7 @@ const CASES: Case[] = [
   { name: 'modernbert-model', architecture: 'ModernBertModel', family: 'modernbert', head: 'hidden', preset: 'tiny-modernbert', storage: 'F32', prefixed: false },
   { name: 'modernbert-rerank', architecture: 'ModernBertForSequenceClassification', family: 'modernbert', head: 'classify', labels: 1, preset: 'tiny-modernbert', storage: 'BF16', prefixed: true, v5: true },
   { name: 'distilbert-model', architecture: 'DistilBertModel', family: 'distilbert', head: 'hidden', preset: 'tiny-distilbert', storage: 'F32', prefixed: false },
-  { name: 'distilbert-intent', architecture: 'DistilBertForSequenceClassification', family: 'distilbert', head: 'classify', labels: 4, preset: 'tiny-distilbert', storage: 'F32', prefixed: true, hiddenAct: 'relu' },
+  { name: 'distilbert-intent', architecture: 'DistilBertForSequenceClassification', family: 'distilbert', head: 'classify', labels: 4, preset: 'tiny-distilbert', storage: 'bin-sharded', prefixed: true, hiddenAct: 'relu' },
   { name: 'electra-rerank', architecture: 'ElectraForSequenceClassification', family: 'electra', head: 'classify', labels: 1, preset: 'tiny-embed', storage: 'F32', prefixed: true, embeddingSize: 32 },
 ];
 
@@ -273,12 +273,12 @@ function writeCase(c: Case, presets: Map<string, string>, rand: () => number): s
       for (const n of part) map[n] = file;
     });
     writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: {}, weight_map: map }));
-  } else if (c.storage === 'bin' || c.storage === 'bin-strided') {
+  } else if (c.storage.startsWith('bin')) {
     // torch.save of the same weights (from a scratch folder), with BERT's int64 position_ids buffer that loaders ignore.
     const scratch = join(root, `${c.name}-f32`);
     mkdirSync(scratch);
     writeFileSync(join(scratch, 'model.safetensors'), encodeSafetensors(sd));
-    reference({ save_bin: dir, from: scratch, strided: c.storage === 'bin-strided' });
+    reference({ save_bin: dir, from: scratch, strided: c.storage === 'bin-strided', shards: c.storage === 'bin-sharded' ? 3 : 0 });
     cpSync(join(scratch, 'model.safetensors'), join(root, `${c.name}.weights.safetensors`));
   } else {
     writeFileSync(join(dir, 'model.safetensors'), encodeSafetensors(sd, c.storage));
@@ -371,7 +371,7 @@ function referenceOf(c: Case, head: Head, encodings: RustEncoding[]): number[][]
 }
 
 describe('task heads', () => {
-  it('classifier logits (/predict raw_scores) equal the reference: BERT (F16 storage, gelu_new) and DistilBERT (relu, pre_classifier)', async () => {
+  it('classifier logits (/predict raw_scores) equal the reference: BERT (F16 storage, gelu_new) and DistilBERT (relu, pre_classifier, a .bin in three shards)', async () => {
     const rand = makeRandom('checkpoint classify');
     for (const c of CASES.filter((k) => k.head === 'classify' && k.labels! > 1)) {
       const texts = textsFor(c, rand, 12);
