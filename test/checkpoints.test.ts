@@ -72,14 +72,16 @@ const CASES: Case[] = [
   { name: 'xlmr-splade', architecture: 'XLMRobertaForMaskedLM', family: 'roberta', head: 'mlm', preset: 'tiny-xlmr', splade: true, storage: 'F16', prefixed: true },
   { name: 'distilbert-splade', architecture: 'DistilBertForMaskedLM', family: 'distilbert', head: 'mlm', preset: 'tiny-distilbert', splade: true, storage: 'F32', prefixed: true },
   { name: 'modernbert-splade', architecture: 'ModernBertForMaskedLM', family: 'modernbert', head: 'mlm', preset: 'tiny-modernbert', splade: true, storage: 'F32', prefixed: true },
-  { name: 'xlmr-model', architecture: 'XLMRobertaModel', family: 'roberta', head: 'hidden', preset: 'tiny-xlmr', storage: 'BF16', prefixed: false },
+  // A bare model's weights under the task checkpoint's prefix (roberta.): read as transformers strips it.
+  { name: 'xlmr-model', architecture: 'XLMRobertaModel', family: 'roberta', head: 'hidden', preset: 'tiny-xlmr', storage: 'BF16', prefixed: true },
   { name: 'xlmr-rerank', architecture: 'XLMRobertaForSequenceClassification', family: 'roberta', head: 'classify', labels: 1, preset: 'tiny-xlmr', storage: 'bin', prefixed: true },
   { name: 'mpnet-model', architecture: 'MPNetModel', family: 'mpnet', head: 'hidden', preset: 'tiny-xlmr', storage: 'F32', prefixed: false },
   { name: 'modernbert-model', architecture: 'ModernBertModel', family: 'modernbert', head: 'hidden', preset: 'tiny-modernbert', storage: 'F32', prefixed: false },
   { name: 'modernbert-rerank', architecture: 'ModernBertForSequenceClassification', family: 'modernbert', head: 'classify', labels: 1, preset: 'tiny-modernbert', storage: 'BF16', prefixed: true, v5: true },
   { name: 'distilbert-model', architecture: 'DistilBertModel', family: 'distilbert', head: 'hidden', preset: 'tiny-distilbert', storage: 'F32', prefixed: false },
   { name: 'distilbert-intent', architecture: 'DistilBertForSequenceClassification', family: 'distilbert', head: 'classify', labels: 4, preset: 'tiny-distilbert', storage: 'bin-sharded', prefixed: true, hiddenAct: 'relu' },
-  { name: 'electra-rerank', architecture: 'ElectraForSequenceClassification', family: 'electra', head: 'classify', labels: 1, preset: 'tiny-embed', storage: 'F32', prefixed: true, embeddingSize: 32 },
+  // The layers' tanh GELU, the classification head's exact GELU whatever hidden_act says.
+  { name: 'electra-rerank', architecture: 'ElectraForSequenceClassification', family: 'electra', head: 'classify', labels: 1, preset: 'tiny-embed', storage: 'F32', prefixed: true, embeddingSize: 32, hiddenAct: 'gelu_new' },
 ];
 
 const H = 64;
@@ -257,7 +259,8 @@ function writeCase(c: Case, presets: Map<string, string>, rand: () => number): s
     for (const f of ['modules.json', '1_SpladePooling', 'sentence_bert_config.json', 'config_sentence_transformers.json']) cpSync(join(presets.get('tiny-splade')!, f), join(dir, f), { recursive: true });
   }
   const presetConfig = JSON.parse(readFileSync(join(preset, 'config.json'), 'utf8')) as { vocab_size: number; max_position_embeddings?: number };
-  const vocab = presetConfig.vocab_size;
+  // ModernBERT's embedding table is larger than its tokenizer (50368 rows for 50280 tokens): so here.
+  const vocab = presetConfig.vocab_size + (c.family === 'modernbert' ? 64 : 0);
   const positions = presetConfig.max_position_embeddings ?? 512;
   const types = c.family === 'roberta' ? 1 : 2;
   writeFileSync(join(dir, 'config.json'), JSON.stringify(configOf(c, vocab, positions, types), null, 2));
