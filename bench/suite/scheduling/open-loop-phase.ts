@@ -14,7 +14,7 @@ import type { SlabserveError } from '../../../src/shared/errors.js';
 import { DEADLINE_MS, type Cell, type Config } from './configs.js';
 import type { Histogram } from 'hdr-histogram-js';
 import { newHistogram, sendOnSchedule } from '../../load.js';
-import { classify, engineDelta, zeroBuckets, zeroCounts, type BucketCounts, type SchedulingPhase } from './results.js';
+import { classify, engineDelta, zeroBuckets, zeroCounts, type BucketCounts, type SchedulingPhase } from './aggregate.js';
 import type { Bench } from './setup.js';
 
 const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
