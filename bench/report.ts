@@ -140,7 +140,7 @@ const CASE_INTROS: Partial<Record<CaseName, string>> = {
     "slabserve's gateway thread against the floor server (bench/floor-server.ts: one uWebSockets.js thread that reads the body, tokenizes with the same tokenizer and serialises a row the same way; no batching, no model), CPU per answered request by thread, under the same closed-loop load; the median of the rounds.",
 };
 
-/** One row per configuration: the median round by req/s, every round's req/s, errors and rejections over all rounds. */
+/** One row per configuration of closed loops (the curve's open-loop points have their own tables): the median round by req/s, every round's req/s, errors and rejections over all rounds. */
 function phaseTable(phases: PhaseResult[]): string {
   const groups = groupConfigs(phases);
   const rows = groups.map((g) => {
@@ -149,7 +149,6 @@ function phaseTable(phases: PhaseResult[]): string {
     return [
       p.target,
       p.generator ? `${p.transport} (${p.generator})` : p.transport,
-      p.loop,
       String(p.concurrency ?? '–'),
       fmtNum(p.rps),
       g.length > 1 ? g.map((x) => fmtNum(x.rps)).join(', ') : '',
@@ -168,8 +167,7 @@ function phaseTable(phases: PhaseResult[]): string {
   const header = [
     'target',
     'transport',
-    'loop',
-    'callers / offered',
+    'callers',
     'req/s',
     'req/s by round',
     'inputs/s',
@@ -183,7 +181,7 @@ function phaseTable(phases: PhaseResult[]): string {
     'errors',
     'rejected',
   ];
-  const lines = [table(header, rows, ['l', 'l', 'l', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r'])];
+  const lines = [table(header, rows, ['l', 'l', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r'])];
   const flags = new Map<string, string>();
   for (const g of groups) if (g[0].serverArgs?.length && !flags.has(g[0].target)) flags.set(g[0].target, g[0].serverArgs.join(' '));
   const extras: string[] = [];
