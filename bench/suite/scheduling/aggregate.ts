@@ -64,15 +64,17 @@ export function engineDelta(a: ModelStats, b: ModelStats): EngineDelta {
   };
 }
 
-/** Counts a failed request in `c` by its error; returns the message of an error that is neither a refusal nor a timeout. */
-export function classify(err: unknown, c: Counts): string | null {
+/** Counts a failed request in `c` and in its bucket's `bc` by its error; returns the message of an error that is neither a refusal nor a timeout. */
+export function classify(err: unknown, c: Counts, bc: BucketCounts): string | null {
   const e = err as SlabserveError;
   const code = err instanceof SlabserveError ? e.code : '';
   const msg = err instanceof Error ? err.message : String(err);
   if (code === 'SLABSERVE_OVERLOADED') {
+    bc.refused++;
     if (msg.startsWith('all ')) c.refusedSlots++;
     else c.refusedAdmission++;
   } else if (code === 'SLABSERVE_DEADLINE_EXCEEDED') {
+    bc.timedOut++;
     if (msg.includes('after its deadline')) c.timedOutLate++;
     else if (msg.includes('no time left')) c.timedOutUnsent++;
     else c.timedOutQueued++;

@@ -10,7 +10,6 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Engine, ModelStats } from '../../../src/main/engine.js';
-import type { SlabserveError } from '../../../src/shared/errors.js';
 import { DEADLINE_MS, type Cell, type Config } from './configs.js';
 import type { Histogram } from 'hdr-histogram-js';
 import { newHistogram, sendOnSchedule } from '../../load.js';
@@ -62,11 +61,8 @@ class Tally {
   }
 
   failed(bc: BucketCounts, err: unknown): void {
-    const other = classify(err, this.counts);
+    const other = classify(err, this.counts, bc);
     if (other !== null) this.firstOther ??= other;
-    const code = (err as SlabserveError).code;
-    if (code === 'SLABSERVE_OVERLOADED') bc.refused++;
-    else if (code === 'SLABSERVE_DEADLINE_EXCEEDED') bc.timedOut++;
   }
 }
 
