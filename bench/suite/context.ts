@@ -120,8 +120,8 @@ export class SuiteContext {
     }, targets.length + engines.length);
   }
 
-  /** Records A against B (see comparison()). */
-  compare(c: Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>, a: Side, b: Side, pick: (p: PhaseResult) => number): void {
+  /** Records A against B on the comparison's metric, or on `pick` (see comparison()). */
+  compare(c: Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>, a: Side, b: Side, pick?: (p: PhaseResult) => number): void {
     this.comparisons.push(comparison(c, a, b, pick));
   }
 }
