@@ -250,7 +250,6 @@ function latencyThroughputChart(g: CurveGroup): Chart {
     file: latencyThroughputFile(g.model, g.transport),
     title: `Latency against throughput, ${g.model} over ${transport}`,
     spec: {
-      $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
       title: {
         text: `Latency against throughput: ${g.model} over ${transport}`,
         subtitle: 'open loop; solid P50, dashed P99' + (rules.length ? "; dotted rule: a curve's P99 target" : ''),
@@ -366,7 +365,6 @@ function batchSizesChart(results: SuiteResults): Chart | null {
     file: 'batch-sizes.svg',
     title: 'Batch-size distribution',
     spec: {
-      $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
       title: { text: 'Batch sizes: share of batches per size', subtitle: "from the server's slabserve_batch_size histogram over each measured window" },
       data: { values: rows },
       config: { ...CONFIG, view: { stroke: '#ddd' } },
@@ -465,7 +463,6 @@ function paddingChart(results: SuiteResults): Chart | null {
     file: 'padding-efficiency.svg',
     title: 'Padding efficiency by configuration',
     spec: {
-      $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
       title: { text: 'Padding efficiency: real tokens / padded tokens', subtitle: 'median over rounds; higher is better (100% = no padding)' },
       config: CONFIG,
       vconcat: charts,
@@ -538,7 +535,6 @@ function throughputChart(results: SuiteResults): Chart | null {
     file: 'throughput.svg',
     title: 'Each comparison, A against B',
     spec: {
-      $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
       config: CONFIG,
       vconcat: charts,
       resolve: { scale: { x: 'independent' } },
