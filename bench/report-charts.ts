@@ -138,11 +138,6 @@ function varyingLabel<T>(items: T[], fields: (keyof T)[]): (x: T) => string[] {
   return (x) => vary.map((f) => String(x[f]));
 }
 
-/** A closed loop's callers (the open-loop phases are the curves', which have tables and plots of their own). */
-function phaseLoad(p: PhaseResult): string {
-  return p.concurrency != null ? `${p.concurrency} callers` : 'closed loop';
-}
-
 export function safeName(s: string): string {
   return s.replace(/[^A-Za-z0-9._-]+/g, '_');
 }
@@ -322,7 +317,8 @@ export function batchSizeSeries(results: SuiteResults): BatchSizeSeries[] {
     // "batched": some batch held more than one input
     if (!sizes.some((s) => s.le > 1 && s.count > 0)) continue;
     const p = g[0];
-    out.push({ label: [`batching: ${p.target}`, ...label(p), phaseLoad(p)].join(' · '), sizes, meanBatch: median(g.map((x) => x.server!.meanBatch)) });
+    // the batching case's phases are closed loops, each with its callers
+    out.push({ label: [`batching: ${p.target}`, ...label(p), `${p.concurrency} callers`].join(' · '), sizes, meanBatch: median(g.map((x) => x.server!.meanBatch)) });
   }
   const byId = new Map(results.phases.map((p) => [p.id, p]));
   const curves = (results.curves ?? []).filter((c) => c.points.length > 0);
