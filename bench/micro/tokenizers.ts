@@ -338,7 +338,8 @@ function mb(bytes: number): string {
   return `${(bytes / 1024 / 1024).toFixed(2)} MB`;
 }
 
-function installSizes(): [string, string, string][] {
+/** The install size table: each package's node_modules folder, and what is in it. */
+function printInstallSizes(): void {
   const jsDir = packageDir('@huggingface/tokenizers');
   const rsDir = packageDir('tokenizers');
   const nodeFiles = readdirSync(rsDir).filter((f) => f.endsWith('.node'));
@@ -346,10 +347,12 @@ function installSizes(): [string, string, string][] {
   // which binary this machine loads (napi-rs naming)
   const want = `tokenizers.${platform()}-${arch()}${platform() === 'linux' ? '-gnu' : ''}.node`;
   const mine = nodeFiles.includes(want) ? statSync(join(rsDir, want)).size : 0;
-  return [
+  const rows = [
     ['@huggingface/tokenizers', duMb(jsDir), 'ESM + CJS + minified builds + .d.ts; zero dependencies'],
     ['tokenizers', duMb(rsDir), `${nodeFiles.length} prebuilt .node binaries in the one package (${mb(nodeBytes)}); this machine loads ${want} (${mb(mine)})`],
   ];
+  console.log('\n## install size (node_modules folder of each package)');
+  console.log(alignedTable(['package', 'du -sk', 'what'], rows));
 }
 
 interface ColdRow {
@@ -520,11 +523,6 @@ async function measureGateway(lib: Libraries, texts: BenchTexts, budgetMs: numbe
       rows.map(([name, s]) => [name, fmt((s.wallMs * 1000) / s.texts, 1), fmt(s.texts / (s.wallMs / 1000), 0), fmt((s.loopMs * 1000) / s.texts, 1)]),
     ),
   );
-}
-
-function printInstallSizes(): void {
-  console.log('\n## install size (node_modules folder of each package)');
-  console.log(alignedTable(['package', 'du -sk', 'what'], installSizes()));
 }
 
 /** Cold load from a tokenizer.json file in a temporary folder. */
