@@ -355,15 +355,8 @@ function printInstallSizes(): void {
   console.log(alignedTable(['package', 'du -sk', 'what'], rows));
 }
 
-interface ColdRow {
-  lib: string;
-  importMs: number;
-  constructMs: number;
-  firstEncodeMs: number;
-  processMs: number;
-}
-
-function coldLoad(jsonPath: string, runs: number): ColdRow[] {
+/** The cold-load table's rows: each package, then the medians of its import, construct, first encode and whole-process ms. */
+function coldLoad(jsonPath: string, runs: number): string[][] {
   const scripts: Record<string, string> = {
     '@huggingface/tokenizers': `
       import { readFileSync } from 'node:fs';
@@ -401,13 +394,7 @@ function coldLoad(jsonPath: string, runs: number): ColdRow[] {
   }
   return libs.map((lib) => {
     const xs = acc.get(lib)!;
-    return {
-      lib,
-      importMs: median(xs.map((x) => x[0]!)),
-      constructMs: median(xs.map((x) => x[1]!)),
-      firstEncodeMs: median(xs.map((x) => x[2]!)),
-      processMs: median(xs.map((x) => x[3]!)),
-    };
+    return [lib, ...[0, 1, 2, 3].map((k) => fmt(median(xs.map((x) => x[k]!)), 1))];
   });
 }
 
@@ -535,7 +522,7 @@ function printColdLoad(lib: Libraries, runs: number): void {
     console.log(
       alignedTable(
         ['package', 'import ms', 'construct ms', 'first encode ms', 'node process total ms'],
-        coldLoad(jsonPath, runs).map((x) => [x.lib, fmt(x.importMs, 1), fmt(x.constructMs, 1), fmt(x.firstEncodeMs, 1), fmt(x.processMs, 1)]),
+        coldLoad(jsonPath, runs),
       ),
     );
   } finally {
