@@ -366,8 +366,8 @@ async function openLoop(run: Run, arrivals: Extract<Arrivals, { kind: 'open' }>,
   await Promise.all(inFlight);
 }
 
-/** Reports progress every 250 ms while the run lasts (clear the timer at its end). */
-function progressTimer(spec: LoadSpec, tally: Tally, started: number): ReturnType<typeof setInterval> | undefined {
+/** Reports progress every 250 ms while the run lasts, with `tally`'s counts so far (clear the timer at its end). */
+function progressTimer(spec: LoadSpec, tally: Pick<Tally, 'answered' | 'rejected' | 'errors'>, started: number): ReturnType<typeof setInterval> | undefined {
   if (!spec.onProgress) return undefined;
   const totalMs = spec.warmupMs + spec.durationMs;
   return setInterval(() => {
@@ -442,8 +442,8 @@ async function wrkLoop(spec: LoadSpec, r: () => number): Promise<LoadOutcome> {
   const first = Math.floor(r() * w.bodies.length);
   const opts = { connections, timeoutMs: TIMEOUT_MS, first, path: w.path ?? '/embed', traceparent: spec.traceparent, scriptPath: join(tmpdir(), `slabserve-bench-${process.pid}.lua`) };
   const seconds = (ms: number) => Math.max(1, Math.round(ms / 1000));
-  const started = performance.now();
-  const tick = spec.onProgress ? setInterval(() => spec.onProgress!({ elapsedMs: performance.now() - started, totalMs: spec.warmupMs + spec.durationMs, answered: 0, rejected: 0, errors: 0 }), 250) : undefined;
+  // wrk reports nothing until it ends: the progress is the time alone
+  const tick = progressTimer(spec, { answered: 0, rejected: 0, errors: 0 }, performance.now());
   try {
     if (spec.warmupMs > 0) await wrkWorkload(spec.target.origin, w.bodies, { ...opts, seconds: seconds(spec.warmupMs) });
     const window = new MeasuredWindow(spec);

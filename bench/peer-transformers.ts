@@ -16,26 +16,8 @@ import { env, pipeline, type FeatureExtractionPipeline, type Tensor } from '@hug
 import { loadModelSpec, type Pooling } from '../src/shared/model-format/model-config.js';
 import { fail, parseOptions } from './args.js';
 
-export interface PeerOptions {
-  /** slabserve model folder. */
-  modelDir: string;
-  host?: string;
-  /** 0: any free port. */
-  port?: number;
-}
-
 /** Longest JSON body accepted, bytes. */
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
-
-export interface PeerServer {
-  readonly url: string;
-  readonly pooling: Pooling;
-  readonly normalize: boolean;
-  /** transformers.js and onnxruntime-node versions actually loaded. */
-  readonly versions: { transformers: string; onnxruntime: string };
-  /** Stops accepting connections, lets in-flight requests finish, releases the pipeline and the temp folder. */
-  close(): Promise<void>;
-}
 
 class BadRequest extends Error {}
 
@@ -84,7 +66,7 @@ function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
   });
 }
 
-function parseEmbedBody(raw: Buffer): { inputs: string[]; normalize: boolean | undefined } {
+function parseEmbedBody(raw: Buffer): string[] {
   let body: unknown;
   try {
     body = JSON.parse(raw.toString('utf8'));
@@ -92,10 +74,9 @@ function parseEmbedBody(raw: Buffer): { inputs: string[]; normalize: boolean | u
     throw new BadRequest('body is not valid JSON');
   }
   if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new BadRequest('body must be a JSON object');
-  const { inputs, normalize } = body as { inputs?: unknown; normalize?: unknown };
-  if (normalize !== undefined && typeof normalize !== 'boolean') throw new BadRequest('"normalize" must be a boolean');
-  if (typeof inputs === 'string') return { inputs: [inputs], normalize };
-  if (Array.isArray(inputs) && inputs.length > 0 && inputs.every((x): x is string => typeof x === 'string')) return { inputs, normalize };
+  const { inputs } = body as { inputs?: unknown };
+  if (typeof inputs === 'string') return [inputs];
+  if (Array.isArray(inputs) && inputs.length > 0 && inputs.every((x): x is string => typeof x === 'string')) return inputs;
   throw new BadRequest('"inputs" must be a string or a non-empty array of strings');
 }
 
@@ -108,17 +89,21 @@ function rows(t: Tensor): number[][] {
   return out;
 }
 
-function send(res: http.ServerResponse, status: number, body: string, type = 'application/json'): void {
-  res.writeHead(status, { 'content-type': type, 'content-length': Buffer.byteLength(body) });
+function send(res: http.ServerResponse, status: number, body: string): void {
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
   res.end(body);
 }
 
-export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
-  const spec = loadModelSpec(resolve(opts.modelDir));
+/**
+ * Loads the pipeline, listens, logs the versions loaded on stderr and prints the
+ * `listening on` line on stdout. Returns close(): stops accepting connections, lets
+ * in-flight requests finish, releases the pipeline and the temp folder.
+ */
+async function servePeer(modelDir: string, host: string, port: number): Promise<() => Promise<void>> {
+  const spec = loadModelSpec(resolve(modelDir));
   if (spec.task !== 'embed') throw new Error(`model ${spec.name} is a ${spec.task} model; the peer serves embedding models only`);
-  const pooling = spec.pooling;
+  const { pooling, normalize } = spec;
   if (pooling !== 'mean' && pooling !== 'cls') throw new Error(`peer-transformers: pooling ${pooling} is not one transformers.js computes as sentence-transformers does (mean or cls)`);
-  const defaultNormalize = spec.normalize;
 
   const view = peerModelView(spec);
   const removeView = () => {
@@ -137,7 +122,7 @@ export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
       dtype: 'fp32',
       local_files_only: true,
     });
-    await extractor('warm up', { pooling, normalize: defaultNormalize });
+    await extractor('warm up', { pooling, normalize });
   } catch (err) {
     removeView();
     throw err;
@@ -145,13 +130,12 @@ export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
 
   const server = http.createServer((req, res) => {
     const path = (req.url ?? '/').split('?', 1)[0];
-    if (req.method === 'GET' && path === '/health') return send(res, 200, 'ok', 'text/plain');
     if (path !== '/embed') return send(res, 404, JSON.stringify({ error: `no route ${req.method} ${path}` }));
     if (req.method !== 'POST') return send(res, 405, JSON.stringify({ error: 'POST only' }));
     void (async () => {
       try {
-        const body = parseEmbedBody(await readBody(req, MAX_BODY_BYTES));
-        const out = await extractor(body.inputs, { pooling, normalize: body.normalize ?? defaultNormalize });
+        const inputs = parseEmbedBody(await readBody(req, MAX_BODY_BYTES));
+        const out = await extractor(inputs, { pooling, normalize });
         send(res, 200, JSON.stringify(rows(out)));
       } catch (err) {
         if (res.headersSent || res.destroyed) return;
@@ -162,30 +146,26 @@ export async function startPeerServer(opts: PeerOptions): Promise<PeerServer> {
   });
   server.keepAliveTimeout = 65_000;
 
-  const host = opts.host ?? '127.0.0.1';
   await new Promise<void>((ok, fail) => {
     server.once('error', fail);
-    server.listen(opts.port ?? 0, host, () => {
+    server.listen(port, host, () => {
       server.off('error', fail);
       ok();
     });
   });
-  const port = (server.address() as AddressInfo).port;
-  let closing: Promise<void> | null = null;
-  return {
-    url: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
-    pooling,
-    normalize: defaultNormalize,
-    versions: { transformers: env.version, onnxruntime: ortVersion() },
-    close: () =>
-      (closing ??= (async () => {
-        await new Promise<void>((ok) => {
-          server.close(() => ok());
-          server.closeIdleConnections();
-        });
-        await extractor.dispose();
-        removeView();
-      })()),
+  process.stderr.write(
+    `peer-transformers: model ${basename(resolve(modelDir))}, pooling ${pooling}, normalize ${normalize}; ` +
+      `transformers.js ${env.version}, onnxruntime-node ${ortVersion()}\n`,
+  );
+  const url = `http://${host.includes(':') ? `[${host}]` : host}:${(server.address() as AddressInfo).port}`;
+  process.stdout.write(`listening on ${url}\n`);
+  return async () => {
+    await new Promise<void>((ok) => {
+      server.close(() => ok());
+      server.closeIdleConnections();
+    });
+    await extractor.dispose();
+    removeView();
   };
 }
 
@@ -208,16 +188,16 @@ async function main(): Promise<void> {
   process.stdout.on('error', () => {});
   process.stderr.on('error', () => {});
   // signals from the start, so one during start-up still exits cleanly (the temp view goes on 'exit')
-  let peer: PeerServer | null = null;
+  let close: (() => Promise<void>) | null = null;
   let stopping = false;
   const stop = (signal: NodeJS.Signals) => {
     if (stopping) return;
     stopping = true;
     process.stderr.write(`peer-transformers: ${signal}, closing\n`);
-    if (!peer) process.exit(0);
+    if (!close) process.exit(0);
     const force = setTimeout(() => process.exit(1), 10_000);
     force.unref();
-    peer.close().then(
+    close().then(
       () => process.exit(0),
       (err: unknown) => {
         process.stderr.write(`peer-transformers: close failed: ${(err as Error).message}\n`);
@@ -228,16 +208,7 @@ async function main(): Promise<void> {
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
 
-  peer = await startPeerServer({
-    modelDir: a['model-dir'],
-    host: a.host,
-    port: a.port,
-  });
-  process.stderr.write(
-    `peer-transformers: model ${basename(resolve(a['model-dir']))}, pooling ${peer.pooling}, normalize ${peer.normalize}; ` +
-      `transformers.js ${peer.versions.transformers}, onnxruntime-node ${peer.versions.onnxruntime}\n`,
-  );
-  process.stdout.write(`listening on ${peer.url}\n`);
+  close = await servePeer(a['model-dir'], a.host, a.port);
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {

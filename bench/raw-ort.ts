@@ -23,7 +23,6 @@ export interface RawBatch {
   feeds: Record<string, ort.Tensor>;
   rows: number;
   realTokens: number;
-  paddedTokens: number;
 }
 
 /** A session as the server's runner opens one: graph optimizations on, the given device and intra-op threads. */
@@ -72,7 +71,7 @@ export function rawBatches(seqs: readonly RawSeq[], buckets: number[], size: num
         attention_mask: new ort.Tensor(type, mask, [size, T]),
       };
       if (prepared.hasTokenTypeIds) feeds.token_type_ids = new ort.Tensor(type, types, [size, T]);
-      out.push({ feeds, rows: size, realTokens: real, paddedTokens: n });
+      out.push({ feeds, rows: size, realTokens: real });
     }
   }
   if (out.length === 0) throw new Error(`workload too small for raw batches of ${size}`);
@@ -86,7 +85,6 @@ export function rawBatches(seqs: readonly RawSeq[], buckets: number[], size: num
 export interface RawLoopResult {
   rows: number;
   realTokens: number;
-  paddedTokens: number;
   batches: number;
   windowMs: number;
   /** This process's CPU over the window. */
@@ -110,7 +108,6 @@ export async function runRawLoop(
   while (performance.now() < warmEnd) await session.run(batches[i++ % batches.length]!.feeds, fetches);
   let rows = 0;
   let real = 0;
-  let padded = 0;
   let n = 0;
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
@@ -122,10 +119,9 @@ export async function runRawLoop(
     histogram.recordValue(Math.max(1, Math.round((performance.now() - s) * 1000)));
     rows += b.rows;
     real += b.realTokens;
-    padded += b.paddedTokens;
     n++;
   }
   const windowMs = performance.now() - t0;
   const u = process.cpuUsage(cpu0);
-  return { rows, realTokens: real, paddedTokens: padded, batches: n, windowMs, cpuMs: (u.user + u.system) / 1000 };
+  return { rows, realTokens: real, batches: n, windowMs, cpuMs: (u.user + u.system) / 1000 };
 }

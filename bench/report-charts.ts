@@ -138,11 +138,6 @@ function varyingLabel<T>(items: T[], fields: (keyof T)[]): (x: T) => string[] {
   return (x) => vary.map((f) => String(x[f]));
 }
 
-/** A closed loop's callers (the open-loop phases are the curves', which have tables and plots of their own). */
-function phaseLoad(p: PhaseResult): string {
-  return p.concurrency != null ? `${p.concurrency} callers` : 'closed loop';
-}
-
 export function safeName(s: string): string {
   return s.replace(/[^A-Za-z0-9._-]+/g, '_');
 }
@@ -250,7 +245,6 @@ function latencyThroughputChart(g: CurveGroup): Chart {
     file: latencyThroughputFile(g.model, g.transport),
     title: `Latency against throughput, ${g.model} over ${transport}`,
     spec: {
-      $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
       title: {
         text: `Latency against throughput: ${g.model} over ${transport}`,
         subtitle: 'open loop; solid P50, dashed P99' + (rules.length ? "; dotted rule: a curve's P99 target" : ''),
@@ -323,7 +317,8 @@ export function batchSizeSeries(results: SuiteResults): BatchSizeSeries[] {
     // "batched": some batch held more than one input
     if (!sizes.some((s) => s.le > 1 && s.count > 0)) continue;
     const p = g[0];
-    out.push({ label: [`batching: ${p.target}`, ...label(p), phaseLoad(p)].join(' · '), sizes, meanBatch: median(g.map((x) => x.server!.meanBatch)) });
+    // the batching case's phases are closed loops, each with its callers
+    out.push({ label: [`batching: ${p.target}`, ...label(p), `${p.concurrency} callers`].join(' · '), sizes, meanBatch: median(g.map((x) => x.server!.meanBatch)) });
   }
   const byId = new Map(results.phases.map((p) => [p.id, p]));
   const curves = (results.curves ?? []).filter((c) => c.points.length > 0);
@@ -366,7 +361,6 @@ function batchSizesChart(results: SuiteResults): Chart | null {
     file: 'batch-sizes.svg',
     title: 'Batch-size distribution',
     spec: {
-      $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
       title: { text: 'Batch sizes: share of batches per size', subtitle: "from the server's slabserve_batch_size histogram over each measured window" },
       data: { values: rows },
       config: { ...CONFIG, view: { stroke: '#ddd' } },
@@ -465,7 +459,6 @@ function paddingChart(results: SuiteResults): Chart | null {
     file: 'padding-efficiency.svg',
     title: 'Padding efficiency by configuration',
     spec: {
-      $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
       title: { text: 'Padding efficiency: real tokens / padded tokens', subtitle: 'median over rounds; higher is better (100% = no padding)' },
       config: CONFIG,
       vconcat: charts,
@@ -538,7 +531,6 @@ function throughputChart(results: SuiteResults): Chart | null {
     file: 'throughput.svg',
     title: 'Each comparison, A against B',
     spec: {
-      $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
       config: CONFIG,
       vconcat: charts,
       resolve: { scale: { x: 'independent' } },

@@ -5,9 +5,8 @@
  * and the reading (the facts the case asks about, computed).
  */
 import { alignedTable, fmt, pct } from './table.js';
-import { LONG_MIN, SHORT_MAX, type Aggregate, type SchedulingSection } from './suite/scheduling/aggregate.js';
+import { LONG_MIN, refused, SHORT_MAX, timedOut, type Aggregate, type SchedulingSection } from './suite/scheduling/aggregate.js';
 import type { Cell, Config } from './suite/scheduling/configs.js';
-import { refused, timedOut } from './suite/scheduling/results.js';
 
 /** The rows, looked up by configuration and cell. */
 type Rows = (config: string, cell: string) => Aggregate;

@@ -52,36 +52,6 @@ function transportName(t: PhaseResult['transport']): string {
 
 // ---------------------------------------------------------------- the headline comparisons
 
-function sortedComparisons(results: SuiteResults): Comparison[] {
-  return [...results.comparisons].sort((a, b) => CASE_ORDER.indexOf(a.case) - CASE_ORDER.indexOf(b.case));
-}
-
-/** question, model, workload, transport, A, B, A/B and A/B by round. */
-function comparisonRow(c: Comparison): string[] {
-  return [
-    c.question,
-    c.model,
-    c.workload,
-    c.transport,
-    `${fmtMetric(c.metric, c.a.value)} (${c.a.label})`,
-    `${fmtMetric(c.metric, c.b.value)} (${c.b.label})`,
-    fmtRatio(c.ratio),
-    c.roundRatios.map(fmtRatio).join(', '),
-  ];
-}
-
-const SUMMARY_HEADER = ['question', 'model', 'workload', 'transport', 'A', 'B', 'A/B', 'A/B by round'];
-
-function comparisonsTable(comps: Comparison[]): string {
-  if (comps.length === 0) return '_No comparisons in this run._';
-  const lines = [table(SUMMARY_HEADER, comps.map((c) => comparisonRow(c)), ['l', 'l', 'l', 'l', 'r', 'r', 'r', 'r'])];
-  const notes = comps.filter((c) => c.note);
-  if (notes.length) {
-    lines.push('', ...notes.map((c) => `- ${c.question} (${c.model}, ${c.workload}, ${c.transport}): ${c.note}`));
-  }
-  return lines.join('\n');
-}
-
 /** One comparison as a sentence, for its case's section (the headline table has them all). */
 export function comparisonLine(c: Comparison): string {
   const where = [c.model, c.workload, transportName(c.transport)].join(' · ');
@@ -92,12 +62,30 @@ export function comparisonLine(c: Comparison): string {
 }
 
 /**
- * The headline comparisons as a Markdown table: question, model, workload,
- * transport, A and B (value, unit, what was measured), the ratio A/B (median
- * over rounds) and each round's ratio; notes, if any, as a list below.
+ * The headline comparisons as a Markdown table, in case order: question, model,
+ * workload, transport, A and B (value, unit, what was measured), the ratio A/B
+ * (median over rounds) and each round's ratio; notes, if any, as a list below.
  */
 export function summaryTable(results: SuiteResults): string {
-  return comparisonsTable(sortedComparisons(results));
+  const comps = [...results.comparisons].sort((a, b) => CASE_ORDER.indexOf(a.case) - CASE_ORDER.indexOf(b.case));
+  if (comps.length === 0) return '_No comparisons in this run._';
+  const header = ['question', 'model', 'workload', 'transport', 'A', 'B', 'A/B', 'A/B by round'];
+  const rows = comps.map((c) => [
+    c.question,
+    c.model,
+    c.workload,
+    c.transport,
+    `${fmtMetric(c.metric, c.a.value)} (${c.a.label})`,
+    `${fmtMetric(c.metric, c.b.value)} (${c.b.label})`,
+    fmtRatio(c.ratio),
+    c.roundRatios.map(fmtRatio).join(', '),
+  ]);
+  const lines = [table(header, rows, ['l', 'l', 'l', 'l', 'r', 'r', 'r', 'r'])];
+  const notes = comps.filter((c) => c.note);
+  if (notes.length) {
+    lines.push('', ...notes.map((c) => `- ${c.question} (${c.model}, ${c.workload}, ${c.transport}): ${c.note}`));
+  }
+  return lines.join('\n');
 }
 
 // ---------------------------------------------------------------- sections
@@ -140,7 +128,7 @@ const CASE_INTROS: Partial<Record<CaseName, string>> = {
     "slabserve's gateway thread against the floor server (bench/floor-server.ts: one uWebSockets.js thread that reads the body, tokenizes with the same tokenizer and serialises a row the same way; no batching, no model), CPU per answered request by thread, under the same closed-loop load; the median of the rounds.",
 };
 
-/** One row per configuration: the median round by req/s, every round's req/s, errors and rejections over all rounds. */
+/** One row per configuration of closed loops (the curve's open-loop points have their own tables): the median round by req/s, every round's req/s, errors and rejections over all rounds. */
 function phaseTable(phases: PhaseResult[]): string {
   const groups = groupConfigs(phases);
   const rows = groups.map((g) => {
@@ -149,7 +137,6 @@ function phaseTable(phases: PhaseResult[]): string {
     return [
       p.target,
       p.generator ? `${p.transport} (${p.generator})` : p.transport,
-      p.loop,
       String(p.concurrency ?? '–'),
       fmtNum(p.rps),
       g.length > 1 ? g.map((x) => fmtNum(x.rps)).join(', ') : '',
@@ -168,8 +155,7 @@ function phaseTable(phases: PhaseResult[]): string {
   const header = [
     'target',
     'transport',
-    'loop',
-    'callers / offered',
+    'callers',
     'req/s',
     'req/s by round',
     'inputs/s',
@@ -183,7 +169,7 @@ function phaseTable(phases: PhaseResult[]): string {
     'errors',
     'rejected',
   ];
-  const lines = [table(header, rows, ['l', 'l', 'l', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r'])];
+  const lines = [table(header, rows, ['l', 'l', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r', 'r'])];
   const flags = new Map<string, string>();
   for (const g of groups) if (g[0].serverArgs?.length && !flags.has(g[0].target)) flags.set(g[0].target, g[0].serverArgs.join(' '));
   const extras: string[] = [];

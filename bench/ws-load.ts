@@ -17,15 +17,10 @@ export interface WsAnswer {
   error?: { type: string; code: string; message: string };
 }
 
-
-export function wsUrl(origin: string): string {
-  return origin.replace(/^http/, 'ws') + '/ws';
-}
-
 /** Opens a socket, asks for `credit` with hello, resolves when the server granted it. */
 export function openSocket(origin: string, credit: number, timeoutMs = 10_000): Promise<WebSocket> {
   return new Promise((resolve, reject) => {
-    const ws = new WebSocket(wsUrl(origin), { perMessageDeflate: false });
+    const ws = new WebSocket(`${origin.replace(/^http/, 'ws')}/ws`, { perMessageDeflate: false });
     ws.binaryType = 'nodebuffer';
     const timer = setTimeout(() => {
       ws.terminate();

@@ -442,21 +442,21 @@ describe('bench report', () => {
       expect(md).toContain(h);
     }
     expect(md.indexOf('## Batching gain')).toBeLessThan(md.indexOf('## Bucketing gain'));
-    const batched = rowsStartingWith(md, 'slabserve batched').find((r) => r[5] === '2410, 2380, 2450');
+    const batched = rowsStartingWith(md, 'slabserve batched').find((r) => r[4] === '2410, 2380, 2450');
     expect(batched).toBeDefined();
-    expect(batched!.slice(0, 5)).toEqual(['slabserve batched', 'http (wrk)', 'closed', '64', '2410']);
-    expect(batched![10]).toBe('21.4'); // mean batch
-    expect(batched![11]).toBe('71.0%'); // padding efficiency
-    expect(batched!.slice(12, 14)).toEqual(['410', '31']); // the median round's (round 1, 2410 req/s) server and load generator CPU, µs per request
-    const unbatched = rowsStartingWith(md, 'slabserve max-batch-size 1').find((r) => r[5] === '612, 598, 605');
-    expect(unbatched![4]).toBe('605');
-    expect(unbatched!.slice(1, 2).concat(unbatched!.slice(12, 15))).toEqual(['http', '–', '–', '2']); // no generator or CPU recorded; errors over all rounds
+    expect(batched!.slice(0, 4)).toEqual(['slabserve batched', 'http (wrk)', '64', '2410']);
+    expect(batched![9]).toBe('21.4'); // mean batch
+    expect(batched![10]).toBe('71.0%'); // padding efficiency
+    expect(batched!.slice(11, 13)).toEqual(['410', '31']); // the median round's (round 1, 2410 req/s) server and load generator CPU, µs per request
+    const unbatched = rowsStartingWith(md, 'slabserve max-batch-size 1').find((r) => r[4] === '612, 598, 605');
+    expect(unbatched![3]).toBe('605');
+    expect(unbatched!.slice(1, 2).concat(unbatched!.slice(11, 14))).toEqual(['http', '–', '–', '2']); // no generator or CPU recorded; errors over all rounds
     expect(md).toContain('`ECONNRESET`');
     expect(md).toContain('`--pad-to longest`');
-    const fifo = rowsStartingWith(md, 'slabserve FIFO pad-to longest').map((r) => r[11]);
+    const fifo = rowsStartingWith(md, 'slabserve FIFO pad-to longest').map((r) => r[10]);
     expect(fifo).toEqual(['66.0%', '41.0%']);
-    expect(rowsStartingWith(md, 'raw onnxruntime b=32')[0].slice(1, 5)).toEqual(['in-process', 'closed', '1', '3100']);
-    expect(rowsStartingWith(md, 'transformers.js')[0][4]).toBe('310');
+    expect(rowsStartingWith(md, 'raw onnxruntime b=32')[0].slice(1, 4)).toEqual(['in-process', '1', '3100']);
+    expect(rowsStartingWith(md, 'transformers.js')[0][3]).toBe('310');
     expect(md).toContain('**minilm-l6 · short**');
   });
 

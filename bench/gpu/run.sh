@@ -360,18 +360,18 @@ if [ "$DEVICE" != cpu ]; then
   else
     say "warning: no nvidia-smi: no card name, no memory samples"
   fi
-  say "opening a CUDA session (raw-ceiling.js --check on ${MODEL_LIST[0]})"
-  timeout 180 node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device "$DEVICE" --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
-  rc=${PIPESTATUS[0]}
-  if [ "$rc" != 0 ]; then
-    echo "--- ldd of the provider:"; cat "$DETAIL/ldd-provider.txt"
-    fail "no CUDA session could be opened (exit $rc; see device-check.log above and ldd-provider.txt)"
-  fi
 else
   say "step 4: device cpu$([ "$DRY" = 1 ] && echo ' (dry run: short phases)')"
   if [ -f "$PROVIDER" ]; then ldd "$PROVIDER" > "$DETAIL/ldd-provider.txt" 2>&1; say "(provider present; ldd finds $(grep -c 'not found' "$DETAIL/ldd-provider.txt") libraries missing here: recorded, not needed on cpu)"; fi
-  node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device cpu --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || fail "no CPU session could be opened"
+fi
+# one session on the first model, on the device the cases use, before any case runs
+[ "$DEVICE" = cpu ] && SESSION=CPU || SESSION=CUDA
+say "opening a $SESSION session (raw-ceiling.js --check on ${MODEL_LIST[0]})"
+timeout 180 node "$APP/dist/bench/gpu/raw-ceiling.js" --model-dir "$MODELS_DIR/${MODEL_LIST[0]}" --device "$DEVICE" --check --json "$DETAIL/device-check.json" 2>&1 | tee "$DETAIL/device-check.log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" != 0 ]; then
+  [ "$DEVICE" = cpu ] || { echo "--- ldd of the provider:"; cat "$DETAIL/ldd-provider.txt"; }
+  fail "no $SESSION session could be opened (exit $rc; see device-check.log above)"
 fi
 
 # ---------------------------------------------------------------- sampler
@@ -380,21 +380,18 @@ echo "epoch_s,source,memory_used_mib,memory_total_mib,util_pct,power_w" > "$SAMP
 # the GPU whenever nvidia-smi answers (on --device cpu too: it shows the GPU stays idle), else host memory
 if command -v "$NVIDIA_SMI" >/dev/null && "$NVIDIA_SMI" -L >/dev/null 2>&1; then
   GPU_INDEX="${DEVICE#cpu}"; GPU_INDEX="${GPU_INDEX#cuda}"; GPU_INDEX="${GPU_INDEX#:}"; GPU_INDEX="${GPU_INDEX:-0}"
-  ( while :; do
-      t=$(date +%s.%N)
-      "$NVIDIA_SMI" -i "$GPU_INDEX" --query-gpu=memory.used,memory.total,utilization.gpu,power.draw --format=csv,noheader,nounits 2>/dev/null \
-        | awk -v t="$t" -v g="gpu$GPU_INDEX" -F', *' 'NF >= 4 { printf "%.2f,%s,%s,%s,%s,%s\n", t, g, $1, $2, $3, $4 }'
-      sleep 0.5
-    done >> "$SAMPLES" ) &
-  SAMPLER_PID=$!
+  sample() { # sample EPOCH_S: one row of samples.csv
+    "$NVIDIA_SMI" -i "$GPU_INDEX" --query-gpu=memory.used,memory.total,utilization.gpu,power.draw --format=csv,noheader,nounits 2>/dev/null \
+      | awk -v t="$1" -v g="gpu$GPU_INDEX" -F', *' 'NF >= 4 { printf "%.2f,%s,%s,%s,%s,%s\n", t, g, $1, $2, $3, $4 }'
+  }
 else
-  ( while :; do
-      t=$(date +%s.%N)
-      awk -v t="$t" '/^MemTotal/ { tot = $2 } /^MemAvailable/ { av = $2 } END { printf "%.2f,host,%d,%d,,\n", t, (tot - av) / 1024, tot / 1024 }' /proc/meminfo
-      sleep 0.5
-    done >> "$SAMPLES" ) &
-  SAMPLER_PID=$!
+  sample() { awk -v t="$1" '/^MemTotal/ { tot = $2 } /^MemAvailable/ { av = $2 } END { printf "%.2f,host,%d,%d,,\n", t, (tot - av) / 1024, tot / 1024 }' /proc/meminfo; }
 fi
+( while :; do
+    sample "$(date +%s.%N)"
+    sleep 0.5
+  done >> "$SAMPLES" ) &
+SAMPLER_PID=$!
 
 # ---------------------------------------------------------------- cases
 if [ "$DRY" = 1 ]; then

@@ -2,7 +2,7 @@
 // Copies the production dependency closure of a package root's node_modules into
 // another folder, pruned to linux-x64 binaries. Used by prepare.sh.
 //
-//   node bench/gpu/stage-deps.mjs --root /work/main --out STAGE/node_modules [--extra hdr-histogram-js,cli-progress] [--abi 115]
+//   node bench/gpu/stage-deps.mjs --root /work/main --out STAGE/node_modules [--extra hdr-histogram-js,cli-progress]
 //
 // The closure: package.json `dependencies` and `optionalDependencies` (an optional one
 // that is not installed is skipped), `--extra` names (packages the bench needs that are
@@ -12,7 +12,8 @@
 // copied without its nested node_modules; the nested packages the walk needs are copied
 // to the same relative place.
 //
-// Pruning (the bundle runs on linux-x64, Node ABI --abi):
+// Pruning (the bundle runs on linux-x64, on the node that runs this script: prepare.sh
+// carries that one, so its ABI is the one kept):
 //   onnxruntime-node/bin/napi-v6/*          all but linux/x64, and any CUDA provider placed there
 //   uWebSockets.js's two builds' *.node     all but uws_linux_x64_<abi>.node; dist/*.node
 //   prebuilds/*                             all but linux-x64*
@@ -27,11 +28,10 @@ const { values } = parseArgs({
     root: { type: 'string' },
     out: { type: 'string' },
     extra: { type: 'string', default: '' },
-    abi: { type: 'string', default: process.versions.modules },
   },
 });
 if (!values.root || !values.out) {
-  console.error('usage: stage-deps.mjs --root DIR --out DIR [--extra a,b] [--abi N]');
+  console.error('usage: stage-deps.mjs --root DIR --out DIR [--extra a,b]');
   process.exit(2);
 }
 const root = resolve(values.root);
@@ -111,7 +111,7 @@ if (existsSync(ortBin)) {
   if (existsSync(x64)) for (const f of readdirSync(x64)) if (f.startsWith('libonnxruntime_providers_')) prune(join(x64, f));
 }
 // uWebSockets.js: both builds the server chooses from (src/gateway/uws.ts), each with its binary folder
-const keep = `uws_linux_x64_${values.abi}.node`;
+const keep = `uws_linux_x64_${process.versions.modules}.node`;
 let kept = 0;
 for (const [pkg, folder] of [['@btc-vision/uwebsockets.js', '.'], ['@trufflesuite/uws-js-unofficial', 'binaries']]) {
   const dir = join(out, pkg, folder);

@@ -26,14 +26,11 @@ const values = parseOptions('node dist/bench/micro/dtypes.js [options]', {
   'duration-s': { type: 'number', min: 0.5, value: 'S', default: 3, help: 'measured seconds per side and round' },
   texts: { type: 'int', min: 16, default: 512, help: 'workload texts' },
 });
-const ROUNDS = values.rounds;
-const DURATION_MS = values['duration-s'] * 1000;
-const TEXTS = values.texts;
 const CALLERS = 64;
 
-/** Sequences per second of `CALLERS` closed-loop callers over `texts` for DURATION_MS. */
+/** Sequences per second of `CALLERS` closed-loop callers over `texts` for --duration-s. */
 async function throughput(engine: Engine, texts: string[]): Promise<number> {
-  const loop = await runClosedLoop({ clients: CALLERS, warmupMs: 0, durationMs: DURATION_MS, call: (n) => engine.embed(texts[n % texts.length]!), snapshot: () => null });
+  const loop = await runClosedLoop({ clients: CALLERS, warmupMs: 0, durationMs: values['duration-s'] * 1000, call: (n) => engine.embed(texts[n % texts.length]!), snapshot: () => null });
   loop.histogram.destroy();
   return (loop.requests / loop.windowMs) * 1000;
 }
@@ -47,7 +44,7 @@ try {
   for (const name of values.models) {
     const dir = writePreset(name, root, { int8: true }).dir;
     const spec = loadModelSpec(dir);
-    const workload = await makeWorkload('short', spec, 1, TEXTS);
+    const workload = await makeWorkload('short', spec, 1, values.texts);
     const texts = workload.requests.map((r) => r[0]!.text);
     const engines = { fp32: await createEngine({ device: 'cpu', models: [dir], dtype: 'fp32', log: () => {} }), int8: await createEngine({ device: 'cpu', models: [dir], dtype: 'int8', log: () => {} }) };
     try {
@@ -55,7 +52,7 @@ try {
       const i8 = await engines.int8.embed(texts);
       const cos = f32.map((v, i) => cosine(v, i8[i]!));
       const rates: Record<'fp32' | 'int8', number[]> = { fp32: [], int8: [] };
-      for (let r = 1; r <= ROUNDS; r++) {
+      for (let r = 1; r <= values.rounds; r++) {
         for (const d of roundOrder(r, 2).map((i) => (['fp32', 'int8'] as const)[i]!)) rates[d].push(await throughput(engines[d], texts));
       }
       const ratios = rates.int8.map((v, i) => (v / rates.fp32[i]!).toFixed(2)).join(' ');

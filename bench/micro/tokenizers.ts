@@ -338,7 +338,8 @@ function mb(bytes: number): string {
   return `${(bytes / 1024 / 1024).toFixed(2)} MB`;
 }
 
-function installSizes(): [string, string, string][] {
+/** The install size table: each package's node_modules folder, and what is in it. */
+function printInstallSizes(): void {
   const jsDir = packageDir('@huggingface/tokenizers');
   const rsDir = packageDir('tokenizers');
   const nodeFiles = readdirSync(rsDir).filter((f) => f.endsWith('.node'));
@@ -346,21 +347,16 @@ function installSizes(): [string, string, string][] {
   // which binary this machine loads (napi-rs naming)
   const want = `tokenizers.${platform()}-${arch()}${platform() === 'linux' ? '-gnu' : ''}.node`;
   const mine = nodeFiles.includes(want) ? statSync(join(rsDir, want)).size : 0;
-  return [
+  const rows = [
     ['@huggingface/tokenizers', duMb(jsDir), 'ESM + CJS + minified builds + .d.ts; zero dependencies'],
     ['tokenizers', duMb(rsDir), `${nodeFiles.length} prebuilt .node binaries in the one package (${mb(nodeBytes)}); this machine loads ${want} (${mb(mine)})`],
   ];
+  console.log('\n## install size (node_modules folder of each package)');
+  console.log(alignedTable(['package', 'du -sk', 'what'], rows));
 }
 
-interface ColdRow {
-  lib: string;
-  importMs: number;
-  constructMs: number;
-  firstEncodeMs: number;
-  processMs: number;
-}
-
-function coldLoad(jsonPath: string, runs: number): ColdRow[] {
+/** The cold-load table's rows: each package, then the medians of its import, construct, first encode and whole-process ms. */
+function coldLoad(jsonPath: string, runs: number): string[][] {
   const scripts: Record<string, string> = {
     '@huggingface/tokenizers': `
       import { readFileSync } from 'node:fs';
@@ -398,13 +394,7 @@ function coldLoad(jsonPath: string, runs: number): ColdRow[] {
   }
   return libs.map((lib) => {
     const xs = acc.get(lib)!;
-    return {
-      lib,
-      importMs: median(xs.map((x) => x[0]!)),
-      constructMs: median(xs.map((x) => x[1]!)),
-      firstEncodeMs: median(xs.map((x) => x[2]!)),
-      processMs: median(xs.map((x) => x[3]!)),
-    };
+    return [lib, ...[0, 1, 2, 3].map((k) => fmt(median(xs.map((x) => x[k]!)), 1))];
   });
 }
 
@@ -414,7 +404,6 @@ function coldLoad(jsonPath: string, runs: number): ColdRow[] {
 class BenchTexts {
   readonly short: string[];
   readonly long: string[];
-  readonly batch: string[];
   private si = 0;
   private li = 0;
 
@@ -422,7 +411,6 @@ class BenchTexts {
     const r = rng(42);
     this.short = Array.from({ length: 256 }, () => makeText(r, v, 8 + Math.floor(r() * 25)));
     this.long = Array.from({ length: 64 }, () => makeText(r, v, 380 + Math.floor(r() * 41)));
-    this.batch = this.long.slice(0, 64);
   }
 
   nextShort(): string {
@@ -477,8 +465,8 @@ function libraryScenarios(lib: Libraries, texts: BenchTexts): Scenario[] {
     {
       name: 'batch of 64 long',
       textsPerCall: 64,
-      js: () => texts.batch.map((t) => lib.jsEncode(t)),
-      rust: () => lib.rsEncodeBatch(texts.batch),
+      js: () => texts.long.map((t) => lib.jsEncode(t)),
+      rust: () => lib.rsEncodeBatch(texts.long),
     },
   ];
 }
@@ -513,7 +501,7 @@ async function measureGateway(lib: Libraries, texts: BenchTexts, budgetMs: numbe
     ['short, encode()', await measure(budgetMs, 1, () => gw.encode(texts.nextShort(), opts))],
     ['short, encode(), library only (no ASCII fast path)', await measure(budgetMs, 1, () => libraryOnly.encode(texts.nextShort(), opts))],
     ['long, encode() (truncated to 512)', await measure(budgetMs, 1, () => gw.encode(texts.nextLong(), opts))],
-    ['batch of 64 long, encodeBatch() (yields every 4 ms)', await measure(budgetMs, 64, () => gw.encodeBatch(texts.batch, opts))],
+    ['batch of 64 long, encodeBatch() (yields every 4 ms)', await measure(budgetMs, 64, () => gw.encodeBatch(texts.long, opts))],
   ];
   console.log('\n## slabserve gateway tokenizer (src/core/tokenizer/tokenizer.ts: ASCII fast path or JS library, own specials/truncation, maxLength 512)');
   console.log(
@@ -522,11 +510,6 @@ async function measureGateway(lib: Libraries, texts: BenchTexts, budgetMs: numbe
       rows.map(([name, s]) => [name, fmt((s.wallMs * 1000) / s.texts, 1), fmt(s.texts / (s.wallMs / 1000), 0), fmt((s.loopMs * 1000) / s.texts, 1)]),
     ),
   );
-}
-
-function printInstallSizes(): void {
-  console.log('\n## install size (node_modules folder of each package)');
-  console.log(alignedTable(['package', 'du -sk', 'what'], installSizes()));
 }
 
 /** Cold load from a tokenizer.json file in a temporary folder. */
@@ -539,7 +522,7 @@ function printColdLoad(lib: Libraries, runs: number): void {
     console.log(
       alignedTable(
         ['package', 'import ms', 'construct ms', 'first encode ms', 'node process total ms'],
-        coldLoad(jsonPath, runs).map((x) => [x.lib, fmt(x.importMs, 1), fmt(x.constructMs, 1), fmt(x.firstEncodeMs, 1), fmt(x.processMs, 1)]),
+        coldLoad(jsonPath, runs),
       ),
     );
   } finally {

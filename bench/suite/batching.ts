@@ -39,7 +39,7 @@ export async function runBatching(ctx: SuiteContext, m: ModelSetup, first: boole
     const http = phases.slice(0, sides.length);
     if (unbatched) {
       const q: Question = { id: `batching/${m.name}/http`, case: c, question: 'What does dynamic batching buy?', model: m.name, workload: 'short', transport: 'http', metric: 'rps', note: `${CLIENTS} keep-alive clients, closed loop` };
-      compareSides(ctx, q, http, (p) => p.rps);
+      compareSides(ctx, q, http);
     }
     if (full) {
       compareWithEngine(ctx, m, http[0]!, phases.slice(sides.length));
@@ -65,13 +65,11 @@ function compareWithEngine(ctx: SuiteContext, m: ModelSetup, httpBatched: PhaseR
     { id: `batching/${m.name}/http-vs-engine`, ...where, question: 'How much of the in-process engine does HTTP keep?', transport: 'http', metric: 'rps', note: `${CLIENTS} keep-alive clients against ${CLIENTS} in-process callers of engine.embed(text), the same texts, both batched` },
     { label: 'slabserve HTTP', phases: httpBatched },
     { label: 'in-process engine', phases: engine[0]! },
-    (p) => p.rps,
   );
   compareSides(
     ctx,
     { id: `batching/${m.name}/engine`, ...where, question: 'What does dynamic batching buy with no transport?', transport: 'in-process', metric: 'rps', note: `${CLIENTS} in-process callers of engine.embed(text): no transport work beside the batches (HTTP adds some to every request, which dilutes its gain)` },
     engine,
-    (p) => p.rps,
   );
 }
 
@@ -95,25 +93,22 @@ async function runOtherShapes(ctx: SuiteContext, m: ModelSetup, sides: Target[])
     ctx,
     { id: `batching/${m.name}/ws`, case: 'batching', question: 'What does dynamic batching buy over WebSocket?', model: m.name, workload: 'short', transport: 'ws', metric: 'rps', note: `1 socket x ${CLIENTS} in flight` },
     ws,
-    (p) => p.rps,
   );
   const clientBatches = await ctx.closedRounds('batching', m.name, sides, 'http', m.workloads.get('client-batch')!, CLIENT_BATCH_CLIENTS);
   compareSides(
     ctx,
     { id: `batching/${m.name}/client-batch`, case: 'batching', question: 'And for clients that send 16 texts per request?', model: m.name, workload: 'client-batch', transport: 'http', metric: 'inputsPerS', note: `${CLIENT_BATCH_CLIENTS} clients` },
     clientBatches,
-    (p) => p.inputsPerS,
   );
   const lone = await ctx.closedRounds('batching', m.name, sides, 'http', short, 1);
   compareSides(
     ctx,
     { id: `batching/${m.name}/latency-1-client`, case: 'batching', question: 'What does batching cost a lone client (P50)?', model: m.name, workload: 'short', transport: 'http', metric: 'p50', note: '1 client: below 1 means batching is faster' },
     lone,
-    (p) => p.latencyMs.p50,
   );
 }
 
 /** Batched (side 0) against max-batch-size 1 (side 1). */
-function compareSides(ctx: SuiteContext, q: Question, phases: PhaseResult[][], pick: (p: PhaseResult) => number): void {
-  ctx.compare(q, { label: 'batched', phases: phases[0]! }, { label: 'max-batch-size 1', phases: phases[1]! }, pick);
+function compareSides(ctx: SuiteContext, q: Question, phases: PhaseResult[][]): void {
+  ctx.compare(q, { label: 'batched', phases: phases[0]! }, { label: 'max-batch-size 1', phases: phases[1]! });
 }

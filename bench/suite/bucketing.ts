@@ -21,9 +21,9 @@ export async function runBucketing(ctx: SuiteContext, m: ModelSetup, first: bool
     const res = await ctx.closedRounds('bucketing', m.name, targets, 'http', m.workloads.get('mixed')!, CLIENTS);
     const side = (i: number) => ({ label: configs[i]![0], phases: res[i]! });
     const q = { case: 'bucketing' as const, model: m.name, workload: 'mixed', transport: 'http' as const };
-    ctx.compare({ ...q, id: `bucketing/${m.name}/tokens`, question: 'What do length buckets buy on mixed lengths?', metric: 'tokensPerS', note: `${CLIENTS} clients, 8-512 tokens` }, side(0), side(1), (p) => p.tokensPerS);
-    ctx.compare({ ...q, id: `bucketing/${m.name}/padding`, question: 'Padding efficiency (real / computed tokens)', metric: 'paddingEfficiency' }, side(0), side(1), (p) => p.server?.paddingEfficiency ?? NaN);
-    ctx.compare({ ...q, id: `bucketing/${m.name}/longest`, question: 'Buckets padded to their longest input, against to the bucket', metric: 'tokensPerS' }, side(2), side(0), (p) => p.tokensPerS);
+    ctx.compare({ ...q, id: `bucketing/${m.name}/tokens`, question: 'What do length buckets buy on mixed lengths?', metric: 'tokensPerS', note: `${CLIENTS} clients, 8-512 tokens` }, side(0), side(1));
+    ctx.compare({ ...q, id: `bucketing/${m.name}/padding`, question: 'Padding efficiency (real / computed tokens)', metric: 'paddingEfficiency' }, side(0), side(1));
+    ctx.compare({ ...q, id: `bucketing/${m.name}/longest`, question: 'Buckets padded to their longest input, against to the bucket', metric: 'tokensPerS' }, side(2), side(0));
   } finally {
     for (const t of targets) await t.stop();
   }

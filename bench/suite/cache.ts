@@ -35,7 +35,7 @@ export async function runCache(ctx: SuiteContext): Promise<void> {
       for (const clients of CLIENTS) {
         const [a, b] = await ctx.closedRounds('cache', m.name, [on, off], 'http', w, clients);
         const c = { id: `cache/${m.name}/${w.name}/${clients}`, case: 'cache', question: 'What does the result cache buy?', model: m.name, workload: w.name, transport: 'http', metric: 'rps' } as const;
-        ctx.compare({ ...c, note: `${clients} client${clients > 1 ? 's' : ''}, closed loop` }, { label: on.label, phases: a! }, { label: off.label, phases: b! }, (p) => p.rps);
+        ctx.compare({ ...c, note: `${clients} client${clients > 1 ? 's' : ''}, closed loop` }, { label: on.label, phases: a! }, { label: off.label, phases: b! });
       }
       const after = await lookups(on.origin);
       const hits = after.hits - before.hits;

@@ -12,7 +12,7 @@ import type { SchedulingSection } from './scheduling/aggregate.js';
 import { closedLoopMeta, comparison, describePhase, phaseFromLoad, roundOrder, type PhaseMeta, type Side } from './phases.js';
 import type { Progress } from './progress.js';
 import type { ModelSetup } from './setup.js';
-import { openEngineSide, runEngineLoop, type EngineChoice, type EngineSide } from './engine.js';
+import { openEngine, runEngineLoop, type EngineChoice, type EngineSide } from './engine.js';
 import { startSlabserve, type Target } from './targets.js';
 
 /** Closed-loop callers for the throughput phases (enough to fill batches of 32 twice over). */
@@ -55,8 +55,8 @@ export class SuiteContext {
   }
 
   /** An in-process engine for model `m` on the suite's device (engine.ts), with what `choice` sets. */
-  openEngine(label: string, m: ModelSetup, choice?: EngineChoice): Promise<EngineSide> {
-    return openEngineSide(label, this.options.device, m.dir, m.name, choice);
+  async openEngine(label: string, m: ModelSetup, choice?: EngineChoice): Promise<EngineSide> {
+    return { label, engine: await openEngine(this.options.device, m.dir, m.name, choice), model: m.name };
   }
 
   /** One load phase against a target, recorded. */
@@ -120,8 +120,8 @@ export class SuiteContext {
     }, targets.length + engines.length);
   }
 
-  /** Records A against B (see comparison()). */
-  compare(c: Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>, a: Side, b: Side, pick: (p: PhaseResult) => number): void {
+  /** Records A against B on the comparison's metric, or on `pick` (see comparison()). */
+  compare(c: Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>, a: Side, b: Side, pick?: (p: PhaseResult) => number): void {
     this.comparisons.push(comparison(c, a, b, pick));
   }
 }

@@ -43,7 +43,6 @@ export async function runDefaults(ctx: SuiteContext, m: ModelSetup, first: boole
         { id: `defaults/${m.name}/${e.label.replace(/\s+/g, '-')}`, case: 'defaults', question: `${e.label.replace('engine ', '')} against the default?`, model: m.name, workload: w.name, transport: 'in-process', metric: 'rps', note: `${CLIENTS} in-process callers of engine.embed(text), batching on` },
         { label: e.label, phases: phases[i]! },
         { label: `${engines[def]!.label} (default)`, phases: phases[def]! },
-        (p) => p.rps,
       );
     }
   } finally {

@@ -36,7 +36,6 @@ export async function runEfficiency(ctx: SuiteContext, m: ModelSetup, first: boo
     },
     { label: 'slabserve HTTP', phases: batchedHttp },
     { label: best.target, phases: [best] },
-    (p) => p.inputsPerS,
   );
 }
 

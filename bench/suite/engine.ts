@@ -38,10 +38,6 @@ export function openEngine(device: string, modelsDir: string, model: string, cho
   return createEngine({ modelsDir, models: [model], device, cacheMb: 0, ...defined(engine), ...(Object.keys(batching).length ? { batching } : {}), log: () => {} });
 }
 
-export async function openEngineSide(label: string, device: string, modelsDir: string, model: string, choice: EngineChoice = {}): Promise<EngineSide> {
-  return { label, engine: await openEngine(device, modelsDir, model, choice), model };
-}
-
 /** What the engine counted, as a server's /metrics counters are read (it keeps no batch-size histogram). */
 function engineCounters(side: EngineSide): BatchCounters {
   const s = side.engine.stats()[side.model]!;

@@ -82,7 +82,7 @@ export async function runGrpc(ctx: SuiteContext): Promise<void> {
     const res = await ctx.ab((s, k) => sides[s]!.run(closedLoopMeta('grpc', m.name, w.name, sides[s]!.label, sides[s]!.transport, k, CLIENTS)), sides.length);
     for (const s of [1, 2, 3]) {
       const c = { id: `grpc/${m.name}/${sides[s]!.label}`, case: 'grpc', question: 'gRPC and WebSocket against HTTP, req/s', model: m.name, workload: w.name, transport: sides[s]!.transport, metric: 'rps' } as const;
-      ctx.compare(c, { label: sides[s]!.label, phases: res[s]! }, { label: 'HTTP', phases: res[0]! }, (p) => p.rps);
+      ctx.compare(c, { label: sides[s]!.label, phases: res[s]! }, { label: 'HTTP', phases: res[0]! });
     }
   } finally {
     await server.stop();

@@ -4,16 +4,10 @@
  * with `--model-instances 1`, same load: 64, 16, 4 and 1 HTTP clients, req/s and the server's CPU
  * per request at each. The first model only (a wide model gets one instance by default).
  */
-import type { PhaseResult } from '../suite-results.js';
 import type { SuiteContext } from './context.js';
 import type { ModelSetup } from './setup.js';
 
 export const INSTANCES_CLIENTS = [64, 16, 4, 1];
-
-const pick = {
-  rps: (p: PhaseResult) => p.rps,
-  cpuUsPerRequest: (p: PhaseResult) => (p.cpuMsPerRequest ?? NaN) * 1000,
-};
 
 export async function runInstances(ctx: SuiteContext, m: ModelSetup, first: boolean): Promise<void> {
   if (!ctx.options.cases.has('instances') || !first) return;
@@ -37,7 +31,6 @@ export async function runInstances(ctx: SuiteContext, m: ModelSetup, first: bool
           },
           { label: 'instances auto', phases: res[0]! },
           { label: 'model-instances 1', phases: res[1]! },
-          pick[metric],
         );
       }
     }

@@ -48,7 +48,7 @@ export async function runModelLoad(ctx: SuiteContext): Promise<void> {
         return p;
       }, 2);
       const c = { id: `model-load/${m.name}/${model}`, case: 'model-load', question: `${m.name}'s P99 while a model loads`, model: m.name, workload: w.name, transport: 'http', metric: 'p99' } as const;
-      ctx.compare({ ...c, note: `loading ${model}` }, { label: `while ${model} loads`, phases: res[1]! }, { label: 'quiet', phases: res[0]! }, (p) => p.latencyMs.p99);
+      ctx.compare({ ...c, note: `loading ${model}` }, { label: `while ${model} loads`, phases: res[1]! }, { label: 'quiet', phases: res[0]! });
       ctx.note('model-load', `${model}: loads in ${(median(loadMs) / 1000).toFixed(2)} s (median); ${footprint}`);
     }
     const cycles = ctx.options.quick ? 5 : 50;

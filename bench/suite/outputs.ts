@@ -68,7 +68,7 @@ export async function runOutputs(ctx: SuiteContext): Promise<void> {
     for (const [i, r] of ROUTES.entries()) {
       if (r.base === i) continue;
       const c = { id: `outputs/${r.name}`, case: 'outputs', question: 'What does an output cost in req/s?', model: r.model, workload: 'short', transport: 'http', metric: 'rps' } as const;
-      ctx.compare(c, { label: r.name, phases: res[i]! }, { label: ROUTES[r.base]!.name, phases: res[r.base]! }, (p) => p.rps);
+      ctx.compare(c, { label: r.name, phases: res[i]! }, { label: ROUTES[r.base]!.name, phases: res[r.base]! });
     }
     await lateChunking(ctx, t);
   } finally {
@@ -89,7 +89,7 @@ async function lateChunking(ctx: SuiteContext, t: Awaited<ReturnType<typeof star
   for (const [clients, metric] of [[1, 'p50'], [8, 'inputsPerS']] as const) {
     const res = await ctx.ab((s, k) => ctx.load(closedLoopMeta('outputs', 'tiny-embed', 'late chunking', labels[s]!, 'http', k, clients), t, sides[s]!, { kind: 'closed', concurrency: clients }), 2);
     const c = { id: `outputs/late-chunking/${metric}`, case: 'outputs', question: metric === 'p50' ? 'Late chunking: one request on an idle server' : 'Late chunking: chunk rows/s under 8 clients', model: 'tiny-embed', workload: 'late chunking', transport: 'http', metric } as const;
-    ctx.compare(c, { label: labels[0]!, phases: res[0]! }, { label: labels[1]!, phases: res[1]! }, metric === 'p50' ? (p) => p.latencyMs.p50 : (p) => p.inputsPerS);
+    ctx.compare(c, { label: labels[0]!, phases: res[0]! }, { label: labels[1]!, phases: res[1]! });
   }
   const cos = [Math.min(...cosines), median(cosines), Math.max(...cosines)].map((x) => x.toFixed(3));
   ctx.note('outputs', `late chunking, ${chunks.length} chunks of ${pieces.map((p) => p.split(' ').length).join('/')} words: cosine between a chunk's late row and its text embedded alone min ${cos[0]}, median ${cos[1]}, max ${cos[2]}; tokens run per request ~512 against ~${pieces.length * 2 + 510}`);

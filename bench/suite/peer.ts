@@ -7,7 +7,6 @@
  */
 import { join } from 'node:path';
 import type { SuiteContext } from './context.js';
-import type { PhaseResult } from '../suite-results.js';
 import type { ModelSetup } from './setup.js';
 import { largestVectorDiff, startPeer } from './targets.js';
 
@@ -31,13 +30,6 @@ function questionsAt(clients: number): Question[] {
   }
   return [{ metric: 'rps', question: 'Throughput against transformers.js pipelines' }, ...(clients <= 16 ? [cpu] : [])];
 }
-
-const pick: Record<Question['metric'], (p: PhaseResult) => number> = {
-  rps: (p) => p.rps,
-  p50: (p) => p.latencyMs.p50,
-  p99: (p) => p.latencyMs.p99,
-  cpuUsPerRequest: (p) => (p.cpuMsPerRequest ?? NaN) * 1000,
-};
 
 export async function runPeer(ctx: SuiteContext, m: ModelSetup, first: boolean): Promise<void> {
   if (!ctx.options.cases.has('peer')) return;
@@ -63,7 +55,6 @@ export async function runPeer(ctx: SuiteContext, m: ModelSetup, first: boolean):
           },
           { label: 'slabserve', phases: res[0]! },
           { label: 'transformers.js', phases: res[1]! },
-          pick[q.metric],
         );
       }
     }

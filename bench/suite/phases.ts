@@ -171,12 +171,23 @@ export function roundOrder(k: number, sides: number): number[] {
   return k % 2 === 0 ? order.reverse() : order;
 }
 
+/** Each metric's value in a phase, as a comparison reads it unless it is given another `pick`. */
+export const METRIC_VALUE: Record<Comparison['metric'], (p: PhaseResult) => number> = {
+  rps: (p) => p.rps,
+  inputsPerS: (p) => p.inputsPerS,
+  tokensPerS: (p) => p.tokensPerS,
+  p50: (p) => p.latencyMs.p50,
+  p99: (p) => p.latencyMs.p99,
+  paddingEfficiency: (p) => p.server?.paddingEfficiency ?? NaN,
+  cpuUsPerRequest: (p) => (p.cpuMsPerRequest ?? NaN) * 1000,
+};
+
 /**
- * A against B on `pick`: each side's median over its rounds, and a / b round
- * by round (against b's first phase where b has fewer, e.g. one best raw run)
- * with their median as the ratio.
+ * A against B on `pick` (default: the comparison's metric): each side's median
+ * over its rounds, and a / b round by round (against b's first phase where b has
+ * fewer, e.g. one best raw run) with their median as the ratio.
  */
-export function comparison(c: Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>, a: Side, b: Side, pick: (p: PhaseResult) => number): Comparison {
+export function comparison(c: Omit<Comparison, 'a' | 'b' | 'ratio' | 'roundRatios'>, a: Side, b: Side, pick = METRIC_VALUE[c.metric]): Comparison {
   const av = median(a.phases.map(pick));
   const bv = median(b.phases.map(pick));
   const roundRatios = a.phases.map((p, i) => round(pick(p) / pick(b.phases[i] ?? b.phases[0]!), 3));

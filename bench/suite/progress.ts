@@ -33,8 +33,7 @@ export class Progress {
   finish(label: string, seconds: number, line: string): void {
     this.doneS += seconds;
     this.total?.update(Math.min(Math.round(this.doneS), Math.round(this.plannedS)), { info: `${Math.round(this.doneS)} of ~${Math.round(this.plannedS)} s` });
-    if (this.multi) this.multi.log(`${label}: ${line}\n`);
-    else process.stderr.write(`${label}: ${line}\n`);
+    this.log(`${label}: ${line}`);
   }
 
   log(line: string): void {

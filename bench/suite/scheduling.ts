@@ -10,10 +10,9 @@ import { arrivalTimes } from '../arrivals.js';
 import { fmt } from '../table.js';
 import type { SuiteContext } from './context.js';
 import { roundOrder } from './phases.js';
-import { aggregateRounds, type PhaseRecords, type SchedulingSection } from './scheduling/aggregate.js';
+import { aggregateRounds, phaseKey, type PhaseRecords, type SchedulingSection } from './scheduling/aggregate.js';
 import { DEADLINE_MS, SCHEDULING_BURSTS, type Cell } from './scheduling/configs.js';
 import { runPhase, type Schedule } from './scheduling/open-loop-phase.js';
-import { phaseKey } from './scheduling/results.js';
 import { closeEngines, measureCapacity, openBench, type Bench } from './scheduling/setup.js';
 import type { ModelSetup } from './setup.js';
 

@@ -50,7 +50,7 @@ export async function runTracing(ctx: SuiteContext): Promise<void> {
   try {
     const res = await ctx.ab((s, k) => ctx.load(closedLoopMeta('tracing', m.name, w.name, sides[s]!.label, 'http', k, CLIENTS), sides[s]!.target, w, { kind: 'closed', concurrency: CLIENTS }, undefined, sides[s]!.traceparent), sides.length);
     const compare = (a: number, b: number) =>
-      ctx.compare({ id: `tracing/${m.name}/${sides[a]!.label}`, case: 'tracing', question: 'What does tracing cost in req/s?', model: m.name, workload: w.name, transport: 'http', metric: 'rps' }, { label: sides[a]!.label, phases: res[a]! }, { label: sides[b]!.label, phases: res[b]! }, (p) => p.rps);
+      ctx.compare({ id: `tracing/${m.name}/${sides[a]!.label}`, case: 'tracing', question: 'What does tracing cost in req/s?', model: m.name, workload: w.name, transport: 'http', metric: 'rps' }, { label: sides[a]!.label, phases: res[a]! }, { label: sides[b]!.label, phases: res[b]! });
     for (const s of [1, 2, 3, 4]) compare(s, 0);
     // only where every request is sampled: a tenth of a difference this small is noise, divided by 0.1
     const extra = (a: number, b: number) => round(median(res[a]!.map(traced)) - median(res[b]!.map(traced)), 1);

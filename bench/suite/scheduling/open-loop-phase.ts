@@ -10,11 +10,10 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Engine, ModelStats } from '../../../src/main/engine.js';
-import type { SlabserveError } from '../../../src/shared/errors.js';
 import { DEADLINE_MS, type Cell, type Config } from './configs.js';
 import type { Histogram } from 'hdr-histogram-js';
 import { newHistogram, sendOnSchedule } from '../../load.js';
-import { classify, engineDelta, zeroBuckets, zeroCounts, type BucketCounts, type SchedulingPhase } from './results.js';
+import { classify, engineDelta, zeroBuckets, zeroCounts, type BucketCounts, type SchedulingPhase } from './aggregate.js';
 import type { Bench } from './setup.js';
 
 const sleep = (ms: number) => new Promise<void>((res) => setTimeout(res, ms));
@@ -62,11 +61,8 @@ class Tally {
   }
 
   failed(bc: BucketCounts, err: unknown): void {
-    const other = classify(err, this.counts);
+    const other = classify(err, this.counts, bc);
     if (other !== null) this.firstOther ??= other;
-    const code = (err as SlabserveError).code;
-    if (code === 'SLABSERVE_OVERLOADED') bc.refused++;
-    else if (code === 'SLABSERVE_DEADLINE_EXCEEDED') bc.timedOut++;
   }
 }
 

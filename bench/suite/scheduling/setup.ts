@@ -27,8 +27,6 @@ export interface Bench {
   options: SuiteOptions;
   model: ModelSetup;
   engines: Map<string, Engine>;
-  /** The first configuration's engine: the capacity probe runs on it. */
-  ref: Engine;
   buckets: number[];
   capacities: number[];
   seqs: RawSeq[];
@@ -63,8 +61,7 @@ export async function openBench(options: SuiteOptions, model: ModelSetup): Promi
     await closeEngines(engines);
     throw err;
   }
-  const ref = engines.get(configs[0]!.name)!;
-  const buckets = ref.info().find((m) => m.name === model.name)!.batching.buckets;
+  const buckets = engines.get(configs[0]!.name)!.info().find((m) => m.name === model.name)!.batching.buckets;
   const seqs = model.workloads.get('mixed')!.requests.map((q) => ({ ids: q[0]!.ids, typeIds: q[0]!.typeIds }));
   const seqBucket = Uint8Array.from(seqs, (s) => bucketFor(buckets, s.ids.length));
   const rowsByBucket = buckets.map((_, b) => seqBucket.filter((x) => x === b).length);
@@ -78,7 +75,7 @@ export async function openBench(options: SuiteOptions, model: ModelSetup): Promi
   );
   const capacities = capacityOf.get(configs[0]!.name)!.caps;
   const uniformCapacity = [...capacityOf.values()].every((x) => x.uniform && x.caps[0] === capacities[0]);
-  return { options, model, engines, ref, buckets, capacities, seqs, seqBucket, capacityOf, uniformCapacity };
+  return { options, model, engines, buckets, capacities, seqs, seqBucket, capacityOf, uniformCapacity };
 }
 
 /** Closed-loop callers of the capacity probe. */
@@ -91,12 +88,13 @@ const PROBE_CALLERS = 128;
 export async function measureCapacity(b: Bench): Promise<Capacity> {
   const { options: o, model } = b;
   if (o.scheduling.capacity !== null) return { perS: o.scheduling.capacity, meanBatch: NaN, p50Ms: NaN, errors: 0, given: true };
-  const stats = (): ModelStats => b.ref.stats()[model.name]!;
+  const ref = b.engines.get(o.scheduling.configs[0]!.name)!;
+  const stats = (): ModelStats => ref.stats()[model.name]!;
   const loop = await runClosedLoop({
     clients: PROBE_CALLERS,
     warmupMs: Math.max(500, o.warmupMs),
     durationMs: o.durationMs,
-    call: (n) => b.ref.runTokens(model.name, [b.seqs[n % b.seqs.length]!], { timeoutMs: 30_000 }),
+    call: (n) => ref.runTokens(model.name, [b.seqs[n % b.seqs.length]!], { timeoutMs: 30_000 }),
     snapshot: stats,
   });
   const out = {
