@@ -92,8 +92,10 @@ describe('LoneWait', () => {
 
   it('sleeps until shortly before the predicted end, then watches the bell until it rings', () => {
     // A bell that rings only on the 5th read after its sleep, and whose sleep returns at once with the
-    // batch then predicted to end in 50 µs, as after a real sleep to WAKE_EARLY_MS before it (a real one
-    // may end late enough to find the batch overdue: slept on again): what the wait asks of it, in order.
+    // batch then due to end, as after a real sleep to WAKE_EARLY_MS before it: what the wait asks of it,
+    // in order. After the sleep every read makes the batch due 50 µs ago (not yet overdue), whenever the
+    // read comes: a stall of this thread (another test's load on the machine) cannot make it overdue
+    // (slept on again), as a fixed prediction could.
     const calls: string[] = [];
     const sleeps: { ms: number; at: number }[] = [];
     let count = 0;
@@ -102,18 +104,22 @@ describe('LoneWait', () => {
     const bell = {
       read: () => {
         calls.push('read');
-        if (readsAfterSleep >= 0 && ++readsAfterSleep === 5) count++;
+        if (readsAfterSleep >= 0) {
+          slab.counters[Counter.BUSY_UNTIL] = nowMs() - 0.05;
+          if (++readsAfterSleep === 5) count++;
+        }
         return count;
       },
       sleep: (_seen: number, ms: number) => {
         calls.push('sleep');
         sleeps.push({ ms, at: nowMs() });
-        slab.counters[Counter.BUSY_UNTIL] = nowMs() + 0.05;
+        slab.counters[Counter.BUSY_UNTIL] = nowMs() - 0.05;
         readsAfterSleep = 0;
       },
     } as unknown as Doorbell;
     const wait = new LoneWait(bell, { maxUs: 60_000_000 }); // a minute: a hang bound
-    const busyUntil = nowMs() + 5; // the batch is predicted to end in 5 ms
+    // Predicted to end in a second (the fake sleep returns at once): far enough that no stall before the wait makes it overdue.
+    const busyUntil = nowMs() + 1000;
     slab.counters[Counter.BUSY_UNTIL] = busyUntil;
     const before = nowMs();
     wait.submitted(slab, false);
