@@ -248,8 +248,11 @@ function reference<T>(job: unknown): T {
   return JSON.parse(out) as T;
 }
 
-/** A checkpoint folder for `c`: the preset's tokenizer (and its sentence-transformers files), config.json, the weights. */
-function writeCase(c: Case, presets: Map<string, string>, rand: () => number): string {
+/**
+ * A checkpoint folder for `c`: the preset's tokenizer (and its sentence-transformers files), config.json, the weights.
+ * A .bin is written by torch.save: the job for it goes to `pending`, run with the others in one process.
+ */
+function writeCase(c: Case, presets: Map<string, string>, rand: () => number, pending: object[]): string {
   const preset = presets.get(c.preset)!;
   const dir = join(root, c.name);
   mkdirSync(dir);
@@ -281,8 +284,7 @@ function writeCase(c: Case, presets: Map<string, string>, rand: () => number): s
     const scratch = join(root, `${c.name}-f32`);
     mkdirSync(scratch);
     writeFileSync(join(scratch, 'model.safetensors'), encodeSafetensors(sd));
-    reference({ save_bin: dir, from: scratch, strided: c.storage === 'bin-strided', shards: c.storage === 'bin-sharded' ? 3 : 0 });
-    cpSync(join(scratch, 'model.safetensors'), join(root, `${c.name}.weights.safetensors`));
+    pending.push({ save_bin: dir, from: scratch, strided: c.storage === 'bin-strided', shards: c.storage === 'bin-sharded' ? 3 : 0 });
   } else {
     writeFileSync(join(dir, 'model.safetensors'), encodeSafetensors(sd, c.storage));
   }
@@ -301,17 +303,19 @@ beforeAll(async () => {
   const presetRoot = join(root, 'presets');
   const presets = new Map(['tiny-embed', 'tiny-xlmr', 'tiny-distilbert', 'tiny-splade', 'tiny-modernbert'].map((p) => [p, writePreset(p, presetRoot).dir]));
   const rand = makeRandom('checkpoint weights');
+  const pending: object[] = [];
   for (const c of CASES) {
-    dirs.set(c.name, writeCase(c, presets, rand));
+    dirs.set(c.name, writeCase(c, presets, rand, pending));
     tokenizers.set(c.name, rust.Tokenizer.fromFile(join(dirs.get(c.name)!, 'tokenizer.json')));
   }
   // The same BERT weights as torch.onnx.export writes them: served through the graph path.
   const exported = join(root, 'bert-export');
   mkdirSync(exported);
   for (const f of readdirSync(dirs.get('bert-model')!)) if (f !== 'model.safetensors') cpSync(join(dirs.get('bert-model')!, f), join(exported, f));
-  reference({ export: exported, from: dirs.get('bert-model') });
+  reference({ jobs: [...pending, { export: exported, from: dirs.get('bert-model') }] });
   const models = [...CASES.map((c) => dirs.get(c.name)!), exported];
-  server = await startServer(testServerConfig({ models, graphCacheDir: join(root, 'graphs'), slotsPerModel: 64, batching: { maxBatchTokens: 4096 } }));
+  // Texts here are under 100 tokens: a max length of 128 keeps the warm-up of 18 models to a few buckets each.
+  server = await startServer(testServerConfig({ models, graphCacheDir: join(root, 'graphs'), slotsPerModel: 64, maxInputLength: 128, batching: { maxBatchTokens: 4096 } }));
   await server.ready;
 }, 900_000);
 
@@ -340,14 +344,31 @@ function textsFor(c: Case, rand: () => number, count: number): string[] {
   return Array.from({ length: count }, () => Array.from({ length: 1 + Math.floor(rand() ** 2 * 60) }, () => words[Math.floor(rand() * words.length)]).join(' '));
 }
 
+/** The reference's outputs for each (case, head, encodings), all in one Python process (importing torch takes seconds). */
+function referencesOf(jobs: { c: Case; head: Head | 'splade'; encodings: RustEncoding[] }[]): number[][][] {
+  const answer = reference<{ results: { outputs: number[][] }[] }>({
+    jobs: jobs.map(({ c, head, encodings }) => ({ dir: dirs.get(c.name), head, texts: encodings.map((e) => ({ ids: e.getIds(), types: e.getTypeIds() })) })),
+  });
+  return answer.results.map((r) => r.outputs);
+}
+
+/** For each case: random texts, their encodings by the Rust tokenizer. */
+async function textsOf(cases: Case[], label: string, count: number): Promise<{ c: Case; texts: string[]; encodings: RustEncoding[] }[]> {
+  const rand = makeRandom(label);
+  return Promise.all(
+    cases.map(async (c) => {
+      const texts = textsFor(c, rand, count);
+      return { c, texts, encodings: await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(t))) };
+    }),
+  );
+}
+
 describe('a checkpoint folder is served from a graph built from its weights, as transformers computes it', () => {
-  it('token states (/embed_all) and pooled rows (/embed) of bare models, batched with mixed lengths, equal the PyTorch reference', async () => {
-    const rand = makeRandom('checkpoint hidden');
-    for (const c of CASES.filter((k) => k.head === 'hidden')) {
-      const texts = textsFor(c, rand, 12);
-      const tok = tokenizers.get(c.name)!;
-      const encodings = await Promise.all(texts.map((t) => tok.encode(t)));
-      const want = reference<{ outputs: number[][] }>({ dir: dirs.get(c.name), head: 'hidden', texts: encodings.map((e) => ({ ids: e.getIds(), types: e.getTypeIds() })) }).outputs;
+  it('token states (/embed_all) and pooled rows (/embed) of bare models, batched with mixed lengths, equal the PyTorch reference', { timeout: 300_000 }, async () => {
+    const cases = await textsOf(CASES.filter((k) => k.head === 'hidden'), 'checkpoint hidden', 12);
+    const wants = referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'hidden', encodings })));
+    for (const [n, { c, texts, encodings }] of cases.entries()) {
+      const want = wants[n]!;
       const [all, pooled] = await sentTogether(server.testHooks, { [c.name]: 2 * texts.length }, () =>
         Promise.all([Promise.all(texts.map((t) => post('/embed_all', { model: c.name, inputs: t }))), Promise.all(texts.map((t) => post('/embed', { model: c.name, inputs: t })))]),
       );
@@ -368,56 +389,51 @@ describe('a checkpoint folder is served from a graph built from its weights, as 
   });
 });
 
-/** Reference outputs of `c` for encodings. */
-function referenceOf(c: Case, head: Head, encodings: RustEncoding[]): number[][] {
-  return reference<{ outputs: number[][] }>({ dir: dirs.get(c.name), head, texts: encodings.map((e) => ({ ids: e.getIds(), types: e.getTypeIds() })) }).outputs;
-}
-
 describe('task heads', () => {
-  it('classifier logits (/predict raw_scores) equal the reference: BERT (F16 storage, gelu_new) and DistilBERT (relu, pre_classifier, a .bin in three shards)', async () => {
-    const rand = makeRandom('checkpoint classify');
-    for (const c of CASES.filter((k) => k.head === 'classify' && k.labels! > 1)) {
-      const texts = textsFor(c, rand, 12);
-      const want = referenceOf(c, 'classify', await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(t))));
+  it('classifier logits (/predict raw_scores) equal the reference: BERT (F16 storage, gelu_new) and DistilBERT (relu, pre_classifier, a .bin in three shards)', { timeout: 300_000 }, async () => {
+    const cases = await textsOf(CASES.filter((k) => k.head === 'classify' && k.labels! > 1), 'checkpoint classify', 12);
+    const wants = referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'classify', encodings })));
+    for (const [n, { c, texts }] of cases.entries()) {
       const got = await sentTogether(server.testHooks, { [c.name]: texts.length }, () => Promise.all(texts.map((t) => post('/predict', { model: c.name, inputs: t, raw_scores: true }))));
       const labels = Array.from({ length: c.labels! }, (_, i) => `L${i}`);
       let worst = 0;
       for (const [i, g] of got.entries()) {
         const byClass = labels.map((l) => (g as { label: string; score: number }[]).find((x) => x.label === l)!.score);
-        worst = Math.max(worst, worstDiff(byClass, want[i]!, `${c.name} text ${i}`));
+        worst = Math.max(worst, worstDiff(byClass, wants[n]![i]!, `${c.name} text ${i}`));
       }
       console.log(`${c.name} (${c.storage}): worst logit |diff| ${worst.toExponential(2)} over ${texts.length} texts`);
       expect(worst).toBeLessThan(TOLERANCE);
     }
   });
 
-  it('reranker scores (/rerank raw_scores) equal the reference on each (query, text) pair: BERT (sharded), XLM-RoBERTa (pytorch_model.bin), ELECTRA (embedding projection)', async () => {
+  it('reranker scores (/rerank raw_scores) equal the reference on each (query, text) pair: BERT (sharded), XLM-RoBERTa (pytorch_model.bin), ModernBERT, ELECTRA (embedding projection)', { timeout: 300_000 }, async () => {
     const rand = makeRandom('checkpoint rerank');
-    for (const c of CASES.filter((k) => k.head === 'classify' && k.labels === 1)) {
-      const [query, ...texts] = textsFor(c, rand, 11).map((t) => t.split(' ').slice(0, 25).join(' '));
-      const pairs = await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(query!, t)));
-      const want = referenceOf(c, 'classify', pairs);
+    const cases = await Promise.all(
+      CASES.filter((k) => k.head === 'classify' && k.labels === 1).map(async (c) => {
+        const [query, ...texts] = textsFor(c, rand, 11).map((t) => t.split(' ').slice(0, 25).join(' '));
+        return { c, query: query!, texts, encodings: await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(query!, t))) };
+      }),
+    );
+    const wants = referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'classify', encodings })));
+    for (const [n, { c, query, texts }] of cases.entries()) {
       const got = (await post('/rerank', { model: c.name, query, texts, raw_scores: true })) as { index: number; score: number }[];
       expect(got).toHaveLength(texts.length);
       const scores = texts.map((_, i) => got.find((g) => g.index === i)!.score);
-      const worst = worstDiff(scores, want.map((w) => w[0]!), c.name);
+      const worst = worstDiff(scores, wants[n]!.map((w) => w[0]!), c.name);
       console.log(`${c.name} (${c.storage}): worst score |diff| ${worst.toExponential(2)} over ${texts.length} pairs`);
       expect(worst).toBeLessThan(TOLERANCE);
     }
   });
 
-  it("SPLADE rows (/embed_sparse) from masked-LM checkpoints (BERT's .bin with strided tensors, XLM-RoBERTa's lm_head, DistilBERT's vocab_projector, ModernBERT's head; each decoder tied to the embeddings) equal the reference's max of log(1 + relu(logits))", async () => {
-    for (const c of CASES.filter((k) => k.head === 'mlm')) {
-      const texts = textsFor(c, makeRandom('checkpoint splade'), 8);
-      const logits = referenceOf(c, 'mlm', await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(t))));
+  it("SPLADE rows (/embed_sparse) from masked-LM checkpoints (BERT's .bin with strided tensors, XLM-RoBERTa's lm_head, DistilBERT's vocab_projector, ModernBERT's head; each decoder tied to the embeddings) equal the reference's max of log(1 + relu(logits))", { timeout: 300_000 }, async () => {
+    const cases = await textsOf(CASES.filter((k) => k.head === 'mlm'), 'checkpoint splade', 8);
+    const wants = referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'splade', encodings })));
+    for (const [n, { c, texts }] of cases.entries()) {
       const got = await sentTogether(server.testHooks, { [c.name]: texts.length }, () => Promise.all(texts.map((t) => post('/embed_sparse', { model: c.name, inputs: t }))));
       let worst = 0;
       let nonZeros = 0;
-      for (const [i, l] of logits.entries()) {
-        const vocab = (JSON.parse(readFileSync(join(dirs.get(c.name)!, 'config.json'), 'utf8')) as { vocab_size: number }).vocab_size;
-        const want = new Float64Array(vocab);
-        for (let k = 0; k < l.length; k++) want[k % vocab] = Math.max(want[k % vocab]!, Math.log1p(Math.max(0, l[k]!)));
-        const row = new Float64Array(vocab);
+      for (const [i, want] of wants[n]!.entries()) {
+        const row = new Float64Array(want.length);
         for (const e of (got[i] as { index: number; value: number }[][])[0]!) row[e.index] = e.value;
         nonZeros += want.filter((v) => v > 0).length;
         worst = Math.max(worst, worstDiff(row, want, `${c.name} text ${i}`));
