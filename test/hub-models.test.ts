@@ -23,7 +23,7 @@ import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI from 'openai';
 import { loadTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
-import { createEngine } from '../dist/src/index.js';
+import { createEngine, type Engine } from '../dist/src/index.js';
 import { startServer } from '../dist/src/main/server.js';
 import { fetchModel } from '../dist/src/main/hub/fetch-model.js';
 import { RepoCache } from '../dist/src/main/hub/cache.js';
@@ -115,6 +115,18 @@ afterAll(async () => {
 
 afterEach(() => hub.clearLog());
 
+/** `model`'s rows of random texts from `engine`, each within `bound` of `ref`'s (the unmodified graph run alone). */
+async function expectReferenceRows(engine: Engine, model: string, ref: PlainReference, label: string, count: number, bound: number): Promise<{ texts: string[]; rows: Float32Array[] }> {
+  const tok = await loadTokenizer(ref.spec.tokenizerPath);
+  const texts = randomTexts(makeRandom(label), vocabularyWords(ref.spec), count, 30);
+  const rows = await engine.embed(texts, { model });
+  for (const [i, text] of texts.entries()) {
+    const expected = await ref.embedding(tok.encode(text, { maxLength: ref.spec.maxLength, truncate: false }).ids);
+    expect(maxAbsDiff(rows[i]!, expected), text).toBeLessThan(bound);
+  }
+  return { texts, rows };
+}
+
 describe('a model served by its Hub id', () => {
   it('answers with the rows of the unmodified graph, fetching only the files it needs into a huggingface_hub cache', { timeout: 120_000 }, async () => {
     const cache = hfEnvironment();
@@ -124,13 +136,7 @@ describe('a model served by its Hub id', () => {
       const [info] = engine.info();
       const commit = hub.revisionSha('acme/embed-only', 'main');
       expect(info).toMatchObject({ name: 'embed-only', hub: { repo: 'acme/embed-only', revision: 'main', commit } });
-      const tok = await loadTokenizer(ref.spec.tokenizerPath);
-      const texts = randomTexts(makeRandom('hub rows'), vocabularyWords(ref.spec), 12, 30);
-      const rows = await engine.embed(texts, { model: 'acme/embed-only' });
-      for (const [i, text] of texts.entries()) {
-        const expected = await ref.embedding(tok.encode(text, { maxLength: ref.spec.maxLength, truncate: false }).ids);
-        expect(maxAbsDiff(rows[i]!, expected), text).toBeLessThan(1e-4);
-      }
+      const { texts, rows } = await expectReferenceRows(engine, 'acme/embed-only', ref, 'hub rows', 12, 1e-4);
       // By its short name too: the same rows.
       expect(maxAbsDiff((await engine.embed(texts[0]!, { model: 'embed-only' }))[0]!, rows[0]!)).toBeLessThan(1e-6);
       expect(filesAsked(hub.log)).toEqual(NEEDED);
@@ -162,13 +168,7 @@ describe('a model served by its Hub id', () => {
     try {
       expect(filesAsked(hub.log)).toEqual(['config.json', 'model.safetensors', 'serve.json', 'tokenizer.json', 'tokenizer_config.json']);
       expect(logs.some((l) => /built its graph from model\.safetensors \(BertModel/.test(l))).toBe(true);
-      const tok = await loadTokenizer(ref.spec.tokenizerPath);
-      const texts = randomTexts(makeRandom('hub checkpoint rows'), vocabularyWords(ref.spec), 8, 30);
-      const rows = await engine.embed(texts, { model: 'acme/checkpoint-only' });
-      for (const [i, text] of texts.entries()) {
-        const expected = await ref.embedding(tok.encode(text, { maxLength: ref.spec.maxLength, truncate: false }).ids);
-        expect(maxAbsDiff(rows[i]!, expected), text).toBeLessThan(1e-5);
-      }
+      await expectReferenceRows(engine, 'acme/checkpoint-only', ref, 'hub checkpoint rows', 8, 1e-5);
     } finally {
       await engine.close();
       await ref.close();
