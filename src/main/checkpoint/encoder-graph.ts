@@ -237,8 +237,8 @@ function positionIdsOf(b: GraphBuilder, inputIds: string, paddingIdx: number | u
 function relativePositionBias(g: Parts, inputs: Inputs): string {
   const { b, shape, params, c } = g;
   const P = shape.maxPositions;
-  const buckets = Int32Array.from({ length: 2 * P - 1 }, (_, k) => relativeBucket(k - (P - 1)));
-  const table = b.addInitializer('/Constant_relative_buckets', 'int64', Array.from(buckets), [2 * P - 1]);
+  const buckets = Array.from({ length: 2 * P - 1 }, (_, k) => relativeBucket(k - (P - 1)));
+  const table = b.addInitializer('/Constant_relative_buckets', 'int64', buckets, [2 * P - 1]);
   const bias = b.addInitializer('encoder.relative_attention_bias.weight', 'float', params.embedding('encoder.relative_attention_bias', shape.relativeBuckets!, shape.heads, 'relative-bias'), [shape.relativeBuckets!, shape.heads]);
   const seqLen = b.op('Gather', [b.op('Shape', [inputs.inputIds]), c.one64], { axis: 0 });
   const t = b.op('Range', [c.zero, seqLen, c.one64]);

@@ -492,20 +492,15 @@ function chooseGraph(name: string, dir: string, overrides: ModelOverrides, build
     const built = build?.();
     return built && { path: built.path, dtype: 'fp32' as const, source: built.source };
   };
-  if (weights === 'checkpoint') {
+  const noGraph = !(['fp32', 'fp16', 'int8'] as const).some((d) => graphFiles(d).some((f) => existsSync(join(dir, f))));
+  if (weights === 'checkpoint' || (weights === 'auto' && noGraph)) {
     const built = fromCheckpoint();
-    if (!built) throw new Error(`model ${name}: --weights checkpoint, but ${dir} has no checkpoint (model.safetensors, model.safetensors.index.json, pytorch_model.bin or its index)`);
-    return built;
-  }
-  try {
-    const { file, dtype, source } = pickGraph(name, dir, (f) => existsSync(join(dir, f)), overrides);
-    return { path: join(dir, file), dtype, source };
-  } catch (err) {
-    const noGraph = !(['fp32', 'fp16', 'int8'] as const).some((d) => graphFiles(d).some((f) => existsSync(join(dir, f))));
-    const built = weights === 'auto' && noGraph ? fromCheckpoint() : undefined;
     if (built) return built;
-    throw err;
+    if (weights === 'checkpoint') throw new Error(`model ${name}: --weights checkpoint, but ${dir} has no checkpoint (model.safetensors, model.safetensors.index.json, pytorch_model.bin or its index)`);
   }
+  // No checkpoint either: pickGraph says what the folder lacks.
+  const { file, dtype, source } = pickGraph(name, dir, (f) => existsSync(join(dir, f)), overrides);
+  return { path: join(dir, file), dtype, source };
 }
 
 /**
