@@ -19,7 +19,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type Server } from '../dist/src/main/server.js';
 import { encodeSafetensors, type F32Tensor } from '../dist/src/shared/model-format/safetensors.js';
-import { loadModelSpec } from '../dist/src/shared/model-format/model-config.js';
+import { loadModelSpec, type Dtype } from '../dist/src/shared/model-format/model-config.js';
 import { checkpointGraph } from '../dist/src/main/checkpoint/build.js';
 import { relativeBucket } from '../dist/src/main/checkpoint/encoder-graph.js';
 import { writePreset } from '../dist/models/generator/presets.js';
@@ -480,17 +480,21 @@ describe("--weights: which of a folder's graph and checkpoint serves", () => {
     cpSync(join(root, 'bert-export'), both, { recursive: true });
     cpSync(join(dirs.get('bert-model')!, 'model.safetensors'), join(both, 'model.safetensors'));
     const cacheDir = join(root, 'weights-graphs');
-    const spec = (dir: string, weights?: 'auto' | 'graph' | 'checkpoint') =>
-      loadModelSpec(dir, 'x', weights ? { weights } : {}, {}, (head) => checkpointGraph('x', dir, head, { cacheDir, log: () => {} }));
+    const spec = (dir: string, weights?: 'auto' | 'graph' | 'checkpoint', dtype?: Dtype) =>
+      loadModelSpec(dir, 'x', { ...(weights ? { weights } : {}), ...(dtype ? { dtype } : {}) }, {}, (head, dtype) => checkpointGraph('x', dir, head, { cacheDir, dtype, log: () => {} }));
     expect(spec(both).onnxPath).toBe(join(both, 'model.onnx'));
     expect(spec(both, 'graph').onnxPath).toBe(join(both, 'model.onnx'));
     const built = spec(both, 'checkpoint');
     expect(built.onnxPath.startsWith(cacheDir)).toBe(true);
-    expect([built.dtype, built.sources.dtype]).toEqual(['fp32', 'built from model.safetensors (BertModel)']);
+    expect([built.dtype, built.sources.dtype]).toEqual(['fp32', 'built from model.safetensors (BertModel), fp32: default']);
     expect(spec(dirs.get('bert-model')!).onnxPath.startsWith(cacheDir)).toBe(true);
     expect(() => spec(dirs.get('bert-model')!, 'graph')).toThrow(/no model\.onnx or onnx\/model\.onnx/);
     expect(() => spec(join(root, 'bert-export'), 'checkpoint')).toThrow(/--weights checkpoint, but .* has no checkpoint/);
-    expect(() => loadModelSpec(dirs.get('bert-model')!, 'x', { dtype: 'fp16' }, {}, () => undefined)).toThrow(/a graph built from a checkpoint is float32/);
+    expect(() => spec(dirs.get('bert-model')!, undefined, 'int8')).toThrow(/--dtype int8: a graph built from a checkpoint \(model\.safetensors\) computes in fp32 or fp16/);
+    const empty = join(root, 'no-weights');
+    cpSync(dirs.get('bert-model')!, empty, { recursive: true });
+    rmSync(join(empty, 'model.safetensors'));
+    expect(() => spec(empty)).toThrow(/has no ONNX graph \(model\.onnx, onnx\/model\.onnx, \.\.\.\) and no checkpoint/);
   });
 });
 
@@ -533,7 +537,7 @@ describe('refusals, each naming the file and what is wrong', () => {
     const dir = join(root, 'bad', name);
     cpSync(dirs.get(from)!, dir, { recursive: true });
     change(dir);
-    return () => loadModelSpec(dir, name, {}, {}, (head) => checkpointGraph(name, dir, head, { cacheDir: join(root, 'bad-graphs'), log: () => {} }));
+    return () => loadModelSpec(dir, name, {}, {}, (head, dtype) => checkpointGraph(name, dir, head, { cacheDir: join(root, 'bad-graphs'), dtype, log: () => {} }));
   };
   const editConfig = (dir: string, edit: (c: Record<string, unknown>) => Record<string, unknown>) =>
     writeFileSync(join(dir, 'config.json'), JSON.stringify(edit(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>)));

@@ -11,7 +11,7 @@ import { batchCapacity, PAD_TO, type BatchingOptions } from '../gpu-worker/sched
 import { DEFAULTS, defaultBuckets } from '../shared/options.js';
 import { cudaMissing, parseDevice } from '../gpu-worker/device.js';
 import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
-import { isValidModelName, listModelDirs, loadModelSpec, type Dtype, type HubSource, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings, type WeightsSource } from '../shared/model-format/model-config.js';
+import { isValidModelName, listModelDirs, loadModelSpec, type BuiltDtype, type Dtype, type HubSource, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings, type WeightsSource } from '../shared/model-format/model-config.js';
 import { checkpointGraph, defaultGraphCacheDir } from './checkpoint/build.js';
 import type { EncoderHead } from './checkpoint/encoder-graph.js';
 import { fetchModel } from './hub/fetch-model.js';
@@ -162,7 +162,7 @@ export function planModel(
   opts: LoadModelsOptions & { serve?: ServeSettings; reuse?: (bytes: number) => SharedArrayBuffer | undefined },
 ): ModelPlan {
   const log = (line: string) => opts.warn?.(line);
-  const build = (head: EncoderHead) => checkpointGraph(folder.name, folder.dir, head, { cacheDir: opts.graphCacheDir ?? defaultGraphCacheDir(), log });
+  const build = (head: EncoderHead, dtype: BuiltDtype) => checkpointGraph(folder.name, folder.dir, head, { cacheDir: opts.graphCacheDir ?? defaultGraphCacheDir(), dtype, log });
   let spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve, build);
   if (folder.hub) spec = { ...spec, hub: folder.hub };
   for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);

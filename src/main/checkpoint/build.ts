@@ -10,7 +10,9 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rea
 import { homedir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { planCheckpoint, type CheckpointConfig } from './architectures.js';
-import { Checkpoint, checkpointFile, checkpointParams, modernBertParams, weightFiles } from './checkpoint-params.js';
+import { checkpointFile } from '../../shared/model-format/hf-folder.js';
+import type { BuiltDtype } from '../../shared/model-format/model-config.js';
+import { Checkpoint, checkpointParams, modernBertParams, weightFiles } from './checkpoint-params.js';
 import { buildEncoderGraph, encodeEncoderModel, type EncoderHead } from './encoder-graph.js';
 import { buildModernBertGraph } from './modernbert-graph.js';
 
@@ -31,6 +33,8 @@ export interface BuiltGraph {
 
 export interface BuildOptions {
   cacheDir: string;
+  /** What the graph computes in (its inputs and outputs are those of an fp32 export either way). */
+  dtype: BuiltDtype;
   log: (line: string) => void;
 }
 
@@ -45,7 +49,7 @@ export function checkpointGraph(name: string, dir: string, head: EncoderHead, op
   const configBytes = readFileSync(join(dir, 'config.json'));
   const config = JSON.parse(configBytes.toString('utf8')) as CheckpointConfig;
   const plan = planCheckpoint(config, head);
-  const key = createHash('sha256').update(`${BUILDER_VERSION}\n${head}\n`).update(configBytes);
+  const key = createHash('sha256').update(`${BUILDER_VERSION}\n${head}\n${opts.dtype}\n`).update(configBytes);
   for (const shard of weightFiles(dir, file)) key.update(`\n${shard}\n${weightsHash(join(dir, shard))}`);
   const path = join(opts.cacheDir, key.digest('hex').slice(0, 32), 'model.onnx');
   const source = `built from ${file} (${plan.architecture})`;

@@ -16,14 +16,6 @@ import type { EncoderParams } from './encoder-graph.js';
 import type { ModernBertParams } from './modernbert-graph.js';
 import { openTorchFile } from './torch-file.js';
 
-/** The checkpoint files a folder may hold, in the order the first found wins (transformers' order). */
-export const CHECKPOINT_FILES = ['model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin', 'pytorch_model.bin.index.json'] as const;
-
-/** The checkpoint file of `dir` (its index for a sharded one), or undefined. */
-export function checkpointFile(dir: string): string | undefined {
-  return CHECKPOINT_FILES.find((f) => existsSync(join(dir, f)));
-}
-
 /** The files that hold the weights: the one file, or an index's shards. */
 export function weightFiles(dir: string, file: string): string[] {
   if (!file.endsWith('.index.json')) return [file];

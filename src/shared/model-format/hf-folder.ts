@@ -114,6 +114,14 @@ interface StModule {
 /** The RoBERTa family numbers positions from pad_token_id + 1: 514 position embeddings are 512 tokens. */
 const PADDING_OFFSET_FAMILIES = new Set(['roberta', 'xlm-roberta', 'camembert', 'xlm-roberta-xl', 'mpnet']);
 
+/** The checkpoint files a folder may hold, in the order the first found wins (transformers' order). */
+export const CHECKPOINT_FILES = ['model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin', 'pytorch_model.bin.index.json'] as const;
+
+/** The checkpoint file of `dir` (its index for a sharded one), or undefined. */
+export function checkpointFile(dir: string): string | undefined {
+  return CHECKPOINT_FILES.find((f) => existsSync(join(dir, f)));
+}
+
 /** Transformers' "no limit" value of model_max_length (int(1e30)) and anything like it. */
 const NO_TOKENIZER_LIMIT = 1e9;
 

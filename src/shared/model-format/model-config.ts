@@ -30,7 +30,7 @@ import { basename, join } from 'node:path';
 import { InvalidModelNameError } from '../errors.js';
 import { onnxInputNames } from './onnx-inputs.js';
 import { safetensorsShapes } from './safetensors.js';
-import { POOLINGS, readFolderSettings, readJsonFile, type ColbertFolder, type FolderSettings, type Pooling, type Sourced, type SpladeSettings } from './hf-folder.js';
+import { CHECKPOINT_FILES, checkpointFile, POOLINGS, readFolderSettings, readJsonFile, type ColbertFolder, type FolderSettings, type Pooling, type Sourced, type SpladeSettings } from './hf-folder.js';
 
 export { POOLINGS, type Pooling, type SpladeSettings } from './hf-folder.js';
 
@@ -116,7 +116,11 @@ export type WeightsSource = (typeof WEIGHTS_SOURCES)[number];
  * head the model is served with: the token states, a classifier's logits, or
  * the masked-LM logits (SPLADE). undefined: the folder has no checkpoint.
  */
-export type GraphFromCheckpoint = (head: 'hidden' | 'classify' | 'mlm') => { path: string; source: string } | undefined;
+/** A checkpoint's graph with `head`, computing in `dtype` (float32 in and out either way); undefined where the folder has no checkpoint. */
+export type GraphFromCheckpoint = (head: 'hidden' | 'classify' | 'mlm', dtype: BuiltDtype) => { path: string; source: string } | undefined;
+
+/** What a graph built from a checkpoint computes in. */
+export type BuiltDtype = 'fp32' | 'fp16';
 
 /** Where each served setting came from: 'flag', 'serve.json', a file of the folder, or 'default'. */
 export interface SettingSources {
@@ -276,7 +280,7 @@ export function loadModelSpec(dir: string, name = basename(dir), overrides: Mode
   const dimension = splade ? config.vocab_size! : hiddenSize!;
   const colbert = task === 'embed' && folder.colbert ? colbertOf(name, dir, folder.colbert, hiddenSize!, tokenizerPath) : undefined;
   const m3 = task === 'embed' && !splade && !colbert ? m3Of(name, dir, hiddenSize!, tokenizerPath, warnings) : undefined;
-  const build = fromCheckpoint && (() => fromCheckpoint(task !== 'embed' ? 'classify' : splade ? 'mlm' : 'hidden'));
+  const build = fromCheckpoint && ((dtype: BuiltDtype) => fromCheckpoint(task !== 'embed' ? 'classify' : splade ? 'mlm' : 'hidden', dtype));
   const { path: onnxPath, dtype, source: dtypeSource } = chooseGraph(name, dir, overrides, build);
   const graphInputs = tokenInputs(name, onnxPath);
   // PyLate cuts queries and documents to their own lengths; its sentence_bert_config.json records whichever ran last.
@@ -483,22 +487,22 @@ export function pickGraph(name: string, where: string, has: (file: string) => bo
 
 /**
  * The folder's graph, or one built from its checkpoint: where it has no graph
- * (weights auto), or always (weights checkpoint). A built graph is float32.
+ * (weights auto), or always (weights checkpoint). A built graph computes in
+ * the dtype asked for; auto: fp16 on CUDA, as TEI does, else fp32.
  */
-function chooseGraph(name: string, dir: string, overrides: ModelOverrides, build?: () => { path: string; source: string } | undefined): { path: string; dtype: Exclude<Dtype, 'auto'>; source: string } {
+function chooseGraph(name: string, dir: string, overrides: ModelOverrides, build?: (dtype: BuiltDtype) => { path: string; source: string } | undefined): { path: string; dtype: Exclude<Dtype, 'auto'>; source: string } {
   const weights = overrides.weights ?? 'auto';
-  const fromCheckpoint = () => {
-    if ((overrides.dtype ?? 'auto') !== 'auto' && overrides.dtype !== 'fp32') throw new Error(`model ${name}: --dtype ${overrides.dtype}: a graph built from a checkpoint is float32 (--dtype fp32 or auto)`);
-    const built = build?.();
-    return built && { path: built.path, dtype: 'fp32' as const, source: built.source };
-  };
+  const checkpoint = checkpointFile(dir);
   const noGraph = !(['fp32', 'fp16', 'int8'] as const).some((d) => graphFiles(d).some((f) => existsSync(join(dir, f))));
-  if (weights === 'checkpoint' || (weights === 'auto' && noGraph)) {
-    const built = fromCheckpoint();
-    if (built) return built;
-    if (weights === 'checkpoint') throw new Error(`model ${name}: --weights checkpoint, but ${dir} has no checkpoint (model.safetensors, model.safetensors.index.json, pytorch_model.bin or its index)`);
+  if (weights === 'checkpoint' && !checkpoint) throw new Error(`model ${name}: --weights checkpoint, but ${dir} has no checkpoint (${CHECKPOINT_FILES.join(', ')})`);
+  if (build && checkpoint && (weights === 'checkpoint' || (weights === 'auto' && noGraph))) {
+    const asked = overrides.dtype ?? 'auto';
+    if (asked === 'int8') throw new Error(`model ${name}: --dtype int8: a graph built from a checkpoint (${checkpoint}) computes in fp32 or fp16 (--dtype fp32, fp16 or auto)`);
+    const dtype: BuiltDtype = asked === 'auto' ? (overrides.onCuda ? 'fp16' : 'fp32') : asked;
+    const built = build(dtype);
+    if (built) return { path: built.path, dtype, source: `${built.source}, ${dtype}: ${asked === 'auto' ? (dtype === 'fp16' ? 'default (CUDA)' : 'default') : 'flag'}` };
   }
-  // No checkpoint either: pickGraph says what the folder lacks.
+  if (noGraph && !checkpoint) throw new Error(`model ${name}: ${dir} has no ONNX graph (model.onnx, onnx/model.onnx, ...) and no checkpoint (${CHECKPOINT_FILES.join(', ')})`);
   const { file, dtype, source } = pickGraph(name, dir, (f) => existsSync(join(dir, f)), overrides);
   return { path: join(dir, file), dtype, source };
 }
