@@ -10,7 +10,7 @@
  * saves them: safetensors in F32, F16, BF16 and sharded; a pytorch_model.bin
  * saved by torch.save (with non-row-major strides and an int64 buffer).
  */
-import { execFileSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
@@ -22,6 +22,7 @@ import { encodeSafetensors, type F32Tensor } from '../dist/src/shared/model-form
 import { loadModelSpec, type Dtype } from '../dist/src/shared/model-format/model-config.js';
 import { checkpointGraph } from '../dist/src/main/checkpoint/build.js';
 import { relativeBucket } from '../dist/src/main/checkpoint/encoder-graph.js';
+import { onnx } from '../dist/src/shared/model-format/onnx-graph.js';
 import { writePreset } from '../dist/models/generator/presets.js';
 import { sentTogether } from './fixtures/queued-together.js';
 import { toolOnPath } from './fixtures/system-tools.js';
@@ -242,9 +243,22 @@ function configOf(c: Case, vocab: number, positions: number, types: number): Rec
   };
 }
 
-/** Runs the reference script with `job` on stdin; its JSON answer. */
-function reference<T>(job: unknown): T {
-  const out = execFileSync(python, [REFERENCE], { input: JSON.stringify(job), encoding: 'utf8', maxBuffer: 2 ** 30 });
+/**
+ * Runs the reference script with `job` on stdin; its JSON answer. Asynchronous: a test thread
+ * blocked for the seconds torch takes would let the server close its idle keep-alive sockets
+ * unseen, and the next request would go out on a closed one.
+ */
+async function reference<T>(job: unknown): Promise<T> {
+  const child = execFile(python, [REFERENCE], { encoding: 'utf8', maxBuffer: 2 ** 30 });
+  child.stdin!.end(JSON.stringify(job));
+  const [out] = await Promise.all([
+    new Promise<string>((resolve, reject) => {
+      let text = '';
+      child.stdout!.on('data', (d: string) => (text += d));
+      child.on('error', reject);
+      child.on('close', (code) => (code === 0 ? resolve(text) : reject(new Error(`${REFERENCE} exited ${code}`))));
+    }),
+  ]);
   return JSON.parse(out) as T;
 }
 
@@ -312,7 +326,7 @@ beforeAll(async () => {
   const exported = join(root, 'bert-export');
   mkdirSync(exported);
   for (const f of readdirSync(dirs.get('bert-model')!)) if (f !== 'model.safetensors') cpSync(join(dirs.get('bert-model')!, f), join(exported, f));
-  reference({ jobs: [...pending, { export: exported, from: dirs.get('bert-model') }] });
+  await reference({ jobs: [...pending, { export: exported, from: dirs.get('bert-model') }] });
   const models = [...CASES.map((c) => dirs.get(c.name)!), exported];
   // Texts here are under 100 tokens: a max length of 128 keeps the warm-up of 18 models to a few buckets each.
   server = await startServer(testServerConfig({ models, graphCacheDir: join(root, 'graphs'), slotsPerModel: 64, maxInputLength: 128, batching: { maxBatchTokens: 4096 } }));
@@ -345,8 +359,8 @@ function textsFor(c: Case, rand: () => number, count: number): string[] {
 }
 
 /** The reference's outputs for each (case, head, encodings), all in one Python process (importing torch takes seconds). */
-function referencesOf(jobs: { c: Case; head: Head | 'splade'; encodings: RustEncoding[] }[]): number[][][] {
-  const answer = reference<{ results: { outputs: number[][] }[] }>({
+async function referencesOf(jobs: { c: Case; head: Head | 'splade'; encodings: RustEncoding[] }[]): Promise<number[][][]> {
+  const answer = await reference<{ results: { outputs: number[][] }[] }>({
     jobs: jobs.map(({ c, head, encodings }) => ({ dir: dirs.get(c.name), head, texts: encodings.map((e) => ({ ids: e.getIds(), types: e.getTypeIds() })) })),
   });
   return answer.results.map((r) => r.outputs);
@@ -366,7 +380,7 @@ async function textsOf(cases: Case[], label: string, count: number): Promise<{ c
 describe('a checkpoint folder is served from a graph built from its weights, as transformers computes it', () => {
   it('token states (/embed_all) and pooled rows (/embed) of bare models, batched with mixed lengths, equal the PyTorch reference', { timeout: 300_000 }, async () => {
     const cases = await textsOf(CASES.filter((k) => k.head === 'hidden'), 'checkpoint hidden', 12);
-    const wants = referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'hidden', encodings })));
+    const wants = await referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'hidden', encodings })));
     for (const [n, { c, texts, encodings }] of cases.entries()) {
       const want = wants[n]!;
       const [all, pooled] = await sentTogether(server.testHooks, { [c.name]: 2 * texts.length }, () =>
@@ -392,7 +406,7 @@ describe('a checkpoint folder is served from a graph built from its weights, as 
 describe('task heads', () => {
   it('classifier logits (/predict raw_scores) equal the reference: BERT (F16 storage, gelu_new) and DistilBERT (relu, pre_classifier, a .bin in three shards)', { timeout: 300_000 }, async () => {
     const cases = await textsOf(CASES.filter((k) => k.head === 'classify' && k.labels! > 1), 'checkpoint classify', 12);
-    const wants = referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'classify', encodings })));
+    const wants = await referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'classify', encodings })));
     for (const [n, { c, texts }] of cases.entries()) {
       const got = await sentTogether(server.testHooks, { [c.name]: texts.length }, () => Promise.all(texts.map((t) => post('/predict', { model: c.name, inputs: t, raw_scores: true }))));
       const labels = Array.from({ length: c.labels! }, (_, i) => `L${i}`);
@@ -414,7 +428,7 @@ describe('task heads', () => {
         return { c, query: query!, texts, encodings: await Promise.all(texts.map((t) => tokenizers.get(c.name)!.encode(query!, t))) };
       }),
     );
-    const wants = referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'classify', encodings })));
+    const wants = await referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'classify', encodings })));
     for (const [n, { c, query, texts }] of cases.entries()) {
       const got = (await post('/rerank', { model: c.name, query, texts, raw_scores: true })) as { index: number; score: number }[];
       expect(got).toHaveLength(texts.length);
@@ -427,7 +441,7 @@ describe('task heads', () => {
 
   it("SPLADE rows (/embed_sparse) from masked-LM checkpoints (BERT's .bin with strided tensors, XLM-RoBERTa's lm_head, DistilBERT's vocab_projector, ModernBERT's head; each decoder tied to the embeddings) equal the reference's max of log(1 + relu(logits))", { timeout: 300_000 }, async () => {
     const cases = await textsOf(CASES.filter((k) => k.head === 'mlm'), 'checkpoint splade', 8);
-    const wants = referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'splade', encodings })));
+    const wants = await referencesOf(cases.map(({ c, encodings }) => ({ c, head: 'splade', encodings })));
     for (const [n, { c, texts }] of cases.entries()) {
       const got = await sentTogether(server.testHooks, { [c.name]: texts.length }, () => Promise.all(texts.map((t) => post('/embed_sparse', { model: c.name, inputs: t }))));
       let worst = 0;
@@ -458,18 +472,71 @@ describe('the graph an exporter would give', () => {
   });
 });
 
-describe('the graph is fused at load as an export is', () => {
-  it("every built graph runs one Attention per layer and its LayerNormalizations as SkipLayerNormalization (SPLADE graphs stay unfused, as exported ones; MPNet's attention too)", async () => {
+describe("the built graph is in onnxruntime's fused ops, as the rewriter makes an export", () => {
+  it("every built graph runs one Attention per layer and its LayerNormalizations as SkipLayerNormalization (MPNet's with its relative bias; ModernBERT's residual norms, its rotary attention op by op)", async () => {
     const metrics = await (await fetch(`${server.url}/metrics`)).text();
     const gauge = (name: string, model: string) => Number(new RegExp(`^${name}\\{[^}]*model="${model}"[^}]*\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
-    // SPLADE graphs run unfused, exported or built (their sparse ids stay the unfused graph's: docs/tuning.md).
-    for (const c of CASES.filter((k) => k.head === 'mlm')) expect(gauge('slabserve_model_fused_attentions', c.name), c.name).toBe(0);
-    for (const c of CASES.filter((k) => k.head !== 'mlm' && k.family !== 'modernbert')) {
+    for (const c of CASES) {
       const model = c.name;
-      // MPNet's scores take its relative position bias beside the mask, which the Attention fusion does not take: unfused.
-      expect(gauge('slabserve_model_fused_attentions', model), model).toBe(c.family === 'mpnet' ? 0 : LAYERS);
-      // Two residual LayerNorms a layer, and the embeddings' (after the sum of the tables' rows).
-      expect(gauge('slabserve_model_fused_layer_norms', model), model).toBe(2 * LAYERS + 1);
+      const modern = c.family === 'modernbert';
+      expect(gauge('slabserve_model_fused_attentions', model), model).toBe(modern ? 0 : LAYERS);
+      // Two residual LayerNorms a layer; BERT's family also the embeddings' (after the sum of the tables' rows), ModernBERT's the final norm.
+      expect(gauge('slabserve_model_fused_layer_norms', model), model).toBe(modern ? 2 * MODERNBERT_LAYERS : 2 * LAYERS + 1);
+    }
+  });
+});
+
+describe('--dtype fp16: the graph built to compute in float16 (what CUDA serves by default)', () => {
+  /** The largest |a - b| over the largest |b|: float16's error is relative to the values' scale. */
+  const relativeDiff = (a: ArrayLike<number>, b: ArrayLike<number>, what: string) => worstDiff(a, b, what) / Math.max(...Array.from(b, Math.abs));
+  const FP16 = ['bert-model', 'mpnet-model', 'modernbert-model', 'bert-intent'];
+
+  it("stores every weight in float16, fused as the float32 graph is, and its token states and logits are the reference's within 1e-2 of their scale", { timeout: 300_000 }, async () => {
+    const cacheDir = join(root, 'fp16-graphs');
+    for (const name of ['bert-model', 'modernbert-model']) {
+      const built = checkpointGraph(name, dirs.get(name)!, 'hidden', { cacheDir, dtype: 'fp16', log: () => {} })!;
+      const graph = onnx.ModelProto.decode(readFileSync(built.path)).graph!;
+      // The checkpoint's tensors (named as transformers names them); the rotary frequencies stay float32, as transformers keeps them.
+      const floats = graph.initializer!.filter((t) => !t.name!.startsWith('/') && t.dataType !== onnx.TensorProto.DataType.INT64);
+      expect(floats.length, name).toBeGreaterThan(10);
+      expect(floats.filter((t) => t.dataType !== onnx.TensorProto.DataType.FLOAT16).map((t) => t.name), name).toEqual([]);
+      expect(graph.output!.map((o) => o.type!.tensorType!.elemType), name).toEqual([onnx.TensorProto.DataType.FLOAT]);
+    }
+    const srv = await startServer(testServerConfig({ models: FP16.map((n) => dirs.get(n)!), dtype: 'fp16', graphCacheDir: cacheDir, maxInputLength: 128 }));
+    try {
+      await srv.ready;
+      const metrics = await (await fetch(`${srv.url}/metrics`)).text();
+      const attentions = (model: string) => Number(new RegExp(`^slabserve_model_fused_attentions\\{[^}]*model="${model}"[^}]*\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
+      expect(attentions('bert-model')).toBe(LAYERS);
+      const at = (path: string, body: object) => fetch(`${srv.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) }).then((r) => r.json());
+      const hidden = await textsOf(CASES.filter((c) => FP16.includes(c.name) && c.head === 'hidden'), 'checkpoint fp16 hidden', 6);
+      const hiddenWants = await referencesOf(hidden.map(({ c, encodings }) => ({ c, head: 'hidden', encodings })));
+      for (const [n, { c, texts }] of hidden.entries()) {
+        let worst = 0;
+        let fromFp32 = 0;
+        for (const [i, t] of texts.entries()) {
+          const [half, full] = (await Promise.all([at('/embed_all', { model: c.name, inputs: t }), post('/embed_all', { model: c.name, inputs: t })])) as number[][][][];
+          worst = Math.max(worst, relativeDiff(half![0]!.flat(), hiddenWants[n]![i]!, `${c.name} text ${i}`));
+          fromFp32 = Math.max(fromFp32, worstDiff(half![0]!.flat(), full![0]!.flat(), `${c.name} text ${i}`));
+        }
+        console.log(`${c.name} in float16: worst |diff| / scale ${worst.toExponential(2)}; from the float32 graph's ${fromFp32.toExponential(2)}`);
+        expect(worst).toBeLessThan(1e-2);
+        expect(fromFp32, `${c.name}: float16 arithmetic shows`).toBeGreaterThan(1e-5);
+      }
+      const heads = await textsOf(CASES.filter((c) => FP16.includes(c.name) && c.head === 'classify'), 'checkpoint fp16 classify', 6);
+      const headWants = await referencesOf(heads.map(({ c, encodings }) => ({ c, head: 'classify', encodings })));
+      for (const [n, { c, texts }] of heads.entries()) {
+        const labels = Array.from({ length: c.labels! }, (_, i) => `L${i}`);
+        let worst = 0;
+        for (const [i, t] of texts.entries()) {
+          const got = (await at('/predict', { model: c.name, inputs: t, raw_scores: true })) as { label: string; score: number }[];
+          worst = Math.max(worst, relativeDiff(labels.map((l) => got.find((x) => x.label === l)!.score), headWants[n]![i]!, `${c.name} text ${i}`));
+        }
+        console.log(`${c.name} in float16: worst logit |diff| / scale ${worst.toExponential(2)}`);
+        expect(worst).toBeLessThan(1e-2);
+      }
+    } finally {
+      await srv.close();
     }
   });
 });
@@ -499,8 +566,8 @@ describe("--weights: which of a folder's graph and checkpoint serves", () => {
 });
 
 describe("MPNet's relative position buckets", () => {
-  it("are transformers' (its float32 computation in torch) at every distance from -600 to 600", () => {
-    const want = reference<{ buckets: number[] }>({ buckets: 600 }).buckets;
+  it("are transformers' (its float32 computation in torch) at every distance from -600 to 600", async () => {
+    const want = (await reference<{ buckets: number[] }>({ buckets: 600 })).buckets;
     expect(want.map((_, k) => relativeBucket(k - 600))).toEqual(want);
   });
 });
@@ -565,11 +632,13 @@ describe('refusals, each naming the file and what is wrong', () => {
     expect(broken('bin-truncated', (d) => writeFileSync(join(d, 'pytorch_model.bin'), readFileSync(join(d, 'pytorch_model.bin')).subarray(0, 5000)), 'xlmr-rerank')).toThrow(/pytorch_model\.bin: not a zip archive/);
   });
 
-  it("a pickle that names anything but a state dict's parts (here os.system) is refused before anything is built, and never run", () => {
+  it("a pickle that names anything but a state dict's parts (here os.system) is refused before anything is built, and never run", async () => {
+    const evil = join(root, 'evil.bin');
+    await reference({ save_evil: evil });
     expect(
       broken('evil', (d) => {
         rmSync(weightsOf(d));
-        reference({ save_evil: join(d, 'pytorch_model.bin') });
+        cpSync(evil, join(d, 'pytorch_model.bin'));
       }),
     ).toThrow(/pytorch_model\.bin: not a plain state dict: it names posix\.system, which a state dict never does/);
   });

@@ -22,7 +22,7 @@
  * every intermediate used once. The runner's trial run covers the rest
  * (runner.ts, ModelRunner.create).
  */
-import { makeTensor, onnx } from '../shared/model-format/onnx-graph.js';
+import { concatColumns, makeTensor, onnx } from '../shared/model-format/onnx-graph.js';
 import { attr, GraphIndex } from './fusion.js';
 
 type Node = onnx.INodeProto;
@@ -175,13 +175,6 @@ function attention(g: GraphIndex, out: Node): { fused: Node; replaced: Node[]; w
     };
   }
   return null;
-}
-
-/** [H, H] matrices side by side: [H, 3H], row by row. */
-function concatColumns(parts: Float32Array[], width: number): Float32Array {
-  const out = new Float32Array(width * width * parts.length);
-  for (let r = 0; r < width; r++) parts.forEach((p, k) => out.set(p.subarray(r * width, (r + 1) * width), r * width * parts.length + k * width));
-  return out;
 }
 
 /**

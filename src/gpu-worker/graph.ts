@@ -22,7 +22,7 @@
  */
 import type { ColbertSpec, M3Spec, ModelSpec, Pooling, SpladeSettings } from '../shared/model-format/model-config.js';
 import { readSafetensors, type F32Tensor } from '../shared/model-format/safetensors.js';
-import { decodeModel, encodeModel, GraphBuilder, onnx } from '../shared/model-format/onnx-graph.js';
+import { decodeModel, encodeModel, GraphBuilder, MS_DOMAIN, onnx } from '../shared/model-format/onnx-graph.js';
 import { fuseSkipLayerNorm } from './fusion.js';
 import { fuseAttention } from './attention-fusion.js';
 
@@ -41,19 +41,25 @@ export interface PreparedModel {
   hasPoolingMask: boolean;
   /** The per-token output, [B, T, width] (a model with token vectors: spec.tokenWidth > 0), fetched only for runs that ask. */
   tokenOutput?: { name: string; width: number };
-  /** What the graph runs fused (fusion.ts, attention-fusion.ts); none with `fuse: false`. */
+  /** What the graph runs fused: built so (a checkpoint's graph), or rewritten at load (fusion.ts, attention-fusion.ts). */
   fusions: GraphFusions;
+  /** Whether the load-time rewrite changed the graph (none with `fuse: false`). */
+  rewritten: boolean;
 }
 
-/** Parts of a graph rewritten into onnxruntime's fused ops at load (docs/tuning.md, Graph fusion). */
+/** Parts of a graph that run as onnxruntime's fused ops (docs/tuning.md, Graph fusion). */
 export interface GraphFusions {
-  /** LayerNormalizations run as SkipLayerNormalization (fusion.ts). */
+  /** LayerNormalizations run as SkipLayerNormalization. */
   layerNorms: number;
-  /** Self-attentions run as one Attention node (attention-fusion.ts). */
+  /** Self-attentions run as one Attention node. */
   attentions: number;
 }
 
-const NO_FUSIONS: GraphFusions = { layerNorms: 0, attentions: 0 };
+/** The fused ops in `graph`, however they came there. */
+function fusedOps(graph: onnx.IGraphProto): GraphFusions {
+  const count = (opType: string) => (graph.node ?? []).filter((n) => n.opType === opType && n.domain === MS_DOMAIN).length;
+  return { layerNorms: count('SkipLayerNormalization'), attentions: count('Attention') };
+}
 
 /** The per-token output's name: the token states as they are (TEI's /embed_all). */
 export const TOKEN_OUTPUT = 'slabserve_tokens';
@@ -83,7 +89,8 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { 
   // close to 0 (seen: an entry 1.2e-6 where the exported graph gives 0). Its sparse ids must be the
   // exported graph's, so it runs unfused; its cost is mostly the vocabulary-wide head anyway.
   const fuse = options.fuse !== false && spec.pooling !== 'splade';
-  const fusions = fuse ? { layerNorms: fuseSkipLayerNorm(model), attentions: fuseAttention(model) } : NO_FUSIONS;
+  const rewritten = fuse && fuseSkipLayerNorm(model) + fuseAttention(model) > 0;
+  const fusions = fusedOps(graph);
   const b = GraphBuilder.wrap(graph);
   const outputNames = b.outputNames();
   let outputs: PreparedModel['outputs'];
@@ -148,6 +155,7 @@ export function prepareModel(onnxBytes: Uint8Array, spec: ModelSpec, options: { 
     hasPoolingMask,
     ...(tokenOutput ? { tokenOutput } : {}),
     fusions,
+    rewritten,
   };
 }
 

@@ -209,7 +209,7 @@ export class ModelRunner {
     const runnerOf = async ({ bytes, ...prepared }: PreparedModel) =>
       new ModelRunner(spec, slab, options, await openSession(bytes, spec, device, session), session.gate, prepared, maxInflight, device);
     const fused = prepareModel(source, spec);
-    if (fused.fusions.layerNorms + fused.fusions.attentions === 0) return runnerOf(fused);
+    if (!fused.rewritten) return runnerOf(fused);
     // The fused graph's one unknown is the ranks its fused ops want (SkipLayerNormalization 2 or 3,
     // Attention 3): one run tells. Where it fails, the unmodified graph serves.
     let runner: ModelRunner | undefined;

@@ -17,7 +17,7 @@ import { buildEncoderGraph, encodeEncoderModel, type EncoderHead } from './encod
 import { buildModernBertGraph } from './modernbert-graph.js';
 
 /** Bumped whenever a change makes a built graph differ, so the cache builds again. */
-const BUILDER_VERSION = '1';
+const BUILDER_VERSION = '2';
 
 /** The graph cache's default: $XDG_CACHE_HOME/slabserve/graphs, or ~/.cache/slabserve/graphs. */
 export function defaultGraphCacheDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -63,8 +63,8 @@ export function checkpointGraph(name: string, dir: string, head: EncoderHead, op
   try {
     const graph =
       plan.kind === 'modernbert'
-        ? buildModernBertGraph(plan.architecture, plan.shape, modernBertParams(checkpoint, plan))
-        : buildEncoderGraph(plan.architecture, plan.shape, checkpointParams(checkpoint, plan));
+        ? buildModernBertGraph(plan.architecture, plan.shape, modernBertParams(checkpoint, plan), opts.dtype)
+        : buildEncoderGraph(plan.architecture, plan.shape, checkpointParams(checkpoint, plan), { fused: true, dtype: opts.dtype });
     bytes = encodeEncoderModel(graph, `${plan.architecture} built by slabserve from ${file}`, { slabserve_built_from: file, architecture: plan.architecture });
   } catch (err) {
     throw new Error(`${join(dir, file)}: ${(err as Error).message}`);

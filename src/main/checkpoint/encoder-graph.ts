@@ -1,10 +1,13 @@
 /**
- * A BERT-family encoder as an ONNX graph, shaped as a Hugging Face export
- * (optimum / torch.onnx) is: the same inputs, outputs and op pattern, so the
- * graph rewriter fuses it at load (one Attention and SkipLayerNormalization
- * per block) and everything downstream treats it as an export. Where its
- * weights come from is the caller's: a checkpoint (checkpoint-params.ts) or the
- * model generator's random ones (models/generator/bert-graph.ts).
+ * A BERT-family encoder as an ONNX graph with the inputs and outputs of a
+ * Hugging Face export (optimum / torch.onnx), so everything downstream treats
+ * it as one. Two forms (GraphForm): `export`, op by op as an export is (the
+ * model generator's stand-ins for exports, which the load-time rewriter then
+ * fuses), and `fused`, written directly in onnxruntime's fused ops, one
+ * Attention and two SkipLayerNormalizations per layer (the rewriter's form),
+ * computing in float32 or float16 (checkpoints). Where its weights come from
+ * is the caller's: a checkpoint (checkpoint-params.ts) or the model
+ * generator's random ones (models/generator/bert-graph.ts).
  *
  * Graph (opset 17):
  *   inputs  input_ids, attention_mask [, token_type_ids] [, position_ids]: int64 [batch_size, sequence_length]
@@ -22,13 +25,31 @@
  * The additive mask uses the most negative float32 as transformers does: a padded
  * key scores about -3.4e38, which Softmax turns into exactly 0, so real positions'
  * outputs do not depend on what the padding holds.
+ *
+ * The fused form, per layer: Attention(x, [Wq Wk Wv], [bq bk bv], mask as int32
+ * [, MPNet's bias]); SkipLayerNormalization(ctx·Wo, x, bo); the feed-forward's
+ * GELU as BiasGelu (erf) or FastGelu (tanh) with its bias inside;
+ * SkipLayerNormalization(h·Wo2, x, bo2). The embeddings' sum is a
+ * SkipLayerNormalization of words (+ types) and positions. In float16, every
+ * weight is stored and computed in float16 and the outputs are cast to float32.
  */
-import { GraphBuilder, encodeModel, makeModel, onnx } from '../../shared/model-format/onnx-graph.js';
+import { GraphBuilder, concatColumns, encodeModel, makeModel, onnx } from '../../shared/model-format/onnx-graph.js';
 
 /** The activations transformers' configs name, by the formula each computes. */
 export type Activation = 'gelu' | 'gelu_tanh' | 'relu' | 'silu' | 'tanh';
 
 export type EncoderHead = 'hidden' | 'classify' | 'mlm';
+
+/** How the graph computes: op by op as an export (float32), or in onnxruntime's fused ops, in float32 or float16. */
+export interface GraphForm {
+  fused: boolean;
+  dtype: 'fp32' | 'fp16';
+}
+
+export const EXPORT_FORM: GraphForm = { fused: false, dtype: 'fp32' };
+
+/** The mask fill of the fused form's Attention in float16: onnxruntime's default, which float16 holds (float32's min is -inf there). */
+const FLOAT16_MASK_FILL = -10000;
 
 /** The structure of one encoder: sizes, and what differs between the families. */
 export interface EncoderShape {
@@ -100,29 +121,71 @@ export function attentionProbsName(layer: number): string {
 
 /** The graph under construction, its weights and the constants its parts share. */
 class Parts {
-  readonly c: ReturnType<typeof sharedConstants>;
+  readonly c: { zero: string; one64: string };
+  private readonly exportConstants: ReturnType<typeof sharedConstants>['exportForm'];
+  /** The element type of weights and activations. */
+  readonly float: 'float' | 'float16';
 
   constructor(
     readonly b: GraphBuilder,
     readonly shape: EncoderShape,
     readonly params: EncoderParams,
+    readonly form: GraphForm,
   ) {
-    this.c = sharedConstants(b, shape);
+    this.float = form.dtype === 'fp16' ? 'float16' : 'float';
+    const { exportForm, ...ints } = sharedConstants(b, shape, form.fused);
+    this.c = ints;
+    this.exportConstants = exportForm;
+  }
+
+  /** The export form's float and shape constants (the fused form has none). */
+  get e(): NonNullable<ReturnType<typeof sharedConstants>['exportForm']> {
+    if (!this.exportConstants) throw new Error('the fused form has no export-form constants');
+    return this.exportConstants;
+  }
+
+  weight(name: string, data: Float32Array, dims: number[]): string {
+    return this.b.addInitializer(name, this.float, data, dims);
+  }
+
+  /** The weight and bias initializers of a Linear layer. */
+  linear(name: string, fanIn: number, fanOut: number, role: LinearRole): { w: string; bias: string } {
+    const { weight, bias } = this.params.linear(name, fanIn, fanOut, role);
+    return { w: this.weight(`${name}.weight`, weight, [fanIn, fanOut]), bias: this.weight(`${name}.bias`, bias, [fanOut]) };
   }
 
   /** x @ W + bias. */
   dense(x: string, name: string, fanIn: number, fanOut: number, role: LinearRole): string {
-    const { weight, bias } = this.params.linear(name, fanIn, fanOut, role);
-    const w = this.b.addInitializer(`${name}.weight`, 'float', weight, [fanIn, fanOut]);
-    const bi = this.b.addInitializer(`${name}.bias`, 'float', bias, [fanOut]);
-    return this.b.op('Add', [this.b.op('MatMul', [x, w]), bi]);
+    const { w, bias } = this.linear(name, fanIn, fanOut, role);
+    return this.b.op('Add', [this.b.op('MatMul', [x, w]), bias]);
+  }
+
+  /** act(x @ W + bias); fused, GELU's two forms are BiasGelu and FastGelu, the bias inside. */
+  denseAct(x: string, name: string, fanIn: number, fanOut: number, role: LinearRole, act: Activation): string {
+    if (!this.form.fused || (act !== 'gelu' && act !== 'gelu_tanh')) return this.activation(this.dense(x, name, fanIn, fanOut, role), act);
+    const { w, bias } = this.linear(name, fanIn, fanOut, role);
+    return this.b.msOp(act === 'gelu' ? 'BiasGelu' : 'FastGelu', [this.b.op('MatMul', [x, w]), bias]);
   }
 
   layerNorm(x: string, name: string, width = this.shape.hidden): string {
     const { weight, bias } = this.params.layerNorm(name, width);
-    const gamma = this.b.addInitializer(`${name}.weight`, 'float', weight, [width]);
-    const beta = this.b.addInitializer(`${name}.bias`, 'float', bias, [width]);
+    const gamma = this.weight(`${name}.weight`, weight, [width]);
+    const beta = this.weight(`${name}.bias`, bias, [width]);
     return this.b.op('LayerNormalization', [x, gamma, beta], { axis: -1, epsilon: { f: this.shape.layerNormEps } });
+  }
+
+  /** LayerNorm(x + skip [+ bias]) as one SkipLayerNormalization. */
+  skipLayerNorm(x: string, skip: string, name: string, bias?: string, width = this.shape.hidden): string {
+    const { weight, bias: beta } = this.params.layerNorm(name, width);
+    const inputs = [x, skip, this.weight(`${name}.weight`, weight, [width]), this.weight(`${name}.bias`, beta, [width]), ...(bias ? [bias] : [])];
+    return this.b.msOp('SkipLayerNormalization', inputs, { epsilon: { f: this.shape.layerNormEps } });
+  }
+
+  /** LayerNorm(x @ W + bias + residual): an encoder layer's two residual blocks. */
+  projectedNorm(x: string, residual: string, dense: string, fanIn: number, role: LinearRole, norm: string): string {
+    if (!this.form.fused) return this.layerNorm(this.b.op('Add', [this.dense(x, dense, fanIn, this.shape.hidden, role), residual]), norm);
+    const { w, bias } = this.linear(dense, fanIn, this.shape.hidden, role);
+    return this.skipLayerNorm(this.b.op('MatMul', [x, w]), residual, norm, bias);
   }
 
   activation(x: string, kind: Activation): string {
@@ -159,14 +222,16 @@ export function activationOp(b: GraphBuilder, x: string, kind: Activation): stri
   }
 }
 
-/** The scalar and shape constants the graph's parts share, listed first so a graph's bytes depend only on its inputs. */
-function sharedConstants(b: GraphBuilder, shape: EncoderShape) {
+/**
+ * The scalar and shape constants the graph's parts share, listed first so a graph's bytes depend
+ * only on its inputs. The fused form needs only the integers (its ops take the mask and heads as they are).
+ */
+function sharedConstants(b: GraphBuilder, shape: EncoderShape, fused: boolean) {
   const headDim = shape.hidden / shape.heads;
   const cI64 = (name: string, v: number[] | number): string => b.addInitializer(name, 'int64', Array.isArray(v) ? v : [v], Array.isArray(v) ? [v.length] : []);
   const cF32 = (name: string, v: number): string => floatConstant(b, name, v);
-  return {
-    zero: cI64('/Constant_zero', 0),
-    one64: cI64('/Constant_one', 1),
+  const ints = { zero: cI64('/Constant_zero', 0), one64: cI64('/Constant_one', 1) };
+  const unfused = () => ({
     oneF: cF32('/Constant_one_float', 1),
     minF: cF32('/Constant_float32_min', FLOAT32_MIN),
     sqrtHeadDim: cF32('/Constant_sqrt_head_dim', Math.sqrt(headDim)),
@@ -175,7 +240,8 @@ function sharedConstants(b: GraphBuilder, shape: EncoderShape) {
     splitShape: cI64('/Constant_split_heads_shape', [0, 0, shape.heads, headDim]),
     mergeShape: cI64('/Constant_merge_heads_shape', [0, 0, shape.hidden]),
     maskAxes: cI64('/Constant_mask_axes', [1, 2]),
-  };
+  });
+  return { ...ints, exportForm: fused ? undefined : unfused() };
 }
 
 interface Inputs {
@@ -200,7 +266,7 @@ function embeddings(g: Parts, inputs: Inputs): string {
   const { b, shape, params, c } = g;
   const E = shape.embeddingSize ?? shape.hidden;
   return b.scoped('embeddings', () => {
-    const table = (name: string, rows: number, role: EmbeddingRole) => b.addInitializer(`${name}.weight`, 'float', params.embedding(name, rows, E, role), [rows, E]);
+    const table = (name: string, rows: number, role: EmbeddingRole) => g.weight(`${name}.weight`, params.embedding(name, rows, E, role), [rows, E]);
     const wordEmb = table('embeddings.word_embeddings', shape.vocabSize, 'word');
     const posEmb = table('embeddings.position_embeddings', shape.maxPositions, 'position');
     const typeEmb = shape.typeVocabSize > 0 ? table('embeddings.token_type_embeddings', shape.typeVocabSize, 'token-type') : null;
@@ -209,8 +275,8 @@ function embeddings(g: Parts, inputs: Inputs): string {
     const types = typeEmb && b.op('Gather', [typeEmb, inputs.tokenTypeIds ?? c.zero], { axis: 0 });
     const positionIds = inputs.positionIds ?? positionIdsOf(b, inputs.inputIds, shape.positionPaddingIdx, c.zero, c.one64);
     const positions = b.op('Gather', [posEmb, positionIds], { axis: 0 });
-    const sum = b.op('Add', [types ? b.op('Add', [words, types]) : words, positions]);
-    const normed = g.layerNorm(sum, 'embeddings.LayerNorm', E);
+    const lookedUp = types ? b.op('Add', [words, types]) : words;
+    const normed = g.form.fused ? g.skipLayerNorm(lookedUp, positions, 'embeddings.LayerNorm', undefined, E) : g.layerNorm(b.op('Add', [lookedUp, positions]), 'embeddings.LayerNorm', E);
     return shape.embeddingSize === undefined ? normed : g.dense(normed, 'embeddings_project', E, shape.hidden, 'projection');
   });
 }
@@ -239,7 +305,7 @@ function relativePositionBias(g: Parts, inputs: Inputs): string {
   const P = shape.maxPositions;
   const buckets = Array.from({ length: 2 * P - 1 }, (_, k) => relativeBucket(k - (P - 1)));
   const table = b.addInitializer('/Constant_relative_buckets', 'int64', buckets, [2 * P - 1]);
-  const bias = b.addInitializer('encoder.relative_attention_bias.weight', 'float', params.embedding('encoder.relative_attention_bias', shape.relativeBuckets!, shape.heads, 'relative-bias'), [shape.relativeBuckets!, shape.heads]);
+  const bias = g.weight('encoder.relative_attention_bias.weight', params.embedding('encoder.relative_attention_bias', shape.relativeBuckets!, shape.heads, 'relative-bias'), [shape.relativeBuckets!, shape.heads]);
   const seqLen = b.op('Gather', [b.op('Shape', [inputs.inputIds]), c.one64], { axis: 0 });
   const t = b.op('Range', [c.zero, seqLen, c.one64]);
   const [axis0, axis1] = [0, 1].map((k) => b.addInitializer(`/Constant_axes_${k}`, 'int64', [k], [1]));
@@ -266,9 +332,27 @@ export function relativeBucket(iMinusJ: number): number {
   return bucket;
 }
 
-/** The extended attention mask, (1 - mask[:, None, None, :]) * float32_min, plus the causal mask for decoders. */
-function attentionBias(g: Parts, inputs: Inputs): string {
-  const { b, shape, c } = g;
+/**
+ * What each layer's attention masks with. Export form: the extended attention mask,
+ * (1 - mask[:, None, None, :]) * float32_min, plus the causal mask for decoders or MPNet's
+ * relative bias. Fused form: the mask as int32 (Attention's mask_index), and MPNet's bias apart.
+ */
+interface AttentionMask {
+  additive?: string;
+  index?: string;
+  bias?: string;
+}
+
+function attentionMask(g: Parts, inputs: Inputs): AttentionMask {
+  const { b, shape } = g;
+  if (!g.form.fused) return { additive: additiveMask(g, inputs) };
+  const index = b.scoped('attention_mask', () => b.op('Cast', [inputs.attentionMask], { to: onnx.TensorProto.DataType.INT32 }));
+  return shape.relativeBuckets !== undefined ? { index, bias: relativePositionBias(g, inputs) } : { index };
+}
+
+function additiveMask(g: Parts, inputs: Inputs): string {
+  const { b, shape } = g;
+  const c = { ...g.c, ...g.e };
   return b.scoped('extended_attention_mask', () => {
     const m = b.op('Cast', [b.op('Unsqueeze', [inputs.attentionMask, c.maskAxes])], { to: onnx.TensorProto.DataType.FLOAT });
     const padding = b.op('Mul', [b.op('Sub', [c.oneF, m]), c.minF]); // [B, 1, 1, T]
@@ -285,8 +369,11 @@ function attentionBias(g: Parts, inputs: Inputs): string {
 }
 
 /** Multi-head self-attention of layer `p` over x: [B, T, H]. */
-function selfAttention(g: Parts, p: string, x: string, bias: string): string {
-  const { b, c } = g;
+function selfAttention(g: Parts, p: string, x: string, mask: AttentionMask): string {
+  if (g.form.fused) return fusedSelfAttention(g, p, x, mask);
+  const { b } = g;
+  const c = g.e;
+  const bias = mask.additive!;
   const H = g.shape.hidden;
   return b.scoped('self', () => {
     const heads = (t: string, perm: number[]) => b.op('Transpose', [b.op('Reshape', [t, c.splitShape])], { perm });
@@ -300,50 +387,67 @@ function selfAttention(g: Parts, p: string, x: string, bias: string): string {
   });
 }
 
+/** One com.microsoft Attention: Q, K and V as one [H, 3H] projection, the mask as int32, MPNet's bias as attention_bias. */
+function fusedSelfAttention(g: Parts, p: string, x: string, mask: AttentionMask): string {
+  const H = g.shape.hidden;
+  const qkv = (['query', 'key', 'value'] as const).map((k) => g.params.linear(`${p}.attention.self.${k}`, H, H, k));
+  const w = g.weight(`${p}.attention.self.qkv.weight`, concatColumns(qkv.map((t) => t.weight), H), [H, 3 * H]);
+  const bias = g.weight(`${p}.attention.self.qkv.bias`, Float32Array.from(qkv.flatMap((t) => [...t.bias])), [3 * H]);
+  const fill = g.form.dtype === 'fp16' ? FLOAT16_MASK_FILL : FLOAT32_MIN;
+  return g.b.scoped('self', () => g.b.msOp('Attention', [x, w, bias, mask.index!, ...(mask.bias ? ['', mask.bias] : [])], { num_heads: g.shape.heads, mask_filter_value: { f: fill } }));
+}
+
 /** Encoder layer `l`: attention, then the feed-forward block, each with its residual and LayerNorm. */
-function encoderLayer(g: Parts, l: number, x: string, bias: string): string {
+function encoderLayer(g: Parts, l: number, x: string, mask: AttentionMask): string {
   const { b } = g;
   const { hidden: H, intermediate: I } = g.shape;
   const p = `encoder.layer.${l}`;
   return b.scoped(`encoder/layer.${l}`, () => {
     const attnOut = b.scoped('attention', () => {
-      const ctx = selfAttention(g, p, x, bias);
-      return b.scoped('output', () => g.layerNorm(b.op('Add', [g.dense(ctx, `${p}.attention.output.dense`, H, H, 'attention-output'), x]), `${p}.attention.output.LayerNorm`));
+      const ctx = selfAttention(g, p, x, mask);
+      return b.scoped('output', () => g.projectedNorm(ctx, x, `${p}.attention.output.dense`, H, 'attention-output', `${p}.attention.output.LayerNorm`));
     });
-    const inter = b.scoped('intermediate', () => g.activation(g.dense(attnOut, `${p}.intermediate.dense`, H, I, 'intermediate'), g.shape.activation));
-    return b.scoped('output', () => g.layerNorm(b.op('Add', [g.dense(inter, `${p}.output.dense`, I, H, 'output'), attnOut]), `${p}.output.LayerNorm`));
+    const inter = b.scoped('intermediate', () => g.denseAct(attnOut, `${p}.intermediate.dense`, H, I, 'intermediate', g.shape.activation));
+    return b.scoped('output', () => g.projectedNorm(inter, attnOut, `${p}.output.dense`, I, 'output', `${p}.output.LayerNorm`));
   });
 }
 
+/** `x` as float32 graph output `name` (cast where the graph computes in float16). */
+export function floatOutput(b: GraphBuilder, x: string, name: string, dims: (number | string)[], float16 = false): void {
+  b.node(float16 ? 'Cast' : 'Identity', [x], float16 ? { to: onnx.TensorProto.DataType.FLOAT } : undefined, [name]);
+  b.addOutput(name, 'float', dims);
+}
+
 /** x as the graph's output last_hidden_state [B, T, hidden], as a bare model's export names it. */
-export function hiddenStatesOutput(b: GraphBuilder, x: string, hidden: number): void {
-  b.node('Identity', [x], undefined, ['last_hidden_state']);
-  b.addOutput('last_hidden_state', 'float', [BATCH_DIM, SEQUENCE_DIM, hidden]);
+export function hiddenStatesOutput(b: GraphBuilder, x: string, hidden: number, float16 = false): void {
+  floatOutput(b, x, 'last_hidden_state', [BATCH_DIM, SEQUENCE_DIM, hidden], float16);
 }
 
 /** The outputs: last_hidden_state, the classification head's logits, or the masked-LM logits. */
 function addHead(g: Parts, x: string): void {
   const { b, shape, params } = g;
   const H = shape.hidden;
-  if (shape.head === 'hidden') return hiddenStatesOutput(b, x, H);
+  const float16 = g.form.dtype === 'fp16';
+  if (shape.head === 'hidden') return hiddenStatesOutput(b, x, H, float16);
   if (shape.head === 'mlm') {
     b.scoped('cls', () => {
-      const h = g.activation(g.dense(x, 'cls.predictions.transform.dense', H, H, 'mlm-transform'), shape.mlmActivation ?? shape.activation);
+      const h = g.denseAct(x, 'cls.predictions.transform.dense', H, H, 'mlm-transform', shape.mlmActivation ?? shape.activation);
       const t = g.layerNorm(h, 'cls.predictions.transform.LayerNorm');
       const { weight, bias } = params.decoder(H, shape.vocabSize);
-      const w = b.addInitializer('cls.predictions.decoder.weight', 'float', weight, [H, shape.vocabSize]);
-      const bi = b.addInitializer('cls.predictions.bias', 'float', bias, [shape.vocabSize]);
-      b.node('Add', [b.op('MatMul', [t, w]), bi], undefined, ['logits']);
+      const w = g.weight('cls.predictions.decoder.weight', weight, [H, shape.vocabSize]);
+      const bi = g.weight('cls.predictions.bias', bias, [shape.vocabSize]);
+      const sum = [b.op('MatMul', [t, w]), bi];
+      if (float16) b.node('Cast', [b.op('Add', sum)], { to: onnx.TensorProto.DataType.FLOAT }, ['logits']);
+      else b.node('Add', sum, undefined, ['logits']);
     });
     b.addOutput('logits', 'float', [BATCH_DIM, SEQUENCE_DIM, shape.vocabSize]);
     return;
   }
   const pooled = b.scoped('pooler', () => {
     const first = b.op('Gather', [x, g.c.zero], { axis: 1 }); // [B, H]: the first token ([CLS], <s>)
-    return g.activation(g.dense(first, 'pooler.dense', H, H, 'pooler'), shape.classifierActivation ?? 'tanh');
+    return g.denseAct(first, 'pooler.dense', H, H, 'pooler', shape.classifierActivation ?? 'tanh');
   });
-  b.scoped('classifier', () => b.node('Identity', [g.dense(pooled, 'classifier', H, shape.numLabels!, 'classifier')], undefined, ['logits']));
-  b.addOutput('logits', 'float', [BATCH_DIM, shape.numLabels!]);
+  b.scoped('classifier', () => floatOutput(b, g.dense(pooled, 'classifier', H, shape.numLabels!, 'classifier'), 'logits', [BATCH_DIM, shape.numLabels!], float16));
 }
 
 /** Checks the sizes; throws a RangeError naming the first that cannot make a graph. */
@@ -358,14 +462,20 @@ export function checkEncoderShape(shape: EncoderShape): void {
   if (shape.head === 'classify' && !(Number.isSafeInteger(shape.numLabels) && shape.numLabels! >= 1)) throw new RangeError('a classification head needs numLabels >= 1');
 }
 
+function checkForm(shape: EncoderShape, form: GraphForm): void {
+  if (form.dtype === 'fp16' && !form.fused) throw new RangeError('a float16 graph is built in the fused form');
+  if (form.fused && shape.causal) throw new RangeError('the fused form is for encoders (no causal attention)');
+}
+
 /** The encoder's graph (not yet wrapped in a model). */
-export function buildEncoderGraph(name: string, shape: EncoderShape, params: EncoderParams): onnx.IGraphProto {
+export function buildEncoderGraph(name: string, shape: EncoderShape, params: EncoderParams, form: GraphForm = EXPORT_FORM): onnx.IGraphProto {
   checkEncoderShape(shape);
-  const g = new Parts(new GraphBuilder(name), shape, params);
+  checkForm(shape, form);
+  const g = new Parts(new GraphBuilder(name), shape, params, form);
   const inputs = addInputs(g.b, shape);
   let x = embeddings(g, inputs);
-  const bias = attentionBias(g, inputs);
-  for (let l = 0; l < shape.layers; l++) x = encoderLayer(g, l, x, bias);
+  const mask = attentionMask(g, inputs);
+  for (let l = 0; l < shape.layers; l++) x = encoderLayer(g, l, x, mask);
   addHead(g, x);
   return g.b.graph();
 }

@@ -8,14 +8,22 @@
  * block (the activation on the first half of Wi's output, times the second);
  * biases only where the config says so.
  *
+ * Written in onnxruntime's fused ops where they apply: each residual sum and
+ * the LayerNorm after it as one SkipLayerNormalization (which also gives the
+ * sum, the next block's residual), GELU as Gelu or FastGelu; the attention
+ * runs op by op (its rotary embeddings and window are not Attention's). In
+ * float32 or float16 (weights, activations and the masks; the rotary angles
+ * computed in float32 and cast, as transformers does), float32 out.
+ *
  *   inputs  input_ids, attention_mask: int64 [batch_size, sequence_length]
  *   head 'hidden':   last_hidden_state [B, T, H]
  *   head 'classify': logits [B, L] = classifier(norm(act(dense(pool(x)))))  (pool: cls or the masked mean)
  *   head 'mlm':      logits [B, T, V] = decoder(norm(act(dense(x))))        (the decoder tied to the embeddings)
  */
-import { GraphBuilder, onnx } from '../../shared/model-format/onnx-graph.js';
+import { GraphBuilder, MS_DOMAIN, onnx } from '../../shared/model-format/onnx-graph.js';
+import type { BuiltDtype } from '../../shared/model-format/model-config.js';
 import type { Activation, EncoderHead } from './encoder-graph.js';
-import { BATCH_DIM, SEQUENCE_DIM, activationOp, floatConstant, hiddenStatesOutput } from './encoder-graph.js';
+import { BATCH_DIM, SEQUENCE_DIM, activationOp, floatOutput, hiddenStatesOutput } from './encoder-graph.js';
 
 export interface ModernBertShape {
   layers: number;
@@ -48,18 +56,26 @@ export interface ModernBertParams {
 }
 
 const FLOAT32_MIN = -3.4028234663852886e38;
+/** The masks' fill in float16, its most negative finite value (float32's min is -inf there). */
+const FLOAT16_MIN = -65504;
 
 class Parts {
   /** 0..T-1 (int64), and the split of a head's dimension into halves: made once, shared by every layer. */
   readonly positions: string;
   readonly halves: string;
+  /** The element type of weights and activations, and its ONNX code (for Casts). */
+  readonly float: 'float' | 'float16';
+  readonly floatCode: number;
 
   constructor(
     readonly b: GraphBuilder,
     readonly shape: ModernBertShape,
     readonly params: ModernBertParams,
     ids: string,
+    dtype: BuiltDtype,
   ) {
+    this.float = dtype === 'fp16' ? 'float16' : 'float';
+    this.floatCode = dtype === 'fp16' ? onnx.TensorProto.DataType.FLOAT16 : onnx.TensorProto.DataType.FLOAT;
     const zero = b.addInitializer('/Constant_zero', 'int64', [0], []);
     const one = b.addInitializer('/Constant_one', 'int64', [1], []);
     this.positions = b.op('Range', [zero, b.op('Gather', [b.op('Shape', [ids]), one], { axis: 0 }), one]);
@@ -68,7 +84,17 @@ class Parts {
   }
 
   scalar(name: string, v: number): string {
-    return floatConstant(this.b, name, v);
+    return this.b.has(name) ? name : this.b.addInitializer(name, this.float, [v], []);
+  }
+
+  weight(name: string, data: Float32Array, dims: number[]): string {
+    return this.b.addInitializer(name, this.float, data, dims);
+  }
+
+  /** `kind` applied to x: GELU's two forms as onnxruntime's Gelu and FastGelu. */
+  activation(x: string, kind: Activation): string {
+    if (kind === 'gelu' || kind === 'gelu_tanh') return this.b.msOp(kind === 'gelu' ? 'Gelu' : 'FastGelu', [x]);
+    return activationOp(this.b, x, kind); // relu, silu, tanh: no constants
   }
 
   ints(name: string, v: number[]): string {
@@ -78,49 +104,61 @@ class Parts {
   /** x @ W (+ bias); `rows` picks a slice of the layer's output rows (Wqkv's q, k or v; Wi's two halves). */
   dense(x: string, name: string, fanIn: number, fanOut: number, rows?: [number, number, number], suffix = ''): string {
     const { weight, bias } = this.params.linear(name, fanIn, fanOut, rows);
-    const out = this.b.op('MatMul', [x, this.b.addInitializer(`${name}${suffix}.weight`, 'float', weight, [fanIn, fanOut])]);
-    return bias ? this.b.op('Add', [out, this.b.addInitializer(`${name}${suffix}.bias`, 'float', bias, [fanOut])]) : out;
+    const out = this.b.op('MatMul', [x, this.weight(`${name}${suffix}.weight`, weight, [fanIn, fanOut])]);
+    return bias ? this.b.op('Add', [out, this.weight(`${name}${suffix}.bias`, bias, [fanOut])]) : out;
+  }
+
+  /** gamma and beta (where the config has biases) of norm `name`. */
+  private normWeights(name: string): string[] {
+    const { weight, bias } = this.params.norm(name, this.shape.hidden);
+    return [this.weight(`${name}.weight`, weight, [this.shape.hidden]), ...(bias ? [this.weight(`${name}.bias`, bias, [this.shape.hidden])] : [])];
   }
 
   norm(x: string, name: string): string {
-    const { weight, bias } = this.params.norm(name, this.shape.hidden);
-    const inputs = [x, this.b.addInitializer(`${name}.weight`, 'float', weight, [this.shape.hidden])];
-    if (bias) inputs.push(this.b.addInitializer(`${name}.bias`, 'float', bias, [this.shape.hidden]));
-    return this.b.op('LayerNormalization', inputs, { axis: -1, epsilon: { f: this.shape.normEps } });
+    return this.b.op('LayerNormalization', [x, ...this.normWeights(name)], { axis: -1, epsilon: { f: this.shape.normEps } });
+  }
+
+  /** norm(x + residual) and the sum x + residual, from one SkipLayerNormalization. */
+  skipNorm(x: string, residual: string, name: string): { normed: string; sum: string } {
+    const [normed, sum] = [`/${name}/normed`, `/${name}/residual_sum`];
+    this.b.node('SkipLayerNormalization', [x, residual, ...this.normWeights(name)], { epsilon: { f: this.shape.normEps } }, [normed, '', '', sum], MS_DOMAIN);
+    return { normed, sum };
   }
 }
 
 /** The encoder's graph. */
-export function buildModernBertGraph(name: string, shape: ModernBertShape, params: ModernBertParams): onnx.IGraphProto {
+export function buildModernBertGraph(name: string, shape: ModernBertShape, params: ModernBertParams, dtype: BuiltDtype = 'fp32'): onnx.IGraphProto {
   const b = new GraphBuilder(name);
   const dims = [BATCH_DIM, SEQUENCE_DIM];
   const ids = b.addInput('input_ids', 'int64', dims);
   const mask = b.addInput('attention_mask', 'int64', dims);
-  const g = new Parts(b, shape, params, ids);
-  const tok = b.addInitializer('embeddings.tok_embeddings.weight', 'float', params.embedding('embeddings.tok_embeddings', shape.vocabSize, shape.hidden), [shape.vocabSize, shape.hidden]);
-  let x = g.norm(b.op('Gather', [tok, ids], { axis: 0 }), 'embeddings.norm');
+  const g = new Parts(b, shape, params, ids, dtype);
+  const tok = g.weight('embeddings.tok_embeddings.weight', params.embedding('embeddings.tok_embeddings', shape.vocabSize, shape.hidden), [shape.vocabSize, shape.hidden]);
+  const embedded = g.norm(b.op('Gather', [tok, ids], { axis: 0 }), 'embeddings.norm');
   const masks = attentionMasks(g, mask);
   const rotary = new Map<number, { cos: string; sin: string }>();
   const rotaryOf = (theta: number) => rotary.get(theta) ?? rotary.set(theta, rotaryTables(g, theta, rotary.size)).get(theta)!;
+  // The residual stream, and what the next attention reads: layer 0's attention has no norm before it.
+  let stream = { normed: embedded, sum: embedded };
   for (let l = 0; l < shape.layers; l++) {
     const local = shape.localLayers[l]!;
-    x = b.scoped(`layers.${l}`, () => encoderLayer(g, l, x, local ? masks.local : masks.global, rotaryOf(local ? shape.localTheta : shape.globalTheta)));
+    const next = l + 1 < shape.layers ? `layers.${l + 1}.attn_norm` : 'final_norm';
+    stream = b.scoped(`layers.${l}`, () => encoderLayer(g, l, stream, next, local ? masks.local : masks.global, rotaryOf(local ? shape.localTheta : shape.globalTheta)));
   }
-  x = g.norm(x, 'final_norm');
-  addHead(g, x, mask);
+  addHead(g, stream.normed, mask);
   return b.graph();
 }
 
 /** The additive masks [B, 1, T, T]: padding (global layers), and padding or outside the window (local layers); never -inf. */
 function attentionMasks(g: Parts, mask: string): { global: string; local: string } {
   const { b } = g;
-  const min = g.scalar('/Constant_float32_min', FLOAT32_MIN);
+  const min = g.scalar('/Constant_float_min', g.float === 'float16' ? FLOAT16_MIN : FLOAT32_MIN);
   const one = g.scalar('/Constant_one_float', 1);
-  const padding = b.op('Mul', [b.op('Sub', [one, b.op('Cast', [b.op('Unsqueeze', [mask, g.ints('/Constant_mask_axes', [1, 2])])], { to: onnx.TensorProto.DataType.FLOAT })]), min]);
+  const padding = b.op('Mul', [b.op('Sub', [one, b.op('Cast', [b.op('Unsqueeze', [mask, g.ints('/Constant_mask_axes', [1, 2])])], { to: g.floatCode })]), min]);
   const t = g.positions;
   const distance = b.op('Abs', [b.op('Sub', [b.op('Unsqueeze', [t, g.ints('/Constant_axes_1', [1])]), b.op('Unsqueeze', [t, g.ints('/Constant_axes_0', [0])])])]);
   const outside = b.op('Greater', [distance, b.addInitializer('/Constant_half_window', 'int64', [Math.floor(g.shape.localWindow / 2)], [])]);
-  const window = b.op('Where', [outside, min, b.addInitializer('/Constant_zero_float', 'float', [0], [])]); // [T, T]
+  const window = b.op('Where', [outside, min, g.scalar('/Constant_zero_float', 0)]); // [T, T]
   // transformers masks with masked_fill, so a key both padded and outside is float32 min, not -inf: Min, not Add.
   return { global: padding, local: b.op('Min', [padding, window]) };
 }
@@ -137,7 +175,8 @@ function rotaryTables(g: Parts, theta: number, index: number): { cos: string; si
   const pos = b.op('Cast', [b.op('Unsqueeze', [g.positions, g.ints(`/Constant_rotary_axis_${index}`, [1])])], { to: onnx.TensorProto.DataType.FLOAT }); // [T, 1]
   const freqs = b.op('Mul', [pos, invFreq]); // [T, d/2]
   const emb = b.op('Concat', [freqs, freqs], { axis: -1 }); // [T, d]
-  return { cos: b.op('Cos', [emb]), sin: b.op('Sin', [emb]) };
+  const cast = (t: string) => (g.float === 'float' ? t : b.op('Cast', [t], { to: g.floatCode }));
+  return { cos: cast(b.op('Cos', [emb])), sin: cast(b.op('Sin', [emb])) };
 }
 
 /** x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1) over the head dimension. */
@@ -148,12 +187,16 @@ function rotate(g: Parts, x: string, cs: { cos: string; sin: string }): string {
   return b.op('Add', [b.op('Mul', [x, cs.cos]), b.op('Mul', [rotated, cs.sin])]);
 }
 
-function encoderLayer(g: Parts, l: number, x: string, bias: string, cs: { cos: string; sin: string }): string {
+/**
+ * Layer `l` over the stream (`sum`, the residual; `normed`, its attn_norm): returns the next
+ * stream, normed by `nextNorm` (the next layer's attn_norm, or the final norm).
+ */
+function encoderLayer(g: Parts, l: number, stream: { normed: string; sum: string }, nextNorm: string, bias: string, cs: { cos: string; sin: string }): { normed: string; sum: string } {
   const { b, shape } = g;
   const { hidden: H, heads, intermediate: I } = shape;
   const d = H / heads;
   const p = `layers.${l}`;
-  const normed = l === 0 ? x : g.norm(x, `${p}.attn_norm`);
+  const normed = stream.normed;
   const split = g.ints(`/${p}/Constant_split_heads_shape`, [0, 0, heads, d]);
   const heads4 = (t: string, perm: number[]) => b.op('Transpose', [b.op('Reshape', [t, split])], { perm });
   const proj = (k: number, label: string) => g.dense(normed, `${p}.attn.Wqkv`, H, H, [k * H, (k + 1) * H, 3 * H], `_${label}`);
@@ -162,35 +205,35 @@ function encoderLayer(g: Parts, l: number, x: string, bias: string, cs: { cos: s
   const v = heads4(proj(2, 'v'), [0, 2, 1, 3]);
   const scores = b.op('Add', [b.op('Mul', [b.op('MatMul', [q, b.op('Transpose', [k], { perm: [0, 1, 3, 2] })]), g.scalar(`/${p}/Constant_scale`, d ** -0.5)]), bias]);
   const ctx = b.op('Reshape', [b.op('Transpose', [b.op('MatMul', [b.op('Softmax', [scores], { axis: -1 }), v])], { perm: [0, 2, 1, 3] }), g.ints(`/${p}/Constant_merge_heads_shape`, [0, 0, H])]);
-  const h = b.op('Add', [x, g.dense(ctx, `${p}.attn.Wo`, H, H)]);
-  const m = g.norm(h, `${p}.mlp_norm`);
-  const input = g.dense(m, `${p}.mlp.Wi`, H, I, [0, I, 2 * I], '_input');
-  const gate = g.dense(m, `${p}.mlp.Wi`, H, I, [I, 2 * I, 2 * I], '_gate');
-  return b.op('Add', [h, g.dense(b.op('Mul', [activationOp(b, input, shape.activation), gate]), `${p}.mlp.Wo`, I, H)]);
+  const h = g.skipNorm(g.dense(ctx, `${p}.attn.Wo`, H, H), stream.sum, `${p}.mlp_norm`);
+  const input = g.dense(h.normed, `${p}.mlp.Wi`, H, I, [0, I, 2 * I], '_input');
+  const gate = g.dense(h.normed, `${p}.mlp.Wi`, H, I, [I, 2 * I, 2 * I], '_gate');
+  return g.skipNorm(g.dense(b.op('Mul', [g.activation(input, shape.activation), gate]), `${p}.mlp.Wo`, I, H), h.sum, nextNorm);
 }
 
 function addHead(g: Parts, x: string, mask: string): void {
   const { b, shape, params } = g;
   const H = shape.hidden;
-  if (shape.head === 'hidden') return hiddenStatesOutput(b, x, H);
-  const headOf = (t: string) => g.norm(activationOp(b, g.dense(t, 'head.dense', H, H), shape.classifierActivation), 'head.norm');
+  const float16 = g.float === 'float16';
+  if (shape.head === 'hidden') return hiddenStatesOutput(b, x, H, float16);
+  const headOf = (t: string) => g.norm(g.activation(g.dense(t, 'head.dense', H, H), shape.classifierActivation), 'head.norm');
   if (shape.head === 'mlm') {
     const { weight, bias } = params.decoder(H, shape.vocabSize);
-    let logits = b.op('MatMul', [headOf(x), b.addInitializer('decoder.weight', 'float', weight, [H, shape.vocabSize])]);
-    if (bias) logits = b.op('Add', [logits, b.addInitializer('decoder.bias', 'float', bias, [shape.vocabSize])]);
-    b.node('Identity', [logits], undefined, ['logits']);
-    b.addOutput('logits', 'float', [BATCH_DIM, SEQUENCE_DIM, shape.vocabSize]);
-    return;
+    let logits = b.op('MatMul', [headOf(x), g.weight('decoder.weight', weight, [H, shape.vocabSize])]);
+    if (bias) logits = b.op('Add', [logits, g.weight('decoder.bias', bias, [shape.vocabSize])]);
+    return floatOutput(b, logits, 'logits', [BATCH_DIM, SEQUENCE_DIM, shape.vocabSize], float16);
   }
   let pooled: string;
   if (shape.classifierPooling === 'cls') {
     pooled = b.op('Gather', [x, b.addInitializer('/Constant_first', 'int64', [0], [])], { axis: 1 });
   } else {
-    // (x * mask).sum(1) / mask.sum(1)
-    const m = b.op('Cast', [b.op('Unsqueeze', [mask, g.ints('/Constant_pool_axis', [-1])])], { to: onnx.TensorProto.DataType.FLOAT });
+    // (x * mask).sum(1) / mask.sum(1), summed in float32 (a long input's sum would overflow float16)
+    const FLOAT = onnx.TensorProto.DataType.FLOAT;
+    const m = b.op('Cast', [b.op('Unsqueeze', [mask, g.ints('/Constant_pool_axis', [-1])])], { to: FLOAT });
     const axis = g.ints('/Constant_sum_axis', [1]);
-    pooled = b.op('Div', [b.op('ReduceSum', [b.op('Mul', [x, m]), axis], { keepdims: 0 }), b.op('ReduceSum', [m, axis], { keepdims: 0 })]);
+    const x32 = float16 ? b.op('Cast', [x], { to: FLOAT }) : x;
+    pooled = b.op('Div', [b.op('ReduceSum', [b.op('Mul', [x32, m]), axis], { keepdims: 0 }), b.op('ReduceSum', [m, axis], { keepdims: 0 })]);
+    if (float16) pooled = b.op('Cast', [pooled], { to: g.floatCode });
   }
-  b.node('Identity', [g.dense(headOf(pooled), 'classifier', H, shape.numLabels!)], undefined, ['logits']);
-  b.addOutput('logits', 'float', [BATCH_DIM, shape.numLabels!]);
+  floatOutput(b, g.dense(headOf(pooled), 'classifier', H, shape.numLabels!), 'logits', [BATCH_DIM, shape.numLabels!], float16);
 }

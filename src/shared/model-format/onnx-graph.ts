@@ -12,7 +12,8 @@
  * Import note: onnx-proto is a CommonJS module that sets
  * `module.exports = { onnx }`; Node's ESM loader cannot see a named `onnx`
  * export in it, so it must be reached through the default import
- * (`import onnxProto from 'onnx-proto'; ... onnxProto.onnx`).
+ * (`import onnxProto from 'onnx-proto';
+import { floatToHalf } from './safetensors.js'; ... onnxProto.onnx`).
  * Other modules should simply `import { onnx } from './onnx-graph.js'`.
  *
  * Naming: node names and auto-generated output names follow the torch.onnx
@@ -22,6 +23,7 @@
  * a numeric suffix (`_1`, `_2`, ...) keeps them unique.
  */
 import onnxProto from 'onnx-proto';
+import { floatToHalf } from './safetensors.js';
 
 /**
  * The protobufjs `onnx` namespace, as a value (`onnx.ModelProto.decode`) and
@@ -31,11 +33,15 @@ import onnxProto from 'onnx-proto';
  */
 export import onnx = onnxProto.onnx;
 
-export type ElemType = 'float' | 'int64' | 'int32' | 'bool';
+/** onnxruntime's contrib operators' domain. */
+export const MS_DOMAIN = 'com.microsoft';
+
+export type ElemType = 'float' | 'float16' | 'int64' | 'int32' | 'bool';
 
 /** ONNX TensorProto.DataType codes for the element types we use. */
 export const ELEM_TYPE_CODE: Readonly<Record<ElemType, number>> = {
   float: onnx.TensorProto.DataType.FLOAT, // 1
+  float16: onnx.TensorProto.DataType.FLOAT16, // 10
   int32: onnx.TensorProto.DataType.INT32, // 6
   int64: onnx.TensorProto.DataType.INT64, // 7
   bool: onnx.TensorProto.DataType.BOOL, // 9
@@ -122,11 +128,12 @@ function valueInfo(name: string, elem: ElemType, dims: (number | string)[]): onn
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
 /** Little-endian bytes of a typed array; a zero-copy view on little-endian hosts. */
-function rawBytes(data: Float32Array | BigInt64Array): Uint8Array {
+function rawBytes(data: Float32Array | BigInt64Array | Uint16Array): Uint8Array {
   if (LITTLE_ENDIAN) return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
   const out = new Uint8Array(data.byteLength);
   const dv = new DataView(out.buffer);
   if (data instanceof Float32Array) data.forEach((x, i) => dv.setFloat32(i * 4, x, true));
+  else if (data instanceof Uint16Array) data.forEach((x, i) => dv.setUint16(i * 2, x, true));
   else data.forEach((x, i) => dv.setBigInt64(i * 8, x, true));
   return out;
 }
@@ -138,14 +145,15 @@ function rawBytes(data: Float32Array | BigInt64Array): Uint8Array {
  */
 export function makeTensor(
   name: string,
-  elem: 'float' | 'int64',
+  elem: 'float' | 'float16' | 'int64',
   data: Float32Array | BigInt64Array | number[],
   dims: number[],
 ): onnx.ITensorProto {
-  let arr: Float32Array | BigInt64Array;
-  if (elem === 'float') {
+  let arr: Float32Array | BigInt64Array | Uint16Array;
+  if (elem === 'float' || elem === 'float16') {
     if (data instanceof BigInt64Array) throw new TypeError(`tensor "${name}": float data given as BigInt64Array`);
-    arr = data instanceof Float32Array ? data : Float32Array.from(data);
+    const floats = data instanceof Float32Array ? data : Float32Array.from(data);
+    arr = elem === 'float' ? floats : Uint16Array.from(floats, floatToHalf);
   } else {
     if (data instanceof Float32Array) throw new TypeError(`tensor "${name}": int64 data given as Float32Array`);
     if (data instanceof BigInt64Array) arr = data;
@@ -234,7 +242,7 @@ export class GraphBuilder {
    */
   addInitializer(
     name: string,
-    elem: 'float' | 'int64',
+    elem: 'float' | 'float16' | 'int64',
     data: Float32Array | BigInt64Array | number[],
     dims: number[],
   ): string {
@@ -249,18 +257,18 @@ export class GraphBuilder {
    * or a count of outputs to generate (default 1). Use '' in `inputs` for an
    * omitted optional input.
    */
-  node(opType: string, inputs: string[], attrs?: Attrs, outputs?: string[] | number): string[] {
+  node(opType: string, inputs: string[], attrs?: Attrs, outputs?: string[] | number, domain?: string): string[] {
     const nodeName = this.unique(`${this.prefix()}/${opType}`);
     let outs: string[];
     if (Array.isArray(outputs)) {
-      for (const o of outputs) this.claim(o);
+      for (const o of outputs) if (o !== '') this.claim(o); // '': an optional output left out
       outs = outputs;
     } else {
       const count = outputs ?? 1;
       outs = [];
       for (let i = 0; i < count; i++) outs.push(this.unique(`${nodeName}_output_${i}`));
     }
-    const node: onnx.INodeProto = { name: nodeName, opType, input: inputs.slice(), output: outs };
+    const node: onnx.INodeProto = { name: nodeName, opType, input: inputs.slice(), output: outs, ...(domain ? { domain } : {}) };
     const attrNames = attrs ? Object.keys(attrs) : [];
     if (attrNames.length > 0) node.attribute = attrNames.map((k) => makeAttribute(k, attrs![k]!));
     this.g.node.push(node);
@@ -270,6 +278,11 @@ export class GraphBuilder {
   /** Convenience: one-output node, returns that output's name. */
   op(opType: string, inputs: string[], attrs?: Attrs): string {
     return this.node(opType, inputs, attrs, 1)[0]!;
+  }
+
+  /** One-output node of onnxruntime's contrib ops (com.microsoft: Attention, SkipLayerNormalization, ...). */
+  msOp(opType: string, inputs: string[], attrs?: Attrs): string {
+    return this.node(opType, inputs, attrs, 1, MS_DOMAIN)[0]!;
   }
 
   /**
@@ -332,9 +345,17 @@ export function makeModel(graph: onnx.IGraphProto, opts: ModelOptions = {}): onn
     producerVersion: '1',
     graph,
   };
+  if ((graph.node ?? []).some((n) => n.domain === MS_DOMAIN)) model.opsetImport!.push({ domain: MS_DOMAIN, version: 1 });
   if (opts.docString) model.docString = opts.docString;
   if (opts.metadata) model.metadataProps = Object.entries(opts.metadata).map(([key, value]) => ({ key, value }));
   return model;
+}
+
+/** Square [n, n] matrices (row-major) side by side: [n, n * parts], row by row (Q, K and V as one projection). */
+export function concatColumns(parts: Float32Array[], n: number): Float32Array {
+  const out = new Float32Array(n * n * parts.length);
+  for (let r = 0; r < n; r++) parts.forEach((p, k) => out.set(p.subarray(r * n, (r + 1) * n), r * n * parts.length + k * n));
+  return out;
 }
 
 export function encodeModel(model: onnx.IModelProto): Uint8Array {
