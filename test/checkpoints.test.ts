@@ -11,10 +11,10 @@
  * saved by torch.save (with non-row-major strides and an int64 buffer).
  */
 import { execFile } from 'node:child_process';
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServer, type Server } from '../dist/src/main/server.js';
@@ -327,7 +327,13 @@ beforeAll(async () => {
   mkdirSync(exported);
   for (const f of readdirSync(dirs.get('bert-model')!)) if (f !== 'model.safetensors') cpSync(join(dirs.get('bert-model')!, f), join(exported, f));
   await reference({ jobs: [...pending, { export: exported, from: dirs.get('bert-model') }] });
-  const models = [...CASES.map((c) => dirs.get(c.name)!), exported];
+  // bert-model's graph built with its weights in model.onnx_data, as weights over 1 GiB are, served as an ONNX folder.
+  const external = join(root, 'bert-external');
+  const built = checkpointGraph('bert-model', dirs.get('bert-model')!, 'hidden', { cacheDir: join(root, 'external-graphs'), dtype: 'fp32', externalDataAbove: 0, log: () => {} })!;
+  mkdirSync(external);
+  for (const f of readdirSync(dirs.get('bert-model')!)) if (f !== 'model.safetensors') cpSync(join(dirs.get('bert-model')!, f), join(external, f));
+  for (const f of ['model.onnx', 'model.onnx_data']) cpSync(join(dirname(built.path), f), join(external, f));
+  const models = [...CASES.map((c) => dirs.get(c.name)!), exported, external];
   // Texts here are under 100 tokens: a max length of 128 keeps the warm-up of 18 models to a few buckets each.
   server = await startServer(testServerConfig({ models, graphCacheDir: join(root, 'graphs'), slotsPerModel: 64, maxInputLength: 128, batching: { maxBatchTokens: 4096 } }));
   await server.ready;
@@ -469,6 +475,21 @@ describe('the graph an exporter would give', () => {
     for (const [i, rows] of fromCheckpoint!.entries()) worst = Math.max(worst, worstDiff((rows as number[][][])[0]!.flat(), (fromExport![i] as number[][][])[0]!.flat(), `text ${i}`));
     console.log(`checkpoint vs torch.onnx.export: worst |diff| ${worst.toExponential(2)} over ${texts.length} texts`);
     expect(worst).toBeLessThan(1e-5);
+  });
+});
+
+describe('weights kept beside the graph (ONNX external data)', () => {
+  it("a graph whose weights are in model.onnx_data (built so above 1 GiB, as exports of large models come) serves the same token states as the one that holds them", async () => {
+    const external = join(root, 'bert-external');
+    const graphBytes = statSync(join(external, 'model.onnx')).size;
+    const dataBytes = statSync(join(external, 'model.onnx_data')).size;
+    console.log(`graph ${graphBytes} bytes, model.onnx_data ${dataBytes} bytes`);
+    expect(graphBytes).toBeLessThan(dataBytes / 10);
+    const texts = textsFor(CASES[0]!, makeRandom('external data'), 8);
+    const [held, beside] = await Promise.all(['bert-model', 'bert-external'].map((model) => Promise.all(texts.map((t) => post('/embed_all', { model, inputs: t })))));
+    let worst = 0;
+    for (const [i, rows] of held!.entries()) worst = Math.max(worst, worstDiff((rows as number[][][])[0]!.flat(), (beside![i] as number[][][])[0]!.flat(), `text ${i}`));
+    expect(worst).toBeLessThan(1e-6);
   });
 });
 

@@ -8,6 +8,7 @@
  * attention mask 0, so the graph ignores them.
  */
 import { readFileSync } from 'node:fs';
+import { dirname } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { ModelSpec } from '../shared/model-format/model-config.js';
 import { H_ATTENDED, H_LENGTH, H_POOL_FROM, H_TOKEN_PAGE, type Slab } from '../shared/slab.js';
@@ -147,10 +148,18 @@ function openSession(bytes: Uint8Array, spec: ModelSpec, device: DeviceInfo, ses
     executionProviders: providers,
     graphOptimizationLevel: 'all',
     intraOpNumThreads: intraOpThreadsFor(session.intraOpThreads, spec.hiddenSize),
-    extra: device.kind === 'cpu' ? INTRA_OP_SPINNING : NO_SPINNING,
+    extra: withGraphFolder(device.kind === 'cpu' ? INTRA_OP_SPINNING : NO_SPINNING, dirname(spec.onnxPath)),
     ...(spec.pooling === 'splade' ? {} : SESSION_MEMORY),
     logSeverityLevel: 3,
   }));
+}
+
+/**
+ * The session's extra settings, and the folder of the graph: the session is made from the prepared
+ * graph's bytes, so a graph with external data (model.onnx_data) is read from where its file was.
+ */
+function withGraphFolder(extra: { session: object }, folder: string): { session: object } {
+  return { session: { ...extra.session, model_external_initializers_file_folder_path: folder } };
 }
 
 export class ModelRunner {

@@ -8,13 +8,19 @@
 import { createHash } from 'node:crypto';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
+import { threadId } from 'node:worker_threads';
 import { basename, dirname, join } from 'node:path';
 import { planCheckpoint, type CheckpointConfig } from './architectures.js';
 import { checkpointFile } from '../../shared/model-format/hf-folder.js';
 import type { BuiltDtype } from '../../shared/model-format/model-config.js';
 import { Checkpoint, checkpointParams, modernBertParams, weightFiles } from './checkpoint-params.js';
-import { buildEncoderGraph, encodeEncoderModel, type EncoderHead } from './encoder-graph.js';
+import { buildEncoderGraph, encoderModel, type EncoderHead } from './encoder-graph.js';
+import { encodeModel, moveToExternalData, type onnx } from '../../shared/model-format/onnx-graph.js';
 import { buildModernBertGraph } from './modernbert-graph.js';
+
+/** Weights of more than 1 GiB are kept beside the graph, not in it: protobuf cannot encode a model of 2 GiB. */
+export const EXTERNAL_DATA_ABOVE = 2 ** 30;
+const EXTERNAL_DATA_FILE = 'model.onnx_data';
 
 /** Bumped whenever a change makes a built graph differ, so the cache builds again. */
 const BUILDER_VERSION = '2';
@@ -33,6 +39,8 @@ export interface BuiltGraph {
 
 export interface BuildOptions {
   cacheDir: string;
+  /** Weights above this many bytes go to model.onnx_data beside the graph (default EXTERNAL_DATA_ABOVE). */
+  externalDataAbove?: number;
   /** What the graph computes in (its inputs and outputs are those of an fp32 export either way). */
   dtype: BuiltDtype;
   log: (line: string) => void;
@@ -59,29 +67,49 @@ export function checkpointGraph(name: string, dir: string, head: EncoderHead, op
   }
   const started = performance.now();
   const checkpoint = Checkpoint.open(dir, file);
-  let bytes: Uint8Array;
+  let model: onnx.IModelProto;
   try {
     const graph =
       plan.kind === 'modernbert'
         ? buildModernBertGraph(plan.architecture, plan.shape, modernBertParams(checkpoint, plan), opts.dtype)
         : buildEncoderGraph(plan.architecture, plan.shape, checkpointParams(checkpoint, plan), { fused: true, dtype: opts.dtype });
-    bytes = encodeEncoderModel(graph, `${plan.architecture} built by slabserve from ${file}`, { slabserve_built_from: file, architecture: plan.architecture });
+    model = encoderModel(graph, `${plan.architecture} built by slabserve from ${file}`, { slabserve_built_from: file, architecture: plan.architecture });
   } catch (err) {
     throw new Error(`${join(dir, file)}: ${(err as Error).message}`);
   } finally {
     checkpoint.close();
   }
-  mkdirSync(dirname(path), { recursive: true });
-  const tmp = `${path}.${process.pid}.tmp`;
   try {
-    writeFileSync(tmp, bytes);
-    renameSync(tmp, path); // another process building the same graph writes the same bytes
+    writeModel(path, model, opts.externalDataAbove ?? EXTERNAL_DATA_ABOVE);
   } catch (err) {
-    rmSync(tmp, { force: true });
     throw new Error(`the graph cache ${opts.cacheDir} (--graph-cache-dir): ${(err as Error).message}`);
   }
   opts.log(`slabserve: model ${name}: built its graph from ${file} (${plan.architecture}, ${plan.shape.layers} layers) in ${((performance.now() - started) / 1000).toFixed(1)} s (${path})`);
   return { path, source };
+}
+
+/**
+ * Writes `model` at `path`, its weights beside it in model.onnx_data where they are more than
+ * `externalAbove` bytes (protobuf cannot encode 2 GiB). Each file is written under a temporary
+ * name and renamed, the graph last: a graph in the cache is whole, and another process building
+ * the same graph writes the same bytes.
+ */
+function writeModel(path: string, model: onnx.IModelProto, externalAbove: number): void {
+  mkdirSync(dirname(path), { recursive: true });
+  const tmp = (p: string) => `${p}.${process.pid}.${threadId}.tmp`; // two threads may build the same graph
+  const data = join(dirname(path), EXTERNAL_DATA_FILE);
+  const weightBytes = (model.graph?.initializer ?? []).reduce((n, t) => n + (t.rawData?.byteLength ?? 0), 0);
+  try {
+    if (weightBytes > externalAbove) {
+      moveToExternalData(model, tmp(data), EXTERNAL_DATA_FILE);
+      renameSync(tmp(data), data);
+    }
+    writeFileSync(tmp(path), encodeModel(model));
+    renameSync(tmp(path), path);
+  } catch (err) {
+    for (const p of [tmp(data), tmp(path)]) rmSync(p, { force: true });
+    throw err;
+  }
 }
 
 /** A weights file's sha256: the Hugging Face cache's blob name where the file is one (its LFS sha256), else hashed here. */

@@ -480,7 +480,12 @@ export function buildEncoderGraph(name: string, shape: EncoderShape, params: Enc
   return g.b.graph();
 }
 
-/** The serialised model: opset 17, IR 8, with `metadata` in its properties. */
+/** The model around `graph`: opset 17, IR 8, with `metadata` in its properties. */
+export function encoderModel(graph: onnx.IGraphProto, docString: string, metadata: Record<string, string>): onnx.IModelProto {
+  return makeModel(graph, { opset: 17, irVersion: 8, docString, metadata });
+}
+
+/** The serialised model (encoderModel). */
 export function encodeEncoderModel(graph: onnx.IGraphProto, docString: string, metadata: Record<string, string>): Uint8Array {
-  return encodeModel(makeModel(graph, { opset: 17, irVersion: 8, docString, metadata }));
+  return encodeModel(encoderModel(graph, docString, metadata));
 }

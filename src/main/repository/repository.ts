@@ -13,8 +13,8 @@
  * requests that held them answered), and only then its session is released
  * and its slab forgotten. Operations on one name run one after another.
  */
-import { existsSync, realpathSync, statSync } from 'node:fs';
-import { basename, isAbsolute, join, relative, resolve } from 'node:path';
+import { existsSync, readdirSync, realpathSync, statSync } from 'node:fs';
+import { basename, dirname, isAbsolute, join, relative, resolve } from 'node:path';
 import { loadModelTokenizer } from '../../core/tokenizer/tokenizer.js';
 import type { ModelOpened } from '../../gpu-worker/thread.js';
 import { BudgetError, type ModelBudget } from './model-budget.js';
@@ -61,11 +61,14 @@ export interface RepositoryOptions {
   budget?: ModelBudget;
 }
 
-/** Before a model is measured: its graph file and its slab. */
+/** Before a model is measured: its graph file, the external data beside it (model.onnx_data, model.onnx.data, ...), and its slab. */
 function estimatedBytes(plan: ModelPlan): number {
   let graph = 0;
   try {
-    graph = statSync(plan.spec.onnxPath).size;
+    const file = basename(plan.spec.onnxPath);
+    const dir = dirname(plan.spec.onnxPath);
+    const data = readdirSync(dir).filter((f) => f.startsWith(`${file}_data`) || f.startsWith(`${file}.data`));
+    for (const f of [file, ...data]) graph += statSync(join(dir, f)).size;
   } catch {
     // measured after its load, if it loads
   }

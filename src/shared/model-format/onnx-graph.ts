@@ -12,7 +12,9 @@
  * Import note: onnx-proto is a CommonJS module that sets
  * `module.exports = { onnx }`; Node's ESM loader cannot see a named `onnx`
  * export in it, so it must be reached through the default import
- * (`import onnxProto from 'onnx-proto';
+ * (`import { closeSync, openSync, writeSync } from 'node:fs';
+import { basename } from 'node:path';
+import onnxProto from 'onnx-proto';
 import { floatToHalf } from './safetensors.js'; ... onnxProto.onnx`).
  * Other modules should simply `import { onnx } from './onnx-graph.js'`.
  *
@@ -22,6 +24,8 @@ import { floatToHalf } from './safetensors.js'; ... onnxProto.onnx`).
  * {@link GraphBuilder.scoped}. Outside any scope names are `/MatMul`, ... and
  * a numeric suffix (`_1`, `_2`, ...) keeps them unique.
  */
+import { closeSync, openSync, writeSync } from 'node:fs';
+import { basename } from 'node:path';
 import onnxProto from 'onnx-proto';
 import { floatToHalf } from './safetensors.js';
 
@@ -356,6 +360,38 @@ export function concatColumns(parts: Float32Array[], n: number): Float32Array {
   const out = new Float32Array(n * n * parts.length);
   for (let r = 0; r < n; r++) parts.forEach((p, k) => out.set(p.subarray(r * n, (r + 1) * n), r * n * parts.length + k * n));
   return out;
+}
+
+/** Where ONNX external data's offsets fall: a page, so onnxruntime can map each tensor. */
+const EXTERNAL_DATA_ALIGNMENT = 4096;
+
+/**
+ * Moves the initializers of `model` of at least `minBytes` into the file `dataPath` (ONNX
+ * external data, named in the graph `location`: a file beside the graph), so that the
+ * graph itself stays small: protobuf cannot encode a model of 2 GiB or more. Returns the bytes moved.
+ */
+export function moveToExternalData(model: onnx.IModelProto, dataPath: string, location = basename(dataPath), minBytes = 1024): number {
+  const fd = openSync(dataPath, 'w');
+  let offset = 0;
+  try {
+    for (const t of model.graph?.initializer ?? []) {
+      const bytes = t.rawData;
+      if (!bytes || bytes.byteLength < minBytes) continue;
+      offset = Math.ceil(offset / EXTERNAL_DATA_ALIGNMENT) * EXTERNAL_DATA_ALIGNMENT;
+      writeSync(fd, bytes, 0, bytes.byteLength, offset);
+      t.externalData = [
+        { key: 'location', value: location },
+        { key: 'offset', value: String(offset) },
+        { key: 'length', value: String(bytes.byteLength) },
+      ];
+      t.dataLocation = onnx.TensorProto.DataLocation.EXTERNAL;
+      t.rawData = new Uint8Array(0);
+      offset += bytes.byteLength;
+    }
+  } finally {
+    closeSync(fd);
+  }
+  return offset;
 }
 
 export function encodeModel(model: onnx.IModelProto): Uint8Array {
