@@ -21,6 +21,8 @@ import { startServer, type Server } from '../dist/src/main/server.js';
 import { encodeSafetensors, type F32Tensor } from '../dist/src/shared/model-format/safetensors.js';
 import { loadModelSpec, type Dtype } from '../dist/src/shared/model-format/model-config.js';
 import { checkpointGraph } from '../dist/src/main/checkpoint/build.js';
+import { checkpointGraphOffThread } from '../dist/src/main/checkpoint/off-thread.js';
+import { planModel } from '../dist/src/main/plan-models.js';
 import { relativeBucket } from '../dist/src/main/checkpoint/encoder-graph.js';
 import { onnx } from '../dist/src/shared/model-format/onnx-graph.js';
 import { writePreset } from '../dist/models/generator/presets.js';
@@ -617,6 +619,45 @@ describe('the graph cache', () => {
     expect(lines.filter((l) => /built its graph/.test(l))).toHaveLength(3);
     expect(existsSync(third.path)).toBe(true);
   });
+
+  it('is hashed and built on a thread of its own: the main thread runs its callbacks before the build has finished', async () => {
+    /** `start`'s build, with how many main-thread callbacks (setImmediate) had run when it logged that it built the graph. */
+    const ticksBefore = async <T>(start: (log: (line: string) => void) => Promise<T>) => {
+      let ticks = 0;
+      let building = true;
+      const tick = () => {
+        ticks++;
+        if (building) setImmediate(tick);
+      };
+      setImmediate(tick);
+      let builtAt: number | undefined;
+      const result = await start((line) => {
+        if (/built its graph/.test(line)) builtAt = ticks;
+      }).finally(() => (building = false));
+      return { result, builtAt };
+    };
+    const opts = { cacheDir: join(root, 'off-thread-graphs'), dtype: 'fp32' as const, log: () => {} };
+    const built = await ticksBefore((log) => checkpointGraphOffThread('off-thread', dirs.get('bert-model')!, 'hidden', { ...opts, log }));
+    expect(built.builtAt).toBeGreaterThan(0);
+    expect(existsSync(built.result!.path)).toBe(true);
+    // As a load plans it (the server's and the repository's path), into a cache of its own so it builds again.
+    const planning = { overrides: {}, slotsPerModel: 4, owners: 1, graphCacheDir: join(root, 'off-thread-planned') };
+    const planned = await ticksBefore((warn) => planModel({ name: 'planned', dir: dirs.get('bert-model')! }, 0, { ...planning, warn }));
+    expect(planned.builtAt).toBeGreaterThan(0);
+    expect(planned.result.spec.onnxPath.startsWith(planning.graphCacheDir)).toBe(true);
+    // Its refusals are checkpointGraph's, word for word.
+    const wider = join(root, 'off-thread-wider');
+    cpSync(dirs.get('bert-model')!, wider, { recursive: true });
+    writeFileSync(join(wider, 'config.json'), JSON.stringify({ ...(JSON.parse(readFileSync(join(wider, 'config.json'), 'utf8')) as object), intermediate_size: 96 }));
+    let reason = '';
+    try {
+      checkpointGraph('wider', wider, 'hidden', opts);
+    } catch (err) {
+      reason = (err as Error).message;
+    }
+    expect(reason).toMatch(/intermediate\.dense\.weight has shape \[128, 64\], the config needs \[96, 64\]/);
+    await expect(checkpointGraphOffThread('wider', wider, 'hidden', opts)).rejects.toThrow(reason);
+  });
 });
 
 describe('refusals, each naming the file and what is wrong', () => {
@@ -668,6 +709,8 @@ describe('refusals, each naming the file and what is wrong', () => {
     const repo = join(root, 'repo');
     for (const [name, from] of [['good', 'bert-model'], ['intent', 'bert-intent']] as const) cpSync(dirs.get(from)!, join(repo, name), { recursive: true });
     cpSync(join(root, 'bad', 'wider'), join(repo, 'wider'), { recursive: true });
+    // At start, the server refuses with the reason.
+    await expect(startServer(testServerConfig({ modelsDir: repo, models: ['wider'], graphCacheDir: join(root, 'graphs') }))).rejects.toThrow(/intermediate\.dense\.weight has shape \[128, 64\], the config needs \[96, 64\]/);
     const srv = await startServer(testServerConfig({ modelsDir: repo, models: ['good'], modelControlMode: 'explicit', graphCacheDir: join(root, 'graphs') }));
     try {
       await srv.ready;

@@ -298,7 +298,7 @@ export async function createEngine(options: EngineOptions = {}): Promise<Engine>
   const owners = 1;
   const planning = planningOf(o, options.batching, log, owners);
   const folders = await locateModels({ modelsDir: o.modelsDir, models: o.models, servedNames: o.servedModelNames, overrides: planning.overrides, log });
-  const plans = loadModels(folders, planning);
+  const plans = await loadModels(folders, planning);
   const control = ControlBlock.create(owners);
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const models: ServedModel[] = await Promise.all(plans.map(async (plan) => ({ plan, tokenizer: await loadModelTokenizer(plan.spec) })));

@@ -1,7 +1,8 @@
 /**
  * The model repository read into plans, on the main thread at start: which
  * folders, each model's settings (src/shared/model-format/model-config.ts), its batching
- * (checked and completed here), and a slab sized for it. Shared by the
+ * (checked and completed here), and a slab sized for it; a graph built from a
+ * checkpoint is built on a thread of its own (specOf). Shared by the
  * in-process engine and the server.
  */
 import { existsSync, statSync } from 'node:fs';
@@ -11,9 +12,9 @@ import { batchCapacity, PAD_TO, type BatchingOptions } from '../gpu-worker/sched
 import { DEFAULTS, defaultBuckets } from '../shared/options.js';
 import { cudaMissing, parseDevice } from '../gpu-worker/device.js';
 import { ModelNotFoundError, ValidationError } from '../shared/errors.js';
-import { isValidModelName, listModelDirs, loadModelSpec, type BuiltDtype, type Dtype, type HubSource, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings, type WeightsSource } from '../shared/model-format/model-config.js';
-import { checkpointGraph, defaultGraphCacheDir } from './checkpoint/build.js';
-import type { EncoderHead } from './checkpoint/encoder-graph.js';
+import { isValidModelName, listModelDirs, loadModelSpec, type Dtype, type GraphFromCheckpoint, type HubSource, type ModelOverrides, type ModelSpec, type Pooling, type ServeSettings, type WeightsSource } from '../shared/model-format/model-config.js';
+import { defaultGraphCacheDir, type BuiltGraph } from './checkpoint/build.js';
+import { checkpointGraphOffThread } from './checkpoint/off-thread.js';
 import { fetchModel } from './hub/fetch-model.js';
 import { hfEnv, type HfEnv } from './hub/hf-env.js';
 import { hubIdText, parseHubId, shortNameOf, type HubModelId } from './hub/hub-id.js';
@@ -80,7 +81,7 @@ export function planningOf(
 
 /** A folder planned while serving (a load) as at start, in a retired model's slab memory where it fits. */
 export function planWhileServing(planning: Planning, models: { reusable(bytes: number): SharedArrayBuffer | undefined }) {
-  return (folder: ModelFolder, id: number, serve?: ServeSettings): ModelPlan =>
+  return (folder: ModelFolder, id: number, serve?: ServeSettings): Promise<ModelPlan> =>
     planModel(folder, id, { ...planning, ...(serve ? { serve } : {}), reuse: (bytes) => models.reusable(bytes) });
 }
 
@@ -131,9 +132,11 @@ export async function locateModels(opts: LocateModelsOptions): Promise<ModelFold
   return folders;
 }
 
-/** Each folder planned, as model ids 0, 1, ... */
-export function loadModels(folders: readonly ModelFolder[], planning: Planning): ModelPlan[] {
-  return folders.map((folder, index) => planModel(folder, index, planning));
+/** Each folder planned, as model ids 0, 1, ...: one after another, so a start refuses with the first folder's reason and two checkpoint builds never compete for memory. */
+export async function loadModels(folders: readonly ModelFolder[], planning: Planning): Promise<ModelPlan[]> {
+  const plans: ModelPlan[] = [];
+  for (const [index, folder] of folders.entries()) plans.push(await planModel(folder, index, planning));
+  return plans;
 }
 
 /** Where one --model value is: a local folder or a name under modelsDir as they stand, else a Hub id, fetched. */
@@ -156,14 +159,12 @@ export async function locateHubModel(id: HubModelId, opts: HubFetching): Promise
  * its settings read (`serve` over the folder's serve.json, for a load's parameters.config), its
  * batching checked, its slab made. Throws with the reason when the folder cannot be served.
  */
-export function planModel(
+export async function planModel(
   folder: ModelFolder,
   index: number,
   opts: LoadModelsOptions & { serve?: ServeSettings; reuse?: (bytes: number) => SharedArrayBuffer | undefined },
-): ModelPlan {
-  const log = (line: string) => opts.warn?.(line);
-  const build = (head: EncoderHead, dtype: BuiltDtype) => checkpointGraph(folder.name, folder.dir, head, { cacheDir: opts.graphCacheDir ?? defaultGraphCacheDir(), dtype, log });
-  let spec = loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve, build);
+): Promise<ModelPlan> {
+  let spec = await specOf(folder, opts);
   if (folder.hub) spec = { ...spec, hub: folder.hub };
   for (const w of spec.warnings) opts.warn?.(`slabserve: warning: ${w}`);
   const batching = resolveBatching(spec, opts.batching);
@@ -178,6 +179,39 @@ export function planModel(
   const slab = Slab.create(layout, opts.reuse?.(Slab.byteLength(layout)));
   const capacities = batching.buckets.map((len) => batchCapacity(batching, len));
   return { index, spec, batching, maxLength, capacities, slab: slab.buffer, layout: slab.layout };
+}
+
+/** Thrown by specOf's callback where the spec wants a graph built from the checkpoint that no pass has built yet. */
+class GraphWanted {
+  constructor(readonly head: Parameters<GraphFromCheckpoint>[0], readonly dtype: Parameters<GraphFromCheckpoint>[1]) {}
+}
+
+/**
+ * The folder's spec (loadModelSpec, synchronous), with any graph built from its
+ * checkpoint made on a build thread (checkpoint/off-thread.ts): hashing the
+ * weights and building take seconds the main thread spends serving. A pass
+ * whose spec wants a graph no pass has built yet stops at the graph with the
+ * head and dtype it wants; that graph is built (or found in the cache) off the
+ * thread, and the next pass reads the spec again with it. loadModelSpec alone
+ * decides which graph the spec wants.
+ */
+async function specOf(folder: ModelFolder, opts: LoadModelsOptions & { serve?: ServeSettings }): Promise<ModelSpec> {
+  const built = new Map<string, BuiltGraph | undefined>();
+  const fromCheckpoint: GraphFromCheckpoint = (head, dtype) => {
+    const key = `${head} ${dtype}`;
+    if (built.has(key)) return built.get(key);
+    throw new GraphWanted(head, dtype);
+  };
+  const log = (line: string) => opts.warn?.(line);
+  for (;;) {
+    try {
+      return loadModelSpec(folder.dir, folder.name, opts.overrides, opts.serve, fromCheckpoint);
+    } catch (err) {
+      if (!(err instanceof GraphWanted)) throw err;
+      const { head, dtype } = err;
+      built.set(`${head} ${dtype}`, await checkpointGraphOffThread(folder.name, folder.dir, head, { cacheDir: opts.graphCacheDir ?? defaultGraphCacheDir(), dtype, log }));
+    }
+  }
 }
 
 /** Pages of a model's token area: as many inputs of `maxLength` tokens as `mb` holds, at most one per slot. */

@@ -208,7 +208,7 @@ export async function startServer(given: ServerConfig): Promise<Server> {
   const owners = 1 + config.gatewayThreads + grpcThreads; // owner 0 is this thread; gRPC's own threads are gateways too
   const planning = planningOf(config, config.batching, log, owners);
   const folders = await locateModels({ modelsDir: config.modelsDir, models: config.models, servedNames: config.servedModelNames, overrides: planning.overrides, log });
-  const plans = loadModels(folders, planning);
+  const plans = await loadModels(folders, planning);
   const models = new ModelSet(plans);
   const testHooks = process.env[TEST_HOOKS_ENV] === '1';
   const control = ControlBlock.create(owners);

@@ -45,7 +45,7 @@ export interface RepositoryOptions {
   /** Every gateway thread: `method` called on each, rejecting with the first failure (GatewaySupervisor.callEvery). */
   gateways: { callEvery<T>(method: string, arg: unknown, timeoutMs: number): Promise<T[]> };
   /** Plans a folder as model id `id` with the server's settings (src/main/plan-models.ts planModel). */
-  plan: (folder: ModelFolder, id: number, serve?: ServeSettings) => ModelPlan;
+  plan: (folder: ModelFolder, id: number, serve?: ServeSettings) => Promise<ModelPlan>;
   /** Fetches a model named by its Hub id (ORG/NAME[@REVISION]) into the cache (src/main/plan-models.ts locateHubModel); absent: loads take folders only. */
   fetchHub?: (id: HubModelId) => Promise<ModelFolder>;
   /** The model set changed: tell the gateways (the /info document). */
@@ -233,7 +233,7 @@ export class ModelRepository {
     const started = performance.now();
     let plan: ModelPlan | undefined;
     try {
-      plan = this.opts.plan(folder, this.nextId++, serve);
+      plan = await this.opts.plan(folder, this.nextId++, serve);
       await loadModelTokenizer(plan.spec); // a tokenizer.json that does not parse fails here, before any thread sees it
       const p = plan;
       // A new model counts against the budget: loads of new models take their room one at a time.
