@@ -10,7 +10,7 @@
  * (max |W| / 127). Activations are quantized per batch, at run time.
  */
 import { decodeModel, encodeModel, onnx } from '../../src/shared/model-format/onnx-graph.js';
-import { floatToHalf } from '../../src/shared/model-format/safetensors.js';
+import { floatToHalf, halvesOf } from '../../src/shared/model-format/safetensors.js';
 
 const INT8 = onnx.TensorProto.DataType.INT8;
 const FLOAT = onnx.TensorProto.DataType.FLOAT;
@@ -84,7 +84,7 @@ export function toFloat16Variant(modelBytes: Uint8Array): Uint8Array {
   g.initializer = (g.initializer ?? []).map((t) => {
     const values = floats(t);
     if (!values || values.length < 2) return t; // scalars (epsilons, constants) stay float32
-    const half = Uint16Array.from(values, toHalfBits);
+    const half = halvesOf(values);
     casts.push({ name: `${t.name}_to_float`, opType: 'Cast', input: [`${t.name}_fp16`], output: [t.name!], attribute: [{ name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: FLOAT }] });
     return { name: `${t.name}_fp16`, dataType: FLOAT16, dims: t.dims, rawData: new Uint8Array(half.buffer) };
   });

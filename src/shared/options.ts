@@ -161,7 +161,7 @@ export const OPTIONS = {
     kind: 'string',
     choices: DTYPES,
     defaultHelp: 'auto',
-    help: "which of a folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8.onnx or model_quantized.onnx), in the folder or onnx/ as transformers.js names them; auto: fp16 on CUDA where the folder has it, else fp32 (rows are float32 whatever the graph computes in)",
+    help: "which of a folder's graphs: fp32 (model.onnx), fp16 (model_fp16.onnx), int8 (model_int8.onnx or model_quantized.onnx), in the folder or onnx/ as transformers.js names them; auto: fp16 on CUDA where the folder has it, else fp32. A graph built from a checkpoint computes in fp32 or fp16 (auto: fp16 on CUDA). Rows are float32 whatever the graph computes in",
     perModel: true,
   }),
   weights: engine<WeightsSource>({

@@ -12,10 +12,7 @@
  * Import note: onnx-proto is a CommonJS module that sets
  * `module.exports = { onnx }`; Node's ESM loader cannot see a named `onnx`
  * export in it, so it must be reached through the default import
- * (`import { closeSync, openSync, writeSync } from 'node:fs';
-import { basename } from 'node:path';
-import onnxProto from 'onnx-proto';
-import { floatToHalf } from './safetensors.js'; ... onnxProto.onnx`).
+ * (`import onnxProto from 'onnx-proto'; ... onnxProto.onnx`).
  * Other modules should simply `import { onnx } from './onnx-graph.js'`.
  *
  * Naming: node names and auto-generated output names follow the torch.onnx
@@ -27,7 +24,7 @@ import { floatToHalf } from './safetensors.js'; ... onnxProto.onnx`).
 import { closeSync, openSync, writeSync } from 'node:fs';
 import { basename } from 'node:path';
 import onnxProto from 'onnx-proto';
-import { floatToHalf } from './safetensors.js';
+import { halvesOf } from './safetensors.js';
 
 /**
  * The protobufjs `onnx` namespace, as a value (`onnx.ModelProto.decode`) and
@@ -157,7 +154,7 @@ export function makeTensor(
   if (elem === 'float' || elem === 'float16') {
     if (data instanceof BigInt64Array) throw new TypeError(`tensor "${name}": float data given as BigInt64Array`);
     const floats = data instanceof Float32Array ? data : Float32Array.from(data);
-    arr = elem === 'float' ? floats : Uint16Array.from(floats, floatToHalf);
+    arr = elem === 'float' ? floats : halvesOf(floats);
   } else {
     if (data instanceof Float32Array) throw new TypeError(`tensor "${name}": int64 data given as Float32Array`);
     if (data instanceof BigInt64Array) arr = data;

@@ -156,7 +156,7 @@ export function encodeSafetensors(tensors: Record<string, F32Tensor>, dtype: 'F3
   out.set(new TextEncoder().encode(json), 8);
   let offset = 8 + json.length;
   for (const t of Object.values(tensors)) {
-    const bytes = dtype === 'F32' ? new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength) : new Uint8Array(Uint16Array.from(t.data, dtype === 'F16' ? floatToHalf : floatToBfloat).buffer);
+    const bytes = dtype === 'F32' ? new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength) : new Uint8Array((dtype === 'F16' ? halvesOf(t.data) : Uint16Array.from(t.data, floatToBfloat)).buffer);
     out.set(bytes, offset);
     offset += bytes.byteLength;
   }
@@ -171,6 +171,13 @@ function floatToBfloat(x: number): number {
   f32[0] = x;
   const b = u32[0]!;
   return ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16) & 0xffff;
+}
+
+/** Each float as float16's bits (floatToHalf), in a loop: Uint16Array.from with a mapping function is ten times slower. */
+export function halvesOf(floats: Float32Array): Uint16Array {
+  const out = new Uint16Array(floats.length);
+  for (let i = 0; i < floats.length; i++) out[i] = floatToHalf(floats[i]!);
+  return out;
 }
 
 /** A number to float16's bits, rounded to nearest even (overflow to infinity, underflow through subnormals). */
