@@ -11,7 +11,7 @@
  *    invalid UTF-8, random Content-Type / Accept / x-deadline-ms / x-priority)
  *    sent to every POST route. Every answer is a 2xx or a 4xx (a 504 only when
  *    the request itself set a deadline) in its dialect's error shape (ours
- *    `{error, type, code}`, OpenAI's `{error: {message, type, param, code}}`,
+ *    `{error, error_type, type, code}`, OpenAI's `{error: {message, type, param, code}}`,
  *    KServe's `{error}`), encoded per Accept, never a 5xx, never a hang.
  *  - Raw HTTP framing: arbitrary request lines, header garbage, bad chunked
  *    encoding, smuggling-style CL/TE mixes on a raw socket: a clean non-5xx
@@ -52,6 +52,7 @@ import { ControlBlock } from '../dist/src/shared/control.js';
 import { CancelledError, DeadlineExceededError, EngineClosedError, InferenceError, OverloadedError } from '../dist/src/shared/errors.js';
 import { H_GENERATION, H_LENGTH, HEADER_I32, Slab, SlotState } from '../dist/src/shared/slab.js';
 import { SlabSubmitter, type SlotResult } from '../dist/src/core/submitter.js';
+import { TEI_ERROR_TYPE } from '../dist/src/gateway/http/request-context.js';
 import { ChildServer, sleep } from './fixtures/child-server.js';
 import { maxAbsDiff, NEWER_UWS, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 
@@ -498,7 +499,8 @@ function judge(route: RouteSpec, c: HttpCase, r: HttpReply): string | null {
   // A path no route matches (an empty model name, say) is answered by the catch-all 404: the router's answers are in our shape.
   const byRouter = landedElsewhere || (r.status === 404 && isObject(b) && b.code === 'SLABSERVE_ROUTE_NOT_FOUND');
   if (route.dialect === 'ours' || byRouter) {
-    if (!isObject(b) || keys(b) !== 'code,error,type') return `error body is not {error, type, code}: ${show(b)}`;
+    if (!isObject(b) || keys(b) !== 'code,error,error_type,type') return `error body is not {error, error_type, type, code}: ${show(b)}`;
+    if (b.error_type !== TEI_ERROR_TYPE[b.type as keyof typeof TEI_ERROR_TYPE]) return `error_type ${String(b.error_type)} is not TEI's kind of ${String(b.type)}`;
     if (typeof b.error !== 'string' || b.error.length === 0 || typeof b.code !== 'string' || !/^SLABSERVE_[A-Z_]+$/.test(b.code) || !ERROR_TYPES.has(b.type as string)) return `bad error fields: ${show(b)}`;
     if (timeoutOk && b.type !== 'timeout') return `504 of type ${b.type}`;
   } else if (route.dialect === 'openai') {

@@ -302,7 +302,7 @@ function sendServed(ctx: RequestContext, s: Served): void {
   else ctx.send(200, s.payload, headers);
 }
 
-/** Our error shape, `{error, type, code}`, with our status. */
+/** Our error shape, `{error, error_type, type, code}` (TEI's with our family and code), with our status. */
 export const ourFail: Fail = (ctx, err) => ctx.fail(err);
 
 /** An error's status as we answer it (metrics of routes that answer errors their own way). */

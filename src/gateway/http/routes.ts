@@ -57,7 +57,7 @@ export const coreRoutes: Route[] = [
 
 function readiness(ctx: RequestContext, deps: RouteDeps): void {
   if (deps.ready()) ctx.send(200, { status: 'ready' });
-  else ctx.send(503, { status: 'not ready', error: 'warming up, inference thread not answering, or draining', type: 'unavailable' });
+  else ctx.send(503, { status: 'not ready', error: 'warming up, inference thread not answering, or draining', error_type: 'Unhealthy', type: 'unavailable' });
 }
 
 /**
