@@ -179,6 +179,8 @@ export const OpenAIEmbeddingRequest = z.strictObject({
   /** Our extension (TEI's field): cut a too-long input instead of refusing it. */
   truncate: z.boolean().optional(),
   truncation_direction,
+  /** Our extension: what integer inputs are, OpenAI's cl100k_base ids (the default) or the served model's own. */
+  token_encoding: z.enum(['cl100k_base', 'model'], { error: 'must be "cl100k_base" or "model"' }).optional(),
 });
 export type OpenAIEmbeddingRequest = z.infer<typeof OpenAIEmbeddingRequest>;
 
