@@ -47,7 +47,17 @@ export type CallInputs =
       colbert?: ColbertInputType | undefined;
     }
   /** (query, text) pairs for a cross-encoder: one query for every text, or one per text. */
-  | { kind: 'pairs'; queries: readonly string[]; texts: readonly string[]; truncate: boolean }
+  | {
+      kind: 'pairs';
+      queries: readonly string[];
+      texts: readonly string[];
+      truncate: boolean;
+      /** Tokens a pair may have, where fewer than the model's max length (vLLM's truncate_prompt_tokens). */
+      maxLength?: number | undefined;
+      /** The most tokens of a query and of a text kept (their first ones) before the pair is cut to its length: Cohere's max_tokens_per_doc, vLLM's max_tokens_per_query and _per_doc. */
+      maxQueryTokens?: number | undefined;
+      maxTextTokens?: number | undefined;
+    }
   /** Tokens built outside the tokenizer (KServe tensors), checked against the model's limits here. */
   | { kind: 'tokens'; tokens: readonly Tokens[] };
 

@@ -332,3 +332,44 @@ function fieldsAt(schema: z.ZodType, path: PropertyKey[]): string[] {
     else return s instanceof z.ZodObject ? Object.keys(s.shape) : [];
   }
 }
+
+// ------------------------------------------------------------ Cohere's and Jina's bodies (src/gateway/cohere/)
+//
+// Like Cohere's, Jina's and vLLM's servers, these routes ignore a field they do not know (z.object,
+// not strictObject): the official clients send fields a self-hosted server has no use for. An
+// optional field may be null (LangChain's CohereRerank sends max_chunks_per_doc: null).
+
+/** A document to rerank: a text, or an object with a `text` (Cohere's and Jina's document objects; other fields kept). */
+const rerankDocument = z.union([z.string(), z.looseObject({ text: z.string({ error: 'must be a string' }) })], {
+  error: 'must be a string or an object with a "text" string',
+});
+export type RerankDocument = z.infer<typeof rerankDocument>;
+
+const topN = z.number().int().positive('must be at least 1').nullish();
+
+/** Cohere's POST /v2/rerank (cohere-ai's V2RerankRequest). */
+export const CohereV2RerankRequest = z.object({
+  model: z.string({ error: 'you must name a model' }).min(1, 'must not be empty'),
+  query: z.string({ error: 'must be a string' }).min(1, 'must not be empty'),
+  documents: z.array(rerankDocument, { error: 'must be a list of documents' }).min(1, 'must not be an empty list'),
+  top_n: topN,
+  max_tokens_per_doc: z.number().int().positive('must be at least 1').nullish(),
+  priority: z.number().int().nullish(),
+});
+export type CohereV2RerankRequest = z.infer<typeof CohereV2RerankRequest>;
+
+/** Cohere's v1 and Jina's POST /v1/rerank (cohere-ai's RerankRequest; Jina's rerank API). */
+export const CohereV1RerankRequest = z.object({
+  model: z.string().nullish(),
+  query: z.union([z.string().min(1, 'must not be empty'), z.looseObject({ text: z.string().min(1, 'must not be empty') })], { error: 'must be a string or {"text": string}' }),
+  documents: z.array(rerankDocument, { error: 'must be a list of documents' }).min(1, 'must not be an empty list'),
+  top_n: topN,
+  return_documents: z.boolean().nullish(),
+  rank_fields: z.array(z.string()).nullish(),
+  max_chunks_per_doc: z.number().int().positive().nullish(),
+  max_tokens_per_doc: z.number().int().positive('must be at least 1').nullish(),
+  /** Jina's: whether to cut a document past the model's length (default true). */
+  truncation: z.boolean().nullish(),
+  priority: z.number().int().nullish(),
+});
+export type CohereV1RerankRequest = z.infer<typeof CohereV1RerankRequest>;

@@ -27,6 +27,7 @@
 import type { RouteAccess } from '../gate.js';
 import { HttpError } from '../../shared/errors.js';
 import { RequestContext } from './request-context.js';
+import { cohereRoutes } from '../cohere/http.js';
 import { kserveRoutes } from '../kserve/http.js';
 import { openaiRoutes } from '../openai/http.js';
 import { REPOSITORY_ROUTES } from '../repository/http.js';
@@ -62,10 +63,11 @@ function readiness(ctx: RequestContext, deps: RouteDeps): void {
 
 /**
  * Every route a gateway serves: the core API, then the rest of TEI's
- * (src/gateway/tei/http.ts), OpenAI's embeddings (src/gateway/openai/http.ts) and KServe v2 /
- * Triton's inference protocol (src/gateway/kserve/http.ts).
+ * (src/gateway/tei/http.ts), OpenAI's embeddings (src/gateway/openai/http.ts), Cohere's and
+ * Jina's rerank and Cohere's embed (src/gateway/cohere/http.ts) and KServe v2 / Triton's
+ * inference protocol (src/gateway/kserve/http.ts).
  */
-export const DEFAULT_ROUTES: readonly Route[] = [...coreRoutes, ...teiRoutes, ...openaiRoutes, ...kserveRoutes, ...REPOSITORY_ROUTES];
+export const DEFAULT_ROUTES: readonly Route[] = [...coreRoutes, ...teiRoutes, ...openaiRoutes, ...cohereRoutes, ...kserveRoutes, ...REPOSITORY_ROUTES];
 
 /**
  * Registers `routes`, then a 405 (with Allow) for every known path asked with
