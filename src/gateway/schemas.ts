@@ -373,3 +373,26 @@ export const CohereV1RerankRequest = z.object({
   priority: z.number().int().nullish(),
 });
 export type CohereV1RerankRequest = z.infer<typeof CohereV1RerankRequest>;
+
+/** Cohere's `input_type`s of texts (its `image` is not served). */
+export const COHERE_INPUT_TYPES = ['search_document', 'search_query', 'classification', 'clustering'] as const;
+/** Cohere's `embedding_types`: the quantized rows' names, and `base64` (the float32 bytes). */
+export const COHERE_EMBEDDING_TYPES = [...EMBEDDING_TYPES, 'base64'] as const;
+
+/** Cohere's POST /v2/embed (cohere-ai's V2EmbedRequest), texts only. */
+export const CohereV2EmbedRequest = z.object({
+  model: z.string({ error: 'you must name a model' }).min(1, 'must not be empty'),
+  texts: z.array(z.string({ error: 'must be a string' }).min(1, 'must not be empty'), { error: 'must be a list of strings' }).min(1, 'must not be an empty list'),
+  input_type: z.enum(COHERE_INPUT_TYPES, { error: `must be one of ${COHERE_INPUT_TYPES.map((t) => `"${t}"`).join(', ')} (images are not served)` }),
+  embedding_types: z
+    .array(z.enum(COHERE_EMBEDDING_TYPES, { error: `must be one of ${COHERE_EMBEDDING_TYPES.map((t) => `"${t}"`).join(', ')}` }))
+    .min(1, 'must not be an empty list')
+    .nullish(),
+  output_dimension: z.number().int().positive('must be at least 1').nullish(),
+  max_tokens: z.number().int().positive('must be at least 1').nullish(),
+  truncate: z.enum(['NONE', 'START', 'END'], { error: 'must be "NONE", "START" or "END"' }).nullish(),
+  priority: z.number().int().nullish(),
+  images: z.array(z.unknown()).max(0, 'images are not served: send texts').nullish(),
+  inputs: z.array(z.unknown()).max(0, 'inputs of text and image parts are not served: send texts').nullish(),
+});
+export type CohereV2EmbedRequest = z.infer<typeof CohereV2EmbedRequest>;

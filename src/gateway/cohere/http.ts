@@ -1,5 +1,5 @@
 /**
- * Cohere's rerank API (and Jina's, which shares its v1 route), so the clients
+ * Cohere's rerank and embed APIs (and Jina's rerank, which shares its v1 route), so the clients
  * retrieval stacks use (cohere-ai's CohereClientV2 and CohereClient,
  * LangChain's CohereRerank, Jina's rerank API as Dify, GPUStack and
  * Xinference speak it) can point at slabserve:
@@ -9,6 +9,12 @@
  *   POST /v1/rerank  {model?, query, documents, top_n?, return_documents? (true), max_tokens_per_doc?, truncation? (true), ...}
  *                    -> {id, model, results: [{index, relevance_score, document?: {text, ...}}], usage: {prompt_tokens, total_tokens},
  *                        meta: {api_version: {version: "1"}, billed_units: {search_units}}}: Cohere's v1 and Jina's answer in one
+ *   POST /v2/embed   {model, texts, input_type, embedding_types? (["float"]), output_dimension?, max_tokens?, truncate? ("END"), priority?}
+ *                    -> {id, embeddings: {float?, int8?, uint8?, binary?, ubinary?, base64?}, texts, meta, response_type}
+ *
+ * /v2/embed: `input_type` picks the model's prompt of that purpose (query,
+ * document or passage, classification, clustering) where it has one; every
+ * embedding type comes from one run (quantized as /embed's embedding_type).
  *
  * A relevance score is the sigmoid of the cross-encoder's logit for the (query,
  * document) pair; results are best first (ties by index), cut to `top_n` (more
@@ -25,12 +31,16 @@
  * with our `code`; an invalid request is 400 (our 422).
  */
 import { randomUUID } from 'node:crypto';
-import { ValidationError } from '../../shared/errors.js';
-import { rerankScores } from '../../core/rows.js';
+import { FieldValidationError, ValidationError } from '../../shared/errors.js';
+import { embeddings, rerankScores } from '../../core/rows.js';
 import type { InferCall } from '../../core/infer.js';
+import { prompted } from '../../core/prompts.js';
+import { quantizeRow, type EmbeddingType } from '../../core/quantized-embeddings.js';
+import type { ServedModel } from '../../core/served-model.js';
+import { float32Base64, shorten } from '../openai/http.js';
 import type { ErrorInfo, RequestContext } from '../http/request-context.js';
 import type { Route } from '../http/route-types.js';
-import { CohereV1RerankRequest, CohereV2RerankRequest, parseBody, type RerankDocument } from '../schemas.js';
+import { CohereV1RerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest, parseBody, type RerankDocument, COHERE_EMBEDDING_TYPES } from '../schemas.js';
 import { serveInference, type Endpoint, type EndpointContext, type Fail } from '../serving.js';
 
 // ------------------------------------------------------------ errors in Cohere's (and Jina's) shape
@@ -153,7 +163,72 @@ function documentObject(d: RerankDocument): Record<string, unknown> {
   return typeof d === 'string' ? { text: d } : d;
 }
 
+/** The prompt names each `input_type` takes, in order, where the model has one (sentence-transformers' prompts). */
+const PROMPTS_OF_INPUT_TYPE: Record<string, readonly string[]> = {
+  search_query: ['query'],
+  search_document: ['document', 'passage'],
+  classification: ['classification'],
+  clustering: ['clustering'],
+};
+
+/** The model's prompt for `inputType` (its name), or undefined: none matches, the model's default prompt applies. */
+export function promptForInputType(model: ServedModel, inputType: string): string | undefined {
+  return PROMPTS_OF_INPUT_TYPE[inputType]?.find((name) => model.plan.spec.prompts[name] !== undefined);
+}
+
+type CohereEmbeddingType = (typeof COHERE_EMBEDDING_TYPES)[number];
+
+/**
+ * POST /v2/embed: Cohere's Embed v2 (CohereClientV2.embed), texts only. Every
+ * embedding type asked for comes from one run of the texts.
+ */
+const v2EmbedEndpoint: Endpoint<{ types: readonly CohereEmbeddingType[]; dimension: number | undefined; texts: string[] }> = {
+  route: '/v2/embed',
+  task: 'embed',
+  parse(raw, ec) {
+    const body = parseBody(CohereV2EmbedRequest, raw);
+    if (body.texts.length > ec.limits.maxClientBatchSize) {
+      throw new FieldValidationError(`${body.texts.length} texts exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`, 'texts');
+    }
+    const model = ec.infer.models.resolve('embed', body.model);
+    const spec = model.plan.spec;
+    ec.label.model = spec.name;
+    const dimension = body.output_dimension ?? undefined;
+    if (dimension !== undefined && dimension > spec.dimension) throw new FieldValidationError(`output_dimension ${dimension} exceeds model "${spec.name}"'s ${spec.dimension}`, 'output_dimension');
+    const truncate = body.truncate ?? 'END';
+    const inputs = {
+      kind: 'inputs' as const,
+      inputs: body.texts,
+      truncate: truncate !== 'NONE',
+      direction: truncate === 'START' ? ('left' as const) : ('right' as const),
+      maxLength: body.max_tokens == null ? undefined : Math.min(body.max_tokens, model.plan.maxLength),
+    };
+    const promptName = promptForInputType(model, body.input_type);
+    const call = prompted({ model, inputs, timeoutMs: ec.timeoutMs, priority: priorityOfRank(ec, body.priority ?? undefined), cancel: ec.cancel }, { prompt_name: promptName });
+    const types: CohereEmbeddingType[] = [...new Set(body.embedding_types ?? (['float'] as const))];
+    return { call, state: { types, dimension, texts: body.texts } };
+  },
+  truncateAdvice: () => 'send "truncate": "END" (the default) or "START" to cut it',
+  answer(r, call, state) {
+    const rows = embeddings(call.model, r.rows).map((v) => (state.dimension !== undefined ? shorten(v, state.dimension) : v));
+    const out: Partial<Record<CohereEmbeddingType, unknown[]>> = {};
+    for (const type of state.types) {
+      if (type === 'float') out.float = rows.map((v) => Array.from(v));
+      else if (type === 'base64') out.base64 = rows.map(float32Base64);
+      else out[type] = rows.map((v) => Array.from(quantizeRow(v, type as Exclude<EmbeddingType, 'float'>)));
+    }
+    return {
+      id: randomUUID(),
+      embeddings: out,
+      texts: state.texts,
+      meta: { api_version: { version: '2' }, billed_units: { input_tokens: r.tokens } },
+      response_type: 'embeddings_by_type',
+    };
+  },
+};
+
 export const cohereRoutes: Route[] = [
+  { method: 'post', path: '/v2/embed', fail: failCohere, handle: (ctx, deps) => serveInference(ctx, deps, v2EmbedEndpoint, failCohere) },
   { method: 'post', path: '/v2/rerank', fail: failCohere, handle: (ctx, deps) => serveInference(ctx, deps, v2RerankEndpoint, failCohere) },
   { method: 'post', path: '/v1/rerank', fail: failCohereV1, handle: (ctx, deps) => serveInference(ctx, deps, v1RerankEndpoint, failCohereV1) },
 ];
