@@ -41,6 +41,8 @@ export type CallInputs =
       inputs: readonly Input[];
       truncate: boolean;
       direction?: TruncationDirection | undefined;
+      /** Tokens an input may have, where fewer than the model's max length (Cohere's max_tokens, vLLM's truncate_prompt_tokens). */
+      maxLength?: number | undefined;
       /** Leading tokens of each text input the pooling leaves out: its prompt's (prompts.ts, include_prompt false). */
       poolFrom?: number | undefined;
       /** A ColBERT model's inputs: marked, cut and expanded as PyLate does for this type (core/colbert.ts). */

@@ -396,3 +396,56 @@ export const CohereV2EmbedRequest = z.object({
   inputs: z.array(z.unknown()).max(0, 'inputs of text and image parts are not served: send texts').nullish(),
 });
 export type CohereV2EmbedRequest = z.infer<typeof CohereV2EmbedRequest>;
+
+// ------------------------------------------------------------ vLLM's pooling bodies (src/gateway/vllm/)
+//
+// vLLM ignores a field it does not use (its OpenAIBaseModel logs it): so do these, z.object.
+
+/** vLLM's ScoreInput: a text, or a multimodal param whose parts are text parts ({type: "text", text}). */
+const scoreInput = z.union([
+  z.string({ error: 'must be a string' }),
+  z.looseObject({
+    content: z.array(z.looseObject({ type: z.literal('text', { error: 'only text parts are served' }), text: z.string() }), { error: 'must be a list of text parts' }),
+  }),
+]);
+export type ScoreInput = z.infer<typeof scoreInput>;
+const scoreInputs = z.union([scoreInput, z.array(scoreInput)], { error: 'must be a text, {"content": [text parts]}, or a list of those' });
+
+/** The fields every vLLM pooling request has (PoolingBasicRequestMixin, ClassifyRequestMixin). */
+const vllmCommon = {
+  model: z.string().nullish(),
+  user: z.string().nullish(),
+  truncate_prompt_tokens: z.number().int().min(-1, 'must be -1 (the model\'s length) or a number of tokens').nullish(),
+  truncation_side: z.enum(['left', 'right'], { error: 'must be "left" or "right"' }).nullish(),
+  request_id: z.string().nullish(),
+  priority: z.number().int().nullish(),
+  use_activation: z.boolean().nullish(),
+  /** Older names of use_activation. */
+  softmax: z.boolean().nullish(),
+  activation: z.boolean().nullish(),
+};
+
+/** vLLM's POST /score and /v1/score: queries/documents (current), text_1/text_2 (older), queries/items, data_1/data_2. */
+export const VllmScoreRequest = z.object({
+  ...vllmCommon,
+  queries: scoreInputs.optional(),
+  documents: scoreInputs.optional(),
+  items: scoreInputs.optional(),
+  text_1: scoreInputs.optional(),
+  text_2: scoreInputs.optional(),
+  data_1: scoreInputs.optional(),
+  data_2: scoreInputs.optional(),
+  max_tokens_per_query: z.number().int().nonnegative().nullish(),
+  max_tokens_per_doc: z.number().int().nonnegative().nullish(),
+  instruction: z.string().nullish(),
+});
+export type VllmScoreRequest = z.infer<typeof VllmScoreRequest>;
+
+/** vLLM's POST /classify and /v1/classify (ClassificationCompletionRequest); `messages` (its chat form) is refused. */
+export const VllmClassifyRequest = z.object({
+  ...vllmCommon,
+  input: Inputs,
+  add_special_tokens: z.boolean().nullish(),
+  messages: z.undefined({ error: 'the chat form (messages) is not served: send input' }).optional(),
+});
+export type VllmClassifyRequest = z.infer<typeof VllmClassifyRequest>;

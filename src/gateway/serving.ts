@@ -75,6 +75,16 @@ export interface Endpoint<S = unknown> {
   truncateAdvice?(state: S): string;
 }
 
+/**
+ * The priority class of an integer priority (Cohere's and vLLM's: 0 the
+ * highest, larger later): class 0 for 0 or less, else the class of that rank,
+ * the last for any beyond. Absent: the transport's (x-priority), else the default.
+ */
+export function priorityOfRank(ec: EndpointContext, rank: number | undefined): number | undefined {
+  if (rank === undefined) return ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority);
+  return Math.min(Math.max(0, rank), ec.infer.priorityClasses.length - 1);
+}
+
 /** An endpoint that does not run the model (tokenize, decode). */
 export interface LocalEndpoint {
   route: string;

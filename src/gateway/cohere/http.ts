@@ -41,7 +41,7 @@ import { float32Base64, shorten } from '../openai/http.js';
 import type { ErrorInfo, RequestContext } from '../http/request-context.js';
 import type { Route } from '../http/route-types.js';
 import { CohereV1RerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest, parseBody, type RerankDocument, COHERE_EMBEDDING_TYPES } from '../schemas.js';
-import { serveInference, type Endpoint, type EndpointContext, type Fail } from '../serving.js';
+import { priorityOfRank, serveInference, type Endpoint, type EndpointContext, type Fail } from '../serving.js';
 
 // ------------------------------------------------------------ errors in Cohere's (and Jina's) shape
 
@@ -61,16 +61,6 @@ const failCohere = cohereFail(false);
 const failCohereV1 = cohereFail(true);
 
 // ------------------------------------------------------------ shared parts
-
-/**
- * The priority class of an integer priority (Cohere's and vLLM's: 0 the
- * highest, larger later): class 0 for 0 or less, else the class of that rank,
- * the last for any beyond. Absent: the transport's (x-priority), else the default.
- */
-export function priorityOfRank(ec: EndpointContext, rank: number | undefined): number | undefined {
-  if (rank === undefined) return ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority);
-  return Math.min(Math.max(0, rank), ec.infer.priorityClasses.length - 1);
-}
 
 /** The text of a document (a string, or an object's `text`). */
 const documentText = (d: RerankDocument) => (typeof d === 'string' ? d : d.text);
