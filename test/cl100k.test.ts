@@ -130,4 +130,21 @@ describe("cl100k_base token ids on /v1/embeddings (LangChain Python's default)",
       expect((err as BadRequestError).param).toBe((body as { token_encoding?: string }).token_encoding ? 'token_encoding' : 'input');
     }
   });
+
+  it("--openai-token-ids model makes the model's own ids the default; a request's token_encoding still decides", async () => {
+    const own = await startServer(testServerConfig({ models: ['tiny-embed'], openaiTokenIds: 'model', batching: { buckets: [8, 16, 32, 64, 128] } }));
+    try {
+      await own.ready;
+      const client = new OpenAI({ baseURL: own.url + '/v1', apiKey: 'unused', maxRetries: 0 });
+      const [text] = randomTexts(makeRandom('cl100k server switch'), words, 1, 12);
+      const ids = Array.from(tok.encode(text!, { maxLength: 128, truncate: false }).ids);
+      const asModel = await client.embeddings.create({ model: 'tiny-embed', input: ids, encoding_format: 'float' });
+      expect(maxAbsDiff(asModel.data[0]!.embedding, await reference(text!))).toBeLessThan(TOLERANCE);
+      const cl = cl100k.encode(text!, [], 'all');
+      const asCl100k = await client.embeddings.create({ model: 'tiny-embed', input: cl, encoding_format: 'float', token_encoding: 'cl100k_base' } as never);
+      expect(maxAbsDiff((asCl100k as OpenAI.CreateEmbeddingResponse).data[0]!.embedding, await reference(text!))).toBeLessThan(TOLERANCE);
+    } finally {
+      await own.close();
+    }
+  });
 });

@@ -31,6 +31,8 @@ export interface GatewayLimits {
   maxClientBatchSize: number;
   /** Whether an input past the model's max length is cut when its request does not say (--truncate); else 413. */
   truncate: boolean;
+  /** What integer inputs of /v1/embeddings are when a request does not say (--openai-token-ids); default cl100k_base. */
+  openaiTokenIds?: 'cl100k_base' | 'model' | undefined;
 }
 
 /** What a body parser may use beside the body. */

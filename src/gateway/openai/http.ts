@@ -11,7 +11,8 @@
  * them. Token ids are OpenAI's, tiktoken's cl100k_base (what LangChain Python
  * sends by default): each list is decoded to its text, which is embedded as
  * text (cl100k.ts). `"token_encoding": "model"` (our extension) takes them as
- * the model's own ids instead, special tokens included, as TEI takes them.
+ * the model's own ids instead, special tokens included, as TEI takes them;
+ * --openai-token-ids model makes that the default.
  * `model` must name a loaded embedding model.
  * `encoding_format: "base64"` sends each vector as the base64 of its
  * little-endian float32 bytes, as OpenAI does (the official clients ask for
@@ -63,7 +64,7 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     const dim = model.plan.spec.dimension;
     if (body.dimensions !== undefined && body.dimensions > dim) throw new FieldValidationError(`dimensions ${body.dimensions} exceeds model "${name}"'s ${dim}`, 'dimensions');
     const list = inputList(body.input);
-    const inputs = body.token_encoding === 'model' ? list : decodeCl100k(list);
+    const inputs = (body.token_encoding ?? ec.limits.openaiTokenIds) === 'model' ? list : decodeCl100k(list);
     const call = prompted(
       {
         model,
