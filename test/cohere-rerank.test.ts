@@ -185,15 +185,15 @@ describe("Jina's rerank API and Cohere v1 on POST /v1/rerank", () => {
     for (const x of bareResults.body.results) expect(Object.keys(x).sort()).toEqual(['index', 'relevance_score']);
   });
 
-  it("Jina's truncation: false refuses a document past the model's length; by default it is cut", async () => {
-    const rand = makeRandom('jina truncation');
+  it("a document past the model's length is cut by default; truncate: false (our extension) refuses it", async () => {
+    const rand = makeRandom('v1 truncation');
     const long = Array.from({ length: 200 }, () => words[Math.floor(rand() * words.length)]).join(' ');
     const cut = await post('/v1/rerank', { model: 'tiny-rerank', query: 'parcel', documents: [long, 'where is my parcel'] });
     expect(cut.status).toBe(200);
     await expectRanked(cut.body.results, 'parcel', [long, 'where is my parcel'], 2);
-    const refused = await post('/v1/rerank', { model: 'tiny-rerank', query: 'parcel', documents: [long], truncation: false });
+    const refused = await post('/v1/rerank', { model: 'tiny-rerank', query: 'parcel', documents: [long], truncate: false });
     expect(refused.status).toBe(400);
-    expect(refused.body).toMatchObject({ message: expect.stringMatching(/truncation/), detail: expect.any(String), code: 'SLABSERVE_INPUT_TOO_LONG' });
+    expect(refused.body).toMatchObject({ message: expect.stringMatching(/"truncate": true/), detail: expect.any(String), code: 'SLABSERVE_INPUT_TOO_LONG' });
   });
 
   it('bad input is a 400 with Cohere\'s message and Jina\'s detail: missing query, empty documents, top_n of 0', async () => {

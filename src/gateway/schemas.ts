@@ -368,8 +368,8 @@ export const CohereV1RerankRequest = z.object({
   rank_fields: z.array(z.string()).nullish(),
   max_chunks_per_doc: z.number().int().positive().nullish(),
   max_tokens_per_doc: z.number().int().positive('must be at least 1').nullish(),
-  /** Jina's: whether to cut a document past the model's length (default true). */
-  truncation: z.boolean().nullish(),
+  /** Our extension (TEI's name): false refuses a document past the model's length instead of cutting it (the default). */
+  truncate: z.boolean().nullish(),
   priority: z.number().int().nullish(),
 });
 export type CohereV1RerankRequest = z.infer<typeof CohereV1RerankRequest>;

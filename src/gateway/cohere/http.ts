@@ -6,7 +6,7 @@
  *
  *   POST /v2/rerank  {model, query, documents: (string | {text})[], top_n?, max_tokens_per_doc?, priority?}
  *                    -> {id, results: [{index, relevance_score}], meta: {api_version: {version: "2"}, billed_units: {search_units}}}
- *   POST /v1/rerank  {model?, query, documents, top_n?, return_documents? (true), max_tokens_per_doc?, truncation? (true), ...}
+ *   POST /v1/rerank  {model?, query, documents, top_n?, return_documents? (true), max_tokens_per_doc?, truncate? (true), ...}
  *                    -> {id, model, results: [{index, relevance_score, document?: {text, ...}}], usage: {prompt_tokens, total_tokens},
  *                        meta: {api_version: {version: "1"}, billed_units: {search_units}}}: Cohere's v1 and Jina's answer in one
  *   POST /v2/embed   {model, texts, input_type, embedding_types? (["float"]), output_dimension?, max_tokens?, truncate? ("END"), priority?}
@@ -19,7 +19,7 @@
  * A relevance score is the sigmoid of the cross-encoder's logit for the (query,
  * document) pair; results are best first (ties by index), cut to `top_n` (more
  * than there are documents: all of them). A document is cut to fit the model,
- * as Cohere cuts it (Jina's `truncation: false` refuses it instead), after
+ * as Cohere cuts it (`truncate: false`, our extension, refuses it instead), after
  * `max_tokens_per_doc` of its own tokens. A body's field these routes do not
  * use is ignored, as Cohere's, Jina's and vLLM's servers do.
  *
@@ -129,11 +129,11 @@ const v1RerankEndpoint: Endpoint<{ topN: number | undefined; documents: readonly
       throw new ValidationError(`rank_fields ${JSON.stringify(fields)}: only a document's "text" is ranked here`);
     }
     const query = typeof body.query === 'string' ? body.query : body.query.text;
-    const truncate = body.truncation ?? true;
+    const truncate = body.truncate ?? true;
     const call = rerankCall(ec, body.model ?? undefined, query, body.documents, { truncate, maxTextTokens: body.max_tokens_per_doc ?? undefined, priority: body.priority ?? undefined });
     return { call, state: { topN: body.top_n ?? undefined, documents: body.return_documents === false ? null : body.documents } };
   },
-  truncateAdvice: () => 'send "truncation": true (the default) to cut it',
+  truncateAdvice: () => 'send "truncate": true (the default) to cut it',
   answer(r, call, state) {
     const results = ranked(r, state.topN);
     const docs = state.documents;
