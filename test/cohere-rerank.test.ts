@@ -180,7 +180,7 @@ describe("Jina's rerank API and Cohere v1 on POST /v1/rerank", () => {
     const withObjects = await post('/v1/rerank', { model: 'tiny-rerank', query, documents: objects, return_documents: true });
     await expectRanked(withObjects.body.results, query, docs, docs.length);
     for (const x of withObjects.body.results) expect(x.document).toEqual(objects[x.index]);
-    const bareResults = await post('/v1/rerank', { query, documents: docs, return_documents: false, top_n: 100 });
+    const bareResults = await post('/v1/rerank', { query, documents: docs, return_documents: false, top_n: 100, rank_fields: ['text'], max_chunks_per_doc: null });
     await expectRanked(bareResults.body.results, query, docs, docs.length);
     for (const x of bareResults.body.results) expect(Object.keys(x).sort()).toEqual(['index', 'relevance_score']);
   });
@@ -197,7 +197,7 @@ describe("Jina's rerank API and Cohere v1 on POST /v1/rerank", () => {
   });
 
   it('bad input is a 400 with Cohere\'s message and Jina\'s detail: missing query, empty documents, top_n of 0', async () => {
-    for (const body of [{ documents: ['a'] }, { query: 'q', documents: [] }, { query: 'q', documents: ['a'], top_n: 0 }, { query: 'q' }]) {
+    for (const body of [{ documents: ['a'] }, { query: 'q', documents: [] }, { query: 'q', documents: ['a'], top_n: 0 }, { query: 'q' }, { query: 'q', documents: [{ text: 'a', title: 't' }], rank_fields: ['title', 'text'] }]) {
       const r = await post('/v1/rerank', body);
       expect(r.status, JSON.stringify(body)).toBe(400);
       expect(r.body, JSON.stringify(body)).toEqual({ id: expect.any(String), message: expect.any(String), detail: r.body.message, code: 'SLABSERVE_INVALID_INPUT' });

@@ -33,7 +33,7 @@
 import { randomUUID } from 'node:crypto';
 import { FieldValidationError, ValidationError } from '../../shared/errors.js';
 import { embeddings, rerankScores } from '../../core/rows.js';
-import type { InferCall } from '../../core/infer.js';
+import type { InferCall, InferResult } from '../../core/infer.js';
 import { prompted } from '../../core/prompts.js';
 import { quantizeRow, type EmbeddingType } from '../../core/quantized-embeddings.js';
 import type { ServedModel } from '../../core/served-model.js';
@@ -95,7 +95,7 @@ function rerankCall(
 }
 
 /** [{index, relevance_score}] best first (ties by index), at most `topN`. */
-function ranked(r: Parameters<Endpoint['answer']>[0], topN: number | undefined): { index: number; relevance_score: number }[] {
+function ranked(r: InferResult, topN: number | undefined): { index: number; relevance_score: number }[] {
   const all = rerankScores(r.rows, false)
     .map((s) => ({ index: s.index, relevance_score: s.score }))
     .sort((a, b) => b.relevance_score - a.relevance_score || a.index - b.index);
