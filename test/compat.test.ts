@@ -193,7 +193,7 @@ function stressed(rand: () => number, text: string): string {
 // ------------------------------------------------------------ OpenAI
 
 describe('OpenAI /v1 through the official client', () => {
-  it('a string, a list, and token arrays: each the unmodified graph\'s embedding of that input alone', async () => {
+  it("a string, a list, and the model's token arrays: each the unmodified graph's embedding of that input alone", async () => {
     const rand = makeRandom('openai embeddings');
     const texts = randomTexts(rand, words, 6, 20);
     const expected = await refEmbeddings(texts);
@@ -212,12 +212,13 @@ describe('OpenAI /v1 through the official client', () => {
     expect(list.data.map((d) => d.index)).toEqual(texts.map((_, i) => i));
     list.data.forEach((d, i) => expect(maxAbsDiff(d.embedding, expected[i]!)).toBeLessThan(TOLERANCE));
 
-    // token ids with the special tokens, as TEI takes them: one list, and a list of lists
+    // the model's own token ids with the special tokens, as TEI takes them, when asked (`token_encoding`;
+    // integer inputs are cl100k_base's otherwise: cl100k.test.ts): one list, and a list of lists
     const ids = texts.map((t) => Array.from(tok.encode(t, { maxLength: 128, truncate: false }).ids));
-    const single = await openai.embeddings.create({ model: 'tiny-embed', input: ids[0]! });
+    const single = await openai.embeddings.create({ model: 'tiny-embed', input: ids[0]!, token_encoding: 'model' } as never);
     expect(single.data).toHaveLength(1);
     expect(maxAbsDiff(single.data[0]!.embedding, expected[0]!)).toBeLessThan(TOLERANCE);
-    const many = await openai.embeddings.create({ model: 'tiny-embed', input: ids });
+    const many = await openai.embeddings.create({ model: 'tiny-embed', input: ids, token_encoding: 'model' } as never);
     many.data.forEach((d, i) => expect(maxAbsDiff(d.embedding, expected[i]!)).toBeLessThan(TOLERANCE));
     expect(many.usage.prompt_tokens).toBe(ids.reduce((s, x) => s + x.length, 0));
 
@@ -298,7 +299,8 @@ describe('OpenAI /v1 through the official client', () => {
       [{ model: 'tiny-embed' }, 400, 'input'],
       [{ model: 'tiny-embed', input: '' }, 400, 'input'],
       [{ model: 'tiny-embed', input: [] }, 400, 'input'],
-      [{ model: 'tiny-embed', input: [101, 99_999, 102] }, 400, 'input'],
+      [{ model: 'tiny-embed', input: [101, 99_999, 102], token_encoding: 'model' }, 400, 'input'],
+      [{ model: 'tiny-embed', input: [101, 100_256, 102] }, 400, 'input'],
       [{ model: 'tiny-embed', input: [[101, 102], [-1]] }, 400, 'input'],
       [{ model: 'tiny-embed', input: 'hi', encoding_format: 'hex' }, 400, 'encoding_format'],
       [{ model: 'tiny-embed', input: 'hi', dimensions: 0 }, 400, 'dimensions'],

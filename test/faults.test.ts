@@ -545,7 +545,7 @@ describe('overload at three times capacity', () => {
       expect(ok.length).toBeGreaterThan(0);
       // Refusals in our error shape, with Retry-After.
       for (const o of refused.slice(0, 50)) {
-        expect(o.body).toEqual({ error: expect.any(String), type: o.status === 429 ? 'overloaded' : 'unavailable', code: expect.any(String) });
+        expect(o.body).toEqual({ error: expect.any(String), error_type: o.status === 429 ? 'Overloaded' : 'Unhealthy', type: o.status === 429 ? 'overloaded' : 'unavailable', code: expect.any(String) });
         if (o.status === 429) expect(o.retryAfter).toMatch(/^\d+$/);
       }
       // Every admitted request got its own row.

@@ -11,7 +11,7 @@
  *    invalid UTF-8, random Content-Type / Accept / x-deadline-ms / x-priority)
  *    sent to every POST route. Every answer is a 2xx or a 4xx (a 504 only when
  *    the request itself set a deadline) in its dialect's error shape (ours
- *    `{error, type, code}`, OpenAI's `{error: {message, type, param, code}}`,
+ *    `{error, error_type, type, code}`, Cohere's `{id, message}`, vLLM's and OpenAI's `{error: {message, type, param, code}}`,
  *    KServe's `{error}`), encoded per Accept, never a 5xx, never a hang.
  *  - Raw HTTP framing: arbitrary request lines, header garbage, bad chunked
  *    encoding, smuggling-style CL/TE mixes on a raw socket: a clean non-5xx
@@ -52,6 +52,7 @@ import { ControlBlock } from '../dist/src/shared/control.js';
 import { CancelledError, DeadlineExceededError, EngineClosedError, InferenceError, OverloadedError } from '../dist/src/shared/errors.js';
 import { H_GENERATION, H_LENGTH, HEADER_I32, Slab, SlotState } from '../dist/src/shared/slab.js';
 import { SlabSubmitter, type SlotResult } from '../dist/src/core/submitter.js';
+import { TEI_ERROR_TYPE } from '../dist/src/gateway/http/request-context.js';
 import { ChildServer, sleep } from './fixtures/child-server.js';
 import { maxAbsDiff, NEWER_UWS, Reference, testServerConfig, vocabularyWords } from './helpers.js';
 
@@ -231,8 +232,21 @@ const universalBody = fc
         dimensions: field(fc.integer({ min: 1, max: 200 })),
         user: field(asciiString(8)),
         timeout: field(fc.oneof(fc.integer({ min: 1, max: 60_000 }), fc.double({ min: 0, max: 5 }))),
-        priority: field(fc.constantFrom('interactive', 'bulk', 'nope')),
+        priority: field(fc.oneof(fc.constantFrom('interactive', 'bulk', 'nope'), fc.integer({ min: -3, max: 5 }))),
         id: field(asciiString(8)),
+        // Cohere's, Jina's and vLLM's fields
+        documents: field(fc.array(fc.oneof(text, fc.record({ text }, { requiredKeys: [] })), { maxLength: MAX_INPUTS + 2 })),
+        top_n: field(fc.integer({ min: -1, max: 12 })),
+        return_documents: field(fc.boolean()),
+        max_tokens_per_doc: field(fc.integer({ min: -1, max: 600 })),
+        input_type: field(fc.constantFrom('search_query', 'search_document', 'classification', 'clustering', 'image', 'nope')),
+        embedding_types: field(fc.array(fc.constantFrom('float', 'int8', 'uint8', 'binary', 'ubinary', 'base64', 'nope'), { maxLength: 7 })),
+        output_dimension: field(fc.integer({ min: 0, max: 200 })),
+        text_1: field(fc.oneof(text, fc.array(text, { maxLength: 4 }))),
+        text_2: field(fc.oneof(text, fc.array(text, { maxLength: 4 }))),
+        queries: field(fc.oneof(text, fc.array(text, { maxLength: 4 }))),
+        truncate_prompt_tokens: field(fc.integer({ min: -2, max: 600 })),
+        use_activation: field(fc.boolean()),
         parameters: field(fc.record({ normalize: fc.boolean(), truncate: fc.boolean() }, { requiredKeys: [] })),
         outputs: field(fc.array(fc.record({ name: fc.constantFrom('embedding', 'probabilities', 'logits', 'score', 'nope') }), { maxLength: 3 })),
       },
@@ -301,6 +315,10 @@ const validBody = fc.oneof(
   fc.record({ query: wordsText, texts: fc.array(wordsText, { minLength: 1, maxLength: 4 }) }),
   fc.record({ ids: fc.array(fc.integer({ min: 0, max: VOCAB - 1 }), { minLength: 1, maxLength: 8 }) }),
   fc.record({ input: wordsText, model: fc.constant('tiny-embed') }),
+  fc.record({ query: wordsText, documents: fc.array(wordsText, { minLength: 1, maxLength: 4 }), model: fc.constant('tiny-rerank'), top_n: fc.integer({ min: 1, max: 6 }) }),
+  fc.record({ texts: fc.array(wordsText, { minLength: 1, maxLength: 4 }), model: fc.constant('tiny-embed'), input_type: fc.constant('search_query'), embedding_types: fc.constant(['float', 'int8', 'binary']) }),
+  fc.record({ text_1: wordsText, text_2: fc.array(wordsText, { minLength: 1, maxLength: 4 }) }),
+  fc.record({ input: fc.array(wordsText, { minLength: 1, maxLength: 4 }), model: fc.constant('tiny-intent') }),
   tokenTensors.map((t) => ({ inputs: t })),
   textTensors.map((t) => ({ inputs: t })),
 );
@@ -388,11 +406,11 @@ const msgpackNumberTemplates: unknown[] = [
 
 // ------------------------------------------------------------------ HTTP: sending and judging
 
-type Dialect = 'ours' | 'openai' | 'kserve';
+type Dialect = 'ours' | 'openai' | 'kserve' | 'cohere' | 'jina' | 'vllm';
 interface RouteSpec {
   path: string;
   dialect: Dialect;
-  kind: 'embed' | 'predict' | 'rerank' | 'tokenize' | 'decode' | 'openai' | 'kserve';
+  kind: 'embed' | 'predict' | 'rerank' | 'tokenize' | 'decode' | 'openai' | 'kserve' | 'cohere-rerank' | 'cohere-embed' | 'vllm';
 }
 
 /** `s` with lone surrogates replaced (encodeURIComponent throws on them). */
@@ -413,6 +431,11 @@ function routesFor(model: string, version: string): RouteSpec[] {
     { path: `/models/${m}/tokenize`, dialect: 'ours', kind: 'tokenize' },
     { path: `/models/${m}/decode`, dialect: 'ours', kind: 'decode' },
     { path: '/v1/embeddings', dialect: 'openai', kind: 'openai' },
+    { path: '/v2/rerank', dialect: 'cohere', kind: 'cohere-rerank' },
+    { path: '/v1/rerank', dialect: 'jina', kind: 'cohere-rerank' },
+    { path: '/v2/embed', dialect: 'cohere', kind: 'cohere-embed' },
+    { path: '/score', dialect: 'vllm', kind: 'vllm' },
+    { path: '/v1/classify', dialect: 'vllm', kind: 'vllm' },
     { path: `/v2/models/${m}/infer`, dialect: 'kserve', kind: 'kserve' },
     { path: `/v2/models/${m}/versions/${v}/infer`, dialect: 'kserve', kind: 'kserve' },
   ];
@@ -478,6 +501,12 @@ function judge(route: RouteSpec, c: HttpCase, r: HttpReply): string | null {
         return typeof r.body === 'string' || (Array.isArray(r.body) && r.body.every((s) => typeof s === 'string')) ? null : 'decode answer is not text';
       case 'openai':
         return isObject(r.body) && r.body.object === 'list' && Array.isArray(r.body.data) ? null : 'OpenAI answer is not a list object';
+      case 'cohere-rerank':
+        return isObject(r.body) && Array.isArray(r.body.results) && isObject(r.body.meta) ? null : 'Cohere rerank answer has no results and meta';
+      case 'cohere-embed':
+        return isObject(r.body) && isObject(r.body.embeddings) && Array.isArray(r.body.texts) ? null : 'Cohere embed answer has no embeddings and texts';
+      case 'vllm':
+        return isObject(r.body) && r.body.object === 'list' && Array.isArray(r.body.data) && isObject(r.body.usage) ? null : 'vLLM answer is not a list object with usage';
       case 'kserve': {
         if (!isObject(r.body) || !Array.isArray(r.body.outputs)) return 'KServe answer has no outputs';
         for (const o of r.body.outputs as { shape: number[]; data: unknown[] }[]) {
@@ -498,9 +527,17 @@ function judge(route: RouteSpec, c: HttpCase, r: HttpReply): string | null {
   // A path no route matches (an empty model name, say) is answered by the catch-all 404: the router's answers are in our shape.
   const byRouter = landedElsewhere || (r.status === 404 && isObject(b) && b.code === 'SLABSERVE_ROUTE_NOT_FOUND');
   if (route.dialect === 'ours' || byRouter) {
-    if (!isObject(b) || keys(b) !== 'code,error,type') return `error body is not {error, type, code}: ${show(b)}`;
+    if (!isObject(b) || keys(b) !== 'code,error,error_type,type') return `error body is not {error, error_type, type, code}: ${show(b)}`;
+    if (b.error_type !== TEI_ERROR_TYPE[b.type as keyof typeof TEI_ERROR_TYPE]) return `error_type ${String(b.error_type)} is not TEI's kind of ${String(b.type)}`;
     if (typeof b.error !== 'string' || b.error.length === 0 || typeof b.code !== 'string' || !/^SLABSERVE_[A-Z_]+$/.test(b.code) || !ERROR_TYPES.has(b.type as string)) return `bad error fields: ${show(b)}`;
     if (timeoutOk && b.type !== 'timeout') return `504 of type ${b.type}`;
+  } else if (route.dialect === 'cohere' || route.dialect === 'jina') {
+    const want = route.dialect === 'jina' ? 'code,detail,id,message' : 'code,id,message';
+    if (!isObject(b) || keys(b) !== want || typeof b.message !== 'string' || !b.message) return `not Cohere's {id, message} shape: ${show(b)}`;
+  } else if (route.dialect === 'vllm') {
+    const e = isObject(b) ? b.error : undefined;
+    if (!isObject(b) || keys(b) !== 'error' || !isObject(e) || keys(e) !== 'code,message,param,type') return `not vLLM's error shape: ${show(b)}`;
+    if (e.code !== r.status || typeof e.message !== 'string' || !e.message || typeof e.type !== 'string') return `bad vLLM error fields: ${show(b)}`;
   } else if (route.dialect === 'openai') {
     const e = isObject(b) ? b.error : undefined;
     if (!isObject(b) || keys(b) !== 'error' || !isObject(e) || keys(e) !== 'code,message,param,type') return `not OpenAI's error shape: ${show(b)}`;

@@ -18,6 +18,7 @@ import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/to
 import { portOutsideEphemeral } from './cli-process.js';
 import { SERVER_DEFAULTS, startServer, TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV, type Server } from '../dist/src/main/server.js';
 import { VERSION } from '../dist/src/version.js';
+import { TEI_ERROR_TYPE } from '../dist/src/gateway/http/request-context.js';
 import { chunk, HttpClient, MSGPACK, parseMetrics, RawConnection, requestHead, type Metrics, type Reply } from './fixtures/http-client.js';
 import { eventually, makeRandom, maxAbsDiff, randomTexts, Reference, scoresByClassId, sleep, testServerConfig, vocabularyWords } from './helpers.js';
 
@@ -90,7 +91,8 @@ function expectError(r: Reply, status: number, type: string, code?: string): voi
   });
   expect(typeof r.body.error).toBe('string');
   expect(r.body.error.length).toBeGreaterThan(0);
-  expect(Object.keys(r.body).sort()).toEqual(['code', 'error', 'type']);
+  expect(Object.keys(r.body).sort()).toEqual(['code', 'error', 'error_type', 'type']);
+  expect(r.body.error_type, 'TEI\'s kind of the family').toBe(TEI_ERROR_TYPE[type as keyof typeof TEI_ERROR_TYPE]);
 }
 
 // ------------------------------------------------------------------ metrics and waiting

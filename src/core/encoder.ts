@@ -62,7 +62,7 @@ export class Encoder {
         return encoded instanceof Promise ? encoded.then(mark) : mark(encoded);
       }
       case 'pairs':
-        return this.encodePairs(model, inputs.queries, inputs.texts, inputs.truncate);
+        return this.encodePairs(model, inputs.queries, inputs.texts, inputs.truncate, inputs);
       case 'tokens':
         this.checkTokens(model, inputs.tokens);
         return inputs.tokens as Tokens[];
@@ -192,7 +192,13 @@ export class Encoder {
    * query for every text, or one per text. Inline, yielding the event loop
    * every few ms on long lists.
    */
-  async encodePairs(model: ServedModel, queries: readonly string[], texts: readonly string[], truncate: boolean): Promise<Encoding[]> {
+  async encodePairs(
+    model: ServedModel,
+    queries: readonly string[],
+    texts: readonly string[],
+    truncate: boolean,
+    cut: { maxLength?: number | undefined; maxQueryTokens?: number | undefined; maxTextTokens?: number | undefined } = {},
+  ): Promise<Encoding[]> {
     if (queries.length !== 1 && queries.length !== texts.length) throw new ValidationError(`${queries.length} queries for ${texts.length} texts: give one, or one per text`);
     for (const q of queries) if (typeof q !== 'string' || q.length === 0) throw new ValidationError('query must be a non-empty string');
     if (texts.length === 0) throw new ValidationError('texts must be a non-empty list of strings');
@@ -201,7 +207,7 @@ export class Encoder {
     }
     const tok = model.tokenizer;
     if (!tok.encodePair) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot encode pairs`);
-    const opts = { maxLength: model.plan.maxLength, truncate };
+    const opts = { maxLength: Math.min(cut.maxLength ?? Infinity, model.plan.maxLength), truncate, maxFirst: cut.maxQueryTokens, maxSecond: cut.maxTextTokens };
     const out: Encoding[] = new Array(texts.length);
     let slice = performance.now();
     for (let i = 0; i < texts.length; i++) {

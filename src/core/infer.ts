@@ -128,6 +128,11 @@ export class Infer {
   }
 
   /** The index of a priority class by name ("interactive", "bulk", ...). */
+  /** The priority classes, highest first (--priority-weights). */
+  get priorityClasses(): readonly string[] {
+    return this.priorityNames;
+  }
+
   priorityIndex(name: string): number {
     const i = this.priorityNames.indexOf(name);
     if (i < 0) throw new ValidationError(`unknown priority "${name}"; classes: ${this.priorityNames.join(', ')}`);

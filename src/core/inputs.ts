@@ -41,13 +41,25 @@ export type CallInputs =
       inputs: readonly Input[];
       truncate: boolean;
       direction?: TruncationDirection | undefined;
+      /** Tokens an input may have, where fewer than the model's max length (Cohere's max_tokens, vLLM's truncate_prompt_tokens). */
+      maxLength?: number | undefined;
       /** Leading tokens of each text input the pooling leaves out: its prompt's (prompts.ts, include_prompt false). */
       poolFrom?: number | undefined;
       /** A ColBERT model's inputs: marked, cut and expanded as PyLate does for this type (core/colbert.ts). */
       colbert?: ColbertInputType | undefined;
     }
   /** (query, text) pairs for a cross-encoder: one query for every text, or one per text. */
-  | { kind: 'pairs'; queries: readonly string[]; texts: readonly string[]; truncate: boolean }
+  | {
+      kind: 'pairs';
+      queries: readonly string[];
+      texts: readonly string[];
+      truncate: boolean;
+      /** Tokens a pair may have, where fewer than the model's max length (vLLM's truncate_prompt_tokens). */
+      maxLength?: number | undefined;
+      /** The most tokens of a query and of a text kept (their first ones) before the pair is cut to its length: Cohere's max_tokens_per_doc, vLLM's max_tokens_per_query and _per_doc. */
+      maxQueryTokens?: number | undefined;
+      maxTextTokens?: number | undefined;
+    }
   /** Tokens built outside the tokenizer (KServe tensors), checked against the model's limits here. */
   | { kind: 'tokens'; tokens: readonly Tokens[] };
 

@@ -11,6 +11,7 @@ export const GATEWAY_OPTIONS = [
   'maxBodyBytes',
   'maxClientBatchSize',
   'truncate',
+  'openaiTokenIds',
   'requestTimeoutMs',
   'loneWaitUs',
   'heartbeatTimeoutMs',

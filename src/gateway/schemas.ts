@@ -179,6 +179,8 @@ export const OpenAIEmbeddingRequest = z.strictObject({
   /** Our extension (TEI's field): cut a too-long input instead of refusing it. */
   truncate: z.boolean().optional(),
   truncation_direction,
+  /** Our extension: what integer inputs are, OpenAI's cl100k_base ids (the default) or the served model's own. */
+  token_encoding: z.enum(['cl100k_base', 'model'], { error: 'must be "cl100k_base" or "model"' }).optional(),
 });
 export type OpenAIEmbeddingRequest = z.infer<typeof OpenAIEmbeddingRequest>;
 
@@ -330,3 +332,120 @@ function fieldsAt(schema: z.ZodType, path: PropertyKey[]): string[] {
     else return s instanceof z.ZodObject ? Object.keys(s.shape) : [];
   }
 }
+
+// ------------------------------------------------------------ Cohere's and Jina's bodies (src/gateway/cohere/)
+//
+// Like Cohere's, Jina's and vLLM's servers, these routes ignore a field they do not know (z.object,
+// not strictObject): the official clients send fields a self-hosted server has no use for. An
+// optional field may be null (LangChain's CohereRerank sends max_chunks_per_doc: null).
+
+/** A document to rerank: a text, or an object with a `text` (Cohere's and Jina's document objects; other fields kept). */
+const rerankDocument = z.union([z.string(), z.looseObject({ text: z.string({ error: 'must be a string' }) })], {
+  error: 'must be a string or an object with a "text" string',
+});
+export type RerankDocument = z.infer<typeof rerankDocument>;
+
+const topN = z.number().int().positive('must be at least 1').nullish();
+
+/** Cohere's POST /v2/rerank (cohere-ai's V2RerankRequest). */
+export const CohereV2RerankRequest = z.object({
+  model: z.string({ error: 'you must name a model' }).min(1, 'must not be empty'),
+  query: z.string({ error: 'must be a string' }).min(1, 'must not be empty'),
+  documents: z.array(rerankDocument, { error: 'must be a list of documents' }).min(1, 'must not be an empty list'),
+  top_n: topN,
+  max_tokens_per_doc: z.number().int().positive('must be at least 1').nullish(),
+  priority: z.number().int().nullish(),
+});
+export type CohereV2RerankRequest = z.infer<typeof CohereV2RerankRequest>;
+
+/** Cohere's v1 and Jina's POST /v1/rerank (cohere-ai's RerankRequest; Jina's rerank API). */
+export const CohereV1RerankRequest = z.object({
+  model: z.string().nullish(),
+  query: z.union([z.string().min(1, 'must not be empty'), z.looseObject({ text: z.string().min(1, 'must not be empty') })], { error: 'must be a string or {"text": string}' }),
+  documents: z.array(rerankDocument, { error: 'must be a list of documents' }).min(1, 'must not be an empty list'),
+  top_n: topN,
+  return_documents: z.boolean().nullish(),
+  rank_fields: z.array(z.string()).nullish(),
+  max_chunks_per_doc: z.number().int().positive().nullish(),
+  max_tokens_per_doc: z.number().int().positive('must be at least 1').nullish(),
+  /** Our extension (TEI's name): false refuses a document past the model's length instead of cutting it (the default). */
+  truncate: z.boolean().nullish(),
+  priority: z.number().int().nullish(),
+});
+export type CohereV1RerankRequest = z.infer<typeof CohereV1RerankRequest>;
+
+/** Cohere's `input_type`s of texts (its `image` is not served). */
+export const COHERE_INPUT_TYPES = ['search_document', 'search_query', 'classification', 'clustering'] as const;
+/** Cohere's `embedding_types`: the quantized rows' names, and `base64` (the float32 bytes). */
+export const COHERE_EMBEDDING_TYPES = [...EMBEDDING_TYPES, 'base64'] as const;
+
+/** Cohere's POST /v2/embed (cohere-ai's V2EmbedRequest), texts only. */
+export const CohereV2EmbedRequest = z.object({
+  model: z.string({ error: 'you must name a model' }).min(1, 'must not be empty'),
+  texts: z.array(z.string({ error: 'must be a string' }).min(1, 'must not be empty'), { error: 'must be a list of strings' }).min(1, 'must not be an empty list'),
+  input_type: z.enum(COHERE_INPUT_TYPES, { error: `must be one of ${COHERE_INPUT_TYPES.map((t) => `"${t}"`).join(', ')} (images are not served)` }),
+  embedding_types: z
+    .array(z.enum(COHERE_EMBEDDING_TYPES, { error: `must be one of ${COHERE_EMBEDDING_TYPES.map((t) => `"${t}"`).join(', ')}` }))
+    .min(1, 'must not be an empty list')
+    .nullish(),
+  output_dimension: z.number().int().positive('must be at least 1').nullish(),
+  max_tokens: z.number().int().positive('must be at least 1').nullish(),
+  truncate: z.enum(['NONE', 'START', 'END'], { error: 'must be "NONE", "START" or "END"' }).nullish(),
+  priority: z.number().int().nullish(),
+  images: z.array(z.unknown()).max(0, 'images are not served: send texts').nullish(),
+  inputs: z.array(z.unknown()).max(0, 'inputs of text and image parts are not served: send texts').nullish(),
+});
+export type CohereV2EmbedRequest = z.infer<typeof CohereV2EmbedRequest>;
+
+// ------------------------------------------------------------ vLLM's pooling bodies (src/gateway/vllm/)
+//
+// vLLM ignores a field it does not use (its OpenAIBaseModel logs it): so do these, z.object.
+
+/** vLLM's ScoreInput: a text, or a multimodal param whose parts are text parts ({type: "text", text}). */
+const scoreInput = z.union([
+  z.string({ error: 'must be a string' }),
+  z.looseObject({
+    content: z.array(z.looseObject({ type: z.literal('text', { error: 'only text parts are served' }), text: z.string() }), { error: 'must be a list of text parts' }),
+  }),
+]);
+export type ScoreInput = z.infer<typeof scoreInput>;
+const scoreInputs = z.union([scoreInput, z.array(scoreInput)], { error: 'must be a text, {"content": [text parts]}, or a list of those' });
+
+/** The fields every vLLM pooling request has (PoolingBasicRequestMixin, ClassifyRequestMixin). */
+const vllmCommon = {
+  model: z.string().nullish(),
+  user: z.string().nullish(),
+  truncate_prompt_tokens: z.number().int().min(-1, 'must be -1 (the model\'s length) or a number of tokens').nullish(),
+  truncation_side: z.enum(['left', 'right'], { error: 'must be "left" or "right"' }).nullish(),
+  request_id: z.string().nullish(),
+  priority: z.number().int().nullish(),
+  use_activation: z.boolean().nullish(),
+  /** Older names of use_activation. */
+  softmax: z.boolean().nullish(),
+  activation: z.boolean().nullish(),
+};
+
+/** vLLM's POST /score and /v1/score: queries/documents (current), text_1/text_2 (older), queries/items, data_1/data_2. */
+export const VllmScoreRequest = z.object({
+  ...vllmCommon,
+  queries: scoreInputs.optional(),
+  documents: scoreInputs.optional(),
+  items: scoreInputs.optional(),
+  text_1: scoreInputs.optional(),
+  text_2: scoreInputs.optional(),
+  data_1: scoreInputs.optional(),
+  data_2: scoreInputs.optional(),
+  max_tokens_per_query: z.number().int().nonnegative().nullish(),
+  max_tokens_per_doc: z.number().int().nonnegative().nullish(),
+  instruction: z.string().nullish(),
+});
+export type VllmScoreRequest = z.infer<typeof VllmScoreRequest>;
+
+/** vLLM's POST /classify and /v1/classify (ClassificationCompletionRequest); `messages` (its chat form) is refused. */
+export const VllmClassifyRequest = z.object({
+  ...vllmCommon,
+  input: Inputs,
+  add_special_tokens: z.boolean().nullish(),
+  messages: z.undefined({ error: 'the chat form (messages) is not served: send input' }).optional(),
+});
+export type VllmClassifyRequest = z.infer<typeof VllmClassifyRequest>;

@@ -31,6 +31,8 @@ export interface GatewayLimits {
   maxClientBatchSize: number;
   /** Whether an input past the model's max length is cut when its request does not say (--truncate); else 413. */
   truncate: boolean;
+  /** What integer inputs of /v1/embeddings are when a request does not say (--openai-token-ids); default cl100k_base. */
+  openaiTokenIds?: 'cl100k_base' | 'model' | undefined;
 }
 
 /** What a body parser may use beside the body. */
@@ -73,6 +75,16 @@ export interface Endpoint<S = unknown> {
   answer(r: InferResult, call: InferCall, state: S, ec: EndpointContext): unknown;
   /** How this body asks to cut a too-long input, the advice of its 413 (absent: `send "truncate": true to cut it`). */
   truncateAdvice?(state: S): string;
+}
+
+/**
+ * The priority class of an integer priority (Cohere's and vLLM's: 0 the
+ * highest, larger later): class 0 for 0 or less, else the class of that rank,
+ * the last for any beyond. Absent: the transport's (x-priority), else the default.
+ */
+export function priorityOfRank(ec: EndpointContext, rank: number | undefined): number | undefined {
+  if (rank === undefined) return ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority);
+  return Math.min(Math.max(0, rank), ec.infer.priorityClasses.length - 1);
 }
 
 /** An endpoint that does not run the model (tokenize, decode). */
@@ -302,7 +314,7 @@ function sendServed(ctx: RequestContext, s: Served): void {
   else ctx.send(200, s.payload, headers);
 }
 
-/** Our error shape, `{error, type, code}`, with our status. */
+/** Our error shape, `{error, error_type, type, code}` (TEI's with our family and code), with our status. */
 export const ourFail: Fail = (ctx, err) => ctx.fail(err);
 
 /** An error's status as we answer it (metrics of routes that answer errors their own way). */

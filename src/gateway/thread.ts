@@ -89,7 +89,12 @@ export type GatewayMessage = { type: 'listening'; port: number; grpcPort?: numbe
 
 const data = workerData as GatewayWorkerData;
 const options = data.options;
-const limits: GatewayLimits = { maxBodyBytes: options.maxBodyBytes, maxClientBatchSize: options.maxClientBatchSize, truncate: options.truncate };
+const limits: GatewayLimits = {
+  maxBodyBytes: options.maxBodyBytes,
+  maxClientBatchSize: options.maxClientBatchSize,
+  truncate: options.truncate,
+  openaiTokenIds: options.openaiTokenIds,
+};
 const wsOptions: WsOptions = { maxInflight: options.wsMaxInflight, maxBufferedBytes: options.wsMaxBufferedBytes, maxFrameBytes: options.wsMaxFrameBytes, idleTimeoutSeconds: options.wsIdleTimeoutSeconds };
 /** A load answers once the model is warmed up: give it as long as the inference thread does. */
 const REPOSITORY_RPC_MS = 11 * 60_000;

@@ -51,6 +51,9 @@ const server = definer('server');
 const engine = definer('engine');
 const cluster = definer('cluster');
 
+/** What integer inputs of OpenAI's /v1/embeddings are: tiktoken's cl100k_base ids (OpenAI's), or the model's own. */
+export type OpenAITokenIds = 'cl100k_base' | 'model';
+
 /** Triton's --model-control-mode: `none`, the set is fixed at start; `explicit`, the repository routes load and unload. */
 export type ModelControlMode = 'none' | 'explicit';
 export const MODEL_CONTROL_MODES: readonly ModelControlMode[] = ['none', 'explicit'];
@@ -311,6 +314,13 @@ export const OPTIONS = {
     kind: 'bool',
     default: false,
     help: 'cut inputs longer than the model accepts when a request does not say "truncate" (TEI\'s --auto-truncate; false: 413)',
+  }),
+  openaiTokenIds: server<OpenAITokenIds>({
+    flag: '--openai-token-ids <encoding>',
+    kind: 'string',
+    choices: ['cl100k_base', 'model'],
+    default: 'cl100k_base',
+    help: 'what integer inputs of /v1/embeddings are when a request does not say ("token_encoding"): OpenAI\'s tiktoken cl100k_base ids, decoded to their text (what LangChain sends), or the model\'s own ids',
   }),
   heartbeatTimeoutMs: engine({
     flag: '--heartbeat-timeout-ms <ms>',

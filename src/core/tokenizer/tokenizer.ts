@@ -53,6 +53,9 @@ export interface EncodeOptions {
   maxLength: number;
   truncate: boolean;
   direction?: TruncationDirection | undefined;
+  /** encodePair: the most tokens of the first and of the second text kept (their first ones), before maxLength applies (Cohere's max_tokens_per_doc, vLLM's max_tokens_per_query). */
+  maxFirst?: number | undefined;
+  maxSecond?: number | undefined;
 }
 
 export interface TextTokenizer {
@@ -315,12 +318,14 @@ class HfJsTokenizer implements TextTokenizer {
     checkMaxLength(opts.maxLength);
     const a = this.#ids(first);
     const b = this.#ids(second);
-    const total = a.length + b.length + this.#pairSpecials;
-    if (total <= opts.maxLength) return assemble(this.#template.pair, [a, b], [a.length, b.length], false);
+    const la = Math.min(a.length, opts.maxFirst ?? Infinity);
+    const lb = Math.min(b.length, opts.maxSecond ?? Infinity);
+    const total = la + lb + this.#pairSpecials;
+    if (total <= opts.maxLength) return assemble(this.#template.pair, [a, b], [la, lb], la < a.length || lb < b.length);
     if (!opts.truncate) throw new InputTooLongError(total, opts.maxLength);
     const budget = opts.maxLength - this.#pairSpecials;
     if (budget < 0) throw new RangeError(`maxLength ${opts.maxLength} is shorter than the ${this.#pairSpecials} special tokens`);
-    return assemble(this.#template.pair, [a, b], longestFirst(a.length, b.length, budget, opts.maxLength), true);
+    return assemble(this.#template.pair, [a, b], longestFirst(la, lb, budget, opts.maxLength), true);
   }
 
   async encodeBatch(texts: string[], opts: EncodeOptions): Promise<Encoding[]> {

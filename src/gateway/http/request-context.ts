@@ -2,7 +2,7 @@
  * HTTP plumbing over uWebSockets.js: a request context that outlives the
  * synchronous handler, body reading with a byte limit, content negotiation
  * (JSON or msgpack), and error responses of one shape:
- * `{"error": message, "type": kind}` with the status for the error's type.
+ * `{"error": message, "error_type": TEI's kind, "type": kind, "code": code}` with the status for the error's type.
  *
  * uWS rules this module hides: the HttpRequest is only valid during the
  * handler's synchronous part (so headers are copied at once); once the client
@@ -328,7 +328,7 @@ export class RequestContext {
    * Answers an error: its status (or `status(info)`), Retry-After on overload,
    * an HttpError's own headers (Allow), and the connection closed after a
    * refused body (once the rest of it is dropped: write). The body is ours,
-   * `{error, type, code}`, unless `shape` gives another protocol's (OpenAI's, KServe's).
+   * `{error, error_type, type, code}`, unless `shape` gives another protocol's (OpenAI's, KServe's).
    * Returns the status it answered with (or would have, had the client stayed).
    */
   fail(err: unknown, shape: (info: ErrorInfo) => unknown = ourErrorShape, status?: (info: ErrorInfo) => number): number {
@@ -390,7 +390,31 @@ export function errorInfo(err: unknown): ErrorInfo {
   return { status: statusOf(err), message: e ? e.message : 'internal error', type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL', err };
 }
 
-const ourErrorShape = (info: ErrorInfo) => ({ error: info.message, type: info.type, code: info.code });
+/**
+ * text-embeddings-inference's `error_type` for each of our families: TEI answers errors as
+ * `{"error", "error_type"}` with one of Unhealthy, Backend, Overloaded, Validation, Tokenizer,
+ * Empty (router/src/lib.rs), and its clients (Haystack's TEI ranker and embedders) read it.
+ * A refusal for load or time is Overloaded, not ready Unhealthy, our failures Backend, and every
+ * other client error Validation.
+ */
+export const TEI_ERROR_TYPE: Readonly<Record<ErrorType, 'Unhealthy' | 'Backend' | 'Overloaded' | 'Validation'>> = {
+  validation: 'Validation',
+  too_long: 'Validation',
+  payload_too_large: 'Validation',
+  not_found: 'Validation',
+  method_not_allowed: 'Validation',
+  unsupported_media_type: 'Validation',
+  unauthorized: 'Validation',
+  unsupported_output: 'Validation',
+  overloaded: 'Overloaded',
+  timeout: 'Overloaded',
+  unavailable: 'Unhealthy',
+  cancelled: 'Backend',
+  backend: 'Backend',
+};
+
+/** Our error body: TEI's `{error, error_type}` with our family (`type`) and stable code. */
+const ourErrorShape = (info: ErrorInfo) => ({ error: info.message, error_type: TEI_ERROR_TYPE[info.type as ErrorType] ?? 'Backend', type: info.type, code: info.code });
 
 function payloadTooLarge(size: number, limit: number): HttpError {
   return new HttpError(413, 'payload_too_large', 'SLABSERVE_PAYLOAD_TOO_LARGE', `request body of ${size} bytes exceeds the limit of ${limit} (--max-body-bytes)`);

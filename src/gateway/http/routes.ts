@@ -27,10 +27,12 @@
 import type { RouteAccess } from '../gate.js';
 import { HttpError } from '../../shared/errors.js';
 import { RequestContext } from './request-context.js';
+import { cohereRoutes } from '../cohere/http.js';
 import { kserveRoutes } from '../kserve/http.js';
 import { openaiRoutes } from '../openai/http.js';
 import { REPOSITORY_ROUTES } from '../repository/http.js';
 import { teiRoutes } from '../tei/http.js';
+import { vllmRoutes } from '../vllm/http.js';
 import type { Route, RouteDeps } from './route-types.js';
 import { ourFail, serveInference } from '../serving.js';
 import { embedEndpoint, predictEndpoint } from '../tei/endpoints.js';
@@ -57,15 +59,17 @@ export const coreRoutes: Route[] = [
 
 function readiness(ctx: RequestContext, deps: RouteDeps): void {
   if (deps.ready()) ctx.send(200, { status: 'ready' });
-  else ctx.send(503, { status: 'not ready', error: 'warming up, inference thread not answering, or draining', type: 'unavailable' });
+  else ctx.send(503, { status: 'not ready', error: 'warming up, inference thread not answering, or draining', error_type: 'Unhealthy', type: 'unavailable' });
 }
 
 /**
  * Every route a gateway serves: the core API, then the rest of TEI's
- * (src/gateway/tei/http.ts), OpenAI's embeddings (src/gateway/openai/http.ts) and KServe v2 /
- * Triton's inference protocol (src/gateway/kserve/http.ts).
+ * (src/gateway/tei/http.ts), OpenAI's embeddings (src/gateway/openai/http.ts), Cohere's and
+ * Jina's rerank and Cohere's embed (src/gateway/cohere/http.ts), vLLM's /score and /classify
+ * (src/gateway/vllm/http.ts) and KServe v2 / Triton's
+ * inference protocol (src/gateway/kserve/http.ts).
  */
-export const DEFAULT_ROUTES: readonly Route[] = [...coreRoutes, ...teiRoutes, ...openaiRoutes, ...kserveRoutes, ...REPOSITORY_ROUTES];
+export const DEFAULT_ROUTES: readonly Route[] = [...coreRoutes, ...teiRoutes, ...openaiRoutes, ...cohereRoutes, ...vllmRoutes, ...kserveRoutes, ...REPOSITORY_ROUTES];
 
 /**
  * Registers `routes`, then a 405 (with Allow) for every known path asked with

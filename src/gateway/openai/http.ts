@@ -8,8 +8,12 @@
  *   GET  /v1/models/{id}   -> one of those
  *
  * `input` is a string, a list of strings, one list of token ids or a list of
- * them. Token ids are the model's own, special tokens included (as TEI takes
- * them), not tiktoken's. `model` must name a loaded embedding model.
+ * them. Token ids are OpenAI's, tiktoken's cl100k_base (what LangChain Python
+ * sends by default): each list is decoded to its text, which is embedded as
+ * text (cl100k.ts). `"token_encoding": "model"` (our extension) takes them as
+ * the model's own ids instead, special tokens included, as TEI takes them;
+ * --openai-token-ids model makes that the default.
+ * `model` must name a loaded embedding model.
  * `encoding_format: "base64"` sends each vector as the base64 of its
  * little-endian float32 bytes, as OpenAI does (the official clients ask for
  * it by default and decode it). `dimensions` keeps the first N components and
@@ -35,6 +39,7 @@ import type { Answer, ErrorInfo, RequestContext } from '../http/request-context.
 import type { Route } from '../http/route-types.js';
 import { OpenAIEmbeddingRequest, parseBody } from '../schemas.js';
 import { prompted } from '../../core/prompts.js';
+import { decodeCl100k } from './cl100k.js';
 import { serveInference, type Endpoint } from '../serving.js';
 
 /** Errors before a route runs (no key, too many connections, ...) in OpenAI's shape too. */
@@ -58,10 +63,12 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     if (model.plan.spec.task !== 'embed') throw new FieldValidationError(`model "${name}" is a ${model.plan.spec.task} model, not an embedding model`, 'model');
     const dim = model.plan.spec.dimension;
     if (body.dimensions !== undefined && body.dimensions > dim) throw new FieldValidationError(`dimensions ${body.dimensions} exceeds model "${name}"'s ${dim}`, 'dimensions');
+    const list = inputList(body.input);
+    const inputs = (body.token_encoding ?? ec.limits.openaiTokenIds) === 'model' ? list : decodeCl100k(list);
     const call = prompted(
       {
         model,
-        inputs: { kind: 'inputs' as const, inputs: inputList(body.input), truncate: body.truncate ?? ec.limits.truncate, direction: body.truncation_direction },
+        inputs: { kind: 'inputs' as const, inputs, truncate: body.truncate ?? ec.limits.truncate, direction: body.truncation_direction },
         timeoutMs: ec.timeoutMs,
         priority: ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority),
         cancel: ec.cancel,

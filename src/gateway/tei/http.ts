@@ -15,7 +15,7 @@
  *   POST /models/{name}/embed_sparse, /embed_all, /rerank, /similarity, /tokenize, /decode: the model named in the path
  *
  * The endpoints are tei.ts's (the WebSocket API serves them too). Errors are
- * ours: `{error, type, code}`.
+ * TEI's `{error, error_type}` with our `type` and `code` beside them.
  */
 import type { Route } from '../http/route-types.js';
 import { ourFail, serveInference, serveLocal } from '../serving.js';
