@@ -51,14 +51,14 @@ export interface PreparedModel {
 export interface GraphFusions {
   /** LayerNormalizations run as SkipLayerNormalization. */
   layerNorms: number;
-  /** Self-attentions run as one Attention node. */
+  /** Self-attentions run as one Attention (or MultiHeadAttention) node. */
   attentions: number;
 }
 
 /** The fused ops in `graph`, however they came there. */
 function fusedOps(graph: onnx.IGraphProto): GraphFusions {
-  const count = (opType: string) => (graph.node ?? []).filter((n) => n.opType === opType && n.domain === MS_DOMAIN).length;
-  return { layerNorms: count('SkipLayerNormalization'), attentions: count('Attention') };
+  const count = (...opTypes: string[]) => (graph.node ?? []).filter((n) => opTypes.includes(n.opType ?? '') && n.domain === MS_DOMAIN).length;
+  return { layerNorms: count('SkipLayerNormalization'), attentions: count('Attention', 'MultiHeadAttention') };
 }
 
 /** The per-token output's name: the token states as they are (TEI's /embed_all). */

@@ -114,7 +114,7 @@ export function modernBertParams(checkpoint: Checkpoint, plan: ModernBertPlan): 
   const prefix = bodyPrefixOf(checkpoint, plan, 'embeddings.tok_embeddings.weight');
   const full = (name: string) => (/^(head|classifier|decoder)\b/.test(name) ? name : `${prefix}${name}`);
   const hasBias = (name: string) => (/\.attn\./.test(name) ? plan.bias.attention : /\.mlp\./.test(name) ? plan.bias.mlp : name === 'classifier' ? true : plan.bias.classifier);
-  // Wqkv (q, k, v) and Wi (input, gate) are asked for in row slices, one after another: the tensor is read once.
+  // Wi (input, gate) is asked for in row slices, one after the other: the tensor is read once.
   let last: { name: string; data: Float32Array } | undefined;
   const floats = (name: string, shape: number[]) => (last?.name === name ? last.data : (last = { name, data: checkpoint.floats(name, shape) }).data);
   return {

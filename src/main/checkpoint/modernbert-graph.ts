@@ -8,12 +8,19 @@
  * block (the activation on the first half of Wi's output, times the second);
  * biases only where the config says so.
  *
- * Written in onnxruntime's fused ops where they apply: each residual sum and
- * the LayerNorm after it as one SkipLayerNormalization (which also gives the
- * sum, the next block's residual), GELU as Gelu or FastGelu; the attention
- * runs op by op (its rotary embeddings and window are not Attention's). In
- * float32 or float16 (weights, activations and the masks; the rotary angles
- * computed in float32 and cast, as transformers does), float32 out.
+ * Written in onnxruntime's fused ops: each residual sum and the LayerNorm
+ * after it as one SkipLayerNormalization (which also gives the sum, the next
+ * block's residual); q and k rotated by RotaryEmbedding, the attention one
+ * MultiHeadAttention (the padding as its key_padding_mask, a local layer's
+ * window as its attention_bias); GELU as Gelu or FastGelu. In float32 or
+ * float16 (weights, activations and the masks; the rotary angles computed in
+ * float32 and cast, as transformers does), float32 out.
+ *
+ * Masked keys take -10000 (onnxruntime's mask fill) where transformers takes
+ * float32's min: either is exactly 0 after Softmax for a real query, and a
+ * padded query whose every key is masked stays finite (the padding and the
+ * window both at float32's min would sum to -inf, and its NaN would reach the
+ * real rows through the next layer's values).
  *
  *   inputs  input_ids, attention_mask: int64 [batch_size, sequence_length]
  *   head 'hidden':   last_hidden_state [B, T, H]
@@ -55,14 +62,12 @@ export interface ModernBertParams {
   decoder(hidden: number, vocab: number): { weight: Float32Array; bias: Float32Array | undefined };
 }
 
-const FLOAT32_MIN = -3.4028234663852886e38;
-/** The masks' fill in float16, its most negative finite value (float32's min is -inf there). */
-const FLOAT16_MIN = -65504;
+/** What a masked key scores (header). */
+const MASK_FILL = -10000;
 
 class Parts {
-  /** 0..T-1 (int64), and the split of a head's dimension into halves: made once, shared by every layer. */
+  /** 0..T-1 (int64): made once, shared by every layer. */
   readonly positions: string;
-  readonly halves: string;
   /** The element type of weights and activations, and its ONNX code (for Casts). */
   readonly float: 'float' | 'float16';
   readonly floatCode: number;
@@ -79,8 +84,6 @@ class Parts {
     const zero = b.addInitializer('/Constant_zero', 'int64', [0], []);
     const one = b.addInitializer('/Constant_one', 'int64', [1], []);
     this.positions = b.op('Range', [zero, b.op('Gather', [b.op('Shape', [ids]), one], { axis: 0 }), one]);
-    const d = shape.hidden / shape.heads;
-    this.halves = this.ints('/Constant_rotary_halves', [d / 2, d / 2]);
   }
 
   scalar(name: string, v: number): string {
@@ -101,7 +104,7 @@ class Parts {
     return this.b.addInitializer(name, 'int64', v, [v.length]);
   }
 
-  /** x @ W (+ bias); `rows` picks a slice of the layer's output rows (Wqkv's q, k or v; Wi's two halves). */
+  /** x @ W (+ bias); `rows` picks a slice of the layer's output rows (Wi's two halves). */
   dense(x: string, name: string, fanIn: number, fanOut: number, rows?: [number, number, number], suffix = ''): string {
     const { weight, bias } = this.params.linear(name, fanIn, fanOut, rows);
     const out = this.b.op('MatMul', [x, this.weight(`${name}${suffix}.weight`, weight, [fanIn, fanOut])]);
@@ -143,29 +146,27 @@ export function buildModernBertGraph(name: string, shape: ModernBertShape, param
   for (let l = 0; l < shape.layers; l++) {
     const local = shape.localLayers[l]!;
     const next = l + 1 < shape.layers ? `layers.${l + 1}.attn_norm` : 'final_norm';
-    stream = b.scoped(`layers.${l}`, () => encoderLayer(g, l, stream, next, local ? masks.local : masks.global, rotaryOf(local ? shape.localTheta : shape.globalTheta)));
+    const layerMasks = local ? masks : { padding: masks.padding };
+    stream = b.scoped(`layers.${l}`, () => encoderLayer(g, l, stream, next, layerMasks, rotaryOf(local ? shape.localTheta : shape.globalTheta)));
   }
   addHead(g, stream.normed, mask);
   return b.graph();
 }
 
-/** The additive masks [B, 1, T, T]: padding (global layers), and padding or outside the window (local layers); never -inf. */
-function attentionMasks(g: Parts, mask: string): { global: string; local: string } {
+/** The padding, as MultiHeadAttention's key_padding_mask (int32 [B, T]), and a local layer's window as its attention_bias ([1, 1, T, T]). */
+function attentionMasks(g: Parts, mask: string): { padding: string; window: string } {
   const { b } = g;
-  const min = g.scalar('/Constant_float_min', g.float === 'float16' ? FLOAT16_MIN : FLOAT32_MIN);
-  const one = g.scalar('/Constant_one_float', 1);
-  const padding = b.op('Mul', [b.op('Sub', [one, b.op('Cast', [b.op('Unsqueeze', [mask, g.ints('/Constant_mask_axes', [1, 2])])], { to: g.floatCode })]), min]);
+  const padding = b.op('Cast', [mask], { to: onnx.TensorProto.DataType.INT32 });
   const t = g.positions;
   const distance = b.op('Abs', [b.op('Sub', [b.op('Unsqueeze', [t, g.ints('/Constant_axes_1', [1])]), b.op('Unsqueeze', [t, g.ints('/Constant_axes_0', [0])])])]);
   const outside = b.op('Greater', [distance, b.addInitializer('/Constant_half_window', 'int64', [Math.floor(g.shape.localWindow / 2)], [])]);
-  const window = b.op('Where', [outside, min, g.scalar('/Constant_zero_float', 0)]); // [T, T]
-  // transformers masks with masked_fill, so a key both padded and outside is float32 min, not -inf: Min, not Add.
-  return { global: padding, local: b.op('Min', [padding, window]) };
+  const window = b.op('Where', [outside, g.scalar('/Constant_mask_fill', MASK_FILL), g.scalar('/Constant_zero_float', 0)]); // [T, T]
+  return { padding, window: b.op('Unsqueeze', [window, g.ints('/Constant_bias_axes', [0, 1])]) };
 }
 
 /**
- * cos and sin of the rotary angles, [1, 1, T, d]: position * inv_freq with inv_freq = 1 / theta^(2i/d),
- * each frequency twice (cat(freqs, freqs)), as ModernBertRotaryEmbedding makes them in float32.
+ * RotaryEmbedding's caches, [T, d / 2]: cos and sin of position * inv_freq, inv_freq = 1 / theta^(2i/d),
+ * as ModernBertRotaryEmbedding makes them in float32 (the op rotates each half by the same angles).
  */
 function rotaryTables(g: Parts, theta: number, index: number): { cos: string; sin: string } {
   const { b } = g;
@@ -174,37 +175,27 @@ function rotaryTables(g: Parts, theta: number, index: number): { cos: string; si
   const invFreq = b.addInitializer(`/Constant_inv_freq_${index}`, 'float', inv, [1, d / 2]);
   const pos = b.op('Cast', [b.op('Unsqueeze', [g.positions, g.ints(`/Constant_rotary_axis_${index}`, [1])])], { to: onnx.TensorProto.DataType.FLOAT }); // [T, 1]
   const freqs = b.op('Mul', [pos, invFreq]); // [T, d/2]
-  const emb = b.op('Concat', [freqs, freqs], { axis: -1 }); // [T, d]
   const cast = (t: string) => (g.float === 'float' ? t : b.op('Cast', [t], { to: g.floatCode }));
-  return { cos: cast(b.op('Cos', [emb])), sin: cast(b.op('Sin', [emb])) };
+  return { cos: cast(b.op('Cos', [freqs])), sin: cast(b.op('Sin', [freqs])) };
 }
 
-/** x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1) over the head dimension. */
+/** q or k [B, T, H] rotated by half (rotate_half's form, not interleaved), positions from 0. */
 function rotate(g: Parts, x: string, cs: { cos: string; sin: string }): string {
-  const { b } = g;
-  const halves = b.node('Split', [x, g.halves], { axis: -1 }, 2);
-  const rotated = b.op('Concat', [b.op('Neg', [halves[1]!]), halves[0]!], { axis: -1 });
-  return b.op('Add', [b.op('Mul', [x, cs.cos]), b.op('Mul', [rotated, cs.sin])]);
+  const start = g.b.has('/Constant_rotary_start') ? '/Constant_rotary_start' : g.b.addInitializer('/Constant_rotary_start', 'int64', [0], [1]);
+  return g.b.msOp('RotaryEmbedding', [x, start, cs.cos, cs.sin], { interleaved: 0, num_heads: g.shape.heads });
 }
 
 /**
  * Layer `l` over the stream (`sum`, the residual; `normed`, its attn_norm): returns the next
  * stream, normed by `nextNorm` (the next layer's attn_norm, or the final norm).
  */
-function encoderLayer(g: Parts, l: number, stream: { normed: string; sum: string }, nextNorm: string, bias: string, cs: { cos: string; sin: string }): { normed: string; sum: string } {
+function encoderLayer(g: Parts, l: number, stream: { normed: string; sum: string }, nextNorm: string, masks: { padding: string; window?: string }, cs: { cos: string; sin: string }): { normed: string; sum: string } {
   const { b, shape } = g;
   const { hidden: H, heads, intermediate: I } = shape;
-  const d = H / heads;
   const p = `layers.${l}`;
-  const normed = stream.normed;
-  const split = g.ints(`/${p}/Constant_split_heads_shape`, [0, 0, heads, d]);
-  const heads4 = (t: string, perm: number[]) => b.op('Transpose', [b.op('Reshape', [t, split])], { perm });
-  const proj = (k: number, label: string) => g.dense(normed, `${p}.attn.Wqkv`, H, H, [k * H, (k + 1) * H, 3 * H], `_${label}`);
-  const q = rotate(g, heads4(proj(0, 'q'), [0, 2, 1, 3]), cs);
-  const k = rotate(g, heads4(proj(1, 'k'), [0, 2, 1, 3]), cs);
-  const v = heads4(proj(2, 'v'), [0, 2, 1, 3]);
-  const scores = b.op('Add', [b.op('Mul', [b.op('MatMul', [q, b.op('Transpose', [k], { perm: [0, 1, 3, 2] })]), g.scalar(`/${p}/Constant_scale`, d ** -0.5)]), bias]);
-  const ctx = b.op('Reshape', [b.op('Transpose', [b.op('MatMul', [b.op('Softmax', [scores], { axis: -1 }), v])], { perm: [0, 2, 1, 3] }), g.ints(`/${p}/Constant_merge_heads_shape`, [0, 0, H])]);
+  const [q, k, v] = b.node('Split', [g.dense(stream.normed, `${p}.attn.Wqkv`, H, 3 * H), g.ints(`/${p}/Constant_qkv_split`, [H, H, H])], { axis: -1 }, 3) as [string, string, string];
+  const inputs = [rotate(g, q, cs), rotate(g, k, cs), v, '', masks.padding, ...(masks.window ? [masks.window] : [])];
+  const ctx = b.msOp('MultiHeadAttention', inputs, { num_heads: heads, mask_filter_value: { f: MASK_FILL } }); // [B, T, H]
   const h = g.skipNorm(g.dense(ctx, `${p}.attn.Wo`, H, H), stream.sum, `${p}.mlp_norm`);
   const input = g.dense(h.normed, `${p}.mlp.Wi`, H, I, [0, I, 2 * I], '_input');
   const gate = g.dense(h.normed, `${p}.mlp.Wi`, H, I, [I, 2 * I, 2 * I], '_gate');
