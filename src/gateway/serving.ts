@@ -242,6 +242,7 @@ function timingHeaders(ctx: RequestContext, r: InferResult | undefined): Record<
     'x-total-time': total,
   };
   if (r.cache) headers['x-cache'] = r.cache; // hit: every input from the result cache; absent with --cache-mb 0
+  if (r.windows !== undefined) headers['x-windows'] = String(r.windows); // a chunked request: the windows it ran
   return headers;
 }
 

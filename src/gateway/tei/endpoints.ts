@@ -36,6 +36,8 @@ import type { RequestRows } from '../../core/submitter.js';
 import { quantizeRow, scalesTheUnitRow, type EmbeddingType } from '../../core/quantized-embeddings.js';
 import { similaritiesToFirst } from '../../core/similarity.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from '../serving.js';
+import { cutOf } from '../long-inputs.js';
+import type { LongInputs } from '../../shared/options.js';
 
 /** What a route runs on: a task's models, any model (null), or embedding models that give an output. */
 type Wanted = Task | null | { output: ModelOutput; route: string };
@@ -64,10 +66,11 @@ function scheduling(ec: EndpointContext, body: { timeout?: number | undefined; p
 function inputsCall(
   ec: EndpointContext,
   want: Wanted,
-  body: { inputs: Inputs; truncate?: boolean | undefined; truncation_direction?: 'right' | 'left' | undefined; model?: string | undefined; timeout?: number; priority?: string },
+  body: { inputs: Inputs; truncate?: boolean | undefined; truncation_direction?: 'right' | 'left' | undefined; long_inputs?: LongInputs | undefined; model?: string | undefined; timeout?: number; priority?: string },
 ) {
   const model = pickModel(ec, want, inputCount(body.inputs), body.model);
-  const inputs = { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? ec.limits.truncate, direction: body.truncation_direction };
+  const cut = cutOf(ec, model, { long: body.long_inputs, truncate: body.truncate });
+  const inputs = { kind: 'inputs' as const, inputs: inputList(body.inputs), ...cut, direction: body.truncation_direction };
   return { model, inputs, ...scheduling(ec, body) };
 }
 
@@ -350,7 +353,8 @@ export const rerankEndpoint: Endpoint<{ texts: string[]; returnText: boolean; ra
   parse(raw, ec) {
     const body = parseBody(RerankRequest, raw);
     const model = pickModel(ec, 'rerank', body.texts.length, body.model);
-    const call = { model, inputs: { kind: 'pairs' as const, queries: [body.query], texts: body.texts, truncate: body.truncate ?? ec.limits.truncate }, ...scheduling(ec, body) };
+    const cut = cutOf(ec, model, { long: body.long_inputs ?? (body.max_chunks_per_doc ? 'chunk' : undefined), truncate: body.truncate }, undefined, body.max_chunks_per_doc);
+    const call = { model, inputs: { kind: 'pairs' as const, queries: [body.query], texts: body.texts, ...cut }, ...scheduling(ec, body) };
     return { call, state: { texts: body.texts, returnText: body.return_text ?? false, raw: body.raw_scores ?? false } };
   },
   answer(r, _call, state) {

@@ -1,0 +1,207 @@
+/**
+ * Long inputs (docs/long-inputs.md): an input longer than the model takes,
+ * chunked into windows of the model's length that run in the batches like
+ * any input, their rows combined; a long document reranked by its best window.
+ *
+ * The reference is independent of the server's graph and of its windowing:
+ * a plain onnxruntime session of the unmodified model.onnx, each window run
+ * alone and unpadded, windowed and pooled by this file's own code. Texts are
+ * whole vocabulary words joined by spaces, so word k is token k after [CLS]
+ * (checked: the token count is the word count plus the special tokens).
+ */
+import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
+import { writePreset } from '../dist/models/generator/presets.js';
+import { startServer, type Server } from '../dist/src/main/server.js';
+import { loadModelSpec, type Pooling } from '../dist/src/shared/model-format/model-config.js';
+import { parseMetrics } from './fixtures/http-client.js';
+import { eventually, makeRandom, PlainReference, sigmoid, testServerConfig, vocabularyWords } from './helpers.js';
+
+process.env.SLABSERVE_TEST_HOOKS = '1';
+
+const TOLERANCE = 1e-5;
+const MAX_LENGTH = 64;
+/** Text tokens in a window of one input: [CLS] and [SEP] take two. */
+const BODY = MAX_LENGTH - 2;
+const HIDDEN = 128;
+const MAX_INPUT_TOKENS = 4 * MAX_LENGTH;
+const OVERLAP = 10;
+const POOLINGS: Pooling[] = ['mean', 'cls', 'lasttoken'];
+
+let root: string;
+/** --long-inputs chunk, --max-input-tokens 4 model lengths. */
+let chunking: Server;
+/** The defaults (error), --chunk-overlap-tokens 10: requests ask for chunks themselves. */
+let overlapping: Server;
+let embedRef: PlainReference;
+let rerankRef: PlainReference;
+let tok: TextTokenizer;
+let words: string[];
+
+// ------------------------------------------------------------------ the reference
+
+function randomWords(rand: () => number, n: number): string[] {
+  return Array.from({ length: n }, () => words[Math.floor(rand() * words.length)]!);
+}
+
+/** The ids of a text as one input, never cut (every word one token: checked). */
+function idsOf(text: string, wordCount: number): Int32Array {
+  const ids = tok.encode(text, { maxLength: 100_000, truncate: false }).ids;
+  expect(ids.length, 'tokens of the text').toBe(wordCount + 2);
+  return ids;
+}
+
+/** This file's windows of a text's ids: [CLS], `body` text tokens from each start, [SEP]; the starts `body - overlap` apart. */
+function windowsOf(ids: Int32Array, body: number, overlap: number): Int32Array[] {
+  const text = ids.subarray(1, ids.length - 1);
+  const out: Int32Array[] = [];
+  for (let s = 0; ; s += body - overlap) {
+    const slice = text.subarray(s, Math.min(s + body, text.length));
+    out.push(Int32Array.from([ids[0]!, ...slice, ids[ids.length - 1]!]));
+    if (s + body >= text.length) return out;
+  }
+}
+
+/** One window's pooled vector (not normalised), as `mode` pools its token states. */
+async function pooled(ids: Int32Array, mode: Pooling): Promise<Float64Array> {
+  const states = await embedRef.raw(ids);
+  const n = ids.length;
+  const out = new Float64Array(HIDDEN);
+  if (mode === 'mean') {
+    for (let t = 0; t < n; t++) for (let h = 0; h < HIDDEN; h++) out[h]! += states[t * HIDDEN + h]!;
+    return out.map((v) => v / n);
+  }
+  const t = mode === 'cls' ? 0 : n - 1;
+  for (let h = 0; h < HIDDEN; h++) out[h] = states[t * HIDDEN + h]!;
+  return out;
+}
+
+/** The windows' vectors averaged, each weighing its token count, then normalised (or not). */
+async function chunkedReference(windows: Int32Array[], mode: Pooling, normalize: boolean): Promise<Float64Array> {
+  const sum = new Float64Array(HIDDEN);
+  let weights = 0;
+  for (const w of windows) {
+    const v = await pooled(w, mode);
+    for (let h = 0; h < HIDDEN; h++) sum[h]! += w.length * v[h]!;
+    weights += w.length;
+  }
+  const mean = sum.map((v) => v / weights);
+  if (!normalize) return mean;
+  const norm = Math.hypot(...mean);
+  return mean.map((v) => v / norm);
+}
+
+function worstDiff(got: number[], want: Float64Array): number {
+  expect(got).toHaveLength(want.length);
+  let worst = 0;
+  for (let h = 0; h < want.length; h++) worst = Math.max(worst, Math.abs(got[h]! - want[h]!));
+  return worst;
+}
+
+// ------------------------------------------------------------------ the servers
+
+async function post(server: Server, path: string, body: unknown, signal?: AbortSignal): Promise<{ status: number; body: any; headers: Headers }> {
+  const r = await fetch(`${server.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal });
+  return { status: r.status, body: await r.json(), headers: r.headers };
+}
+
+function variant(embedDir: string, pooling: Pooling): string {
+  const dir = join(root, `tiny-embed-${pooling}`);
+  cpSync(embedDir, dir, { recursive: true });
+  writeFileSync(join(dir, 'serve.json'), JSON.stringify({ task: 'embed', pooling, normalize: true, maxLength: MAX_LENGTH }));
+  return dir;
+}
+
+beforeAll(async () => {
+  root = mkdtempSync(join(tmpdir(), 'slabserve-long-inputs-'));
+  const embedDir = writePreset('tiny-embed', root, { maxLength: MAX_LENGTH }).dir;
+  const rerankDir = writePreset('tiny-rerank', root, { maxLength: MAX_LENGTH }).dir;
+  const variants = (['cls', 'lasttoken'] as Pooling[]).map((p) => variant(embedDir, p));
+  embedRef = await PlainReference.open(embedDir);
+  rerankRef = await PlainReference.open(rerankDir);
+  tok = await loadTokenizer(loadModelSpec(embedDir).tokenizerPath);
+  words = vocabularyWords(loadModelSpec(embedDir));
+  const batching = { maxBatchTokens: 4096 };
+  chunking = await startServer(testServerConfig({ models: [embedDir, ...variants, rerankDir], slotsPerModel: 64, longInputs: 'chunk', maxInputTokens: MAX_INPUT_TOKENS, batching }));
+  overlapping = await startServer(testServerConfig({ models: [embedDir], slotsPerModel: 64, chunkOverlapTokens: OVERLAP, batching }));
+  await Promise.all([chunking.ready, overlapping.ready]);
+}, 120_000);
+
+afterAll(async () => {
+  await Promise.all([chunking?.close(), overlapping?.close()]);
+  await Promise.all([embedRef?.close(), rerankRef?.close()]);
+  if (root) rmSync(root, { recursive: true, force: true });
+});
+
+const modelOf = (mode: Pooling) => (mode === 'mean' ? 'tiny-embed' : `tiny-embed-${mode}`);
+
+// ------------------------------------------------------------------ embeddings
+
+describe('embeddings of a text longer than the model takes, chunked', () => {
+  it('a text of 3.5 model lengths, mean, CLS and last-token pooling: the length-weighted mean of the windows\' rows run alone, within 1e-5, normalised and not', async () => {
+    const rand = makeRandom('long inputs poolings');
+    const n = Math.round(3.5 * MAX_LENGTH) - 2;
+    let worst = 0;
+    for (const mode of POOLINGS) {
+      const ws = randomWords(rand, n);
+      const text = ws.join(' ');
+      const windows = windowsOf(idsOf(text, n), BODY, 0);
+      expect(windows).toHaveLength(4);
+      for (const normalize of [true, false]) {
+        const r = await post(chunking, '/embed', { model: modelOf(mode), inputs: [text, 'a short one'], normalize });
+        expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200);
+        worst = Math.max(worst, worstDiff(r.body[0], await chunkedReference(windows, mode, normalize)));
+        expect(r.headers.get('x-windows'), 'the windows the request ran').toBe(String(windows.length + 1));
+      }
+    }
+    expect(worst).toBeLessThan(TOLERANCE);
+    console.log(`long inputs: ${POOLINGS.join(', ')}, worst |diff| ${worst.toExponential(2)}`);
+  });
+
+  it('with --chunk-overlap-tokens: each window repeats the last tokens of the one before; asked for by long_inputs on a server whose default is a 413', async () => {
+    const rand = makeRandom('long inputs overlap');
+    const n = Math.round(3.5 * MAX_LENGTH) - 2;
+    const text = randomWords(rand, n).join(' ');
+    const windows = windowsOf(idsOf(text, n), BODY, OVERLAP);
+    expect(windows).toHaveLength(5);
+    expect((await post(overlapping, '/embed', { inputs: text })).status).toBe(413);
+    const r = await post(overlapping, '/embed', { inputs: text, long_inputs: 'chunk' });
+    expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200);
+    expect(worstDiff(r.body[0], await chunkedReference(windows, 'mean', true))).toBeLessThan(TOLERANCE);
+    // OpenAI's body takes the field too; truncate: true still cuts.
+    const openai = await post(overlapping, '/v1/embeddings', { model: 'tiny-embed', input: text, long_inputs: 'chunk' });
+    expect(openai.status, JSON.stringify(openai.body).slice(0, 300)).toBe(200);
+    expect(worstDiff(openai.body.data[0].embedding, await chunkedReference(windows, 'mean', true))).toBeLessThan(TOLERANCE);
+    const cut = await post(overlapping, '/embed', { inputs: text, truncate: true });
+    expect(worstDiff(cut.body[0], await chunkedReference(windows.slice(0, 1), 'mean', true))).toBeLessThan(TOLERANCE);
+  });
+
+  it('--max-input-tokens: a longer input is refused in each dialect\'s error shape (413, or the 400 the dialect answers a too-long input with)', async () => {
+    const rand = makeRandom('long inputs bound');
+    const text = randomWords(rand, MAX_INPUT_TOKENS).join(' '); // two tokens past the bound
+    const tei = await post(chunking, '/embed', { inputs: text });
+    expect(tei.status).toBe(413);
+    expect(tei.body).toMatchObject({ error: expect.stringMatching(/--max-input-tokens/), error_type: 'Validation', code: 'SLABSERVE_INPUT_TOO_LONG' });
+    const openai = await post(chunking, '/v1/embeddings', { model: 'tiny-embed', input: text });
+    expect(openai.status).toBe(400);
+    expect(openai.body.error).toMatchObject({ type: 'invalid_request_error', code: 'context_length_exceeded', message: expect.stringMatching(/--max-input-tokens/) });
+    const cohere = await post(chunking, '/v2/embed', { model: 'tiny-embed', texts: [text], input_type: 'search_document' });
+    expect(cohere.status).toBe(400);
+    expect(cohere.body).toMatchObject({ id: expect.any(String), message: expect.stringMatching(/--max-input-tokens/), code: 'SLABSERVE_INPUT_TOO_LONG' });
+    const rerank = await post(chunking, '/v2/rerank', { model: 'tiny-rerank', query: 'where', documents: [text] });
+    expect(rerank.status).toBe(400);
+    expect(rerank.body).toMatchObject({ message: expect.stringMatching(/--max-input-tokens/), code: 'SLABSERVE_INPUT_TOO_LONG' });
+    const kserve = await post(chunking, '/v2/models/tiny-embed/infer', { inputs: [{ name: 'text', shape: [1], datatype: 'BYTES', data: [text] }] });
+    expect(kserve.status).toBe(413);
+    expect(Object.keys(kserve.body)).toEqual(['error']);
+    expect(kserve.body.error).toMatch(/--max-input-tokens/);
+    const vllm = await post(chunking, '/score', { model: 'tiny-rerank', text_1: 'where', text_2: text });
+    expect(vllm.body.error, JSON.stringify(vllm.body)).toMatchObject({ message: expect.stringMatching(/--max-input-tokens/) });
+    // One token fewer than the bound is chunked.
+    const within = randomWords(rand, MAX_INPUT_TOKENS - 2).join(' ');
+    expect((await post(chunking, '/embed', { inputs: within })).status).toBe(200);
+  });
+});
