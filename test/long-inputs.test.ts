@@ -205,3 +205,108 @@ describe('embeddings of a text longer than the model takes, chunked', () => {
     expect((await post(chunking, '/embed', { inputs: within })).status).toBe(200);
   });
 });
+
+// ------------------------------------------------------------------ token vectors
+
+describe('token vectors of a text longer than the model takes', () => {
+  it('/embed_all: the windows\' token states in order, each text token once (the overlap from the earlier window), [CLS] first and [SEP] last', async () => {
+    const rand = makeRandom('long inputs token vectors');
+    const n = Math.round(3.5 * MAX_LENGTH) - 2;
+    const text = randomWords(rand, n).join(' ');
+    const windows = windowsOf(idsOf(text, n), BODY, OVERLAP);
+    const want: Float32Array[] = [];
+    for (const [k, w] of windows.entries()) {
+      const states = await embedRef.raw(w);
+      const from = k === 0 ? 0 : 1 + OVERLAP;
+      const to = k === windows.length - 1 ? w.length : w.length - 1;
+      for (let t = from; t < to; t++) want.push(states.subarray(t * HIDDEN, (t + 1) * HIDDEN));
+    }
+    expect(want).toHaveLength(n + 2);
+    const r = await post(overlapping, '/embed_all', { inputs: [text, 'a short one'], long_inputs: 'chunk' });
+    expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200);
+    expect(r.body[0]).toHaveLength(n + 2);
+    expect(r.body[1]).toHaveLength(5);
+    let worst = 0;
+    want.forEach((v, t) => (worst = Math.max(worst, worstDiff(r.body[0][t], Float64Array.from(v)))));
+    expect(worst).toBeLessThan(TOLERANCE);
+  });
+});
+
+// ------------------------------------------------------------------ rerank
+
+/** The reference windows of a (query, document) pair: [CLS] query [SEP] document slice [SEP], as many document tokens as fit beside the query. */
+function pairWindows(query: Int32Array, doc: Int32Array, maxWindows = Infinity): { ids: Int32Array; typeIds: Int32Array }[] {
+  const [cls, sep] = [doc[0]!, doc[doc.length - 1]!];
+  const q = query.subarray(1, query.length - 1);
+  const body = MAX_LENGTH - 3 - q.length;
+  return windowsOf(doc, body, 0)
+    .slice(0, maxWindows)
+    .map((w) => {
+      const ids = Int32Array.from([cls, ...q, sep, ...w.subarray(1)]);
+      return { ids, typeIds: Int32Array.from(ids, (_, i) => (i < q.length + 2 ? 0 : 1)) };
+    });
+}
+
+async function windowLogits(query: Int32Array, doc: Int32Array, maxWindows?: number): Promise<number[]> {
+  const out: number[] = [];
+  for (const w of pairWindows(query, doc, maxWindows)) out.push((await rerankRef.rerank(w.ids, w.typeIds)).logit);
+  return out;
+}
+
+describe('rerank of a document longer than the model takes: its best window', () => {
+  it('/rerank, /v1/rerank and /v2/rerank: each document scores as its best window run alone (every pair scored), max_chunks_per_doc bounds the windows, the text comes back whole', async () => {
+    const rand = makeRandom('long inputs rerank');
+    const query = randomWords(rand, 5).join(' ');
+    const qIds = idsOf(query, 5);
+    const docs = Array.from({ length: 4 }, () => randomWords(rand, 150 + Math.floor(rand() * 60)));
+    const texts = docs.map((d) => d.join(' '));
+    const logits = await Promise.all(texts.map((t, i) => windowLogits(qIds, idsOf(t, docs[i]!.length))));
+    // The best window is not always the first: a rule that kept the first would fail here.
+    expect(logits.some((l) => l.indexOf(Math.max(...l)) > 0), JSON.stringify(logits)).toBe(true);
+    const best = logits.map((l) => Math.max(...l));
+    const tei = await post(chunking, '/rerank', { query, texts, raw_scores: true, return_text: true });
+    expect(tei.status, JSON.stringify(tei.body).slice(0, 300)).toBe(200);
+    for (const r of tei.body) {
+      expect(Math.abs(r.score - best[r.index]!), `text ${r.index}`).toBeLessThan(TOLERANCE);
+      expect(r.text).toBe(texts[r.index]);
+    }
+    expect(tei.headers.get('x-windows')).toBe(String(logits.reduce((n, l) => n + l.length, 0)));
+    const two = await Promise.all(texts.map((t, i) => windowLogits(qIds, idsOf(t, docs[i]!.length), 2)));
+    const v1 = await post(chunking, '/v1/rerank', { query, documents: texts, max_chunks_per_doc: 2 });
+    expect(v1.status, JSON.stringify(v1.body).slice(0, 300)).toBe(200);
+    for (const r of v1.body.results) {
+      expect(Math.abs(r.relevance_score - sigmoid(Math.max(...two[r.index]!))), `document ${r.index}`).toBeLessThan(TOLERANCE);
+      expect(r.document.text).toBe(texts[r.index]);
+    }
+    const v2 = await post(chunking, '/v2/rerank', { model: 'tiny-rerank', query, documents: texts });
+    expect(v2.status, JSON.stringify(v2.body).slice(0, 300)).toBe(200);
+    for (const r of v2.body.results) expect(Math.abs(r.relevance_score - sigmoid(best[r.index]!)), `document ${r.index}`).toBeLessThan(TOLERANCE);
+  });
+});
+
+// ------------------------------------------------------------------ slots
+
+const slotsInUse = async (server: Server) => parseMetrics(await (await fetch(`${server.url}/metrics`)).text()).sum('slabserve_slots_in_use', { model: 'tiny-embed' });
+
+describe('a chunked request holds its windows as one request', () => {
+  it('cancelled while its windows wait for the device (the client goes away): every slot it held comes back', async () => {
+    const rand = makeRandom('long inputs cancel');
+    const n = Math.round(3.5 * MAX_LENGTH) - 2;
+    const text = randomWords(rand, n).join(' ');
+    const hooks = chunking.testHooks!;
+    expect(await slotsInUse(chunking)).toBe(0);
+    await hooks.holdInference();
+    const ac = new AbortController();
+    let sent: Promise<unknown> | undefined;
+    try {
+      sent = post(chunking, '/embed', { inputs: text }, ac.signal).catch((e: Error) => e);
+      await eventually('its 4 windows queued', async () => hooks.inputsWaiting('tiny-embed'), (w) => w >= 4);
+      expect(await slotsInUse(chunking), 'one slot a window').toBe(4);
+      ac.abort();
+      await sent;
+    } finally {
+      hooks.releaseInference();
+    }
+    await eventually('every slot back', () => slotsInUse(chunking), (s) => s === 0);
+  });
+});
