@@ -175,6 +175,7 @@ describe('embeddings of a text longer than the model takes, chunked', () => {
     const openai = await post(overlapping, '/v1/embeddings', { model: 'tiny-embed', input: text, long_inputs: 'chunk' });
     expect(openai.status, JSON.stringify(openai.body).slice(0, 300)).toBe(200);
     expect(worstDiff(openai.body.data[0].embedding, await chunkedReference(windows, 'mean', true))).toBeLessThan(TOLERANCE);
+    expect(openai.body.usage, 'usage counts every window\'s tokens').toEqual({ prompt_tokens: windows.reduce((n, w) => n + w.length, 0), total_tokens: expect.any(Number), windows: windows.length });
     const cut = await post(overlapping, '/embed', { inputs: text, truncate: true });
     expect(worstDiff(cut.body[0], await chunkedReference(windows.slice(0, 1), 'mean', true))).toBeLessThan(TOLERANCE);
   });

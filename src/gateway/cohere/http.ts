@@ -66,7 +66,7 @@ const failCohereV1 = cohereFail(true);
 /** The text of a document (a string, or an object's `text`). */
 const documentText = (d: RerankDocument) => (typeof d === 'string' ? d : d.text);
 
-/** Cohere bills a search unit per query of up to 100 documents. */
+/** Cohere's search units: one per 100 documents, a chunked document's windows counting one each (as Cohere bills its chunks). */
 const searchUnits = (documents: number) => Math.max(1, Math.ceil(documents / 100));
 
 /** A reranker for `name` (the first one served when none is named), with the request's size checked. */
@@ -117,7 +117,7 @@ const v2RerankEndpoint: Endpoint<{ topN: number | undefined; documents: number }
     return { call, state: { topN: body.top_n ?? undefined, documents: body.documents.length } };
   },
   answer(r, _call, state) {
-    return { id: randomUUID(), results: ranked(r, state.topN), meta: { api_version: { version: '2' }, billed_units: { search_units: searchUnits(state.documents) } } };
+    return { id: randomUUID(), results: ranked(r, state.topN), meta: { api_version: { version: '2' }, billed_units: { search_units: searchUnits(r.windows ?? state.documents) } } };
   },
 };
 
@@ -147,7 +147,7 @@ const v1RerankEndpoint: Endpoint<{ topN: number | undefined; documents: readonly
       model: call.model.plan.spec.name,
       results: docs ? results.map((x) => ({ ...x, document: documentObject(docs[x.index]!) })) : results,
       usage: { prompt_tokens: r.tokens, total_tokens: r.tokens },
-      meta: { api_version: { version: '1' }, billed_units: { search_units: searchUnits(count) } },
+      meta: { api_version: { version: '1' }, billed_units: { search_units: searchUnits(r.windows ?? count) } },
     };
   },
 };

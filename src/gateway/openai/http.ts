@@ -82,7 +82,8 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
   answer(r, call, state) {
     const rows = embeddings(call.model, r.rows).map((full) => (state.dimensions !== undefined ? shorten(full, state.dimensions) : full));
     const model = call.model.plan.spec.name;
-    const usage = { prompt_tokens: r.tokens, total_tokens: r.tokens };
+    // windows: our extension, where an input was chunked (docs/long-inputs.md)
+    const usage = { prompt_tokens: r.tokens, total_tokens: r.tokens, ...(r.windows !== undefined ? { windows: r.windows } : {}) };
     const type = state.type;
     if (type !== 'float') return quantizedListAnswer(rows.map((v) => quantizeRow(v, type)), model, usage, state.base64);
     if (state.base64) {
