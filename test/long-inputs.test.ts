@@ -34,7 +34,7 @@ const POOLINGS: Pooling[] = ['mean', 'cls', 'lasttoken'];
 let root: string;
 /** --long-inputs chunk, --max-input-tokens 4 model lengths. */
 let chunking: Server;
-/** The defaults (error), --chunk-overlap-tokens 10: requests ask for chunks themselves. */
+/** The defaults (error), --chunk-overlap-tokens 10, batches of 4 windows at most: requests ask for chunks themselves. */
 let overlapping: Server;
 let embedRef: PlainReference;
 let rerankRef: PlainReference;
@@ -126,7 +126,8 @@ beforeAll(async () => {
   words = vocabularyWords(loadModelSpec(embedDir));
   const batching = { maxBatchTokens: 4096 };
   chunking = await startServer(testServerConfig({ models: [embedDir, ...variants, rerankDir], slotsPerModel: 64, longInputs: 'chunk', maxInputTokens: MAX_INPUT_TOKENS, batching }));
-  overlapping = await startServer(testServerConfig({ models: [embedDir], slotsPerModel: 64, chunkOverlapTokens: OVERLAP, batching }));
+  // Batches of at most 4 windows of the model's length: a chunked request's windows take batches of their own.
+  overlapping = await startServer(testServerConfig({ models: [embedDir], slotsPerModel: 64, modelInstances: 1, chunkOverlapTokens: OVERLAP, batching: { maxBatchTokens: 4 * MAX_LENGTH } }));
   await Promise.all([chunking.ready, overlapping.ready]);
 }, 120_000);
 
@@ -309,5 +310,36 @@ describe('a chunked request holds its windows as one request', () => {
       hooks.releaseInference();
     }
     await eventually('every slot back', () => slotsInUse(chunking), (s) => s === 0);
+  });
+});
+
+describe('chunked requests among short ones', () => {
+  it("a chunked request's windows run in the batches like any inputs: short requests queued after one chunked request and before two more are answered before the later two", async () => {
+    const rand = makeRandom('long inputs among short ones');
+    const hooks = overlapping.testHooks!;
+    const n = BODY + 3 * (BODY - OVERLAP); // 4 windows with the overlap: a batch of them
+    const longBody = () => ({ inputs: randomWords(rand, n).join(' '), long_inputs: 'chunk' });
+    const order: string[] = [];
+    const send = (name: string, body: unknown) => post(overlapping, '/embed', body).then((r) => (order.push(name), r.status));
+    const queued = (count: number) => eventually(`${count} inputs queued`, async () => hooks.inputsWaiting('tiny-embed'), (w) => w >= count);
+    await hooks.holdInference();
+    const sent: Promise<number>[] = [];
+    try {
+      sent.push(send('long 1', longBody()));
+      await queued(4);
+      for (let i = 0; i < 6; i++) sent.push(send(`short ${i}`, { inputs: randomWords(rand, 3).join(' ') }));
+      await queued(10);
+      sent.push(send('long 2', longBody()));
+      await queued(14);
+      sent.push(send('long 3', longBody()));
+      await queued(18);
+    } finally {
+      hooks.releaseInference();
+    }
+    expect(await Promise.all(sent)).toEqual(Array(sent.length).fill(200));
+    const at = (name: string) => order.indexOf(name);
+    const lastShort = Math.max(...Array.from({ length: 6 }, (_, i) => at(`short ${i}`)));
+    expect(lastShort, order.join(', ')).toBeLessThan(Math.min(at('long 2'), at('long 3')));
+    expect(at('long 1'), order.join(', ')).toBeLessThan(lastShort);
   });
 });
