@@ -38,6 +38,7 @@ let chunking: Server;
 let overlapping: Server;
 let embedRef: PlainReference;
 let rerankRef: PlainReference;
+let spladeRef: PlainReference;
 let tok: TextTokenizer;
 let words: string[];
 
@@ -119,13 +120,15 @@ beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), 'slabserve-long-inputs-'));
   const embedDir = writePreset('tiny-embed', root, { maxLength: MAX_LENGTH }).dir;
   const rerankDir = writePreset('tiny-rerank', root, { maxLength: MAX_LENGTH }).dir;
+  const spladeDir = writePreset('tiny-splade', root, { maxLength: MAX_LENGTH }).dir;
   const variants = (['cls', 'lasttoken'] as Pooling[]).map((p) => variant(embedDir, p));
   embedRef = await PlainReference.open(embedDir);
   rerankRef = await PlainReference.open(rerankDir);
+  spladeRef = await PlainReference.open(spladeDir);
   tok = await loadTokenizer(loadModelSpec(embedDir).tokenizerPath);
   words = vocabularyWords(loadModelSpec(embedDir));
   const batching = { maxBatchTokens: 4096 };
-  chunking = await startServer(testServerConfig({ models: [embedDir, ...variants, rerankDir], slotsPerModel: 64, longInputs: 'chunk', maxInputTokens: MAX_INPUT_TOKENS, batching }));
+  chunking = await startServer(testServerConfig({ models: [embedDir, ...variants, rerankDir, spladeDir], slotsPerModel: 64, longInputs: 'chunk', maxInputTokens: MAX_INPUT_TOKENS, batching }));
   // Batches of at most 4 windows of the model's length: a chunked request's windows take batches of their own.
   overlapping = await startServer(testServerConfig({ models: [embedDir], slotsPerModel: 64, modelInstances: 1, chunkOverlapTokens: OVERLAP, batching: { maxBatchTokens: 4 * MAX_LENGTH } }));
   await Promise.all([chunking.ready, overlapping.ready]);
@@ -133,7 +136,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await Promise.all([chunking?.close(), overlapping?.close()]);
-  await Promise.all([embedRef?.close(), rerankRef?.close()]);
+  await Promise.all([embedRef?.close(), rerankRef?.close(), spladeRef?.close()]);
   if (root) rmSync(root, { recursive: true, force: true });
 });
 
@@ -231,6 +234,33 @@ describe('token vectors of a text longer than the model takes', () => {
     let worst = 0;
     want.forEach((v, t) => (worst = Math.max(worst, worstDiff(r.body[0][t], Float64Array.from(v)))));
     expect(worst).toBeLessThan(TOLERANCE);
+  });
+});
+
+describe('sparse weights of a text longer than the model takes', () => {
+  it('/embed_sparse (SPLADE, max of relu): each id\'s weight is its max over the windows run alone, every non-zero id and value within 1e-5', async () => {
+    const rand = makeRandom('long inputs sparse');
+    const n = Math.round(3.5 * MAX_LENGTH) - 2;
+    const text = randomWords(rand, n).join(' ');
+    const want = new Map<number, number>();
+    for (const w of windowsOf(idsOf(text, n), BODY, 0)) {
+      const logits = await spladeRef.raw(w);
+      const vocab = logits.length / w.length;
+      for (let t = 0; t < w.length; t++) {
+        for (let v = 0; v < vocab; v++) {
+          const x = Math.log1p(Math.max(0, logits[t * vocab + v]!));
+          if (x > 0 && x > (want.get(v) ?? 0)) want.set(v, x);
+        }
+      }
+    }
+    const r = await post(chunking, '/embed_sparse', { model: 'tiny-splade', inputs: text });
+    expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200);
+    const got = r.body[0] as { index: number; value: number }[];
+    expect(got.map((e) => e.index)).toEqual([...want.keys()].sort((a, b) => a - b));
+    let worst = 0;
+    for (const e of got) worst = Math.max(worst, Math.abs(e.value - want.get(e.index)!));
+    expect(worst).toBeLessThan(TOLERANCE);
+    expect(want.size).toBeGreaterThan(10);
   });
 });
 
