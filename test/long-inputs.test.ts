@@ -13,12 +13,13 @@ import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { splitTokens, windowStarts } from '../dist/src/core/long-inputs.js';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import { writePreset } from '../dist/models/generator/presets.js';
 import { startServer, type Server } from '../dist/src/main/server.js';
 import { loadModelSpec, type Pooling } from '../dist/src/shared/model-format/model-config.js';
 import { parseMetrics } from './fixtures/http-client.js';
-import { eventually, makeRandom, PlainReference, sigmoid, testServerConfig, vocabularyWords } from './helpers.js';
+import { eventually, makeRandom, PlainReference, sigmoid, testServerConfig, vocabularyWords, wsRequest } from './helpers.js';
 
 process.env.SLABSERVE_TEST_HOOKS = '1';
 
@@ -180,6 +181,10 @@ describe('embeddings of a text longer than the model takes, chunked', () => {
     expect(openai.status, JSON.stringify(openai.body).slice(0, 300)).toBe(200);
     expect(worstDiff(openai.body.data[0].embedding, await chunkedReference(windows, 'mean', true))).toBeLessThan(TOLERANCE);
     expect(openai.body.usage, 'usage counts every window\'s tokens').toEqual({ prompt_tokens: windows.reduce((n, w) => n + w.length, 0), total_tokens: expect.any(Number), windows: windows.length });
+    // The WebSocket's embed op is /embed's endpoint: the same field.
+    const frame = await wsRequest(overlapping.port, { id: 'w', op: 'embed', inputs: text, long_inputs: 'chunk' });
+    expect(frame.error, JSON.stringify(frame).slice(0, 300)).toBeUndefined();
+    expect(worstDiff(frame.result[0], await chunkedReference(windows, 'mean', true))).toBeLessThan(TOLERANCE);
     const cut = await post(overlapping, '/embed', { inputs: text, truncate: true });
     expect(worstDiff(cut.body[0], await chunkedReference(windows.slice(0, 1), 'mean', true))).toBeLessThan(TOLERANCE);
   });
@@ -371,5 +376,38 @@ describe('chunked requests among short ones', () => {
     const lastShort = Math.max(...Array.from({ length: 6 }, (_, i) => at(`short ${i}`)));
     expect(lastShort, order.join(', ')).toBeLessThan(Math.min(at('long 2'), at('long 3')));
     expect(at('long 1'), order.join(', ')).toBeLessThan(lastShort);
+  });
+});
+
+describe('windows at their edges (long-inputs.ts)', () => {
+  const around = { lead: 1, trail: 1 };
+  const tokensOf = (n: number) => ({ ids: Int32Array.from({ length: n }, (_, i) => (i === 0 ? 101 : i === n - 1 ? 102 : 1000 + i)), typeIds: new Int32Array(n) });
+  const policy = (overlap: number) => ({ maxInputTokens: 1000, overlap });
+
+  it('a text that fits is one window, itself; one token more takes a second window of that one token', () => {
+    const fits = tokensOf(MAX_LENGTH);
+    expect(splitTokens(fits, MAX_LENGTH, around, policy(0))).toEqual([fits]);
+    const over = splitTokens(tokensOf(MAX_LENGTH + 1), MAX_LENGTH, around, policy(0));
+    expect(over.map((w) => w.ids.length)).toEqual([MAX_LENGTH, 3]);
+    expect(Array.from(over[1]!.ids)).toEqual([101, 1000 + BODY + 1, 102]);
+  });
+
+  it('every text token is in a window, in order, each window repeating `overlap` of the one before; an overlap past half a window is half of it', () => {
+    for (const [n, overlap, used] of [
+      [500, 0, 0],
+      [500, 10, 10],
+      [BODY * 3 + 2, 0, 0],
+      [500, 50, BODY / 2],
+    ] as const) {
+      const windows = splitTokens(tokensOf(n), MAX_LENGTH, around, policy(overlap));
+      const joined: number[] = [];
+      windows.forEach((w, k) => {
+        expect([w.ids[0], w.ids[w.ids.length - 1]]).toEqual([101, 102]);
+        expect(w.ids.length).toBeLessThanOrEqual(MAX_LENGTH);
+        joined.push(...w.ids.subarray(1 + (k === 0 ? 0 : used), w.ids.length - 1));
+      });
+      expect(joined, `${n} tokens, overlap ${overlap}`).toEqual(Array.from({ length: n - 2 }, (_, i) => 1001 + i));
+      expect(windowStarts(n - 2, BODY, used)).toHaveLength(windows.length);
+    }
   });
 });
