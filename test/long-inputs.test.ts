@@ -397,6 +397,7 @@ describe('windows at their edges (long-inputs.ts)', () => {
       [500, 0, 0],
       [500, 10, 10],
       [BODY * 3 + 2, 0, 0],
+      [BODY + (BODY - 10) + 2, 10, 10], // the last window ends at the text's end: no window of repeats only
       [500, 50, BODY / 2],
     ] as const) {
       const windows = splitTokens(tokensOf(n), MAX_LENGTH, around, policy(overlap));
