@@ -408,6 +408,8 @@ describe('windows at their edges (long-inputs.ts)', () => {
         joined.push(...w.ids.subarray(1 + (k === 0 ? 0 : used), w.ids.length - 1));
       });
       expect(joined, `${n} tokens, overlap ${overlap}`).toEqual(Array.from({ length: n - 2 }, (_, i) => 1001 + i));
+      // The fewest windows that hold the text: each after the first adds BODY - used new tokens.
+      expect(windows, `${n} tokens, overlap ${overlap}`).toHaveLength(Math.ceil((n - 2 - used) / (BODY - used)));
       expect(windowStarts(n - 2, BODY, used)).toHaveLength(windows.length);
     }
   });
