@@ -218,19 +218,24 @@ describe('embeddings of a text longer than the model takes, chunked', () => {
 
 // ------------------------------------------------------------------ token vectors
 
+/** The windows' token states run alone, joined: [CLS] of the first, each window's text tokens less the `overlap` it repeats, [SEP] of the last. */
+async function joinedStates(windows: Int32Array[], overlap: number): Promise<Float32Array[]> {
+  const out: Float32Array[] = [];
+  for (const [k, w] of windows.entries()) {
+    const states = await embedRef.raw(w);
+    const from = k === 0 ? 0 : 1 + overlap;
+    const to = k === windows.length - 1 ? w.length : w.length - 1;
+    for (let t = from; t < to; t++) out.push(states.subarray(t * HIDDEN, (t + 1) * HIDDEN));
+  }
+  return out;
+}
+
 describe('token vectors of a text longer than the model takes', () => {
   it('/embed_all: the windows\' token states in order, each text token once (the overlap from the earlier window), [CLS] first and [SEP] last', async () => {
     const rand = makeRandom('long inputs token vectors');
     const n = Math.round(3.5 * MAX_LENGTH) - 2;
     const text = randomWords(rand, n).join(' ');
-    const windows = windowsOf(idsOf(text, n), BODY, OVERLAP);
-    const want: Float32Array[] = [];
-    for (const [k, w] of windows.entries()) {
-      const states = await embedRef.raw(w);
-      const from = k === 0 ? 0 : 1 + OVERLAP;
-      const to = k === windows.length - 1 ? w.length : w.length - 1;
-      for (let t = from; t < to; t++) want.push(states.subarray(t * HIDDEN, (t + 1) * HIDDEN));
-    }
+    const want = await joinedStates(windowsOf(idsOf(text, n), BODY, OVERLAP), OVERLAP);
     expect(want).toHaveLength(n + 2);
     const r = await post(overlapping, '/embed_all', { inputs: [text, 'a short one'], long_inputs: 'chunk' });
     expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200);
@@ -238,6 +243,31 @@ describe('token vectors of a text longer than the model takes', () => {
     expect(r.body[1]).toHaveLength(5);
     let worst = 0;
     want.forEach((v, t) => (worst = Math.max(worst, worstDiff(r.body[0][t], Float64Array.from(v)))));
+    expect(worst).toBeLessThan(TOLERANCE);
+  });
+});
+
+describe('late chunking of a text longer than the model takes', () => {
+  it('/embed with chunks: each chunk is the mean of its tokens\' states joined from the windows, chunks spanning a window boundary included', async () => {
+    const rand = makeRandom('long inputs late chunking');
+    const n = Math.round(3.5 * MAX_LENGTH) - 2;
+    const ws = randomWords(rand, n);
+    const text = ws.join(' ');
+    const states = await joinedStates(windowsOf(idsOf(text, n), BODY, 0), 0);
+    const starts: number[] = [];
+    ws.reduce((at, w) => (starts.push(at), at + w.length + 1), 0);
+    // Words [a, b), ordered by start: chunks within a window, across a boundary, over most of the text.
+    const words: [number, number][] = [[0, 30], [10 + Math.floor(rand() * 20), n - 10], [50, 70], [BODY - 5, BODY + 5], [2 * BODY - 1, 2 * BODY + 1]];
+    const spans = words.map(([a, b]) => [starts[a]!, starts[b - 1]! + ws[b - 1]!.length]);
+    const r = await post(chunking, '/embed', { inputs: text, chunks: spans });
+    expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200);
+    let worst = 0;
+    words.forEach(([a, b], i) => {
+      const mean = new Float64Array(HIDDEN);
+      for (let k = a; k < b; k++) for (let h = 0; h < HIDDEN; h++) mean[h]! += states[k + 1]![h]! / (b - a);
+      const norm = Math.hypot(...mean);
+      worst = Math.max(worst, worstDiff(r.body[i], mean.map((v) => v / norm)));
+    });
     expect(worst).toBeLessThan(TOLERANCE);
   });
 });

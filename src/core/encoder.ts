@@ -8,7 +8,7 @@
 import { colbertTextLength, markColbert, type ColbertInputType } from './colbert.js';
 import type { Cancellation } from './cancel.js';
 import type { CallInputs, Input, Tokens, Truncation } from './inputs.js';
-import { splitAll, type ChunkPolicy, type Windowed } from './long-inputs.js';
+import { chunkedTooLong, splitAll, type ChunkPolicy, type Windowed } from './long-inputs.js';
 import type { ServedModel } from './served-model.js';
 import type { EncodeOptions, Encoding, TruncationDirection } from './tokenizer/tokenizer.js';
 import { InputTooLongError, ValidationError } from '../shared/errors.js';
@@ -164,15 +164,13 @@ export class Encoder {
    * range may reach the device: an out-of-range id would fail the whole
    * batch, other requests' inputs with it.
    */
-  checkTokens(model: ServedModel, encodings: readonly (Pick<Encoding, 'ids'> & { typeIds?: Int32Array | null })[]): void {
+  checkTokens(model: ServedModel, encodings: readonly (Pick<Encoding, 'ids'> & { typeIds?: Int32Array | null })[], maxLength = model.plan.maxLength): void {
     if (encodings.length === 0) throw new ValidationError('inputs must not be empty');
     const vocab = model.tokenizer.vocabSize;
     const types = model.plan.spec.typeVocabSize ?? 2;
     for (const e of encodings) {
       if (e.ids.length === 0) throw new ValidationError('a token sequence must not be empty');
-      if (e.ids.length > model.plan.maxLength) {
-        throw new InputTooLongError(e.ids.length, model.plan.maxLength);
-      }
+      if (e.ids.length > maxLength) throw new InputTooLongError(e.ids.length, maxLength);
       for (let i = 0; i < e.ids.length; i++) {
         const id = e.ids[i]!;
         if (id < 0 || id >= vocab) throw new ValidationError(`token id ${id} at position ${i} is not in [0, ${vocab})`);
@@ -244,16 +242,18 @@ export class Encoder {
       return chunkedTooLong(policy)(err);
     }
   }
-}
 
-/** An input past --max-input-tokens: the 413 says which bound it passed. */
-function chunkedTooLong(policy: ChunkPolicy): (err: unknown) => never {
-  return (err) => {
-    if (err instanceof InputTooLongError && err.maxLength === policy.maxInputTokens) {
-      throw new InputTooLongError(err.length, err.maxLength, 'send a shorter one, or "truncate": true to cut it', 'a chunked input may have (--max-input-tokens)');
+  /** Tokens built outside the tokenizer (late chunking's one text) as windows: checked up to `policy.maxInputTokens`, then cut. */
+  tokenWindows(model: ServedModel, tokens: readonly Tokens[], policy: ChunkPolicy): Windowed {
+    const around = model.tokenizer.around;
+    if (!around) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot say its special tokens, which windows repeat`);
+    try {
+      this.checkTokens(model, tokens, policy.maxInputTokens);
+    } catch (err) {
+      chunkedTooLong(policy)(err);
     }
-    throw err;
-  };
+    return splitAll(tokens, model.plan.maxLength, around, policy);
+  }
 }
 
 /** `encode` over each (query, text) pair, checked: one query for every text, or one per text. Yields the event loop every few ms. */

@@ -233,6 +233,7 @@ export class Infer {
       return w instanceof Promise ? w.then(split) : split(w);
     }
     if (inputs.kind === 'pairs' && inputs.chunk && task === 'rerank') return this.encoder.pairWindows(model, inputs, inputs.chunk).then(split);
+    if (inputs.kind === 'tokens' && inputs.chunk && task === 'embed') return split(this.encoder.tokenWindows(model, inputs.tokens, inputs.chunk));
     const tokens = this.encoder.tokenize(model, inputs, cancel);
     return tokens instanceof Promise ? tokens.then((t) => ({ tokens: t, windows: null })) : { tokens, windows: null };
   }

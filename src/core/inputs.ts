@@ -66,7 +66,12 @@ export type CallInputs =
       chunk?: ChunkPolicy | undefined;
     }
   /** Tokens built outside the tokenizer (KServe tensors), checked against the model's limits here. */
-  | { kind: 'tokens'; tokens: readonly Tokens[] };
+  | {
+      kind: 'tokens';
+      tokens: readonly Tokens[];
+      /** Sequences longer than the model takes run as windows (late chunking's one text: long-inputs.ts). */
+      chunk?: ChunkPolicy | undefined;
+    };
 
 /** Token ids (special tokens included) and their type ids: what one slot holds. */
 export type Tokens = Pick<Encoding, 'ids'> & {

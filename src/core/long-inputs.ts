@@ -18,6 +18,7 @@
  *     the last window's trailing special tokens around them.
  */
 import type { Tokens } from './inputs.js';
+import { InputTooLongError } from '../shared/errors.js';
 
 export { LONG_INPUTS, type LongInputs } from '../shared/options.js';
 
@@ -97,4 +98,14 @@ export function splitAll(tokens: readonly Tokens[], maxLength: number, around: A
 /** Whether any input took more than one window. */
 export function isChunked(w: Windowed): boolean {
   return w.tokens.length > w.from.length - 1;
+}
+
+/** An input past --max-input-tokens: the 413 says which bound it passed (other errors as they are). */
+export function chunkedTooLong(policy: ChunkPolicy): (err: unknown) => never {
+  return (err) => {
+    if (err instanceof InputTooLongError && err.maxLength === policy.maxInputTokens) {
+      throw new InputTooLongError(err.length, err.maxLength, 'send a shorter one, or "truncate": true to cut it', 'a chunked input may have (--max-input-tokens)');
+    }
+    throw err;
+  };
 }
