@@ -13,6 +13,7 @@ import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SlabHttpClient } from '../dist/src/client/index.js';
 import { splitTokens, windowStarts } from '../dist/src/core/long-inputs.js';
 import { loadTokenizer, type TextTokenizer } from '../dist/src/core/tokenizer/tokenizer.js';
 import { writePreset } from '../dist/models/generator/presets.js';
@@ -185,6 +186,9 @@ describe('embeddings of a text longer than the model takes, chunked', () => {
     const frame = await wsRequest(overlapping.port, { id: 'w', op: 'embed', inputs: text, long_inputs: 'chunk' });
     expect(frame.error, JSON.stringify(frame).slice(0, 300)).toBeUndefined();
     expect(worstDiff(frame.result[0], await chunkedReference(windows, 'mean', true))).toBeLessThan(TOLERANCE);
+    // The TypeScript client's option.
+    const client = await new SlabHttpClient(overlapping.url).embed([text], { longInputs: 'chunk' });
+    expect(worstDiff(Array.from(client[0]!), await chunkedReference(windows, 'mean', true))).toBeLessThan(TOLERANCE);
     const cut = await post(overlapping, '/embed', { inputs: text, truncate: true });
     expect(worstDiff(cut.body[0], await chunkedReference(windows.slice(0, 1), 'mean', true))).toBeLessThan(TOLERANCE);
   });
@@ -344,6 +348,11 @@ describe('rerank of a document longer than the model takes: its best window', ()
     for (const r of v1.body.results) {
       expect(Math.abs(r.relevance_score - sigmoid(Math.max(...two[r.index]!))), `document ${r.index}`).toBeLessThan(TOLERANCE);
       expect(r.document.text).toBe(texts[r.index]);
+    }
+    // The TypeScript client's maxChunksPerDoc: 1, the first window only.
+    const first = await Promise.all(texts.map((t, i) => windowLogits(qIds, idsOf(t, docs[i]!.length), 1)));
+    for (const hit of await new SlabHttpClient(chunking.url).rerank(query, texts, { maxChunksPerDoc: 1, rawScores: true })) {
+      expect(Math.abs(hit.score - first[hit.index]![0]!), `text ${hit.index}, first window`).toBeLessThan(TOLERANCE);
     }
     const v2 = await post(chunking, '/v2/rerank', { model: 'tiny-rerank', query, documents: texts });
     expect(v2.status, JSON.stringify(v2.body).slice(0, 300)).toBe(200);
