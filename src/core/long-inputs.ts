@@ -42,7 +42,7 @@ export interface Around {
 export interface Windowed {
   tokens: Tokens[];
   from: Int32Array;
-  /** Each input's tokens before it was cut (token vectors are answered for these). */
+  /** Each input's tokens before it was cut, whose token vectors are answered (a pair's: its first window; a reranker answers none). */
   whole: Tokens[];
   /** The special tokens around each window's text, and the text tokens a window repeats of the one before. */
   around: Around;
