@@ -62,6 +62,7 @@ export const CASE_TITLES: Record<CaseName, string> = {
   outputs: 'What the outputs beyond the pooled row cost',
   idle: 'A server doing nothing',
   'model-load': 'Loading a model while serving',
+  'long-inputs': 'Long inputs chunked beside short requests',
 };
 
 export const CASE_ORDER: CaseName[] = [...ALL_CASES, ...OPT_IN_CASES];

@@ -95,7 +95,7 @@ export interface WorkloadSummary {
 
 export type CaseName = 'batching' | 'bucketing' | 'efficiency' | 'curve' | 'scheduling' | 'defaults' | 'peer' | 'instances' | 'models' | 'floor' | OptInCase;
 /** The cases run only when named (`--cases`): one server question each. */
-export type OptInCase = 'cache' | 'grpc' | 'tracing' | 'outputs' | 'idle' | 'model-load';
+export type OptInCase = 'cache' | 'grpc' | 'tracing' | 'outputs' | 'idle' | 'model-load' | 'long-inputs';
 
 export interface LatencySummary {
   p50: number;

@@ -11,6 +11,7 @@ import { runCache } from './suite/cache.js';
 import { runFloor } from './suite/floor.js';
 import { runGrpc } from './suite/grpc.js';
 import { runIdle } from './suite/idle.js';
+import { runLongInputs } from './suite/long-inputs.js';
 import { runModelLoad } from './suite/model-load.js';
 import { runOutputs } from './suite/outputs.js';
 import { runTracing } from './suite/tracing.js';
@@ -32,7 +33,7 @@ async function main(): Promise<void> {
   const ctx = new SuiteContext(options, models, progress);
   await runModelCases(ctx);
   await runFloor(ctx); // on the first model
-  for (const run of [runCache, runGrpc, runTracing, runOutputs, runIdle, runModelLoad]) await run(ctx); // each when named
+  for (const run of [runCache, runGrpc, runTracing, runOutputs, runIdle, runModelLoad, runLongInputs]) await run(ctx); // each when named
   progress.stop();
   await writeOutput(suiteResults(ctx, start), options.out, start.startedAt);
 }

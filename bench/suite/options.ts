@@ -12,7 +12,7 @@ import { fail, parseOptions } from '../args.js';
 
 export const ALL_CASES = ['batching', 'bucketing', 'efficiency', 'curve', 'scheduling', 'defaults', 'peer', 'instances', 'floor', 'models'] as const satisfies readonly CaseName[];
 /** Run only when named: each starts servers of its own on the first model. */
-export const OPT_IN_CASES = ['cache', 'grpc', 'tracing', 'outputs', 'idle', 'model-load'] as const satisfies readonly OptInCase[];
+export const OPT_IN_CASES = ['cache', 'grpc', 'tracing', 'outputs', 'idle', 'model-load', 'long-inputs'] as const satisfies readonly OptInCase[];
 
 export const USAGE = 'npm run bench [-- options]        (node dist/bench/suite.js [options])';
 

@@ -18,7 +18,7 @@ export function planSeconds(o: SuiteOptions, nModels: number): number {
   if (cases.has('peer')) s += rounds * 2 * 4 * phase + 8; // 64, 16, 4 and 1 clients
   if (cases.has('instances')) s += rounds * 2 * INSTANCES_CLIENTS.length * phase + 8;
   if (cases.has('floor')) s += rounds * 16 * phase + 6;
-  const optIn = { cache: 8 * rounds * phase + 20, grpc: 4 * rounds * phase + 5, tracing: 5 * rounds * phase + 20, outputs: 14 * rounds * phase + 15, idle: rounds * (quick ? 20 : 45), 'model-load': 4 * rounds * phase + 30 };
+  const optIn = { cache: 8 * rounds * phase + 20, grpc: 4 * rounds * phase + 5, tracing: 5 * rounds * phase + 20, outputs: 14 * rounds * phase + 15, idle: rounds * (quick ? 20 : 45), 'model-load': 4 * rounds * phase + 30, 'long-inputs': 3 * rounds * phase + 10 };
   for (const [c, seconds] of Object.entries(optIn)) if (cases.has(c as CaseName)) s += seconds;
   s += (nModels - 1) * (rounds * 2 * phase + RAW_BATCH_SIZES.length * phase + rounds * 2 * phase + 40);
   return s;

@@ -37,6 +37,7 @@ export type {
   EmbeddingRow,
   EmbeddingType,
   EmbedOptions,
+  LongInputs,
   Prediction,
   PredictOptions,
   RerankHit,

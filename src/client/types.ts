@@ -29,6 +29,8 @@ export interface CallOptions {
 export type EmbeddingType = 'float' | 'int8' | 'uint8' | 'binary' | 'ubinary';
 export type SignedEmbeddingType = 'int8' | 'binary';
 export type UnsignedEmbeddingType = 'uint8' | 'ubinary';
+/** What happens to an input longer than the model takes (the server's --long-inputs, a request's long_inputs). */
+export type LongInputs = 'error' | 'truncate' | 'chunk';
 /** A row of any embedding type. */
 export type EmbeddingRow = Float32Array | Int8Array | Uint8Array;
 
@@ -37,6 +39,8 @@ export interface EmbedOptions extends CallOptions {
   normalize?: boolean;
   /** Cut inputs longer than the model's max length instead of failing with too_long. */
   truncate?: boolean;
+  /** What happens to an input longer than the model takes: refused, cut, or run as windows and combined (docs/long-inputs.md); default the server's. */
+  longInputs?: LongInputs;
   /** WebSocket: 'f32' (default) asks for raw little-endian float32 rows; 'json' for arrays of numbers. (Quantized rows always come as bytes.) */
   encoding?: 'f32' | 'json';
   /** Quantized rows instead of floats (default 'float'). */
@@ -61,6 +65,10 @@ export interface RerankOptions extends CallOptions {
   /** Send each text back in its hit. */
   returnText?: boolean;
   truncate?: boolean;
+  /** As EmbedOptions.longInputs: a long text is scored by its best window. */
+  longInputs?: LongInputs;
+  /** Chunked, the most windows of one text (Cohere's max_chunks_per_doc); setting it chunks. */
+  maxChunksPerDoc?: number;
 }
 
 export interface TokenizeOptions extends CallOptions {
@@ -139,6 +147,7 @@ export function embedBody(inputs: TextInputs | TokenInputs, opts: EmbedOptions, 
   put(body, 'model', opts.model);
   put(body, 'normalize', opts.normalize);
   put(body, 'truncate', opts.truncate);
+  put(body, 'long_inputs', opts.longInputs);
   if (opts.embeddingType !== undefined && opts.embeddingType !== 'float') body.embedding_type = opts.embeddingType;
   else if (f32) body.encoding = 'f32';
   return body;
@@ -158,6 +167,8 @@ export function rerankBody(query: string, texts: readonly string[], opts: Rerank
   put(body, 'raw_scores', opts.rawScores);
   put(body, 'return_text', opts.returnText);
   put(body, 'truncate', opts.truncate);
+  put(body, 'long_inputs', opts.longInputs);
+  put(body, 'max_chunks_per_doc', opts.maxChunksPerDoc);
   return body;
 }
 

@@ -99,6 +99,12 @@ export class Admission<R extends { release(): void }> {
     return held;
   }
 
+  /** `held` grown to `count` slots (a chunked request's windows, known once tokenized): all or none, 429 when fewer are free. */
+  grow(held: R & { size: number; absorb(other: R): void }, model: ServedModel, count: number, tokenRows = false): void {
+    if (held.size >= count) return;
+    held.absorb(this.submitter.reserve(model.plan.index, count - held.size, tokenRows));
+  }
+
   /** Refuses at once (429) a request the queue ahead of it would make miss its deadline or the latency target. */
   admitWait(predictedWaitMs: number, timeoutMs: number): void {
     const d = admission({ predictedWaitMs, remainingMs: timeoutMs, ...(this.targetMs !== undefined ? { targetMs: this.targetMs } : {}) });

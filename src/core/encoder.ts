@@ -8,6 +8,7 @@
 import { colbertTextLength, markColbert, type ColbertInputType } from './colbert.js';
 import type { Cancellation } from './cancel.js';
 import type { CallInputs, Input, Tokens, Truncation } from './inputs.js';
+import { chunkedTooLong, splitAll, type ChunkPolicy, type Windowed } from './long-inputs.js';
 import type { ServedModel } from './served-model.js';
 import type { EncodeOptions, Encoding, TruncationDirection } from './tokenizer/tokenizer.js';
 import { InputTooLongError, ValidationError } from '../shared/errors.js';
@@ -163,15 +164,13 @@ export class Encoder {
    * range may reach the device: an out-of-range id would fail the whole
    * batch, other requests' inputs with it.
    */
-  checkTokens(model: ServedModel, encodings: readonly (Pick<Encoding, 'ids'> & { typeIds?: Int32Array | null })[]): void {
+  checkTokens(model: ServedModel, encodings: readonly (Pick<Encoding, 'ids'> & { typeIds?: Int32Array | null })[], maxLength = model.plan.maxLength): void {
     if (encodings.length === 0) throw new ValidationError('inputs must not be empty');
     const vocab = model.tokenizer.vocabSize;
     const types = model.plan.spec.typeVocabSize ?? 2;
     for (const e of encodings) {
       if (e.ids.length === 0) throw new ValidationError('a token sequence must not be empty');
-      if (e.ids.length > model.plan.maxLength) {
-        throw new InputTooLongError(e.ids.length, model.plan.maxLength);
-      }
+      if (e.ids.length > maxLength) throw new InputTooLongError(e.ids.length, maxLength);
       for (let i = 0; i < e.ids.length; i++) {
         const id = e.ids[i]!;
         if (id < 0 || id >= vocab) throw new ValidationError(`token id ${id} at position ${i} is not in [0, ${vocab})`);
@@ -199,26 +198,82 @@ export class Encoder {
     truncate: boolean,
     cut: { maxLength?: number | undefined; maxQueryTokens?: number | undefined; maxTextTokens?: number | undefined } = {},
   ): Promise<Encoding[]> {
-    if (queries.length !== 1 && queries.length !== texts.length) throw new ValidationError(`${queries.length} queries for ${texts.length} texts: give one, or one per text`);
-    for (const q of queries) if (typeof q !== 'string' || q.length === 0) throw new ValidationError('query must be a non-empty string');
-    if (texts.length === 0) throw new ValidationError('texts must be a non-empty list of strings');
-    for (const t of texts) {
-      if (typeof t !== 'string' || t.length === 0) throw new ValidationError('every text must be a non-empty string');
-    }
     const tok = model.tokenizer;
     if (!tok.encodePair) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot encode pairs`);
     const opts = { maxLength: Math.min(cut.maxLength ?? Infinity, model.plan.maxLength), truncate, maxFirst: cut.maxQueryTokens, maxSecond: cut.maxTextTokens };
-    const out: Encoding[] = new Array(texts.length);
-    let slice = performance.now();
-    for (let i = 0; i < texts.length; i++) {
-      out[i] = tok.encodePair(queries.length === 1 ? queries[0]! : queries[i]!, texts[i]!, opts);
-      if (performance.now() - slice > YIELD_EVERY_MS && i + 1 < texts.length) {
-        await new Promise<void>((resolve) => setImmediate(resolve));
-        slice = performance.now();
-      }
-    }
-    return out;
+    return mapPairs(queries, texts, (q, t) => tok.encodePair!(q, t, opts));
   }
+
+  /**
+   * Pairs as windows (long-inputs.ts): each text too long for its query beside
+   * it cut into consecutive windows, the query whole in each (at most
+   * `policy.maxWindows` of them).
+   */
+  async pairWindows(model: ServedModel, inputs: Extract<CallInputs, { kind: 'pairs' }>, policy: ChunkPolicy): Promise<Windowed> {
+    const tok = model.tokenizer;
+    if (!tok.encodePairWindows) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot cut pairs into windows`);
+    const opts = {
+      maxLength: Math.min(inputs.maxLength ?? Infinity, model.plan.maxLength),
+      maxInputTokens: policy.maxInputTokens,
+      overlap: policy.overlap,
+      maxWindows: policy.maxWindows,
+      maxSecond: inputs.maxTextTokens,
+    };
+    const lists = await mapPairs(inputs.queries, inputs.texts, (q, t) => tok.encodePairWindows!(q, t, opts)).catch(chunkedTooLong(policy));
+    const from = new Int32Array(lists.length + 1);
+    lists.forEach((l, i) => (from[i + 1] = from[i]! + l.length));
+    return { tokens: lists.flat(), from, whole: lists.map((l) => l[0]!), around: tok.around ?? { lead: 0, trail: 0 }, overlap: policy.overlap };
+  }
+
+  /**
+   * Texts and ids as windows (long-inputs.ts): texts tokenized whole, up to
+   * `policy.maxInputTokens` (413 past it), then each one longer than the model
+   * takes cut into windows. Token ids are taken as sent: never cut.
+   */
+  inputWindows(model: ServedModel, inputs: Extract<CallInputs, { kind: 'inputs' }>, policy: ChunkPolicy, cancel: Cancellation | undefined): Windowed | Promise<Windowed> {
+    const around = model.tokenizer.around;
+    if (!around) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot say its special tokens, which windows repeat`);
+    const whole = { ...inputs, chunk: undefined, truncate: false, maxLength: policy.maxInputTokens };
+    const split = (t: Tokens[]) => splitAll(t, model.plan.maxLength, around, policy);
+    try {
+      const tokens = this.tokenize(model, whole, cancel);
+      return tokens instanceof Promise ? tokens.then(split, chunkedTooLong(policy)) : split(tokens);
+    } catch (err) {
+      return chunkedTooLong(policy)(err);
+    }
+  }
+
+  /** Tokens built outside the tokenizer (late chunking's one text) as windows: checked up to `policy.maxInputTokens`, then cut. */
+  tokenWindows(model: ServedModel, tokens: readonly Tokens[], policy: ChunkPolicy): Windowed {
+    const around = model.tokenizer.around;
+    if (!around) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot say its special tokens, which windows repeat`);
+    try {
+      this.checkTokens(model, tokens, policy.maxInputTokens);
+    } catch (err) {
+      chunkedTooLong(policy)(err);
+    }
+    return splitAll(tokens, model.plan.maxLength, around, policy);
+  }
+}
+
+/** `encode` over each (query, text) pair, checked: one query for every text, or one per text. Yields the event loop every few ms. */
+async function mapPairs<T>(queries: readonly string[], texts: readonly string[], encode: (query: string, text: string) => T): Promise<T[]> {
+  if (queries.length !== 1 && queries.length !== texts.length) throw new ValidationError(`${queries.length} queries for ${texts.length} texts: give one, or one per text`);
+  for (const q of queries) if (typeof q !== 'string' || q.length === 0) throw new ValidationError('query must be a non-empty string');
+  if (texts.length === 0) throw new ValidationError('texts must be a non-empty list of strings');
+  for (const t of texts) {
+    if (typeof t !== 'string' || t.length === 0) throw new ValidationError('every text must be a non-empty string');
+  }
+  const out: T[] = new Array(texts.length);
+  let slice = performance.now();
+  for (let i = 0; i < texts.length; i++) {
+    out[i] = encode(queries.length === 1 ? queries[0]! : queries[i]!, texts[i]!);
+    if (performance.now() - slice > YIELD_EVERY_MS && i + 1 < texts.length) {
+      await new Promise<void>((resolve) => setImmediate(resolve));
+      slice = performance.now();
+    }
+  }
+  return out;
 }
 
 /**

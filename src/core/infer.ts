@@ -40,6 +40,8 @@ import { partSizeFor, submitInParts } from './client-batches.js';
 import { DEFAULTS } from '../shared/options.js';
 import { Encoder, type BatchTokenizer } from './encoder.js';
 import type { CallInputs, Tokens } from './inputs.js';
+import { isChunked, type Windowed } from './long-inputs.js';
+import { combineRows, type Combine } from './window-rows.js';
 import type { ServedModel } from './served-model.js';
 import type { ModelRegistry } from './model-registry.js';
 
@@ -81,6 +83,20 @@ export interface InferResult {
   cache?: 'hit' | 'miss';
   /** A call with tokenRows: each input's token ids as they ran (rows.tokens[i] has a vector for each). */
   inputIds?: Int32Array[];
+  /** Where an input was chunked (long-inputs.ts): the windows the request ran, every input's counted (one that fits is one). */
+  windows?: number;
+}
+
+/** What a request runs: its inputs' tokens, or its windows' and whose they are. */
+interface Tokenized {
+  tokens: Tokens[];
+  windows: Windowed | null;
+}
+
+/** How an input's windows' rows become its row: by its pooling, or a reranker's best window. */
+function combineOf(model: ServedModel): Combine {
+  const spec = model.plan.spec;
+  return spec.task === 'rerank' ? { task: 'rerank' } : { task: 'embed', pooling: spec.pooling, dimension: spec.dimension };
 }
 
 export class Infer {
@@ -169,9 +185,10 @@ export class Infer {
     let held = cache && this.tokenizedInline(model, call.inputs) ? null : this.admission.hold(model, count, timeoutMs, tokenRows);
     try {
       const t0 = nowMs();
-      const pending = this.encoder.tokenize(model, call.inputs, call.cancel);
-      const tokens = pending instanceof Promise ? await pending : pending; // no extra turn when inline
+      const pending = this.tokenized(model, call.inputs, call.cancel);
+      const { tokens, windows } = pending instanceof Promise ? await pending : pending; // no extra turn when inline
       const tokenizeMs = nowMs() - t0;
+      if (tokens.length > partSize) throw new ValidationError(`${count} inputs took ${tokens.length} windows; one request runs at most ${partSize} for model "${spec.name}": send fewer or shorter inputs`);
       const index = model.plan.index;
       const width = model.plan.layout.outputWidth;
       const look = cache ? lookUp(cache, index, tokens, width) : null;
@@ -181,10 +198,12 @@ export class Infer {
       } else {
         const run = look ? look.missing.map((i) => tokens[i]!) : tokens;
         held ??= this.admission.hold(model, run.length, timeoutMs, tokenRows);
+        this.admission.grow(held, model, run.length, tokenRows);
         this.admission.admitWait(this.submitter.predictedWaitMs(index, run), timeoutMs);
         rows = await this.submitter.submitRequest(index, run, { deadline, priority: call.priority, cancel: call.cancel, reservation: held, trace: call.trace });
         if (look) rows = { ...rows, rows: fillMissing(cache!, index, tokens, look, rows.rows, width) };
       }
+      if (windows) rows = combineRows(rows, windows, combineOf(model));
       let tokenCount = 0;
       for (const t of tokens) tokenCount += t.ids.length;
       return this.answered(model, deadline, {
@@ -193,11 +212,30 @@ export class Infer {
         tokenizeMs,
         timing: timingOf(rows),
         ...(look ? { cache: look.missing.length === 0 ? 'hit' : 'miss' } : {}),
-        ...(tokenRows ? { inputIds: tokens.map((t) => t.ids) } : {}),
+        ...(tokenRows ? { inputIds: (windows ? windows.whole : tokens).map((t) => t.ids) } : {}),
+        ...(windows ? { windows: tokens.length } : {}),
       });
     } finally {
       held?.release();
     }
+  }
+
+  /**
+   * The tokens a request runs: its inputs', or with chunking (long-inputs.ts)
+   * its windows', and then `windows` says whose they are. Chunking applies to
+   * embeddings (not ColBERT's, which PyLate cuts) and rerank pairs.
+   */
+  private tokenized(model: ServedModel, inputs: CallInputs, cancel: Cancellation | undefined): Tokenized | Promise<Tokenized> {
+    const task = model.plan.spec.task;
+    const split = (w: Windowed): Tokenized => ({ tokens: w.tokens, windows: isChunked(w) ? w : null });
+    if (inputs.kind === 'inputs' && inputs.chunk && task === 'embed' && !inputs.colbert) {
+      const w = this.encoder.inputWindows(model, inputs, inputs.chunk, cancel);
+      return w instanceof Promise ? w.then(split) : split(w);
+    }
+    if (inputs.kind === 'pairs' && inputs.chunk && task === 'rerank') return this.encoder.pairWindows(model, inputs, inputs.chunk).then(split);
+    if (inputs.kind === 'tokens' && inputs.chunk && task === 'embed') return split(this.encoder.tokenWindows(model, inputs.tokens, inputs.chunk));
+    const tokens = this.encoder.tokenize(model, inputs, cancel);
+    return tokens instanceof Promise ? tokens.then((t) => ({ tokens: t, windows: null })) : { tokens, windows: null };
   }
 
   /**

@@ -3,6 +3,7 @@
  * are cut, and the tokens one slot holds.
  */
 import type { ColbertInputType } from './colbert.js';
+import type { ChunkPolicy } from './long-inputs.js';
 import type { Encoding, TruncationDirection } from './tokenizer/tokenizer.js';
 
 /** One input: a text, or token ids with the special tokens included (TEI's and OpenAI's pre-tokenized form). */
@@ -47,6 +48,8 @@ export type CallInputs =
       poolFrom?: number | undefined;
       /** A ColBERT model's inputs: marked, cut and expanded as PyLate does for this type (core/colbert.ts). */
       colbert?: ColbertInputType | undefined;
+      /** Inputs longer than the model takes run as windows, their rows combined (long-inputs.ts); `truncate` then does not apply. */
+      chunk?: ChunkPolicy | undefined;
     }
   /** (query, text) pairs for a cross-encoder: one query for every text, or one per text. */
   | {
@@ -59,9 +62,16 @@ export type CallInputs =
       /** The most tokens of a query and of a text kept (their first ones) before the pair is cut to its length: Cohere's max_tokens_per_doc, vLLM's max_tokens_per_query and _per_doc. */
       maxQueryTokens?: number | undefined;
       maxTextTokens?: number | undefined;
+      /** Texts too long for the query beside them run as windows, the best one's score kept (long-inputs.ts). */
+      chunk?: ChunkPolicy | undefined;
     }
   /** Tokens built outside the tokenizer (KServe tensors), checked against the model's limits here. */
-  | { kind: 'tokens'; tokens: readonly Tokens[] };
+  | {
+      kind: 'tokens';
+      tokens: readonly Tokens[];
+      /** Sequences longer than the model takes run as windows (late chunking's one text: long-inputs.ts). */
+      chunk?: ChunkPolicy | undefined;
+    };
 
 /** Token ids (special tokens included) and their type ids: what one slot holds. */
 export type Tokens = Pick<Encoding, 'ids'> & {

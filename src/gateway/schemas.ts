@@ -9,6 +9,7 @@ import { EMBEDDING_TYPES, isEmbeddingType } from '../core/quantized-embeddings.j
 import { FieldValidationError, UnknownFieldError, ValidationError } from '../shared/errors.js';
 import { nearestName } from './nearest-name.js';
 import { POOLINGS, TASKS, type Task } from '../shared/model-format/model-config.js';
+import { LONG_INPUTS } from '../shared/options.js';
 
 /** Token ids with the special tokens ([CLS] ... [SEP]): pre-tokenized input, as TEI and OpenAI take it. */
 const tokenIds = z.array(z.number().int().nonnegative()).min(1);
@@ -40,6 +41,11 @@ const truncation_direction = z
   .optional()
   .transform((v) => v?.toLowerCase() as 'right' | 'left' | undefined);
 
+/** What happens to an input longer than the model takes (docs/long-inputs.md): overrides `truncate` and --long-inputs. */
+const long_inputs = z.enum(LONG_INPUTS, { error: `must be one of ${LONG_INPUTS.map((m) => `"${m}"`).join(', ')}` }).optional();
+/** The same, where the body's optional fields may be null (Cohere's routes). */
+const longInputsNullish = z.enum(LONG_INPUTS, { error: `must be one of ${LONG_INPUTS.map((m) => `"${m}"`).join(', ')}` }).nullish();
+
 /** Prompts (prompts.ts): a name of the model's prompts, or a text, put before each text input. */
 const prompts = {
   prompt_name: z.string().optional(),
@@ -65,6 +71,7 @@ export const EmbedRequest = z.strictObject({
     .optional(),
   truncate: z.boolean().optional(),
   truncation_direction,
+  long_inputs,
   model: z.string().optional(),
   ...prompts,
   /** Late chunking: [start, end) spans of the one text, a row each (core/late-chunking.ts checks them, naming the chunk). */
@@ -78,6 +85,7 @@ export const EmbedSparseRequest = z.strictObject({
   inputs,
   truncate: z.boolean().optional(),
   truncation_direction,
+  long_inputs,
   model: z.string().optional(),
   ...prompts,
 });
@@ -121,6 +129,9 @@ export const RerankRequest = z.strictObject({
   raw_scores: z.boolean().optional(),
   return_text: z.boolean().optional(),
   truncate: z.boolean().optional(),
+  long_inputs,
+  /** Cohere's name: the most windows of one text when it is chunked (the rest of it is cut). */
+  max_chunks_per_doc: z.number().int().positive('must be at least 1').optional(),
   model: z.string().optional(),
 });
 export type RerankRequest = z.infer<typeof RerankRequest>;
@@ -179,6 +190,8 @@ export const OpenAIEmbeddingRequest = z.strictObject({
   /** Our extension (TEI's field): cut a too-long input instead of refusing it. */
   truncate: z.boolean().optional(),
   truncation_direction,
+  /** Our extension: what happens to a too-long input (docs/long-inputs.md). */
+  long_inputs,
   /** Our extension: what integer inputs are, OpenAI's cl100k_base ids (the default) or the served model's own. */
   token_encoding: z.enum(['cl100k_base', 'model'], { error: 'must be "cl100k_base" or "model"' }).optional(),
 });
@@ -354,6 +367,9 @@ export const CohereV2RerankRequest = z.object({
   documents: z.array(rerankDocument, { error: 'must be a list of documents' }).min(1, 'must not be an empty list'),
   top_n: topN,
   max_tokens_per_doc: z.number().int().positive('must be at least 1').nullish(),
+  /** Cohere's v1 field, taken here too: chunk a long document, at most this many windows. */
+  max_chunks_per_doc: z.number().int().positive('must be at least 1').nullish(),
+  long_inputs: longInputsNullish,
   priority: z.number().int().nullish(),
 });
 export type CohereV2RerankRequest = z.infer<typeof CohereV2RerankRequest>;
@@ -366,10 +382,11 @@ export const CohereV1RerankRequest = z.object({
   top_n: topN,
   return_documents: z.boolean().nullish(),
   rank_fields: z.array(z.string()).nullish(),
-  max_chunks_per_doc: z.number().int().positive().nullish(),
+  max_chunks_per_doc: z.number().int().positive('must be at least 1').nullish(),
   max_tokens_per_doc: z.number().int().positive('must be at least 1').nullish(),
   /** Our extension (TEI's name): false refuses a document past the model's length instead of cutting it (the default). */
   truncate: z.boolean().nullish(),
+  long_inputs: longInputsNullish,
   priority: z.number().int().nullish(),
 });
 export type CohereV1RerankRequest = z.infer<typeof CohereV1RerankRequest>;
@@ -391,6 +408,7 @@ export const CohereV2EmbedRequest = z.object({
   output_dimension: z.number().int().positive('must be at least 1').nullish(),
   max_tokens: z.number().int().positive('must be at least 1').nullish(),
   truncate: z.enum(['NONE', 'START', 'END'], { error: 'must be "NONE", "START" or "END"' }).nullish(),
+  long_inputs: longInputsNullish,
   priority: z.number().int().nullish(),
   images: z.array(z.unknown()).max(0, 'images are not served: send texts').nullish(),
   inputs: z.array(z.unknown()).max(0, 'inputs of text and image parts are not served: send texts').nullish(),

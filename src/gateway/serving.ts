@@ -19,6 +19,7 @@ import { InputTooLongError, ModelNotFoundError, NotReadyError } from '../shared/
 import type { GatewayMetrics } from '../shared/telemetry/metrics.js';
 import type { CounterCell, HistogramCell } from '../shared/telemetry/metric-cells.js';
 import type { Task } from '../shared/model-format/model-config.js';
+import type { LongInputs } from '../shared/options.js';
 import { statusOf, type Answer, type RequestContext } from './http/request-context.js';
 import type { InferCall, Infer, InferResult } from '../core/infer.js';
 import type { SpanIds } from '../shared/trace-context.js';
@@ -29,8 +30,14 @@ export interface GatewayLimits {
   maxBodyBytes: number;
   /** Most inputs in one request (--max-client-batch-size). */
   maxClientBatchSize: number;
-  /** Whether an input past the model's max length is cut when its request does not say (--truncate); else 413. */
+  /** Whether an input past the model's max length is cut when its request does not say (--long-inputs truncate, --truncate); else 413 or chunked. */
   truncate: boolean;
+  /** What happens to an input past the model's max length when its request does not say (--long-inputs); default error, or truncate with `truncate`. */
+  longInputs?: LongInputs | undefined;
+  /** Most tokens of a chunked input (--max-input-tokens); absent: 8 times the model's length. */
+  maxInputTokens?: number | undefined;
+  /** Tokens a window repeats of the one before (--chunk-overlap-tokens). */
+  chunkOverlapTokens?: number | undefined;
   /** What integer inputs of /v1/embeddings are when a request does not say (--openai-token-ids); default cl100k_base. */
   openaiTokenIds?: 'cl100k_base' | 'model' | undefined;
 }
@@ -119,7 +126,7 @@ export async function runEndpoint<S>(ep: Endpoint<S>, body: unknown, ec: Endpoin
     result = await ec.infer.infer(ec.trace ? { ...call, trace: ec.trace } : call);
   } catch (err) {
     // The advice must be one that works on this route: its own way of asking for truncation.
-    if (err instanceof InputTooLongError && ep.truncateAdvice) throw new InputTooLongError(err.length, err.maxLength, ep.truncateAdvice(state));
+    if (err instanceof InputTooLongError && ep.truncateAdvice) throw new InputTooLongError(err.length, err.maxLength, ep.truncateAdvice(state), err.bound);
     throw err;
   }
   return { payload: ep.answer(result, call, state, ec), model, inputs: result.rows.rows.length / result.rows.width, result };
@@ -235,6 +242,7 @@ function timingHeaders(ctx: RequestContext, r: InferResult | undefined): Record<
     'x-total-time': total,
   };
   if (r.cache) headers['x-cache'] = r.cache; // hit: every input from the result cache; absent with --cache-mb 0
+  if (r.windows !== undefined) headers['x-windows'] = String(r.windows); // a chunked request: the windows it ran
   return headers;
 }
 

@@ -92,7 +92,10 @@ const options = data.options;
 const limits: GatewayLimits = {
   maxBodyBytes: options.maxBodyBytes,
   maxClientBatchSize: options.maxClientBatchSize,
-  truncate: options.truncate,
+  truncate: (options.longInputs ?? (options.truncate ? 'truncate' : 'error')) === 'truncate',
+  longInputs: options.longInputs ?? (options.truncate ? 'truncate' : 'error'),
+  maxInputTokens: options.maxInputTokens,
+  chunkOverlapTokens: options.chunkOverlapTokens,
   openaiTokenIds: options.openaiTokenIds,
 };
 const wsOptions: WsOptions = { maxInflight: options.wsMaxInflight, maxBufferedBytes: options.wsMaxBufferedBytes, maxFrameBytes: options.wsMaxFrameBytes, idleTimeoutSeconds: options.wsIdleTimeoutSeconds };

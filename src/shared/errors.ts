@@ -93,10 +93,13 @@ export class HttpError extends SlabserveError {
 export class InputTooLongError extends SlabserveError {
   readonly length: number;
   readonly maxLength: number;
-  constructor(length: number, maxLength: number, advice = 'send "truncate": true to cut it') {
-    super(`input is ${length} tokens long, the model accepts at most ${maxLength}; ${advice}`, 'SLABSERVE_INPUT_TOO_LONG', 'too_long');
+  /** What sets the bound: the model's length, or --max-input-tokens (a chunked input's whole length). */
+  readonly bound: string;
+  constructor(length: number, maxLength: number, advice = 'send "truncate": true to cut it', bound = 'the model accepts') {
+    super(`input is ${length} tokens long, ${bound} at most ${maxLength}; ${advice}`, 'SLABSERVE_INPUT_TOO_LONG', 'too_long');
     this.length = length;
     this.maxLength = maxLength;
+    this.bound = bound;
   }
 }
 

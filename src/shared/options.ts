@@ -51,6 +51,10 @@ const server = definer('server');
 const engine = definer('engine');
 const cluster = definer('cluster');
 
+/** What happens to an input longer than the model takes (--long-inputs, a request's `long_inputs`): src/core/long-inputs.ts. */
+export const LONG_INPUTS = ['error', 'truncate', 'chunk'] as const;
+export type LongInputs = (typeof LONG_INPUTS)[number];
+
 /** What integer inputs of OpenAI's /v1/embeddings are: tiktoken's cl100k_base ids (OpenAI's), or the model's own. */
 export type OpenAITokenIds = 'cl100k_base' | 'model';
 
@@ -314,6 +318,27 @@ export const OPTIONS = {
     kind: 'bool',
     default: false,
     help: 'cut inputs longer than the model accepts when a request does not say "truncate" (TEI\'s --auto-truncate; false: 413)',
+  }),
+  longInputs: server<LongInputs>({
+    flag: '--long-inputs <mode>',
+    kind: 'string',
+    choices: LONG_INPUTS,
+    defaultHelp: 'error (truncate with --truncate)',
+    help: 'what happens to an input longer than the model takes when a request does not say ("long_inputs"): error, a 413; truncate, its tail is cut (--truncate); chunk, it runs as windows of the model\'s length, their rows combined (embeddings) or the best one\'s score kept (rerank): docs/long-inputs.md',
+  }),
+  maxInputTokens: server<number>({
+    flag: '--max-input-tokens <n>',
+    kind: 'int',
+    min: 1,
+    defaultHelp: "8 x the model's max length",
+    help: 'most tokens a chunked input may have in all, special tokens included (a rerank pair: its query and document); past it, 413',
+  }),
+  chunkOverlapTokens: server({
+    flag: '--chunk-overlap-tokens <n>',
+    kind: 'int',
+    min: 0,
+    default: 0,
+    help: "text tokens each window of a chunked input repeats of the window before it (at most half a window's)",
   }),
   openaiTokenIds: server<OpenAITokenIds>({
     flag: '--openai-token-ids <encoding>',

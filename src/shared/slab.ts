@@ -515,6 +515,14 @@ export class SlotReservation {
     return this.released ? -1 : (this.slots.pop() ?? -1);
   }
 
+  /** Takes over `other`'s slots (of the same model): a request that needs more once tokenized keeps one reservation. */
+  absorb(other: SlotReservation): void {
+    if (other.model !== this.model) throw new Error(`slots of model ${other.model} cannot join a reservation of model ${this.model}`);
+    if (this.released) return other.release();
+    for (let slot = other.take(); slot >= 0; slot = other.take()) this.slots.push(slot);
+    other.release();
+  }
+
   /** Gives back every slot not taken. Idempotent. */
   release(): void {
     if (this.released) return;

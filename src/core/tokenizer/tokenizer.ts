@@ -58,6 +58,15 @@ export interface EncodeOptions {
   maxSecond?: number | undefined;
 }
 
+export interface PairWindowOptions {
+  maxLength: number;
+  maxInputTokens: number;
+  overlap: number;
+  maxWindows?: number | undefined;
+  /** The most tokens of the document kept (its first ones) before it is cut into windows (Cohere's max_tokens_per_doc). */
+  maxSecond?: number | undefined;
+}
+
 export interface TextTokenizer {
   /** Synchronous: for short single texts on the request path. */
   encode(text: string, opts: EncodeOptions): Encoding;
@@ -72,6 +81,15 @@ export interface TextTokenizer {
   paceChars(text: string): number;
   /** Token ids back to text. `skipSpecial` (default false, as in HF) drops special tokens ([CLS], [SEP], [PAD], [UNK], ...). */
   decode(ids: ArrayLike<number>, skipSpecial?: boolean): string;
+  /** The special tokens the template puts before and after one text (long inputs' windows repeat them). */
+  readonly around?: { lead: number; trail: number };
+  /**
+   * A (query, document) pair as windows of at most `maxLength` tokens (long-inputs.ts): the query
+   * in each (at most half the room), the document's tokens in consecutive windows, each repeating
+   * `overlap` of the one before (at most half), at most `maxWindows`. One window when the pair fits.
+   * Longer than `maxInputTokens` in all: InputTooLongError.
+   */
+  encodePairWindows?(first: string, second: string, opts: PairWindowOptions): Encoding[];
   /** Every token of one text with its offsets, the single-sequence template's special tokens around them if `addSpecialTokens`. No truncation. */
   tokenize?(text: string, addSpecialTokens: boolean): TokenSpan[];
   readonly vocabSize: number;
@@ -326,6 +344,33 @@ class HfJsTokenizer implements TextTokenizer {
     const budget = opts.maxLength - this.#pairSpecials;
     if (budget < 0) throw new RangeError(`maxLength ${opts.maxLength} is shorter than the ${this.#pairSpecials} special tokens`);
     return assemble(this.#template.pair, [a, b], longestFirst(la, lb, budget, opts.maxLength), true);
+  }
+
+  get around(): { lead: number; trail: number } {
+    const pieces = this.#template.single;
+    const at = pieces.findIndex((p) => p.kind === 'seq');
+    return { lead: specialCount(pieces.slice(0, at)), trail: specialCount(pieces.slice(at + 1)) };
+  }
+
+  encodePairWindows(first: string, second: string, opts: PairWindowOptions): Encoding[] {
+    checkMaxLength(opts.maxLength);
+    const a = this.#ids(first);
+    const b = this.#ids(second);
+    const lb = Math.min(b.length, opts.maxSecond ?? Infinity);
+    const budget = opts.maxLength - this.#pairSpecials;
+    if (a.length + lb <= budget) return [assemble(this.#template.pair, [a, b], [a.length, lb], lb < b.length)];
+    const total = a.length + lb + this.#pairSpecials;
+    if (total > opts.maxInputTokens) throw new InputTooLongError(total, opts.maxInputTokens);
+    const la = Math.min(a.length, Math.floor(budget / 2));
+    const body = budget - la;
+    const overlap = Math.min(opts.overlap, Math.floor(body / 2));
+    const out: Encoding[] = [];
+    for (let s = 0; out.length < (opts.maxWindows ?? Infinity); s += body - overlap) {
+      const len = Math.min(body, lb - s);
+      out.push(assemble(this.#template.pair, [a, b.slice(s, s + len)], [la, len], la < a.length));
+      if (s + len >= lb) break;
+    }
+    return out;
   }
 
   async encodeBatch(texts: string[], opts: EncodeOptions): Promise<Encoding[]> {

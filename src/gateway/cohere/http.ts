@@ -30,6 +30,7 @@
  * Errors are Cohere's shape, `{id, message}` (and Jina's `detail` on /v1/rerank),
  * with our `code`; an invalid request is 400 (our 422).
  */
+import { cutOf, type LongSaid } from '../long-inputs.js';
 import { randomUUID } from 'node:crypto';
 import { FieldValidationError, ValidationError } from '../../shared/errors.js';
 import { embeddings, rerankScores } from '../../core/rows.js';
@@ -65,7 +66,7 @@ const failCohereV1 = cohereFail(true);
 /** The text of a document (a string, or an object's `text`). */
 const documentText = (d: RerankDocument) => (typeof d === 'string' ? d : d.text);
 
-/** Cohere bills a search unit per query of up to 100 documents. */
+/** Cohere's search units: one per 100 documents, a chunked document's windows counting one each (as Cohere bills its chunks). */
 const searchUnits = (documents: number) => Math.max(1, Math.ceil(documents / 100));
 
 /** A reranker for `name` (the first one served when none is named), with the request's size checked. */
@@ -74,7 +75,7 @@ function rerankCall(
   name: string | undefined,
   query: string,
   docs: readonly RerankDocument[],
-  opts: { truncate: boolean; maxTextTokens: number | undefined; priority: number | undefined },
+  opts: { said: LongSaid; maxWindows: number | null | undefined; maxTextTokens: number | undefined; priority: number | undefined },
 ): InferCall {
   if (docs.length > ec.limits.maxClientBatchSize) {
     throw new ValidationError(`${docs.length} documents exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`);
@@ -87,7 +88,7 @@ function rerankCall(
   });
   return {
     model,
-    inputs: { kind: 'pairs', queries: [query], texts, truncate: opts.truncate, maxTextTokens: opts.maxTextTokens },
+    inputs: { kind: 'pairs', queries: [query], texts, ...cutOf(ec, model, opts.said, 'truncate', opts.maxWindows), maxTextTokens: opts.maxTextTokens },
     timeoutMs: ec.timeoutMs,
     priority: priorityOfRank(ec, opts.priority),
     cancel: ec.cancel,
@@ -110,11 +111,13 @@ const v2RerankEndpoint: Endpoint<{ topN: number | undefined; documents: number }
   task: 'rerank',
   parse(raw, ec) {
     const body = parseBody(CohereV2RerankRequest, raw);
-    const call = rerankCall(ec, body.model, body.query, body.documents, { truncate: true, maxTextTokens: body.max_tokens_per_doc ?? undefined, priority: body.priority ?? undefined });
+    const said = { long: body.long_inputs ?? (body.max_chunks_per_doc != null ? 'chunk' : undefined) };
+    const opts = { said, maxWindows: body.max_chunks_per_doc, maxTextTokens: body.max_tokens_per_doc ?? undefined, priority: body.priority ?? undefined };
+    const call = rerankCall(ec, body.model, body.query, body.documents, opts);
     return { call, state: { topN: body.top_n ?? undefined, documents: body.documents.length } };
   },
   answer(r, _call, state) {
-    return { id: randomUUID(), results: ranked(r, state.topN), meta: { api_version: { version: '2' }, billed_units: { search_units: searchUnits(state.documents) } } };
+    return { id: randomUUID(), results: ranked(r, state.topN), meta: { api_version: { version: '2' }, billed_units: { search_units: searchUnits(r.windows ?? state.documents) } } };
   },
 };
 
@@ -129,8 +132,9 @@ const v1RerankEndpoint: Endpoint<{ topN: number | undefined; documents: readonly
       throw new ValidationError(`rank_fields ${JSON.stringify(fields)}: only a document's "text" is ranked here`);
     }
     const query = typeof body.query === 'string' ? body.query : body.query.text;
-    const truncate = body.truncate ?? true;
-    const call = rerankCall(ec, body.model ?? undefined, query, body.documents, { truncate, maxTextTokens: body.max_tokens_per_doc ?? undefined, priority: body.priority ?? undefined });
+    const said = { long: body.long_inputs ?? (body.max_chunks_per_doc != null ? 'chunk' : undefined), truncate: body.truncate };
+    const opts = { said, maxWindows: body.max_chunks_per_doc, maxTextTokens: body.max_tokens_per_doc ?? undefined, priority: body.priority ?? undefined };
+    const call = rerankCall(ec, body.model ?? undefined, query, body.documents, opts);
     return { call, state: { topN: body.top_n ?? undefined, documents: body.return_documents === false ? null : body.documents } };
   },
   truncateAdvice: () => 'send "truncate": true (the default) to cut it',
@@ -143,7 +147,7 @@ const v1RerankEndpoint: Endpoint<{ topN: number | undefined; documents: readonly
       model: call.model.plan.spec.name,
       results: docs ? results.map((x) => ({ ...x, document: documentObject(docs[x.index]!) })) : results,
       usage: { prompt_tokens: r.tokens, total_tokens: r.tokens },
-      meta: { api_version: { version: '1' }, billed_units: { search_units: searchUnits(count) } },
+      meta: { api_version: { version: '1' }, billed_units: { search_units: searchUnits(r.windows ?? count) } },
     };
   },
 };
@@ -186,10 +190,11 @@ const v2EmbedEndpoint: Endpoint<{ types: readonly CohereEmbeddingType[]; dimensi
     const dimension = body.output_dimension ?? undefined;
     if (dimension !== undefined && dimension > spec.dimension) throw new FieldValidationError(`output_dimension ${dimension} exceeds model "${spec.name}"'s ${spec.dimension}`, 'output_dimension');
     const truncate = body.truncate ?? 'END';
+    const explicit = body.truncate != null || body.max_tokens != null;
     const inputs = {
       kind: 'inputs' as const,
       inputs: body.texts,
-      truncate: truncate !== 'NONE',
+      ...cutOf(ec, model, { long: body.long_inputs, truncate: explicit ? truncate !== 'NONE' : undefined }, 'truncate'),
       direction: truncate === 'START' ? ('left' as const) : ('right' as const),
       maxLength: body.max_tokens == null ? undefined : Math.min(body.max_tokens, model.plan.maxLength),
     };

@@ -28,6 +28,9 @@
  * supported: Triton's binary tensor extension (application/octet-stream
  * bodies are refused with 415), model repository and statistics extensions.
  */
+import { cutOf } from '../long-inputs.js';
+import type { ChunkPolicy } from '../../core/long-inputs.js';
+import { LONG_INPUTS, type LongInputs } from '../../shared/options.js';
 import { HttpError, ValidationError } from '../../shared/errors.js';
 import { servedSources } from '../../shared/model-format/model-config.js';
 import { type InferCall, type InferResult } from '../../core/infer.js';
@@ -206,6 +209,14 @@ function booleanParam(params: Record<string, unknown> | undefined, name: string)
   return v;
 }
 
+/** The parameter long_inputs (docs/long-inputs.md): one of the modes, or absent. */
+function longParam(params: Record<string, unknown> | undefined): LongInputs | undefined {
+  const v = params?.long_inputs;
+  if (v === undefined) return undefined;
+  if (!LONG_INPUTS.includes(v as LongInputs)) throw invalid(`parameter long_inputs must be one of ${LONG_INPUTS.join(', ')}`);
+  return v as LongInputs;
+}
+
 type Encoded = { ids: Int32Array; typeIds: Int32Array }[];
 
 /** Token tensors -> one encoding per row (its real tokens: where the mask is 1, right padding). */
@@ -238,7 +249,7 @@ function fromTokens(tensors: Map<string, KServeTensor>): Encoded {
 }
 
 /** The inputs of an infer request: token tensors, or BYTES texts (a reranker: query and text). */
-function callInputs(model: ServedModel, tensors: Map<string, KServeTensor>, truncate: boolean, ec: EndpointContext): CallInputs {
+function callInputs(model: ServedModel, tensors: Map<string, KServeTensor>, cut: { truncate: boolean; chunk?: ChunkPolicy }, ec: EndpointContext): CallInputs {
   const spec = model.plan.spec;
   const max = ec.limits.maxClientBatchSize;
   const tooMany = (n: number) => invalid(`${n} inputs exceed the limit of ${max} per request (--max-client-batch-size)`);
@@ -258,13 +269,13 @@ function callInputs(model: ServedModel, tensors: Map<string, KServeTensor>, trun
     const docs = texts(t);
     if (queries.length !== 1 && queries.length !== docs.length) throw invalid(`query holds ${queries.length} texts: give one, or one per text (${docs.length})`);
     if (docs.length > max) throw tooMany(docs.length);
-    return { kind: 'pairs', queries, texts: docs, truncate };
+    return { kind: 'pairs', queries, texts: docs, ...cut };
   }
   const only = [...tensors.values()];
   if (only.length !== 1) throw invalid(`model ${spec.name} takes one BYTES input (text) or input_ids; got ${[...tensors.keys()].join(', ')}`);
   const list = texts(only[0]!);
   if (list.length > max) throw tooMany(list.length);
-  return { kind: 'inputs', inputs: list, truncate };
+  return { kind: 'inputs', inputs: list, ...cut };
 }
 
 /** What an infer request's answer needs: the outputs it asked for, its id, `normalize`. */
@@ -289,11 +300,11 @@ export const inferEndpoint: Endpoint<InferState> = {
     for (const w of wanted) {
       if (!available.some((o) => o.name === w)) throw invalid(`unknown output ${w}; model ${model.plan.spec.name} gives ${available.map((o) => o.name).join(', ')}`);
     }
-    const truncate = booleanParam(body.parameters, 'truncate') ?? ec.limits.truncate;
+    const cut = cutOf(ec, model, { long: longParam(body.parameters), truncate: booleanParam(body.parameters, 'truncate') });
     const normalize = booleanParam(body.parameters, 'normalize');
     const call = {
       model,
-      inputs: callInputs(model, tensors, truncate, ec),
+      inputs: callInputs(model, tensors, cut, ec),
       timeoutMs: ec.timeoutMs,
       priority: ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority),
       cancel: ec.cancel,

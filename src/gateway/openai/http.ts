@@ -27,6 +27,7 @@
  * code `context_length_exceeded`, an unknown model 404 with code
  * `model_not_found`; overload 429 (Retry-After), not ready 503.
  */
+import { cutOf } from '../long-inputs.js';
 import { statSync } from 'node:fs';
 import { FieldValidationError, InvalidModelNameError, ModelNotFoundError, UnknownFieldError, ValidationError } from '../../shared/errors.js';
 import { inputCount, inputList } from '../../core/inputs.js';
@@ -68,7 +69,7 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
     const call = prompted(
       {
         model,
-        inputs: { kind: 'inputs' as const, inputs, truncate: body.truncate ?? ec.limits.truncate, direction: body.truncation_direction },
+        inputs: { kind: 'inputs' as const, inputs, ...cutOf(ec, model, { long: body.long_inputs, truncate: body.truncate }), direction: body.truncation_direction },
         timeoutMs: ec.timeoutMs,
         priority: ec.priority === undefined ? undefined : ec.infer.priorityIndex(ec.priority),
         cancel: ec.cancel,
@@ -81,7 +82,8 @@ const embeddingsEndpoint: Endpoint<{ base64: boolean; dimensions: number | undef
   answer(r, call, state) {
     const rows = embeddings(call.model, r.rows).map((full) => (state.dimensions !== undefined ? shorten(full, state.dimensions) : full));
     const model = call.model.plan.spec.name;
-    const usage = { prompt_tokens: r.tokens, total_tokens: r.tokens };
+    // windows: our extension, where an input was chunked (docs/long-inputs.md)
+    const usage = { prompt_tokens: r.tokens, total_tokens: r.tokens, ...(r.windows !== undefined ? { windows: r.windows } : {}) };
     const type = state.type;
     if (type !== 'float') return quantizedListAnswer(rows.map((v) => quantizeRow(v, type)), model, usage, state.base64);
     if (state.base64) {

@@ -36,6 +36,9 @@ import type { RequestRows } from '../../core/submitter.js';
 import { quantizeRow, scalesTheUnitRow, type EmbeddingType } from '../../core/quantized-embeddings.js';
 import { similaritiesToFirst } from '../../core/similarity.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from '../serving.js';
+import { cutOf } from '../long-inputs.js';
+import { chunkedTooLong, type ChunkPolicy } from '../../core/long-inputs.js';
+import type { LongInputs } from '../../shared/options.js';
 
 /** What a route runs on: a task's models, any model (null), or embedding models that give an output. */
 type Wanted = Task | null | { output: ModelOutput; route: string };
@@ -64,10 +67,11 @@ function scheduling(ec: EndpointContext, body: { timeout?: number | undefined; p
 function inputsCall(
   ec: EndpointContext,
   want: Wanted,
-  body: { inputs: Inputs; truncate?: boolean | undefined; truncation_direction?: 'right' | 'left' | undefined; model?: string | undefined; timeout?: number; priority?: string },
+  body: { inputs: Inputs; truncate?: boolean | undefined; truncation_direction?: 'right' | 'left' | undefined; long_inputs?: LongInputs | undefined; model?: string | undefined; timeout?: number; priority?: string },
 ) {
   const model = pickModel(ec, want, inputCount(body.inputs), body.model);
-  const inputs = { kind: 'inputs' as const, inputs: inputList(body.inputs), truncate: body.truncate ?? ec.limits.truncate, direction: body.truncation_direction };
+  const cut = cutOf(ec, model, { long: body.long_inputs, truncate: body.truncate });
+  const inputs = { kind: 'inputs' as const, inputs: inputList(body.inputs), ...cut, direction: body.truncation_direction };
   return { model, inputs, ...scheduling(ec, body) };
 }
 
@@ -176,8 +180,9 @@ interface ChunkPlan {
  *
  * The text is tokenized here rather than by Infer, because the offsets must
  * be those of the tokens that ran: encode() exactly as Infer would (the
- * model's max length, the request's truncation, its 413) gives the tokens
- * the call runs, and tokenize() of the same text gives their offsets,
+ * model's max length, the request's truncation, its 413; chunked, the whole
+ * text up to --max-input-tokens, run as windows and their states joined)
+ * gives the tokens the call runs, and tokenize() of the same text gives their offsets,
  * matched id by id (runTokenStarts), truncation included. Both run on the
  * event loop, so the text is bounded as /tokenize's texts are.
  */
@@ -196,14 +201,26 @@ function lateChunked(ec: EndpointContext, body: EmbedRequest, raw: readonly unkn
     throw new ValidationError(`${prompt.length + text.length} characters with chunks; at most ${MAX_TOKENIZE_CHARS} (their offsets are computed on the gateway's event loop)`);
   }
   const direction = body.truncation_direction;
-  const encoded = tok.encode(prompt + text, { maxLength: model.plan.maxLength, truncate: body.truncate ?? ec.limits.truncate, direction });
+  // Chunked, the text runs as windows whose token states are joined (core/window-rows.ts): its tokens are all of it.
+  const cut = cutOf(ec, model, { long: body.long_inputs, truncate: body.truncate });
+  const encode = () => tok.encode(prompt + text, { maxLength: cut.chunk?.maxInputTokens ?? model.plan.maxLength, truncate: cut.truncate, direction });
+  const encoded = cut.chunk ? tryChunked(encode, cut.chunk) : encode();
   const spans = tok.tokenize(prompt + text, true);
   const shift = codePoints(prompt);
   const whole = textTokenStarts(spans, shift);
   const tokens = chunkTokens(chunks, runTokenStarts(encoded.ids, spans, direction, shift), (c) => holdsToken(c, whole));
-  const inputs = { kind: 'tokens' as const, tokens: [{ ids: encoded.ids, typeIds: encoded.typeIds }] };
+  const inputs = { kind: 'tokens' as const, tokens: [{ ids: encoded.ids, typeIds: encoded.typeIds }], chunk: cut.chunk };
   const plan: ChunkPlan = { tokens, ran: encoded.ids.length, pooling: spec.pooling };
   return { call: { model, inputs, ...scheduling(ec, body), tokenRows: true }, state: { normalize: body.normalize, type, outputs: null, chunks: plan } };
+}
+
+/** `encode()`, its 413 past --max-input-tokens naming that bound. */
+function tryChunked<T>(encode: () => T, policy: ChunkPolicy): T {
+  try {
+    return encode();
+  } catch (err) {
+    return chunkedTooLong(policy)(err);
+  }
 }
 
 /** The one text a request with chunks embeds: a string, or a list holding one. */
@@ -350,7 +367,8 @@ export const rerankEndpoint: Endpoint<{ texts: string[]; returnText: boolean; ra
   parse(raw, ec) {
     const body = parseBody(RerankRequest, raw);
     const model = pickModel(ec, 'rerank', body.texts.length, body.model);
-    const call = { model, inputs: { kind: 'pairs' as const, queries: [body.query], texts: body.texts, truncate: body.truncate ?? ec.limits.truncate }, ...scheduling(ec, body) };
+    const cut = cutOf(ec, model, { long: body.long_inputs ?? (body.max_chunks_per_doc ? 'chunk' : undefined), truncate: body.truncate }, undefined, body.max_chunks_per_doc);
+    const call = { model, inputs: { kind: 'pairs' as const, queries: [body.query], texts: body.texts, ...cut }, ...scheduling(ec, body) };
     return { call, state: { texts: body.texts, returnText: body.return_text ?? false, raw: body.raw_scores ?? false } };
   },
   answer(r, _call, state) {

@@ -26,6 +26,7 @@
  * Errors are vLLM's shape, `{error: {message, type, param, code}}` with the
  * status as `code`; an invalid request is 400 (our 422).
  */
+import { cutOf } from '../long-inputs.js';
 import { randomUUID } from 'node:crypto';
 import { FieldValidationError, ValidationError } from '../../shared/errors.js';
 import type { InferCall } from '../../core/infer.js';
@@ -75,12 +76,12 @@ const failVllm: Fail = (ctx: RequestContext, err: unknown) =>
 
 // ------------------------------------------------------------ shared parts
 
-/** How an input is cut: vLLM's truncate_prompt_tokens (-1 the model's length, N tokens), else --truncate. */
+/** How an input is cut: vLLM's truncate_prompt_tokens (-1 the model's length, N tokens), else --long-inputs (a reranker's pairs chunked there too). */
 function truncation(ec: EndpointContext, model: ServedModel, body: { truncate_prompt_tokens?: number | null | undefined; truncation_side?: 'left' | 'right' | null | undefined }) {
   const t = body.truncate_prompt_tokens;
-  if (t == null) return { truncate: ec.limits.truncate, direction: body.truncation_side ?? undefined, maxLength: undefined };
+  if (t == null) return { ...cutOf(ec, model, {}), direction: body.truncation_side ?? undefined, maxLength: undefined };
   if (t === 0) throw new FieldValidationError('truncate_prompt_tokens must be -1 or at least 1', 'truncate_prompt_tokens');
-  return { truncate: true, direction: body.truncation_side ?? undefined, maxLength: t === -1 ? undefined : Math.min(t, model.plan.maxLength) };
+  return { truncate: true, chunk: undefined, direction: body.truncation_side ?? undefined, maxLength: t === -1 ? undefined : Math.min(t, model.plan.maxLength) };
 }
 
 /** use_activation, or its older names (softmax, activation); default true. */
@@ -169,6 +170,7 @@ const scoreEndpoint = (route: string): Endpoint<ScoreState> => ({
           queries: a,
           texts: b,
           truncate: cut.truncate,
+          chunk: cut.chunk,
           maxLength: cut.maxLength,
           maxQueryTokens: body.max_tokens_per_query || undefined,
           maxTextTokens: body.max_tokens_per_doc || undefined,
@@ -182,7 +184,7 @@ const scoreEndpoint = (route: string): Endpoint<ScoreState> => ({
     }
     const texts = [...a, ...b];
     if (texts.length > ec.limits.maxClientBatchSize) throw new ValidationError(`${texts.length} texts exceed the limit of ${ec.limits.maxClientBatchSize} per request (--max-client-batch-size)`);
-    const call: InferCall = { model, inputs: { kind: 'inputs', inputs: texts, truncate: cut.truncate, direction: cut.direction, maxLength: cut.maxLength }, ...scheduling };
+    const call: InferCall = { model, inputs: { kind: 'inputs', inputs: texts, truncate: cut.truncate, chunk: cut.chunk, direction: cut.direction, maxLength: cut.maxLength }, ...scheduling };
     const cosine = { first: b.map((_, i) => (a.length === 1 ? 0 : i)), second: b.map((_, i) => a.length + i) };
     return { call, state: { pairs: b.length, cosine, raw: raw_ } };
   },
