@@ -90,7 +90,7 @@ describe('a refusal with a body still arriving, to a client that asked Connectio
   it("Python's urllib with a 5 MB body reads our 413, 401 and 404, not BrokenPipeError", async () => {
     const seen = await runPython(URLLIB([['/embed', 5_000_000, true], ['/embed', 5_000_000, false], ['/no-such-route', 5_000_000, true]]));
     expect(seen).toEqual([
-      { status: 413, body: { error: expect.stringMatching(/request body of 5000000 bytes exceeds the limit of 1048576 \(--max-body-bytes\)/), type: 'payload_too_large', code: 'SLABSERVE_PAYLOAD_TOO_LARGE' } },
+      { status: 413, body: { error: expect.stringMatching(/request body of 5000000 bytes exceeds the limit of 1048576 \(--max-body-bytes\)/), error_type: 'Validation', type: 'payload_too_large', code: 'SLABSERVE_PAYLOAD_TOO_LARGE' } },
       { status: 401, body: expect.objectContaining({ code: 'SLABSERVE_UNAUTHORIZED' }) },
       { status: 404, body: expect.objectContaining({ code: 'SLABSERVE_ROUTE_NOT_FOUND' }) },
     ]);
