@@ -10,6 +10,7 @@
  * (fixtures/safetensors.ts), normalises
  * in float64 and drops a document's skiplist tokens. The server answers the
  * same texts queued together, queries and documents of many lengths in one go.
+ * A chunked long document is windowed and joined by this file's own code.
  */
 import * as grpc from '@grpc/grpc-js';
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -46,6 +47,9 @@ interface Folder {
 
 let root: string;
 let server: Server;
+/** tiny-colbert alone, --chunk-overlap-tokens OVERLAP. */
+let overlapping: Server;
+const OVERLAP = 10;
 let tok: TextTokenizer;
 let words: string[];
 const folders = new Map<string, Folder>();
@@ -89,14 +93,24 @@ function pylateInput(f: Folder, text: string, kind: Kind): { ids: number[]; mask
 /** The reference's token vectors for one text: the graph alone, the Dense projection, normalised; a document's skiplist dropped. */
 async function reference(f: Folder, text: string, kind: Kind): Promise<Float64Array[]> {
   const { ids, mask } = pylateInput(f, text, kind);
+  const rows = await vectorsOf(f, ids, mask);
+  return kind === 'document' ? withoutSkiplist(f, ids, rows) : rows;
+}
+
+/** A document's vectors less those of its skiplist tokens. */
+function withoutSkiplist(f: Folder, ids: number[], rows: Float64Array[]): Float64Array[] {
+  const skip = new Set(f.st.skiplist_words.map((w) => f.vocab.get(w)).filter((id) => id !== undefined));
+  return rows.filter((_, t) => !skip.has(ids[t]!));
+}
+
+/** Every token's vector of one input run alone: the graph, the Dense projection, normalised in float64. */
+async function vectorsOf(f: Folder, ids: number[], mask: number[]): Promise<Float64Array[]> {
   const n = ids.length;
   const i64 = (v: number[]) => new ort.Tensor('int64', BigInt64Array.from(v, BigInt), [1, n]);
   const out = await f.session.run({ input_ids: i64(ids), attention_mask: i64(mask), token_type_ids: i64(ids.map(() => 0)) });
   const states = out.last_hidden_state!.data as Float32Array;
-  const skip = new Set(f.st.skiplist_words.map((w) => f.vocab.get(w)).filter((id) => id !== undefined));
   const rows: Float64Array[] = [];
   for (let t = 0; t < n; t++) {
-    if (kind === 'document' && skip.has(ids[t]!)) continue;
     const v = new Float64Array(f.out);
     for (let o = 0; o < f.out; o++) {
       let s = 0;
@@ -107,6 +121,51 @@ async function reference(f: Folder, text: string, kind: Kind): Promise<Float64Ar
     rows.push(v.map((x) => x / norm));
   }
   return rows;
+}
+
+/**
+ * A long document as this file windows it: the text's tokens (unmarked, never
+ * cut) in windows of document_length - 3 ([CLS], [D] and [SEP] take three),
+ * each `overlap` tokens into the one before, each window run alone as PyLate
+ * runs one document, and their vectors joined: the first window's [CLS] and
+ * [D], each window's text tokens less the overlap, the last window's [SEP];
+ * then the skiplist's dropped.
+ */
+async function chunkedReference(f: Folder, text: string, overlap: number): Promise<{ vectors: Float64Array[]; windows: number }> {
+  const enc = Array.from(tok.encode(text, { maxLength: 100_000, truncate: false }).ids);
+  const [cls, sep] = [enc[0]!, enc[enc.length - 1]!];
+  const body = enc.slice(1, -1);
+  const marker = f.vocab.get(f.st.document_prefix)!;
+  const step = f.st.document_length - 3;
+  const ids = [cls, marker];
+  const joined: Float64Array[] = [];
+  let windows = 0;
+  for (let s = 0; ; s += step - overlap) {
+    const slice = body.slice(s, s + step);
+    const window = [cls, marker, ...slice, sep];
+    const rows = await vectorsOf(f, window, window.map(() => 1));
+    windows++;
+    if (s === 0) joined.push(rows[0]!, rows[1]!);
+    const from = s === 0 ? 0 : overlap;
+    joined.push(...rows.slice(2 + from, 2 + slice.length));
+    ids.push(...slice.slice(from));
+    if (s + step >= body.length) {
+      joined.push(rows[rows.length - 1]!);
+      ids.push(sep);
+      return { vectors: withoutSkiplist(f, ids, joined), windows };
+    }
+  }
+}
+
+/** A punctuated text (the skiplist's work) of at least `tokens` tokens, [CLS] and [SEP] included. */
+function textOfTokens(label: string, tokens: number): string {
+  const rand = makeRandom(label);
+  const list: string[] = [];
+  while (tok.encode(list.join(' '), { maxLength: 100_000, truncate: false }).ids.length < tokens) {
+    const w = words[Math.floor(rand() * words.length)]!;
+    list.push(rand() < 0.2 ? `${w}${'.,!?'[Math.floor(rand() * 4)]}` : w);
+  }
+  return list.join(' ');
 }
 
 function expectVectors(got: number[][], want: Float64Array[], what: string): number {
@@ -120,9 +179,9 @@ function expectVectors(got: number[][], want: Float64Array[], what: string): num
   return worst;
 }
 
-async function post(path: string, body: unknown): Promise<{ status: number; body: any }> {
-  const r = await fetch(`${server.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-  return { status: r.status, body: await r.json() };
+async function post(path: string, body: unknown, to: Server = server): Promise<{ status: number; body: any; headers: Headers }> {
+  const r = await fetch(`${to.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  return { status: r.status, body: await r.json(), headers: r.headers };
 }
 
 /** Texts with punctuation in them (the skiplist's work), of many lengths. */
@@ -140,11 +199,12 @@ beforeAll(async () => {
   tok = await loadTokenizer(loadModelSpec(base).tokenizerPath);
   words = vocabularyWords(loadModelSpec(base));
   server = await startServer(testServerConfig({ models: ['tiny-embed', base, attending, unexpanded], slotsPerModel: 128, batching: { maxBatchTokens: 8192 } }));
-  await server.ready;
+  overlapping = await startServer(testServerConfig({ models: [base], slotsPerModel: 64, chunkOverlapTokens: OVERLAP }));
+  await Promise.all([server.ready, overlapping.ready]);
 }, 120_000);
 
 afterAll(async () => {
-  await server?.close();
+  await Promise.all([server?.close(), overlapping?.close()]);
   for (const f of folders.values()) await f.session.release();
   if (root) rmSync(root, { recursive: true, force: true });
 });
@@ -219,6 +279,28 @@ describe('/embed_all on a ColBERT model', () => {
     expect(r.status).toBe(200);
     expect(r.body[0]).toHaveLength(180);
     expectVectors(r.body[0], await reference(folders.get('tiny-colbert')!, long, 'document'), 'long document');
+  });
+
+  it('chunked, a document of 3.5 document lengths runs as windows each marked as one document: its vectors are the windows\' run alone, in order, each text token once (with and without overlap)', async () => {
+    const f = folders.get('tiny-colbert')!;
+    const text = textOfTokens('colbert long document', Math.round(3.5 * f.st.document_length));
+    for (const [to, overlap] of [[server, 0], [overlapping, OVERLAP]] as const) {
+      const want = await chunkedReference(f, text, overlap);
+      expect(want.windows, 'the reference\'s windows').toBe(4);
+      const r = await post('/embed_all', { model: 'tiny-colbert', inputs: text, input_type: 'document', long_inputs: 'chunk' }, to);
+      expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200);
+      expect(r.headers.get('x-windows')).toBe(String(want.windows));
+      expectVectors(r.body[0], want.vectors, `chunked document, overlap ${overlap}`);
+    }
+  });
+
+  it('chunking asked for, a query is still cut to query_length, as PyLate cuts it', async () => {
+    const f = folders.get('tiny-colbert')!;
+    const text = textOfTokens('colbert long query', 3 * f.st.query_length);
+    const r = await post('/embed_all', { model: 'tiny-colbert', inputs: text, input_type: 'query', long_inputs: 'chunk' });
+    expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200);
+    expect(r.body[0]).toHaveLength(f.st.query_length);
+    expectVectors(r.body[0], await reference(f, text, 'query'), 'long query');
   });
 
   it('over WebSocket (op embed_all) and gRPC EmbedAll (x-input-type metadata): the same vectors', async () => {

@@ -387,6 +387,28 @@ describe('a chunked request holds its windows as one request', () => {
   });
 });
 
+describe('admission sees a chunked request whole', () => {
+  it('its predicted wait counts every window: refused (429) where the same text truncated, one input, is admitted', async () => {
+    const rand = makeRandom('long inputs admission');
+    const text = randomWords(rand, Math.round(3.5 * MAX_LENGTH) - 2).join(' '); // 4 windows
+    // Each input costs 10 s by the cost model; a deadline of 20 s admits a predicted wait of 15 s: one input, not four.
+    const perRowMs = 10_000;
+    const body = (long_inputs: string) => ({ inputs: text, long_inputs, timeout: 20_000 });
+    const restore = chunking.testHooks!.setCost('tiny-embed', { fixedMs: 0, perRowMs });
+    try {
+      const chunked = await post(chunking, '/embed', body('chunk'));
+      expect([chunked.status, chunked.body.code], JSON.stringify(chunked.body)).toEqual([429, 'SLABSERVE_OVERLOADED']);
+      expect(Number(/predicted wait (\d+) ms/.exec(chunked.body.error)?.[1]), chunked.body.error).toBeGreaterThanOrEqual(4 * perRowMs);
+      const truncated = await post(chunking, '/embed', body('truncate'));
+      expect(truncated.status, JSON.stringify(truncated.body).slice(0, 300)).toBe(200);
+    } finally {
+      restore();
+    }
+    const measured = await post(chunking, '/embed', body('chunk'));
+    expect([measured.status, measured.headers.get('x-windows')]).toEqual([200, '4']);
+  });
+});
+
 describe('chunked requests among short ones', () => {
   it("a chunked request's windows run in the batches like any inputs: short requests queued after one chunked request and before two more are answered before the later two", async () => {
     const rand = makeRandom('long inputs among short ones');

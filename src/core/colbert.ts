@@ -10,12 +10,16 @@
  *     the [MASK]s get attention mask 0 (real tokens do not attend to them; they
  *     still get vectors) unless attend_to_expansion_tokens;
  *   - a query answers every vector (the [MASK]s' too), a document those of
- *     its tokens not on the skiplist (punctuation by default).
+ *     its tokens not on the skiplist (punctuation by default);
+ *   - chunked (long-inputs.ts), a document longer than its length runs as
+ *     windows, each marked as PyLate marks one document; queries are always cut.
  *
  * The vectors themselves (the Dense projection, L2-normalised per token) are
  * the graph's: gpu-worker/graph.ts.
  */
 import type { ColbertSpec } from '../shared/model-format/model-config.js';
+import type { Tokens } from './inputs.js';
+import type { Windowed } from './long-inputs.js';
 import type { Encoding } from './tokenizer/tokenizer.js';
 
 export type ColbertInputType = 'query' | 'document';
@@ -42,7 +46,7 @@ export function colbertTextLength(c: ColbertSpec, kind: ColbertInputType, maxLen
 }
 
 /** One tokenized text (cut to colbertTextLength) as it runs: marked, and a query expanded. */
-export function markColbert(e: Encoding, c: ColbertSpec, kind: ColbertInputType, maxLength: number): ColbertTokens {
+export function markColbert(e: Pick<Encoding, 'ids' | 'typeIds'>, c: ColbertSpec, kind: ColbertInputType, maxLength: number): ColbertTokens {
   const marker = markerOf(c, kind);
   const real = e.ids.length + (marker === null ? 0 : 1);
   const expand = kind === 'query' && c.doQueryExpansion;
@@ -55,6 +59,18 @@ export function markColbert(e: Encoding, c: ColbertSpec, kind: ColbertInputType,
   ids.set(e.ids.subarray(1), at);
   typeIds.set(e.typeIds.subarray(1), at);
   return { ids, typeIds, attended: expand && !c.attendToExpansionTokens ? real : length };
+}
+
+/**
+ * A document's windows, cut from its unmarked tokens (windows of
+ * colbertTextLength), as they run: each window marked as one document, the
+ * whole marked too (its token vectors are answered), the marker counted
+ * among the leading special tokens that only the first window's give.
+ */
+export function markDocumentWindows(w: Windowed, c: ColbertSpec, maxLength: number): Windowed {
+  const mark = (t: Tokens) => markColbert({ ids: t.ids, typeIds: t.typeIds ?? new Int32Array(t.ids.length) }, c, 'document', maxLength);
+  const marker = markerOf(c, 'document') === null ? 0 : 1;
+  return { ...w, tokens: w.tokens.map(mark), whole: w.whole.map(mark), around: { lead: w.around.lead + marker, trail: w.around.trail } };
 }
 
 /** Which of an input's token vectors PyLate answers: a query's all, a document's those not on the skiplist. */

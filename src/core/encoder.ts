@@ -5,7 +5,7 @@
  * inputs, KServe tensors) are checked against the model's limits, so nothing
  * out of range reaches the device.
  */
-import { colbertTextLength, markColbert, type ColbertInputType } from './colbert.js';
+import { colbertTextLength, markColbert, markDocumentWindows, type ColbertInputType } from './colbert.js';
 import type { Cancellation } from './cancel.js';
 import type { CallInputs, Input, Tokens, Truncation } from './inputs.js';
 import { chunkedTooLong, splitAll, type ChunkPolicy, type Windowed } from './long-inputs.js';
@@ -19,6 +19,8 @@ import { InputTooLongError, ValidationError } from '../shared/errors.js';
  * texts still wait their turn.
  */
 export type BatchTokenizer = (model: ServedModel, texts: string[], opts: EncodeOptions, cancel?: Cancellation) => Promise<Encoding[]>;
+
+const COLBERT_TEXTS = 'a ColBERT model takes texts, not token ids: the server puts in its query and document markers';
 
 /** Pairs tokenized inline yield the event loop after this many ms of work. */
 const YIELD_EVERY_MS = 4;
@@ -72,7 +74,7 @@ export class Encoder {
 
   /** A ColBERT model's texts, cut to their type's length (always, as PyLate does), marked and a query expanded. */
   private colbertTokens(model: ServedModel, inputs: readonly Input[], kind: ColbertInputType, direction: TruncationDirection | undefined, cancel: Cancellation | undefined): Tokens[] | Promise<Tokens[]> {
-    if (inputs.some((x) => typeof x !== 'string')) throw new ValidationError('a ColBERT model takes texts, not token ids: the server puts in its query and document markers');
+    if (inputs.some((x) => typeof x !== 'string')) throw new ValidationError(COLBERT_TEXTS);
     const c = model.plan.spec.colbert!;
     const maxLength = colbertTextLength(c, kind, model.plan.maxLength);
     const encoded = this.encodeTexts(model, inputs as string[], { truncate: true, direction, maxLength }, cancel);
@@ -228,19 +230,29 @@ export class Encoder {
   /**
    * Texts and ids as windows (long-inputs.ts): texts tokenized whole, up to
    * `policy.maxInputTokens` (413 past it), then each one longer than the model
-   * takes cut into windows. Token ids are taken as sent: never cut.
+   * takes cut into windows. Token ids are taken as sent: never cut. A
+   * ColBERT document's windows are of its document length, each marked.
    */
   inputWindows(model: ServedModel, inputs: Extract<CallInputs, { kind: 'inputs' }>, policy: ChunkPolicy, cancel: Cancellation | undefined): Windowed | Promise<Windowed> {
     const around = model.tokenizer.around;
     if (!around) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot say its special tokens, which windows repeat`);
-    const whole = { ...inputs, chunk: undefined, truncate: false, maxLength: policy.maxInputTokens };
-    const split = (t: Tokens[]) => splitAll(t, model.plan.maxLength, around, policy);
+    const document = inputs.colbert === 'document';
+    if (document && inputs.inputs.some((x) => typeof x !== 'string')) throw new ValidationError(COLBERT_TEXTS);
+    const whole = { ...inputs, colbert: undefined, chunk: undefined, truncate: false, maxLength: policy.maxInputTokens };
+    const split = document ? (t: Tokens[]) => this.documentWindows(model, t, around, policy) : (t: Tokens[]) => splitAll(t, model.plan.maxLength, around, policy);
     try {
       const tokens = this.tokenize(model, whole, cancel);
       return tokens instanceof Promise ? tokens.then(split, chunkedTooLong(policy)) : split(tokens);
     } catch (err) {
       return chunkedTooLong(policy)(err);
     }
+  }
+
+  /** A ColBERT model's documents (tokenized unmarked) as windows of its document length, each marked as one document. */
+  private documentWindows(model: ServedModel, tokens: Tokens[], around: { lead: number; trail: number }, policy: ChunkPolicy): Windowed {
+    const c = model.plan.spec.colbert!;
+    const textLength = colbertTextLength(c, 'document', model.plan.maxLength);
+    return markDocumentWindows(splitAll(tokens, textLength, around, policy), c, model.plan.maxLength);
   }
 
   /** Tokens built outside the tokenizer (late chunking's one text) as windows: checked up to `policy.maxInputTokens`, then cut. */

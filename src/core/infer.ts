@@ -223,12 +223,12 @@ export class Infer {
   /**
    * The tokens a request runs: its inputs', or with chunking (long-inputs.ts)
    * its windows', and then `windows` says whose they are. Chunking applies to
-   * embeddings (not ColBERT's, which PyLate cuts) and rerank pairs.
+   * embeddings (ColBERT documents too; queries are cut, as PyLate cuts them) and rerank pairs.
    */
   private tokenized(model: ServedModel, inputs: CallInputs, cancel: Cancellation | undefined): Tokenized | Promise<Tokenized> {
     const task = model.plan.spec.task;
     const split = (w: Windowed): Tokenized => ({ tokens: w.tokens, windows: isChunked(w) ? w : null });
-    if (inputs.kind === 'inputs' && inputs.chunk && task === 'embed' && !inputs.colbert) {
+    if (inputs.kind === 'inputs' && inputs.chunk && task === 'embed' && inputs.colbert !== 'query') {
       const w = this.encoder.inputWindows(model, inputs, inputs.chunk, cancel);
       return w instanceof Promise ? w.then(split) : split(w);
     }

@@ -14,9 +14,9 @@
  * the port. This file wires them together: metrics, /info, the drain.
  *
  * Test hooks: with SLABSERVE_TEST_HOOKS=1 in the environment when the server
- * starts, `server.testHooks` can make the threads fail, and hold the inference
- * loop while a test queues its requests (tests only; absent otherwise, and the
- * threads carry no hook).
+ * starts, `server.testHooks` can make the threads fail, hold the inference
+ * loop while a test queues its requests, and set the cost model admission
+ * reads (tests only; absent otherwise, and the threads carry no hook).
  */
 import { resolveTracing, type TracingConfig } from '../shared/telemetry/tracing.js';
 import { lookup } from 'node:dns/promises';
@@ -124,6 +124,12 @@ export interface ServerTestHooks extends InferenceHoldHooks {
   poisonToken(id: number): Promise<void>;
   /** Makes gateway thread `gatewayId` throw an uncaught error. */
   gatewayFault(gatewayId: number): void;
+  /**
+   * Writes `cost` as every bucket's measured cost of `model`, which admission predicts waits from,
+   * until the inference thread measures a batch of that bucket again: admission then decides by
+   * the request's own cost, not by the machine's speed. Returns what puts the costs back.
+   */
+  setCost(model: string, cost: { fixedMs: number; perRowMs: number }): () => void;
 }
 
 export { TEST_HOLD_GATEWAY_ENV, TEST_HOLD_START_ENV, TEST_HOOKS_ENV };
@@ -295,7 +301,7 @@ export async function startServer(given: ServerConfig): Promise<Server> {
   // Aborted (now or later): the drain already began (the draining flag, above); the rest runs now.
   if (config.signal?.aborted) void close();
   else config.signal?.addEventListener('abort', () => void close(), { once: true });
-  return { port, grpcPort, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways) } : {}) };
+  return { port, grpcPort, url, ready, close, metricsJson, repository: (op) => repository.handle(op), ...(testHooks ? { testHooks: serverTestHooks(inference, gateways, models) } : {}) };
 }
 
 
@@ -452,12 +458,20 @@ function serverInfo(config: ResolvedServerConfig, plans: ModelPlan[], d: DeviceI
   };
 }
 
-function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySupervisor): ServerTestHooks {
+function serverTestHooks(inference: InferenceSupervisor, gateways: GatewaySupervisor, models: ModelSet): ServerTestHooks {
   return {
     ...inference.holdHooks(),
     inferenceFault: (kind, minRows) => inference.testFault(kind, minRows),
     poisonToken: (id) => inference.testPoison(id),
     gatewayFault: (gatewayId) => gateways.fault(gatewayId),
+    setCost: (name, cost) => {
+      const plan = models.byName(name);
+      const slab = plan && models.slab(plan.index);
+      if (!plan || !slab) throw new Error(`no model "${name}"`);
+      const before = plan.batching.buckets.map((_, b) => slab.cost(b));
+      before.forEach((c, b) => slab.setCost(b, cost.fixedMs, cost.perRowMs, Math.max(1, c.samples)));
+      return () => before.forEach((c, b) => slab.setCost(b, c.fixedMs, c.perRowMs, c.samples));
+    },
   };
 }
 
