@@ -193,6 +193,24 @@ describe('embeddings of a text longer than the model takes, chunked', () => {
     expect(worstDiff(cut.body[0], await chunkedReference(windows.slice(0, 1), 'mean', true))).toBeLessThan(TOLERANCE);
   });
 
+  it("the windows a request ran, in the answer where the dialect has room: KServe's parameters, vLLM's usage (beside every answer's x-windows)", async () => {
+    const rand = makeRandom('long inputs window counts');
+    const text = randomWords(rand, Math.round(2.5 * MAX_LENGTH)).join(' ');
+    const tei = await post(chunking, '/embed', { inputs: text });
+    const windows = Number(tei.headers.get('x-windows'));
+    expect(windows).toBeGreaterThan(1);
+    const kserve = await post(chunking, '/v2/models/tiny-embed/infer', { inputs: [{ name: 'text', shape: [1], datatype: 'BYTES', data: [text] }] });
+    expect(kserve.status, JSON.stringify(kserve.body).slice(0, 300)).toBe(200);
+    expect(kserve.body.parameters).toEqual({ windows });
+    expect(worstDiff(kserve.body.outputs[0].data, tei.body[0])).toBeLessThan(TOLERANCE);
+    const short = await post(chunking, '/v2/models/tiny-embed/infer', { inputs: [{ name: 'text', shape: [1], datatype: 'BYTES', data: ['where is my parcel'] }] });
+    expect(short.body.parameters, 'an answer that needed no windows says nothing of them').toBeUndefined();
+    const score = await post(chunking, '/score', { model: 'tiny-rerank', text_1: 'where', text_2: text });
+    expect(score.status, JSON.stringify(score.body).slice(0, 300)).toBe(200);
+    expect(score.body.usage.windows).toBe(Number(score.headers.get('x-windows')));
+    expect(score.body.usage.windows).toBeGreaterThan(1);
+  });
+
   it('--max-input-tokens: a longer input is refused in each dialect\'s error shape (413, or the 400 the dialect answers a too-long input with)', async () => {
     const rand = makeRandom('long inputs bound');
     const text = randomWords(rand, MAX_INPUT_TOKENS).join(' '); // two tokens past the bound

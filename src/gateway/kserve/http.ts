@@ -313,7 +313,9 @@ export const inferEndpoint: Endpoint<InferState> = {
   },
   truncateAdvice: () => 'send "parameters": {"truncate": true} to cut a text, or send shorter token tensors',
   answer(r, call, state) {
-    return inferAnswer(inferHead(call, state), inferOutputs(r, call, state));
+    // parameters.windows: where an input was chunked, the windows the request ran (docs/long-inputs.md)
+    const head = { ...inferHead(call, state), ...(r.windows !== undefined ? { parameters: { windows: r.windows } } : {}) };
+    return inferAnswer(head, inferOutputs(r, call, state));
   },
 };
 

@@ -29,7 +29,7 @@
 import { cutOf } from '../long-inputs.js';
 import { randomUUID } from 'node:crypto';
 import { FieldValidationError, ValidationError } from '../../shared/errors.js';
-import type { InferCall } from '../../core/infer.js';
+import type { InferCall, InferResult } from '../../core/infer.js';
 import { inputCount, inputList } from '../../core/inputs.js';
 import { classifications, embeddings, rerankScores } from '../../core/rows.js';
 import type { ServedModel } from '../../core/served-model.js';
@@ -87,8 +87,8 @@ function truncation(ec: EndpointContext, model: ServedModel, body: { truncate_pr
 /** use_activation, or its older names (softmax, activation); default true. */
 const activation = (body: { use_activation?: boolean | null; softmax?: boolean | null; activation?: boolean | null }) => body.use_activation ?? body.softmax ?? body.activation ?? true;
 
-/** vLLM's usage: prompt tokens only (a pooling model generates none). */
-const usage = (tokens: number) => ({ prompt_tokens: tokens, total_tokens: tokens, completion_tokens: 0, prompt_tokens_details: null });
+/** vLLM's usage: prompt tokens only (a pooling model generates none); `windows`, our extension, where an input was chunked (docs/long-inputs.md). */
+const usage = (r: InferResult) => ({ prompt_tokens: r.tokens, total_tokens: r.tokens, completion_tokens: 0, prompt_tokens_details: null, ...(r.windows !== undefined ? { windows: r.windows } : {}) });
 
 const truncateAdvice = () => 'send "truncate_prompt_tokens": -1 to cut it to the model\'s length';
 
@@ -203,7 +203,7 @@ const scoreEndpoint = (route: string): Endpoint<ScoreState> => ({
       created: Math.floor(Date.now() / 1000),
       model: call.model.plan.spec.name,
       data: scores.map((score, index) => ({ index, object: 'score', score })),
-      usage: usage(r.tokens),
+      usage: usage(r),
     };
   },
 });
@@ -251,7 +251,7 @@ const classifyEndpoint = (route: string): Endpoint<{ raw: boolean }> => ({
         probs: Array.from(state.raw ? c.logits : c.probabilities),
         num_classes: labels.length,
       })),
-      usage: usage(r.tokens),
+      usage: usage(r),
     };
   },
 });
