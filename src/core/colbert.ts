@@ -18,11 +18,10 @@
  * the graph's: gpu-worker/graph.ts.
  */
 import type { ColbertSpec } from '../shared/model-format/model-config.js';
-import type { Tokens } from './inputs.js';
+import type { ColbertInputType, Tokens } from './inputs.js';
 import type { Windowed } from './long-inputs.js';
 import type { Encoding } from './tokenizer/tokenizer.js';
 
-export type ColbertInputType = 'query' | 'document';
 export const COLBERT_INPUT_TYPES: readonly ColbertInputType[] = ['query', 'document'];
 
 /** A ColBERT input as it runs: its ids, and how many of them the attention sees (all but the expansion [MASK]s). */

@@ -5,10 +5,10 @@
  * inputs, KServe tensors) are checked against the model's limits, so nothing
  * out of range reaches the device.
  */
-import { colbertTextLength, markColbert, markDocumentWindows, type ColbertInputType } from './colbert.js';
+import { colbertTextLength, markColbert, markDocumentWindows } from './colbert.js';
 import type { Cancellation } from './cancel.js';
-import type { CallInputs, Input, Tokens, Truncation } from './inputs.js';
-import { chunkedTooLong, splitAll, type ChunkPolicy, type Windowed } from './long-inputs.js';
+import type { CallInputs, ChunkPolicy, ColbertInputType, Input, Tokens, Truncation } from './inputs.js';
+import { chunkedTooLong, splitAll, type Windowed } from './long-inputs.js';
 import type { ServedModel } from './served-model.js';
 import type { EncodeOptions, Encoding, TruncationDirection } from './tokenizer/tokenizer.js';
 import { InputTooLongError, ValidationError } from '../shared/errors.js';

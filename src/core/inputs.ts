@@ -2,8 +2,6 @@
  * What a request gives the pipeline: its inputs (texts or token ids), how they
  * are cut, and the tokens one slot holds.
  */
-import type { ColbertInputType } from './colbert.js';
-import type { ChunkPolicy } from './long-inputs.js';
 import type { Encoding, TruncationDirection } from './tokenizer/tokenizer.js';
 
 /** One input: a text, or token ids with the special tokens included (TEI's and OpenAI's pre-tokenized form). */
@@ -72,6 +70,19 @@ export type CallInputs =
       /** Sequences longer than the model takes run as windows (late chunking's one text: long-inputs.ts). */
       chunk?: ChunkPolicy | undefined;
     };
+
+/** Which side of a ColBERT model an input is: queries and documents are marked and cut apart (colbert.ts). */
+export type ColbertInputType = 'query' | 'document';
+
+/** How a request's long inputs are chunked (long-inputs.ts). */
+export interface ChunkPolicy {
+  /** Most tokens one input may have in all, special tokens included (--max-input-tokens); past it, 413. */
+  maxInputTokens: number;
+  /** Text tokens each window repeats of the one before (--chunk-overlap-tokens); at most half a window's. */
+  overlap: number;
+  /** Most windows of one document (Cohere's max_chunks_per_doc): the rest of it is cut. Absent: as many as it takes. */
+  maxWindows?: number | undefined;
+}
 
 /** Token ids (special tokens included) and their type ids: what one slot holds. */
 export type Tokens = Pick<Encoding, 'ids'> & {

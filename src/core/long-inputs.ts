@@ -17,20 +17,10 @@
  *     overlap dropped from the later window), the first window's leading and
  *     the last window's trailing special tokens around them.
  */
-import type { Tokens } from './inputs.js';
+import type { ChunkPolicy, Tokens } from './inputs.js';
 import { InputTooLongError } from '../shared/errors.js';
 
 export { LONG_INPUTS, type LongInputs } from '../shared/options.js';
-
-/** How a request's long inputs are chunked. */
-export interface ChunkPolicy {
-  /** Most tokens one input may have in all, special tokens included (--max-input-tokens); past it, 413. */
-  maxInputTokens: number;
-  /** Text tokens each window repeats of the one before (--chunk-overlap-tokens); at most half a window's. */
-  overlap: number;
-  /** Most windows of one document (Cohere's max_chunks_per_doc): the rest of it is cut. Absent: as many as it takes. */
-  maxWindows?: number | undefined;
-}
 
 /** The special tokens the tokenizer puts before and after one text ([CLS] and [SEP]: 1 and 1). */
 export interface Around {

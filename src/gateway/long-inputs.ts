@@ -5,7 +5,8 @@
  * `truncation: false`) means "never cut": a 413, or windows where the server
  * chunks.
  */
-import type { ChunkPolicy, LongInputs } from '../core/long-inputs.js';
+import type { ChunkPolicy } from '../core/inputs.js';
+import type { LongInputs } from '../core/long-inputs.js';
 import type { ServedModel } from '../core/served-model.js';
 import type { EndpointContext } from './serving.js';
 

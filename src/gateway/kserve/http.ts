@@ -29,7 +29,7 @@
  * bodies are refused with 415), model repository and statistics extensions.
  */
 import { cutOf } from '../long-inputs.js';
-import type { ChunkPolicy } from '../../core/long-inputs.js';
+import type { ChunkPolicy } from '../../core/inputs.js';
 import { LONG_INPUTS, type LongInputs } from '../../shared/options.js';
 import { HttpError, ValidationError } from '../../shared/errors.js';
 import { servedSources } from '../../shared/model-format/model-config.js';

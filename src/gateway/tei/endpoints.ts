@@ -9,7 +9,8 @@ import { FieldValidationError, OutputUnavailableError, ValidationError } from '.
 import type { ModelOutput, Pooling, Task } from '../../shared/model-format/model-config.js';
 import { floatAnswer, quantizedRowsAnswer, rowLists, rowsAnswer } from '../http/answers.js';
 import { float32RowListsJsonView, float32RowsInJson, outputsJson, sparseRowsJson, type OutputsItem } from '../http/float-json.js';
-import { keptTokens, type ColbertInputType } from '../../core/colbert.js';
+import { keptTokens } from '../../core/colbert.js';
+import type { ColbertInputType } from '../../core/inputs.js';
 import { sparseEntries, sparseOf, type SparseRow } from '../../core/sparse.js';
 import { m3Colbert, m3Sparse } from '../../core/m3.js';
 import { type InferResult } from '../../core/infer.js';
@@ -37,7 +38,8 @@ import { quantizeRow, scalesTheUnitRow, type EmbeddingType } from '../../core/qu
 import { similaritiesToFirst } from '../../core/similarity.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from '../serving.js';
 import { cutOf } from '../long-inputs.js';
-import { chunkedTooLong, type ChunkPolicy } from '../../core/long-inputs.js';
+import { chunkedTooLong } from '../../core/long-inputs.js';
+import type { ChunkPolicy } from '../../core/inputs.js';
 import type { LongInputs } from '../../shared/options.js';
 
 /** What a route runs on: a task's models, any model (null), or embedding models that give an output. */
