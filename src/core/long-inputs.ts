@@ -19,6 +19,7 @@
  */
 import type { ChunkPolicy, Tokens } from './inputs.js';
 import { InputTooLongError } from '../shared/errors.js';
+import { overlapFor, windowStarts } from './tokenizer/windows.js';
 
 export { LONG_INPUTS, type LongInputs } from '../shared/options.js';
 
@@ -39,19 +40,6 @@ export interface Windowed {
   overlap: number;
 }
 
-/** The overlap a window of `body` text tokens takes: the policy's, at most half of it. */
-export function overlapFor(policy: Pick<ChunkPolicy, 'overlap'>, body: number): number {
-  return Math.min(policy.overlap, Math.floor(body / 2));
-}
-
-/** Where each window starts in a text of `n` tokens, `body` to a window, `overlap` repeated: at least one window. */
-export function windowStarts(n: number, body: number, overlap: number, maxWindows = Infinity): number[] {
-  const starts = [0];
-  const step = body - overlap;
-  for (let s = step; s + overlap < n && starts.length < maxWindows; s += step) starts.push(s);
-  return starts;
-}
-
 /** One input (special tokens included) as windows of at most `maxLength` tokens; itself when it fits. */
 export function splitTokens(t: Tokens, maxLength: number, around: Around, policy: ChunkPolicy): Tokens[] {
   const n = t.ids.length;
@@ -59,7 +47,7 @@ export function splitTokens(t: Tokens, maxLength: number, around: Around, policy
   const { lead, trail } = around;
   const body = maxLength - lead - trail;
   const text = n - lead - trail;
-  const overlap = overlapFor(policy, body);
+  const overlap = overlapFor(policy.overlap, body);
   return windowStarts(text, body, overlap).map((s, w) => {
     const len = Math.min(body, text - s);
     const pick = (a: Int32Array) => {
@@ -82,7 +70,7 @@ export function splitAll(tokens: readonly Tokens[], maxLength: number, around: A
     for (const w of splitTokens(t, maxLength, around, policy)) out.push(w);
     from[i + 1] = out.length;
   });
-  return { tokens: out, from, whole: tokens as Tokens[], around, overlap: overlapFor(policy, maxLength - around.lead - around.trail) };
+  return { tokens: out, from, whole: tokens as Tokens[], around, overlap: overlapFor(policy.overlap, maxLength - around.lead - around.trail) };
 }
 
 /** Whether any input took more than one window. */

@@ -23,6 +23,7 @@ import { InputTooLongError } from '../../shared/errors.js';
 import type { ModelSpec } from '../../shared/model-format/model-config.js';
 import { TokenAligner } from './token-offsets.js';
 import { ASCII_PACE, AsciiWordPiece } from './wordpiece-ascii.js';
+import { overlapFor, windowStarts } from './windows.js';
 
 /** One encoded input. Includes the special tokens ([CLS]/[SEP]); `ids.length` is the token count. */
 export interface Encoding {
@@ -363,14 +364,10 @@ class HfJsTokenizer implements TextTokenizer {
     if (total > opts.maxInputTokens) throw new InputTooLongError(total, opts.maxInputTokens);
     const la = Math.min(a.length, Math.floor(budget / 2));
     const body = budget - la;
-    const overlap = Math.min(opts.overlap, Math.floor(body / 2));
-    const out: Encoding[] = [];
-    for (let s = 0; out.length < (opts.maxWindows ?? Infinity); s += body - overlap) {
+    return windowStarts(lb, body, overlapFor(opts.overlap, body), opts.maxWindows).map((s) => {
       const len = Math.min(body, lb - s);
-      out.push(assemble(this.#template.pair, [a, b.slice(s, s + len)], [la, len], la < a.length));
-      if (s + len >= lb) break;
-    }
-    return out;
+      return assemble(this.#template.pair, [a, b.slice(s, s + len)], [la, len], la < a.length);
+    });
   }
 
   async encodeBatch(texts: string[], opts: EncodeOptions): Promise<Encoding[]> {
