@@ -8,7 +8,7 @@
 import { colbertTextLength, markColbert, markDocumentWindows } from './colbert.js';
 import type { Cancellation } from './cancel.js';
 import type { CallInputs, ChunkPolicy, ColbertInputType, Input, Tokens, Truncation } from './inputs.js';
-import { chunkedTooLong, splitAll, type Windowed } from './long-inputs.js';
+import { chunkedTooLong, splitAll, tryChunked, type Around, type Windowed } from './long-inputs.js';
 import type { ServedModel } from './served-model.js';
 import type { EncodeOptions, Encoding, TruncationDirection } from './tokenizer/tokenizer.js';
 import { InputTooLongError, ValidationError } from '../shared/errors.js';
@@ -234,22 +234,17 @@ export class Encoder {
    * ColBERT document's windows are of its document length, each marked.
    */
   inputWindows(model: ServedModel, inputs: Extract<CallInputs, { kind: 'inputs' }>, policy: ChunkPolicy, cancel: Cancellation | undefined): Windowed | Promise<Windowed> {
-    const around = model.tokenizer.around;
-    if (!around) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot say its special tokens, which windows repeat`);
+    const around = aroundOf(model);
     const document = inputs.colbert === 'document';
     if (document && inputs.inputs.some((x) => typeof x !== 'string')) throw new ValidationError(COLBERT_TEXTS);
     const whole = { ...inputs, colbert: undefined, chunk: undefined, truncate: false, maxLength: policy.maxInputTokens };
     const split = document ? (t: Tokens[]) => this.documentWindows(model, t, around, policy) : (t: Tokens[]) => splitAll(t, model.plan.maxLength, around, policy);
-    try {
-      const tokens = this.tokenize(model, whole, cancel);
-      return tokens instanceof Promise ? tokens.then(split, chunkedTooLong(policy)) : split(tokens);
-    } catch (err) {
-      return chunkedTooLong(policy)(err);
-    }
+    const tokens = tryChunked(() => this.tokenize(model, whole, cancel), policy);
+    return tokens instanceof Promise ? tokens.then(split, chunkedTooLong(policy)) : split(tokens);
   }
 
   /** A ColBERT model's documents (tokenized unmarked) as windows of its document length, each marked as one document. */
-  private documentWindows(model: ServedModel, tokens: Tokens[], around: { lead: number; trail: number }, policy: ChunkPolicy): Windowed {
+  private documentWindows(model: ServedModel, tokens: Tokens[], around: Around, policy: ChunkPolicy): Windowed {
     const c = model.plan.spec.colbert!;
     const textLength = colbertTextLength(c, 'document', model.plan.maxLength);
     return markDocumentWindows(splitAll(tokens, textLength, around, policy), c, model.plan.maxLength);
@@ -257,15 +252,17 @@ export class Encoder {
 
   /** Tokens built outside the tokenizer (late chunking's one text) as windows: checked up to `policy.maxInputTokens`, then cut. */
   tokenWindows(model: ServedModel, tokens: readonly Tokens[], policy: ChunkPolicy): Windowed {
-    const around = model.tokenizer.around;
-    if (!around) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot say its special tokens, which windows repeat`);
-    try {
-      this.checkTokens(model, tokens, policy.maxInputTokens);
-    } catch (err) {
-      chunkedTooLong(policy)(err);
-    }
+    const around = aroundOf(model);
+    tryChunked(() => this.checkTokens(model, tokens, policy.maxInputTokens), policy);
     return splitAll(tokens, model.plan.maxLength, around, policy);
   }
+}
+
+/** The special tokens around one text of `model`'s tokenizer, which each window repeats. */
+function aroundOf(model: ServedModel): Around {
+  const around = model.tokenizer.around;
+  if (!around) throw new ValidationError(`model "${model.plan.spec.name}"'s tokenizer cannot say its special tokens, which windows repeat`);
+  return around;
 }
 
 /** `encode` over each (query, text) pair, checked: one query for every text, or one per text. Yields the event loop every few ms. */

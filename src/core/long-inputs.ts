@@ -87,3 +87,12 @@ export function chunkedTooLong(policy: ChunkPolicy): (err: unknown) => never {
     throw err;
   };
 }
+
+/** `run()`, its 413 past --max-input-tokens naming that bound (chunkedTooLong). */
+export function tryChunked<T>(run: () => T, policy: ChunkPolicy): T {
+  try {
+    return run();
+  } catch (err) {
+    return chunkedTooLong(policy)(err);
+  }
+}

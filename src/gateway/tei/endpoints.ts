@@ -38,8 +38,7 @@ import { quantizeRow, scalesTheUnitRow, type EmbeddingType } from '../../core/qu
 import { similaritiesToFirst } from '../../core/similarity.js';
 import type { Endpoint, EndpointContext, LocalEndpoint } from '../serving.js';
 import { cutOf } from '../long-inputs.js';
-import { chunkedTooLong } from '../../core/long-inputs.js';
-import type { ChunkPolicy } from '../../core/inputs.js';
+import { tryChunked } from '../../core/long-inputs.js';
 import type { LongInputs } from '../../shared/options.js';
 
 /** What a route runs on: a task's models, any model (null), or embedding models that give an output. */
@@ -214,15 +213,6 @@ function lateChunked(ec: EndpointContext, body: EmbedRequest, raw: readonly unkn
   const inputs = { kind: 'tokens' as const, tokens: [{ ids: encoded.ids, typeIds: encoded.typeIds }], chunk: cut.chunk };
   const plan: ChunkPlan = { tokens, ran: encoded.ids.length, pooling: spec.pooling };
   return { call: { model, inputs, ...scheduling(ec, body), tokenRows: true }, state: { normalize: body.normalize, type, outputs: null, chunks: plan } };
-}
-
-/** `encode()`, its 413 past --max-input-tokens naming that bound. */
-function tryChunked<T>(encode: () => T, policy: ChunkPolicy): T {
-  try {
-    return encode();
-  } catch (err) {
-    return chunkedTooLong(policy)(err);
-  }
 }
 
 /** The one text a request with chunks embeds: a string, or a list holding one. */
