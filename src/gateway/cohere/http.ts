@@ -39,24 +39,17 @@ import { prompted } from '../../core/prompts.js';
 import { quantizeRow, type EmbeddingType } from '../../core/quantized-embeddings.js';
 import type { ServedModel } from '../../core/served-model.js';
 import { float32Base64, shorten } from '../openai/http.js';
-import type { ErrorInfo, RequestContext } from '../http/request-context.js';
+import { badRequestStatus, type RequestContext } from '../http/request-context.js';
 import type { Route } from '../http/route-types.js';
 import { CohereV1RerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest, parseBody, type RerankDocument, COHERE_EMBEDDING_TYPES } from '../schemas.js';
 import { priorityOfRank, serveInference, type Endpoint, type EndpointContext, type Fail } from '../serving.js';
 
 // ------------------------------------------------------------ errors in Cohere's (and Jina's) shape
 
-/** Cohere's status for our error: an invalid request (our 422) and a too-long input (413) are 400 there. */
-function cohereStatus(info: ErrorInfo): number {
-  if (info.type === 'validation' && info.status === 422) return 400;
-  if (info.code === 'SLABSERVE_INPUT_TOO_LONG') return 400;
-  return info.status;
-}
-
 /** Answers `err` as Cohere does, `{id, message}` (our `code` beside them; Jina's `detail` where `jina`). */
 function cohereFail(jina: boolean): Fail {
   return (ctx: RequestContext, err: unknown) =>
-    ctx.fail(err, (info) => ({ id: ctx.requestId, message: info.message, ...(jina ? { detail: info.message } : {}), code: info.code }), cohereStatus);
+    ctx.fail(err, (info) => ({ id: ctx.requestId, message: info.message, ...(jina ? { detail: info.message } : {}), code: info.code }), badRequestStatus);
 }
 const failCohere = cohereFail(false);
 const failCohereV1 = cohereFail(true);

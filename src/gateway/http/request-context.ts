@@ -390,6 +390,13 @@ export function errorInfo(err: unknown): ErrorInfo {
   return { status: statusOf(err), message: e ? e.message : 'internal error', type: e ? e.type : 'backend', code: e ? e.code : 'SLABSERVE_INTERNAL', err };
 }
 
+/** The status of the APIs that answer every invalid request with 400 (OpenAI's, Cohere's, vLLM's): our 422s, and a too-long input's 413. */
+export function badRequestStatus(info: ErrorInfo): number {
+  if (info.type === 'validation' && info.status === 422) return 400;
+  if (info.code === 'SLABSERVE_INPUT_TOO_LONG') return 400;
+  return info.status;
+}
+
 /**
  * text-embeddings-inference's `error_type` for each of our families: TEI answers errors as
  * `{"error", "error_type"}` with one of Unhealthy, Backend, Overloaded, Validation, Tokenizer,

@@ -36,7 +36,7 @@ import { type ServedModel } from '../../core/served-model.js';
 import { floatAnswer, integerRowJson } from '../http/answers.js';
 import { quantizeRow, rowBytes, type EmbeddingType, type QuantizedRow } from '../../core/quantized-embeddings.js';
 import { float32RowsInJson } from '../http/float-json.js';
-import type { Answer, ErrorInfo, RequestContext } from '../http/request-context.js';
+import { badRequestStatus, type Answer, type ErrorInfo, type RequestContext } from '../http/request-context.js';
 import type { Route } from '../http/route-types.js';
 import { OpenAIEmbeddingRequest, parseBody } from '../schemas.js';
 import { prompted } from '../../core/prompts.js';
@@ -179,13 +179,6 @@ export function float32Base64(v: Float32Array): string {
 
 // ------------------------------------------------------------ errors in OpenAI's shape
 
-/** OpenAI's status for our error: invalid requests and too-long inputs are 400 there. */
-function openaiStatus(info: ErrorInfo): number {
-  if (info.type === 'validation' && info.status === 422) return 400;
-  if (info.type === 'too_long' && info.status === 413 && info.code === 'SLABSERVE_INPUT_TOO_LONG') return 400;
-  return info.status;
-}
-
 function openaiType(status: number): string {
   if (status === 429) return 'rate_limit_error';
   if (status >= 500) return 'server_error';
@@ -219,9 +212,9 @@ export function failOpenAI(ctx: RequestContext, err: unknown, param: string | nu
   return ctx.fail(
     err,
     (info) => {
-      const status = openaiStatus(info);
+      const status = badRequestStatus(info);
       return { error: { message: openaiMessage(info), type: openaiType(status), param: openaiParam(info, param), code: openaiCode(info) } };
     },
-    openaiStatus,
+    badRequestStatus,
   );
 }

@@ -33,7 +33,7 @@ import type { InferCall, InferResult } from '../../core/infer.js';
 import { inputCount, inputList } from '../../core/inputs.js';
 import { classifications, embeddings, rerankScores } from '../../core/rows.js';
 import type { ServedModel } from '../../core/served-model.js';
-import type { ErrorInfo, RequestContext } from '../http/request-context.js';
+import { badRequestStatus, type RequestContext } from '../http/request-context.js';
 import type { Route } from '../http/route-types.js';
 import { parseBody, VllmClassifyRequest, VllmScoreRequest, type ScoreInput } from '../schemas.js';
 import { priorityOfRank, serveInference, type Endpoint, type EndpointContext, type Fail } from '../serving.js';
@@ -55,23 +55,16 @@ const TYPE_OF_STATUS: Record<number, string> = {
   504: 'GatewayTimeoutError',
 };
 
-/** vLLM's status: an invalid request (our 422) and a too-long input (our 413) are 400 there. */
-function vllmStatus(info: ErrorInfo): number {
-  if (info.type === 'validation' && info.status === 422) return 400;
-  if (info.code === 'SLABSERVE_INPUT_TOO_LONG') return 400;
-  return info.status;
-}
-
 /** Answers `err` as vLLM does: `{error: {message, type, param, code}}`, `code` the status. */
 const failVllm: Fail = (ctx: RequestContext, err: unknown) =>
   ctx.fail(
     err,
     (info) => {
-      const status = vllmStatus(info);
+      const status = badRequestStatus(info);
       const param = info.err instanceof FieldValidationError ? info.err.param : null;
       return { error: { message: info.message, type: TYPE_OF_STATUS[status] ?? (status >= 500 ? 'InternalServerError' : 'BadRequestError'), param, code: status } };
     },
-    vllmStatus,
+    badRequestStatus,
   );
 
 // ------------------------------------------------------------ shared parts
