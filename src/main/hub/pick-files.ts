@@ -6,7 +6,7 @@
  * OpenVINO, other frameworks' weights); the checkpoint only where the
  * repository has no graph at all (or --weights checkpoint asks for it).
  */
-import { basename, dirname } from 'node:path/posix';
+import { externalDataFiles } from '../../shared/model-format/hf-folder.js';
 import { graphFiles, pickGraph, type ModelOverrides } from '../../shared/model-format/model-config.js';
 
 /** Read as a local folder is (model-config.ts, hf-folder.ts, the tokenizer), wherever present. */
@@ -50,20 +50,13 @@ export function pickFiles(paths: readonly string[], where: string, name: string,
   // --weights: graph never takes the checkpoint; checkpoint takes it even beside a graph.
   if (anyGraph && overrides.weights !== 'checkpoint') {
     const { file } = pickGraph(name, where, (f) => has.has(f), overrides);
-    return { files: [...settings, file, ...externalData(paths, file)], graph: file };
+    return { files: [...settings, file, ...externalDataFiles(paths, file)], graph: file };
   }
   for (const pattern of overrides.weights === 'graph' ? [] : CHECKPOINTS) {
     const weights = paths.filter((p) => pattern.test(p));
     if (weights.length > 0) return { files: [...settings, ...weights], graph: null };
   }
   throw new Error(`${where} has no ONNX graph (model.onnx, onnx/model.onnx, ...) and no checkpoint (model.safetensors, pytorch_model.bin); it has: ${listed(paths)}`);
-}
-
-/** A graph's external data files (model.onnx_data, model.onnx.data, model.onnx_data_1, ...): beside it, named after it. */
-function externalData(paths: readonly string[], graph: string): string[] {
-  const dir = dirname(graph);
-  const stem = basename(graph);
-  return paths.filter((p) => dirname(p) === dir && p !== graph && (basename(p).startsWith(`${stem}_data`) || basename(p).startsWith(`${stem}.data`)));
 }
 
 function listed(paths: readonly string[]): string {

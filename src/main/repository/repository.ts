@@ -20,6 +20,7 @@ import type { ModelOpened } from '../../gpu-worker/thread.js';
 import { BudgetError, type ModelBudget } from './model-budget.js';
 import type { ModelSet } from './model-set.js';
 import { listModelDirs, isValidModelName, type ServeSettings } from '../../shared/model-format/model-config.js';
+import { externalDataFiles } from '../../shared/model-format/hf-folder.js';
 import type { ModelPlan } from '../../shared/model-plan.js';
 import type { ModelFolder } from '../plan-models.js';
 import { hubIdOf, type HubModelId } from '../hub/hub-id.js';
@@ -67,8 +68,7 @@ function estimatedBytes(plan: ModelPlan): number {
   try {
     const file = basename(plan.spec.onnxPath);
     const dir = dirname(plan.spec.onnxPath);
-    const data = readdirSync(dir).filter((f) => f.startsWith(`${file}_data`) || f.startsWith(`${file}.data`));
-    for (const f of [file, ...data]) graph += statSync(join(dir, f)).size;
+    for (const f of [file, ...externalDataFiles(readdirSync(dir), file)]) graph += statSync(join(dir, f)).size;
   } catch {
     // measured after its load, if it loads
   }

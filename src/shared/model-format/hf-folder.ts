@@ -21,6 +21,7 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { basename, dirname } from 'node:path/posix'; // Hub paths and folder names: '/' between parts
 
 /** Pooling modes, as sentence-transformers names them (its Pooling module's `pooling_mode_*` keys). */
 export const POOLINGS = ['cls', 'mean', 'max', 'mean_sqrt_len', 'weightedmean', 'lasttoken'] as const;
@@ -120,6 +121,13 @@ export const CHECKPOINT_FILES = ['model.safetensors', 'model.safetensors.index.j
 /** The checkpoint file of `dir` (its index for a sharded one), or undefined. */
 export function checkpointFile(dir: string): string | undefined {
   return CHECKPOINT_FILES.find((f) => existsSync(join(dir, f)));
+}
+
+/** A graph's external data files among `paths` (model.onnx_data, model.onnx.data, model.onnx_data_1, ...): beside it, named after it. */
+export function externalDataFiles(paths: readonly string[], graph: string): string[] {
+  const dir = dirname(graph);
+  const stem = basename(graph);
+  return paths.filter((p) => dirname(p) === dir && p !== graph && (basename(p).startsWith(`${stem}_data`) || basename(p).startsWith(`${stem}.data`)));
 }
 
 /** Transformers' "no limit" value of model_max_length (int(1e30)) and anything like it. */
