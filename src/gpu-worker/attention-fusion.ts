@@ -22,7 +22,7 @@
  * every intermediate used once. The runner's trial run covers the rest
  * (runner.ts, ModelRunner.create).
  */
-import { concatColumns, makeTensor, onnx } from '../shared/model-format/onnx-graph.js';
+import { concatColumns, importMsOpset, makeTensor, MS_DOMAIN, onnx } from '../shared/model-format/onnx-graph.js';
 import { attr, GraphIndex } from './fusion.js';
 
 type Node = onnx.INodeProto;
@@ -158,7 +158,7 @@ function attention(g: GraphIndex, out: Node): { fused: Node; replaced: Node[]; w
     const fused: Node = {
       name: `${out.name ?? 'attention'}/slabserve_attention`,
       opType: 'Attention',
-      domain: 'com.microsoft',
+      domain: MS_DOMAIN,
       input: [q.x, '', '', MASK_INT32], // weights and bias named by fuseAttention
       output: [out.output![0]!],
       attribute: [
@@ -213,8 +213,7 @@ export function fuseAttention(model: onnx.IModelProto): number {
   );
   (graph.initializer ??= []).push(...initializers);
   dropUnused(graph);
-  const opsets = (model.opsetImport ??= []);
-  if (!opsets.some((o) => o.domain === 'com.microsoft')) opsets.push({ domain: 'com.microsoft', version: 1 });
+  importMsOpset(model);
   return count;
 }
 

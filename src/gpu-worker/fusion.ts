@@ -28,7 +28,7 @@
  * graph, runs it once, and opens the unmodified one if that fails
  * (runner.ts, ModelRunner.create).
  */
-import { onnx } from '../shared/model-format/onnx-graph.js';
+import { importMsOpset, MS_DOMAIN, onnx } from '../shared/model-format/onnx-graph.js';
 
 type Node = onnx.INodeProto;
 
@@ -141,7 +141,7 @@ function skipLayerNorm(g: GraphIndex, ln: Node): { fused: Node; replaced: Node[]
   const fused: Node = {
     name: `${ln.name ?? 'LayerNorm'}/slabserve_skip`,
     opType: 'SkipLayerNormalization',
-    domain: 'com.microsoft',
+    domain: MS_DOMAIN,
     input: [found.input, found.skip, gamma!, beta!, ...(found.bias ? [found.bias] : [])],
     output: [ln.output![0]!],
     attribute: [{ name: 'epsilon', type: onnx.AttributeProto.AttributeType.FLOAT, f: epsilon?.f ?? LAYER_NORM_EPSILON }],
@@ -169,7 +169,6 @@ export function fuseSkipLayerNorm(model: onnx.IModelProto): number {
   });
   if (count === 0) return 0;
   graph.node = graph.node.filter((n) => !dropped.has(n));
-  const opsets = (model.opsetImport ??= []);
-  if (!opsets.some((o) => o.domain === 'com.microsoft')) opsets.push({ domain: 'com.microsoft', version: 1 });
+  importMsOpset(model);
   return count;
 }

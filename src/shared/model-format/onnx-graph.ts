@@ -346,7 +346,7 @@ export function makeModel(graph: onnx.IGraphProto, opts: ModelOptions = {}): onn
     producerVersion: '1',
     graph,
   };
-  if ((graph.node ?? []).some((n) => n.domain === MS_DOMAIN)) model.opsetImport!.push({ domain: MS_DOMAIN, version: 1 });
+  if ((graph.node ?? []).some((n) => n.domain === MS_DOMAIN)) importMsOpset(model);
   if (opts.docString) model.docString = opts.docString;
   if (opts.metadata) model.metadataProps = Object.entries(opts.metadata).map(([key, value]) => ({ key, value }));
   return model;
@@ -389,6 +389,12 @@ export function moveToExternalData(model: onnx.IModelProto, dataPath: string, lo
     closeSync(fd);
   }
   return offset;
+}
+
+/** Declares onnxruntime's contrib operator set (com.microsoft, version 1) in `model`, once. */
+export function importMsOpset(model: onnx.IModelProto): void {
+  const opsets = (model.opsetImport ??= []);
+  if (!opsets.some((o) => o.domain === MS_DOMAIN)) opsets.push({ domain: MS_DOMAIN, version: 1 });
 }
 
 export function encodeModel(model: onnx.IModelProto): Uint8Array {
